@@ -1,0 +1,77 @@
+"""duetime: durable delayed-message delivery, on time, never lost.
+
+Keep delayed messages in a store (SQLite by default), and a dispatcher forwards each to its
+destination when it is due.
+"""
+
+from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
+from duetime.clock import SystemClock
+from duetime.dispatcher import Dispatcher, DispatchStats
+from duetime.errors import (
+    ConfigurationError,
+    CriticalError,
+    DestinationNotFound,
+    DuetimeError,
+    DuplicateMessageId,
+    InvalidMessage,
+    MessageInFlight,
+    MessageNotFound,
+    MissingExtra,
+    StoreNotReady,
+    TransportError,
+    UnknownScheme,
+    UnsupportedTransactionMode,
+)
+from duetime.frontdoor import FrontDoor
+from duetime.interfaces import (
+    DelayedMessageStore,
+    ListQuery,
+    Page,
+    ReceivedMessage,
+    ReceivingTransport,
+    StoreCounts,
+    SyncDelayedMessageStore,
+    Transport,
+)
+from duetime.message import DelayedMessage, new_message_id
+from duetime.registry import open_store, open_sync_store, open_transport
+from duetime.settings import DelayedDeliverySettings, TransactionMode
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "CriticalError",
+    "DelayedDeliverySettings",
+    "DelayedMessage",
+    "DelayedMessageClient",
+    "DelayedMessageStore",
+    "DestinationNotFound",
+    "DispatchStats",
+    "Dispatcher",
+    "DuetimeError",
+    "DuplicateMessageId",
+    "FrontDoor",
+    "InvalidMessage",
+    "ListQuery",
+    "MessageInFlight",
+    "MessageNotFound",
+    "MissingExtra",
+    "Page",
+    "ReceivedMessage",
+    "ReceivingTransport",
+    "StoreCounts",
+    "StoreNotReady",
+    "SyncDelayedMessageClient",
+    "SyncDelayedMessageStore",
+    "SystemClock",
+    "TransactionMode",
+    "Transport",
+    "TransportError",
+    "UnknownScheme",
+    "UnsupportedTransactionMode",
+    "new_message_id",
+    "open_store",
+    "open_sync_store",
+    "open_transport",
+]

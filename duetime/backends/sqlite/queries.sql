@@ -1,0 +1,155 @@
+-- SQLite queries for the store ({table} is the quoted table name) and the queue transport.
+-- Times are integer microseconds since the Unix epoch, UTC.
+
+-- name: create_schema_table
+CREATE TABLE IF NOT EXISTS duetime_schema (
+    component TEXT PRIMARY KEY,
+    version INTEGER NOT NULL
+);
+
+-- name: create_store_table
+CREATE TABLE IF NOT EXISTS {table} (
+    message_id TEXT NOT NULL PRIMARY KEY,
+    destination TEXT NOT NULL,
+    due_at INTEGER NOT NULL,
+    headers TEXT NOT NULL,
+    body BLOB NOT NULL,
+    failure_count INTEGER NOT NULL DEFAULT 0,
+    claim_token TEXT,
+    claimed_until INTEGER
+);
+
+-- name: create_store_due_index
+CREATE INDEX IF NOT EXISTS {index_due} ON {table} (due_at, message_id);
+
+-- name: create_store_claim_index
+CREATE INDEX IF NOT EXISTS {index_claim} ON {table} (claimed_until) WHERE claim_token IS NOT NULL;
+
+-- name: create_store_destination_index
+CREATE INDEX IF NOT EXISTS {index_destination} ON {table} (destination, due_at);
+
+-- name: record_version
+INSERT INTO duetime_schema (component, version) VALUES (?, ?)
+ON CONFLICT (component) DO UPDATE SET version = max(version, excluded.version);
+
+-- name: read_version
+SELECT version FROM duetime_schema WHERE component = ?;
+
+-- name: insert
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
+VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: claim_due
+UPDATE {table} SET claim_token = :token, claimed_until = :until
+WHERE message_id IN (
+    SELECT message_id FROM {table}
+    WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+    ORDER BY due_at, message_id
+    LIMIT :limit
+)
+RETURNING message_id, destination, due_at, headers, body, failure_count;
+
+-- name: select_due_unclaimed
+SELECT message_id, destination, due_at, headers, body, failure_count FROM {table}
+WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+ORDER BY due_at, message_id
+LIMIT :limit;
+
+-- name: next_unclaimed
+SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at LIMIT 1;
+
+-- name: next_claim_expiry
+SELECT min(claimed_until) FROM {table} WHERE claim_token IS NOT NULL;
+
+-- name: delete
+DELETE FROM {table} WHERE message_id = ?;
+
+-- name: increment_failure
+UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL
+WHERE message_id = ?;
+
+-- name: release
+UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = ?;
+
+-- name: get
+SELECT message_id, destination, due_at, headers, body, failure_count, claim_token, claimed_until
+FROM {table} WHERE message_id = ?;
+
+-- name: delete_unclaimed
+DELETE FROM {table} WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
+
+-- name: reschedule_unclaimed
+UPDATE {table} SET due_at = ?, claim_token = NULL, claimed_until = NULL
+WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
+
+-- name: count_all
+SELECT count(*), coalesce(sum(due_at <= :at), 0),
+       coalesce(sum(claim_token IS NOT NULL AND claimed_until > :at), 0),
+       coalesce(sum(failure_count > 0), 0)
+FROM {table};
+
+-- name: count_by_destination
+SELECT destination, count(*) FROM {table} GROUP BY destination ORDER BY count(*) DESC LIMIT 1000;
+
+-- name: create_queues_table
+CREATE TABLE IF NOT EXISTS duetime_queues (
+    name TEXT NOT NULL PRIMARY KEY,
+    created_at INTEGER NOT NULL
+);
+
+-- name: create_queue_messages_table
+CREATE TABLE IF NOT EXISTS duetime_queue_messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    headers TEXT NOT NULL,
+    body BLOB NOT NULL,
+    enqueued_at INTEGER NOT NULL,
+    visible_at INTEGER NOT NULL,
+    receipt TEXT,
+    delivery_count INTEGER NOT NULL DEFAULT 0
+);
+
+-- name: create_queue_messages_index
+CREATE INDEX IF NOT EXISTS duetime_queue_messages_ready ON duetime_queue_messages (queue, visible_at, seq);
+
+-- name: declare_queue
+INSERT INTO duetime_queues (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING;
+
+-- name: queue_exists
+SELECT 1 FROM duetime_queues WHERE name = ?;
+
+-- name: list_queues
+SELECT q.name, (SELECT count(*) FROM duetime_queue_messages m WHERE m.queue = q.name)
+FROM duetime_queues q ORDER BY q.name;
+
+-- name: enqueue
+INSERT INTO duetime_queue_messages (queue, message_id, headers, body, enqueued_at, visible_at)
+VALUES (?, ?, ?, ?, ?, ?);
+
+-- name: receive
+UPDATE duetime_queue_messages
+SET visible_at = :until, receipt = :token, delivery_count = delivery_count + 1
+WHERE seq IN (
+    SELECT seq FROM duetime_queue_messages
+    WHERE queue = :queue AND visible_at <= :now
+    ORDER BY visible_at, seq
+    LIMIT :limit
+)
+RETURNING seq, queue, message_id, headers, body, delivery_count;
+
+-- name: receive_by_id
+UPDATE duetime_queue_messages
+SET visible_at = :until, receipt = :token, delivery_count = delivery_count + 1
+WHERE queue = :queue AND message_id = :message_id AND visible_at <= :now
+RETURNING seq, queue, message_id, headers, body, delivery_count;
+
+-- name: acknowledge
+DELETE FROM duetime_queue_messages WHERE seq = ? AND receipt = ?;
+
+-- name: peek
+SELECT seq, queue, message_id, headers, body, delivery_count FROM duetime_queue_messages
+WHERE queue = ? ORDER BY seq LIMIT ?;
+
+-- name: depth
+SELECT count(*) FROM duetime_queue_messages WHERE queue = ?;

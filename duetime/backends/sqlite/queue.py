@@ -1,0 +1,225 @@
+"""A durable local queue in a SQLite file: the transport duetime delivers into, and its consumer.
+
+Receiving hides a message for ``visibility_timeout`` seconds; acknowledging deletes it. A consumer
+that dies before acknowledging gets nothing lost: the message becomes visible again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from duetime.backends.sqlite.connection import (
+    QUERIES,
+    connect,
+    dump_headers,
+    load_headers,
+    parse_sqlite_url,
+    write_transaction,
+)
+from duetime.clock import SystemClock, to_micros
+from duetime.errors import DestinationNotFound
+from duetime.interfaces import ReceivedMessage
+from duetime.message import DelayedMessage, outgoing_headers
+from duetime.names import check_name
+
+T = TypeVar("T")
+QUEUE_SCHEMA = ("create_queues_table", "create_queue_messages_table", "create_queue_messages_index")
+
+
+def create_queue_schema(conn: sqlite3.Connection) -> None:
+    for name in QUEUE_SCHEMA:
+        conn.execute(QUERIES[name])
+
+
+def enqueue(
+    conn: sqlite3.Connection, queue: str, message: DelayedMessage, headers: Mapping[str, str], now: int
+) -> None:
+    """Insert into ``queue`` inside the caller's transaction."""
+    conn.execute(
+        QUERIES["enqueue"],
+        (queue, message.message_id, dump_headers(headers), message.body, now, now),
+    )
+
+
+def queue_exists(conn: sqlite3.Connection, queue: str) -> bool:
+    return conn.execute(QUERIES["queue_exists"], (queue,)).fetchone() is not None
+
+
+def _received(row: tuple[Any, ...], token: str) -> ReceivedMessage:
+    seq, queue, message_id, headers, body, deliveries = row
+    return ReceivedMessage(queue, message_id, load_headers(headers), bytes(body), f"{seq}:{token}", deliveries)
+
+
+class SyncSqliteQueue:
+    """Blocking queue API: declare, send, receive, acknowledge, peek. Thread-safe."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        synchronous: str = "full",
+        visibility_timeout: timedelta = timedelta(seconds=30),
+        poll_interval: float = 0.005,
+    ) -> None:
+        self.path = Path(path)
+        self.visibility_timeout = visibility_timeout
+        self.poll_interval = poll_interval
+        self._conn = connect(self.path, synchronous)
+        self._lock = threading.RLock()
+        with self._lock, write_transaction(self._conn):
+            create_queue_schema(self._conn)
+
+    @classmethod
+    def from_url(cls, url: str) -> SyncSqliteQueue:
+        path, options = parse_sqlite_url(url)
+        return cls(path, synchronous=options.get("synchronous", "full"))
+
+    def declare(self, queue: str) -> None:
+        with self._lock, write_transaction(self._conn):
+            self._conn.execute(QUERIES["declare_queue"], (check_name("queue", queue), _now()))
+
+    def queues(self) -> dict[str, int]:
+        """Declared queues and how many messages each holds."""
+        with self._lock:
+            return dict(self._conn.execute(QUERIES["list_queues"]).fetchall())
+
+    def send(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        """Enqueue a batch in one transaction; an undeclared destination fails only its message."""
+        results: list[Exception | None] = []
+        now = _now()
+        with self._lock, write_transaction(self._conn):
+            known: dict[str, bool] = {}
+            for message in messages:
+                exists = known.setdefault(message.destination, queue_exists(self._conn, message.destination))
+                if not exists:
+                    results.append(DestinationNotFound(f"Queue {message.destination!r} does not exist."))
+                    continue
+                enqueue(self._conn, message.destination, message, outgoing_headers(message), now)
+                results.append(None)
+        return results
+
+    def _try_receive(self, queue: str, max_messages: int) -> list[ReceivedMessage]:
+        token = uuid.uuid4().hex
+        now = _now()
+        until = now + int(self.visibility_timeout.total_seconds() * 1_000_000)
+        with self._lock, write_transaction(self._conn):
+            rows = self._conn.execute(
+                QUERIES["receive"],
+                {"until": until, "token": token, "queue": queue, "now": now, "limit": max_messages},
+            ).fetchall()
+        rows.sort(key=lambda r: r[0])
+        return [_received(r, token) for r in rows]
+
+    def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
+        """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first to arrive."""
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            taken = self._try_receive(queue, max_messages)
+            if taken or time.monotonic() >= deadline:
+                return taken
+            while time.monotonic() < deadline:  # wait for another connection to write
+                time.sleep(self.poll_interval)
+                with self._lock:
+                    if self._conn.execute("PRAGMA data_version").fetchone()[0] != version:
+                        break
+
+    def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
+        """Receive one particular message (an operator sending an error back)."""
+        token = uuid.uuid4().hex
+        now = _now()
+        until = now + int(self.visibility_timeout.total_seconds() * 1_000_000)
+        with self._lock, write_transaction(self._conn):
+            row = self._conn.execute(
+                QUERIES["receive_by_id"],
+                {"until": until, "token": token, "queue": queue, "now": now, "message_id": message_id},
+            ).fetchone()
+        return None if row is None else _received(row, token)
+
+    def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
+        done = 0
+        with self._lock, write_transaction(self._conn):
+            for message in messages:
+                seq, _, token = message.receipt.partition(":")
+                done += self._conn.execute(QUERIES["acknowledge"], (int(seq), token)).rowcount
+        return done
+
+    def peek(self, queue: str, limit: int = 100) -> list[ReceivedMessage]:
+        with self._lock:
+            rows = self._conn.execute(QUERIES["peek"], (queue, limit)).fetchall()
+        return [_received(r, "peek") for r in rows]
+
+    def depth(self, queue: str) -> int:
+        with self._lock:
+            return int(self._conn.execute(QUERIES["depth"], (queue,)).fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class SqliteQueueTransport:
+    """The async transport over :class:`SyncSqliteQueue`, run on its own thread."""
+
+    def __init__(self, path: str | Path, *, synchronous: str = "full") -> None:
+        self.path = Path(path)
+        self._synchronous = synchronous
+        self._queue: SyncSqliteQueue | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="sqlite-queue")
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteQueueTransport:
+        path, options = parse_sqlite_url(url)
+        return cls(path, synchronous=options.get("synchronous", "full"))
+
+    @property
+    def queue(self) -> SyncSqliteQueue:
+        if self._queue is None:
+            self._queue = SyncSqliteQueue(self.path, synchronous=self._synchronous)
+        return self._queue
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def start(self) -> None:
+        await self._call(lambda: self.queue)
+
+    async def declare(self, queue: str) -> None:
+        await self._call(lambda: self.queue.declare(queue))
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        return await self._call(lambda: self.queue.send(messages))
+
+    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+        return await self._call(lambda: self.queue.receive(queue, max_messages, wait))
+
+    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
+        return await self._call(lambda: self.queue.acknowledge(messages))
+
+    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
+        return await self._call(lambda: self.queue.peek(queue, limit))
+
+    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
+        return await self._call(lambda: self.queue.take(queue, message_id))
+
+    async def depth(self, queue: str) -> int:
+        return await self._call(lambda: self.queue.depth(queue))
+
+    async def close(self) -> None:
+        if self._queue is not None:
+            await self._call(self._queue.close)
+        self._executor.shutdown(wait=True)
+
+
+def _now() -> int:
+    return to_micros(SystemClock().now())

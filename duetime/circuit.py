@@ -1,0 +1,93 @@
+"""Circuit breakers: the seed's repeated-failures-over-time and failure-rate breakers.
+
+A breaker never raises by itself; when it trips it calls its ``trigger`` with a
+:class:`~duetime.errors.CriticalError`, and the dispatcher makes sure that call happens and stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+from duetime.errors import CriticalError
+
+log = logging.getLogger("duetime.circuit")
+
+
+class RepeatedFailuresOverTimeCircuitBreaker:
+    """Arms on the first failure, disarms on a success, trips when failures outlast ``time_to_trigger``."""
+
+    def __init__(
+        self,
+        name: str,
+        time_to_trigger: float,
+        trigger: Callable[[CriticalError], None],
+        monotonic: Callable[[], float],
+        message: str,
+    ) -> None:
+        self.name = name
+        self.time_to_trigger = time_to_trigger
+        self._trigger = trigger
+        self._monotonic = monotonic
+        self._message = message
+        self.armed_at: float | None = None
+        self.failures = 0
+        self.tripped = False
+
+    @property
+    def armed(self) -> bool:
+        return self.armed_at is not None
+
+    def success(self) -> None:
+        if self.armed_at is not None:
+            log.info("circuit breaker %s disarmed after %d failures", self.name, self.failures)
+        self.armed_at = None
+        self.failures = 0
+
+    def failure(self, error: BaseException) -> None:
+        now = self._monotonic()
+        self.failures += 1
+        if self.armed_at is None:
+            self.armed_at = now
+            log.warning("circuit breaker %s armed: %s", self.name, error)
+            return
+        if not self.tripped and now - self.armed_at >= self.time_to_trigger:
+            self.tripped = True
+            critical = CriticalError(f"{self._message}: {type(error).__name__}: {error}")
+            critical.__cause__ = error
+            log.error("circuit breaker %s tripped after %d failures", self.name, self.failures)
+            self._trigger(critical)
+
+
+class FailureRateCircuitBreaker:
+    """Trips when more than ``maximum_per_second`` failures fall within one second."""
+
+    def __init__(
+        self,
+        name: str,
+        maximum_per_second: int,
+        trigger: Callable[[CriticalError], None],
+        monotonic: Callable[[], float],
+        message: str,
+    ) -> None:
+        self.name = name
+        self.maximum = maximum_per_second
+        self._trigger = trigger
+        self._monotonic = monotonic
+        self._message = message
+        self._window = -math.inf
+        self._count = 0
+        self.tripped = False
+
+    def failure(self, error: BaseException) -> None:
+        second = math.floor(self._monotonic())
+        if second != self._window:
+            self._window, self._count = second, 0
+        self._count += 1
+        log.warning("circuit breaker %s: %d failure(s) this second: %s", self.name, self._count, error)
+        if self._count > self.maximum and not self.tripped:
+            self.tripped = True
+            critical = CriticalError(f"{self._message}: {type(error).__name__}: {error}")
+            critical.__cause__ = error
+            self._trigger(critical)

@@ -1,0 +1,146 @@
+"""The producer's API: schedule, cancel, reschedule, get, list, in async and sync flavours."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+
+from duetime.clock import SystemClock
+from duetime.errors import ConfigurationError, InvalidMessage
+from duetime.interfaces import Clock, DelayedMessageStore, ListQuery, Page, SyncDelayedMessageStore
+from duetime.message import DelayedMessage, check_due_time, resolve_due_time
+from duetime.names import check_name
+from duetime.settings import TransactionMode
+
+
+def _build(
+    clock: Clock,
+    destination: str,
+    body: bytes,
+    delay: timedelta | float | None,
+    due_at: datetime | None,
+    headers: Mapping[str, str] | None,
+    message_id: str | None,
+) -> DelayedMessage:
+    return DelayedMessage.create(
+        destination, body, due_at=due_at, delay=delay, headers=headers, message_id=message_id,
+        now=clock.now(),
+    )
+
+
+def _query(
+    destination: str | None, due_before: datetime | None, limit: int, after: tuple[datetime, str] | None
+) -> ListQuery:
+    if not 1 <= limit <= 10_000:
+        raise InvalidMessage(f"limit must be between 1 and 10000, got {limit}.")
+    if due_before is not None:
+        due_before = check_due_time(due_before, "due_before")
+    return ListQuery(destination=destination, due_before=due_before, limit=limit, after=after)
+
+
+class DelayedMessageClient:
+    """Async client. ``await client.open()`` once (it initializes the store for the endpoint)."""
+
+    def __init__(self, store: DelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None) -> None:
+        if not isinstance(store, DelayedMessageStore):
+            raise ConfigurationError(f"store must be an async DelayedMessageStore, got {type(store).__name__}.")
+        self.store = store
+        self.endpoint = check_name("endpoint", endpoint)
+        self.clock: Clock = clock or SystemClock()
+
+    async def open(self) -> DelayedMessageClient:
+        await self.store.initialize(self.endpoint, TransactionMode.AT_LEAST_ONCE)
+        return self
+
+    async def schedule(
+        self,
+        destination: str,
+        body: bytes = b"",
+        *,
+        delay: timedelta | float | None = None,
+        due_at: datetime | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+    ) -> DelayedMessage:
+        """Store a message for ``destination`` due after ``delay`` or at ``due_at``."""
+        message = _build(self.clock, destination, body, delay, due_at, headers, message_id)
+        await self.store.store(message)
+        return message
+
+    async def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
+        """Store several at once, all or nothing."""
+        return await self.store.store_many(list(messages))
+
+    async def cancel(self, message_id: str) -> bool:
+        return await self.store.cancel(message_id)
+
+    async def reschedule(
+        self, message_id: str, *, delay: timedelta | float | None = None, due_at: datetime | None = None
+    ) -> bool:
+        due = resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
+        return await self.store.reschedule(message_id, due)
+
+    async def get(self, message_id: str) -> DelayedMessage | None:
+        return await self.store.get(message_id)
+
+    async def list(
+        self,
+        *,
+        destination: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = 100,
+        after: tuple[datetime, str] | None = None,
+    ) -> Page:
+        return await self.store.list(_query(destination, due_before, limit, after))
+
+
+class SyncDelayedMessageClient:
+    """The blocking client, for code that is not async."""
+
+    def __init__(
+        self, store: SyncDelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
+    ) -> None:
+        if not isinstance(store, SyncDelayedMessageStore):
+            raise ConfigurationError(f"store must be a SyncDelayedMessageStore, got {type(store).__name__}.")
+        self.store = store
+        self.endpoint = check_name("endpoint", endpoint)
+        self.clock: Clock = clock or SystemClock()
+        self.store.initialize(self.endpoint, TransactionMode.AT_LEAST_ONCE)
+
+    def schedule(
+        self,
+        destination: str,
+        body: bytes = b"",
+        *,
+        delay: timedelta | float | None = None,
+        due_at: datetime | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+    ) -> DelayedMessage:
+        message = _build(self.clock, destination, body, delay, due_at, headers, message_id)
+        self.store.store(message)
+        return message
+
+    def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
+        return self.store.store_many(list(messages))
+
+    def cancel(self, message_id: str) -> bool:
+        return self.store.cancel(message_id)
+
+    def reschedule(
+        self, message_id: str, *, delay: timedelta | float | None = None, due_at: datetime | None = None
+    ) -> bool:
+        return self.store.reschedule(message_id, resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now()))
+
+    def get(self, message_id: str) -> DelayedMessage | None:
+        return self.store.get(message_id)
+
+    def list(
+        self,
+        *,
+        destination: str | None = None,
+        due_before: datetime | None = None,
+        limit: int = 100,
+        after: tuple[datetime, str] | None = None,
+    ) -> Page:
+        return self.store.list(_query(destination, due_before, limit, after))

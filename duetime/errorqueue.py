@@ -1,0 +1,43 @@
+"""Error-queue headers: why a message landed there, so an operator can fix and send it back."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from datetime import datetime
+
+from duetime.message import DelayedMessage
+
+PREFIX = "duetime-error-"
+ERROR_TYPE = PREFIX + "type"
+ERROR_MESSAGE = PREFIX + "message"
+ERROR_STACKTRACE = PREFIX + "stacktrace"
+ERROR_TIME = PREFIX + "time"
+ERROR_ATTEMPTS = PREFIX + "attempts"
+ORIGINAL_DESTINATION = PREFIX + "original-destination"
+ORIGINAL_DUE_AT = PREFIX + "original-due-at"
+
+
+def error_headers(
+    message: DelayedMessage, error: BaseException | str, at: datetime, attempts: int
+) -> dict[str, str]:
+    """The message's headers plus the reason; a str error is a reason without an exception."""
+    headers = dict(message.headers)
+    if isinstance(error, BaseException):
+        headers[ERROR_TYPE] = f"{type(error).__module__}.{type(error).__qualname__}"
+        headers[ERROR_MESSAGE] = str(error) or type(error).__name__
+        headers[ERROR_STACKTRACE] = "".join(traceback.format_exception(error))[-8000:]
+    else:
+        headers[ERROR_TYPE] = "duetime.errors.DestinationNotFound"
+        headers[ERROR_MESSAGE] = error
+        headers[ERROR_STACKTRACE] = ""
+    headers[ERROR_TIME] = at.isoformat()
+    headers[ERROR_ATTEMPTS] = str(attempts)
+    headers[ORIGINAL_DESTINATION] = message.destination
+    headers[ORIGINAL_DUE_AT] = message.due_at.isoformat()
+    return headers
+
+
+def without_error_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers as they were before the message failed (for sending it back)."""
+    return {k: v for k, v in headers.items() if not k.startswith(PREFIX) and k != "duetime-due-at"}

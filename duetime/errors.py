@@ -1,0 +1,62 @@
+"""One exception tree for duetime.
+
+Every class's docstring is its default message, so ``raise StoreNotReady()`` already tells the
+user what went wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class DuetimeError(Exception):
+    """duetime failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__class__.__doc__ or "").strip())
+
+
+class InvalidMessage(DuetimeError, ValueError):
+    """The delayed message is invalid: check the named field."""
+
+
+class ConfigurationError(DuetimeError, ValueError):
+    """duetime is configured in a way that cannot work: read the message for the fix."""
+
+
+class UnknownScheme(ConfigurationError):
+    """No backend is registered for that URL scheme."""
+
+
+class MissingExtra(ConfigurationError, ImportError):
+    """A backend needs a driver that is not installed: install the extra named in the message."""
+
+
+class UnsupportedTransactionMode(ConfigurationError):
+    """The store cannot honour this transaction mode with this transport."""
+
+
+class StoreNotReady(DuetimeError):
+    """The store has no schema yet: run `duetime setup` (or `setup_infrastructure()`) first."""
+
+
+class DuplicateMessageId(DuetimeError):
+    """A delayed message with this id is already stored; ids are never silently overwritten."""
+
+
+class MessageNotFound(DuetimeError, LookupError):
+    """No delayed message with that id is stored."""
+
+
+class DestinationNotFound(DuetimeError):
+    """The destination does not exist; the message goes to the error queue instead."""
+
+
+class TransportError(DuetimeError):
+    """The transport could not send the message."""
+
+
+class CriticalError(DuetimeError):
+    """duetime hit a failure it cannot recover from by itself; the dispatcher has stopped."""
+
+
+class MessageInFlight(DuetimeError):
+    """The message is being forwarded right now and cannot be changed; look again in a moment."""

@@ -1,0 +1,153 @@
+"""The front door (seed 002's timeout manager): delayed messages arrive on ``<endpoint>.timeouts``.
+
+Each carries its destination and due time in headers. It is stored, and acknowledged only after the
+store committed, so nothing is lost; a redelivered message whose id is already stored is just
+acknowledged. Malformed ones go to the error queue with the reason. If storing keeps failing for
+``time_to_trigger_store_circuit_breaker``, the store breaker raises the critical error.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from duetime.circuit import RepeatedFailuresOverTimeCircuitBreaker
+from duetime.dispatcher import Dispatcher
+from duetime.errorqueue import error_headers
+from duetime.errors import DuplicateMessageId, InvalidMessage
+from duetime.interfaces import ReceivedMessage, ReceivingTransport
+from duetime.message import DUE_AT_HEADER, DelayedMessage
+
+log = logging.getLogger("duetime.frontdoor")
+
+DESTINATION_HEADER = "duetime-destination"
+NSB_EXPIRE = "NServiceBus.Timeout.Expire"
+NSB_ROUTE_TO = "NServiceBus.Timeout.RouteExpiredTimeoutTo"
+#: Headers that only carried routing to the front door; the destination does not get them.
+ENVELOPE_HEADERS = (DESTINATION_HEADER, DUE_AT_HEADER, NSB_EXPIRE, NSB_ROUTE_TO)
+_NSB_WIRE = re.compile(r"^(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}):(\d{1,6}) Z$")
+
+
+def front_door_queue(endpoint: str) -> str:
+    return f"{endpoint}.timeouts"
+
+
+def parse_due_header(value: str) -> datetime:
+    """ISO 8601 with an offset, or NServiceBus's wire format ``2030-01-01 09:00:00:000000 Z``."""
+    wire = _NSB_WIRE.match(value.strip())
+    if wire:
+        day, clock, fraction = wire.groups()
+        return datetime.fromisoformat(f"{day}T{clock}.{fraction.ljust(6, '0')}+00:00")
+    moment = datetime.fromisoformat(value.strip())
+    if moment.tzinfo is None:
+        raise ValueError("the due time has no UTC offset")
+    return moment.astimezone(UTC)
+
+
+def envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
+    """Turn a front-door message into the delayed message it asks for; InvalidMessage if it can't."""
+    headers = received.headers
+    destination = headers.get(DESTINATION_HEADER) or headers.get(NSB_ROUTE_TO)
+    due_text = headers.get(DUE_AT_HEADER) or headers.get(NSB_EXPIRE)
+    if not destination:
+        raise InvalidMessage(f"no destination header: set {DESTINATION_HEADER!r} (or {NSB_ROUTE_TO!r}).")
+    if not due_text:
+        raise InvalidMessage(f"no due time header: set {DUE_AT_HEADER!r} (or {NSB_EXPIRE!r}).")
+    try:
+        due_at = parse_due_header(due_text)
+    except ValueError as error:
+        raise InvalidMessage(
+            f"due time {due_text!r} cannot be read ({error}); use ISO 8601 with an offset, "
+            "e.g. 2030-01-01T09:00:00+00:00."
+        ) from None
+    kept = {k: v for k, v in headers.items() if k not in ENVELOPE_HEADERS}
+    return DelayedMessage(received.message_id, destination, due_at, received.body, kept)
+
+
+def envelope_headers(destination: str, due_at: datetime, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Headers a sender puts on a front-door message."""
+    return {**(headers or {}), DESTINATION_HEADER: destination, DUE_AT_HEADER: due_at.astimezone(UTC).isoformat()}
+
+
+class FrontDoor:
+    """Consumes ``<endpoint>.timeouts`` into the dispatcher's store while the dispatcher runs."""
+
+    def __init__(self, dispatcher: Dispatcher, receiver: ReceivingTransport, *, wait: float = 0.5) -> None:
+        self.dispatcher = dispatcher
+        self.receiver = receiver
+        self.queue = front_door_queue(dispatcher.endpoint)
+        self.wait = wait
+        self.stored = 0
+        self.rejected = 0
+        self.store_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            "store",
+            dispatcher.settings.time_to_trigger_store_circuit_breaker.total_seconds(),
+            dispatcher._trip,
+            dispatcher.clock.monotonic,
+            "Repeated failures when storing delayed messages, endpoint will be terminated",
+        )
+
+    async def start(self) -> None:
+        await self.dispatcher.transport.declare(self.queue)
+
+    async def run(self) -> None:
+        await self.start()
+        while not self.dispatcher.stopping:
+            await self.process_once()
+
+    async def process_once(self) -> int:
+        """Receive one batch and store it; returns how many messages were handled."""
+        received = await self.receiver.receive(self.queue, self.dispatcher.settings.batch_size, self.wait)
+        if not received:
+            return 0
+        good: list[tuple[ReceivedMessage, DelayedMessage]] = []
+        bad: list[tuple[ReceivedMessage, InvalidMessage]] = []
+        for item in received:
+            try:
+                good.append((item, envelope_to_message(item)))
+            except InvalidMessage as error:
+                bad.append((item, error))
+        if bad:
+            await self._reject(bad)
+        while good and not await self._store([m for _, m in good]):
+            if self.dispatcher.stopping:
+                return 0  # not acknowledged: the queue gives them back later, nothing lost
+            await self.dispatcher._pause()
+        if good:
+            await self.receiver.acknowledge([r for r, _ in good])
+            self.stored += len(good)
+        return len(received)
+
+    async def _store(self, messages: Sequence[DelayedMessage]) -> bool:
+        store = self.dispatcher.store
+        try:
+            try:
+                await store.store_many(messages)
+            except DuplicateMessageId:
+                for message in messages:  # a redelivery: keep what is new, skip what is stored
+                    try:
+                        await store.store(message)
+                    except DuplicateMessageId:
+                        log.info("front door: %s is already stored (redelivery)", message.message_id)
+        except Exception as error:
+            log.warning("front door: storing %d messages failed: %s", len(messages), error)
+            self.store_breaker.failure(error)
+            return False
+        self.store_breaker.success()
+        return True
+
+    async def _reject(self, bad: Sequence[tuple[ReceivedMessage, InvalidMessage]]) -> None:
+        now = self.dispatcher.clock.now()
+        queue = self.dispatcher.settings.error_queue
+        copies = []
+        for item, error in bad:
+            shell = DelayedMessage(item.message_id, self.queue, now, item.body, item.headers)
+            copies.append(shell.with_changes(destination=queue, headers=error_headers(shell, error, now, 1)))
+            log.warning("front door: %s rejected: %s", item.message_id, error)
+        results = await self.dispatcher.transport.send_batch(copies)
+        sent = [item for (item, _), r in zip(bad, results, strict=True) if r is None]
+        if sent:
+            await self.receiver.acknowledge(sent)
+            self.rejected += len(sent)

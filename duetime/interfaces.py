@@ -1,0 +1,163 @@
+"""The contracts between duetime's three roles: store, transport, dispatcher.
+
+They are Protocols, so a custom store or transport needs no base class: implement the methods and
+pass the object in (the seed's "custom delayed message store").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from duetime.message import DelayedMessage
+from duetime.settings import TransactionMode
+
+#: Called by a store when something may now be due earlier than before; ``None`` means "another
+#: process changed the store, look again".
+WakeupCallback = Callable[[datetime | None], None]
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+    def monotonic(self) -> float: ...
+    async def wait(self, event: asyncio.Event, timeout: float) -> bool: ...
+    async def sleep(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ListQuery:
+    """Filter and page for operator listings; ``after`` is the cursor from the previous page."""
+
+    destination: str | None = None
+    due_before: datetime | None = None
+    due_after: datetime | None = None
+    min_failures: int = 0
+    limit: int = 100
+    after: tuple[datetime, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    messages: list[DelayedMessage]
+    #: Pass as ``ListQuery(after=...)`` to read the next page; None on the last page.
+    next_cursor: tuple[datetime, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCounts:
+    total: int
+    due: int
+    claimed: int
+    failing: int
+    next_due: datetime | None
+    by_destination: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MoveOutcome:
+    """What one transactional move did: delivered, and sent to the error queue."""
+
+    moved: list[DelayedMessage]
+    dead_lettered: list[tuple[DelayedMessage, str]]
+
+
+@runtime_checkable
+class DelayedMessageStore(Protocol):
+    """The seed's ``IDelayedMessageStore`` (with infrastructure), batched and async."""
+
+    async def setup_infrastructure(self, endpoint: str) -> None:
+        """Create what ``endpoint`` needs; idempotent and safe from several processes at once."""
+
+    async def initialize(self, endpoint: str, mode: TransactionMode) -> None:
+        """Bind to ``endpoint``; raise UnsupportedTransactionMode if the mode cannot be honoured."""
+
+    async def store(self, message: DelayedMessage) -> None: ...
+    async def store_many(self, messages: Sequence[DelayedMessage]) -> int: ...
+
+    async def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
+        """Claim up to ``limit`` messages due at ``at``, oldest first; no other caller gets them
+        until they are removed, their failure is counted, or the claim times out."""
+
+    async def next_due(self) -> datetime | None: ...
+    async def remove(self, message_id: str) -> bool: ...
+    async def remove_many(self, message_ids: Sequence[str]) -> int: ...
+
+    async def increment_failure_count(self, message_id: str) -> bool:
+        """Count a failed forward and release the claim; False if the message is gone."""
+
+    async def release(self, message_ids: Sequence[str]) -> int:
+        """Give claims back untouched (graceful stop with a batch not yet forwarded)."""
+
+    async def get(self, message_id: str) -> DelayedMessage | None: ...
+    async def cancel(self, message_id: str) -> bool: ...
+    async def reschedule(self, message_id: str, due_at: datetime) -> bool: ...
+    async def list(self, query: ListQuery) -> Page: ...
+    async def counts(self, at: datetime) -> StoreCounts: ...
+    def subscribe(self, callback: WakeupCallback) -> Callable[[], None]: ...
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SyncDelayedMessageStore(Protocol):
+    """The blocking twin, for producers that are not async (web apps, scripts, Spark executors)."""
+
+    def setup_infrastructure(self, endpoint: str) -> None: ...
+    def initialize(self, endpoint: str, mode: TransactionMode) -> None: ...
+    def store(self, message: DelayedMessage) -> None: ...
+    def store_many(self, messages: Sequence[DelayedMessage]) -> int: ...
+    def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]: ...
+    def next_due(self) -> datetime | None: ...
+    def remove(self, message_id: str) -> bool: ...
+    def remove_many(self, message_ids: Sequence[str]) -> int: ...
+    def increment_failure_count(self, message_id: str) -> bool: ...
+    def release(self, message_ids: Sequence[str]) -> int: ...
+    def get(self, message_id: str) -> DelayedMessage | None: ...
+    def cancel(self, message_id: str) -> bool: ...
+    def reschedule(self, message_id: str, due_at: datetime) -> bool: ...
+    def list(self, query: ListQuery) -> Page: ...
+    def counts(self, at: datetime) -> StoreCounts: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Where due messages go. ``send_batch`` answers per message: None, or the exception."""
+
+    async def start(self) -> None: ...
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]: ...
+    async def declare(self, queue: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class TransactionalStore(Protocol):
+    """A store that can move due messages into a transport inside one transaction (exactly-once)."""
+
+    def shares_transaction_with(self, transport: object) -> bool: ...
+
+    async def move_due(
+        self, at: datetime, limit: int, transport: object, error_queue: str, error_headers: Callable[[DelayedMessage, str], Mapping[str, str]]
+    ) -> MoveOutcome: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    """A message taken from a queue; acknowledge it by its ``receipt`` once it is handled."""
+
+    queue: str
+    message_id: str
+    headers: Mapping[str, str]
+    body: bytes
+    receipt: str
+    delivery_count: int
+
+
+@runtime_checkable
+class ReceivingTransport(Protocol):
+    """A transport a program (or the front door) can consume from."""
+
+    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]: ...
+    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...

@@ -1,0 +1,161 @@
+"""The delayed message: what is stored, and the validation that guards every way in."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+
+from duetime.errors import InvalidMessage
+
+MAX_ID_LENGTH = 250
+MAX_DESTINATION_LENGTH = 200
+#: Due times must fall in this window; it keeps every store's integer column and every
+#: broker's TTL arithmetic far from overflow.
+EARLIEST_DUE = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_DUE = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def new_message_id() -> str:
+    """A time-ordered UUID (v7 layout): ids sort by creation, which keeps indexes compact."""
+    millis = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (millis & ((1 << 48) - 1)) << 80 | rand
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return str(uuid.UUID(int=value))
+
+
+def _check_text(name: str, value: object, limit: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidMessage(f"{name} must be a str, got {type(value).__name__}.")
+    if not value.strip():
+        raise InvalidMessage(f"{name} must not be empty or blank.")
+    if len(value) > limit:
+        raise InvalidMessage(
+            f"{name} is {len(value)} characters long; the limit is {limit}. Use a shorter {name}."
+        )
+    if "\x00" in value:
+        raise InvalidMessage(f"{name} must not contain NUL characters.")
+    return value
+
+
+def check_due_time(value: object, name: str = "due_at") -> datetime:
+    """Return ``value`` in UTC, or raise :class:`InvalidMessage` saying how to fix it."""
+    if not isinstance(value, datetime):
+        raise InvalidMessage(f"{name} must be a datetime, got {type(value).__name__}.")
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise InvalidMessage(
+            f"{name} is a naive datetime ({value.isoformat()}); duetime cannot guess its time zone. "
+            "Pass an aware one, e.g. datetime.now(timezone.utc) + timedelta(minutes=5)."
+        )
+    utc = value.astimezone(UTC)
+    if not EARLIEST_DUE <= utc < LATEST_DUE:
+        raise InvalidMessage(f"{name} {utc.isoformat()} is outside the supported years 1970-9998.")
+    return utc
+
+
+def check_headers(value: object) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise InvalidMessage(f"headers must be a mapping of str to str, got {type(value).__name__}.")
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise InvalidMessage(
+                f"headers must map str to str; {key!r}: {item!r} is "
+                f"{type(key).__name__} -> {type(item).__name__}. Convert values with str()."
+            )
+        if not key:
+            raise InvalidMessage("header names must not be empty.")
+    return MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedMessage:
+    """A message that must reach ``destination`` at ``due_at`` and not before.
+
+    ``due_at`` is always aware and in UTC; ``failure_count`` counts failed forwarding attempts.
+    """
+
+    message_id: str
+    destination: str
+    due_at: datetime
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    failure_count: int = 0
+
+    def __post_init__(self) -> None:
+        _check_text("message_id", self.message_id, MAX_ID_LENGTH)
+        _check_text("destination", self.destination, MAX_DESTINATION_LENGTH)
+        object.__setattr__(self, "due_at", check_due_time(self.due_at))
+        if isinstance(self.body, bytearray | memoryview):
+            object.__setattr__(self, "body", bytes(self.body))
+        if not isinstance(self.body, bytes):
+            raise InvalidMessage(
+                f"body must be bytes, got {type(self.body).__name__}; encode text with .encode()."
+            )
+        object.__setattr__(self, "headers", check_headers(self.headers))
+        if not isinstance(self.failure_count, int) or self.failure_count < 0:
+            raise InvalidMessage("failure_count must be a non-negative int.")
+
+    @classmethod
+    def create(
+        cls,
+        destination: str,
+        body: bytes = b"",
+        *,
+        due_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        now: datetime | None = None,
+    ) -> DelayedMessage:
+        """Build a message due at ``due_at`` or after ``delay`` (seconds or a timedelta)."""
+        due = resolve_due_time(due_at=due_at, delay=delay, now=now)
+        return cls(
+            message_id=new_message_id() if message_id is None else message_id,
+            destination=destination,
+            due_at=due,
+            body=body,
+            headers=headers or {},
+        )
+
+    def with_changes(self, **changes: object) -> DelayedMessage:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def resolve_due_time(
+    *, due_at: datetime | None, delay: timedelta | float | None, now: datetime | None
+) -> datetime:
+    """Exactly one of ``due_at`` and ``delay`` must be given; a delay may not be negative."""
+    if (due_at is None) == (delay is None):
+        raise InvalidMessage("Give exactly one of due_at (an aware datetime) or delay (seconds).")
+    if due_at is not None:
+        return check_due_time(due_at)
+    if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
+        raise InvalidMessage(f"delay must be seconds or a timedelta, got {type(delay).__name__}.")
+    if not isinstance(delay, timedelta) and not math.isfinite(delay):
+        raise InvalidMessage(f"delay must be a finite number of seconds, got {delay}.")
+    base = datetime.now(UTC) if now is None else check_due_time(now, "now")
+    try:
+        span = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+        if span < timedelta(0):
+            raise InvalidMessage(f"delay must not be negative, got {span}.")
+        return check_due_time(base + span, "now + delay")
+    except OverflowError:
+        raise InvalidMessage(f"delay {delay} is too long; due times end in year 9998.") from None
+
+
+#: Header every transport adds on delivery: the due time, so receivers can measure lateness.
+DUE_AT_HEADER = "duetime-due-at"
+
+
+def outgoing_headers(message: DelayedMessage) -> dict[str, str]:
+    """The headers a destination receives: the message's own plus its due time."""
+    headers = dict(message.headers)
+    headers[DUE_AT_HEADER] = message.due_at.isoformat()
+    return headers

@@ -1,0 +1,76 @@
+"""URL scheme -> backend class, imported only when used, with "did you mean" on typos."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme
+from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
+
+#: scheme -> (async store, sync store)
+STORES: dict[str, tuple[str, str]] = {
+    "sqlite": ("duetime.backends.sqlite.store:SqliteStore", "duetime.backends.sqlite.store:SyncSqliteStore"),
+    "memory": ("duetime.backends.memory.store:MemoryStore", "duetime.backends.memory.store:SyncMemoryStore"),
+}
+TRANSPORTS: dict[str, str] = {
+    "sqlite": "duetime.backends.sqlite.queue:SqliteQueueTransport",
+    "memory": "duetime.backends.memory.transport:MemoryTransport",
+}
+#: driver module -> the extra that installs it
+EXTRAS: dict[str, str] = {}
+
+
+def scheme_of(url: str) -> str:
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"{url!r} is not a backend URL; write scheme://..., e.g. sqlite:///duetime.db."
+        )
+    return urlsplit(url).scheme.lower()
+
+
+def _load(target: str) -> type[Any]:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        extra = EXTRAS.get((error.name or "").split(".")[0])
+        if extra is None:
+            raise
+        raise MissingExtra(
+            f"{target} needs the {error.name!r} driver: pip install 'duetime[{extra}]'."
+        ) from error
+    return cast(type[Any], getattr(module, attr))
+
+
+def _pick(kind: str, url: str, table: dict[str, Any]) -> Any:
+    scheme = scheme_of(url)
+    if scheme not in table:
+        close = difflib.get_close_matches(scheme, table, n=1)
+        hint = f" Did you mean {close[0]}://?" if close else ""
+        raise UnknownScheme(
+            f"No {kind} for URL scheme {scheme!r}.{hint} Known: {', '.join(sorted(table))}."
+        )
+    return table[scheme]
+
+
+def _build(cls: type[Any], url: str) -> Any:
+    from_url = getattr(cls, "from_url", None)
+    return from_url(url) if from_url is not None else cls()
+
+
+def open_store(url: str) -> DelayedMessageStore:
+    """The async store for ``url`` (e.g. ``sqlite:///duetime.db``), not yet initialized."""
+    return cast(DelayedMessageStore, _build(_load(_pick("store", url, STORES)[0]), url))
+
+
+def open_sync_store(url: str) -> SyncDelayedMessageStore:
+    """The blocking twin of :func:`open_store`."""
+    return cast(SyncDelayedMessageStore, _build(_load(_pick("store", url, STORES)[1]), url))
+
+
+def open_transport(url: str) -> Transport:
+    """The transport for ``url`` (e.g. ``sqlite:///duetime.db`` for the local queue)."""
+    return cast(Transport, _build(_load(_pick("transport", url, TRANSPORTS)), url))

@@ -1,0 +1,97 @@
+"""Delayed-delivery settings, with the seed's names and defaults."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from datetime import timedelta
+from typing import Any
+
+from duetime.errors import ConfigurationError
+
+
+class TransactionMode(enum.StrEnum):
+    """How a due message moves from store to destination.
+
+    ``AT_LEAST_ONCE`` forwards, then removes: a crash in between forwards it again under the same
+    message id. ``EXACTLY_ONCE`` moves it in one transaction shared by store and destination, and is
+    refused unless the transport really shares the store's transaction.
+    """
+
+    AT_LEAST_ONCE = "at-least-once"
+    EXACTLY_ONCE = "exactly-once"
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedDeliverySettings:
+    """How the dispatcher behaves. Defaults are the seed's (NServiceBus ``DelayedDeliverySettings``)."""
+
+    number_of_retries: int = 0
+    time_to_trigger_store_circuit_breaker: timedelta = timedelta(seconds=30)
+    time_to_trigger_fetch_circuit_breaker: timedelta = timedelta(seconds=30)
+    time_to_trigger_dispatch_circuit_breaker: timedelta = timedelta(seconds=30)
+    maximum_recovery_failures_per_second: int = 1
+    transaction_mode: TransactionMode = TransactionMode.AT_LEAST_ONCE
+    error_queue: str = "error"
+    #: How many due messages one claim takes; one round trip moves a batch, not a row.
+    batch_size: int = 100
+    #: No sleep is longer than this, whatever the next due time says.
+    max_sleep: timedelta = timedelta(minutes=1)
+    #: How long a claimed batch stays hidden from other dispatchers before it is taken back.
+    claim_timeout: timedelta = timedelta(seconds=30)
+    #: Pause after a failure while a circuit breaker is armed, so an outage is not a hot loop.
+    failure_backoff: timedelta = timedelta(seconds=1)
+
+    def __post_init__(self) -> None:
+        if self.number_of_retries < 0:
+            raise ConfigurationError("number_of_retries must be 0 or more.")
+        if self.maximum_recovery_failures_per_second < 1:
+            raise ConfigurationError("maximum_recovery_failures_per_second must be 1 or more.")
+        if not 1 <= self.batch_size <= 10_000:
+            raise ConfigurationError("batch_size must be between 1 and 10000.")
+        for name in (
+            "time_to_trigger_store_circuit_breaker",
+            "time_to_trigger_fetch_circuit_breaker",
+            "time_to_trigger_dispatch_circuit_breaker",
+            "max_sleep",
+            "claim_timeout",
+        ):
+            if getattr(self, name) <= timedelta(0):
+                raise ConfigurationError(f"{name} must be longer than zero.")
+        if self.failure_backoff < timedelta(0):
+            raise ConfigurationError("failure_backoff must not be negative.")
+        if not self.error_queue.strip():
+            raise ConfigurationError("error_queue must name a queue.")
+        object.__setattr__(self, "transaction_mode", TransactionMode(self.transaction_mode))
+
+    def with_changes(self, **changes: Any) -> DelayedDeliverySettings:
+        return replace(self, **changes)
+
+    @classmethod
+    def from_env(
+        cls, prefix: str = "DUETIME_", environ: Mapping[str, str] | None = None
+    ) -> DelayedDeliverySettings:
+        """Read ``DUETIME_NUMBER_OF_RETRIES=7`` etc.; durations are seconds."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for item in fields(cls):
+            raw = env.get(prefix + item.name.upper())
+            if raw is None:
+                continue
+            values[item.name] = _parse(item.name, raw, getattr(cls(), item.name))
+        return cls(**values)
+
+
+def _parse(name: str, raw: str, default: object) -> object:
+    try:
+        if isinstance(default, timedelta):
+            return timedelta(seconds=float(raw))
+        if isinstance(default, TransactionMode):
+            return TransactionMode(raw.strip().lower())
+        if isinstance(default, int):
+            return int(raw)
+        return raw
+    except ValueError:
+        raise ConfigurationError(f"Cannot read {name} from {raw!r}: expected {type(default).__name__}.") from None
