@@ -1,0 +1,227 @@
+"""The store contract: every store (memory fake included) subclasses this suite."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from duetime import (
+    DelayedMessage,
+    DelayedMessageStore,
+    DuplicateMessageId,
+    InvalidMessage,
+    ListQuery,
+    MessageInFlight,
+    StoreNotReady,
+    SyncDelayedMessageStore,
+    TransactionMode,
+)
+
+ENDPOINT = "contract"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def msg(i: int, due: datetime, destination: str = "orders", **kw: object) -> DelayedMessage:
+    return DelayedMessage(f"m-{i:05d}", destination, due, f"body {i}".encode(), {"n": str(i)}, **kw)  # type: ignore[arg-type]
+
+
+class StoreContract:
+    """Subclasses provide ``make_store`` (async) and ``make_sync_store`` over the same storage."""
+
+    claim_timeout = timedelta(seconds=30)
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], DelayedMessageStore]:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def make_sync_store(self) -> Callable[[], SyncDelayedMessageStore]:
+        raise NotImplementedError
+
+    @pytest.fixture
+    async def store(self, make_store: Callable[[], DelayedMessageStore]) -> AsyncIterator[DelayedMessageStore]:
+        s = make_store()
+        await s.setup_infrastructure(ENDPOINT)
+        await s.setup_infrastructure(ENDPOINT)  # idempotent
+        await s.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+        yield s
+        await s.close()
+
+    async def test_initialize_before_setup_says_what_to_do(self, make_store: Callable[[], DelayedMessageStore]) -> None:
+        s = make_store()
+        with pytest.raises(StoreNotReady, match="setup"):
+            await s.initialize("never-set-up", TransactionMode.AT_LEAST_ONCE)
+        await s.close()
+
+    async def test_round_trip_keeps_every_field_exactly(self, store: DelayedMessageStore) -> None:
+        due = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+        original = DelayedMessage("id/ü", "dest.é", due, b"\x00\x01\xffbody", {"k": "v", "ü": "ß"})
+        await store.store(original)
+        got = await store.get("id/ü")
+        assert got == original
+        assert got is not None and got.due_at.tzinfo is not None
+        assert await store.get("missing") is None
+
+    async def test_duplicate_id_is_rejected_and_never_overwrites(self, store: DelayedMessageStore) -> None:
+        first = msg(1, now())
+        await store.store(first)
+        with pytest.raises(DuplicateMessageId, match="m-00001"):
+            await store.store(first.with_changes(body=b"other"))
+        with pytest.raises(DuplicateMessageId):
+            await store.store_many([msg(2, now()), msg(1, now())])
+        assert await store.get("m-00002") is None  # all or nothing
+        assert (await store.get("m-00001")) == first
+
+    async def test_fetch_due_claims_oldest_first_and_only_due(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store_many([msg(i, t - timedelta(seconds=i)) for i in range(5)] + [msg(9, t + timedelta(hours=1))])
+        batch = await store.fetch_due(t, 3)
+        assert [m.message_id for m in batch] == ["m-00004", "m-00003", "m-00002"]
+        rest = await store.fetch_due(t, 10)
+        assert [m.message_id for m in rest] == ["m-00001", "m-00000"]
+        assert await store.fetch_due(t, 10) == []
+
+    async def test_due_exactly_now_is_due_and_a_microsecond_later_is_not(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store_many([msg(1, t), msg(2, t + timedelta(microseconds=1))])
+        assert [m.message_id for m in await store.fetch_due(t, 10)] == ["m-00001"]
+
+    async def test_claim_expires_after_claim_timeout(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store(msg(1, t))
+        assert len(await store.fetch_due(t, 10)) == 1
+        assert await store.fetch_due(t + self.claim_timeout / 2, 10) == []
+        again = await store.fetch_due(t + self.claim_timeout + timedelta(seconds=1), 10)
+        assert [m.message_id for m in again] == ["m-00001"]
+
+    async def test_next_due(self, store: DelayedMessageStore) -> None:
+        assert await store.next_due() is None
+        t = now() + timedelta(minutes=5)
+        await store.store_many([msg(1, t + timedelta(seconds=1)), msg(2, t)])
+        assert await store.next_due() == t
+
+    async def test_next_due_skips_claimed_messages_until_their_claim_expires(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store(msg(1, t))
+        await store.store(msg(2, t + timedelta(hours=1)))
+        await store.fetch_due(t, 1)
+        nxt = await store.next_due()
+        assert nxt is not None and t < nxt <= t + self.claim_timeout + timedelta(seconds=1)
+
+    async def test_remove(self, store: DelayedMessageStore) -> None:
+        await store.store_many([msg(1, now()), msg(2, now()), msg(3, now())])
+        assert await store.remove("m-00001") is True
+        assert await store.remove("m-00001") is False
+        assert await store.remove_many(["m-00002", "m-00003", "nope"]) == 2
+        assert await store.next_due() is None
+
+    async def test_increment_failure_count_counts_and_releases_the_claim(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store(msg(1, t))
+        await store.fetch_due(t, 10)
+        assert await store.increment_failure_count("m-00001") is True
+        again = await store.fetch_due(t, 10)
+        assert [m.failure_count for m in again] == [1]
+        assert await store.increment_failure_count("missing") is False
+
+    async def test_release_gives_claims_back(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store_many([msg(1, t), msg(2, t)])
+        await store.fetch_due(t, 10)
+        assert await store.release(["m-00001", "m-00002", "gone"]) == 2
+        assert len(await store.fetch_due(t, 10)) == 2
+
+    async def test_cancel(self, store: DelayedMessageStore) -> None:
+        await store.store(msg(1, now() + timedelta(hours=1)))
+        assert await store.cancel("m-00001") is True
+        assert await store.cancel("m-00001") is False
+        assert await store.get("m-00001") is None
+
+    async def test_cancel_and_reschedule_refuse_a_message_in_flight(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store(msg(1, t))
+        await store.fetch_due(t, 10)
+        with pytest.raises(MessageInFlight):
+            await store.cancel("m-00001")
+        with pytest.raises(MessageInFlight):
+            await store.reschedule("m-00001", t + timedelta(hours=1))
+        assert await store.get("m-00001") is not None
+
+    async def test_reschedule(self, store: DelayedMessageStore) -> None:
+        t = now() + timedelta(hours=1)
+        await store.store(msg(1, t))
+        later = t + timedelta(days=1)
+        assert await store.reschedule("m-00001", later) is True
+        got = await store.get("m-00001")
+        assert got is not None and got.due_at == later
+        assert await store.reschedule("missing", later) is False
+        with pytest.raises(InvalidMessage, match="naive"):
+            await store.reschedule("m-00001", datetime(2030, 1, 1))  # noqa: DTZ001
+
+    async def test_list_pages_and_filters(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store_many(
+            [msg(i, t + timedelta(seconds=i), "a" if i % 2 else "b") for i in range(25)]
+        )
+        seen: list[str] = []
+        after = None
+        while True:
+            page = await store.list(ListQuery(limit=10, after=after))
+            seen += [m.message_id for m in page.messages]
+            if page.next_cursor is None:
+                break
+            after = page.next_cursor
+        assert seen == [f"m-{i:05d}" for i in range(25)]
+        only_a = await store.list(ListQuery(destination="a", limit=100))
+        assert len(only_a.messages) == 12 and only_a.next_cursor is None
+        early = await store.list(ListQuery(due_before=t + timedelta(seconds=5), limit=100))
+        assert [m.message_id for m in early.messages] == [f"m-{i:05d}" for i in range(5)]
+
+    async def test_counts(self, store: DelayedMessageStore) -> None:
+        t = now()
+        await store.store_many([msg(1, t - timedelta(seconds=1)), msg(2, t - timedelta(seconds=1), "x"), msg(3, t + timedelta(hours=1))])
+        await store.fetch_due(t, 1)
+        await store.release([])
+        counts = await store.counts(t)
+        assert (counts.total, counts.due, counts.claimed) == (3, 2, 1)
+        assert counts.by_destination == {"orders": 2, "x": 1}
+
+    async def test_sync_twin_sees_the_same_messages(
+        self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]
+    ) -> None:
+        sync = make_sync_store()
+        sync.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+        sync.store(msg(1, now()))
+        assert await store.get("m-00001") is not None
+        await store.store(msg(2, now()))
+        assert sync.get("m-00002") is not None
+        assert [m.message_id for m in sync.fetch_due(now(), 10)] == ["m-00001", "m-00002"]
+        sync.close()
+
+    async def test_concurrent_claimers_never_share_a_message(
+        self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]
+    ) -> None:
+        t = now()
+        await store.store_many([msg(i, t) for i in range(400)])
+        claimed: list[list[str]] = [[] for _ in range(4)]
+
+        def claimer(slot: int) -> None:
+            s = make_sync_store()
+            s.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+            while batch := s.fetch_due(t, 7):
+                claimed[slot] += [m.message_id for m in batch]
+            s.close()
+
+        threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        everything = [i for part in claimed for i in part]
+        assert len(everything) == 400 and len(set(everything)) == 400

@@ -1,0 +1,40 @@
+"""The store contract on every store that needs no server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from duetime.backends.memory import MemoryStore
+from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
+from tests.contract.store_contract import StoreContract
+
+
+class TestMemoryStore(StoreContract):
+    @pytest.fixture
+    def shared(self) -> MemoryStore:
+        return MemoryStore()
+
+    @pytest.fixture
+    def make_store(self, shared: MemoryStore) -> Callable[[], MemoryStore]:
+        return lambda: shared
+
+    @pytest.fixture
+    def make_sync_store(self, shared: MemoryStore) -> Callable[[], object]:
+        return lambda: shared.sync
+
+
+class TestSqliteStore(StoreContract):
+    @pytest.fixture
+    def url(self, tmp_path: Path) -> str:
+        return f"sqlite:///{tmp_path}/store.db"
+
+    @pytest.fixture
+    def make_store(self, url: str) -> Callable[[], SqliteStore]:
+        return lambda: SqliteStore.from_url(url)
+
+    @pytest.fixture
+    def make_sync_store(self, url: str) -> Callable[[], SyncSqliteStore]:
+        return lambda: SyncSqliteStore.from_url(url)

@@ -1,0 +1,274 @@
+"""The dispatcher on a fake clock: no sleeps, no network."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from duetime import CriticalError, DelayedDeliverySettings, Dispatcher, UnsupportedTransactionMode
+from duetime import errorqueue as eq
+from duetime.backends.memory import MemoryStore, MemoryTransport
+from duetime.testing import settle
+from tests.unit.helpers import Rig
+
+
+async def test_burst_forwards_what_is_due_and_nothing_early() -> None:
+    rig = await Rig().setup("orders")
+    await rig.store.store_many([rig.message(1, -1), rig.message(2, 0), rig.message(3, 0.001)])
+    stats = await rig.dispatcher.run_burst()
+    assert rig.delivered() == ["m1", "m2"]
+    assert stats.forwarded == 2
+    assert await rig.store.get("m3") is not None
+    received = rig.queues.messages("orders")[0]
+    assert received.headers["duetime-due-at"] == (rig.clock.now() - timedelta(seconds=1)).isoformat()
+
+
+async def test_sleeps_until_the_next_due_time_then_delivers() -> None:
+    rig = await Rig().setup("orders")
+    await rig.store.store(rig.message(1, 10))
+    await rig.start()
+    await rig.tick(9.999)
+    assert rig.delivered() == []
+    await rig.tick(0.001)
+    assert rig.delivered() == ["m1"]
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_an_earlier_message_wakes_the_sleeping_dispatcher() -> None:
+    rig = await Rig().setup("orders")
+    await rig.store.store(rig.message(1, 120))
+    await rig.start()
+    assert rig.clock.sleepers == 1
+    await rig.store.store(rig.message(2, 1))  # stored while it sleeps toward 2 minutes
+    await settle()
+    await rig.tick(1)
+    assert rig.delivered() == ["m2"]
+    await rig.tick(119)
+    assert rig.delivered() == ["m2", "m1"]
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_every_sleep_is_capped() -> None:
+    rig = await Rig(max_sleep=timedelta(seconds=60)).setup("orders")
+    await rig.store.store(rig.message(1, 3600))
+    await rig.start()
+    rounds = rig.dispatcher.stats.rounds
+    await rig.tick(60)
+    assert rig.dispatcher.stats.rounds == rounds + 1  # woke after the cap, looked again
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_a_missing_destination_goes_to_the_error_queue_at_once_and_blocks_nobody() -> None:
+    rig = await Rig(number_of_retries=5).setup("orders")
+    await rig.store.store_many([rig.message(1, 0, "nowhere"), rig.message(2, 0)])
+    await rig.dispatcher.run_burst()
+    assert rig.delivered() == ["m2"]
+    [dead] = rig.queues.messages("error")
+    assert dead.message_id == "m1"
+    assert dead.headers[eq.ORIGINAL_DESTINATION] == "nowhere"
+    assert "does not exist" in dead.headers[eq.ERROR_MESSAGE]
+    assert await rig.store.get("m1") is None
+
+
+async def test_retries_then_delivers() -> None:
+    rig = await Rig(number_of_retries=2, failure_backoff=timedelta(0)).setup("orders")
+    failures = iter([TimeoutError("slow"), TimeoutError("slow")])
+    rig.transport.fail = lambda m: next(failures, None)
+    await rig.store.store(rig.message(1, 0))
+    stats = await rig.dispatcher.run_burst()
+    assert rig.delivered() == ["m1"]
+    assert stats.retries == 2 and stats.forwarded == 1
+
+
+async def test_exhausted_retries_send_the_message_to_the_error_queue_with_the_reason() -> None:
+    rig = await Rig(number_of_retries=1, failure_backoff=timedelta(0)).setup("orders")
+    rig.transport.fail = lambda m: ValueError("poison payload") if m.destination == "orders" else None
+    await rig.store.store(rig.message(1, 0))
+    await rig.dispatcher.run_burst()
+    [dead] = rig.queues.messages("error")
+    h = dead.headers
+    assert h[eq.ERROR_TYPE] == "builtins.ValueError"
+    assert h[eq.ERROR_MESSAGE] == "poison payload"
+    assert "ValueError: poison payload" in h[eq.ERROR_STACKTRACE]
+    assert h[eq.ERROR_ATTEMPTS] == "2"
+    assert h[eq.ORIGINAL_DESTINATION] == "orders"
+    assert h[eq.ERROR_TIME] == rig.clock.now().isoformat()
+    assert await rig.store.get("m1") is None
+
+
+async def test_default_is_no_retry() -> None:
+    rig = await Rig(failure_backoff=timedelta(0)).setup("orders")
+    rig.transport.fail = lambda m: ValueError("nope") if m.destination == "orders" else None
+    await rig.store.store(rig.message(1, 0))
+    await rig.dispatcher.run_burst()
+    assert [m.headers[eq.ERROR_ATTEMPTS] for m in rig.queues.messages("error")] == ["1"]
+
+
+async def test_fetch_breaker_trips_after_30_seconds_of_failures() -> None:
+    rig = await Rig().setup("orders")
+    rig.store.fail_fetch = True
+    await rig.start()
+    await rig.tick(1, steps=29)
+    assert rig.criticals == [] and not rig.task.done()  # type: ignore[union-attr]
+    await rig.tick(1, steps=2)
+    assert len(rig.criticals) == 1
+    assert "fetch due delayed messages" in str(rig.criticals[0])
+    with pytest.raises(CriticalError):
+        await rig.task  # type: ignore[misc]
+
+
+async def test_fetch_breaker_disarms_when_the_store_comes_back() -> None:
+    rig = await Rig().setup("orders")
+    rig.store.fail_fetch = True
+    await rig.start()
+    await rig.tick(1, steps=20)
+    rig.store.fail_fetch = False
+    await rig.store.store(rig.message(1, 0))
+    await rig.tick(1, steps=3)
+    assert rig.delivered() == ["m1"]
+    assert not rig.dispatcher.fetch_breaker.armed
+    rig.store.fail_fetch = True
+    await rig.tick(1, steps=20)
+    assert rig.criticals == []
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_dispatch_breaker_trips_when_the_transport_stays_down() -> None:
+    rig = await Rig(number_of_retries=1_000_000).setup("orders")
+    rig.transport.down = ConnectionError("broker unreachable")
+    await rig.store.store(rig.message(1, 0))
+    await rig.start()
+    await rig.tick(1, steps=31)
+    assert len(rig.criticals) == 1
+    assert "dispatch delayed messages" in str(rig.criticals[0])
+    with pytest.raises(CriticalError):
+        await rig.task  # type: ignore[misc]
+    assert await rig.store.get("m1") is not None  # nothing lost
+
+
+async def test_recovery_breaker_trips_on_more_than_one_recovery_failure_per_second() -> None:
+    rig = await Rig(number_of_retries=5, failure_backoff=timedelta(0)).setup("orders")
+    rig.transport.fail = lambda m: ValueError("bad")
+    rig.store.fail_increment = True
+    await rig.store.store_many([rig.message(1, 0), rig.message(2, 0)])
+    with pytest.raises(CriticalError, match="error handling"):
+        await rig.dispatcher.run_burst()
+    assert len(rig.criticals) == 1
+    assert await rig.store.get("m1") is not None
+
+
+async def test_store_breaker_trips_when_the_front_door_cannot_store() -> None:
+    from duetime.frontdoor import FrontDoor, envelope_headers
+
+    rig = await Rig().setup("orders")
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    await door.start()
+    envelope = rig.message(7, 5).with_changes(
+        destination="unit.timeouts", headers=envelope_headers("orders", rig.clock.now())
+    )
+    await rig.queues.send_batch([envelope])
+    rig.store.fail_store = True
+    task = asyncio.create_task(door.process_once())
+    for _ in range(31):
+        await rig.tick(1)
+    await task
+    assert len(rig.criticals) == 0  # the breaker only records; the dispatcher reports
+    assert rig.dispatcher.stopping
+    with pytest.raises(CriticalError, match="storing delayed messages"):
+        await rig.dispatcher.run_burst()
+    assert len(rig.criticals) == 1
+    assert rig.queues.messages("unit.timeouts") == []  # received, not acknowledged: comes back
+
+
+async def test_critical_error_callback_failing_still_stops_with_the_error() -> None:
+    rig = await Rig().setup("orders")
+
+    def broken(_: CriticalError) -> None:
+        raise RuntimeError("callback bug")
+
+    rig.dispatcher._on_critical_error = broken
+    rig.store.fail_fetch = True
+    await rig.start()
+    await rig.tick(1, steps=31)
+    with pytest.raises(CriticalError):
+        await rig.task  # type: ignore[misc]
+
+
+async def test_async_critical_error_callback_is_awaited() -> None:
+    rig = await Rig().setup("orders")
+    seen: list[str] = []
+
+    async def callback(error: CriticalError) -> None:
+        await asyncio.sleep(0)
+        seen.append(str(error))
+
+    rig.dispatcher._on_critical_error = callback
+    rig.store.fail_fetch = True
+    await rig.start()
+    await rig.tick(1, steps=31)
+    with pytest.raises(CriticalError):
+        await rig.task  # type: ignore[misc]
+    assert len(seen) == 1
+
+
+async def test_stop_finishes_the_batch_in_flight() -> None:
+    rig = await Rig().setup("orders")
+    await rig.store.store_many([rig.message(i, 0) for i in range(10)])
+    gate = asyncio.Event()
+    original = rig.queues.send_batch
+
+    async def slow_send(batch):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await original(batch)
+
+    rig.transport.inner.send_batch = slow_send  # type: ignore[method-assign]
+    await rig.start()
+    rig.dispatcher.stop()
+    gate.set()
+    await rig.task  # type: ignore[misc]
+    assert len(rig.delivered()) == 10
+
+
+async def test_exactly_once_is_refused_when_the_transport_cannot_share_the_transaction(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore
+
+    store = SqliteStore.from_url(f"sqlite:///{tmp_path}/a.db")
+    await store.setup_infrastructure("duetime")
+    settings = DelayedDeliverySettings(transaction_mode="exactly-once")  # type: ignore[arg-type]
+    for transport in (MemoryTransport(), SqliteQueueTransport(tmp_path / "b.db")):
+        with pytest.raises(UnsupportedTransactionMode, match="at-least-once"):
+            await Dispatcher(store, transport, settings).start()
+    ok = Dispatcher(store, SqliteQueueTransport(tmp_path / "a.db"), settings)
+    await ok.start()
+    await store.close()
+
+
+async def test_exactly_once_with_memory_moves_and_dead_letters() -> None:
+    store, transport = MemoryStore(), MemoryTransport()
+    await store.setup_infrastructure("duetime")
+    await transport.declare("orders")
+    d = Dispatcher(store, transport, DelayedDeliverySettings(transaction_mode="exactly-once"))  # type: ignore[arg-type]
+    from datetime import UTC, datetime
+
+    from duetime import DelayedMessage
+
+    now = datetime.now(UTC)
+    await store.store_many([DelayedMessage("a", "orders", now), DelayedMessage("b", "void", now)])
+    stats = await d.run_burst()
+    assert (stats.forwarded, stats.dead_lettered) == (1, 1)
+    assert [m.message_id for m in transport.messages("error")] == ["b"]
+
+
+async def test_dispatcher_rejects_urls_in_place_of_backends() -> None:
+    from duetime import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="open_store"):
+        Dispatcher("sqlite:///x.db", MemoryTransport())  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="open_transport"):
+        Dispatcher(MemoryStore(), "memory://")  # type: ignore[arg-type]
