@@ -8,6 +8,7 @@ event loop, and tells wake-up subscribers about newly stored due times.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -18,6 +19,7 @@ from duetime.message import DelayedMessage
 from duetime.settings import TransactionMode
 
 T = TypeVar("T")
+log = logging.getLogger("duetime.store")
 
 
 class Subscribers:
@@ -37,8 +39,8 @@ class Subscribers:
         for callback in list(self._callbacks):
             try:
                 callback(due)
-            except Exception:  # noqa: BLE001 - a subscriber's bug must not lose a stored message
-                pass
+            except Exception:  # a subscriber's bug must not fail a store that already committed
+                log.exception("a wake-up subscriber failed")
 
 
 class AsyncStoreBridge:

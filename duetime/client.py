@@ -23,7 +23,12 @@ def _build(
     message_id: str | None,
 ) -> DelayedMessage:
     return DelayedMessage.create(
-        destination, body, due_at=due_at, delay=delay, headers=headers, message_id=message_id,
+        destination,
+        body,
+        due_at=due_at,
+        delay=delay,
+        headers=headers,
+        message_id=message_id,
         now=clock.now(),
     )
 
@@ -41,9 +46,13 @@ def _query(
 class DelayedMessageClient:
     """Async client. ``await client.open()`` once (it initializes the store for the endpoint)."""
 
-    def __init__(self, store: DelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None) -> None:
+    def __init__(
+        self, store: DelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
+    ) -> None:
         if not isinstance(store, DelayedMessageStore):
-            raise ConfigurationError(f"store must be an async DelayedMessageStore, got {type(store).__name__}.")
+            raise ConfigurationError(
+                f"store must be an async DelayedMessageStore, got {type(store).__name__}."
+            )
         self.store = store
         self.endpoint = check_name("endpoint", endpoint)
         self.clock: Clock = clock or SystemClock()
@@ -130,7 +139,9 @@ class SyncDelayedMessageClient:
     def reschedule(
         self, message_id: str, *, delay: timedelta | float | None = None, due_at: datetime | None = None
     ) -> bool:
-        return self.store.reschedule(message_id, resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now()))
+        return self.store.reschedule(
+            message_id, resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
+        )
 
     def get(self, message_id: str) -> DelayedMessage | None:
         return self.store.get(message_id)

@@ -80,15 +80,24 @@ class Dispatcher:
         s = self.settings
         mono = self.clock.monotonic
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
-            "fetch", s.time_to_trigger_fetch_circuit_breaker.total_seconds(), self._trip, mono,
+            "fetch",
+            s.time_to_trigger_fetch_circuit_breaker.total_seconds(),
+            self._trip,
+            mono,
             "Failed to fetch due delayed messages from the storage",
         )
         self.dispatch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
-            "dispatch", s.time_to_trigger_dispatch_circuit_breaker.total_seconds(), self._trip, mono,
+            "dispatch",
+            s.time_to_trigger_dispatch_circuit_breaker.total_seconds(),
+            self._trip,
+            mono,
             "Failed to dispatch delayed messages to destination",
         )
         self.recovery_breaker = FailureRateCircuitBreaker(
-            "recovery", s.maximum_recovery_failures_per_second, self._trip, mono,
+            "recovery",
+            s.maximum_recovery_failures_per_second,
+            self._trip,
+            mono,
             "Failed to execute error handling for delayed message forwarding",
         )
 
@@ -200,7 +209,10 @@ class Dispatcher:
         assert isinstance(self.store, TransactionalStore)
         try:
             outcome = await self.store.move_due(
-                now, self.settings.batch_size, self.transport, self.settings.error_queue,
+                now,
+                self.settings.batch_size,
+                self.transport,
+                self.settings.error_queue,
                 lambda m, reason: error_headers(m, reason, now, m.failure_count),
             )
         except Exception as error:

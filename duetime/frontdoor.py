@@ -66,9 +66,15 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
     return DelayedMessage(received.message_id, destination, due_at, received.body, kept)
 
 
-def envelope_headers(destination: str, due_at: datetime, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+def envelope_headers(
+    destination: str, due_at: datetime, headers: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Headers a sender puts on a front-door message."""
-    return {**(headers or {}), DESTINATION_HEADER: destination, DUE_AT_HEADER: due_at.astimezone(UTC).isoformat()}
+    return {
+        **(headers or {}),
+        DESTINATION_HEADER: destination,
+        DUE_AT_HEADER: due_at.astimezone(UTC).isoformat(),
+    }
 
 
 class FrontDoor:

@@ -139,7 +139,12 @@ class TransactionalStore(Protocol):
     def shares_transaction_with(self, transport: object) -> bool: ...
 
     async def move_due(
-        self, at: datetime, limit: int, transport: object, error_queue: str, error_headers: Callable[[DelayedMessage, str], Mapping[str, str]]
+        self,
+        at: datetime,
+        limit: int,
+        transport: object,
+        error_queue: str,
+        error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
     ) -> MoveOutcome: ...
 
 

@@ -50,9 +50,7 @@ def _pick(kind: str, url: str, table: dict[str, Any]) -> Any:
     if scheme not in table:
         close = difflib.get_close_matches(scheme, table, n=1)
         hint = f" Did you mean {close[0]}://?" if close else ""
-        raise UnknownScheme(
-            f"No {kind} for URL scheme {scheme!r}.{hint} Known: {', '.join(sorted(table))}."
-        )
+        raise UnknownScheme(f"No {kind} for URL scheme {scheme!r}.{hint} Known: {', '.join(sorted(table))}.")
     return table[scheme]
 
 

@@ -94,4 +94,6 @@ def _parse(name: str, raw: str, default: object) -> object:
             return int(raw)
         return raw
     except ValueError:
-        raise ConfigurationError(f"Cannot read {name} from {raw!r}: expected {type(default).__name__}.") from None
+        raise ConfigurationError(
+            f"Cannot read {name} from {raw!r}: expected {type(default).__name__}."
+        ) from None

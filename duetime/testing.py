@@ -44,9 +44,9 @@ class FakeClock:
             return False
         timer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((self._mono + timeout, timer))
-        fired = asyncio.ensure_future(event.wait())
+        fired: asyncio.Future[None] = asyncio.ensure_future(_wait_event(event))
         try:
-            await asyncio.wait({timer, fired}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([timer, fired], return_when=asyncio.FIRST_COMPLETED)
         finally:
             fired.cancel()
             if not timer.done():
@@ -85,6 +85,10 @@ class FlakyTransport:
         passing = [m for m, r in zip(messages, results, strict=True) if r is None]
         inner = iter(await self.inner.send_batch(passing) if passing else [])
         return [r if r is not None else next(inner) for r in results]
+
+
+async def _wait_event(event: asyncio.Event) -> None:
+    await event.wait()
 
 
 async def settle(rounds: int = 20) -> None:

@@ -45,7 +45,9 @@ class StoreContract:
         raise NotImplementedError
 
     @pytest.fixture
-    async def store(self, make_store: Callable[[], DelayedMessageStore]) -> AsyncIterator[DelayedMessageStore]:
+    async def store(
+        self, make_store: Callable[[], DelayedMessageStore]
+    ) -> AsyncIterator[DelayedMessageStore]:
         s = make_store()
         await s.setup_infrastructure(ENDPOINT)
         await s.setup_infrastructure(ENDPOINT)  # idempotent
@@ -53,7 +55,9 @@ class StoreContract:
         yield s
         await s.close()
 
-    async def test_initialize_before_setup_says_what_to_do(self, make_store: Callable[[], DelayedMessageStore]) -> None:
+    async def test_initialize_before_setup_says_what_to_do(
+        self, make_store: Callable[[], DelayedMessageStore]
+    ) -> None:
         s = make_store()
         with pytest.raises(StoreNotReady, match="setup"):
             await s.initialize("never-set-up", TransactionMode.AT_LEAST_ONCE)
@@ -80,14 +84,18 @@ class StoreContract:
 
     async def test_fetch_due_claims_oldest_first_and_only_due(self, store: DelayedMessageStore) -> None:
         t = now()
-        await store.store_many([msg(i, t - timedelta(seconds=i)) for i in range(5)] + [msg(9, t + timedelta(hours=1))])
+        await store.store_many(
+            [msg(i, t - timedelta(seconds=i)) for i in range(5)] + [msg(9, t + timedelta(hours=1))]
+        )
         batch = await store.fetch_due(t, 3)
         assert [m.message_id for m in batch] == ["m-00004", "m-00003", "m-00002"]
         rest = await store.fetch_due(t, 10)
         assert [m.message_id for m in rest] == ["m-00001", "m-00000"]
         assert await store.fetch_due(t, 10) == []
 
-    async def test_due_exactly_now_is_due_and_a_microsecond_later_is_not(self, store: DelayedMessageStore) -> None:
+    async def test_due_exactly_now_is_due_and_a_microsecond_later_is_not(
+        self, store: DelayedMessageStore
+    ) -> None:
         t = now()
         await store.store_many([msg(1, t), msg(2, t + timedelta(microseconds=1))])
         assert [m.message_id for m in await store.fetch_due(t, 10)] == ["m-00001"]
@@ -106,7 +114,9 @@ class StoreContract:
         await store.store_many([msg(1, t + timedelta(seconds=1)), msg(2, t)])
         assert await store.next_due() == t
 
-    async def test_next_due_skips_claimed_messages_until_their_claim_expires(self, store: DelayedMessageStore) -> None:
+    async def test_next_due_skips_claimed_messages_until_their_claim_expires(
+        self, store: DelayedMessageStore
+    ) -> None:
         t = now()
         await store.store(msg(1, t))
         await store.store(msg(2, t + timedelta(hours=1)))
@@ -121,7 +131,9 @@ class StoreContract:
         assert await store.remove_many(["m-00002", "m-00003", "nope"]) == 2
         assert await store.next_due() is None
 
-    async def test_increment_failure_count_counts_and_releases_the_claim(self, store: DelayedMessageStore) -> None:
+    async def test_increment_failure_count_counts_and_releases_the_claim(
+        self, store: DelayedMessageStore
+    ) -> None:
         t = now()
         await store.store(msg(1, t))
         await store.fetch_due(t, 10)
@@ -162,13 +174,11 @@ class StoreContract:
         assert got is not None and got.due_at == later
         assert await store.reschedule("missing", later) is False
         with pytest.raises(InvalidMessage, match="naive"):
-            await store.reschedule("m-00001", datetime(2030, 1, 1))  # noqa: DTZ001
+            await store.reschedule("m-00001", datetime(2030, 1, 1))
 
     async def test_list_pages_and_filters(self, store: DelayedMessageStore) -> None:
         t = now()
-        await store.store_many(
-            [msg(i, t + timedelta(seconds=i), "a" if i % 2 else "b") for i in range(25)]
-        )
+        await store.store_many([msg(i, t + timedelta(seconds=i), "a" if i % 2 else "b") for i in range(25)])
         seen: list[str] = []
         after = None
         while True:
@@ -185,7 +195,13 @@ class StoreContract:
 
     async def test_counts(self, store: DelayedMessageStore) -> None:
         t = now()
-        await store.store_many([msg(1, t - timedelta(seconds=1)), msg(2, t - timedelta(seconds=1), "x"), msg(3, t + timedelta(hours=1))])
+        await store.store_many(
+            [
+                msg(1, t - timedelta(seconds=1)),
+                msg(2, t - timedelta(seconds=1), "x"),
+                msg(3, t + timedelta(hours=1)),
+            ]
+        )
         await store.fetch_due(t, 1)
         await store.release([])
         counts = await store.counts(t)

@@ -61,7 +61,11 @@ class Rig:
         self.criticals: list[CriticalError] = []
         self.settings = DelayedDeliverySettings(**settings)  # type: ignore[arg-type]
         self.dispatcher = Dispatcher(
-            self.store, self.transport, self.settings, endpoint="unit", clock=self.clock,
+            self.store,
+            self.transport,
+            self.settings,
+            endpoint="unit",
+            clock=self.clock,
             on_critical_error=self.criticals.append,
         )
         self.task: asyncio.Task[None] | None = None

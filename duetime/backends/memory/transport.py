@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections import OrderedDict
@@ -36,9 +37,7 @@ class MemoryTransport:
     def has_queue(self, queue: str) -> bool:
         return queue in self._queues
 
-    def enqueue_locked(
-        self, queue: str, message: DelayedMessage, headers: Mapping[str, str] | None
-    ) -> None:
+    def enqueue_locked(self, queue: str, message: DelayedMessage, headers: Mapping[str, str] | None) -> None:
         """Append to a queue; the caller holds ``lock``. The error queue is declared on demand."""
         target = self._queues.setdefault(queue, OrderedDict())
         key = uuid.uuid4().hex
@@ -51,9 +50,7 @@ class MemoryTransport:
         with self.lock:
             for message in messages:
                 if message.destination not in self._queues:
-                    results.append(
-                        DestinationNotFound(f"Queue {message.destination!r} does not exist.")
-                    )
+                    results.append(DestinationNotFound(f"Queue {message.destination!r} does not exist."))
                     continue
                 self.enqueue_locked(message.destination, message, None)
                 results.append(None)
@@ -69,7 +66,11 @@ class MemoryTransport:
                 while items and len(taken) < max_messages:
                     key, item = items.popitem(last=False)
                     item = ReceivedMessage(
-                        item.queue, item.message_id, item.headers, item.body, key,
+                        item.queue,
+                        item.message_id,
+                        item.headers,
+                        item.body,
+                        key,
                         item.delivery_count + 1,
                     )
                     self._in_flight[key] = item
@@ -77,10 +78,8 @@ class MemoryTransport:
                 if taken or loop.time() >= deadline:
                     return taken
                 self._arrived.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                pass
 
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         with self.lock:

@@ -56,7 +56,9 @@ def queue_exists(conn: sqlite3.Connection, queue: str) -> bool:
 
 def _received(row: tuple[Any, ...], token: str) -> ReceivedMessage:
     seq, queue, message_id, headers, body, deliveries = row
-    return ReceivedMessage(queue, message_id, load_headers(headers), bytes(body), f"{seq}:{token}", deliveries)
+    return ReceivedMessage(
+        queue, message_id, load_headers(headers), bytes(body), f"{seq}:{token}", deliveries
+    )
 
 
 class SyncSqliteQueue:

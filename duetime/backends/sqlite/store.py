@@ -150,7 +150,14 @@ class SyncSqliteStore:
 
     def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         rows = [
-            (m.message_id, m.destination, to_micros(m.due_at), dump_headers(m.headers), m.body, m.failure_count)
+            (
+                m.message_id,
+                m.destination,
+                to_micros(m.due_at),
+                dump_headers(m.headers),
+                m.body,
+                m.failure_count,
+            )
             for m in messages
         ]
         q = self.q
@@ -328,7 +335,7 @@ class SqliteStore(AsyncStoreBridge):
 
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
-        path, options = parse_sqlite_url(url)
+        _, options = parse_sqlite_url(url)
         watch = option_float(options, "watch_interval", 0.02)
         trimmed = url.split("?")[0]
         rest = "&".join(f"{k}={v}" for k, v in options.items() if k != "watch_interval")
@@ -350,7 +357,7 @@ class SqliteStore(AsyncStoreBridge):
             await asyncio.sleep(self.watch_interval)
             try:
                 current = await self._call(self.sync.data_version)
-            except Exception:  # noqa: BLE001 - the fetch breaker reports store trouble
+            except Exception:
                 continue
             if current != version:
                 version = current

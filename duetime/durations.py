@@ -1,0 +1,43 @@
+"""Human durations and times for the CLI: ``90``, ``1.5s``, ``250ms``, ``10m``, ``1h30m``, ``2d``."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from duetime.errors import InvalidMessage
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> timedelta:
+    raw = text.strip().lower().replace(" ", "")
+    try:
+        return timedelta(seconds=float(raw))
+    except ValueError:
+        pass
+    pos, seconds = 0, 0.0
+    for match in _PART.finditer(raw):
+        if match.start() != pos:
+            break
+        seconds += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(raw) or not raw:
+        raise InvalidMessage(
+            f"Cannot read the duration {text!r}; write e.g. 90, 1.5s, 250ms, 10m, 1h30m or 2d."
+        )
+    return timedelta(seconds=seconds)
+
+
+def parse_time(text: str) -> datetime:
+    """ISO 8601; a time without an offset is refused rather than guessed."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidMessage(
+            f"Cannot read the time {text!r}; write ISO 8601 with an offset, e.g. 2030-01-01T09:00:00+01:00."
+        ) from None
+    if moment.tzinfo is None:
+        raise InvalidMessage(f"The time {text!r} has no UTC offset; add one, e.g. {text}+00:00 or {text}Z.")
+    return moment.astimezone(UTC)
