@@ -244,7 +244,8 @@ def schedule(
             await client.store.close()
 
     message = _run(go)
-    console.print(f"{message.message_id}  due {message.due_at.isoformat()}  -> {message.destination}")
+    print(message.message_id)  # stdout carries just the id, for $(duetime schedule ...)
+    err.print(f"due {message.due_at.isoformat()} -> {message.destination}")
 
 
 def _message_row(m: DelayedMessage) -> dict[str, Any]:
@@ -283,6 +284,8 @@ def list_(
             print(json.dumps(_message_row(m)))
         return
     table = Table("id", "destination", "due (UTC)", "failures", "bytes")
+    for column in table.columns:
+        column.overflow = "fold"
     for m in messages:
         table.add_row(
             m.message_id, m.destination, m.due_at.isoformat(), str(m.failure_count), str(len(m.body))
@@ -595,5 +598,8 @@ def demo(
 def main() -> None:
     try:
         app()
+    except DuetimeError as error:  # bad input found before any async work started
+        err.print(f"[red]error:[/] {error}")
+        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

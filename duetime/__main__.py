@@ -1,0 +1,5 @@
+"""``python -m duetime`` is the ``duetime`` command."""
+
+from duetime.cli import main
+
+main()
