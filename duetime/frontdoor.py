@@ -22,11 +22,14 @@ from duetime.message import DUE_AT_HEADER, DelayedMessage
 
 log = logging.getLogger("duetime.frontdoor")
 
-DESTINATION_HEADER = "duetime-destination"
+#: Where and when the front door should deliver. Distinct from ``duetime-due-at``, which every
+#: transport stamps on what it delivers (a message passing through a queue carries both).
+DESTINATION_HEADER = "duetime-route-to"
+DELIVER_AT_HEADER = "duetime-deliver-at"
 NSB_EXPIRE = "NServiceBus.Timeout.Expire"
 NSB_ROUTE_TO = "NServiceBus.Timeout.RouteExpiredTimeoutTo"
 #: Headers that only carried routing to the front door; the destination does not get them.
-ENVELOPE_HEADERS = (DESTINATION_HEADER, DUE_AT_HEADER, NSB_EXPIRE, NSB_ROUTE_TO)
+ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER, NSB_EXPIRE, NSB_ROUTE_TO)
 _NSB_WIRE = re.compile(r"^(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}):(\d{1,6}) Z$")
 
 
@@ -50,11 +53,11 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
     """Turn a front-door message into the delayed message it asks for; InvalidMessage if it can't."""
     headers = received.headers
     destination = headers.get(DESTINATION_HEADER) or headers.get(NSB_ROUTE_TO)
-    due_text = headers.get(DUE_AT_HEADER) or headers.get(NSB_EXPIRE)
+    due_text = headers.get(DELIVER_AT_HEADER) or headers.get(NSB_EXPIRE)
     if not destination:
         raise InvalidMessage(f"no destination header: set {DESTINATION_HEADER!r} (or {NSB_ROUTE_TO!r}).")
     if not due_text:
-        raise InvalidMessage(f"no due time header: set {DUE_AT_HEADER!r} (or {NSB_EXPIRE!r}).")
+        raise InvalidMessage(f"no due time header: set {DELIVER_AT_HEADER!r} (or {NSB_EXPIRE!r}).")
     try:
         due_at = parse_due_header(due_text)
     except ValueError as error:
@@ -73,7 +76,7 @@ def envelope_headers(
     return {
         **(headers or {}),
         DESTINATION_HEADER: destination,
-        DUE_AT_HEADER: due_at.astimezone(UTC).isoformat(),
+        DELIVER_AT_HEADER: due_at.astimezone(UTC).isoformat(),
     }
 
 

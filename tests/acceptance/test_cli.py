@@ -1,0 +1,86 @@
+"""The ``duetime`` command as a user runs it: a real subprocess on a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_help_teaches_every_command(cli) -> None:  # type: ignore[no-untyped-def]
+    top = cli("--help").stdout
+    for command in ("demo", "run", "schedule", "list", "show", "cancel", "reschedule", "stats", "errors", "queues", "setup"):
+        assert command in top
+        assert cli(command, "--help").returncode == 0
+
+
+def test_schedule_list_show_reschedule_cancel(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup", "--queue", "orders")
+    mid = cli("schedule", "orders", "hello", "--in", "1h", "-H", "tenant=acme").stdout.strip()
+    listed = [json.loads(line) for line in cli("list", "--json").stdout.splitlines()]
+    assert [m["id"] for m in listed] == [mid]
+    assert listed[0]["headers"] == {"tenant": "acme"}
+    shown = json.loads(cli("show", mid).stdout)
+    assert shown["body"] == "hello"
+    cli("reschedule", mid, "--at", "2031-01-01T00:00:00+00:00")
+    assert json.loads(cli("show", mid).stdout)["due_at"] == "2031-01-01T00:00:00+00:00"
+    cli("cancel", mid)
+    again = cli("cancel", mid, ok=False)
+    assert again.returncode == 1 and "no stored message" in again.stderr
+
+
+def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup", "--queue", "orders")
+    cli("schedule", "orders", "due-now", "--in", "0s", "--id", "a")
+    cli("schedule", "typo-queue", "lost?", "--in", "0s", "--id", "b")
+    cli("schedule", "orders", "later", "--in", "1h", "--id", "c")
+    assert "forwarded 1, to the error queue 1" in cli("run", "--burst").stdout
+    received = [json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").stdout.splitlines()]
+    assert [(m["id"], m["body"]) for m in received] == [("a", "due-now")]
+    errors = [json.loads(line) for line in cli("errors", "list", "--json").stdout.splitlines()]
+    assert errors[0]["id"] == "b"
+    assert errors[0]["headers"]["duetime-error-original-destination"] == "typo-queue"
+    cli("errors", "retry", "b", "--destination", "orders")
+    assert cli("errors", "list", "--json").stdout.strip() == ""
+    cli("run", "--burst")
+    received = [json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").stdout.splitlines()]
+    assert [m["id"] for m in received] == ["b"]
+    assert not any(k.startswith("duetime-error-") for k in received[0]["headers"])
+    stats = json.loads(cli("stats", "--json").stdout)
+    assert stats["stored"] == 1 and stats["by_destination"] == {"orders": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("schedule", "orders", "x", "--in", "soon"), "Cannot read the duration"),
+        (("schedule", "orders", "x", "--at", "2030-01-01T09:00"), "no UTC offset"),
+        (("schedule", "orders", "x", "--in", "-5s"), "must not be negative"),
+        (("schedule", "x" * 201, "x", "--in", "1s"), "limit is 200"),
+        (("schedule", "orders", "x", "--in", "1s", "--id", "i" * 251), "limit is 250"),
+        (("list", "--store", "sqlit:///x.db"), "Did you mean sqlite://"),
+        (("list", "--store", "sqlite:///missing-folder/x.db"), "does not exist"),
+        (("list", "--endpoint", "bad name!"), "not allowed"),
+        (("run", "--burst", "--mode", "exactly-once", "--transport", "memory://"), "exactly-once needs"),
+    ],
+)
+def test_bad_input_gets_a_clear_error_and_changes_nothing(cli, args, message) -> None:  # type: ignore[no-untyped-def]
+    cli("setup")
+    cli("schedule", "orders", "keep me", "--in", "1h", "--id", "kept")
+    result = cli(*args, ok=False)
+    assert result.returncode != 0
+    assert message in " ".join(result.stderr.split()), result.stderr
+    assert "Traceback" not in result.stderr
+    assert json.loads(cli("show", "kept").stdout)["body"] == "keep me"
+
+
+def test_list_before_setup_says_to_run_setup(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli("list", ok=False)
+    assert result.returncode == 1 and "duetime setup" in result.stderr
+
+
+def test_demo_delivers_everything_on_time(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli("demo", "--messages", "500", "--spread", "0.5", timeout=120)
+    out = " ".join(result.stdout.split())
+    assert "all delivered, none early, none doubled" in out
+    assert "missing │ 0" in out or "missing 0" in out.replace("│", "")

@@ -1,0 +1,36 @@
+"""Shared fixtures: subprocess helpers for tests that run duetime as a real process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def duetime_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "duetime", *args]
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    return subprocess.run(
+        duetime_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+
+
+@pytest.fixture
+def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """Run the CLI in a fresh folder: ``cli("schedule", "orders", "x", "--in", "1s")``."""
+
+    def call(*args: str, ok: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
+        result = run_cli(*args, cwd=tmp_path, **kw)  # type: ignore[arg-type]
+        if ok and result.returncode != 0:
+            raise AssertionError(f"duetime {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        return result
+
+    return call

@@ -1,0 +1,128 @@
+"""Real time, real processes, one SQLite file: wake-ups, several dispatchers, the front door."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
+from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
+from duetime.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, envelope_headers
+from tests.conftest import duetime_cmd
+from tests.integration.consumer import RecordingConsumer
+
+
+def prepare(db: Path, endpoint: str, *queues: str) -> SyncSqliteStore:
+    store = SyncSqliteStore(db)
+    store.setup_infrastructure(endpoint)
+    store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+    q = SyncSqliteQueue(db)
+    for name in queues:
+        q.declare(name)
+    q.close()
+    return store
+
+
+@pytest.mark.slow
+async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher(tmp_path: Path) -> None:
+    db = tmp_path / "wake.db"
+    prepare(db, "wake", "orders").store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
+    store, transport = SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db)
+    dispatcher = Dispatcher(store, transport, endpoint="wake")
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.sleep(0.5)  # asleep, aiming at the message due in two minutes
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    script = (
+        "import sys; from datetime import datetime; from duetime.backends.sqlite import SyncSqliteStore;"
+        "from duetime import DelayedMessage, TransactionMode; s = SyncSqliteStore(sys.argv[1]);"
+        "s.initialize('wake', TransactionMode.AT_LEAST_ONCE);"
+        "s.store(DelayedMessage('near', 'orders', datetime.fromisoformat(sys.argv[2])))"
+    )
+    subprocess.run([duetime_cmd()[0], "-c", script, str(db), due.isoformat()], check=True)
+    consumer = SyncSqliteQueue(db)
+    got = await asyncio.to_thread(consumer.receive, "orders", 10, 5.0)
+    arrived = datetime.now(UTC)
+    dispatcher.stop()
+    await task
+    assert [m.message_id for m in got] == ["near"]
+    assert due <= arrived < due + timedelta(milliseconds=500), f"arrived {(arrived - due).total_seconds():.3f}s late"
+    await store.close()
+    await transport.close()
+
+
+@pytest.mark.slow
+def test_several_dispatcher_processes_share_one_store_without_duplicates(tmp_path: Path) -> None:
+    db = tmp_path / "multi.db"
+    store = prepare(db, "multi", "orders")
+    now = datetime.now(UTC)
+    total = 6000
+    store.store_many([DelayedMessage(f"m{i}", "orders", now + timedelta(seconds=i / total * 3)) for i in range(total)])
+    consumer = RecordingConsumer(db, "orders")
+    consumer.start()
+    procs = [
+        subprocess.Popen(
+            duetime_cmd("run", "--store", f"sqlite:///{db}", "--endpoint", "multi", "--batch-size", "50", "--no-front-door"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for _ in range(3)
+    ]
+    deadline = time.monotonic() + 60
+    while len(consumer.arrivals) < total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        assert p.wait(timeout=30) == 0, p.stderr.read() if p.stderr else ""
+    consumer.halt.set()
+    consumer.join()
+    seen = Counter(consumer.ids())
+    assert len(seen) == total
+    assert max(seen.values()) == 1  # at-least-once, yet no kill: no duplicate
+    assert consumer.early() == []
+
+
+async def test_front_door_stores_forwards_and_rejects(tmp_path: Path) -> None:
+    db = tmp_path / "door.db"
+    prepare(db, "shop", "orders")
+    store, transport = SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db)
+    settings = DelayedDeliverySettings(transaction_mode=TransactionMode.EXACTLY_ONCE)
+    dispatcher = Dispatcher(store, transport, settings, endpoint="shop")
+    door = FrontDoor(dispatcher, transport, wait=0.05)
+    await dispatcher.start()
+    await door.start()
+    sender = SyncSqliteQueue(db)
+    now = datetime.now(UTC)
+    later = now + timedelta(hours=1)
+    envelopes = [
+        DelayedMessage("due-now", "shop.timeouts", now, b"1", envelope_headers("orders", now - timedelta(seconds=1))),
+        DelayedMessage("later", "shop.timeouts", now, b"2", envelope_headers("orders", later, {"k": "v"})),
+        DelayedMessage("nsb", "shop.timeouts", now, b"3", {NSB_ROUTE_TO: "orders", NSB_EXPIRE: "2031-05-06 07:08:09:123456 Z"}),
+        DelayedMessage("no-dest", "shop.timeouts", now, b"4", {"duetime-deliver-at": now.isoformat()}),
+        DelayedMessage("bad-time", "shop.timeouts", now, b"5", {"duetime-route-to": "orders", "duetime-deliver-at": "tomorrow"}),
+    ]
+    assert sender.send(envelopes) == [None] * 5
+    assert sender.send([envelopes[1]]) == [None]  # a redelivery of the same id
+    assert await door.process_once() == 6
+    assert await door.process_once() == 0
+    await dispatcher.run_burst()
+    delivered = sender.receive("orders", 10)
+    assert [m.message_id for m in delivered] == ["due-now"]
+    assert "duetime-route-to" not in delivered[0].headers
+    stored = await store.get("later")
+    assert stored is not None and stored.due_at == later and stored.headers == {"k": "v"}
+    nsb = await store.get("nsb")
+    assert nsb is not None and nsb.due_at == datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    rejected = {m.message_id: m.headers["duetime-error-message"] for m in sender.peek("error")}
+    assert set(rejected) == {"no-dest", "bad-time"}
+    assert "destination header" in rejected["no-dest"] and "cannot be read" in rejected["bad-time"]
+    assert sender.depth("shop.timeouts") == 0
+    sender.close()
+    await store.close()
+    await transport.close()
