@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from duetime.message import DelayedMessage
 from duetime.settings import TransactionMode
@@ -56,11 +56,19 @@ class StoreCounts:
     by_destination: Mapping[str, int] = field(default_factory=dict)
 
 
+class Moved(NamedTuple):
+    """A message a transactional move delivered (its body and headers are not read back)."""
+
+    message_id: str
+    destination: str
+    due_at: datetime
+
+
 @dataclass(frozen=True, slots=True)
 class MoveOutcome:
-    """What one transactional move did: delivered, and sent to the error queue."""
+    """What one transactional move did: delivered, and sent to the error queue (with why)."""
 
-    moved: list[DelayedMessage]
+    moved: list[Moved]
     dead_lettered: list[tuple[DelayedMessage, str]]
 
 

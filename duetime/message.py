@@ -124,6 +124,30 @@ class DelayedMessage:
             headers=headers or {},
         )
 
+    @classmethod
+    def from_store(
+        cls,
+        message_id: str,
+        destination: str,
+        due_at: datetime,
+        body: bytes,
+        headers: Mapping[str, str],
+        failure_count: int,
+    ) -> DelayedMessage:
+        """Rebuild a message a store validated when it was stored, without checking it again
+        (the dispatcher reads every message back once: this keeps that read cheap)."""
+        message = object.__new__(cls)
+        for name, value in (
+            ("message_id", message_id),
+            ("destination", destination),
+            ("due_at", due_at),
+            ("body", body),
+            ("headers", MappingProxyType(dict(headers))),
+            ("failure_count", failure_count),
+        ):
+            object.__setattr__(message, name, value)
+        return message
+
     def with_changes(self, **changes: object) -> DelayedMessage:
         return replace(self, **changes)  # type: ignore[arg-type]
 

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from duetime._bridge import AsyncStoreBridge
 from duetime.backends.memory.transport import MemoryTransport
 from duetime.errors import DuplicateMessageId, MessageInFlight, StoreNotReady
-from duetime.interfaces import ListQuery, MoveOutcome, Page, StoreCounts
+from duetime.interfaces import ListQuery, Moved, MoveOutcome, Page, StoreCounts
 from duetime.message import DelayedMessage, check_due_time
 from duetime.names import check_name
 from duetime.settings import TransactionMode
@@ -184,13 +184,13 @@ class SyncMemoryStore:
     ) -> MoveOutcome:
         """Claim, deliver and delete in one critical section: exactly-once within the process."""
         with self._lock, transport.lock:
-            moved: list[DelayedMessage] = []
+            moved: list[Moved] = []
             dead: list[tuple[DelayedMessage, str]] = []
             for row in self._due(at, limit):
                 message = row.message
                 if transport.has_queue(message.destination):
                     transport.enqueue_locked(message.destination, message, None)
-                    moved.append(message)
+                    moved.append(Moved(message.message_id, message.destination, message.due_at))
                 else:
                     reason = f"Destination {message.destination!r} does not exist."
                     transport.enqueue_locked(error_queue, message, error_headers(message, reason))

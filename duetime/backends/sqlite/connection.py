@@ -97,9 +97,9 @@ def dump_headers(headers: Mapping[str, str]) -> str:
 
 def load_headers(text: str) -> dict[str, str]:
     value = json.loads(text)
-    if not isinstance(value, dict):
+    if type(value) is not dict:  # duetime writes str -> str objects only
         raise ValueError("stored headers are not a JSON object")
-    return {str(k): str(v) for k, v in value.items()}
+    return value
 
 
 def option_float(options: Mapping[str, str], name: str, default: float) -> float:

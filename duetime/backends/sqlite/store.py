@@ -26,11 +26,17 @@ from duetime.backends.sqlite.connection import (
     parse_sqlite_url,
     write_transaction,
 )
-from duetime.backends.sqlite.queue import SqliteQueueTransport, create_queue_schema, enqueue, queue_exists
+from duetime.backends.sqlite.queue import (
+    SqliteQueueTransport,
+    create_queue_schema,
+    enqueue,
+    headers_with_due_at,
+    queue_exists,
+)
 from duetime.clock import SystemClock, from_micros, to_micros
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
-from duetime.interfaces import ListQuery, MoveOutcome, Page, StoreCounts
-from duetime.message import DelayedMessage, check_due_time, outgoing_headers
+from duetime.interfaces import ListQuery, Moved, MoveOutcome, Page, StoreCounts
+from duetime.message import DelayedMessage, check_due_time
 from duetime.names import check_name, quote_identifier
 from duetime.settings import TransactionMode
 
@@ -39,13 +45,8 @@ _COLUMNS = "message_id, destination, due_at, headers, body, failure_count"
 
 
 def _message(row: Sequence[Any]) -> DelayedMessage:
-    return DelayedMessage(
-        message_id=row[0],
-        destination=row[1],
-        due_at=from_micros(row[2]),
-        headers=load_headers(row[3]),
-        body=bytes(row[4]),
-        failure_count=row[5],
+    return DelayedMessage.from_store(
+        row[0], row[1], from_micros(row[2]), bytes(row[4]), load_headers(row[3]), row[5]
     )
 
 
@@ -205,7 +206,7 @@ class SyncSqliteStore:
 
     def _write_each(self, sql: str, ids: Sequence[str]) -> int:
         with self._lock, write_transaction(self._conn):
-            return sum(self._conn.execute(sql, (i,)).rowcount for i in ids)
+            return self._conn.executemany(sql, [(i,) for i in ids]).rowcount
 
     def remove(self, message_id: str) -> bool:
         return self._write_each(self.q["delete"], [message_id]) == 1
@@ -294,22 +295,28 @@ class SyncSqliteStore:
         """Exactly-once: select due rows, enqueue them (or dead-letter them), delete them, commit."""
         now = to_micros(check_due_time(at, "at"))
         q = self.q
-        moved: list[DelayedMessage] = []
+        moved: list[Moved] = []
         dead: list[tuple[DelayedMessage, str]] = []
         with self._lock, write_transaction(self._conn):
             rows = self._conn.execute(q["select_due_unclaimed"], {"at": now, "limit": limit}).fetchall()
             known: dict[str, bool] = {}
+            queued: list[tuple[Any, ...]] = []
             for row in rows:
-                message = _message(row)
-                destination = message.destination
-                if known.setdefault(destination, queue_exists(self._conn, destination)):
-                    enqueue(self._conn, destination, message, outgoing_headers(message), now)
-                    moved.append(message)
+                message_id, destination, due_micros, headers_json, body = row[:5]
+                if destination not in known:
+                    known[destination] = queue_exists(self._conn, destination)
+                if known[destination]:
+                    due_at = from_micros(due_micros)
+                    headers = headers_with_due_at(headers_json, due_at)
+                    queued.append((destination, message_id, headers, body, now, now))
+                    moved.append(Moved(message_id, destination, due_at))
                 else:
+                    message = _message(row)
                     reason = f"Destination {destination!r} does not exist."
                     enqueue(self._conn, error_queue, message, error_headers(message, reason), now)
                     dead.append((message, reason))
-                self._conn.execute(q["delete"], (message.message_id,))
+            self._conn.executemany(QUERIES["enqueue"], queued)
+            self._conn.executemany(q["delete"], [(r[0],) for r in rows])
             if dead:
                 self._conn.execute(QUERIES["declare_queue"], (error_queue, now))
         return MoveOutcome(moved, dead)

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install duetime into it, with the extras named in $1 (e.g. "dev").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+  .venv/bin/python -m pip install --quiet --upgrade pip
+fi
+stamp=".venv/.installed-${extras:-base}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  target="."
+  [ -n "$extras" ] && target=".[$extras]"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$target"
+  touch "$stamp"
+fi

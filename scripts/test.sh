@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The second command of the README: set up, lint, type-check and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh dev
+echo "== ruff"; .venv/bin/ruff check duetime tests bench
+echo "== mypy (strict)"; .venv/bin/mypy
+echo "== pytest"; .venv/bin/python -m pytest "$@"

@@ -1,0 +1,205 @@
+"""Bad input at every public entry point: a clear error naming the field and the fix."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+import duetime
+from duetime import (
+    ConfigurationError,
+    DelayedDeliverySettings,
+    DelayedMessage,
+    DelayedMessageClient,
+    InvalidMessage,
+    SyncDelayedMessageClient,
+    TransactionMode,
+    UnknownScheme,
+    open_store,
+    open_transport,
+)
+from duetime.backends.memory import MemoryStore
+from duetime.durations import parse_duration, parse_time
+from duetime.message import new_message_id
+from duetime.testing import FakeClock
+
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def test_public_surface_is_what_we_mean() -> None:
+    assert duetime.__all__ == sorted(duetime.__all__, key=str.lower) or duetime.__all__ == sorted(duetime.__all__)
+    for name in duetime.__all__:
+        assert hasattr(duetime, name), name
+
+
+def test_due_times_are_kept_in_utc() -> None:
+    plus_two = timezone(timedelta(hours=2))
+    m = DelayedMessage("a", "q", datetime(2030, 1, 1, 12, tzinfo=plus_two))
+    assert m.due_at == datetime(2030, 1, 1, 10, tzinfo=UTC) and m.due_at.tzinfo is UTC
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"due_at": datetime(2030, 1, 1)}, "naive"),  # noqa: DTZ001
+        ({"due_at": "2030-01-01"}, "must be a datetime"),
+        ({"due_at": datetime(1969, 1, 1, tzinfo=UTC)}, "outside the supported years"),
+        ({"message_id": ""}, "message_id must not be empty"),
+        ({"message_id": "x" * 251}, "limit is 250"),
+        ({"message_id": 5}, "message_id must be a str"),
+        ({"destination": "d" * 201}, "limit is 200"),
+        ({"destination": "  "}, "destination must not be empty"),
+        ({"body": "text"}, "encode text"),
+        ({"headers": {"a": 1}}, "Convert values with str"),
+        ({"headers": [("a", "b")]}, "headers must be a mapping"),
+        ({"failure_count": -1}, "failure_count"),
+    ],
+)
+def test_invalid_messages_name_the_field(kwargs: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"message_id": "a", "destination": "q", "due_at": NOW} | kwargs
+    with pytest.raises(InvalidMessage, match=message):
+        DelayedMessage(**fields)  # type: ignore[arg-type]
+
+
+def test_limits_are_inclusive() -> None:
+    DelayedMessage("x" * 250, "d" * 200, NOW)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "exactly one"),
+        ({"delay": 1, "due_at": NOW}, "exactly one"),
+        ({"delay": -1}, "negative"),
+        ({"delay": float("nan")}, "finite"),
+        ({"delay": float("inf")}, "finite"),
+        ({"delay": 10**12}, "too long"),
+        ({"delay": True}, "seconds or a timedelta"),
+        ({"delay": "5"}, "seconds or a timedelta"),
+    ],
+)
+def test_create_checks_delay_and_due_time(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidMessage, match=message):
+        DelayedMessage.create("q", b"", now=NOW, **kwargs)  # type: ignore[arg-type]
+
+
+def test_create_with_delay_and_generated_ids() -> None:
+    m = DelayedMessage.create("q", b"x", delay=timedelta(seconds=5), now=NOW)
+    assert m.due_at == NOW + timedelta(seconds=5)
+    ids = [new_message_id() for _ in range(1000)]
+    assert len(set(ids)) == 1000 and all(len(i) == 36 for i in ids)
+
+
+def test_headers_are_frozen() -> None:
+    m = DelayedMessage("a", "q", NOW, headers={"k": "v"})
+    with pytest.raises(TypeError):
+        m.headers["k"] = "w"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90", 90), ("1.5s", 1.5), ("250ms", 0.25), ("10m", 600), ("1h30m", 5400), ("2d", 172800)]
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == timedelta(seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5x", "1h-3m", "-5s"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(InvalidMessage):
+        parse_duration(text)
+
+
+def test_times_need_an_offset() -> None:
+    assert parse_time("2030-01-01T10:00:00+02:00") == datetime(2030, 1, 1, 8, tzinfo=UTC)
+    assert parse_time("2030-01-01T10:00:00Z") == datetime(2030, 1, 1, 10, tzinfo=UTC)
+    with pytest.raises(InvalidMessage, match="offset"):
+        parse_time("2030-01-01T10:00:00")
+    with pytest.raises(InvalidMessage, match="ISO 8601"):
+        parse_time("next tuesday")
+
+
+def test_settings_defaults_are_the_seeds() -> None:
+    s = DelayedDeliverySettings()
+    assert s.number_of_retries == 0
+    assert s.time_to_trigger_store_circuit_breaker == timedelta(seconds=30)
+    assert s.time_to_trigger_fetch_circuit_breaker == timedelta(seconds=30)
+    assert s.time_to_trigger_dispatch_circuit_breaker == timedelta(seconds=30)
+    assert s.maximum_recovery_failures_per_second == 1
+    assert s.transaction_mode is TransactionMode.AT_LEAST_ONCE
+
+
+def test_settings_from_env() -> None:
+    s = DelayedDeliverySettings.from_env(
+        environ={"DUETIME_NUMBER_OF_RETRIES": "7", "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER": "45",
+                 "DUETIME_TRANSACTION_MODE": "exactly-once", "DUETIME_ERROR_QUEUE": "dead"}
+    )
+    assert (s.number_of_retries, s.time_to_trigger_fetch_circuit_breaker) == (7, timedelta(seconds=45))
+    assert s.transaction_mode is TransactionMode.EXACTLY_ONCE and s.error_queue == "dead"
+    with pytest.raises(ConfigurationError, match="number_of_retries"):
+        DelayedDeliverySettings.from_env(environ={"DUETIME_NUMBER_OF_RETRIES": "many"})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"number_of_retries": -1}, "number_of_retries"),
+        ({"maximum_recovery_failures_per_second": 0}, "maximum_recovery"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"max_sleep": timedelta(0)}, "max_sleep"),
+        ({"error_queue": " "}, "error_queue"),
+        ({"transaction_mode": "twice"}, "twice"),
+    ],
+)
+def test_bad_settings(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DelayedDeliverySettings(**kwargs)  # type: ignore[arg-type]
+
+
+def test_urls_choose_backends_and_typos_get_a_hint() -> None:
+    with pytest.raises(UnknownScheme, match="Did you mean sqlite://"):
+        open_store("sqllite:///x.db")
+    with pytest.raises(ConfigurationError, match="not a backend URL"):
+        open_transport("duetime.db")
+    with pytest.raises(ConfigurationError, match="three slashes"):
+        open_store("sqlite://host/x.db")
+    with pytest.raises(ConfigurationError, match="Unknown SQLite URL option"):
+        open_store("sqlite:///x.db?tabel=y")
+    with pytest.raises(ConfigurationError, match="names no file"):
+        open_store("sqlite:///")
+    assert type(open_store("memory://")).__name__ == "MemoryStore"
+
+
+@pytest.mark.parametrize("endpoint", ["", "bad name", "x" * 101, "../etc", '"; drop table x; --'])
+async def test_endpoint_names_are_checked(endpoint: str) -> None:
+    with pytest.raises(ConfigurationError, match="not allowed"):
+        DelayedMessageClient(MemoryStore(), endpoint=endpoint)
+
+
+async def test_client_schedules_cancels_and_reschedules() -> None:
+    store = MemoryStore()
+    await store.setup_infrastructure("app")
+    clock = FakeClock(NOW)
+    client = await DelayedMessageClient(store, endpoint="app", clock=clock).open()
+    m = await client.schedule("orders", b"x", delay=60, headers={"k": "v"})
+    assert m.due_at == NOW + timedelta(seconds=60)
+    assert await client.reschedule(m.message_id, due_at=NOW + timedelta(hours=1))
+    assert (await client.get(m.message_id)).due_at == NOW + timedelta(hours=1)  # type: ignore[union-attr]
+    assert [x.message_id for x in (await client.list(destination="orders")).messages] == [m.message_id]
+    assert await client.cancel(m.message_id) and not await client.cancel(m.message_id)
+    with pytest.raises(InvalidMessage, match="limit"):
+        await client.list(limit=0)
+    with pytest.raises(InvalidMessage, match="naive"):
+        await client.schedule("orders", due_at=datetime(2030, 1, 1))  # noqa: DTZ001
+    with pytest.raises(ConfigurationError, match="async"):
+        DelayedMessageClient(store.sync)  # type: ignore[arg-type]
+
+
+def test_sync_client() -> None:
+    store = MemoryStore()
+    store.sync.setup_infrastructure("duetime")
+    client = SyncDelayedMessageClient(store.sync, clock=FakeClock(NOW))
+    m = client.schedule("orders", delay=5)
+    assert client.get(m.message_id) == m
+    assert client.reschedule(m.message_id, delay=10)
+    assert client.cancel(m.message_id)
