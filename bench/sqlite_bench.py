@@ -60,7 +60,10 @@ def raw_insert(path: Path, msgs: list[DelayedMessage], batch: int) -> None:
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
             f"INSERT INTO {TABLE} (message_id, destination, due_at, headers, body, failure_count) VALUES (?,?,?,?,?,0)",
-            [(m.message_id, m.destination, to_micros(m.due_at), json.dumps(dict(m.headers)), m.body) for m in msgs[i : i + batch]],
+            [
+                (m.message_id, m.destination, to_micros(m.due_at), json.dumps(dict(m.headers)), m.body)
+                for m in msgs[i : i + batch]
+            ],
         )
         conn.execute("COMMIT")
     conn.close()
@@ -74,7 +77,8 @@ def raw_move_loop(path: Path, batch: int, until_empty: bool = True) -> int:
         now = to_micros(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         rows = conn.execute(
-            f"SELECT message_id, headers, body FROM {TABLE} WHERE due_at <= ? ORDER BY due_at LIMIT ?", (now, batch)
+            f"SELECT message_id, headers, body FROM {TABLE} WHERE due_at <= ? ORDER BY due_at LIMIT ?",
+            (now, batch),
         ).fetchall()
         conn.executemany(
             "INSERT INTO duetime_queue_messages (queue, message_id, headers, body, enqueued_at, visible_at) VALUES (?,?,?,?,?,?)",
@@ -127,11 +131,15 @@ def raw_timed_loop(path: Path, batch: int, total: int) -> None:
         now = to_micros(datetime.now(UTC))
         conn.execute("BEGIN IMMEDIATE")
         rows = conn.execute(
-            f"SELECT message_id, headers, body FROM {TABLE} WHERE due_at <= ? ORDER BY due_at LIMIT ?", (now, batch)
+            f"SELECT message_id, headers, body FROM {TABLE} WHERE due_at <= ? ORDER BY due_at LIMIT ?",
+            (now, batch),
         ).fetchall()
         conn.executemany(
             "INSERT INTO duetime_queue_messages (queue, message_id, headers, body, enqueued_at, visible_at) VALUES (?,?,?,?,?,?)",
-            [(QUEUE, r[0], json.dumps({**json.loads(r[1]), "duetime-due-at": ""}), r[2], now, now) for r in rows],
+            [
+                (QUEUE, r[0], json.dumps({**json.loads(r[1]), "duetime-due-at": ""}), r[2], now, now)
+                for r in rows
+            ],
         )
         conn.executemany(f"DELETE FROM {TABLE} WHERE message_id = ?", [(r[0],) for r in rows])
         conn.execute("COMMIT")
@@ -149,9 +157,20 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def best_rate(n: int, prepare: Callable[[], Path], run: Callable[[Path], object], tries: int = 3) -> float:
+    """Best of ``tries`` runs on freshly prepared files: the machine's noise only ever slows a run."""
+    best = 0.0
+    for _ in range(tries):
+        path = prepare()
+        best = max(best, n / timed(lambda: run(path)))  # noqa: B023
+    return best
+
+
 def lateness_ms(path: Path, due_by_id: dict[str, datetime]) -> list[float]:
     conn = sqlite3.connect(path)
-    rows = conn.execute("SELECT message_id, enqueued_at FROM duetime_queue_messages WHERE queue = ?", (QUEUE,)).fetchall()
+    rows = conn.execute(
+        "SELECT message_id, enqueued_at FROM duetime_queue_messages WHERE queue = ?", (QUEUE,)
+    ).fetchall()
     conn.close()
     return [(enq - to_micros(due_by_id[mid])) / 1000 for mid, enq in rows]
 
@@ -172,7 +191,9 @@ async def dispatch_burst(path: Path, mode: TransactionMode, batch: int) -> None:
 
 async def dispatch_steady(path: Path, mode: TransactionMode, total: int) -> None:
     store, transport = SqliteStore(SyncSqliteStore(path)), SqliteQueueTransport(path)
-    dispatcher = Dispatcher(store, transport, DelayedDeliverySettings(transaction_mode=mode), endpoint=ENDPOINT)
+    dispatcher = Dispatcher(
+        store, transport, DelayedDeliverySettings(transaction_mode=mode), endpoint=ENDPOINT
+    )
     await dispatcher.start()
     task = asyncio.create_task(dispatcher.run())
     while (await store.counts(datetime.now(UTC))).total > 0:
@@ -184,7 +205,9 @@ async def dispatch_steady(path: Path, mode: TransactionMode, total: int) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     n = 5_000 if args.quick else 50_000
@@ -212,19 +235,20 @@ def main() -> None:
     print(f"  raw single-row insert     {raw1:10,.0f} msg/s")
     print(f"  duetime store (one each)  {ours1:10,.0f} msg/s   ratio {ours1 / raw1:.2f}\n")
 
-    print("dispatch (everything already due, batches of 100)")
-    raw_path = fresh(folder, "d-raw")
-    raw_insert(raw_path, msgs, 1000)
-    raw_rate = n / timed(lambda: raw_move_loop(raw_path, 100))
-    raw3_path = fresh(folder, "d-raw3")
-    raw_insert(raw3_path, msgs, 1000)
-    raw3_rate = n / timed(lambda: raw_three_step_loop(raw3_path, 100))
+    print("dispatch (everything already due, batches of 100, best of 3)")
+    counter = iter(range(1_000_000))
+
+    def loaded() -> Path:
+        path = fresh(folder, f"d-{next(counter)}")
+        raw_insert(path, msgs, 1000)
+        return path
+
+    raw_rate = best_rate(n, loaded, lambda p: raw_move_loop(p, 100))
+    raw3_rate = best_rate(n, loaded, lambda p: raw_three_step_loop(p, 100))
     print(f"  raw claim-move-delete, one transaction     {raw_rate:10,.0f} msg/s")
     print(f"  raw claim / enqueue / delete, three        {raw3_rate:10,.0f} msg/s")
     for mode in (TransactionMode.EXACTLY_ONCE, TransactionMode.AT_LEAST_ONCE):
-        path = fresh(folder, f"d-{mode.value}")
-        raw_insert(path, msgs, 1000)
-        rate = n / timed(lambda: asyncio.run(dispatch_burst(path, mode, 100)))  # noqa: B023
+        rate = best_rate(n, loaded, lambda p: asyncio.run(dispatch_burst(p, mode, 100)))  # noqa: B023
         same = raw_rate if mode is TransactionMode.EXACTLY_ONCE else raw3_rate
         print(
             f"  duetime {mode.value:<34} {rate:10,.0f} msg/s   ratio {rate / raw_rate:.2f} to the one-transaction "

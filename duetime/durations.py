@@ -14,7 +14,9 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 def parse_duration(text: str) -> timedelta:
     raw = text.strip().lower().replace(" ", "")
     if raw.startswith("-"):
-        raise InvalidMessage(f"A delay must not be negative, got {text!r}; a message cannot be due in the past.")
+        raise InvalidMessage(
+            f"A delay must not be negative, got {text!r}; a message cannot be due in the past."
+        )
     try:
         return timedelta(seconds=float(raw))
     except ValueError:

@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
-echo "== ruff"; .venv/bin/ruff check duetime tests bench
+echo "== ruff"; .venv/bin/ruff check duetime tests bench && .venv/bin/ruff format --check duetime tests bench
 echo "== mypy (strict)"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/python -m pytest "$@"

@@ -16,7 +16,9 @@ def duetime_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "duetime", *args]
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         duetime_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
@@ -30,7 +32,9 @@ def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
     def call(*args: str, ok: bool = True, **kw: object) -> subprocess.CompletedProcess[str]:
         result = run_cli(*args, cwd=tmp_path, **kw)  # type: ignore[arg-type]
         if ok and result.returncode != 0:
-            raise AssertionError(f"duetime {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+            raise AssertionError(
+                f"duetime {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
     return call

@@ -9,7 +9,19 @@ import pytest
 
 def test_help_teaches_every_command(cli) -> None:  # type: ignore[no-untyped-def]
     top = cli("--help").stdout
-    for command in ("demo", "run", "schedule", "list", "show", "cancel", "reschedule", "stats", "errors", "queues", "setup"):
+    for command in (
+        "demo",
+        "run",
+        "schedule",
+        "list",
+        "show",
+        "cancel",
+        "reschedule",
+        "stats",
+        "errors",
+        "queues",
+        "setup",
+    ):
         assert command in top
         assert cli(command, "--help").returncode == 0
 
@@ -35,7 +47,9 @@ def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: i
     cli("schedule", "typo-queue", "lost?", "--in", "0s", "--id", "b")
     cli("schedule", "orders", "later", "--in", "1h", "--id", "c")
     assert "forwarded 1, to the error queue 1" in cli("run", "--burst").stdout
-    received = [json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").stdout.splitlines()]
+    received = [
+        json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").stdout.splitlines()
+    ]
     assert [(m["id"], m["body"]) for m in received] == [("a", "due-now")]
     errors = [json.loads(line) for line in cli("errors", "list", "--json").stdout.splitlines()]
     assert errors[0]["id"] == "b"
@@ -43,7 +57,9 @@ def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: i
     cli("errors", "retry", "b", "--destination", "orders")
     assert cli("errors", "list", "--json").stdout.strip() == ""
     cli("run", "--burst")
-    received = [json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").stdout.splitlines()]
+    received = [
+        json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").stdout.splitlines()
+    ]
     assert [m["id"] for m in received] == ["b"]
     assert not any(k.startswith("duetime-error-") for k in received[0]["headers"])
     stats = json.loads(cli("stats", "--json").stdout)

@@ -22,7 +22,9 @@ class RecordingConsumer(threading.Thread):
         while not self.halt.is_set():
             items = q.receive(self.queue, 500, wait=0.05)
             now = datetime.now(UTC)
-            self.arrivals += [(i.message_id, datetime.fromisoformat(i.headers[DUE_AT_HEADER]), now) for i in items]
+            self.arrivals += [
+                (i.message_id, datetime.fromisoformat(i.headers[DUE_AT_HEADER]), now) for i in items
+            ]
             if items:
                 q.acknowledge(items)
         q.close()

@@ -34,7 +34,10 @@ def test_sigkill_loses_nothing(tmp_path: Path, mode: TransactionMode) -> None:
     queue.close()
     start = datetime.now(UTC)
     store.store_many(
-        [DelayedMessage(f"c{i:05d}", "crash.orders", start + timedelta(seconds=random.uniform(-1, 4))) for i in range(TOTAL)]
+        [
+            DelayedMessage(f"c{i:05d}", "crash.orders", start + timedelta(seconds=random.uniform(-1, 4)))
+            for i in range(TOTAL)
+        ]
     )
     consumer = RecordingConsumer(db, "crash.orders")
     consumer.start()
@@ -42,8 +45,18 @@ def test_sigkill_loses_nothing(tmp_path: Path, mode: TransactionMode) -> None:
     kills = 0
     deadline = time.monotonic() + 90
     args = duetime_cmd(
-        "run", "--store", url, "--transport", f"sqlite:///{db}", "--endpoint", "crash",
-        "--mode", mode.value, "--batch-size", str(BATCH), "--no-front-door",
+        "run",
+        "--store",
+        url,
+        "--transport",
+        f"sqlite:///{db}",
+        "--endpoint",
+        "crash",
+        "--mode",
+        mode.value,
+        "--batch-size",
+        str(BATCH),
+        "--no-front-door",
     )
     try:
         while time.monotonic() < deadline:

@@ -32,7 +32,9 @@ def prepare(db: Path, endpoint: str, *queues: str) -> SyncSqliteStore:
 @pytest.mark.slow
 async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher(tmp_path: Path) -> None:
     db = tmp_path / "wake.db"
-    prepare(db, "wake", "orders").store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
+    prepare(db, "wake", "orders").store(
+        DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2))
+    )
     store, transport = SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db)
     dispatcher = Dispatcher(store, transport, endpoint="wake")
     task = asyncio.create_task(dispatcher.run())
@@ -51,7 +53,9 @@ async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher
     dispatcher.stop()
     await task
     assert [m.message_id for m in got] == ["near"]
-    assert due <= arrived < due + timedelta(milliseconds=500), f"arrived {(arrived - due).total_seconds():.3f}s late"
+    assert due <= arrived < due + timedelta(milliseconds=500), (
+        f"arrived {(arrived - due).total_seconds():.3f}s late"
+    )
     await store.close()
     await transport.close()
 
@@ -62,13 +66,26 @@ def test_several_dispatcher_processes_share_one_store_without_duplicates(tmp_pat
     store = prepare(db, "multi", "orders")
     now = datetime.now(UTC)
     total = 6000
-    store.store_many([DelayedMessage(f"m{i}", "orders", now + timedelta(seconds=i / total * 3)) for i in range(total)])
+    store.store_many(
+        [DelayedMessage(f"m{i}", "orders", now + timedelta(seconds=i / total * 3)) for i in range(total)]
+    )
     consumer = RecordingConsumer(db, "orders")
     consumer.start()
     procs = [
         subprocess.Popen(
-            duetime_cmd("run", "--store", f"sqlite:///{db}", "--endpoint", "multi", "--batch-size", "50", "--no-front-door"),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            duetime_cmd(
+                "run",
+                "--store",
+                f"sqlite:///{db}",
+                "--endpoint",
+                "multi",
+                "--batch-size",
+                "50",
+                "--no-front-door",
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(3)
     ]
@@ -101,11 +118,25 @@ async def test_front_door_stores_forwards_and_rejects(tmp_path: Path) -> None:
     now = datetime.now(UTC)
     later = now + timedelta(hours=1)
     envelopes = [
-        DelayedMessage("due-now", "shop.timeouts", now, b"1", envelope_headers("orders", now - timedelta(seconds=1))),
+        DelayedMessage(
+            "due-now", "shop.timeouts", now, b"1", envelope_headers("orders", now - timedelta(seconds=1))
+        ),
         DelayedMessage("later", "shop.timeouts", now, b"2", envelope_headers("orders", later, {"k": "v"})),
-        DelayedMessage("nsb", "shop.timeouts", now, b"3", {NSB_ROUTE_TO: "orders", NSB_EXPIRE: "2031-05-06 07:08:09:123456 Z"}),
+        DelayedMessage(
+            "nsb",
+            "shop.timeouts",
+            now,
+            b"3",
+            {NSB_ROUTE_TO: "orders", NSB_EXPIRE: "2031-05-06 07:08:09:123456 Z"},
+        ),
         DelayedMessage("no-dest", "shop.timeouts", now, b"4", {"duetime-deliver-at": now.isoformat()}),
-        DelayedMessage("bad-time", "shop.timeouts", now, b"5", {"duetime-route-to": "orders", "duetime-deliver-at": "tomorrow"}),
+        DelayedMessage(
+            "bad-time",
+            "shop.timeouts",
+            now,
+            b"5",
+            {"duetime-route-to": "orders", "duetime-deliver-at": "tomorrow"},
+        ),
     ]
     assert sender.send(envelopes) == [None] * 5
     assert sender.send([envelopes[1]]) == [None]  # a redelivery of the same id

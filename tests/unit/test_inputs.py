@@ -28,7 +28,9 @@ NOW = datetime(2030, 1, 1, tzinfo=UTC)
 
 
 def test_public_surface_is_what_we_mean() -> None:
-    assert duetime.__all__ == sorted(duetime.__all__, key=str.lower) or duetime.__all__ == sorted(duetime.__all__)
+    assert duetime.__all__ == sorted(duetime.__all__, key=str.lower) or duetime.__all__ == sorted(
+        duetime.__all__
+    )
     for name in duetime.__all__:
         assert hasattr(duetime, name), name
 
@@ -42,7 +44,7 @@ def test_due_times_are_kept_in_utc() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"due_at": datetime(2030, 1, 1)}, "naive"),  # noqa: DTZ001
+        ({"due_at": datetime(2030, 1, 1)}, "naive"),
         ({"due_at": "2030-01-01"}, "must be a datetime"),
         ({"due_at": datetime(1969, 1, 1, tzinfo=UTC)}, "outside the supported years"),
         ({"message_id": ""}, "message_id must not be empty"),
@@ -98,7 +100,8 @@ def test_headers_are_frozen() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90), ("1.5s", 1.5), ("250ms", 0.25), ("10m", 600), ("1h30m", 5400), ("2d", 172800)]
+    ("text", "seconds"),
+    [("90", 90), ("1.5s", 1.5), ("250ms", 0.25), ("10m", 600), ("1h30m", 5400), ("2d", 172800)],
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == timedelta(seconds=seconds)
@@ -131,8 +134,12 @@ def test_settings_defaults_are_the_seeds() -> None:
 
 def test_settings_from_env() -> None:
     s = DelayedDeliverySettings.from_env(
-        environ={"DUETIME_NUMBER_OF_RETRIES": "7", "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER": "45",
-                 "DUETIME_TRANSACTION_MODE": "exactly-once", "DUETIME_ERROR_QUEUE": "dead"}
+        environ={
+            "DUETIME_NUMBER_OF_RETRIES": "7",
+            "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER": "45",
+            "DUETIME_TRANSACTION_MODE": "exactly-once",
+            "DUETIME_ERROR_QUEUE": "dead",
+        }
     )
     assert (s.number_of_retries, s.time_to_trigger_fetch_circuit_breaker) == (7, timedelta(seconds=45))
     assert s.transaction_mode is TransactionMode.EXACTLY_ONCE and s.error_queue == "dead"
@@ -190,7 +197,7 @@ async def test_client_schedules_cancels_and_reschedules() -> None:
     with pytest.raises(InvalidMessage, match="limit"):
         await client.list(limit=0)
     with pytest.raises(InvalidMessage, match="naive"):
-        await client.schedule("orders", due_at=datetime(2030, 1, 1))  # noqa: DTZ001
+        await client.schedule("orders", due_at=datetime(2030, 1, 1))
     with pytest.raises(ConfigurationError, match="async"):
         DelayedMessageClient(store.sync)  # type: ignore[arg-type]
 
