@@ -107,8 +107,18 @@ class FrontDoor:
             await self.process_once()
 
     async def process_once(self) -> int:
-        """Receive one batch and store it; returns how many messages were handled."""
-        received = await self.receiver.receive(self.queue, self.dispatcher.settings.batch_size, self.wait)
+        """Receive one batch and store it; returns how many messages were handled.
+
+        A queue that cannot be read counts against the store breaker like a store that cannot be
+        written: either way delayed messages are not getting in.
+        """
+        try:
+            received = await self.receiver.receive(self.queue, self.dispatcher.settings.batch_size, self.wait)
+        except Exception as error:
+            log.warning("front door: receiving from %s failed: %s", self.queue, error)
+            self.store_breaker.failure(error)
+            await self.dispatcher._pause()
+            return 0
         if not received:
             return 0
         good: list[tuple[ReceivedMessage, DelayedMessage]] = []
@@ -125,8 +135,11 @@ class FrontDoor:
                 return 0  # not acknowledged: the queue gives them back later, nothing lost
             await self.dispatcher._pause()
         if good:
-            await self.receiver.acknowledge([r for r, _ in good])
             self.stored += len(good)
+            try:
+                await self.receiver.acknowledge([r for r, _ in good])
+            except Exception as error:  # stored already: the redelivery is recognised by its id
+                log.warning("front door: acknowledging %d stored messages failed: %s", len(good), error)
         return len(received)
 
     async def _store(self, messages: Sequence[DelayedMessage]) -> bool:

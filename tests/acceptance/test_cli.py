@@ -100,3 +100,19 @@ def test_demo_delivers_everything_on_time(cli) -> None:  # type: ignore[no-untyp
     out = " ".join(result.stdout.split())
     assert "all delivered, none early, none doubled" in out
     assert "missing │ 0" in out or "missing 0" in out.replace("│", "")
+
+
+def test_setup_from_several_processes_at_once(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    from tests.conftest import duetime_cmd
+
+    url = f"sqlite:///{tmp_path}/race.db"
+    procs = [
+        subprocess.Popen(
+            duetime_cmd("setup", "--store", url, "--queue", "orders"), stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    for p in procs:
+        assert p.wait(timeout=60) == 0, p.stderr.read() if p.stderr else ""

@@ -272,3 +272,20 @@ async def test_dispatcher_rejects_urls_in_place_of_backends() -> None:
         Dispatcher("sqlite:///x.db", MemoryTransport())  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="open_transport"):
         Dispatcher(MemoryStore(), "memory://")  # type: ignore[arg-type]
+
+
+async def test_front_door_survives_a_queue_that_cannot_be_read() -> None:
+    from duetime.frontdoor import FrontDoor
+
+    rig = await Rig().setup("orders")
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+
+    async def broken(*_: object) -> list[object]:
+        raise ConnectionError("queue unreachable")
+
+    rig.queues.receive = broken  # type: ignore[method-assign,assignment]
+    task = asyncio.create_task(door.process_once())
+    await settle()
+    await rig.tick(1)
+    assert await task == 0
+    assert door.store_breaker.armed and not rig.dispatcher.stopping
