@@ -178,6 +178,17 @@ def resolve_due_time(
 DUE_AT_HEADER = "duetime-due-at"
 
 
+def outgoing_headers_json(stored_json: str, due_at: datetime) -> str:
+    """A store's compact headers JSON plus ``duetime-due-at``, spliced in without parsing.
+
+    Stores write headers as a compact JSON object of str -> str; a duplicate key is fine, since
+    JSON readers keep the last, which is the one added here (as :func:`outgoing_headers` does).
+    """
+    text = stored_json.strip()
+    field = f'"{DUE_AT_HEADER}":"{due_at.isoformat()}"}}'
+    return "{" + field if text == "{}" else text[:-1] + "," + field
+
+
 def outgoing_headers(message: DelayedMessage) -> dict[str, str]:
     """The headers a destination receives: the message's own plus its due time."""
     headers = dict(message.headers)

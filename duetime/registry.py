@@ -14,13 +14,23 @@ from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Tra
 STORES: dict[str, tuple[str, str]] = {
     "sqlite": ("duetime.backends.sqlite.store:SqliteStore", "duetime.backends.sqlite.store:SyncSqliteStore"),
     "memory": ("duetime.backends.memory.store:MemoryStore", "duetime.backends.memory.store:SyncMemoryStore"),
+    "postgresql": (
+        "duetime.backends.postgres.store:PostgresStore",
+        "duetime.backends.postgres.store:SyncPostgresStore",
+    ),
+    "postgres": (
+        "duetime.backends.postgres.store:PostgresStore",
+        "duetime.backends.postgres.store:SyncPostgresStore",
+    ),
 }
 TRANSPORTS: dict[str, str] = {
     "sqlite": "duetime.backends.sqlite.queue:SqliteQueueTransport",
     "memory": "duetime.backends.memory.transport:MemoryTransport",
+    "postgresql": "duetime.backends.postgres.queue:PostgresQueueTransport",
+    "postgres": "duetime.backends.postgres.queue:PostgresQueueTransport",
 }
 #: driver module -> the extra that installs it
-EXTRAS: dict[str, str] = {}
+EXTRAS: dict[str, str] = {"psycopg": "postgres", "psycopg_pool": "postgres", "pymysql": "mysql"}
 
 
 def scheme_of(url: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +10,7 @@ import pytest
 from duetime.backends.memory import MemoryStore
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
 from tests.contract.store_contract import StoreContract
+from tests.services import postgres_schema
 
 
 class TestMemoryStore(StoreContract):
@@ -38,3 +39,22 @@ class TestSqliteStore(StoreContract):
     @pytest.fixture
     def make_sync_store(self, url: str) -> Callable[[], SyncSqliteStore]:
         return lambda: SyncSqliteStore.from_url(url)
+
+
+class TestPostgresStore(StoreContract):
+    @pytest.fixture
+    def url(self) -> Iterator[str]:
+        with postgres_schema() as url:
+            yield url
+
+    @pytest.fixture
+    def make_store(self, url: str) -> Callable[[], object]:
+        from duetime.backends.postgres import PostgresStore
+
+        return lambda: PostgresStore.from_url(url)
+
+    @pytest.fixture
+    def make_sync_store(self, url: str) -> Callable[[], object]:
+        from duetime.backends.postgres import SyncPostgresStore
+
+        return lambda: SyncPostgresStore.from_url(url)

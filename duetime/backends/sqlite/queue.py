@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from duetime.backends.sqlite.connection import (
 from duetime.clock import SystemClock, to_micros
 from duetime.errors import DestinationNotFound
 from duetime.interfaces import ReceivedMessage
-from duetime.message import DUE_AT_HEADER, DelayedMessage, outgoing_headers
+from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
 
 T = TypeVar("T")
@@ -48,16 +48,6 @@ def enqueue(
         QUERIES["enqueue"],
         (queue, message.message_id, dump_headers(headers), message.body, now, now),
     )
-
-
-def headers_with_due_at(stored_json: str, due_at: datetime) -> str:
-    """The stored headers' JSON plus ``duetime-due-at``, spliced in without parsing it again.
-
-    Stored headers are always a compact JSON object written by duetime; a duplicate key is fine,
-    since JSON readers keep the last, which is the one added here (as ``outgoing_headers`` does).
-    """
-    field = f'"{DUE_AT_HEADER}":"{due_at.isoformat()}"}}'
-    return "{" + field if stored_json == "{}" else stored_json[:-1] + "," + field
 
 
 def queue_exists(conn: sqlite3.Connection, queue: str) -> bool:

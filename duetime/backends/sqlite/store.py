@@ -30,13 +30,12 @@ from duetime.backends.sqlite.queue import (
     SqliteQueueTransport,
     create_queue_schema,
     enqueue,
-    headers_with_due_at,
     queue_exists,
 )
 from duetime.clock import SystemClock, from_micros, to_micros
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, Page, StoreCounts
-from duetime.message import DelayedMessage, check_due_time
+from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json
 from duetime.names import check_name, quote_identifier
 from duetime.settings import TransactionMode
 
@@ -307,7 +306,7 @@ class SyncSqliteStore:
                     known[destination] = queue_exists(self._conn, destination)
                 if known[destination]:
                     due_at = from_micros(due_micros)
-                    headers = headers_with_due_at(headers_json, due_at)
+                    headers = outgoing_headers_json(headers_json, due_at)
                     queued.append((destination, message_id, headers, body, now, now))
                     moved.append(Moved(message_id, destination, due_at))
                 else:

@@ -1,0 +1,14 @@
+"""PostgreSQL store and queue transport (extra: ``duetime[postgres]``, psycopg 3 and its pool)."""
+
+from duetime.backends.postgres.common import PgOptions, redact
+from duetime.backends.postgres.queue import PostgresQueueTransport, SyncPostgresQueue
+from duetime.backends.postgres.store import PostgresStore, SyncPostgresStore
+
+__all__ = [
+    "PgOptions",
+    "PostgresQueueTransport",
+    "PostgresStore",
+    "SyncPostgresQueue",
+    "SyncPostgresStore",
+    "redact",
+]

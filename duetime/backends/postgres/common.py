@@ -1,0 +1,124 @@
+"""What the PostgreSQL store and queue share: URL options, quoted names, queries, row decoding."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, timedelta
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from duetime.errors import ConfigurationError
+from duetime.message import DelayedMessage
+from duetime.names import check_name, quote_identifier
+from duetime.sqlfile import load_queries
+
+QUERIES = load_queries("duetime.backends.postgres")
+SCHEMA_VERSION = 1
+OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "connect_timeout_s"}
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced, for every log line and error message."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True)
+class PgOptions:
+    """A ``postgresql://`` URL split into psycopg's conninfo and duetime's own options."""
+
+    conninfo: str
+    schema: str = "public"
+    table: str | None = None
+    claim_timeout: timedelta = timedelta(seconds=30)
+    pool_size: int = 4
+    display: str = ""
+
+    @classmethod
+    def from_url(cls, url: str) -> PgOptions:
+        parts = urlsplit(url)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ConfigurationError(f"Not a PostgreSQL URL: {redact(url)}; write postgresql://user@host/db.")
+        ours: dict[str, str] = {}
+        theirs: list[tuple[str, str]] = []
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            (ours.__setitem__(key, value) if key in OPTIONS else theirs.append((key, value)))
+        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs)))
+        try:
+            claim = float(ours.get("claim_timeout", "30"))
+            pool = int(ours.get("pool_size", "4"))
+        except ValueError:
+            raise ConfigurationError("claim_timeout must be seconds and pool_size a whole number.") from None
+        if claim <= 0 or pool < 1:
+            raise ConfigurationError("claim_timeout must be > 0 and pool_size >= 1.")
+        return cls(
+            conninfo=conninfo,
+            schema=check_name("schema", ours.get("schema", "public")),
+            table=None if "table" not in ours else check_name("table", ours["table"]),
+            claim_timeout=timedelta(seconds=claim),
+            pool_size=pool,
+            display=redact(url),
+        )
+
+
+class PgNames:
+    """Quoted identifiers and the queries formatted with them, for one table in one schema."""
+
+    def __init__(self, schema: str, table: str) -> None:
+        self.schema, self.table = schema, table
+        s = quote_identifier(schema)
+
+        def ident(name: str) -> str:
+            if len(name.encode()) > 63:
+                digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+                name = name.encode()[:52].decode(errors="ignore") + "_" + digest
+            return quote_identifier(name)
+
+        names = {
+            "schema_table": f"{s}.duetime_schema",
+            "table": f"{s}.{ident(table)}",
+            "index_due": ident(f"{table}_due"),
+            "index_claim": ident(f"{table}_claim"),
+            "index_destination": ident(f"{table}_destination"),
+            "index_failing": ident(f"{table}_failing"),
+            "queues": f"{s}.duetime_queues",
+            "messages": f"{s}.duetime_queue_messages",
+            "index_ready": "duetime_queue_messages_ready",
+        }
+        self.qualified = names["table"]
+        self.quoted_schema = s
+        self.q = {name: sql.format(**names) for name, sql in QUERIES.items()}
+        #: LISTEN/NOTIFY channel: stable, short, one per table.
+        self.channel = "duetime_" + hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:20]
+        #: pg_advisory_xact_lock key that serializes concurrent set-ups of this schema.
+        self.setup_lock = int.from_bytes(
+            hashlib.sha1(f"duetime:{schema}".encode()).digest()[:8], "big", signed=True
+        )
+
+    def component(self) -> str:
+        return f"store:{self.table}"
+
+
+def table_for(options: PgOptions, endpoint: str) -> str:
+    return options.table or f"{check_name('endpoint', endpoint)}.delayed"
+
+
+def decode(row: Sequence[Any]) -> DelayedMessage:
+    """A row from a ``RETURNING``/``SELECT`` of (id, destination, due_at, headers, body, failures)."""
+    return DelayedMessage.from_store(
+        row[0], row[1], row[2].astimezone(UTC), bytes(row[4]), json.loads(row[3]), row[5]
+    )
+
+
+def dump_headers(headers: Mapping[str, str]) -> str:
+    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
+
+
+def copy_row(m: DelayedMessage) -> tuple[Any, ...]:
+    return (m.message_id, m.destination, m.due_at, dump_headers(m.headers), m.body, m.failure_count)

@@ -1,0 +1,187 @@
+-- PostgreSQL queries. {table} is the quoted "schema"."<endpoint>.delayed" table; {queues} and
+-- {messages} are the queue transport's tables in the same schema. Parameters are psycopg's %(name)s.
+
+-- name: create_schema_version
+CREATE TABLE IF NOT EXISTS {schema_table} (
+    component text PRIMARY KEY,
+    version integer NOT NULL
+);
+
+-- name: advisory_lock
+SELECT pg_advisory_xact_lock(%(key)s);
+
+-- name: create_store_table
+CREATE TABLE IF NOT EXISTS {table} (
+    message_id varchar(250) PRIMARY KEY,
+    destination varchar(200) NOT NULL,
+    due_at timestamptz NOT NULL,
+    headers json NOT NULL,
+    body bytea NOT NULL,
+    failure_count integer NOT NULL DEFAULT 0,
+    claim_token uuid,
+    claimed_until timestamptz
+);
+
+-- name: create_store_due_index
+CREATE INDEX IF NOT EXISTS {index_due} ON {table} (due_at, message_id);
+
+-- name: create_store_claim_index
+CREATE INDEX IF NOT EXISTS {index_claim} ON {table} (claimed_until) WHERE claim_token IS NOT NULL;
+
+-- name: create_store_destination_index
+CREATE INDEX IF NOT EXISTS {index_destination} ON {table} (destination, due_at);
+
+-- name: create_store_failing_index
+CREATE INDEX IF NOT EXISTS {index_failing} ON {table} (due_at) WHERE failure_count > 0;
+
+-- name: record_version
+INSERT INTO {schema_table} (component, version) VALUES (%(component)s, %(version)s)
+ON CONFLICT (component) DO UPDATE SET version = greatest({schema_table}.version, excluded.version);
+
+-- name: read_version
+SELECT version FROM {schema_table} WHERE component = %(component)s;
+
+-- name: insert
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
+VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s);
+
+-- name: copy_in
+COPY {table} (message_id, destination, due_at, headers, body, failure_count) FROM STDIN;
+
+-- name: notify
+SELECT pg_notify(%(channel)s, %(payload)s);
+
+-- name: claim_due
+UPDATE {table} AS t SET claim_token = %(token)s, claimed_until = %(until)s
+FROM (
+    SELECT message_id FROM {table}
+    WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
+    ORDER BY due_at, message_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS c
+WHERE t.message_id = c.message_id
+RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count;
+
+-- name: take_due
+DELETE FROM {table} AS t
+WHERE t.message_id IN (
+    SELECT message_id FROM {table}
+    WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
+    ORDER BY due_at, message_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count;
+
+-- name: next_unclaimed
+SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at, message_id LIMIT 1;
+
+-- name: next_claim_expiry
+SELECT min(claimed_until) FROM {table} WHERE claim_token IS NOT NULL;
+
+-- name: delete_many
+DELETE FROM {table} WHERE message_id = ANY(%(ids)s);
+
+-- name: increment_failure
+UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL
+WHERE message_id = %(id)s;
+
+-- name: release_many
+UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = ANY(%(ids)s);
+
+-- name: get
+SELECT message_id, destination, due_at, headers::text, body, failure_count FROM {table}
+WHERE message_id = %(id)s;
+
+-- name: delete_unclaimed
+DELETE FROM {table} WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= now());
+
+-- name: reschedule_unclaimed
+UPDATE {table} SET due_at = %(due_at)s, claim_token = NULL, claimed_until = NULL
+WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= now());
+
+-- name: estimate_rows
+SELECT reltuples::bigint FROM pg_class WHERE oid = %(regclass)s::regclass;
+
+-- name: count_total
+SELECT count(*) FROM {table};
+
+-- name: count_due
+SELECT count(*) FROM {table} WHERE due_at <= %(at)s;
+
+-- name: count_claimed
+SELECT count(*) FROM {table} WHERE claim_token IS NOT NULL AND claimed_until > %(at)s;
+
+-- name: count_failing
+SELECT count(*) FROM {table} WHERE failure_count > 0;
+
+-- name: count_by_destination
+SELECT destination, count(*) FROM {table} GROUP BY destination ORDER BY count(*) DESC LIMIT 1000;
+
+-- name: create_queues_table
+CREATE TABLE IF NOT EXISTS {queues} (
+    name varchar(200) PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: create_messages_table
+CREATE TABLE IF NOT EXISTS {messages} (
+    seq bigserial PRIMARY KEY,
+    queue varchar(200) NOT NULL,
+    message_id varchar(250) NOT NULL,
+    headers json NOT NULL,
+    body bytea NOT NULL,
+    enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    visible_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    receipt uuid,
+    delivery_count integer NOT NULL DEFAULT 0
+);
+
+-- name: create_messages_index
+CREATE INDEX IF NOT EXISTS {index_ready} ON {messages} (queue, visible_at, seq);
+
+-- name: declare_queue
+INSERT INTO {queues} (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING;
+
+-- name: existing_queues
+SELECT name FROM {queues} WHERE name = ANY(%(names)s);
+
+-- name: list_queues
+SELECT q.name, (SELECT count(*) FROM {messages} m WHERE m.queue = q.name) FROM {queues} q ORDER BY q.name;
+
+-- name: enqueue
+INSERT INTO {messages} (queue, message_id, headers, body) VALUES (%s, %s, %s, %s);
+
+-- name: receive
+UPDATE {messages} AS m
+SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1
+FROM (
+    SELECT seq FROM {messages}
+    WHERE queue = %(queue)s AND visible_at <= clock_timestamp()
+    ORDER BY visible_at, seq
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+) AS c
+WHERE m.seq = c.seq
+RETURNING m.seq, m.queue, m.message_id, m.headers::text, m.body, m.delivery_count;
+
+-- name: receive_by_id
+UPDATE {messages}
+SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1
+WHERE seq = (
+    SELECT seq FROM {messages}
+    WHERE queue = %(queue)s AND message_id = %(message_id)s AND visible_at <= clock_timestamp()
+    ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED
+)
+RETURNING seq, queue, message_id, headers::text, body, delivery_count;
+
+-- name: acknowledge
+DELETE FROM {messages} WHERE seq = %s AND receipt = %s;
+
+-- name: peek
+SELECT seq, queue, message_id, headers::text, body, delivery_count FROM {messages}
+WHERE queue = %(queue)s ORDER BY seq LIMIT %(limit)s;
+
+-- name: depth
+SELECT count(*) FROM {messages} WHERE queue = %(queue)s;

@@ -1,0 +1,222 @@
+"""A durable queue table in PostgreSQL: the transport duetime delivers into, and its consumer.
+
+Receiving claims rows with ``FOR UPDATE SKIP LOCKED`` and hides them for the visibility timeout;
+acknowledging deletes them. With the store in the same database and schema, the dispatcher moves
+each message from store to queue in one transaction (exactly-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from duetime.backends.postgres.common import PgNames, PgOptions, dump_headers
+from duetime.errors import DestinationNotFound
+from duetime.interfaces import ReceivedMessage
+from duetime.message import DelayedMessage, outgoing_headers
+from duetime.names import check_name
+
+
+def queue_schema_statements(q: dict[str, str]) -> list[str]:
+    return [q["create_queues_table"], q["create_messages_table"], q["create_messages_index"]]
+
+
+def _received(row: Sequence[Any], token: uuid.UUID) -> ReceivedMessage:
+    seq, queue, message_id, headers, body, deliveries = row
+    return ReceivedMessage(queue, message_id, json.loads(headers), bytes(body), f"{seq}:{token}", deliveries)
+
+
+def _receipt(message: ReceivedMessage) -> tuple[int, uuid.UUID]:
+    seq, _, token = message.receipt.partition(":")
+    return int(seq), uuid.UUID(token)
+
+
+def _split(
+    messages: Sequence[DelayedMessage], known: set[str]
+) -> tuple[list[tuple[Any, ...]], list[Exception | None]]:
+    rows: list[tuple[Any, ...]] = []
+    results: list[Exception | None] = []
+    for m in messages:
+        if m.destination in known:
+            rows.append((m.destination, m.message_id, dump_headers(outgoing_headers(m)), m.body))
+            results.append(None)
+        else:
+            results.append(DestinationNotFound(f"Queue {m.destination!r} does not exist."))
+    return rows, results
+
+
+class _QueueBase:
+    def __init__(self, options: PgOptions, visibility_timeout: timedelta) -> None:
+        self.options = options
+        self.names = PgNames(options.schema, "duetime")
+        self.visibility_timeout = visibility_timeout
+
+    def _receive_params(self, queue: str, limit: int) -> dict[str, Any]:
+        return {"visibility": self.visibility_timeout, "token": uuid.uuid4(), "queue": queue, "limit": limit}
+
+
+class SyncPostgresQueue(_QueueBase):
+    """Blocking queue API for consumers: declare, send, receive, acknowledge, peek."""
+
+    def __init__(
+        self,
+        options: PgOptions,
+        *,
+        visibility_timeout: timedelta = timedelta(seconds=30),
+        poll_interval: float = 0.02,
+    ) -> None:
+        super().__init__(options, visibility_timeout)
+        self.poll_interval = poll_interval
+        self.pool = ConnectionPool(
+            options.conninfo, min_size=1, max_size=2, open=True, kwargs={"autocommit": True}
+        )
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.names.quoted_schema}")
+            for sql in queue_schema_statements(self.names.q):
+                conn.execute(sql)
+
+    @classmethod
+    def from_url(cls, url: str) -> SyncPostgresQueue:
+        return cls(PgOptions.from_url(url))
+
+    def declare(self, queue: str) -> None:
+        with self.pool.connection() as conn:
+            conn.execute(self.names.q["declare_queue"], {"name": check_name("queue", queue)})
+
+    def queues(self) -> dict[str, int]:
+        with self.pool.connection() as conn:
+            return {r[0]: r[1] for r in conn.execute(self.names.q["list_queues"]).fetchall()}
+
+    def send(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        q = self.names.q
+        with self.pool.connection() as conn, conn.transaction():
+            wanted = list({m.destination for m in messages})
+            known = {r[0] for r in conn.execute(q["existing_queues"], {"names": wanted}).fetchall()}
+            rows, results = _split(messages, known)
+            with conn.cursor() as cur:
+                cur.executemany(q["enqueue"], rows)
+        return results
+
+    def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
+        deadline = time.monotonic() + wait
+        while True:
+            params = self._receive_params(queue, max_messages)
+            with self.pool.connection() as conn:
+                rows = conn.execute(self.names.q["receive"], params).fetchall()
+            if rows or time.monotonic() >= deadline:
+                return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
+            time.sleep(self.poll_interval)
+
+    def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
+        with self.pool.connection() as conn, conn.cursor() as cur:
+            done = 0
+            for m in messages:
+                done += cur.execute(self.names.q["acknowledge"], _receipt(m)).rowcount
+            return done
+
+    def peek(self, queue: str, limit: int = 100) -> list[ReceivedMessage]:
+        with self.pool.connection() as conn:
+            rows = conn.execute(self.names.q["peek"], {"queue": queue, "limit": limit}).fetchall()
+        return [_received(r, uuid.UUID(int=0)) for r in rows]
+
+    def depth(self, queue: str) -> int:
+        with self.pool.connection() as conn:
+            return int(conn.execute(self.names.q["depth"], {"queue": queue}).fetchone()[0])  # type: ignore[index]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class PostgresQueueTransport(_QueueBase):
+    """The async transport into the PostgreSQL queue table."""
+
+    def __init__(
+        self,
+        options: PgOptions,
+        *,
+        visibility_timeout: timedelta = timedelta(seconds=30),
+        poll_interval: float = 0.02,
+    ) -> None:
+        super().__init__(options, visibility_timeout)
+        self.poll_interval = poll_interval
+        self.pool = AsyncConnectionPool(
+            options.conninfo, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}
+        )
+        self._started = False
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresQueueTransport:
+        return cls(PgOptions.from_url(url))
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        await self.pool.open(wait=False)
+        self._started = True
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.names.quoted_schema}")
+            for sql in queue_schema_statements(self.names.q):
+                await conn.execute(sql)
+
+    async def declare(self, queue: str) -> None:
+        await self.start()
+        async with self.pool.connection() as conn:
+            await conn.execute(self.names.q["declare_queue"], {"name": check_name("queue", queue)})
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        q = self.names.q
+        async with self.pool.connection() as conn, conn.transaction():
+            wanted = list({m.destination for m in messages})
+            known = {
+                r[0] for r in await (await conn.execute(q["existing_queues"], {"names": wanted})).fetchall()
+            }
+            rows, results = _split(messages, known)
+            async with conn.cursor() as cur:
+                await cur.executemany(q["enqueue"], rows)
+        return results
+
+    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            params = self._receive_params(queue, max_messages)
+            async with self.pool.connection() as conn:
+                rows = await (await conn.execute(self.names.q["receive"], params)).fetchall()
+            if rows or loop.time() >= deadline:
+                return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
+            await asyncio.sleep(self.poll_interval)
+
+    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
+        async with self.pool.connection() as conn, conn.cursor() as cur:
+            done = 0
+            for m in messages:
+                done += (await cur.execute(self.names.q["acknowledge"], _receipt(m))).rowcount
+            return done
+
+    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
+        async with self.pool.connection() as conn:
+            rows = await (
+                await conn.execute(self.names.q["peek"], {"queue": queue, "limit": limit})
+            ).fetchall()
+        return [_received(r, uuid.UUID(int=0)) for r in rows]
+
+    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
+        params = self._receive_params(queue, 1) | {"message_id": message_id}
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(self.names.q["receive_by_id"], params)).fetchone()
+        return None if row is None else _received(row, params["token"])
+
+    async def depth(self, queue: str) -> int:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(self.names.q["depth"], {"queue": queue})).fetchone()
+        return int(row[0]) if row else 0
+
+    async def close(self) -> None:
+        await self.pool.close()

@@ -1,0 +1,50 @@
+"""The real servers tests use (../shared/SERVICES.md). A service that does not answer skips the
+test on a developer's machine, and fails it in CI (CI=true): CI must never pass by skipping."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+import pytest
+
+POSTGRES = os.environ.get("DUETIME_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+MARIADB = os.environ.get("DUETIME_TEST_MARIADB", "mysql://root@127.0.0.1:3306/test")
+
+
+def require(url: str) -> None:
+    parts = urlsplit(url)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), timeout=2).close()
+    except OSError as error:
+        message = f"{parts.scheme} at {parts.hostname}:{parts.port} does not answer ({error})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " - start it as ../shared/SERVICES.md says")
+        pytest.skip(message)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def with_option(url: str, **options: str) -> str:
+    joiner = "&" if "?" in url else "?"
+    return url + joiner + "&".join(f"{k}={v}" for k, v in options.items())
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A PostgreSQL URL bound to a fresh schema of this test's own, dropped afterwards."""
+    import psycopg
+
+    require(POSTGRES)
+    schema = unique("t")
+    try:
+        yield with_option(POSTGRES, schema=schema)
+    finally:
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
