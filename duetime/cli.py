@@ -66,17 +66,22 @@ TransportOpt = Annotated[
     typer.Option(
         "--transport",
         envvar="DUETIME_TRANSPORT",
-        help="Where due messages go. Default: the SQLite queue in the store's own file.",
+        help="Where due messages go. Default: the queue tables in the store's own database (SQLite, PostgreSQL).",
     ),
 ]
 
 
 def _transport_url(store: str, transport: str | None) -> str:
+    """By default a store delivers into the queue tables of its own database (exactly-once capable)."""
     if transport:
         return transport
     if store.startswith("sqlite:"):
         return store.split("?")[0]
-    raise ConfigurationError("Give --transport (or DUETIME_TRANSPORT): only a SQLite store has a default.")
+    if store.startswith(("postgresql:", "postgres:")):
+        return store
+    raise ConfigurationError(
+        "Give --transport (or DUETIME_TRANSPORT): only SQLite and PostgreSQL stores have a default."
+    )
 
 
 def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
@@ -389,13 +394,19 @@ def stats(
             "next_due": counts.next_due.isoformat() if counts.next_due else None,
             "by_destination": dict(counts.by_destination),
         }
-        url = transport or (store.split("?")[0] if store.startswith("sqlite:") else None)
+        url = transport or (store.split("?")[0] if store.startswith(("sqlite:", "postgres")) else None)
         if url and url.startswith("sqlite:"):
             from duetime.backends.sqlite import SyncSqliteQueue
 
             q = SyncSqliteQueue.from_url(url)
             result["queues"] = q.queues()
             q.close()
+        elif url and url.startswith("postgres"):
+            from duetime.backends.postgres import SyncPostgresQueue
+
+            pq = SyncPostgresQueue.from_url(url)
+            result["queues"] = pq.queues()
+            pq.close()
         return result
 
     result = _run(go)

@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from duetime.backends.sqlite import SyncSqliteQueue
+from duetime.interfaces import ReceivedMessage
 from duetime.message import DUE_AT_HEADER
 
 
+class QueueLike(Protocol):
+    def receive(self, queue: str, max_messages: int = ..., wait: float = ...) -> list[ReceivedMessage]: ...
+    def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
+    def close(self) -> None: ...
+
+
 class RecordingConsumer(threading.Thread):
-    def __init__(self, path: Path, queue: str) -> None:
+    """Consumes ``queue`` from a SQLite file (a Path) or any queue a factory opens."""
+
+    def __init__(self, source: Path | Callable[[], QueueLike], queue: str) -> None:
         super().__init__(daemon=True)
-        self.path, self.queue = path, queue
+        self.source, self.queue = source, queue
         self.arrivals: list[tuple[str, datetime, datetime]] = []
         self.halt = threading.Event()
 
     def run(self) -> None:
-        q = SyncSqliteQueue(self.path)
+        q: QueueLike = SyncSqliteQueue(self.source) if isinstance(self.source, Path) else self.source()
         while not self.halt.is_set():
             items = q.receive(self.queue, 500, wait=0.05)
             now = datetime.now(UTC)

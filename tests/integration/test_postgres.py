@@ -1,0 +1,211 @@
+"""PostgreSQL for real: exactly-once into its queue table, kill -9, several dispatcher processes,
+LISTEN/NOTIFY wake-ups across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
+from duetime.backends.postgres import (
+    PostgresQueueTransport,
+    PostgresStore,
+    SyncPostgresQueue,
+    SyncPostgresStore,
+)
+from tests.conftest import duetime_cmd
+from tests.integration.consumer import RecordingConsumer
+from tests.services import postgres_schema
+
+
+@pytest.fixture
+def pg() -> Iterator[str]:
+    with postgres_schema() as url:
+        yield url
+
+
+def prepare(url: str, endpoint: str, *queues: str) -> SyncPostgresStore:
+    store = SyncPostgresStore.from_url(url)
+    store.setup_infrastructure(endpoint)
+    store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+    q = SyncPostgresQueue.from_url(url)
+    for name in queues:
+        q.declare(name)
+    q.close()
+    return store
+
+
+async def test_exactly_once_burst_moves_and_dead_letters(pg: str) -> None:
+    prepare(pg, "shop", "orders").close()
+    store, transport = PostgresStore.from_url(pg), PostgresQueueTransport.from_url(pg)
+    now = datetime.now(UTC)
+    settings = DelayedDeliverySettings(transaction_mode=TransactionMode.EXACTLY_ONCE)
+    dispatcher = Dispatcher(store, transport, settings, endpoint="shop")
+    await dispatcher.start()
+    await store.store_many(
+        [
+            DelayedMessage(f"m{i}", "orders", now - timedelta(seconds=1), b"x", {"i": str(i)})
+            for i in range(250)
+        ]
+        + [
+            DelayedMessage("lost", "nowhere", now),
+            DelayedMessage("later", "orders", now + timedelta(hours=1)),
+        ]
+    )
+    stats = await dispatcher.run_burst()
+    assert (stats.forwarded, stats.dead_lettered) == (250, 1)
+    got = await transport.receive("orders", 1000, 0)
+    assert len(got) == 250 and got[0].headers["i"] == "0"
+    assert got[0].headers["duetime-due-at"] == (now - timedelta(seconds=1)).isoformat()
+    [dead] = await transport.peek("error", 10)
+    assert dead.message_id == "lost" and dead.headers["duetime-error-original-destination"] == "nowhere"
+    assert await store.get("later") is not None
+    await store.close()
+    await transport.close()
+
+
+async def test_exactly_once_is_refused_across_databases_or_schemas(pg: str) -> None:
+    from duetime import UnsupportedTransactionMode
+    from tests.services import POSTGRES, with_option
+
+    prepare(pg, "shop").close()
+    store = PostgresStore.from_url(pg)
+    other = PostgresQueueTransport.from_url(with_option(POSTGRES, schema="elsewhere"))
+    settings = DelayedDeliverySettings(transaction_mode=TransactionMode.EXACTLY_ONCE)
+    with pytest.raises(UnsupportedTransactionMode):
+        await Dispatcher(store, other, settings, endpoint="shop").start()
+    await store.close()
+
+
+@pytest.mark.slow
+async def test_notify_from_another_process_wakes_the_sleeping_dispatcher(pg: str) -> None:
+    prepare(pg, "wake", "orders").store(
+        DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2))
+    )
+    store, transport = PostgresStore.from_url(pg), PostgresQueueTransport.from_url(pg)
+    dispatcher = Dispatcher(store, transport, endpoint="wake")
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.sleep(0.5)
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    script = (
+        "import sys; from datetime import datetime; from duetime.backends.postgres import SyncPostgresStore;"
+        "from duetime import DelayedMessage, TransactionMode; s = SyncPostgresStore.from_url(sys.argv[1]);"
+        "s.initialize('wake', TransactionMode.AT_LEAST_ONCE);"
+        "s.store(DelayedMessage('near', 'orders', datetime.fromisoformat(sys.argv[2]))); s.close()"
+    )
+    subprocess.run([duetime_cmd()[0], "-c", script, pg, due.isoformat()], check=True)
+    got = await transport.receive("orders", 10, 5.0)
+    arrived = datetime.now(UTC)
+    dispatcher.stop()
+    await task
+    assert [m.message_id for m in got] == ["near"]
+    assert due <= arrived < due + timedelta(milliseconds=500)
+    await store.close()
+    await transport.close()
+
+
+def run_with_kills(
+    url: str,
+    endpoint: str,
+    mode: TransactionMode,
+    total: int,
+    processes: int,
+    kills: int,
+    batch: int,
+    rng: random.Random,
+) -> tuple[Counter[str], list[str], int]:
+    """Dispatcher processes deliver ``total`` messages while some are killed with SIGKILL and
+    restarted; returns arrivals, early arrivals and the number of kills made."""
+    consumer = RecordingConsumer(lambda: SyncPostgresQueue.from_url(url), "orders")
+    consumer.start()
+    args = duetime_cmd(
+        "run",
+        "--store",
+        url,
+        "--endpoint",
+        endpoint,
+        "--mode",
+        mode.value,
+        "--batch-size",
+        str(batch),
+        "--no-front-door",
+    )
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(processes)
+    ]
+    made = 0
+    deadline = time.monotonic() + 120
+    try:
+        while made < kills and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.3, 1.0))
+            victim = rng.randrange(processes)
+            procs[victim].kill()
+            procs[victim].wait()
+            made += 1
+            procs[victim] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while len(set(consumer.ids())) < total and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # a lease that expired would be sent again now
+    finally:
+        for p in procs:
+            p.terminate()
+        codes = [p.wait(timeout=30) for p in procs]
+        consumer.halt.set()
+        consumer.join()
+    assert codes == [0] * processes, "graceful stop must exit 0"
+    return Counter(consumer.ids()), consumer.early(), made
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [TransactionMode.EXACTLY_ONCE, TransactionMode.AT_LEAST_ONCE])
+def test_sigkill_loses_nothing_on_postgres(pg: str, mode: TransactionMode) -> None:
+    url = pg + "&claim_timeout=1"
+    store = prepare(url, "crash", "orders")
+    start = datetime.now(UTC)
+    rng = random.Random(7)
+    store.store_many(
+        [
+            DelayedMessage(f"c{i:05d}", "orders", start + timedelta(seconds=rng.uniform(-1, 4)))
+            for i in range(10_000)
+        ]
+    )
+    seen, early, kills = run_with_kills(url, "crash", mode, 10_000, 1, 10, 100, rng)
+    assert len(seen) == 10_000 and early == []
+    duplicates = sum(n - 1 for n in seen.values())
+    assert duplicates == 0 if mode is TransactionMode.EXACTLY_ONCE else duplicates <= 100 * kills
+    assert store.counts(datetime.now(UTC)).total == 0
+    store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "kills"), [(TransactionMode.EXACTLY_ONCE, 4), (TransactionMode.AT_LEAST_ONCE, 4)]
+)
+def test_four_dispatcher_processes_deliver_100000(pg: str, mode: TransactionMode, kills: int) -> None:
+    url = pg + "&claim_timeout=1"
+    store = prepare(url, "multi", "orders")
+    start = datetime.now(UTC)
+    total = 100_000
+    for first in range(0, total, 20_000):
+        store.store_many(
+            [
+                DelayedMessage(f"m{i:06d}", "orders", start + timedelta(seconds=i / total * 8))
+                for i in range(first, first + 20_000)
+            ]
+        )
+    seen, early, made = run_with_kills(url, "multi", mode, total, 4, kills, 100, random.Random(11))
+    duplicates = sum(n - 1 for n in seen.values())
+    assert len(seen) == total, f"{total - len(seen)} lost"
+    assert early == []
+    if mode is TransactionMode.EXACTLY_ONCE:
+        assert duplicates == 0
+    else:
+        assert duplicates <= 100 * made  # never more than one batch per kill
+    store.close()
