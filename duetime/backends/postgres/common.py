@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -17,7 +17,7 @@ from duetime.sqlfile import load_queries
 
 QUERIES = load_queries("duetime.backends.postgres")
 SCHEMA_VERSION = 1
-OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "connect_timeout_s"}
+OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "pool_timeout"}
 
 
 def redact(url: str) -> str:
@@ -33,11 +33,13 @@ def redact(url: str) -> str:
 class PgOptions:
     """A ``postgresql://`` URL split into psycopg's conninfo and duetime's own options."""
 
-    conninfo: str
+    conninfo: str = field(repr=False)  # it may hold the password
     schema: str = "public"
     table: str | None = None
     claim_timeout: timedelta = timedelta(seconds=30)
     pool_size: int = 4
+    #: How long a call waits for a pooled connection before failing (then the breakers count it).
+    pool_timeout: float = 5.0
     display: str = ""
 
     @classmethod
@@ -49,20 +51,26 @@ class PgOptions:
         theirs: list[tuple[str, str]] = []
         for key, value in parse_qsl(parts.query, keep_blank_values=True):
             (ours.__setitem__(key, value) if key in OPTIONS else theirs.append((key, value)))
+        if not any(key == "connect_timeout" for key, _ in theirs):
+            theirs.append(("connect_timeout", "5"))  # an unreachable server fails fast, not in minutes
         conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs)))
         try:
             claim = float(ours.get("claim_timeout", "30"))
             pool = int(ours.get("pool_size", "4"))
+            pool_timeout = float(ours.get("pool_timeout", "5"))
         except ValueError:
-            raise ConfigurationError("claim_timeout must be seconds and pool_size a whole number.") from None
-        if claim <= 0 or pool < 1:
-            raise ConfigurationError("claim_timeout must be > 0 and pool_size >= 1.")
+            raise ConfigurationError(
+                "claim_timeout and pool_timeout must be seconds and pool_size a whole number."
+            ) from None
+        if claim <= 0 or pool < 1 or pool_timeout <= 0:
+            raise ConfigurationError("claim_timeout and pool_timeout must be > 0 and pool_size >= 1.")
         return cls(
             conninfo=conninfo,
             schema=check_name("schema", ours.get("schema", "public")),
             table=None if "table" not in ours else check_name("table", ours["table"]),
             claim_timeout=timedelta(seconds=claim),
             pool_size=pool,
+            pool_timeout=pool_timeout,
             display=redact(url),
         )
 

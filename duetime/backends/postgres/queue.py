@@ -75,7 +75,12 @@ class SyncPostgresQueue(_QueueBase):
         super().__init__(options, visibility_timeout)
         self.poll_interval = poll_interval
         self.pool = ConnectionPool(
-            options.conninfo, min_size=1, max_size=2, open=True, kwargs={"autocommit": True}
+            options.conninfo,
+            min_size=1,
+            max_size=2,
+            open=True,
+            kwargs={"autocommit": True},
+            timeout=options.pool_timeout,
         )
         with self.pool.connection() as conn, conn.transaction():
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.names.quoted_schema}")
@@ -147,7 +152,12 @@ class PostgresQueueTransport(_QueueBase):
         super().__init__(options, visibility_timeout)
         self.poll_interval = poll_interval
         self.pool = AsyncConnectionPool(
-            options.conninfo, min_size=1, max_size=2, open=False, kwargs={"autocommit": True}
+            options.conninfo,
+            min_size=1,
+            max_size=2,
+            open=False,
+            kwargs={"autocommit": True},
+            timeout=options.pool_timeout,
         )
         self._started = False
 

@@ -140,6 +140,7 @@ class SyncPostgresStore(_Base):
             open=True,
             kwargs={"autocommit": True},
             name="duetime-sync",
+            timeout=options.pool_timeout,
         )
 
     @classmethod
@@ -298,6 +299,7 @@ class PostgresStore(_Base):
             open=False,
             kwargs={"autocommit": True},
             name="duetime-async",
+            timeout=options.pool_timeout,
         )
         self._opened = False
         self.subscribers = Subscribers()
