@@ -22,6 +22,8 @@ STORES: dict[str, tuple[str, str]] = {
         "duetime.backends.postgres.store:PostgresStore",
         "duetime.backends.postgres.store:SyncPostgresStore",
     ),
+    "mysql": ("duetime.backends.mysql.store:MysqlStore", "duetime.backends.mysql.store:SyncMysqlStore"),
+    "mariadb": ("duetime.backends.mysql.store:MysqlStore", "duetime.backends.mysql.store:SyncMysqlStore"),
 }
 TRANSPORTS: dict[str, str] = {
     "sqlite": "duetime.backends.sqlite.queue:SqliteQueueTransport",

@@ -48,3 +48,30 @@ def postgres_schema() -> Iterator[str]:
     finally:
         with psycopg.connect(POSTGRES, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@contextmanager
+def mariadb_database() -> Iterator[str]:
+    """A MariaDB URL of a fresh database of this test's own, dropped afterwards."""
+    import pymysql
+
+    require(MARIADB)
+    parts = urlsplit(MARIADB)
+    name = unique("duetime_t")
+
+    def admin() -> pymysql.connections.Connection:  # type: ignore[type-arg]
+        return pymysql.connect(
+            host=parts.hostname,
+            port=parts.port or 3306,
+            user=parts.username or "root",
+            password=parts.password or "",
+            autocommit=True,
+        )
+
+    with admin() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        yield parts._replace(path=f"/{name}").geturl()
+    finally:
+        with admin() as conn, conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")

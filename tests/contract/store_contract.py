@@ -82,6 +82,14 @@ class StoreContract:
         assert await store.get("m-00002") is None  # all or nothing
         assert (await store.get("m-00001")) == first
 
+    async def test_ids_are_exact_strings(self, store: DelayedMessageStore) -> None:
+        """No collation may fold case or trailing spaces: these are four different messages."""
+        ids = ["order-a", "ORDER-A", "order-a ", "order-\u00e1"]
+        await store.store_many([DelayedMessage(i, "orders", now(), i.encode()) for i in ids])
+        for i in ids:
+            got = await store.get(i)
+            assert got is not None and got.message_id == i and got.body == i.encode()
+
     async def test_fetch_due_claims_oldest_first_and_only_due(self, store: DelayedMessageStore) -> None:
         t = now()
         await store.store_many(

@@ -10,7 +10,7 @@ import pytest
 from duetime.backends.memory import MemoryStore
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
 from tests.contract.store_contract import StoreContract
-from tests.services import postgres_schema
+from tests.services import mariadb_database, postgres_schema
 
 
 class TestMemoryStore(StoreContract):
@@ -58,3 +58,22 @@ class TestPostgresStore(StoreContract):
         from duetime.backends.postgres import SyncPostgresStore
 
         return lambda: SyncPostgresStore.from_url(url)
+
+
+class TestMariadbStore(StoreContract):
+    @pytest.fixture
+    def url(self) -> Iterator[str]:
+        with mariadb_database() as url:
+            yield url
+
+    @pytest.fixture
+    def make_store(self, url: str) -> Callable[[], object]:
+        from duetime.backends.mysql import MysqlStore
+
+        return lambda: MysqlStore.from_url(url)
+
+    @pytest.fixture
+    def make_sync_store(self, url: str) -> Callable[[], object]:
+        from duetime.backends.mysql import SyncMysqlStore
+
+        return lambda: SyncMysqlStore.from_url(url)

@@ -1,0 +1,88 @@
+-- MariaDB / MySQL queries. {table} is the backquoted table; times are BIGINT microseconds, UTC.
+
+-- name: create_schema_table
+CREATE TABLE IF NOT EXISTS duetime_schema (
+    component VARCHAR(250) NOT NULL PRIMARY KEY,
+    version INT NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
+
+-- name: create_store_table
+CREATE TABLE IF NOT EXISTS {table} (
+    message_id VARCHAR(250) NOT NULL PRIMARY KEY,
+    destination VARCHAR(200) NOT NULL,
+    due_at BIGINT NOT NULL,
+    headers LONGTEXT NOT NULL,
+    body LONGBLOB NOT NULL,
+    failure_count INT NOT NULL DEFAULT 0,
+    claim_token CHAR(32) NULL,
+    claimed_until BIGINT NULL,
+    KEY duetime_due (due_at, message_id),
+    KEY duetime_claim (claim_token, claimed_until),
+    KEY duetime_destination (destination, due_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
+
+-- name: setup_lock
+SELECT GET_LOCK('duetime_setup', 60);
+
+-- name: setup_unlock
+SELECT RELEASE_LOCK('duetime_setup');
+
+-- name: record_version
+INSERT INTO duetime_schema (component, version) VALUES (%s, %s)
+ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version));
+
+-- name: read_version
+SELECT version FROM duetime_schema WHERE component = %s;
+
+-- name: insert
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count) VALUES (%s, %s, %s, %s, %s, %s);
+
+-- name: select_due_for_claim
+SELECT message_id, destination, due_at, headers, body, failure_count FROM {table}
+WHERE due_at <= %s AND (claim_token IS NULL OR claimed_until <= %s)
+ORDER BY due_at, message_id
+LIMIT %s
+FOR UPDATE SKIP LOCKED;
+
+-- name: next_unclaimed
+SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at, message_id LIMIT 1;
+
+-- name: next_claim_expiry
+SELECT MIN(claimed_until) FROM {table} WHERE claim_token IS NOT NULL;
+
+-- name: delete
+DELETE FROM {table} WHERE message_id = %s;
+
+-- name: increment_failure
+UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
+
+-- name: release
+UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
+
+-- name: get
+SELECT message_id, destination, due_at, headers, body, failure_count FROM {table} WHERE message_id = %s;
+
+-- name: delete_unclaimed
+DELETE FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s);
+
+-- name: reschedule_unclaimed
+UPDATE {table} SET due_at = %s, claim_token = NULL, claimed_until = NULL
+WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s);
+
+-- name: estimate_rows
+SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s;
+
+-- name: count_total
+SELECT COUNT(*) FROM {table};
+
+-- name: count_due
+SELECT COUNT(*) FROM {table} WHERE due_at <= %s;
+
+-- name: count_claimed
+SELECT COUNT(*) FROM {table} WHERE claim_token IS NOT NULL AND claimed_until > %s;
+
+-- name: count_failing
+SELECT COUNT(*) FROM {table} WHERE failure_count > 0;
+
+-- name: count_by_destination
+SELECT destination, COUNT(*) FROM {table} GROUP BY destination ORDER BY COUNT(*) DESC LIMIT 1000;

@@ -1,0 +1,104 @@
+"""MariaDB for real: two dispatcher processes share one store (SKIP LOCKED claims), and the
+next-due poller that stands in for LISTEN/NOTIFY wakes a sleeping dispatcher."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from duetime import DelayedMessage, Dispatcher, TransactionMode
+from duetime.backends.mysql import MysqlStore, SyncMysqlStore
+from duetime.backends.sqlite import SqliteQueueTransport, SyncSqliteQueue
+from tests.conftest import duetime_cmd
+from tests.integration.consumer import RecordingConsumer
+from tests.services import mariadb_database
+
+
+@pytest.fixture
+def maria() -> Iterator[str]:
+    with mariadb_database() as url:
+        yield url
+
+
+def prepare(url: str, endpoint: str) -> SyncMysqlStore:
+    store = SyncMysqlStore.from_url(url)
+    store.setup_infrastructure(endpoint)
+    store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+    return store
+
+
+@pytest.mark.slow
+def test_two_dispatcher_processes_share_a_mariadb_store(maria: str, tmp_path: Path) -> None:
+    store = prepare(maria, "multi")
+    queue_file = tmp_path / "q.db"
+    q = SyncSqliteQueue(queue_file)
+    q.declare("orders")
+    q.close()
+    now = datetime.now(UTC)
+    total = 5000
+    store.store_many(
+        [DelayedMessage(f"m{i}", "orders", now + timedelta(seconds=i / total * 2)) for i in range(total)]
+    )
+    consumer = RecordingConsumer(queue_file, "orders")
+    consumer.start()
+    args = duetime_cmd(
+        "run",
+        "--store",
+        maria,
+        "--transport",
+        f"sqlite:///{queue_file}",
+        "--endpoint",
+        "multi",
+        "--no-front-door",
+    )
+    procs = [
+        subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    deadline = time.monotonic() + 60
+    while len(consumer.arrivals) < total and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        assert p.wait(timeout=30) == 0, p.stderr.read() if p.stderr else ""
+    consumer.halt.set()
+    consumer.join()
+    seen = Counter(consumer.ids())
+    assert len(seen) == total and max(seen.values()) == 1
+    assert consumer.early() == []
+    store.close()
+
+
+@pytest.mark.slow
+async def test_poller_wakes_the_dispatcher_for_a_message_from_another_process(
+    maria: str, tmp_path: Path
+) -> None:
+    other = prepare(maria, "wake")
+    other.store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
+    queue_file = tmp_path / "q.db"
+    consumer = SyncSqliteQueue(queue_file)
+    consumer.declare("orders")
+    store, transport = MysqlStore.from_url(maria), SqliteQueueTransport(queue_file)
+    dispatcher = Dispatcher(store, transport, endpoint="wake")
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.sleep(0.5)
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    await asyncio.to_thread(other.store, DelayedMessage("near", "orders", due))
+    got = await asyncio.to_thread(consumer.receive, "orders", 10, 5.0)
+    arrived = datetime.now(UTC)
+    dispatcher.stop()
+    await task
+    assert [m.message_id for m in got] == ["near"]
+    assert due <= arrived < due + timedelta(milliseconds=600)  # poll interval 0.25 s
+    await store.close()
+    await transport.close()
+    other.close()
+    consumer.close()
