@@ -13,6 +13,7 @@ The same contract as PostgreSQL, with these differences, each with the best subs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import threading
@@ -167,10 +168,8 @@ class SyncMysqlStore:
 
     def _drop(self) -> None:
         if self._conn is not None:
-            try:
+            with contextlib.suppress(Exception):  # it is broken already
                 self._conn.close()
-            except Exception:  # already broken
-                pass
             self._conn = None
 
     def _queries(self, table: str, collation: str) -> dict[str, str]:
