@@ -9,6 +9,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -251,6 +252,64 @@ def schedule(
     message = _run(go)
     print(message.message_id)  # stdout carries just the id, for $(duetime schedule ...)
     err.print(f"due {message.due_at.isoformat()} -> {message.destination}")
+
+
+@app.command()
+def load(
+    file: Annotated[
+        Path,
+        typer.Argument(help="JSON Lines, one message per line (see below).", exists=True, dir_okay=False),
+    ],
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+    chunk: Annotated[int, typer.Option(help="Messages per store_many call (COPY on PostgreSQL).")] = 50_000,
+    skip_duplicates: Annotated[bool, typer.Option(help="Skip ids already stored (resume a load).")] = False,
+) -> None:
+    """Schedule every message in a JSON Lines file, with a progress bar.
+
+    Each line: {"destination": "orders", "due_at": "2030-01-01T09:00:00Z" or "delay": "10m",
+    "body": "text" or "body_base64": "...", "headers": {...}, "id": "optional"}. The whole file is
+    checked first; if any line is wrong nothing is stored and every problem is listed. Give every
+    line an "id" if the load may need re-running (--skip-duplicates recognises stored ids; a line
+    without one gets a new id each run).
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from duetime.loader import load as load_file
+    from duetime.loader import validate
+
+    now = SystemClock().now()
+
+    async def go() -> Any:
+        s = await _open(store, endpoint)
+        try:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=err,
+            ) as bar:
+                checking = bar.add_task("checking", total=None)
+                checked = validate(file, now)
+                bar.update(checking, total=checked.lines, completed=checked.lines)
+                task = bar.add_task("storing", total=checked.lines)
+                return await load_file(
+                    file,
+                    s,
+                    now,
+                    chunk=chunk,
+                    skip_duplicates=skip_duplicates,
+                    progress=lambda n: bar.advance(task, n),
+                    checked=checked,
+                )
+        finally:
+            await s.close()
+
+    report = _run(go)
+    console.print(
+        f"stored {report.stored} of {report.lines}; skipped {report.skipped_duplicates} already stored"
+    )
 
 
 def _message_row(m: DelayedMessage) -> dict[str, Any]:

@@ -116,3 +116,51 @@ def test_setup_from_several_processes_at_once(tmp_path) -> None:  # type: ignore
     ]
     for p in procs:
         assert p.wait(timeout=60) == 0, p.stderr.read() if p.stderr else ""
+
+
+def test_load_a_file_all_or_nothing(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli("setup")
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "\n".join(
+            [
+                json.dumps({"destination": "orders", "delay": "1h", "body": f"b{i}", "id": f"L{i}"})
+                for i in range(300)
+            ]
+            + [
+                json.dumps(
+                    {
+                        "destination": "orders",
+                        "due_at": "2031-01-01T00:00:00Z",
+                        "body_base64": "AAEC",
+                        "headers": {"k": "v"},
+                    }
+                )
+            ]
+        )
+    )
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"destination": "orders", "delay": "1h", "id": "X1"})
+        + "\n"
+        + json.dumps({"destination": "orders", "due_at": "2031-01-01T00:00:00"})
+        + "\n"
+        + "{not json\n"
+        + json.dumps({"destination": "orders", "delay": 5, "colour": "red"})
+        + "\n"
+    )
+    result = cli("load", str(bad), ok=False)
+    err = " ".join(result.stderr.split())
+    assert result.returncode == 1 and "nothing was stored" in err
+    assert (
+        "line 2" in err and "no UTC offset" in err and "line 3" in err and "line 4" in err and "colour" in err
+    )
+    assert cli("list", "--json").stdout.strip() == ""
+    out = cli("load", str(good), "--chunk", "100").stdout
+    assert "stored 301 of 301" in out
+    again = cli("load", str(good), ok=False)
+    assert again.returncode == 1 and "--skip-duplicates" in again.stderr
+    # lines with an id are skipped on a re-run; the line without one is a new message every time
+    assert "stored 1 of 301; skipped 300" in cli("load", str(good), "--skip-duplicates").stdout
+    shown = json.loads(cli("show", "L7").stdout)
+    assert shown["body"] == "b7"

@@ -1,0 +1,153 @@
+"""Scheduling a file of delayed messages (JSON Lines) in bulk: validate it all, then store in chunks.
+
+One line is one message::
+
+    {"destination": "orders", "due_at": "2030-01-01T09:00:00+01:00", "body": "text", "headers": {"k": "v"}, "id": "optional"}
+    {"destination": "orders", "delay": "10m", "body_base64": "AAEC"}
+
+Nothing is stored unless every line is valid, so a typo on line 900,000 never leaves half a file
+stored. Chunks go through ``store_many`` (COPY on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from duetime.durations import parse_duration, parse_time
+from duetime.errors import DuplicateMessageId, InvalidMessage
+from duetime.interfaces import DelayedMessageStore
+from duetime.message import DelayedMessage
+
+KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id"}
+
+
+@dataclass
+class LoadReport:
+    lines: int = 0
+    stored: int = 0
+    skipped_duplicates: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def parse_line(text: str, number: int, now: datetime) -> DelayedMessage:
+    """One JSON line -> a message; InvalidMessage names the line, the field and the fix."""
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidMessage(f"line {number}: not JSON ({error.msg} at column {error.colno}).") from None
+    if not isinstance(row, dict):
+        raise InvalidMessage(f"line {number}: expected a JSON object, got {type(row).__name__}.")
+    unknown = set(row) - KNOWN
+    if unknown:
+        raise InvalidMessage(f"line {number}: unknown field(s) {sorted(unknown)}; known: {sorted(KNOWN)}.")
+    try:
+        body = _body(row)
+        due_at = parse_time(row["due_at"]) if isinstance(row.get("due_at"), str) else row.get("due_at")
+        delay: Any = row.get("delay")
+        if isinstance(delay, str):
+            delay = parse_duration(delay)
+        return DelayedMessage.create(
+            row.get("destination"),  # type: ignore[arg-type]
+            body,
+            due_at=due_at,
+            delay=delay,
+            headers=row.get("headers") or {},
+            message_id=row.get("id"),
+            now=now,
+        )
+    except InvalidMessage as error:
+        raise InvalidMessage(f"line {number}: {error}") from None
+
+
+def _body(row: dict[str, Any]) -> bytes:
+    if "body" in row and "body_base64" in row:
+        raise InvalidMessage("give body (text) or body_base64, not both.")
+    if "body_base64" in row:
+        try:
+            return base64.b64decode(row["body_base64"], validate=True)
+        except (binascii.Error, TypeError):
+            raise InvalidMessage("body_base64 is not valid base64.") from None
+    body = row.get("body", "")
+    if not isinstance(body, str):
+        raise InvalidMessage("body must be text; use body_base64 for bytes.")
+    return body.encode()
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    with path.open(encoding="utf-8") as handle:
+        for number, text in enumerate(handle, 1):
+            if text.strip():
+                yield number, text
+
+
+def validate(path: Path, now: datetime, max_problems: int = 20) -> LoadReport:
+    """First pass: count the lines and collect problems, storing nothing."""
+    report = LoadReport()
+    for number, text in _lines(path):
+        report.lines += 1
+        try:
+            parse_line(text, number, now)
+        except InvalidMessage as error:
+            if len(report.problems) < max_problems:
+                report.problems.append(str(error))
+            else:
+                report.problems[-1] = f"... and more; first {max_problems} shown"
+    return report
+
+
+async def load(
+    path: Path,
+    store: DelayedMessageStore,
+    now: datetime,
+    *,
+    chunk: int = 50_000,
+    skip_duplicates: bool = False,
+    progress: Callable[[int], None] = lambda _n: None,
+    checked: LoadReport | None = None,
+) -> LoadReport:
+    """Validate ``path`` (unless ``checked`` is that pass's report), then store every line;
+    raises InvalidMessage listing the problems."""
+    checked = checked or validate(path, now)
+    if checked.problems:
+        raise InvalidMessage(
+            f"{path} has problems; nothing was stored. Fix them and run again:\n  "
+            + "\n  ".join(checked.problems)
+        )
+    report = LoadReport(lines=checked.lines)
+    batch: list[DelayedMessage] = []
+    for number, text in _lines(path):
+        batch.append(parse_line(text, number, now))
+        if len(batch) >= chunk:
+            await _store(store, batch, report, skip_duplicates)
+            progress(len(batch))
+            batch = []
+    if batch:
+        await _store(store, batch, report, skip_duplicates)
+        progress(len(batch))
+    return report
+
+
+async def _store(
+    store: DelayedMessageStore, batch: list[DelayedMessage], report: LoadReport, skip: bool
+) -> None:
+    try:
+        report.stored += await store.store_many(batch)
+    except DuplicateMessageId as error:
+        if not skip:
+            raise DuplicateMessageId(
+                f"{error} {report.stored} messages from earlier chunks are stored; run again with "
+                "--skip-duplicates to store the rest and skip what is there (e.g. after an interrupted load)."
+            ) from None
+        for message in batch:
+            try:
+                await store.store(message)
+                report.stored += 1
+            except DuplicateMessageId:
+                report.skipped_duplicates += 1
