@@ -45,6 +45,14 @@ SELECT version FROM {schema_table} WHERE component = %(component)s;
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
 VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s);
 
+-- name: insert_notify
+WITH stored AS (
+    INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
+    VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s)
+    RETURNING due_at
+)
+SELECT pg_notify(%(channel)s, %(payload)s) FROM stored;
+
 -- name: copy_in
 COPY {table} (message_id, destination, due_at, headers, body, failure_count) FROM STDIN;
 

@@ -169,7 +169,12 @@ class SyncPostgresStore(_Base):
         self._names, self.endpoint = names, endpoint
 
     def store(self, message: DelayedMessage) -> None:
-        self.store_many([message])
+        """One statement, one round trip: the insert and its NOTIFY commit together."""
+        try:
+            with self.pool.connection() as conn:
+                conn.execute(self.names.q["insert_notify"], _single(message, self.names))
+        except pg_errors.UniqueViolation as error:
+            raise _duplicate(error, [message]) from None
 
     def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         if not messages:
@@ -270,6 +275,11 @@ class SyncPostgresStore(_Base):
 _FIELDS = ("message_id", "destination", "due_at", "headers", "body", "failure_count")
 
 
+def _single(message: DelayedMessage, names: PgNames) -> dict[str, Any]:
+    params = dict(zip(_FIELDS, copy_row(message), strict=True))
+    return params | {"channel": names.channel, "payload": str(to_micros(message.due_at))}
+
+
 def _counts(
     run: Callable[[str, dict[str, Any]], list[Any]], names: PgNames, at: datetime, nxt: datetime | None
 ) -> StoreCounts:
@@ -342,7 +352,14 @@ class PostgresStore(_Base):
         self._names, self.endpoint = names, endpoint
 
     async def store(self, message: DelayedMessage) -> None:
-        await self.store_many([message])
+        """One statement, one round trip: the insert and its NOTIFY commit together."""
+        pool = await self._pool()
+        try:
+            async with pool.connection() as conn:
+                await conn.execute(self.names.q["insert_notify"], _single(message, self.names))
+        except pg_errors.UniqueViolation as error:
+            raise _duplicate(error, [message]) from None
+        self.subscribers.notify(message.due_at)
 
     async def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         if not messages:
