@@ -453,7 +453,10 @@ def stats(
             "next_due": counts.next_due.isoformat() if counts.next_due else None,
             "by_destination": dict(counts.by_destination),
         }
-        url = transport or (store.split("?")[0] if store.startswith(("sqlite:", "postgres")) else None)
+        try:
+            url: str | None = _transport_url(store, transport)
+        except ConfigurationError:
+            url = None  # a store without a default transport: no queues to show
         if url and url.startswith("sqlite:"):
             from duetime.backends.sqlite import SyncSqliteQueue
 

@@ -56,3 +56,49 @@ def test_endpoint_names_with_dots_are_quoted(backend: str) -> None:
         store.close()
         with pytest.raises(DuetimeError, match="not allowed"):
             open_sync_store(url).setup_infrastructure('x"; DROP TABLE y; --')
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mariadb"])
+def test_setup_from_several_processes_at_once(backend: str) -> None:
+    import subprocess
+
+    from tests.conftest import duetime_cmd
+
+    context = postgres_schema() if backend == "postgres" else mariadb_database()
+    with context as url:
+        procs = [
+            subprocess.Popen(
+                duetime_cmd("setup", "--store", url, "--endpoint", "race"), stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(4)
+        ]
+        for p in procs:
+            assert p.wait(timeout=60) == 0, p.stderr.read() if p.stderr else ""
+
+
+def test_cli_on_postgres_end_to_end() -> None:
+    import json
+
+    with postgres_schema() as url:
+
+        def cli(*args: str) -> str:
+            result = run_cli(*args, "--store", url, timeout=60)
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+
+        cli("setup", "--queue", "orders")
+        cli("schedule", "orders", "hello", "--in", "0s", "--id", "p1")
+        cli("schedule", "typo", "lost", "--in", "0s", "--id", "p2")
+        assert "forwarded 1, to the error queue 1" in cli("run", "--burst", "--mode", "exactly-once")
+        received = [
+            json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").splitlines()
+        ]
+        assert [m["id"] for m in received] == ["p1"]
+        assert json.loads(cli("errors", "list", "--json").splitlines()[0])["id"] == "p2"
+        cli("errors", "retry", "p2", "--destination", "orders")
+        cli("run", "--burst")
+        assert [
+            json.loads(x)["id"] for x in cli("queues", "receive", "orders", "--wait", "0.2").splitlines()
+        ] == ["p2"]
+        stats = json.loads(cli("stats", "--json"))
+        assert stats["stored"] == 0 and stats["queues"] == {"error": 0, "orders": 0}

@@ -161,6 +161,14 @@ SELECT q.name, (SELECT count(*) FROM {messages} m WHERE m.queue = q.name) FROM {
 -- name: enqueue
 INSERT INTO {messages} (queue, message_id, headers, body) VALUES (%s, %s, %s, %s);
 
+-- name: enqueue_declared
+INSERT INTO {messages} (queue, message_id, headers, body)
+SELECT u.queue, u.message_id, u.headers::json, u.body
+FROM unnest(%(queues)s::text[], %(ids)s::text[], %(headers)s::text[], %(bodies)s::bytea[])
+     AS u(queue, message_id, headers, body)
+WHERE u.queue IN (SELECT name FROM {queues})
+RETURNING message_id;
+
 -- name: receive
 UPDATE {messages} AS m
 SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1

@@ -48,8 +48,21 @@ def _split(
             rows.append((m.destination, m.message_id, dump_headers(outgoing_headers(m)), m.body))
             results.append(None)
         else:
-            results.append(DestinationNotFound(f"Queue {m.destination!r} does not exist."))
+            results.append(_not_found(m))
     return rows, results
+
+
+def _arrays(messages: Sequence[DelayedMessage]) -> dict[str, list[Any]]:
+    return {
+        "queues": [m.destination for m in messages],
+        "ids": [m.message_id for m in messages],
+        "headers": [dump_headers(outgoing_headers(m)) for m in messages],
+        "bodies": [m.body for m in messages],
+    }
+
+
+def _not_found(message: DelayedMessage) -> DestinationNotFound:
+    return DestinationNotFound(f"Queue {message.destination!r} does not exist.")
 
 
 class _QueueBase:
@@ -100,6 +113,14 @@ class SyncPostgresQueue(_QueueBase):
             return {r[0]: r[1] for r in conn.execute(self.names.q["list_queues"]).fetchall()}
 
     def send(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        """One statement, one round trip: insert what has a declared queue, report the rest."""
+        if len({m.message_id for m in messages}) == len(messages):
+            with self.pool.connection() as conn:
+                sent = {
+                    row[0]
+                    for row in conn.execute(self.names.q["enqueue_declared"], _arrays(messages)).fetchall()
+                }
+            return [None if m.message_id in sent else _not_found(m) for m in messages]
         q = self.names.q
         with self.pool.connection() as conn, conn.transaction():
             wanted = list({m.destination for m in messages})
@@ -181,6 +202,12 @@ class PostgresQueueTransport(_QueueBase):
             await conn.execute(self.names.q["declare_queue"], {"name": check_name("queue", queue)})
 
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        """One statement, one round trip: insert what has a declared queue, report the rest."""
+        if len({m.message_id for m in messages}) == len(messages):
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(self.names.q["enqueue_declared"], _arrays(messages))
+                sent = {row[0] for row in await cur.fetchall()}
+            return [None if m.message_id in sent else _not_found(m) for m in messages]
         q = self.names.q
         async with self.pool.connection() as conn, conn.transaction():
             wanted = list({m.destination for m in messages})
