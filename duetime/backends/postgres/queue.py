@@ -28,6 +28,16 @@ def queue_schema_statements(q: dict[str, str]) -> list[str]:
     return [q["create_queues_table"], q["create_messages_table"], q["create_messages_index"]]
 
 
+def queue_setup(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
+    """The queue tables on their own (a consumer may start before any store), under the same
+    advisory lock as the store's set-up."""
+    return [
+        (names.q["advisory_lock"], {"key": names.setup_lock}),
+        (f"CREATE SCHEMA IF NOT EXISTS {names.quoted_schema}", {}),
+        *[(sql, {}) for sql in queue_schema_statements(names.q)],
+    ]
+
+
 def _received(row: Sequence[Any], token: uuid.UUID) -> ReceivedMessage:
     seq, queue, message_id, headers, body, deliveries = row
     return ReceivedMessage(queue, message_id, json.loads(headers), bytes(body), f"{seq}:{token}", deliveries)
@@ -96,9 +106,8 @@ class SyncPostgresQueue(_QueueBase):
             timeout=options.pool_timeout,
         )
         with self.pool.connection() as conn, conn.transaction():
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.names.quoted_schema}")
-            for sql in queue_schema_statements(self.names.q):
-                conn.execute(sql)
+            for sql, params in queue_setup(self.names):
+                conn.execute(sql, params)
 
     @classmethod
     def from_url(cls, url: str) -> SyncPostgresQueue:
@@ -192,9 +201,8 @@ class PostgresQueueTransport(_QueueBase):
         await self.pool.open(wait=False)
         self._started = True
         async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.names.quoted_schema}")
-            for sql in queue_schema_statements(self.names.q):
-                await conn.execute(sql)
+            for sql, params in queue_setup(self.names):
+                await conn.execute(sql, params)
 
     async def declare(self, queue: str) -> None:
         await self.start()

@@ -58,9 +58,12 @@ def _not_ready(names: PgNames, display: str) -> StoreNotReady:
 
 
 def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
+    """Everything under one advisory lock, taken first: ``CREATE … IF NOT EXISTS`` alone is not
+    safe when several processes run it at the same moment."""
     q = names.q
     return [
         (q["advisory_lock"], {"key": names.setup_lock}),
+        (f"CREATE SCHEMA IF NOT EXISTS {names.quoted_schema}", {}),
         (q["create_schema_version"], {}),
         (q["create_store_table"], {}),
         (q["create_store_due_index"], {}),
@@ -150,7 +153,6 @@ class SyncPostgresStore(_Base):
     def setup_infrastructure(self, endpoint: str) -> None:
         names = self.names_for(endpoint)
         with self.pool.connection() as conn, conn.transaction():
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {names.quoted_schema}")
             for sql, params in _setup_statements(names):
                 conn.execute(sql, params)
 
@@ -330,7 +332,6 @@ class PostgresStore(_Base):
         names = self.names_for(endpoint)
         pool = await self._pool()
         async with pool.connection() as conn, conn.transaction():
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {names.quoted_schema}")
             for sql, params in _setup_statements(names):
                 await conn.execute(sql, params)
 
