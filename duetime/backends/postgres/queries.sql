@@ -165,8 +165,9 @@ INSERT INTO {messages} (queue, message_id, headers, body) VALUES (%s, %s, %s, %s
 INSERT INTO {messages} (queue, message_id, headers, body)
 SELECT u.queue, u.message_id, u.headers::json, u.body
 FROM unnest(%(queues)s::text[], %(ids)s::text[], %(headers)s::text[], %(bodies)s::bytea[])
-     AS u(queue, message_id, headers, body)
+     WITH ORDINALITY AS u(queue, message_id, headers, body, n)
 WHERE u.queue IN (SELECT name FROM {queues})
+ORDER BY u.n
 RETURNING message_id;
 
 -- name: receive
