@@ -30,9 +30,21 @@ TRANSPORTS: dict[str, str] = {
     "memory": "duetime.backends.memory.transport:MemoryTransport",
     "postgresql": "duetime.backends.postgres.queue:PostgresQueueTransport",
     "postgres": "duetime.backends.postgres.queue:PostgresQueueTransport",
+    "amqp": "duetime.backends.rabbitmq.transport:RabbitMqTransport",
+    "amqps": "duetime.backends.rabbitmq.transport:RabbitMqTransport",
+    "redis": "duetime.backends.redis.transport:RedisTransport",
+    "nats": "duetime.backends.nats.transport:NatsTransport",
 }
 #: driver module -> the extra that installs it
-EXTRAS: dict[str, str] = {"psycopg": "postgres", "psycopg_pool": "postgres", "pymysql": "mysql"}
+EXTRAS: dict[str, str] = {
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "pymysql": "mysql",
+    "aio_pika": "rabbitmq",
+    "aiormq": "rabbitmq",
+    "redis": "redis",
+    "nats": "nats",
+}
 
 
 def scheme_of(url: str) -> str:

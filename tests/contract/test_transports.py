@@ -10,7 +10,7 @@ import pytest
 from duetime.backends.memory import MemoryTransport
 from duetime.backends.sqlite import SqliteQueueTransport
 from tests.contract.transport_contract import TransportContract
-from tests.services import postgres_schema
+from tests.services import RABBITMQ, REDIS, postgres_schema, require
 
 
 class TestMemoryTransport(TransportContract):
@@ -41,3 +41,36 @@ class TestPostgresQueueTransport(TransportContract):
             await t.start()
             yield t
             await t.close()
+
+
+class TestRabbitMqTransport(TransportContract):
+    @pytest.fixture
+    async def transport(self) -> AsyncIterator[object]:
+        from duetime.backends.rabbitmq import RabbitMqTransport
+
+        require(RABBITMQ)
+        t = RabbitMqTransport.from_url(RABBITMQ)
+        await t.start()
+        yield t
+        for queue in list(t.declared):
+            await t.delete(queue)
+        await t.close()
+
+
+@pytest.mark.parametrize("mode", ["stream", "list"])
+class TestRedisTransport(TransportContract):
+    @pytest.fixture
+    async def transport(self, mode: str) -> AsyncIterator[object]:
+        import uuid
+
+        from duetime.backends.redis import RedisTransport
+
+        require(REDIS)
+        prefix = f"duetime-test-{uuid.uuid4().hex[:8]}:"
+        t = RedisTransport.from_url(f"{REDIS}?mode={mode}&prefix={prefix}")
+        await t.start()
+        yield t
+        keys = [k async for k in t.redis.scan_iter(match=f"{prefix}*")]
+        if keys:
+            await t.redis.delete(*keys)
+        await t.close()

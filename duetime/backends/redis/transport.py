@@ -1,0 +1,178 @@
+"""Redis transport (redis-py, asyncio): deliver to a stream (consumer group) or a list.
+
+``redis://host:6379/0?mode=stream`` (default) appends with XADD; consumers read with XREADGROUP
+and acknowledge with XACK, and a consumer that died leaves its entries pending until another
+reclaims them (XAUTOCLAIM after ``visibility_timeout``). ``mode=list`` LPUSHes an envelope; the
+consumer side moves it to a processing list (LMOVE) and removes it on acknowledgement.
+
+Queues must be declared (``SADD <prefix>queues``): Redis creates keys on write, so without that a
+typo in a destination would silently create a queue nobody reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from duetime.errors import ConfigurationError, DestinationNotFound
+from duetime.interfaces import ReceivedMessage
+from duetime.message import DelayedMessage, outgoing_headers
+from duetime.names import check_name
+
+MODES = {"stream", "list"}
+
+
+def _envelope(m: DelayedMessage) -> bytes:
+    head = json.dumps({"id": m.message_id, "headers": outgoing_headers(m)}, separators=(",", ":"), ensure_ascii=False)
+    return head.encode() + b"\n" + m.body
+
+
+def _open_envelope(raw: bytes) -> tuple[str, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\n")
+    meta = json.loads(head)
+    return meta["id"], meta["headers"], body
+
+
+class RedisTransport:
+    def __init__(
+        self,
+        url: str,
+        *,
+        mode: str = "stream",
+        prefix: str = "duetime:",
+        group: str = "duetime",
+        visibility_timeout: float = 30.0,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigurationError(f"mode must be one of {sorted(MODES)}, got {mode!r}.")
+        self.url, self.mode, self.prefix, self.group = url, mode, prefix, group
+        self.visibility_ms = int(visibility_timeout * 1000)
+        self.consumer = f"duetime-{uuid.uuid4().hex[:12]}"
+        self._redis: aioredis.Redis | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisTransport:
+        parts = urlsplit(url)
+        ours = {"mode", "prefix", "group", "visibility_timeout"}
+        options = dict(parse_qsl(parts.query))
+        plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in options.items() if k not in ours)))
+        return cls(
+            plain,
+            mode=options.get("mode", "stream"),
+            prefix=options.get("prefix", "duetime:"),
+            group=options.get("group", "duetime"),
+            visibility_timeout=float(options.get("visibility_timeout", "30")),
+        )
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        if self._redis is None:
+            raise ConfigurationError("The Redis transport is not started: await transport.start() first.")
+        return self._redis
+
+    def key(self, queue: str) -> str:
+        return f"{self.prefix}q:{queue}"
+
+    def processing_key(self, queue: str) -> str:
+        return f"{self.prefix}processing:{queue}"
+
+    async def start(self) -> None:
+        if self._redis is None:
+            self._redis = aioredis.from_url(self.url)
+            await self._redis.ping()
+
+    async def declare(self, queue: str) -> None:
+        await self.start()
+        await self.redis.sadd(f"{self.prefix}queues", check_name("queue", queue))
+        if self.mode == "stream":
+            with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists already
+                await self.redis.xgroup_create(self.key(queue), self.group, id="0", mkstream=True)
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        if not messages:
+            return []
+        destinations = sorted({m.destination for m in messages})
+        flags = await self.redis.smismember(f"{self.prefix}queues", destinations)
+        known = {d for d, flag in zip(destinations, flags, strict=True) if flag}
+        results: list[Exception | None] = []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for m in messages:
+                if m.destination not in known:
+                    results.append(DestinationNotFound(f"Queue {m.destination!r} is not declared on Redis."))
+                    continue
+                if self.mode == "stream":
+                    fields: dict[Any, Any] = {
+                        "id": m.message_id,
+                        "headers": json.dumps(outgoing_headers(m), separators=(",", ":"), ensure_ascii=False),
+                        "body": m.body,
+                    }
+                    pipe.xadd(self.key(m.destination), fields)
+                else:
+                    pipe.lpush(self.key(m.destination), _envelope(m))
+                results.append(None)
+            await pipe.execute()
+        return results
+
+    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+        if self.mode == "list":
+            return await self._receive_list(queue, max_messages, wait)
+        key = self.key(queue)
+        # redis-py's stubs are one union for the sync and async clients; the async answers are these.
+        claimed: Any = await self.redis.xautoclaim(key, self.group, self.consumer, self.visibility_ms, "0-0", count=max_messages)
+        entries: list[Any] = list(claimed[1])
+        if len(entries) < max_messages:
+            block = int(wait * 1000) if wait > 0 and not entries else None
+            answer: Any = await self.redis.xreadgroup(self.group, self.consumer, {key: ">"}, count=max_messages - len(entries), block=block)
+            for _, rows in answer or []:
+                entries += rows
+        received = []
+        for entry_id, fields in entries:
+            if not fields:  # deleted meanwhile
+                continue
+            receipt = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            headers = json.loads(fields[b"headers"])
+            received.append(ReceivedMessage(queue, fields[b"id"].decode(), headers, bytes(fields[b"body"]), receipt, 1))
+        return received
+
+    async def _receive_list(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+        key, processing = self.key(queue), self.processing_key(queue)
+        raws: list[bytes] = []
+        r: Any = self.redis  # BLMOVE takes a float timeout (Redis 6+); the stubs say int
+        first = await r.blmove(key, processing, wait, "RIGHT", "LEFT") if wait > 0 else await r.lmove(key, processing, "RIGHT", "LEFT")
+        if first is not None:
+            raws.append(first)
+            while len(raws) < max_messages:
+                more = await r.lmove(key, processing, "RIGHT", "LEFT")
+                if more is None:
+                    break
+                raws.append(more)
+        received = []
+        for raw in raws:
+            message_id, headers, body = _open_envelope(raw)
+            received.append(ReceivedMessage(queue, message_id, headers, body, raw.hex(), 1))
+        return received
+
+    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
+        if not messages:
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for m in messages:
+                if self.mode == "stream":
+                    pipe.xack(self.key(m.queue), self.group, m.receipt)
+                    pipe.xdel(self.key(m.queue), m.receipt)
+                else:
+                    pipe.lrem(self.processing_key(m.queue), 1, bytes.fromhex(m.receipt))  # type: ignore[arg-type]
+            answers = await pipe.execute()
+        return sum(1 for a in answers[:: 2 if self.mode == "stream" else 1] if a)
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
