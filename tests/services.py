@@ -76,6 +76,7 @@ def mariadb_database() -> Iterator[str]:
         with admin() as conn, conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
+
 RABBITMQ = os.environ.get("DUETIME_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 NATS = os.environ.get("DUETIME_TEST_NATS", "nats://127.0.0.1:4222")

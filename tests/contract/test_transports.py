@@ -10,7 +10,7 @@ import pytest
 from duetime.backends.memory import MemoryTransport
 from duetime.backends.sqlite import SqliteQueueTransport
 from tests.contract.transport_contract import TransportContract
-from tests.services import RABBITMQ, REDIS, postgres_schema, require
+from tests.services import NATS, RABBITMQ, REDIS, postgres_schema, require
 
 
 class TestMemoryTransport(TransportContract):
@@ -73,4 +73,20 @@ class TestRedisTransport(TransportContract):
         keys = [k async for k in t.redis.scan_iter(match=f"{prefix}*")]
         if keys:
             await t.redis.delete(*keys)
+        await t.close()
+
+
+class TestNatsTransport(TransportContract):
+    @pytest.fixture
+    async def transport(self) -> AsyncIterator[object]:
+        import uuid
+
+        from duetime.backends.nats import NatsTransport
+
+        require(NATS)
+        t = NatsTransport.from_url(f"{NATS}?subject_prefix=duetime-test-{uuid.uuid4().hex[:8]}.")
+        await t.start()
+        yield t
+        for queue in list(t.declared):
+            await t.delete(queue)
         await t.close()

@@ -12,7 +12,9 @@ from duetime import DelayedMessage, DestinationNotFound, ReceivingTransport, Tra
 
 def msg(i: int, destination: str, **headers: str) -> DelayedMessage:
     due = datetime(2030, 1, 1, tzinfo=UTC) + timedelta(microseconds=i)
-    return DelayedMessage(f"t-{i:04d}", destination, due, bytes([i % 256, 0, 255]) + f"body {i}".encode(), headers)
+    return DelayedMessage(
+        f"t-{i:04d}", destination, due, bytes([i % 256, 0, 255]) + f"body {i}".encode(), headers
+    )
 
 
 class TransportContract:
@@ -56,7 +58,9 @@ class TransportContract:
         got = await self.receive_all(transport, queue, 50)
         assert [m.message_id for m in got] == [m.message_id for m in batch]
 
-    async def test_a_missing_destination_fails_only_its_own_message(self, transport: Transport, queue: str) -> None:
+    async def test_a_missing_destination_fails_only_its_own_message(
+        self, transport: Transport, queue: str
+    ) -> None:
         await transport.declare(queue)
         results = await transport.send_batch([msg(1, queue), msg(2, queue + ".missing"), msg(3, queue)])
         assert results[0] is None and results[2] is None
@@ -71,7 +75,9 @@ class TransportContract:
         assert isinstance(transport, ReceivingTransport)
         assert await transport.receive(queue, 10, 0.3) == []
 
-    async def test_declare_is_idempotent_and_an_empty_batch_is_fine(self, transport: Transport, queue: str) -> None:
+    async def test_declare_is_idempotent_and_an_empty_batch_is_fine(
+        self, transport: Transport, queue: str
+    ) -> None:
         await transport.declare(queue)
         await transport.declare(queue)
         assert await transport.send_batch([]) == []

@@ -56,7 +56,9 @@ class RabbitMqTransport:
         ours = dict(parse_qsl(parts.query))
         kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("queue_type", "prefetch")]
         plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in kept)))
-        return cls(plain, queue_type=ours.get("queue_type", "classic"), prefetch=int(ours.get("prefetch", "500")))
+        return cls(
+            plain, queue_type=ours.get("queue_type", "classic"), prefetch=int(ours.get("prefetch", "500"))
+        )
 
     async def start(self) -> None:
         if self._connection is None:
@@ -94,14 +96,18 @@ class RabbitMqTransport:
         if not messages:
             return []
         exchange = self.channel.default_exchange
-        publishes = [exchange.publish(self._message(m), routing_key=m.destination, mandatory=True) for m in messages]
+        publishes = [
+            exchange.publish(self._message(m), routing_key=m.destination, mandatory=True) for m in messages
+        ]
         outcomes = await asyncio.gather(*publishes, return_exceptions=True)
         results: list[Exception | None] = []
         for m, outcome in zip(messages, outcomes, strict=True):
             if not isinstance(outcome, BaseException):
                 results.append(None)
             elif isinstance(outcome, DeliveryError) and outcome.message is not None:
-                results.append(DestinationNotFound(f"Queue {m.destination!r} does not exist (returned unroutable)."))
+                results.append(
+                    DestinationNotFound(f"Queue {m.destination!r} does not exist (returned unroutable).")
+                )
             elif isinstance(outcome, Exception):
                 results.append(TransportError(f"publishing to {m.destination!r} failed: {outcome!r}"))
             else:
@@ -135,8 +141,14 @@ class RabbitMqTransport:
             self._in_flight[receipt] = incoming
             headers = {k: _text(v) for k, v in (incoming.headers or {}).items()}
             received.append(
-                ReceivedMessage(queue, incoming.message_id or "", headers, incoming.body, receipt,
-                                2 if incoming.redelivered else 1)
+                ReceivedMessage(
+                    queue,
+                    incoming.message_id or "",
+                    headers,
+                    incoming.body,
+                    receipt,
+                    2 if incoming.redelivered else 1,
+                )
             )
         return received
 

@@ -30,7 +30,9 @@ MODES = {"stream", "list"}
 
 
 def _envelope(m: DelayedMessage) -> bytes:
-    head = json.dumps({"id": m.message_id, "headers": outgoing_headers(m)}, separators=(",", ":"), ensure_ascii=False)
+    head = json.dumps(
+        {"id": m.message_id, "headers": outgoing_headers(m)}, separators=(",", ":"), ensure_ascii=False
+    )
     return head.encode() + b"\n" + m.body
 
 
@@ -62,7 +64,9 @@ class RedisTransport:
         parts = urlsplit(url)
         ours = {"mode", "prefix", "group", "visibility_timeout"}
         options = dict(parse_qsl(parts.query))
-        plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in options.items() if k not in ours)))
+        plain = urlunsplit(
+            parts._replace(query="&".join(f"{k}={v}" for k, v in options.items() if k not in ours))
+        )
         return cls(
             plain,
             mode=options.get("mode", "stream"),
@@ -125,11 +129,15 @@ class RedisTransport:
             return await self._receive_list(queue, max_messages, wait)
         key = self.key(queue)
         # redis-py's stubs are one union for the sync and async clients; the async answers are these.
-        claimed: Any = await self.redis.xautoclaim(key, self.group, self.consumer, self.visibility_ms, "0-0", count=max_messages)
+        claimed: Any = await self.redis.xautoclaim(
+            key, self.group, self.consumer, self.visibility_ms, "0-0", count=max_messages
+        )
         entries: list[Any] = list(claimed[1])
         if len(entries) < max_messages:
             block = int(wait * 1000) if wait > 0 and not entries else None
-            answer: Any = await self.redis.xreadgroup(self.group, self.consumer, {key: ">"}, count=max_messages - len(entries), block=block)
+            answer: Any = await self.redis.xreadgroup(
+                self.group, self.consumer, {key: ">"}, count=max_messages - len(entries), block=block
+            )
             for _, rows in answer or []:
                 entries += rows
         received = []
@@ -138,14 +146,20 @@ class RedisTransport:
                 continue
             receipt = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
             headers = json.loads(fields[b"headers"])
-            received.append(ReceivedMessage(queue, fields[b"id"].decode(), headers, bytes(fields[b"body"]), receipt, 1))
+            received.append(
+                ReceivedMessage(queue, fields[b"id"].decode(), headers, bytes(fields[b"body"]), receipt, 1)
+            )
         return received
 
     async def _receive_list(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         key, processing = self.key(queue), self.processing_key(queue)
         raws: list[bytes] = []
         r: Any = self.redis  # BLMOVE takes a float timeout (Redis 6+); the stubs say int
-        first = await r.blmove(key, processing, wait, "RIGHT", "LEFT") if wait > 0 else await r.lmove(key, processing, "RIGHT", "LEFT")
+        first = (
+            await r.blmove(key, processing, wait, "RIGHT", "LEFT")
+            if wait > 0
+            else await r.lmove(key, processing, "RIGHT", "LEFT")
+        )
         if first is not None:
             raws.append(first)
             while len(raws) < max_messages:

@@ -1,0 +1,5 @@
+"""NATS JetStream transport (extra: ``duetime[nats]``, nats-py)."""
+
+from duetime.backends.nats.transport import NatsTransport
+
+__all__ = ["NatsTransport"]
