@@ -1,0 +1,130 @@
+"""End to end on the real brokers: SQLite and PostgreSQL stores deliver through RabbitMQ, Redis
+(stream and list) and NATS JetStream; nothing lost, nothing early, the unknown destination in the
+error queue with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import (
+    DelayedDeliverySettings,
+    DelayedMessage,
+    Dispatcher,
+    ReceivingTransport,
+    TransactionMode,
+    Transport,
+    open_store,
+)
+from tests.services import NATS, RABBITMQ, REDIS, postgres_schema, require
+
+BROKERS = ["rabbitmq", "redis-stream", "redis-list", "nats"]
+
+
+async def open_broker(kind: str) -> Any:
+    tag = uuid.uuid4().hex[:8]
+    if kind == "rabbitmq":
+        from duetime.backends.rabbitmq import RabbitMqTransport
+
+        require(RABBITMQ)
+        t: Any = RabbitMqTransport.from_url(RABBITMQ)
+    elif kind.startswith("redis"):
+        from duetime.backends.redis import RedisTransport
+
+        require(REDIS)
+        t = RedisTransport.from_url(f"{REDIS}?mode={kind.split('-')[1]}&prefix=duetime-e2e-{tag}:")
+    else:
+        from duetime.backends.nats import NatsTransport
+
+        require(NATS)
+        t = NatsTransport.from_url(f"{NATS}?subject_prefix=duetime-e2e-{tag}.")
+    await t.start()
+    return t
+
+
+async def cleanup(kind: str, t: Any) -> None:
+    if kind.startswith("redis"):
+        keys = [k async for k in t.redis.scan_iter(match=f"{t.prefix}*")]
+        if keys:
+            await t.redis.delete(*keys)
+    else:
+        for queue in list(t.declared):
+            await t.delete(queue)
+    await t.close()
+
+
+@pytest.fixture(params=BROKERS)
+async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    t = await open_broker(request.param)
+    yield t
+    await cleanup(request.param, t)
+
+
+@contextmanager
+def store_url(kind: str, tmp_path: Path) -> Iterator[str]:
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path}/e2e.db"
+    else:
+        with postgres_schema() as url:
+            yield url
+
+
+async def deliver_and_check(store_url: str, transport: Transport, total: int = 300) -> None:
+    tag = uuid.uuid4().hex[:8]
+    queue, error_queue = f"e2e.orders.{tag}", f"e2e.error.{tag}"
+    await transport.declare(queue)
+    store = open_store(store_url)
+    await store.setup_infrastructure("e2e")
+    settings = DelayedDeliverySettings(
+        error_queue=error_queue, transaction_mode=TransactionMode.AT_LEAST_ONCE
+    )
+    dispatcher = Dispatcher(store, transport, settings, endpoint="e2e")
+    await dispatcher.start()
+    now = datetime.now(UTC)
+    await store.store_many(
+        [
+            DelayedMessage(
+                f"e{i:04d}", queue, now + timedelta(seconds=i / total), f"b{i}".encode(), {"n": str(i)}
+            )
+            for i in range(total)
+        ]
+        + [DelayedMessage("lost", f"e2e.typo.{tag}", now)]
+    )
+    task = asyncio.create_task(dispatcher.run())
+    assert isinstance(transport, ReceivingTransport)
+    got: list[Any] = []
+    arrived: list[datetime] = []
+    deadline = asyncio.get_running_loop().time() + 30
+    while asyncio.get_running_loop().time() < deadline:
+        batch = await transport.receive(queue, 500, 0.2)
+        arrived += [datetime.now(UTC)] * len(batch)
+        got += batch
+        await transport.acknowledge(batch)
+        if len(got) >= total:
+            break
+    dispatcher.stop()
+    await task
+    ids = [m.message_id for m in got]
+    assert sorted(ids) == [f"e{i:04d}" for i in range(total)]
+    for m, at in zip(got, arrived, strict=True):
+        assert at >= datetime.fromisoformat(m.headers["duetime-due-at"])  # never early
+        assert m.body == f"b{int(m.headers['n'])}".encode()
+    dead = await transport.receive(error_queue, 10, 2.0)
+    await transport.acknowledge(dead)
+    assert [m.message_id for m in dead] == ["lost"]
+    assert "duetime-error-message" in dead[0].headers
+    await store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
+async def test_stores_deliver_through_each_broker(broker: Any, store_kind: str, tmp_path: Path) -> None:
+    with store_url(store_kind, tmp_path) as url:
+        await deliver_and_check(url, broker)
