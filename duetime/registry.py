@@ -24,6 +24,7 @@ STORES: dict[str, tuple[str, str]] = {
     ),
     "mysql": ("duetime.backends.mysql.store:MysqlStore", "duetime.backends.mysql.store:SyncMysqlStore"),
     "mariadb": ("duetime.backends.mysql.store:MysqlStore", "duetime.backends.mysql.store:SyncMysqlStore"),
+    "redis": ("duetime.backends.redis.store:RedisStore", "duetime.backends.redis.store:SyncRedisStore"),
 }
 TRANSPORTS: dict[str, str] = {
     "sqlite": "duetime.backends.sqlite.queue:SqliteQueueTransport",

@@ -77,3 +77,34 @@ class TestMariadbStore(StoreContract):
         from duetime.backends.mysql import SyncMysqlStore
 
         return lambda: SyncMysqlStore.from_url(url)
+
+
+class TestRedisStore(StoreContract):
+    @pytest.fixture
+    def url(self) -> Iterator[str]:
+        import uuid
+
+        import redis
+
+        from tests.services import REDIS, require
+
+        require(REDIS)
+        prefix = f"duetime-store-{uuid.uuid4().hex[:8]}:"
+        yield f"{REDIS}?prefix={prefix}"
+        client = redis.Redis.from_url(REDIS)
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+    @pytest.fixture
+    def make_store(self, url: str) -> Callable[[], object]:
+        from duetime.backends.redis import RedisStore
+
+        return lambda: RedisStore.from_url(url)
+
+    @pytest.fixture
+    def make_sync_store(self, url: str) -> Callable[[], object]:
+        from duetime.backends.redis import SyncRedisStore
+
+        return lambda: SyncRedisStore.from_url(url)

@@ -128,3 +128,51 @@ async def deliver_and_check(store_url: str, transport: Transport, total: int = 3
 async def test_stores_deliver_through_each_broker(broker: Any, store_kind: str, tmp_path: Path) -> None:
     with store_url(store_kind, tmp_path) as url:
         await deliver_and_check(url, broker)
+
+
+@pytest.mark.slow
+async def test_redis_store_wakes_a_sleeping_dispatcher_from_another_process() -> None:
+    import subprocess
+
+    import redis as redis_sync
+
+    from duetime.backends.redis import RedisStore, RedisTransport, SyncRedisStore
+    from tests.conftest import duetime_cmd
+
+    require(REDIS)
+    tag = uuid.uuid4().hex[:8]
+    store_url = f"{REDIS}?prefix=duetime-wake-{tag}:"
+    other = SyncRedisStore.from_url(store_url)
+    other.setup_infrastructure("wake")
+    other.initialize("wake", TransactionMode.AT_LEAST_ONCE)
+    other.store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
+    transport = RedisTransport.from_url(f"{REDIS}?prefix=duetime-wake-{tag}:")
+    await transport.start()
+    await transport.declare("orders")
+    store = RedisStore.from_url(store_url)
+    dispatcher = Dispatcher(store, transport, endpoint="wake")
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.sleep(0.5)
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    script = (
+        "import sys; from datetime import datetime; from duetime.backends.redis import SyncRedisStore;"
+        "from duetime import DelayedMessage, TransactionMode; s = SyncRedisStore.from_url(sys.argv[1]);"
+        "s.initialize('wake', TransactionMode.AT_LEAST_ONCE);"
+        "s.store(DelayedMessage('near', 'orders', datetime.fromisoformat(sys.argv[2]))); s.close()"
+    )
+    subprocess.run([duetime_cmd()[0], "-c", script, store_url, due.isoformat()], check=True)
+    got = await transport.receive("orders", 10, 5.0)
+    arrived = datetime.now(UTC)
+    await transport.acknowledge(got)
+    dispatcher.stop()
+    await task
+    assert [m.message_id for m in got] == ["near"]
+    assert due <= arrived < due + timedelta(milliseconds=500)
+    await store.close()
+    client = redis_sync.Redis.from_url(REDIS)
+    keys = list(client.scan_iter(match=f"duetime-wake-{tag}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+    await transport.close()
+    other.close()

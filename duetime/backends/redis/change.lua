@@ -1,0 +1,25 @@
+-- Remove, release, count a failure, cancel or reschedule one message.
+-- KEYS: 1 ready zset, 2 payload hash, 3 claims hash, 4 failures hash, 5 due-time hash, 6 by-due zset
+-- ARGV: 1 action, 2 id, 3 now (us), 4 new due (us, reschedule)
+-- Returns 1 done, 0 no such message, -1 in flight (cancel/reschedule of a claimed message).
+local action, id, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('HEXISTS', KEYS[2], id) == 0 then return 0 end
+local claim = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+if (action == 'cancel' or action == 'reschedule') and claim > now then return -1 end
+if action == 'remove' or action == 'cancel' then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[6], id)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+    redis.call('HDEL', KEYS[4], id)
+    redis.call('HDEL', KEYS[5], id)
+    return 1
+end
+if action == 'fail' then redis.call('HINCRBY', KEYS[4], id, 1) end
+if action == 'reschedule' then
+    redis.call('HSET', KEYS[5], id, ARGV[4])
+    redis.call('ZADD', KEYS[6], ARGV[4], id)
+end
+redis.call('ZADD', KEYS[1], redis.call('HGET', KEYS[5], id), id)
+redis.call('HDEL', KEYS[3], id)
+return 1

@@ -1,0 +1,12 @@
+-- Claim up to ARGV[2] messages claimable at ARGV[1] (microseconds): re-score each to its lease
+-- expiry ARGV[3] and record the claim, atomically. A crashed dispatcher's claims become
+-- claimable again by themselves, because their score is the lease expiry.
+-- KEYS: 1 ready zset, 2 payload hash, 3 claims hash, 4 failures hash, 5 due-time hash
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+local out = {}
+for _, id in ipairs(ids) do
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[3], id)
+    redis.call('HSET', KEYS[3], id, ARGV[3])
+    out[#out + 1] = {id, redis.call('HGET', KEYS[2], id), redis.call('HGET', KEYS[4], id) or '0', redis.call('HGET', KEYS[5], id)}
+end
+return out
