@@ -22,7 +22,7 @@ from duetime.errors import (
     UnknownScheme,
     UnsupportedTransactionMode,
 )
-from duetime.frontdoor import FrontDoor
+from duetime.frontdoor import FrontDoor, send_delayed
 from duetime.interfaces import (
     DelayedMessageStore,
     ListQuery,
@@ -74,4 +74,5 @@ __all__ = [
     "open_store",
     "open_sync_store",
     "open_transport",
+    "send_delayed",
 ]

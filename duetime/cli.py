@@ -312,6 +312,58 @@ def load(
     )
 
 
+@app.command("send-delayed")
+def send_delayed_command(
+    destination: Annotated[str, typer.Argument(help="Where the message should go when it is due.")],
+    body: Annotated[str, typer.Argument(help="The message body (text).")] = "",
+    in_: Annotated[str | None, typer.Option("--in", help="Delay: 90, 1.5s, 10m, 1h30m, 2d.")] = None,
+    at: Annotated[str | None, typer.Option("--at", help="Due time, ISO 8601 with offset.")] = None,
+    header: Annotated[list[str], typer.Option("--header", "-H", help="name=value, repeatable.")] = [],  # noqa: B006
+    message_id: Annotated[
+        str | None, typer.Option("--id", help="Your own message id (default: generated).")
+    ] = None,
+    transport: Annotated[
+        str,
+        typer.Option(
+            "--transport", envvar="DUETIME_TRANSPORT", help="The broker, e.g. amqp://guest:guest@localhost/."
+        ),
+    ] = "",
+    endpoint: EndpointOpt = "duetime",
+) -> None:
+    """Send a delayed message through the broker to <endpoint>.timeouts (the front door).
+
+    For services that reach only the broker: the duetime service consuming that queue stores the
+    message once (by its id) and delivers it when it is due. Prints the message id.
+    """
+    from duetime.frontdoor import send_delayed
+
+    if not transport:
+        raise typer.BadParameter(
+            "give --transport (or DUETIME_TRANSPORT): the broker the duetime service reads"
+        )
+    due = _due(in_, at)
+
+    async def go() -> DelayedMessage:
+        t = open_transport(transport)
+        await t.start()
+        try:
+            return await send_delayed(
+                t,
+                endpoint,
+                destination,
+                body.encode(),
+                headers=_headers(header),
+                message_id=message_id,
+                **due,
+            )
+        finally:
+            await t.close()
+
+    message = _run(go)
+    print(message.message_id)
+    err.print(f"due {message.due_at.isoformat()} -> {message.destination} (via {endpoint}.timeouts)")
+
+
 def _message_row(m: DelayedMessage) -> dict[str, Any]:
     return {
         "id": m.message_id,

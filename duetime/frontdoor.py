@@ -11,14 +11,15 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from duetime.circuit import RepeatedFailuresOverTimeCircuitBreaker
 from duetime.dispatcher import Dispatcher
 from duetime.errorqueue import error_headers
 from duetime.errors import DuplicateMessageId, InvalidMessage
-from duetime.interfaces import ReceivedMessage, ReceivingTransport
+from duetime.interfaces import ReceivedMessage, ReceivingTransport, Transport
 from duetime.message import DUE_AT_HEADER, DelayedMessage
+from duetime.names import check_name
 
 log = logging.getLogger("duetime.frontdoor")
 
@@ -173,3 +174,32 @@ class FrontDoor:
         if sent:
             await self.receiver.acknowledge(sent)
             self.rejected += len(sent)
+
+
+async def send_delayed(
+    transport: Transport,
+    endpoint: str,
+    destination: str,
+    body: bytes = b"",
+    *,
+    delay: timedelta | float | None = None,
+    due_at: datetime | None = None,
+    headers: Mapping[str, str] | None = None,
+    message_id: str | None = None,
+) -> DelayedMessage:
+    """Publish a delayed message to ``<endpoint>.timeouts`` for a duetime service to store.
+
+    For services that reach only the broker: the dispatcher's front door stores it (once, by its
+    id) and forwards it to ``destination`` when it is due. Returns the message as it will arrive.
+    """
+    message = DelayedMessage.create(
+        destination, body, due_at=due_at, delay=delay, headers=headers, message_id=message_id
+    )
+    envelope = message.with_changes(
+        destination=front_door_queue(check_name("endpoint", endpoint)),
+        headers=envelope_headers(message.destination, message.due_at, message.headers),
+    )
+    [outcome] = await transport.send_batch([envelope])
+    if outcome is not None:
+        raise outcome
+    return message

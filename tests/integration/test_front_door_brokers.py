@@ -1,0 +1,129 @@
+"""The front door on the real brokers: send_delayed through RabbitMQ and Redis, stored once by id,
+forwarded when due, malformed envelopes to the error queue, nothing acknowledged before it is
+stored (a storage outage leaves the envelopes on the broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import (
+    CriticalError,
+    DelayedDeliverySettings,
+    DelayedMessage,
+    Dispatcher,
+    FrontDoor,
+    send_delayed,
+)
+from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
+from duetime.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO
+from tests.integration.proxy import proxy_for
+from tests.integration.test_brokers import cleanup, open_broker
+from tests.services import postgres_schema
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["rabbitmq", "redis-stream"])
+async def broker(request: pytest.FixtureRequest) -> Any:
+    t = await open_broker(request.param)
+    yield t
+    await cleanup(request.param, t)
+
+
+async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
+    endpoint = f"shop-{uuid.uuid4().hex[:6]}"
+    error_queue = f"{endpoint}.error"
+    await broker.declare("orders-" + endpoint)
+    orders = "orders-" + endpoint
+    sync = SyncSqliteStore(tmp_path / "s.db")
+    sync.setup_infrastructure(endpoint)
+    store = SqliteStore(sync)
+    dispatcher = Dispatcher(
+        store, broker, DelayedDeliverySettings(error_queue=error_queue), endpoint=endpoint
+    )
+    await dispatcher.start()
+    door = FrontDoor(dispatcher, broker, wait=0.2)
+    await door.start()
+    now = datetime.now(UTC)
+    await send_delayed(broker, endpoint, orders, b"now", delay=0, message_id="due-now")
+    await send_delayed(broker, endpoint, orders, b"later", delay=3600, message_id="later", headers={"k": "v"})
+    await send_delayed(broker, endpoint, orders, b"later", delay=3600, message_id="later")  # redelivery
+    nsb_due = "2031-05-06 07:08:09:123456 Z"
+    raw = [
+        DelayedMessage(
+            "nsb", f"{endpoint}.timeouts", now, b"nsb", {NSB_ROUTE_TO: orders, NSB_EXPIRE: nsb_due}
+        ),
+        DelayedMessage("broken", f"{endpoint}.timeouts", now, b"?", {"duetime-route-to": orders}),
+    ]
+    assert await broker.send_batch(raw) == [None, None]
+    running = asyncio.gather(dispatcher.run(), door.run())
+    got: list[Any] = []
+    for _ in range(50):
+        got += await broker.receive(orders, 10, 0.1)
+        if got and door.stored >= 4:
+            break
+    await broker.acknowledge(got)
+    dead = await broker.receive(error_queue, 10, 2.0)
+    await broker.acknowledge(dead)
+    dispatcher.stop()
+    await running
+    assert [m.message_id for m in got] == ["due-now"] and got[0].body == b"now"
+    assert "duetime-route-to" not in got[0].headers
+    later = await store.get("later")
+    assert later is not None and later.headers == {"k": "v"} and later.due_at > now + timedelta(minutes=59)
+    nsb = await store.get("nsb")
+    assert nsb is not None and nsb.due_at == datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+    assert [m.message_id for m in dead] == ["broken"]
+    assert "no due time header" in dead[0].headers["duetime-error-message"]
+    assert (await store.counts(datetime.now(UTC))).total == 2  # later (once) and nsb
+    assert await broker.receive(f"{endpoint}.timeouts", 10, 0.3) == []  # all acknowledged
+    await store.close()
+
+
+async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> None:
+    endpoint = f"out-{uuid.uuid4().hex[:6]}"
+    with postgres_schema() as pg, proxy_for(pg) as proxy:
+        from duetime.backends.postgres import PostgresStore, SyncPostgresStore
+
+        direct = SyncPostgresStore.from_url(pg)
+        direct.setup_infrastructure(endpoint)
+        store = PostgresStore.from_url(proxy.url(pg) + "&pool_timeout=0.5")
+        settings = DelayedDeliverySettings(
+            time_to_trigger_store_circuit_breaker=timedelta(seconds=2),
+            failure_backoff=timedelta(seconds=0.2),
+            error_queue=f"{endpoint}.error",
+        )
+        dispatcher = Dispatcher(store, broker, settings, endpoint=endpoint)
+        await dispatcher.start()
+        door = FrontDoor(dispatcher, broker, wait=0.2)
+        await door.start()
+        await broker.declare("orders")
+        for i in range(3):
+            await send_delayed(broker, endpoint, "orders", b"x", delay=3600, message_id=f"o{i}")
+        proxy.cut()
+        with pytest.raises(CriticalError, match="storing delayed messages"):
+            await asyncio.wait_for(asyncio.gather(dispatcher.run(), door.run()), 30)
+        await store.close()
+        direct.close()
+    # nothing was acknowledged: a fresh consumer gets all three back
+    again = await open_broker("rabbitmq" if type(broker).__name__.startswith("Rabbit") else "redis-stream")
+    if type(broker).__name__.startswith("Redis"):
+        again.prefix, again.visibility_ms = broker.prefix, 0
+    else:
+        await broker.close()  # the unacknowledged deliveries go back to the queue
+    got: list[Any] = []
+    for _ in range(20):
+        got += await again.receive(f"{endpoint}.timeouts", 10, 0.2)
+        if len(got) >= 3:
+            break
+    await again.acknowledge(got)
+    assert sorted(m.message_id for m in got) == ["o0", "o1", "o2"]
+    await again.close()
+    if type(broker).__name__.startswith("Rabbit"):
+        await broker.start()
