@@ -1,0 +1,189 @@
+"""Brokers: PostgreSQL -> RabbitMQ dispatch, and front-door ingestion, beside raw aio-pika/psycopg.
+
+    .venv/bin/python bench/broker_bench.py          # 20,000 messages
+    .venv/bin/python bench/broker_bench.py --quick  # 5,000
+
+Aims (issue 4): dispatch from PostgreSQL into RabbitMQ >= 0.8x the raw publish-with-confirms rate
+of the same client library; front-door ingestion likewise beside a raw consume-insert-ack loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import aio_pika
+import psycopg
+
+from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
+from duetime.backends.postgres import PostgresStore, SyncPostgresStore
+from duetime.backends.rabbitmq import RabbitMqTransport
+from duetime.frontdoor import envelope_headers
+
+PG = os.environ.get("DUETIME_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+AMQP = os.environ.get("DUETIME_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
+SCHEMA = "duetime_broker_bench"
+URL = f"{PG}?schema={SCHEMA}"
+
+
+def reset_pg() -> None:
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+    s = SyncPostgresStore.from_url(URL)
+    s.setup_infrastructure("bench")
+    s.close()
+
+
+def messages(n: int, queue: str) -> list[DelayedMessage]:
+    past = datetime.now(UTC) - timedelta(minutes=5)
+    return [DelayedMessage(f"b{i:08d}", queue, past, b"x" * 100, {"k": "v"}) for i in range(n)]
+
+
+async def raw_publish(n: int, queue: str, batch: int) -> float:
+    """aio-pika publish with confirms and mandatory, a batch's confirms awaited together."""
+    connection = await aio_pika.connect_robust(AMQP)
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+    started = time.perf_counter()
+    for first in range(0, n, batch):
+        await asyncio.gather(
+            *(
+                channel.default_exchange.publish(
+                    aio_pika.Message(b"x" * 100, headers={"k": "v"}, message_id=f"r{i}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                    routing_key=queue,
+                    mandatory=True,
+                )
+                for i in range(first, min(n, first + batch))
+            )
+        )
+    elapsed = time.perf_counter() - started
+    await connection.close()
+    return n / elapsed
+
+
+async def purge(queue: str) -> None:
+    connection = await aio_pika.connect_robust(AMQP)
+    channel = await connection.channel()
+    declared = await channel.declare_queue(queue, passive=True)
+    await declared.purge()
+    await connection.close()
+
+
+async def duetime_dispatch(n: int, queue: str) -> float:
+    store = SyncPostgresStore.from_url(URL)
+    store.initialize("bench", TransactionMode.AT_LEAST_ONCE)
+    for i in range(0, n, 50_000):
+        store.store_many(messages(n, queue)[i : i + 50_000])
+    store.close()
+    astore, transport = PostgresStore.from_url(URL), RabbitMqTransport.from_url(AMQP)
+    dispatcher = Dispatcher(astore, transport, DelayedDeliverySettings(batch_size=100), endpoint="bench")
+    await dispatcher.start()
+    started = time.perf_counter()
+    stats = await dispatcher.run_burst()
+    elapsed = time.perf_counter() - started
+    assert stats.forwarded == n, stats
+    await astore.close()
+    await transport.close()
+    return n / elapsed
+
+
+async def fill_front_door(n: int, endpoint: str) -> None:
+    transport = RabbitMqTransport.from_url(AMQP)
+    await transport.declare(f"{endpoint}.timeouts")
+    later = datetime.now(UTC) + timedelta(hours=1)
+    batch = [
+        DelayedMessage(f"f{i:08d}", f"{endpoint}.timeouts", later, b"x" * 100, envelope_headers("orders", later, {"k": "v"}))
+        for i in range(n)
+    ]
+    for i in range(0, n, 500):
+        assert await transport.send_batch(batch[i : i + 500]) == [None] * len(batch[i : i + 500])
+    await transport.close()
+
+
+async def raw_ingest(n: int, queue: str) -> float:
+    """Baseline front door: consume (prefetch 500), insert a batch with executemany, ack it."""
+    connection = await aio_pika.connect_robust(AMQP)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=500)
+    q = await channel.declare_queue(queue, passive=True)
+    table = f'"{SCHEMA}"."bench.delayed"'
+    done = 0
+    started = time.perf_counter()
+    async with await psycopg.AsyncConnection.connect(PG, autocommit=True) as conn:
+        async with q.iterator() as it:
+            pending: list[aio_pika.abc.AbstractIncomingMessage] = []
+            async for incoming in it:
+                pending.append(incoming)
+                if len(pending) >= 100 or done + len(pending) >= n:
+                    async with conn.transaction(), conn.cursor() as cur:
+                        await cur.executemany(
+                            f"INSERT INTO {table} (message_id, destination, due_at, headers, body) VALUES (%s, %s, %s, %s, %s)",
+                            [(m.message_id, "orders", datetime.now(UTC), json.dumps({"k": "v"}), m.body) for m in pending],
+                        )
+                    for m in pending:
+                        await m.ack()
+                    done += len(pending)
+                    pending = []
+                    if done >= n:
+                        break
+    elapsed = time.perf_counter() - started
+    await connection.close()
+    return n / elapsed
+
+
+async def duetime_ingest(n: int, endpoint: str) -> float:
+    store, transport = PostgresStore.from_url(URL), RabbitMqTransport.from_url(AMQP)
+    await store.setup_infrastructure(endpoint)
+    dispatcher = Dispatcher(store, transport, DelayedDeliverySettings(batch_size=100), endpoint=endpoint)
+    await dispatcher.start()
+    door = FrontDoor(dispatcher, transport, wait=0.5)
+    await door.start()
+    started = time.perf_counter()
+    while door.stored < n:
+        await door.process_once()
+    elapsed = time.perf_counter() - started
+    await store.close()
+    await transport.close()
+    return n / elapsed
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    n = 5_000 if parser.parse_args().quick else 20_000
+    queue = f"bench.orders.{uuid.uuid4().hex[:6]}"
+    setup = RabbitMqTransport.from_url(AMQP)
+    await setup.declare(queue)
+    print(f"broker bench: {n} messages of 100 bytes; RabbitMQ {AMQP.split('@')[-1]}, PostgreSQL\n")
+    print("dispatch PostgreSQL -> RabbitMQ (persistent, confirms, mandatory; batches of 100; best of 2)")
+    raw = max([await raw_publish(n, queue, 100) for _ in range(2)])
+    await purge(queue)
+    ours = 0.0
+    for _ in range(2):
+        reset_pg()
+        ours = max(ours, await duetime_dispatch(n, queue))
+        await purge(queue)
+    print(f"  raw aio-pika publish with confirms   {raw:10,.0f} msg/s")
+    print(f"  duetime dispatch                     {ours:10,.0f} msg/s   ratio {ours / raw:.2f}\n")
+    print("front door: <endpoint>.timeouts -> PostgreSQL store, acknowledged after commit")
+    reset_pg()
+    await fill_front_door(n, "rawdoor")
+    raw_i = await raw_ingest(n, "rawdoor.timeouts")
+    reset_pg()
+    await fill_front_door(n, "door")
+    ours_i = await duetime_ingest(n, "door")
+    print(f"  raw consume-insert-ack loop          {raw_i:10,.0f} msg/s")
+    print(f"  duetime front door                   {ours_i:10,.0f} msg/s   ratio {ours_i / raw_i:.2f}")
+    for name in (queue, "rawdoor.timeouts", "door.timeouts", "error"):
+        await setup.delete(name)
+    await setup.close()
+    with psycopg.connect(PG, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
