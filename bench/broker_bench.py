@@ -53,7 +53,12 @@ async def raw_publish(n: int, queue: str, batch: int) -> float:
         await asyncio.gather(
             *(
                 channel.default_exchange.publish(
-                    aio_pika.Message(b"x" * 100, headers={"k": "v"}, message_id=f"r{i}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                    aio_pika.Message(
+                        b"x" * 100,
+                        headers={"k": "v"},
+                        message_id=f"r{i}",
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    ),
                     routing_key=queue,
                     mandatory=True,
                 )
@@ -96,7 +101,13 @@ async def fill_front_door(n: int, endpoint: str) -> None:
     await transport.declare(f"{endpoint}.timeouts")
     later = datetime.now(UTC) + timedelta(hours=1)
     batch = [
-        DelayedMessage(f"f{i:08d}", f"{endpoint}.timeouts", later, b"x" * 100, envelope_headers("orders", later, {"k": "v"}))
+        DelayedMessage(
+            f"f{i:08d}",
+            f"{endpoint}.timeouts",
+            later,
+            b"x" * 100,
+            envelope_headers("orders", later, {"k": "v"}),
+        )
         for i in range(n)
     ]
     for i in range(0, n, 500):
@@ -113,23 +124,25 @@ async def raw_ingest(n: int, queue: str) -> float:
     table = f'"{SCHEMA}"."bench.delayed"'
     done = 0
     started = time.perf_counter()
-    async with await psycopg.AsyncConnection.connect(PG, autocommit=True) as conn:
-        async with q.iterator() as it:
-            pending: list[aio_pika.abc.AbstractIncomingMessage] = []
-            async for incoming in it:
-                pending.append(incoming)
-                if len(pending) >= 100 or done + len(pending) >= n:
-                    async with conn.transaction(), conn.cursor() as cur:
-                        await cur.executemany(
-                            f"INSERT INTO {table} (message_id, destination, due_at, headers, body) VALUES (%s, %s, %s, %s, %s)",
-                            [(m.message_id, "orders", datetime.now(UTC), json.dumps({"k": "v"}), m.body) for m in pending],
-                        )
-                    for m in pending:
-                        await m.ack()
-                    done += len(pending)
-                    pending = []
-                    if done >= n:
-                        break
+    async with await psycopg.AsyncConnection.connect(PG, autocommit=True) as conn, q.iterator() as it:
+        pending: list[aio_pika.abc.AbstractIncomingMessage] = []
+        async for incoming in it:
+            pending.append(incoming)
+            if len(pending) >= 100 or done + len(pending) >= n:
+                async with conn.transaction(), conn.cursor() as cur:
+                    await cur.executemany(
+                        f"INSERT INTO {table} (message_id, destination, due_at, headers, body) VALUES (%s, %s, %s, %s, %s)",
+                        [
+                            (m.message_id, "orders", datetime.now(UTC), json.dumps({"k": "v"}), m.body)
+                            for m in pending
+                        ],
+                    )
+                for m in pending:
+                    await m.ack()
+                done += len(pending)
+                pending = []
+                if done >= n:
+                    break
     elapsed = time.perf_counter() - started
     await connection.close()
     return n / elapsed
@@ -152,7 +165,9 @@ async def duetime_ingest(n: int, endpoint: str) -> float:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true")
     n = 5_000 if parser.parse_args().quick else 20_000
     queue = f"bench.orders.{uuid.uuid4().hex[:6]}"

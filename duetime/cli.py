@@ -44,7 +44,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 errors_app = typer.Typer(help="Inspect the error queue and send messages back for another try.")
-queues_app = typer.Typer(help="Declare, list and consume the local SQLite queues duetime delivers into.")
+queues_app = typer.Typer(
+    help="Declare and consume the queues duetime delivers into (SQL queues, RabbitMQ, Redis, NATS)."
+)
 app.add_typer(errors_app, name="errors")
 app.add_typer(queues_app, name="queues")
 console = Console()
