@@ -77,6 +77,8 @@ class Dispatcher:
         self._target: datetime | None = None
         self._started = False
         self._unsubscribe: Callable[[], None] | None = None
+        #: The next batch, claimed while the current one is being sent (at-least-once only).
+        self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
         s = self.settings
         mono = self.clock.monotonic
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -180,6 +182,7 @@ class Dispatcher:
         return self.stats
 
     async def _finish(self) -> None:
+        await self._release_prefetch()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -196,14 +199,37 @@ class Dispatcher:
         if self.exactly_once:
             return await self._move_once(now)
         try:
-            batch = await self.store.fetch_due(now, self.settings.batch_size)
+            if self._prefetch is not None:
+                prefetched, self._prefetch = self._prefetch, None
+                batch = await prefetched
+            else:
+                batch = await self.store.fetch_due(now, self.settings.batch_size)
         except Exception as error:
             await self._fetch_failed(error)
             return False
         self.fetch_breaker.success()
         if batch:
+            if len(batch) == self.settings.batch_size and not self._stopping:
+                # More is probably due: claim the next batch while this one is sent. Its messages
+                # were due when claimed (never early), and are sent only after this batch is
+                # removed, so a kill still re-sends at most one batch.
+                self._prefetch = asyncio.ensure_future(
+                    self.store.fetch_due(self.clock.now(), self.settings.batch_size)
+                )
             await self._forward(batch)
         return bool(batch)
+
+    async def _release_prefetch(self) -> None:
+        """Give back a batch claimed ahead but not sent (a stop or a critical error came first)."""
+        if self._prefetch is None:
+            return
+        prefetched, self._prefetch = self._prefetch, None
+        try:
+            batch = await prefetched
+            if batch:
+                await self.store.release([m.message_id for m in batch])
+        except Exception as error:  # its claims time out by themselves; nothing is lost
+            log.warning("releasing a batch claimed ahead failed: %s", error)
 
     async def _move_once(self, now: datetime) -> bool:
         assert isinstance(self.store, TransactionalStore)

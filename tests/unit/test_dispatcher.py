@@ -289,3 +289,31 @@ async def test_front_door_survives_a_queue_that_cannot_be_read() -> None:
     await rig.tick(1)
     assert await task == 0
     assert door.store_breaker.armed and not rig.dispatcher.stopping
+
+
+async def test_a_batch_claimed_ahead_is_given_back_on_stop() -> None:
+    rig = await Rig(batch_size=10).setup("orders")
+    await rig.store.store_many([rig.message(i, 0) for i in range(25)])
+    gate = asyncio.Event()
+    original = rig.queues.send_batch
+
+    async def slow_send(batch):  # type: ignore[no-untyped-def]
+        await gate.wait()
+        return await original(batch)
+
+    rig.transport.inner.send_batch = slow_send  # type: ignore[method-assign]
+    await rig.start()  # first batch of 10 in flight, the next 10 claimed ahead
+    assert (await rig.store.counts(rig.clock.now())).claimed == 20
+    rig.dispatcher.stop()
+    gate.set()
+    await rig.task  # type: ignore[misc]
+    assert len(rig.delivered()) == 10
+    counts = await rig.store.counts(rig.clock.now())
+    assert (counts.total, counts.claimed) == (15, 0)  # nothing left claimed, nothing lost
+
+
+async def test_claiming_ahead_keeps_the_order_and_loses_nothing() -> None:
+    rig = await Rig(batch_size=7).setup("orders")
+    await rig.store.store_many([rig.message(i, -1 + i / 1000) for i in range(50)])
+    await rig.dispatcher.run_burst()
+    assert rig.delivered() == [f"m{i}" for i in range(50)]
