@@ -79,6 +79,8 @@ class Dispatcher:
         self._unsubscribe: Callable[[], None] | None = None
         #: The next batch, claimed while the current one is being sent (at-least-once only).
         self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
+        #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
+        self._claim_ahead = bool(getattr(store, "parallel_claims", True))
         s = self.settings
         mono = self.clock.monotonic
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -209,7 +211,7 @@ class Dispatcher:
             return False
         self.fetch_breaker.success()
         if batch:
-            if len(batch) == self.settings.batch_size and not self._stopping:
+            if len(batch) == self.settings.batch_size and not self._stopping and self._claim_ahead:
                 # More is probably due: claim the next batch while this one is sent. Its messages
                 # were due when claimed (never early), and are sent only after this batch is
                 # removed, so a kill still re-sends at most one batch.

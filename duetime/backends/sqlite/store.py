@@ -333,6 +333,8 @@ class SqliteStore(AsyncStoreBridge):
     """
 
     sync: SyncSqliteStore
+    #: SQLite has one writer at a time: a claim made while a batch is sent would only wait for it.
+    parallel_claims = False
 
     def __init__(self, sync: SyncSqliteStore, *, watch_interval: float = 0.02) -> None:
         super().__init__(sync, threaded=True, name="sqlite-store")
