@@ -161,7 +161,12 @@ def run(
         TransactionMode,
         typer.Option(help="exactly-once needs a transport that shares the store's transaction."),
     ] = TransactionMode.AT_LEAST_ONCE,
-    burst: Annotated[bool, typer.Option(help="Forward what is due now, then exit (cron-style).")] = False,
+    burst: Annotated[
+        bool,
+        typer.Option(
+            help="Store what waits at the front door, forward what is due now, then exit (cron-style)."
+        ),
+    ] = False,
     retries: Annotated[
         int | None, typer.Option(help="NumberOfRetries before the error queue (default 0).")
     ] = None,
@@ -201,6 +206,12 @@ def run(
         dispatcher = Dispatcher(s, t, settings, endpoint=endpoint)
         try:
             if burst:
+                if front_door and isinstance(t, ReceivingTransport):
+                    await dispatcher.start()
+                    door = FrontDoor(dispatcher, t, wait=0.5)
+                    await door.start()
+                    while await door.process_once():  # take in what waits at the front door first
+                        pass
                 stats = await dispatcher.run_burst()
                 console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
                 return
@@ -337,7 +348,7 @@ def send_delayed_command(
     For services that reach only the broker: the duetime service consuming that queue stores the
     message once (by its id) and delivers it when it is due. Prints the message id.
     """
-    from duetime.frontdoor import send_delayed
+    from duetime.frontdoor import front_door_queue, send_delayed
 
     if not transport:
         raise typer.BadParameter(
@@ -349,6 +360,7 @@ def send_delayed_command(
         t = open_transport(transport)
         await t.start()
         try:
+            await t.declare(front_door_queue(endpoint))  # the service may not have started yet
             return await send_delayed(
                 t,
                 endpoint,

@@ -127,3 +127,67 @@ async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> Non
     await again.close()
     if type(broker).__name__.startswith("Rabbit"):
         await broker.start()
+
+
+def test_send_delayed_from_the_command_line(tmp_path: Path) -> None:
+    import json
+
+    import redis
+
+    from tests.conftest import run_cli
+    from tests.services import REDIS, require
+
+    require(REDIS)
+    prefix = f"duetime-cli-{uuid.uuid4().hex[:8]}:"
+    broker = f"{REDIS}?mode=stream&prefix={prefix}"
+    store = f"sqlite:///{tmp_path}/cli.db"
+
+    def cli(*args: str) -> str:
+        result = run_cli(*args, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    try:
+        cli("setup", "--store", store, "--endpoint", "shop")
+        cli("queues", "declare", "orders", "--transport", broker)
+        sent = cli(
+            "send-delayed",
+            "orders",
+            "hello",
+            "--in",
+            "0s",
+            "--id",
+            "sd1",
+            "--endpoint",
+            "shop",
+            "--transport",
+            broker,
+        )
+        assert sent.strip() == "sd1"
+        cli(
+            "send-delayed",
+            "orders",
+            "later",
+            "--in",
+            "1h",
+            "--id",
+            "sd2",
+            "--endpoint",
+            "shop",
+            "--transport",
+            broker,
+        )
+        out = cli("run", "--burst", "--store", store, "--transport", broker, "--endpoint", "shop")
+        assert "forwarded 1" in out
+        received = [
+            json.loads(x)
+            for x in cli("queues", "receive", "orders", "--transport", broker, "--wait", "1").splitlines()
+        ]
+        assert [(m["id"], m["body"]) for m in received] == [("sd1", "hello")]
+        assert json.loads(cli("show", "sd2", "--store", store, "--endpoint", "shop"))["body"] == "later"
+    finally:
+        client = redis.Redis.from_url(REDIS)
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
