@@ -35,17 +35,13 @@ from duetime.message import DelayedMessage, check_due_time
 from duetime.names import check_name
 from duetime.settings import TransactionMode
 from duetime.sqlfile import load_queries
+from duetime.urls import redact
 
 QUERIES = load_queries("duetime.backends.mysql")
 SCHEMA_VERSION = 1
 EXACT_COUNT_LIMIT = 1_000_000
 _COLUMNS = "message_id, destination, due_at, headers, body, failure_count"
 _OPTIONS = {"table", "claim_timeout", "poll_interval", "connect_timeout"}
-
-
-def redact(url: str) -> str:
-    parts = urlsplit(url)
-    return url if parts.password is None else url.replace(f":{parts.password}@", ":***@")
 
 
 @dataclass(frozen=True, slots=True)

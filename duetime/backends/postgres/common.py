@@ -14,19 +14,11 @@ from duetime.errors import ConfigurationError
 from duetime.message import DelayedMessage
 from duetime.names import check_name, quote_identifier
 from duetime.sqlfile import load_queries
+from duetime.urls import redact
 
 QUERIES = load_queries("duetime.backends.postgres")
 SCHEMA_VERSION = 1
 OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "pool_timeout"}
-
-
-def redact(url: str) -> str:
-    """The URL with its password replaced, for every log line and error message."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @dataclass(frozen=True, slots=True)

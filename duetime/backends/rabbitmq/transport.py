@@ -22,17 +22,13 @@ from duetime.errors import ConfigurationError, DestinationNotFound, TransportErr
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.urls import redact
 
 QUEUE_TYPES = {"classic", "quorum"}
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes | bytearray) else str(value)
-
-
-def redact(url: str) -> str:
-    parts = urlsplit(url)
-    return url if parts.password is None else url.replace(f":{parts.password}@", ":***@")
 
 
 class RabbitMqTransport:
