@@ -18,7 +18,7 @@ from duetime.dispatcher import Dispatcher
 from duetime.errorqueue import error_headers
 from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.interfaces import ReceivedMessage, ReceivingTransport, Transport
-from duetime.message import DUE_AT_HEADER, DelayedMessage
+from duetime.message import DUE_AT_HEADER, DelayedMessage, new_message_id
 from duetime.names import check_name
 
 log = logging.getLogger("duetime.frontdoor")
@@ -162,18 +162,40 @@ class FrontDoor:
         return True
 
     async def _reject(self, bad: Sequence[tuple[ReceivedMessage, InvalidMessage]]) -> None:
+        """Error queue first, acknowledge after: a rejected envelope is never just dropped. A
+        failure here counts against the recovery breaker and leaves the envelope on its queue."""
         now = self.dispatcher.clock.now()
         queue = self.dispatcher.settings.error_queue
         copies = []
         for item, error in bad:
-            shell = DelayedMessage(item.message_id, self.queue, now, item.body, item.headers)
-            copies.append(shell.with_changes(destination=queue, headers=error_headers(shell, error, now, 1)))
-            log.warning("front door: %s rejected: %s", item.message_id, error)
-        results = await self.dispatcher.transport.send_batch(copies)
-        sent = [item for (item, _), r in zip(bad, results, strict=True) if r is None]
-        if sent:
-            await self.receiver.acknowledge(sent)
-            self.rejected += len(sent)
+            copies.append(_rejected(item, self.queue, queue, error, now))
+            log.warning("front door: %r rejected: %s", item.message_id, error)
+        try:
+            results = await self.dispatcher.transport.send_batch(copies)
+            sent = [item for (item, _), r in zip(bad, results, strict=True) if r is None]
+            if sent:
+                await self.receiver.acknowledge(sent)
+                self.rejected += len(sent)
+            failures = [r for r in results if r is not None]
+        except Exception as error:
+            failures = [error]
+        for failure in failures:
+            log.warning("front door: sending a rejected envelope to %s failed: %s", queue, failure)
+            self.dispatcher.recovery_breaker.failure(failure)
+
+
+def _rejected(
+    item: ReceivedMessage, source: str, error_queue: str, error: InvalidMessage, now: datetime
+) -> DelayedMessage:
+    """The error-queue copy of a malformed envelope. Its own id may be what is wrong with it
+    (missing, too long): then the copy gets a new id and keeps the original in a header."""
+    headers = dict(item.headers)
+    try:
+        shell = DelayedMessage(item.message_id, source, now, item.body, headers)
+    except InvalidMessage:
+        headers["duetime-error-original-message-id"] = item.message_id[:1000]
+        shell = DelayedMessage(new_message_id(), source, now, item.body, headers)
+    return shell.with_changes(destination=error_queue, headers=error_headers(shell, error, now, 1))
 
 
 async def send_delayed(

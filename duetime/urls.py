@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import urlsplit, urlunsplit
+
+from duetime.errors import ConfigurationError
 
 
 def redact(url: str) -> str:
@@ -12,3 +15,22 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def number_option(
+    options: Mapping[str, str], name: str, default: float, *, whole: bool = False, minimum: float = 0.0
+) -> float:
+    """A numeric URL option (``?claim_timeout=30``), or ConfigurationError naming it and the fix."""
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(int(raw)) if whole else float(raw)
+    except ValueError:
+        kind = "a whole number" if whole else "a number (seconds)"
+        raise ConfigurationError(
+            f"URL option {name}={raw!r} must be {kind}, e.g. {name}={default:g}."
+        ) from None
+    if not value > minimum:
+        raise ConfigurationError(f"URL option {name} must be greater than {minimum:g}, got {raw!r}.")
+    return value

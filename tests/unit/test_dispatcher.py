@@ -317,3 +317,38 @@ async def test_claiming_ahead_keeps_the_order_and_loses_nothing() -> None:
     await rig.store.store_many([rig.message(i, -1 + i / 1000) for i in range(50)])
     await rig.dispatcher.run_burst()
     assert rig.delivered() == [f"m{i}" for i in range(50)]
+
+
+async def test_front_door_rejects_an_envelope_whose_own_id_is_unusable() -> None:
+    from duetime.frontdoor import FrontDoor
+
+    rig = await Rig().setup("orders")
+    await rig.dispatcher.start()  # declares the error queue
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    await door.start()
+    from duetime.interfaces import ReceivedMessage
+
+    with rig.queues.lock:  # a broker message without a message id (RabbitMQ gives "")
+        routing = {"duetime-route-to": "orders", "duetime-deliver-at": "2030-01-01T00:00:00+00:00"}
+        envelope = ReceivedMessage("unit.timeouts", "", routing, b"?", "k", 0)
+        rig.queues._queues["unit.timeouts"]["k"] = envelope
+    assert await door.process_once() == 1
+    [dead] = rig.queues.messages("error")
+    assert dead.message_id and dead.headers["duetime-error-original-message-id"] == ""
+    assert "message_id" in dead.headers["duetime-error-message"]
+    assert rig.queues.messages("unit.timeouts") == []
+
+
+async def test_front_door_survives_an_error_queue_that_cannot_be_written() -> None:
+    from duetime.frontdoor import FrontDoor
+
+    rig = await Rig().setup("orders")
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    await door.start()
+    malformed = rig.message(1, 0).with_changes(destination="unit.timeouts", headers={"x": "no routing"})
+    await rig.queues.send_batch([malformed])
+    rig.transport.down = ConnectionError("broker gone")  # the error queue is on the same broker
+    assert await door.process_once() == 1  # no crash
+    assert door.rejected == 0 and rig.queues.messages("error") == []
+    assert len(rig.queues._in_flight) == 1  # not acknowledged: the broker gives it back
+    assert not rig.dispatcher.recovery_breaker.tripped  # one failure: counted, not yet critical

@@ -210,3 +210,40 @@ def test_sync_client() -> None:
     assert client.get(m.message_id) == m
     assert client.reschedule(m.message_id, delay=10)
     assert client.cancel(m.message_id)
+
+
+@pytest.mark.parametrize(
+    ("url", "option"),
+    [
+        ("sqlite:///x.db?claim_timeout=soon", "claim_timeout"),
+        ("sqlite:///x.db?watch_interval=0", "watch_interval"),
+        ("postgresql://u@h/db?pool_size=many", "pool_size"),
+        ("postgresql://u@h/db?pool_timeout=-1", "pool_timeout"),
+        ("mysql://u@h/db?poll_interval=fast", "poll_interval"),
+        ("redis://h:6379/0?claim_timeout=soon", "claim_timeout"),
+    ],
+)
+def test_bad_numeric_store_url_options_name_the_option(url: str, option: str, tmp_path: object) -> None:
+    with pytest.raises(ConfigurationError, match=f"URL option {option}"):
+        open_store(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "option"),
+    [
+        ("redis://h:6379/0?visibility_timeout=later", "visibility_timeout"),
+        ("amqp://guest:guest@h/?prefetch=lots", "prefetch"),
+    ],
+)
+def test_bad_numeric_transport_url_options_name_the_option(url: str, option: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"URL option {option}"):
+        open_transport(url)
+
+
+def test_mysql_store_before_initialize_says_so_without_connecting() -> None:
+    from duetime import StoreNotReady
+    from duetime.backends.mysql import SyncMysqlStore
+
+    store = SyncMysqlStore.from_url("mysql://nobody@127.0.0.1:1/db")
+    with pytest.raises(StoreNotReady, match="initialize"):
+        store.remove_many(["a"])

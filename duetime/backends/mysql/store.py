@@ -35,7 +35,7 @@ from duetime.message import DelayedMessage, check_due_time
 from duetime.names import check_name
 from duetime.settings import TransactionMode
 from duetime.sqlfile import load_queries
-from duetime.urls import redact
+from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.mysql")
 SCHEMA_VERSION = 1
@@ -75,14 +75,9 @@ class MysqlOptions:
             raise ConfigurationError(
                 f"Unknown MySQL URL option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}."
             )
-        try:
-            claim = float(options.get("claim_timeout", "30"))
-            poll = float(options.get("poll_interval", "0.25"))
-            connect = float(options.get("connect_timeout", "5"))
-        except ValueError:
-            raise ConfigurationError(
-                "claim_timeout, poll_interval and connect_timeout are seconds."
-            ) from None
+        claim = number_option(options, "claim_timeout", 30.0)
+        poll = number_option(options, "poll_interval", 0.25)
+        connect = number_option(options, "connect_timeout", 5.0)
         return cls(
             host=parts.hostname or "127.0.0.1",
             port=parts.port or 3306,
@@ -219,6 +214,12 @@ class SyncMysqlStore:
             raise StoreNotReady("The store is not initialized: call initialize(endpoint, mode) first.")
         return self._q
 
+    @property
+    def table_sql(self) -> str:
+        """The quoted table for statements built per call (IN lists); StoreNotReady before initialize."""
+        self.q  # noqa: B018
+        return _ident(self._table or "")
+
     def store(self, message: DelayedMessage) -> None:
         self.store_many([message])
 
@@ -262,7 +263,7 @@ class SyncMysqlStore:
             if rows:
                 marks = ",".join(["%s"] * len(rows))
                 cur.execute(
-                    f"UPDATE {_ident(self._table or '')} SET claim_token = %s, claimed_until = %s WHERE message_id IN ({marks})",
+                    f"UPDATE {self.table_sql} SET claim_token = %s, claimed_until = %s WHERE message_id IN ({marks})",
                     (token, until, *[r[0] for r in rows]),
                 )
             return rows
@@ -295,14 +296,8 @@ class SyncMysqlStore:
         if not message_ids:
             return 0
         marks = ",".join(["%s"] * len(message_ids))
-        return int(
-            self._run(
-                lambda cur: cur.execute(
-                    f"DELETE FROM {_ident(self._table or '')} WHERE message_id IN ({marks})",
-                    tuple(message_ids),
-                )
-            )
-        )
+        sql = f"DELETE FROM {self.table_sql} WHERE message_id IN ({marks})"  # StoreNotReady before connecting
+        return int(self._run(lambda cur: cur.execute(sql, tuple(message_ids))))
 
     def increment_failure_count(self, message_id: str) -> bool:
         return self._each(self.q["increment_failure"], [message_id]) == 1
@@ -353,9 +348,8 @@ class SyncMysqlStore:
             after_due = to_micros(query.after[0])
             where.append("(due_at > %s OR (due_at = %s AND message_id > %s))")
             params += [after_due, after_due, query.after[1]]
-        self.q  # noqa: B018 - StoreNotReady before any SQL
         sql = (
-            f"SELECT {_COLUMNS} FROM {_ident(self._table or '')} WHERE {' AND '.join(where)} "
+            f"SELECT {_COLUMNS} FROM {self.table_sql} WHERE {' AND '.join(where)} "
             "ORDER BY due_at, message_id LIMIT %s"
         )
 

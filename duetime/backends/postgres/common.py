@@ -14,7 +14,7 @@ from duetime.errors import ConfigurationError
 from duetime.message import DelayedMessage
 from duetime.names import check_name, quote_identifier
 from duetime.sqlfile import load_queries
-from duetime.urls import redact
+from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.postgres")
 SCHEMA_VERSION = 1
@@ -46,16 +46,9 @@ class PgOptions:
         if not any(key == "connect_timeout" for key, _ in theirs):
             theirs.append(("connect_timeout", "5"))  # an unreachable server fails fast, not in minutes
         conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs)))
-        try:
-            claim = float(ours.get("claim_timeout", "30"))
-            pool = int(ours.get("pool_size", "4"))
-            pool_timeout = float(ours.get("pool_timeout", "5"))
-        except ValueError:
-            raise ConfigurationError(
-                "claim_timeout and pool_timeout must be seconds and pool_size a whole number."
-            ) from None
-        if claim <= 0 or pool < 1 or pool_timeout <= 0:
-            raise ConfigurationError("claim_timeout and pool_timeout must be > 0 and pool_size >= 1.")
+        claim = number_option(ours, "claim_timeout", 30.0)
+        pool = int(number_option(ours, "pool_size", 4, whole=True))
+        pool_timeout = number_option(ours, "pool_timeout", 5.0)
         return cls(
             conninfo=conninfo,
             schema=check_name("schema", ours.get("schema", "public")),

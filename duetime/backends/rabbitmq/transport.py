@@ -22,7 +22,7 @@ from duetime.errors import ConfigurationError, DestinationNotFound, TransportErr
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
-from duetime.urls import redact
+from duetime.urls import number_option, redact
 
 QUEUE_TYPES = {"classic", "quorum"}
 
@@ -53,7 +53,9 @@ class RabbitMqTransport:
         kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("queue_type", "prefetch")]
         plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in kept)))
         return cls(
-            plain, queue_type=ours.get("queue_type", "classic"), prefetch=int(ours.get("prefetch", "500"))
+            plain,
+            queue_type=ours.get("queue_type", "classic"),
+            prefetch=int(number_option(ours, "prefetch", 500, whole=True)),
         )
 
     async def start(self) -> None:

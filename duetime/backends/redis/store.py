@@ -34,6 +34,7 @@ from duetime.interfaces import ListQuery, Page, StoreCounts
 from duetime.message import DelayedMessage, check_due_time
 from duetime.names import check_name
 from duetime.settings import TransactionMode
+from duetime.urls import number_option
 
 log = logging.getLogger("duetime.redis")
 SCHEMA_VERSION = 1
@@ -89,7 +90,7 @@ class SyncRedisStore:
         return cls(
             plain,
             prefix=options.get("prefix", "duetime:"),
-            claim_timeout=timedelta(seconds=float(options.get("claim_timeout", "30"))),
+            claim_timeout=timedelta(seconds=number_option(options, "claim_timeout", 30.0)),
         )
 
     def keys_for(self, endpoint: str) -> dict[str, str]:

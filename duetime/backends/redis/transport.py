@@ -25,6 +25,7 @@ from duetime.errors import ConfigurationError, DestinationNotFound
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.urls import number_option
 
 MODES = {"stream", "list"}
 
@@ -72,7 +73,7 @@ class RedisTransport:
             mode=options.get("mode", "stream"),
             prefix=options.get("prefix", "duetime:"),
             group=options.get("group", "duetime"),
-            visibility_timeout=float(options.get("visibility_timeout", "30")),
+            visibility_timeout=number_option(options, "visibility_timeout", 30.0),
         )
 
     @property

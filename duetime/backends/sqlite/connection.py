@@ -100,16 +100,3 @@ def load_headers(text: str) -> dict[str, str]:
     if type(value) is not dict:  # duetime writes str -> str objects only
         raise ValueError("stored headers are not a JSON object")
     return value
-
-
-def option_float(options: Mapping[str, str], name: str, default: float) -> float:
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigurationError(f"URL option {name}={raw!r} must be a number of seconds.") from None
-    if value <= 0:
-        raise ConfigurationError(f"URL option {name} must be greater than zero.")
-    return value

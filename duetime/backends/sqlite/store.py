@@ -22,7 +22,6 @@ from duetime.backends.sqlite.connection import (
     connect,
     dump_headers,
     load_headers,
-    option_float,
     parse_sqlite_url,
     write_transaction,
 )
@@ -38,6 +37,7 @@ from duetime.interfaces import ListQuery, Moved, MoveOutcome, Page, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json
 from duetime.names import check_name, quote_identifier
 from duetime.settings import TransactionMode
+from duetime.urls import number_option
 
 SCHEMA_VERSION = 1
 _COLUMNS = "message_id, destination, due_at, headers, body, failure_count"
@@ -86,8 +86,8 @@ class SyncSqliteStore:
             path,
             table=options.get("table"),
             synchronous=options.get("synchronous", "full"),
-            claim_timeout=timedelta(seconds=option_float(options, "claim_timeout", 30.0)),
-            busy_timeout=option_float(options, "busy_timeout", 30.0),
+            claim_timeout=timedelta(seconds=number_option(options, "claim_timeout", 30.0)),
+            busy_timeout=number_option(options, "busy_timeout", 30.0),
         )
 
     def table_for(self, endpoint: str) -> str:
@@ -344,7 +344,7 @@ class SqliteStore(AsyncStoreBridge):
     @classmethod
     def from_url(cls, url: str) -> SqliteStore:
         _, options = parse_sqlite_url(url)
-        watch = option_float(options, "watch_interval", 0.02)
+        watch = number_option(options, "watch_interval", 0.02)
         trimmed = url.split("?")[0]
         rest = "&".join(f"{k}={v}" for k, v in options.items() if k != "watch_interval")
         return cls(SyncSqliteStore.from_url(trimmed + ("?" + rest if rest else "")), watch_interval=watch)
