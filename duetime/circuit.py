@@ -54,7 +54,7 @@ class RepeatedFailuresOverTimeCircuitBreaker:
             return
         if not self.tripped and now - self.armed_at >= self.time_to_trigger:
             self.tripped = True
-            critical = CriticalError(f"{self._message}: {type(error).__name__}: {error}")
+            critical = CriticalError(_describe(self._message, error))
             critical.__cause__ = error
             log.error("circuit breaker %s tripped after %d failures", self.name, self.failures)
             self._trigger(critical)
@@ -88,6 +88,11 @@ class FailureRateCircuitBreaker:
         log.warning("circuit breaker %s: %d failure(s) this second: %s", self.name, self._count, error)
         if self._count > self.maximum and not self.tripped:
             self.tripped = True
-            critical = CriticalError(f"{self._message}: {type(error).__name__}: {error}")
+            critical = CriticalError(_describe(self._message, error))
             critical.__cause__ = error
             self._trigger(critical)
+
+
+def _describe(message: str, error: BaseException) -> str:
+    """The breaker's message verbatim (operators match on it), then the last failure."""
+    return f"{message} Last failure: {type(error).__name__}: {error}"

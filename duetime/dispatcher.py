@@ -88,21 +88,28 @@ class Dispatcher:
             s.time_to_trigger_fetch_circuit_breaker.total_seconds(),
             self._trip,
             mono,
-            "Failed to fetch due delayed messages from the storage",
+            "Failed to fetch due delayed messages from the storage.",
+        )
+        self.store_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            "store",
+            s.time_to_trigger_store_circuit_breaker.total_seconds(),
+            self._trip,
+            mono,
+            "Failed to store the outcome of delayed message forwarding.",
         )
         self.dispatch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             "dispatch",
             s.time_to_trigger_dispatch_circuit_breaker.total_seconds(),
             self._trip,
             mono,
-            "Failed to dispatch delayed messages to destination",
+            "Failed to dispatch delayed messages to destination.",
         )
         self.recovery_breaker = FailureRateCircuitBreaker(
             "recovery",
             s.maximum_recovery_failures_per_second,
             self._trip,
             mono,
-            "Failed to execute error handling for delayed message forwarding",
+            "Failed to execute error handling for delayed message forwarding.",
         )
 
     @property
@@ -279,7 +286,9 @@ class Dispatcher:
             except Exception as error:
                 # Forwarded but still stored: the claims expire and the messages go again (at-least-once).
                 log.warning("removing %d forwarded messages failed: %s", len(delivered), error)
-                self.fetch_breaker.failure(error)
+                self.store_breaker.failure(error)
+            else:
+                self.store_breaker.success()
         transport_failures = [(m, e) for m, e in failed if not isinstance(e, DestinationNotFound)]
         if transport_failures:
             self.dispatch_breaker.failure(transport_failures[-1][1])

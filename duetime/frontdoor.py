@@ -2,8 +2,9 @@
 
 Each carries its destination and due time in headers. It is stored, and acknowledged only after the
 store committed, so nothing is lost; a redelivered message whose id is already stored is just
-acknowledged. Malformed ones go to the error queue with the reason. If storing keeps failing for
-``time_to_trigger_store_circuit_breaker``, the store breaker raises the critical error.
+acknowledged. Malformed ones go to the error queue with the reason. If storing (or receiving) keeps
+failing for ``time_to_wait_before_triggering_critical_error_on_timeout_outages`` (2 minutes), the
+outage breaker raises seed 002's critical error.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ NSB_EXPIRE = "NServiceBus.Timeout.Expire"
 NSB_ROUTE_TO = "NServiceBus.Timeout.RouteExpiredTimeoutTo"
 #: Headers that only carried routing to the front door; the destination does not get them.
 ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER, NSB_EXPIRE, NSB_ROUTE_TO)
+#: Seed 002's words, so operators' alerts written for the timeout manager keep matching.
+OUTAGE_MESSAGE = "Repeated failures when fetching timeouts from storage, endpoint will be terminated."
 _NSB_WIRE = re.compile(r"^(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}):(\d{1,6}) Z$")
 
 
@@ -91,12 +94,12 @@ class FrontDoor:
         self.wait = wait
         self.stored = 0
         self.rejected = 0
-        self.store_breaker = RepeatedFailuresOverTimeCircuitBreaker(
-            "store",
-            dispatcher.settings.time_to_trigger_store_circuit_breaker.total_seconds(),
+        self.outage_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            "timeout storage",
+            dispatcher.settings.time_to_wait_before_triggering_critical_error_on_timeout_outages.total_seconds(),
             dispatcher._trip,
             dispatcher.clock.monotonic,
-            "Repeated failures when storing delayed messages, endpoint will be terminated",
+            OUTAGE_MESSAGE,
         )
 
     async def start(self) -> None:
@@ -110,14 +113,14 @@ class FrontDoor:
     async def process_once(self) -> int:
         """Receive one batch and store it; returns how many messages were handled.
 
-        A queue that cannot be read counts against the store breaker like a store that cannot be
+        A queue that cannot be read counts against the outage breaker like a store that cannot be
         written: either way delayed messages are not getting in.
         """
         try:
             received = await self.receiver.receive(self.queue, self.dispatcher.settings.batch_size, self.wait)
         except Exception as error:
             log.warning("front door: receiving from %s failed: %s", self.queue, error)
-            self.store_breaker.failure(error)
+            self.outage_breaker.failure(error)
             await self.dispatcher._pause()
             return 0
         if not received:
@@ -156,9 +159,9 @@ class FrontDoor:
                         log.info("front door: %s is already stored (redelivery)", message.message_id)
         except Exception as error:
             log.warning("front door: storing %d messages failed: %s", len(messages), error)
-            self.store_breaker.failure(error)
+            self.outage_breaker.failure(error)
             return False
-        self.store_breaker.success()
+        self.outage_breaker.success()
         return True
 
     async def _reject(self, bad: Sequence[tuple[ReceivedMessage, InvalidMessage]]) -> None:

@@ -32,6 +32,10 @@ class DelayedDeliverySettings:
     time_to_trigger_store_circuit_breaker: timedelta = timedelta(seconds=30)
     time_to_trigger_fetch_circuit_breaker: timedelta = timedelta(seconds=30)
     time_to_trigger_dispatch_circuit_breaker: timedelta = timedelta(seconds=30)
+    #: Seed 002's timeout manager: how long the front door may fail to get delayed messages into
+    #: storage before the critical error. Longer than the store breaker's, because the messages
+    #: wait safely on their queue meanwhile; nothing is lost by waiting.
+    time_to_wait_before_triggering_critical_error_on_timeout_outages: timedelta = timedelta(minutes=2)
     maximum_recovery_failures_per_second: int = 1
     transaction_mode: TransactionMode = TransactionMode.AT_LEAST_ONCE
     error_queue: str = "error"
@@ -55,6 +59,7 @@ class DelayedDeliverySettings:
             "time_to_trigger_store_circuit_breaker",
             "time_to_trigger_fetch_circuit_breaker",
             "time_to_trigger_dispatch_circuit_breaker",
+            "time_to_wait_before_triggering_critical_error_on_timeout_outages",
             "max_sleep",
             "claim_timeout",
         ):

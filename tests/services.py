@@ -59,7 +59,7 @@ def mariadb_database() -> Iterator[str]:
     parts = urlsplit(MARIADB)
     name = unique("duetime_t")
 
-    def admin() -> pymysql.connections.Connection:  # type: ignore[type-arg]
+    def admin() -> pymysql.connections.Connection[pymysql.cursors.Cursor]:
         return pymysql.connect(
             host=parts.hostname,
             port=parts.port or 3306,

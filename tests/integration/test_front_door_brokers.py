@@ -95,7 +95,7 @@ async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> Non
         direct.setup_infrastructure(endpoint)
         store = PostgresStore.from_url(proxy.url(pg) + "&pool_timeout=0.5")
         settings = DelayedDeliverySettings(
-            time_to_trigger_store_circuit_breaker=timedelta(seconds=2),
+            time_to_wait_before_triggering_critical_error_on_timeout_outages=timedelta(seconds=2),
             failure_backoff=timedelta(seconds=0.2),
             error_queue=f"{endpoint}.error",
         )
@@ -107,7 +107,7 @@ async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> Non
         for i in range(3):
             await send_delayed(broker, endpoint, "orders", b"x", delay=3600, message_id=f"o{i}")
         proxy.cut()
-        with pytest.raises(CriticalError, match="storing delayed messages"):
+        with pytest.raises(CriticalError, match="fetching timeouts from storage"):
             await asyncio.wait_for(asyncio.gather(dispatcher.run(), door.run()), 30)
         await store.close()
         direct.close()

@@ -161,12 +161,12 @@ async def test_store_breaker_trips_and_front_door_messages_stay_queued(
     )
     store = PostgresStore.from_url(proxy.url(pg) + "&pool_timeout=0.5")
     receiver = SqliteQueueTransport(queue_file)
-    settings = fast(time_to_trigger_store_circuit_breaker=timedelta(seconds=2))
+    settings = fast(time_to_wait_before_triggering_critical_error_on_timeout_outages=timedelta(seconds=2))
     dispatcher = Dispatcher(store, receiver, settings, endpoint="door")
     await dispatcher.start()
     door = FrontDoor(dispatcher, receiver, wait=0.1)
     proxy.cut()
-    with pytest.raises(CriticalError, match="storing delayed messages"):
+    with pytest.raises(CriticalError, match="fetching timeouts from storage"):
         await asyncio.wait_for(asyncio.gather(dispatcher.run(), door.run()), 30)
     assert sender.depth("door.timeouts") == 5  # not acknowledged: they will be received again
     sender.close()

@@ -20,6 +20,7 @@ class FailingStore(MemoryStore):
         self.fail_fetch = False
         self.fail_increment = False
         self.fail_store = False
+        self.fail_remove = False
 
     async def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
         if self.fail_fetch:
@@ -40,6 +41,11 @@ class FailingStore(MemoryStore):
         if self.fail_increment:
             raise ConnectionError("cannot release")
         return await super().release(message_ids)
+
+    async def remove_many(self, message_ids: Sequence[str]) -> int:
+        if self.fail_remove:
+            raise ConnectionError("database is read-only")
+        return await super().remove_many(message_ids)
 
     async def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         if self.fail_store:

@@ -163,8 +163,8 @@ async def test_recovery_breaker_trips_on_more_than_one_recovery_failure_per_seco
     assert await rig.store.get("m1") is not None
 
 
-async def test_store_breaker_trips_when_the_front_door_cannot_store() -> None:
-    from duetime.frontdoor import FrontDoor, envelope_headers
+async def test_front_door_outage_raises_seed_002s_critical_error_after_two_minutes() -> None:
+    from duetime.frontdoor import OUTAGE_MESSAGE, FrontDoor, envelope_headers
 
     rig = await Rig().setup("orders")
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
@@ -175,15 +175,46 @@ async def test_store_breaker_trips_when_the_front_door_cannot_store() -> None:
     await rig.queues.send_batch([envelope])
     rig.store.fail_store = True
     task = asyncio.create_task(door.process_once())
-    for _ in range(31):
+    for _ in range(60):  # well past the 30 s store breaker: the timeout manager waits 2 minutes
+        await rig.tick(1)
+    assert not rig.dispatcher.stopping and door.outage_breaker.armed
+    for _ in range(61):
         await rig.tick(1)
     await task
     assert len(rig.criticals) == 0  # the breaker only records; the dispatcher reports
     assert rig.dispatcher.stopping
-    with pytest.raises(CriticalError, match="storing delayed messages"):
+    with pytest.raises(CriticalError) as raised:
         await rig.dispatcher.run_burst()
-    assert len(rig.criticals) == 1
+    assert str(raised.value).startswith(
+        "Repeated failures when fetching timeouts from storage, endpoint will be terminated."
+    )
+    assert OUTAGE_MESSAGE in str(rig.criticals[0]) and "cannot store" in str(rig.criticals[0])
     assert rig.queues.messages("unit.timeouts") == []  # received, not acknowledged: comes back
+
+
+async def test_front_door_outage_wait_is_configurable() -> None:
+    from duetime.frontdoor import FrontDoor
+
+    rig = await Rig(
+        time_to_wait_before_triggering_critical_error_on_timeout_outages=timedelta(seconds=5)
+    ).setup("orders")
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    assert door.outage_breaker.time_to_trigger == 5
+
+
+async def test_store_breaker_trips_when_forwarded_messages_cannot_be_removed() -> None:
+    rig = await Rig(claim_timeout=timedelta(seconds=5)).setup("orders")
+    rig.store.fail_remove = True
+    await rig.store.store(rig.message(1, 0))
+    await rig.start()
+    await rig.tick(1, steps=29)
+    assert rig.criticals == [] and rig.dispatcher.store_breaker.armed
+    await rig.tick(1, steps=8)
+    assert len(rig.criticals) == 1
+    assert "store the outcome" in str(rig.criticals[0])
+    with pytest.raises(CriticalError):
+        await rig.task  # type: ignore[misc]
+    assert await rig.store.get("m1") is not None  # still stored: it goes again (at-least-once)
 
 
 async def test_critical_error_callback_failing_still_stops_with_the_error() -> None:
@@ -288,7 +319,7 @@ async def test_front_door_survives_a_queue_that_cannot_be_read() -> None:
     await settle()
     await rig.tick(1)
     assert await task == 0
-    assert door.store_breaker.armed and not rig.dispatcher.stopping
+    assert door.outage_breaker.armed and not rig.dispatcher.stopping
 
 
 async def test_a_batch_claimed_ahead_is_given_back_on_stop() -> None:
