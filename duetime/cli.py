@@ -17,8 +17,10 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from duetime.cli_bulk import bulk_app
 from duetime.client import DelayedMessageClient
 from duetime.clock import SystemClock
+from duetime.deliverylog import open_delivery_log
 from duetime.dispatcher import Dispatcher, run_until_signal
 from duetime.durations import parse_duration, parse_time
 from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
@@ -49,6 +51,7 @@ queues_app = typer.Typer(
 )
 app.add_typer(errors_app, name="errors")
 app.add_typer(queues_app, name="queues")
+app.add_typer(bulk_app, name="bulk")
 console = Console()
 err = Console(stderr=True)
 
@@ -180,6 +183,14 @@ def run(
         bool, typer.Option(help="Also store what arrives on the <endpoint>.timeouts queue (seed 002).")
     ] = True,
     auto_setup: Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")] = True,
+    delivery_log: Annotated[
+        str | None,
+        typer.Option(
+            help="Log every delivery for `duetime bulk report`: jsonl:/folder, or a database URL "
+            "(table duetime_delivery_log).",
+            envvar="DUETIME_DELIVERY_LOG",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the dispatcher until SIGTERM/SIGINT. Settings also come from DUETIME_* variables.
@@ -203,7 +214,8 @@ def run(
         t = open_transport(_transport_url(store, transport))
         if auto_setup:
             await s.setup_infrastructure(endpoint)
-        dispatcher = Dispatcher(s, t, settings, endpoint=endpoint)
+        log = None if delivery_log is None else open_delivery_log(delivery_log)
+        dispatcher = Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log)
         try:
             if burst:
                 if front_door and isinstance(t, ReceivingTransport):
@@ -229,6 +241,8 @@ def run(
         finally:
             await t.close()
             await s.close()
+            if log is not None:
+                await log.close()
 
     _run(go)
 

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.clock import SystemClock
+from duetime.deliverylog import Delivery, DeliveryLog
 from duetime.errorqueue import error_headers
 from duetime.errors import (
     ConfigurationError,
@@ -61,8 +62,11 @@ class Dispatcher:
         endpoint: str = "duetime",
         clock: Clock | None = None,
         on_critical_error: CriticalErrorCallback | None = None,
+        delivery_log: DeliveryLog | None = None,
     ) -> None:
         check_dispatcher_inputs(store, transport)
+        #: Opt-in record of every delivery (for ``duetime bulk report``); never delays one.
+        self.delivery_log = delivery_log
         self.store = store
         self.transport = transport
         self.settings = settings or DelayedDeliverySettings()
@@ -256,6 +260,15 @@ class Dispatcher:
         self.fetch_breaker.success()
         self.stats.forwarded += len(outcome.moved)
         self.stats.dead_lettered += len(outcome.dead_lettered)
+        if self.delivery_log is not None:
+            moved = [
+                (DelayedMessage.from_store(m.message_id, m.destination, m.due_at, b"", {}, 0), 1)
+                for m in outcome.moved
+            ]
+            await self._log_deliveries(moved, "delivered")
+            await self._log_deliveries(
+                [(m, max(m.failure_count, 1)) for m, _ in outcome.dead_lettered], "dead-lettered"
+            )
         for message, reason in outcome.dead_lettered:
             log.warning("message %s sent to the error queue: %s", message.message_id, reason)
         return bool(outcome.moved or outcome.dead_lettered)
@@ -281,6 +294,10 @@ class Dispatcher:
         failed = [(m, r) for m, r in zip(batch, results, strict=True) if r is not None]
         if delivered:
             self.stats.forwarded += len(delivered)
+            await self._log_deliveries(
+                [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None],
+                "delivered",
+            )
             try:
                 await self.store.remove_many(delivered)
             except Exception as error:
@@ -342,6 +359,10 @@ class Dispatcher:
             else:
                 self.recovery_breaker.failure(result)
         if sent:
+            await self._log_deliveries(
+                [(m, max(m.failure_count, 1)) for (m, _), r in zip(dead, results, strict=True) if r is None],
+                "dead-lettered",
+            )
             try:
                 await self.store.remove_many(sent)
                 self.stats.dead_lettered += len(sent)
@@ -353,6 +374,18 @@ class Dispatcher:
                 await self.store.release(failed)
             except Exception as error:
                 self.recovery_breaker.failure(error)
+
+    async def _log_deliveries(self, done: Sequence[tuple[DelayedMessage, int]], outcome: str) -> None:
+        if self.delivery_log is None or not done:
+            return
+        now = self.clock.now()
+        entries = [
+            Delivery(m.message_id, m.destination, m.due_at, now, attempts, outcome) for m, attempts in done
+        ]
+        try:
+            await self.delivery_log.record(entries)
+        except Exception as error:  # the log is for reports; deliveries never wait on it
+            log.warning("writing %d entries to the delivery log failed: %s", len(entries), error)
 
     async def _sleep_until_next_due(self) -> None:
         try:

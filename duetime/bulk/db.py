@@ -1,0 +1,217 @@
+"""One SQL database as the bulk jobs see it: a picklable URL, a DB-API connection, dialect bits.
+
+Spark ships a :class:`Database` to each executor, which opens its own connection with the Python
+driver (psycopg, PyMySQL, sqlite3): no JDBC jar and no download at run time.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from duetime.errors import ConfigurationError
+from duetime.names import check_name
+from duetime.urls import redact
+
+DIALECTS = {
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+    "sqlite": "sqlite",
+}
+#: URL options the bulk jobs read themselves; everything else goes to the store or the driver.
+BULK_OPTIONS = ("layout", "table", "schema")
+
+
+@dataclass(frozen=True)
+class Database:
+    """A database URL split into what the driver needs and the bulk options (layout, table)."""
+
+    url: str = field(repr=False)
+    dialect: str
+    layout: str = "duetime"
+    table: str | None = None
+    schema: str | None = None
+    display: str = ""
+
+    @classmethod
+    def from_url(cls, url: str) -> Database:
+        parts = urlsplit(url)
+        dialect = DIALECTS.get(parts.scheme.lower())
+        if dialect is None:
+            raise ConfigurationError(
+                f"{redact(url)} is not a database URL bulk jobs can read; use postgresql://, "
+                "mysql:// or sqlite:///, or a parquet:/ or jsonl:/ path."
+            )
+        ours = dict(parse_qsl(parts.query, keep_blank_values=True))
+        rest = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in BULK_OPTIONS]
+        layout = ours.get("layout", "duetime").lower()
+        if layout not in ("duetime", "timeoutdata", "msmq"):
+            raise ConfigurationError(
+                f"Unknown layout {layout!r} in {redact(url)}; use layout=duetime (a duetime store), "
+                "layout=timeoutdata (NServiceBus SQL persistence) or layout=msmq (seed 004's store)."
+            )
+        table = ours.get("table")
+        schema = ours.get("schema")
+        return cls(
+            url=urlunsplit(parts._replace(query=urlencode(rest))),
+            dialect=dialect,
+            layout=layout,
+            table=None if table is None else check_name("table", table),
+            schema=None if schema is None else check_name("schema", schema),
+            display=redact(url),
+        )
+
+    def store_url(self, table: str | None = None) -> str:
+        """The URL a duetime store for one table would be opened with."""
+        extra = [("schema", self.schema)] if self.schema and self.dialect == "postgres" else []
+        if table:
+            extra.append(("table", table))
+        if not extra:
+            return self.url
+        joiner = "&" if "?" in self.url else "?"
+        return self.url + joiner + urlencode(extra)
+
+    # -- dialect ----------------------------------------------------------------------------------
+
+    def quote(self, name: str) -> str:
+        if self.dialect == "mysql":
+            return "`" + name.replace("`", "``") + "`"
+        return '"' + name.replace('"', '""') + '"'
+
+    def qualified(self, table: str) -> str:
+        if self.dialect == "postgres":
+            return f"{self.quote(self.schema or 'public')}.{self.quote(table)}"
+        return self.quote(table)
+
+    def sql(self, text: str) -> str:
+        """Queries are written with ``%s``; sqlite3 wants ``?``."""
+        return text.replace("%s", "?") if self.dialect == "sqlite" else text
+
+    def bucket(self, column: str, buckets: int) -> str:
+        """An SQL expression spreading rows over ``buckets`` by a hash of ``column``."""
+        if self.dialect == "postgres":
+            return f"mod(hashtext({column}::text)::bigint + 2147483648, {buckets})"
+        if self.dialect == "mysql":
+            return f"(CRC32({column}) % {buckets})"
+        return f"duetime_bucket({column}, {buckets})"
+
+    @property
+    def blob(self) -> str:
+        return {"postgres": "bytea", "mysql": "LONGBLOB", "sqlite": "BLOB"}[self.dialect]
+
+    @property
+    def text(self) -> str:
+        return "LONGTEXT" if self.dialect == "mysql" else "TEXT"
+
+    def key_text(self, length: int) -> str:
+        return "TEXT" if self.dialect == "sqlite" else f"VARCHAR({length})"
+
+    # -- connections --------------------------------------------------------------------------------
+
+    def connect(self) -> Any:
+        """A new DB-API connection, not in autocommit; the caller commits."""
+        if self.dialect == "postgres":
+            import psycopg
+
+            from duetime.backends.postgres.common import PgOptions
+
+            return psycopg.connect(PgOptions.from_url(self.url).conninfo)
+        if self.dialect == "mysql":
+            import pymysql
+
+            from duetime.backends.mysql.store import MysqlOptions
+
+            o = MysqlOptions.from_url(self.url)
+            return pymysql.connect(
+                host=o.host,
+                port=o.port,
+                user=o.user,
+                password=o.password,
+                database=o.database,
+                autocommit=False,
+                connect_timeout=int(o.connect_timeout),
+                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            )
+        from duetime.backends.sqlite.connection import parse_sqlite_url
+
+        path, _ = parse_sqlite_url(self.url)
+        conn: Any = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("BEGIN IMMEDIATE")  # one writer at a time; status checks hold for the whole session
+        conn.create_function("duetime_bucket", 2, _sqlite_bucket, deterministic=True)
+        return conn
+
+    @contextmanager
+    def session(self) -> Iterator[Any]:
+        """A connection that commits on success, rolls back on error, and is always closed."""
+        conn = self.connect()
+        try:
+            yield conn
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+
+    def execute(self, conn: Any, text: str, params: Sequence[Any] = ()) -> Any:
+        cur = conn.cursor()
+        cur.execute(self.sql(text), tuple(params))
+        return cur
+
+    def executemany(self, conn: Any, text: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            cur = conn.cursor()
+            cur.executemany(self.sql(text), [tuple(r) for r in rows])
+
+    def table_exists(self, conn: Any, table: str) -> bool:
+        if self.dialect == "sqlite":
+            row = self.execute(
+                conn, "SELECT 1 FROM sqlite_master WHERE type='table' AND name=%s", [table]
+            ).fetchone()
+        elif self.dialect == "postgres":
+            row = self.execute(
+                conn,
+                "SELECT 1 FROM information_schema.tables WHERE table_schema=%s AND table_name=%s",
+                [self.schema or "public", table],
+            ).fetchone()
+        else:
+            row = self.execute(
+                conn,
+                "SELECT 1 FROM information_schema.tables WHERE table_schema=DATABASE() AND table_name=%s",
+                [table],
+            ).fetchone()
+        return row is not None
+
+    def tables(self, conn: Any) -> list[str]:
+        if self.dialect == "sqlite":
+            rows = self.execute(conn, "SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+        elif self.dialect == "postgres":
+            rows = self.execute(
+                conn,
+                "SELECT table_name FROM information_schema.tables WHERE table_schema=%s",
+                [self.schema or "public"],
+            ).fetchall()
+        else:
+            rows = self.execute(
+                conn, "SELECT table_name FROM information_schema.tables WHERE table_schema=DATABASE()"
+            ).fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+    def chunks(self, items: Sequence[Any], size: int = 1000) -> Iterator[Sequence[Any]]:
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+
+    def in_list(self, count: int) -> str:
+        return ", ".join(["%s"] * count)
+
+
+def _sqlite_bucket(value: object, buckets: int) -> int:
+    return zlib.crc32(str(value).encode()) % buckets

@@ -1,0 +1,179 @@
+"""DataFrames and files in, :class:`Record` out: Parquet, JSON Lines, or any DataFrame of rows.
+
+Accepted columns (only ``destination`` and ``due_at`` are required): ``message_id`` or ``id``,
+``destination``, ``due_at`` (a timestamp, ISO 8601 text with an offset, or µs since 1970),
+``body`` (binary or text) or ``body_base64``, ``headers`` (JSON text, a map or a struct),
+``endpoint``, ``failure_count``. Rows without an id get one derived from their content, so a re-run
+schedules the same ids and never doubles a message.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from duetime.bulk.records import Record, due_us_of, dump_headers, problem
+from duetime.errors import ConfigurationError, InvalidMessage
+
+#: Pairs a bulk job carries: the record, and why it cannot be used (None when it can).
+Checked = tuple[Record, str | None]
+_NAMESPACE = uuid.UUID("6f0c5c2e-8f55-4c1a-9d7e-2b1f3a9c6d10")
+
+
+def normalize(df: Any) -> Any:
+    """Turn a DataFrame with the accepted columns into JSON-safe columns Python can read exactly."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType, MapType, StringType, StructType, TimestampNTZType, TimestampType
+
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    if "destination" not in fields or "due_at" not in fields:
+        raise ConfigurationError(
+            f"Rows need at least 'destination' and 'due_at' columns; these have {sorted(fields)}."
+        )
+    cols = [F.col("destination").cast("string").alias("destination")]
+    due = fields["due_at"]
+    if isinstance(due, TimestampType | TimestampNTZType):
+        cols.append(F.unix_micros(F.col("due_at").cast("timestamp")).cast("string").alias("due_at"))
+    else:
+        cols.append(F.col("due_at").cast("string").alias("due_at"))
+    ident = "message_id" if "message_id" in fields else "id" if "id" in fields else None
+    cols.append((F.col(ident).cast("string") if ident else F.lit(None).cast("string")).alias("message_id"))
+    if "body" in fields:
+        body = fields["body"]
+        cols.append(
+            (
+                F.col("body")
+                if isinstance(body, BinaryType)
+                else F.encode(F.col("body").cast("string"), "UTF-8")
+            ).alias("body")
+        )
+    elif "body_base64" in fields:
+        cols.append(F.unbase64(F.col("body_base64")).alias("body"))
+    else:
+        cols.append(F.lit(b"").cast("binary").alias("body"))
+    if "headers" in fields:
+        h = fields["headers"]
+        cols.append(
+            (
+                F.to_json(F.col("headers"))
+                if isinstance(h, MapType | StructType)
+                else F.col("headers").cast(StringType())
+            ).alias("headers")
+        )
+    else:
+        cols.append(F.lit(None).cast("string").alias("headers"))
+    cols.append(
+        (F.col("endpoint").cast("string") if "endpoint" in fields else F.lit(None).cast("string")).alias(
+            "endpoint"
+        )
+    )
+    cols.append(
+        (F.col("failure_count").cast("int") if "failure_count" in fields else F.lit(0)).alias("failure_count")
+    )
+    return df.select(*cols)
+
+
+def checked_rows(rows: Iterable[Any], endpoint: str | None) -> Iterator[Checked]:
+    """Rows of :func:`normalize` (Spark Rows or dicts) as checked records."""
+    for row in rows:
+        data = row.asDict() if hasattr(row, "asDict") else dict(row)
+        yield check_row(data, endpoint)
+
+
+def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
+    due_text = data.get("due_at")
+    reason: str | None = None
+    due_us: int | None = None
+    try:
+        due_us = (
+            None
+            if due_text is None
+            else (int(due_text) if str(due_text).lstrip("-").isdigit() else due_us_of(str(due_text)))
+        )
+    except (InvalidMessage, ValueError) as error:
+        reason = f"due time {due_text!r} cannot be read: {error}"
+    headers = data.get("headers")
+    if isinstance(headers, dict):
+        headers = dump_headers(headers)
+    body = data.get("body")
+    if body is None and data.get("body_base64") is not None:
+        body = base64.b64decode(data["body_base64"])
+    body = b"" if body is None else (body.encode() if isinstance(body, str) else bytes(body))
+    name = data.get("endpoint") or endpoint or ""
+    message_id = data.get("message_id") or derived_id(data.get("destination"), due_us, body, headers)
+    record = Record(
+        name,
+        str(message_id),
+        data.get("destination"),
+        due_us,
+        headers,
+        body,
+        int(data.get("failure_count") or 0),
+    )
+    if reason is None:
+        reason = "no endpoint: give --endpoint or an 'endpoint' column." if not name else problem(record)
+    return record, reason
+
+
+def derived_id(destination: object, due_us: int | None, body: bytes, headers: str | None) -> str:
+    """The same row always gets the same id: a re-run never schedules a second copy."""
+    digest = hashlib.sha256()
+    for part in (str(destination), str(due_us), headers or "", body.hex()):
+        digest.update(part.encode())
+        digest.update(b"\x00")
+    return str(uuid.uuid5(_NAMESPACE, digest.hexdigest()))
+
+
+def checked_rdd(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:
+    """An RDD of checked records read from Parquet or JSON Lines files."""
+    if fmt == "parquet":
+        return normalize(spark.read.parquet(path)).rdd.mapPartitions(
+            lambda rows: checked_rows(rows, endpoint)
+        )
+    if fmt == "jsonl":
+        return spark.read.text(path).rdd.map(lambda row: check_json(_json_line(row[0]), endpoint))
+    raise ConfigurationError(f"Unknown file format {fmt!r}; use parquet or jsonl.")
+
+
+def checked_frame(df: Any, endpoint: str | None) -> Any:
+    """An RDD of checked records from any DataFrame with the accepted columns."""
+    return normalize(df).rdd.mapPartitions(lambda rows: checked_rows(rows, endpoint))
+
+
+def _json_line(line: str) -> dict[str, Any]:
+    try:
+        data = json.loads(line)
+    except ValueError as error:
+        return {
+            "destination": None,
+            "due_at": None,
+            "message_id": None,
+            "headers": None,
+            "_error": f"line is not JSON ({error})",
+        }
+    if not isinstance(data, dict):
+        return {"destination": None, "due_at": None, "_error": "line is not a JSON object"}
+    if "id" in data and "message_id" not in data:
+        data["message_id"] = data.pop("id")
+    return data
+
+
+def check_json(data: dict[str, Any], endpoint: str | None) -> Checked:
+    if "_error" in data:
+        return Record(endpoint or "", "", None, None, None, b"", 0), data["_error"]
+    return check_row(data, endpoint)
+
+
+def file_kind(url: str) -> tuple[str, str] | None:
+    """('parquet'|'jsonl', path) for a file URL, None for a database URL."""
+    scheme, _, rest = url.partition(":")
+    if scheme in ("parquet", "jsonl"):
+        path = rest[2:] if rest.startswith("//") else rest
+        if not path:
+            raise ConfigurationError(f"{url!r} names no path; e.g. parquet:/data/timeouts.")
+        return scheme, path
+    return None

@@ -1,0 +1,254 @@
+"""Table layouts the bulk jobs read and write: duetime's own, NServiceBus ``TimeoutData``, seed 004.
+
+A layout knows its columns, turns a row into a :class:`Record` and back (so ``abort`` can put a
+row back as it was), and finds the tables of each endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from duetime.bulk.db import Database
+from duetime.bulk.records import Record, due_us_of
+from duetime.clock import from_micros
+from duetime.errors import ConfigurationError
+
+
+class Layout:
+    name = ""
+    columns: tuple[str, ...] = ()
+    key = ""
+    due = ""
+    #: Suffix of the default table name after the endpoint.
+    suffix = ""
+    in_flight = False
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def table_for(self, endpoint: str) -> str:
+        return self.db.table or f"{endpoint}{self.suffix}"
+
+    def endpoint_of(self, table: str) -> str:
+        return table[: -len(self.suffix)] if self.suffix and table.endswith(self.suffix) else table
+
+    def discover(self, conn: Any) -> list[tuple[str, str]]:
+        """(endpoint, table) for every table of this layout in the database."""
+        if self.db.table:
+            return [(self.endpoint_of(self.db.table), self.db.table)]
+        found = []
+        for table in self.db.tables(conn):
+            if table.endswith(self.suffix) and self._looks_right(conn, table):
+                found.append((self.endpoint_of(table), table))
+        return found
+
+    def _looks_right(self, conn: Any, table: str) -> bool:
+        try:
+            self.db.execute(
+                conn, f"SELECT {self.select} FROM {self.db.qualified(table)} WHERE 1=0"
+            ).fetchall()
+        except Exception:
+            conn.rollback()
+            return False
+        return True
+
+    @property
+    def select(self) -> str:
+        return ", ".join(self.db.quote(c) for c in self.columns)
+
+    def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
+        """WHERE text (and params) for the rows a job takes: due after the cutoff."""
+        if cutoff_us is None:
+            return "1=1", []
+        return f"{self.db.quote(self.due)} > %s", [self.due_param(cutoff_us)]
+
+    def due_param(self, due_us: int) -> Any:
+        return due_us
+
+    def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
+        raise NotImplementedError
+
+    def to_row(self, record: Record) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def create_sql(self, table: str) -> str:
+        raise NotImplementedError
+
+
+class DuetimeLayout(Layout):
+    """duetime's own store tables. Rows a live dispatcher has claimed are in flight: left alone."""
+
+    name = "duetime"
+    columns = ("message_id", "destination", "due_at", "headers", "body", "failure_count")
+    key = "message_id"
+    due = "due_at"
+    suffix = ".delayed"
+
+    def discover(self, conn: Any) -> list[tuple[str, str]]:
+        if self.db.table:
+            return [(self.endpoint_of(self.db.table), self.db.table)]
+        schema = self.db.qualified("duetime_schema") if self.db.dialect == "postgres" else "duetime_schema"
+        if not self.db.table_exists(conn, "duetime_schema"):
+            return []
+        rows = self.db.execute(
+            conn, f"SELECT component FROM {schema} WHERE component LIKE 'store:%%'"
+        ).fetchall()
+        tables = sorted(str(r[0])[len("store:") :] for r in rows)
+        return [(self.endpoint_of(t), t) for t in tables if self.db.table_exists(conn, t)]
+
+    def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
+        where, params = super().selection(cutoff_us, now_us)
+        if self.in_flight:
+            return where, params
+        return (
+            f"{where} AND (claimed_until IS NULL OR claimed_until < %s)",
+            [*params, self.due_param(now_us)],
+        )
+
+    def due_param(self, due_us: int) -> Any:
+        return from_micros(due_us) if self.db.dialect == "postgres" else due_us
+
+    def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
+        headers = row[3] if isinstance(row[3], str) else json.dumps(row[3], separators=(",", ":"))
+        return Record(endpoint, row[0], row[1], due_us_of(row[2]), headers, bytes(row[4]), int(row[5]))
+
+    def to_row(self, record: Record) -> tuple[Any, ...]:
+        assert record.due_us is not None
+        return (
+            record.message_id,
+            record.destination,
+            self.due_param(record.due_us),
+            record.headers or "{}",
+            record.body,
+            record.failure_count,
+        )
+
+
+class TimeoutDataLayout(Layout):
+    """NServiceBus SQL persistence's ``TimeoutData``: Id, Destination, SagaId, State, Time,
+    Headers (JSON), PersistenceVersion. ``Time`` is UTC without a zone; ``State`` is the body."""
+
+    name = "timeoutdata"
+    columns = ("Id", "Destination", "SagaId", "State", "Time", "Headers", "PersistenceVersion")
+    key = "Id"
+    due = "Time"
+    suffix = "_TimeoutData"
+
+    def table_for(self, endpoint: str) -> str:
+        return self.db.table or f"{endpoint.replace('.', '_')}{self.suffix}"
+
+    def due_param(self, due_us: int) -> Any:
+        return from_micros(due_us).replace(tzinfo=None)
+
+    def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
+        extra = json.dumps({"SagaId": None if row[2] is None else str(row[2]), "PersistenceVersion": row[6]})
+        body = b"" if row[3] is None else bytes(row[3])
+        return Record(endpoint, str(row[0]), row[1], due_us_of(row[4]), row[5], body, 0, extra)
+
+    def to_row(self, record: Record) -> tuple[Any, ...]:
+        extra = json.loads(record.extra or "{}")
+        saga = extra.get("SagaId")
+        ident: Any = record.message_id
+        if self.db.dialect == "postgres":
+            ident = uuid.UUID(record.message_id)
+            saga = None if saga is None else uuid.UUID(saga)
+        due = None if record.due_us is None else self.due_param(record.due_us)
+        return (
+            ident,
+            record.destination,
+            saga,
+            record.body,
+            due,
+            record.headers,
+            extra.get("PersistenceVersion", ""),
+        )
+
+    def create_sql(self, table: str) -> str:
+        q = self.db.qualified(table)
+        if self.db.dialect == "postgres":
+            return (
+                f'CREATE TABLE IF NOT EXISTS {q} ("Id" uuid PRIMARY KEY, "Destination" varchar(200), '
+                '"SagaId" uuid, "State" bytea, "Time" timestamp, "Headers" text, '
+                '"PersistenceVersion" varchar(23) NOT NULL)'
+            )
+        if self.db.dialect == "mysql":
+            return (
+                f"CREATE TABLE IF NOT EXISTS {q} (Id VARCHAR(36) PRIMARY KEY, Destination VARCHAR(200), "
+                "SagaId VARCHAR(36), State LONGBLOB, Time DATETIME(6), Headers LONGTEXT, "
+                "PersistenceVersion VARCHAR(23) NOT NULL) DEFAULT CHARSET=utf8mb4"
+            )
+        return (
+            f"CREATE TABLE IF NOT EXISTS {q} (Id TEXT PRIMARY KEY, Destination TEXT, SagaId TEXT, "
+            "State BLOB, Time TEXT, Headers TEXT, PersistenceVersion TEXT NOT NULL)"
+        )
+
+
+class MsmqLayout(Layout):
+    """Seed 004's delayed-message store: Id, Destination, State, Time, Headers, RetryCount.
+    ``Headers`` may be JSON text or its UTF-8 bytes."""
+
+    name = "msmq"
+    columns = ("Id", "Destination", "State", "Time", "Headers", "RetryCount")
+    key = "Id"
+    due = "Time"
+    suffix = ".delayed"
+
+    def due_param(self, due_us: int) -> Any:
+        return from_micros(due_us).replace(tzinfo=None)
+
+    def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
+        raw = row[4]
+        if isinstance(raw, bytes | bytearray | memoryview):
+            try:
+                headers: str | None = bytes(raw).decode("utf-8")
+            except UnicodeDecodeError:
+                headers = "\ufffd" + bytes(raw).hex()  # unreadable: preview says so, abort keeps it
+        else:
+            headers = raw
+        body = b"" if row[2] is None else bytes(row[2])
+        extra = json.dumps({"headers_binary": not isinstance(raw, str)})
+        return Record(
+            endpoint, str(row[0]), row[1], due_us_of(row[3]), headers, body, int(row[5] or 0), extra
+        )
+
+    def to_row(self, record: Record) -> tuple[Any, ...]:
+        extra = json.loads(record.extra or "{}")
+        headers: Any = record.headers
+        if extra.get("headers_binary") and headers is not None:
+            headers = bytes.fromhex(headers[1:]) if headers.startswith("\ufffd") else headers.encode()
+        due = None if record.due_us is None else self.due_param(record.due_us)
+        return (record.message_id, record.destination, record.body, due, headers, record.failure_count)
+
+    def create_sql(self, table: str) -> str:
+        q = self.db.qualified(table)
+        if self.db.dialect == "postgres":
+            return (
+                f'CREATE TABLE IF NOT EXISTS {q} ("Id" varchar(250) PRIMARY KEY, "Destination" varchar(200), '
+                '"State" bytea, "Time" timestamp, "Headers" bytea, "RetryCount" integer NOT NULL DEFAULT 0)'
+            )
+        if self.db.dialect == "mysql":
+            return (
+                f"CREATE TABLE IF NOT EXISTS {q} (Id VARCHAR(250) PRIMARY KEY, Destination VARCHAR(200), "
+                "State LONGBLOB, Time DATETIME(6), Headers LONGBLOB, RetryCount INT NOT NULL DEFAULT 0) "
+                "DEFAULT CHARSET=utf8mb4"
+            )
+        return (
+            f"CREATE TABLE IF NOT EXISTS {q} (Id TEXT PRIMARY KEY, Destination TEXT, State BLOB, "
+            "Time TEXT, Headers BLOB, RetryCount INTEGER NOT NULL DEFAULT 0)"
+        )
+
+
+def layout_for(db: Database) -> Layout:
+    if db.layout != "duetime" and db.dialect == "sqlite":
+        raise ConfigurationError(
+            f"layout={db.layout} tables live in PostgreSQL or MariaDB, not SQLite ({db.display})."
+        )
+    return {"duetime": DuetimeLayout, "timeoutdata": TimeoutDataLayout, "msmq": MsmqLayout}[db.layout](db)
+
+
+def utc_naive(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(tzinfo=None)

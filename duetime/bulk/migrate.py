@@ -1,0 +1,365 @@
+"""``duetime bulk migrate``: move stored timeouts between stores, resumably, nothing lost or doubled.
+
+A run (named by its source, target, endpoint and cutoff, plus a generation) plans hash-bucket
+batches into ``duetime_bulk_batches`` (*pending*), and Spark runs one task per batch:
+
+1. **stage**: in one source transaction the batch's rows move into ``duetime_bulk_staged``, hidden
+   from the source's live dispatchers (*staged*);
+2. **write**: valid rows go to the target in one target transaction together with a ledger entry;
+   ids the target already holds are conflicts, never overwritten;
+3. **complete**: in one source transaction, invalid and conflicting rows go back to their table, the
+   rest leave the staging table (*completed*). Counts are checked at every step.
+
+A run killed anywhere is resumed by the same command: a pending batch is staged, a staged one is
+written unless the ledger says it was, then completed. ``abort`` puts every batch the target has not
+committed back where it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from duetime.bulk.db import Database
+from duetime.bulk.frames import checked_rdd, file_kind
+from duetime.bulk.records import Record, problem
+from duetime.bulk.sources import BATCHES, RUNS, Batch, DbSource, batch_of, spec_json
+from duetime.bulk.targets import Target, open_target
+from duetime.clock import to_micros
+from duetime.errors import ConfigurationError
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class MigrationSpec:
+    source: str = field(repr=False)
+    target: str = field(repr=False)
+    endpoint: str | None = None
+    cutoff: datetime | None = None
+    batch_rows: int = 50_000
+
+    def __post_init__(self) -> None:
+        if self.cutoff is not None and self.cutoff.tzinfo is None:
+            raise ConfigurationError("--cutoff needs a UTC offset, e.g. 2030-01-01T00:00:00+00:00.")
+        if not 100 <= self.batch_rows <= 5_000_000:
+            raise ConfigurationError("--batch-rows must be between 100 and 5,000,000.")
+
+    @property
+    def cutoff_us(self) -> int | None:
+        return None if self.cutoff is None else to_micros(self.cutoff)
+
+    @property
+    def job(self) -> str:
+        key = f"{self.source}|{self.target}|{self.endpoint}|{self.cutoff_us}"
+        return "m" + hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+@dataclass
+class MigrationResult:
+    run_id: str
+    planned: int = 0
+    staged: int = 0
+    inserted: int = 0
+    put_back: int = 0
+    remaining: int = 0
+    batches: int = 0
+    notes: list[str] = field(default_factory=list)
+    status: str = "completed"
+
+
+def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -> MigrationResult:
+    if file_kind(spec.source):
+        return _migrate_files(spark, spec, progress)
+    source = DbSource(Database.from_url(spec.source))
+    target = open_target(spec.target)
+    now_us = to_micros(datetime.now(UTC))
+    source.ensure_state_tables()
+    run_id, fresh = _current_run(source, spec, now_us)
+    if run_id is None:
+        return MigrationResult(
+            "", notes=["nothing to migrate: an earlier run completed and nothing is left."]
+        )
+    rows = source.batches(run_id)
+    endpoints = sorted({r["endpoint"] for r in rows})
+    target.prepare(endpoints)
+    todo = [int(r["batch"]) for r in rows if r["status"] in ("pending", "staged")]
+    if todo:
+        _run_tasks(spark, spec, run_id, todo, lambda: _done(source, run_id), len(rows), progress)
+    rows = source.batches(run_id)
+    result = _summarize(run_id, rows)
+    unfinished = [r["batch"] for r in rows if r["status"] != "completed"]
+    if unfinished:
+        raise RuntimeError(
+            f"run {run_id}: batches {unfinished[:10]} did not complete; run the same command again."
+        )
+    for r in rows:  # the counts must add up, batch by batch
+        if int(r["staged"] or 0) != int(r["inserted"] or 0) + int(r["put_back"] or 0):
+            raise RuntimeError(
+                f"run {run_id} batch {r['batch']}: staged {r['staged']} != inserted + put back"
+            )
+    _set_run(source, run_id, "completed")
+    target.forget(run_id)
+    tables = sorted({(r["endpoint"], r["source_table"]) for r in rows})
+    result.remaining = source.remaining(tables, spec.cutoff_us, to_micros(datetime.now(UTC)))
+    if result.remaining:
+        result.notes.append(
+            f"{result.remaining} selected messages are still in the source (in flight, put back, or "
+            "stored during the run); run the same command again to move what can be moved."
+        )
+    if not fresh:
+        result.notes.insert(0, f"resumed run {run_id}.")
+    return result
+
+
+def abort(spec: MigrationSpec) -> MigrationResult:
+    """Put every message of the current run that the target has not committed back in the source."""
+    if file_kind(spec.source):
+        return MigrationResult(
+            "", status="aborted", notes=["a file source is never changed: nothing to put back."]
+        )
+    source = DbSource(Database.from_url(spec.source))
+    target = open_target(spec.target)
+    source.ensure_state_tables()
+    latest = _latest_run(source, spec.job)
+    if latest is None or latest[2] != "running":
+        return MigrationResult(
+            "", status="aborted", notes=["no unfinished run of this migration: nothing to abort."]
+        )
+    run_id = latest[0]
+    restored = 0
+    for row in source.batches(run_id):
+        batch = batch_of(row)
+        if row["status"] == "staged":
+            written = target.ledger(run_id, batch.number)
+            if written is not None:  # committed in the target: it is there, finish the bookkeeping
+                _complete(
+                    source,
+                    run_id,
+                    batch,
+                    source.staged(run_id, batch.number),
+                    written.inserted,
+                    written.conflicts,
+                )
+            else:
+                restored += source.restore(run_id, batch)
+        elif row["status"] == "pending":
+            with source.db.session() as conn:
+                source._set(conn, run_id, batch.number, status="aborted")
+    _set_run(source, run_id, "aborted")
+    target.forget(run_id)
+    result = _summarize(run_id, source.batches(run_id))
+    result.status = "aborted"
+    result.put_back = restored
+    return result
+
+
+def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
+    """One batch, start to finish; safe to run again after a crash at any point. Runs in a Spark task."""
+    source = DbSource(Database.from_url(spec.source))
+    target = open_target(spec.target)
+    rows = {r["batch"]: r for r in source.batches(run_id)}
+    row = rows[number]
+    batch = batch_of(row)
+    if row["status"] == "pending":
+        staged = source.stage(run_id, batch, spec.cutoff_us, to_micros(datetime.now(UTC)))
+        row = {r["batch"]: r for r in source.batches(run_id)}[number]
+        if staged >= 0 and int(row["staged"]) != staged:
+            raise RuntimeError(f"batch {number}: staged count {row['staged']} != {staged}")
+    if row["status"] != "staged":
+        return 0
+    records = source.staged(run_id, number)
+    if len(records) != int(row["staged"]):
+        raise RuntimeError(
+            f"batch {number}: {len(records)} rows staged, the state table says {row['staged']}"
+        )
+    written = target.ledger(run_id, number)
+    if written is None:
+        valid = [r for r in records if problem(r) is None]
+        written = target.write(run_id, number, valid)
+    _complete(source, run_id, batch, records, written.inserted, written.conflicts)
+    return len(records)
+
+
+def _complete(
+    source: DbSource,
+    run_id: str,
+    batch: Batch,
+    records: Sequence[Record],
+    inserted: int,
+    conflicts: Sequence[str],
+) -> None:
+    bad = {r.message_id: problem(r) for r in records}
+    invalid = [i for i, reason in bad.items() if reason is not None]
+    back = sorted(set(invalid) | set(conflicts))
+    if inserted + len(back) != len(records):
+        raise RuntimeError(
+            f"batch {batch.number}: {len(records)} staged, {inserted} written, {len(back)} to put back; counts differ"
+        )
+    notes = [f"{i}: {bad[i]}" for i in invalid[:20]] + [
+        f"{i}: already in the target" for i in list(conflicts)[:20]
+    ]
+    source.complete(run_id, batch, back, inserted, "\n".join(notes))
+
+
+def _run_tasks(
+    spark: Any,
+    spec: MigrationSpec,
+    run_id: str,
+    todo: list[int],
+    done: Callable[[], int],
+    total: int,
+    progress: Progress | None,
+) -> None:
+    """Run the batches as Spark tasks; report progress from the state table meanwhile."""
+    sc = spark.sparkContext
+    failure: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            sc.parallelize(todo, len(todo)).map(lambda n: process_batch(spec, run_id, n)).collect()
+        except BaseException as error:  # re-raised on the driver's thread below
+            failure.append(error)
+
+    worker = threading.Thread(target=job, name="duetime-bulk", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.5)
+        if progress is not None:
+            progress(done(), total)
+    if progress is not None:
+        progress(done(), total)
+    if failure:
+        raise failure[0]
+
+
+def _done(source: DbSource, run_id: str) -> int:
+    with source.db.session() as conn:
+        return int(
+            source.db.execute(
+                conn,
+                f"SELECT COUNT(*) FROM {source.db.qualified(BATCHES)} WHERE run_id=%s AND status IN ('completed', 'aborted')",
+                [run_id],
+            ).fetchone()[0]
+        )
+
+
+def _latest_run(source: DbSource, job: str) -> tuple[str, int, str] | None:
+    with source.db.session() as conn:
+        row = source.db.execute(
+            conn,
+            f"SELECT run_id, generation, status FROM {source.db.qualified(RUNS)} WHERE job=%s ORDER BY generation DESC LIMIT 1",
+            [job],
+        ).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]), str(row[2]))
+
+
+def _current_run(source: DbSource, spec: MigrationSpec, now_us: int) -> tuple[str | None, bool]:
+    """The unfinished run to resume, or a new one planned now; (None, _) if nothing is left."""
+    latest = _latest_run(source, spec.job)
+    if latest is not None and latest[2] == "running":
+        return latest[0], False
+    generation = 1 if latest is None else latest[1] + 1
+    batches = source.plan(spec.endpoint, spec.cutoff_us, now_us, spec.batch_rows)
+    if latest is not None and latest[2] == "completed" and sum(b.planned for b in batches) == 0:
+        return None, False
+    run_id = f"{spec.job}-{generation}"
+    d = source.db
+    with d.session() as conn:
+        d.execute(
+            conn,
+            f"INSERT INTO {d.qualified(RUNS)} (run_id, job, generation, status, spec) VALUES (%s, %s, %s, 'running', %s)",
+            [
+                run_id,
+                spec.job,
+                generation,
+                spec_json(
+                    endpoint=spec.endpoint, cutoff=spec.cutoff, target=open_target(spec.target).display
+                ),
+            ],
+        )
+        d.executemany(
+            conn,
+            f"INSERT INTO {d.qualified(BATCHES)} (run_id, batch, endpoint, source_table, bucket, buckets, status, planned) "
+            "VALUES (%s, %s, %s, %s, %s, %s, 'pending', %s)",
+            [(run_id, b.number, b.endpoint, b.table, b.bucket, b.buckets, b.planned) for b in batches],
+        )
+    return run_id, True
+
+
+def _set_run(source: DbSource, run_id: str, status: str) -> None:
+    with source.db.session() as conn:
+        source.db.execute(
+            conn, f"UPDATE {source.db.qualified(RUNS)} SET status=%s WHERE run_id=%s", [status, run_id]
+        )
+
+
+def _summarize(run_id: str, rows: list[dict[str, Any]]) -> MigrationResult:
+    result = MigrationResult(run_id, batches=len(rows))
+    for r in rows:
+        result.planned += int(r["planned"] or 0)
+        result.staged += int(r["staged"] or 0)
+        result.inserted += int(r["inserted"] or 0)
+        result.put_back += int(r["put_back"] or 0)
+        if r["note"]:
+            result.notes.extend(str(r["note"]).splitlines()[:5])
+    return result
+
+
+# -- file sources: nothing to hide or put back; each Spark partition is a ledgered batch -----------
+
+
+def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -> MigrationResult:
+    kind = file_kind(spec.source)
+    assert kind is not None
+    target = open_target(spec.target)
+    rdd = checked_rdd(spark, kind[1], kind[0], spec.endpoint)
+    cutoff = spec.cutoff_us
+    if cutoff is not None:
+        rdd = rdd.filter(lambda pair: pair[0].due_us is None or pair[0].due_us > cutoff)
+    rdd = rdd.cache()
+    endpoints = sorted(set(rdd.map(lambda pair: pair[0].endpoint).distinct().collect()) - {""})
+    target.prepare(endpoints)
+    run_id = f"{spec.job}-{_fingerprint(kind[1])}"
+    counted = rdd.mapPartitionsWithIndex(
+        lambda index, pairs: [_write_partition(target, run_id, index, list(pairs))]
+    ).collect()
+    rdd.unpersist()
+    result = MigrationResult(run_id, batches=len(counted))
+    for seen, inserted, conflicts, rejected in counted:
+        result.planned += seen
+        result.staged += seen
+        result.inserted += inserted
+        result.put_back += conflicts + len(rejected)
+        result.notes.extend(rejected[:5])
+    if progress is not None:
+        progress(len(counted), len(counted))
+    return result
+
+
+def _write_partition(
+    target: Target, run_id: str, index: int, pairs: list[tuple[Record, str | None]]
+) -> tuple[int, int, int, list[str]]:
+    valid = [r for r, why in pairs if why is None]
+    rejected = [f"{r.message_id or '?'}: {why}" for r, why in pairs if why is not None]
+    written = target.ledger(run_id, index) or target.write(run_id, index, valid)
+    return len(pairs), written.inserted, len(written.conflicts), rejected
+
+
+def _fingerprint(path: str) -> str:
+    """Changes when the files change, so importing a re-written folder is a new run."""
+    import os
+
+    digest = hashlib.sha1()
+    root = Path(path)
+    files = sorted(root.rglob("*")) if root.is_dir() else [root]
+    for item in files:
+        if item.is_file():
+            stat = os.stat(item)
+            digest.update(f"{item}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:10]

@@ -1,0 +1,284 @@
+"""``duetime bulk report``: a store's backlog and the dispatcher's lateness, as numbers, CSV and HTML.
+
+The backlog is read from the store in parallel partitions (in-flight messages included); lateness
+comes from the dispatcher's delivery log (``duetime run --delivery-log …``).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from duetime.bulk.db import Database
+from duetime.bulk.preview import source_rdd
+from duetime.clock import from_micros, to_micros
+from duetime.deliverylog import TABLE
+
+#: Due-time buckets, from now: (name, upper bound in seconds from now; None = no bound)
+HORIZONS: tuple[tuple[str, float | None], ...] = (
+    ("overdue", 0.0),
+    ("next minute", 60.0),
+    ("next hour", 3600.0),
+    ("next day", 86400.0),
+    ("next week", 7 * 86400.0),
+    ("later", None),
+)
+
+
+@dataclass(frozen=True)
+class Lateness:
+    period_start: datetime
+    deliveries: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    dead_lettered: int
+
+
+@dataclass
+class Report:
+    generated_at: datetime
+    total: int = 0
+    by_destination: list[tuple[str, int]] = field(default_factory=list)
+    horizons: list[tuple[str, int]] = field(default_factory=list)
+    failures: list[tuple[int, int]] = field(default_factory=list)
+    #: (size in bytes, endpoint, message id, destination)
+    largest: list[tuple[int, str, str, str]] = field(default_factory=list)
+    lateness: list[Lateness] = field(default_factory=list)
+    lateness_period: str = "minute"
+
+
+def horizon_of(due_us: int | None, now_us: int) -> str:
+    if due_us is None:
+        return "later"
+    ahead = (due_us - now_us) / 1e6
+    for name, bound in HORIZONS:
+        if bound is not None and ahead <= bound:
+            return name
+    return "later"
+
+
+def backlog(
+    spark: Any, store_url: str, endpoint: str | None = None, now: datetime | None = None, top: int = 10
+) -> Report:
+    moment = now or datetime.now(UTC)
+    now_us = to_micros(moment)
+    rdd = source_rdd(spark, store_url, endpoint, None, in_flight=True).map(lambda p: p[0]).cache()
+    try:
+        report = Report(moment)
+        report.by_destination = sorted(
+            rdd.map(lambda r: (r.destination or "", 1)).reduceByKey(lambda a, b: a + b).collect(),
+            key=lambda kv: (-kv[1], kv[0]),
+        )
+        report.total = sum(c for _, c in report.by_destination)
+        counted = dict(
+            rdd.map(lambda r: (horizon_of(r.due_us, now_us), 1)).reduceByKey(lambda a, b: a + b).collect()
+        )
+        report.horizons = [(name, int(counted.get(name, 0))) for name, _ in HORIZONS]
+        report.failures = sorted(
+            rdd.map(lambda r: (r.failure_count, 1)).reduceByKey(lambda a, b: a + b).collect()
+        )
+        report.largest = [
+            (size, e, i, d)
+            for size, e, i, d in rdd.map(
+                lambda r: (len(r.body) + len(r.headers or ""), r.endpoint, r.message_id, r.destination or "")
+            ).takeOrdered(top, key=lambda t: (-t[0], t[2]))
+        ]
+    finally:
+        rdd.unpersist()
+    return report
+
+
+def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
+    """Per period of dispatch time: deliveries and lateness percentiles, from the delivery log."""
+    from pyspark.sql import functions as F
+
+    frame = _log_frame(spark, log)
+    unit = {"minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000}[period]
+    rows = (
+        frame.withColumn("period", (F.col("dispatched_us") / unit).cast("long") * unit)
+        .withColumn("late_ms", (F.col("dispatched_us") - F.col("due_us")) / 1000.0)
+        .groupBy("period")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.percentile_approx("late_ms", 0.5, 10000).alias("p50"),
+            F.percentile_approx("late_ms", 0.99, 10000).alias("p99"),
+            F.max("late_ms").alias("mx"),
+            F.sum(F.when(F.col("outcome") == "dead-lettered", 1).otherwise(0)).alias("dead"),
+        )
+        .orderBy("period")
+        .collect()
+    )
+    return [
+        Lateness(
+            from_micros(int(r["period"])),
+            int(r["n"]),
+            float(r["p50"]),
+            float(r["p99"]),
+            float(r["mx"]),
+            int(r["dead"]),
+        )
+        for r in rows
+    ]
+
+
+def _log_frame(spark: Any, log: str) -> Any:
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("due_us", LongType()),
+            StructField("dispatched_us", LongType()),
+            StructField("outcome", StringType()),
+        ]
+    )
+    scheme, _, rest = log.partition(":")
+    if scheme == "jsonl":
+        path = rest[2:] if rest.startswith("//") else rest
+        raw = spark.read.json(str(Path(path) / "*.jsonl"))
+        return raw.select(
+            F.unix_micros(F.to_timestamp("due_at")).alias("due_us"),
+            F.unix_micros(F.to_timestamp("dispatched_at")).alias("dispatched_us"),
+            F.col("outcome"),
+        )
+    db = Database.from_url(log)
+    url = log
+    buckets = 8
+
+    def read(bucket: int) -> Any:
+        d = Database.from_url(url)
+        with d.session() as conn:
+            cur = d.execute(
+                conn,
+                f"SELECT due_us, dispatched_us, outcome FROM {d.qualified(TABLE)} WHERE {d.bucket('message_id', buckets)} = %s",
+                [bucket],
+            )
+            while rows := cur.fetchmany(5000):
+                yield from ((int(a), int(b), str(c)) for a, b, c in rows)
+
+    del db
+    return spark.createDataFrame(
+        spark.sparkContext.parallelize(range(buckets), buckets).flatMap(read), schema
+    )
+
+
+# -- output ------------------------------------------------------------------------------------------
+
+
+def write_csv(report: Report, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    tables: dict[str, tuple[Sequence[str], Sequence[Sequence[Any]]]] = {
+        "destinations.csv": (("destination", "messages"), report.by_destination),
+        "due_histogram.csv": (("due", "messages"), report.horizons),
+        "failures.csv": (("failure_count", "messages"), report.failures),
+        "largest.csv": (("bytes", "endpoint", "message_id", "destination"), report.largest),
+        "lateness.csv": (
+            ("period_start", "deliveries", "p50_ms", "p99_ms", "max_ms", "dead_lettered"),
+            [
+                (x.period_start.isoformat(), x.deliveries, x.p50_ms, x.p99_ms, x.max_ms, x.dead_lettered)
+                for x in report.lateness
+            ],
+        ),
+    }
+    written = []
+    for name, (header, rows) in tables.items():
+        path = folder / name
+        with path.open("w", newline="", encoding="utf-8") as out:
+            writer = csv.writer(out)
+            writer.writerow(header)
+            writer.writerows(rows)
+        written.append(path)
+    return written
+
+
+def charts(report: Report) -> dict[str, bytes]:
+    """PNG charts: the backlog by due time, the top destinations, lateness over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pictures: dict[str, bytes] = {}
+
+    def save(name: str, fig: Any) -> None:
+        buffer = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buffer, format="png", dpi=96)
+        plt.close(fig)
+        pictures[name] = buffer.getvalue()
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.bar([n for n, _ in report.horizons], [c for _, c in report.horizons], color="#3b7dd8")
+    ax.set_title("Backlog by due time")
+    ax.set_ylabel("messages")
+    save("backlog.png", fig)
+
+    top = report.by_destination[:10][::-1]
+    fig, ax = plt.subplots(figsize=(7, max(2.0, 0.35 * len(top) + 1)))
+    ax.barh([d for d, _ in top], [c for _, c in top], color="#4caf50")
+    ax.set_title("Messages by destination (top 10)")
+    save("destinations.png", fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3))
+    if report.lateness:
+        xs: list[Any] = [x.period_start for x in report.lateness]
+        ax.plot(xs, [x.p50_ms for x in report.lateness], label="p50")
+        ax.plot(xs, [x.p99_ms for x in report.lateness], label="p99")
+        ax.plot(xs, [x.max_ms for x in report.lateness], label="max", linestyle=":")
+        ax.legend()
+        fig.autofmt_xdate()
+    else:
+        ax.text(0.5, 0.5, "no delivery log given", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(f"Lateness per {report.lateness_period} (ms after due)")
+    save("lateness.png", fig)
+    return pictures
+
+
+def write_html(report: Report, path: Path) -> Path:
+    pictures = charts(report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for name, data in pictures.items():
+        (path.parent / name).write_bytes(data)
+
+    def img(name: str) -> str:
+        return f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(pictures[name]).decode()}">'
+
+    def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+        head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+        )
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    late = [
+        (
+            x.period_start.strftime("%Y-%m-%d %H:%M"),
+            x.deliveries,
+            f"{x.p50_ms:.1f}",
+            f"{x.p99_ms:.1f}",
+            f"{x.max_ms:.1f}",
+            x.dead_lettered,
+        )
+        for x in report.lateness
+    ]
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>duetime report</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:60em}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:right}}th{{background:#f3f3f3}}img{{max-width:100%}}</style>
+</head><body><h1>duetime backlog report</h1>
+<p>{report.total:,} stored messages, as of {report.generated_at.isoformat(timespec="seconds")}.</p>
+<h2>Due</h2>{img("backlog.png")}{table(("due", "messages"), report.horizons)}
+<h2>Destinations</h2>{img("destinations.png")}{table(("destination", "messages"), report.by_destination[:50])}
+<h2>Failures</h2>{table(("failure count", "messages"), report.failures)}
+<h2>Largest messages</h2>{table(("bytes", "endpoint", "message id", "destination"), report.largest)}
+<h2>Lateness</h2>{img("lateness.png")}{table(("period", "deliveries", "p50 ms", "p99 ms", "max ms", "dead-lettered"), late)}
+</body></html>"""
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -1,0 +1,323 @@
+"""Reading a database source in parallel partitions, and staging what a migration takes.
+
+A partition (a *batch*) is one hash bucket of message ids in one endpoint's table. Staging moves a
+batch's rows from the source table into ``duetime_bulk_staged`` in one source transaction, so they
+are hidden from the source's live dispatchers and are never in two places; ``complete`` and
+``restore`` end a batch the same way, each in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from duetime.bulk.db import Database
+from duetime.bulk.layouts import Layout, layout_for
+from duetime.bulk.records import FIELDS, Record
+from duetime.errors import ConfigurationError
+
+RUNS = "duetime_bulk_runs"
+BATCHES = "duetime_bulk_batches"
+STAGED = "duetime_bulk_staged"
+
+
+@dataclass(frozen=True)
+class Batch:
+    number: int
+    endpoint: str
+    table: str
+    bucket: int
+    buckets: int
+    planned: int
+
+
+class DbSource:
+    """A table layout in a database, read by bucket; its state tables live beside it."""
+
+    def __init__(self, db: Database, *, in_flight: bool = False) -> None:
+        self.db = db
+        self.layout: Layout = layout_for(db)
+        #: Read rows a live dispatcher has claimed too (export and report; never a migration).
+        self.layout.in_flight = in_flight
+        self.display = db.display
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def tables(self, endpoint: str | None) -> list[tuple[str, str]]:
+        with self.db.session() as conn:
+            if endpoint is not None:
+                table = self.layout.table_for(endpoint)
+                if not self.db.table_exists(conn, table):
+                    raise ConfigurationError(
+                        f"{self.display} has no table {table!r} for endpoint {endpoint!r}; "
+                        "check --endpoint, or name the table with ?table=…."
+                    )
+                return [(endpoint, table)]
+            found = self.layout.discover(conn)
+        if not found:
+            raise ConfigurationError(
+                f"{self.display} holds no {self.layout.name} tables; name one with --endpoint or ?table=…."
+            )
+        return found
+
+    def plan(self, endpoint: str | None, cutoff_us: int | None, now_us: int, batch_rows: int) -> list[Batch]:
+        """Split the selected rows into batches of about ``batch_rows``, counting each."""
+        batches: list[Batch] = []
+        with self.db.session() as conn:
+            for name, table in self.tables(endpoint):
+                where, params = self.layout.selection(cutoff_us, now_us)
+                q = self.db.qualified(table)
+                total = int(
+                    self.db.execute(conn, f"SELECT COUNT(*) FROM {q} WHERE {where}", params).fetchone()[0]
+                )
+                buckets = max(1, min(4096, math.ceil(total / batch_rows)))
+                expr = self.db.bucket(self.db.quote(self.layout.key), buckets)
+                counts = dict(
+                    self.db.execute(
+                        conn, f"SELECT {expr}, COUNT(*) FROM {q} WHERE {where} GROUP BY 1", params
+                    ).fetchall()
+                )
+                for bucket in range(buckets):
+                    batches.append(
+                        Batch(len(batches), name, table, bucket, buckets, int(counts.get(bucket, 0)))
+                    )
+        return batches
+
+    def _bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
+        where, params = self.layout.selection(cutoff_us, now_us)
+        expr = self.db.bucket(self.db.quote(self.layout.key), batch.buckets)
+        return f"{where} AND {expr} = %s", [*params, batch.bucket]
+
+    def read(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Record]:
+        """The batch's rows, untouched (preview, export, report)."""
+        where, params = self._bucket_where(batch, cutoff_us, now_us)
+        with self.db.session() as conn:
+            cur = self.db.execute(
+                conn,
+                f"SELECT {self.layout.select} FROM {self.db.qualified(batch.table)} WHERE {where}",
+                params,
+            )
+            while rows := cur.fetchmany(5000):
+                for row in rows:
+                    yield self.layout.to_record(batch.endpoint, row)
+
+    # -- migration state ------------------------------------------------------------------------
+
+    def ensure_state_tables(self) -> None:
+        d = self.db
+        key, text, blob = d.key_text(64), d.text, d.blob
+        with d.session() as conn:
+            d.execute(
+                conn,
+                f"CREATE TABLE IF NOT EXISTS {d.qualified(RUNS)} (run_id {key} PRIMARY KEY, job {key} NOT NULL, "
+                f"generation INTEGER NOT NULL, status {d.key_text(16)} NOT NULL, spec {text} NOT NULL)",
+            )
+            d.execute(
+                conn,
+                f"CREATE TABLE IF NOT EXISTS {d.qualified(BATCHES)} (run_id {key} NOT NULL, batch INTEGER NOT NULL, "
+                f"endpoint {d.key_text(200)} NOT NULL, source_table {d.key_text(250)} NOT NULL, bucket INTEGER NOT NULL, "
+                f"buckets INTEGER NOT NULL, status {d.key_text(16)} NOT NULL, planned BIGINT NOT NULL, "
+                "staged BIGINT, inserted BIGINT, put_back BIGINT, note "
+                f"{text}, PRIMARY KEY (run_id, batch))",
+            )
+            d.execute(
+                conn,
+                f"CREATE TABLE IF NOT EXISTS {d.qualified(STAGED)} (run_id {key} NOT NULL, batch INTEGER NOT NULL, "
+                f"endpoint {d.key_text(200)} NOT NULL, message_id {d.key_text(250)} NOT NULL, destination {text}, "
+                f"due_us BIGINT, headers {text}, body {blob} NOT NULL, failure_count INTEGER NOT NULL, extra {text})",
+            )
+            if not _index_exists(d, conn):
+                d.execute(
+                    conn, f"CREATE INDEX duetime_bulk_staged_batch ON {d.qualified(STAGED)} (run_id, batch)"
+                )
+
+    def stage(self, run_id: str, batch: Batch, cutoff_us: int | None, now_us: int) -> int:
+        """Move the batch's rows into the staging table; mark it staged. One transaction."""
+        d, lay = self.db, self.layout
+        where, params = self._bucket_where(batch, cutoff_us, now_us)
+        source = d.qualified(batch.table)
+        with d.session() as conn:
+            if not self._claim_status(conn, run_id, batch.number, "pending"):
+                return -1  # someone else took it: the caller reads the state again
+            lock = "" if d.dialect == "sqlite" else " FOR UPDATE"
+            rows = d.execute(
+                conn, f"SELECT {lay.select} FROM {source} WHERE {where}{lock}", params
+            ).fetchall()
+            records = [lay.to_record(batch.endpoint, r) for r in rows]
+            self._insert_staged(conn, run_id, batch.number, records)
+            keyed = [lay.to_row(r)[0] for r in records]
+            removed = 0
+            if d.dialect == "postgres" and keyed:
+                cur = d.execute(conn, f"DELETE FROM {source} WHERE {d.quote(lay.key)} = ANY(%s)", [keyed])
+                removed, keyed = cur.rowcount, []
+            for chunk in d.chunks(keyed, 1000):
+                cur = d.execute(
+                    conn, f"DELETE FROM {source} WHERE {d.quote(lay.key)} IN ({d.in_list(len(chunk))})", chunk
+                )
+                removed += cur.rowcount
+            if removed != len(records):
+                raise RuntimeError(
+                    f"batch {batch.number}: staged {len(records)} rows but removed {removed}; rolled back"
+                )
+            self._set(conn, run_id, batch.number, status="staged", staged=len(records))
+            return len(records)
+
+    def _insert_staged(self, conn: Any, run_id: str, batch: int, records: Sequence[Record]) -> None:
+        cols = "run_id, batch, " + ", ".join(f if f != "due_us" else "due_us" for f in FIELDS)
+        marks = ", ".join(["%s"] * (len(FIELDS) + 2))
+        if self.db.dialect == "postgres":
+            with conn.cursor().copy(f"COPY {self.db.qualified(STAGED)} ({cols}) FROM STDIN") as copy:
+                for r in records:
+                    copy.write_row((run_id, batch, *r))
+            return
+        self.db.executemany(
+            conn,
+            f"INSERT INTO {self.db.qualified(STAGED)} ({cols}) VALUES ({marks})",
+            [(run_id, batch, *r) for r in records],
+        )
+
+    def staged(self, run_id: str, batch: int) -> list[Record]:
+        with self.db.session() as conn:
+            rows = self.db.execute(
+                conn,
+                f"SELECT {', '.join(FIELDS)} FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
+                [run_id, batch],
+            ).fetchall()
+        return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), int(r[6]), r[7]) for r in rows]
+
+    def complete(self, run_id: str, batch: Batch, put_back: Sequence[str], inserted: int, note: str) -> None:
+        """Return the rows the target did not take to the source, drop the rest; mark completed."""
+        with self.db.session() as conn:
+            if not self._claim_status(conn, run_id, batch.number, "staged"):
+                return
+            back = self._put_back(conn, run_id, batch, set(put_back))
+            self.db.execute(
+                conn,
+                f"DELETE FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
+                [run_id, batch.number],
+            )
+            self._set(
+                conn, run_id, batch.number, status="completed", inserted=inserted, put_back=back, note=note
+            )
+
+    def restore(self, run_id: str, batch: Batch) -> int:
+        """Abort: every staged row of the batch goes back to its table. One transaction."""
+        with self.db.session() as conn:
+            if not self._claim_status(conn, run_id, batch.number, "staged"):
+                return 0
+            back = self._put_back(conn, run_id, batch, None)
+            self.db.execute(
+                conn,
+                f"DELETE FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
+                [run_id, batch.number],
+            )
+            self._set(conn, run_id, batch.number, status="aborted", put_back=back)
+            return back
+
+    def _put_back(self, conn: Any, run_id: str, batch: Batch, only: set[str] | None) -> int:
+        if only is not None and not only:
+            return 0
+        records = [
+            r for r in self._staged_in(conn, run_id, batch.number) if only is None or r.message_id in only
+        ]
+        cols = self.layout.select
+        marks = ", ".join(["%s"] * len(self.layout.columns))
+        self.db.executemany(
+            conn,
+            f"INSERT INTO {self.db.qualified(batch.table)} ({cols}) VALUES ({marks})",
+            [self.layout.to_row(r) for r in records],
+        )
+        return len(records)
+
+    def _staged_in(self, conn: Any, run_id: str, batch: int) -> list[Record]:
+        rows = self.db.execute(
+            conn,
+            f"SELECT {', '.join(FIELDS)} FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
+            [run_id, batch],
+        ).fetchall()
+        return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), int(r[6]), r[7]) for r in rows]
+
+    def _claim_status(self, conn: Any, run_id: str, batch: int, expected: str) -> bool:
+        lock = "" if self.db.dialect == "sqlite" else " FOR UPDATE"
+        row = self.db.execute(
+            conn,
+            f"SELECT status FROM {self.db.qualified(BATCHES)} WHERE run_id=%s AND batch=%s{lock}",
+            [run_id, batch],
+        ).fetchone()
+        return row is not None and row[0] == expected
+
+    def _set(self, conn: Any, run_id: str, batch: int, **values: Any) -> None:
+        sets = ", ".join(f"{k}=%s" for k in values)
+        self.db.execute(
+            conn,
+            f"UPDATE {self.db.qualified(BATCHES)} SET {sets} WHERE run_id=%s AND batch=%s",
+            [*values.values(), run_id, batch],
+        )
+
+    def batches(self, run_id: str) -> list[dict[str, Any]]:
+        with self.db.session() as conn:
+            cur = self.db.execute(
+                conn,
+                "SELECT batch, endpoint, source_table, bucket, buckets, status, planned, staged, inserted, put_back, note "
+                f"FROM {self.db.qualified(BATCHES)} WHERE run_id=%s ORDER BY batch",
+                [run_id],
+            )
+            names = [c[0] for c in cur.description]
+            return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def remaining(self, endpoints: Sequence[tuple[str, str]], cutoff_us: int | None, now_us: int) -> int:
+        """Selected rows still in the source tables (in flight, or stored during the run)."""
+        where, params = self.layout.selection(cutoff_us, now_us)
+        total = 0
+        with self.db.session() as conn:
+            for _, table in endpoints:
+                total += int(
+                    self.db.execute(
+                        conn, f"SELECT COUNT(*) FROM {self.db.qualified(table)} WHERE {where}", params
+                    ).fetchone()[0]
+                )
+        return total
+
+
+def batch_of(row: dict[str, Any]) -> Batch:
+    return Batch(
+        int(row["batch"]),
+        row["endpoint"],
+        row["source_table"],
+        int(row["bucket"]),
+        int(row["buckets"]),
+        int(row["planned"]),
+    )
+
+
+def spec_json(**spec: Any) -> str:
+    return json.dumps(spec, sort_keys=True, default=str)
+
+
+def _index_exists(d: Database, conn: Any) -> bool:
+    if d.dialect == "sqlite":
+        return (
+            d.execute(conn, "SELECT 1 FROM sqlite_master WHERE name='duetime_bulk_staged_batch'").fetchone()
+            is not None
+        )
+    if d.dialect == "postgres":
+        return (
+            d.execute(
+                conn,
+                "SELECT 1 FROM pg_indexes WHERE schemaname=%s AND indexname='duetime_bulk_staged_batch'",
+                [d.schema or "public"],
+            ).fetchone()
+            is not None
+        )
+    return (
+        d.execute(
+            conn,
+            "SELECT 1 FROM information_schema.statistics WHERE table_schema=DATABASE() "
+            "AND table_name=%s AND index_name='duetime_bulk_staged_batch'",
+            [STAGED],
+        ).fetchone()
+        is not None
+    )

@@ -1,0 +1,362 @@
+"""Where bulk jobs write: a duetime store (SQLite, PostgreSQL, MariaDB) or Parquet / JSON Lines files.
+
+Every write of a batch is idempotent and leaves a ledger entry in the same commit (a row in the
+target database, or a file renamed into place after the data), so a re-run never writes a batch
+twice, even when the target's own dispatcher has meanwhile delivered and removed its messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from duetime.bulk.db import Database
+from duetime.bulk.layouts import DuetimeLayout
+from duetime.bulk.records import Record
+from duetime.clock import from_micros
+from duetime.errors import ConfigurationError
+
+LEDGER = "duetime_bulk_ledger"
+SCHEDULED = "duetime_bulk_scheduled"
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one batch write did: how many rows went in, and which ids the target already held."""
+
+    inserted: int
+    conflicts: tuple[str, ...] = ()
+
+
+class Target(Protocol):
+    """A place records can be written to in idempotent, ledgered batches."""
+
+    display: str
+
+    def prepare(self, endpoints: Sequence[str]) -> None:
+        """Create what the endpoints need (tables, folders); run once, on the driver."""
+
+    def ledger(self, run_id: str, batch: int) -> Written | None:
+        """What an earlier write of this batch did, or None if it never committed."""
+
+    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+        """Write valid records; ids already present are conflicts, not overwritten."""
+
+    def forget(self, run_id: str) -> None:
+        """Drop the ledger of a run (after it completed or was aborted)."""
+
+
+class StoreTarget:
+    """A duetime store's tables, written directly: COPY on PostgreSQL, multi-row inserts elsewhere."""
+
+    def __init__(self, db: Database) -> None:
+        if db.layout != "duetime":
+            raise ConfigurationError(
+                f"{db.display}: bulk jobs write duetime stores only; drop layout={db.layout}."
+            )
+        self.db = db
+        self.layout = DuetimeLayout(db)
+        self.display = db.display
+
+    def prepare(self, endpoints: Sequence[str]) -> None:
+        from duetime.registry import open_sync_store
+
+        for endpoint in sorted(set(endpoints)):
+            store = open_sync_store(self.db.store_url(self.db.table))
+            try:
+                store.setup_infrastructure(endpoint)
+            finally:
+                store.close()
+        with self.db.session() as conn:
+            key = self.db.key_text(64)
+            self.db.execute(
+                conn,
+                f"CREATE TABLE IF NOT EXISTS {self.db.qualified(LEDGER)} (run_id {key} NOT NULL, "
+                f"batch INTEGER NOT NULL, inserted BIGINT NOT NULL, conflicts {self.db.text} NOT NULL, "
+                "PRIMARY KEY (run_id, batch))",
+            )
+
+    def ledger(self, run_id: str, batch: int) -> Written | None:
+        with self.db.session() as conn:
+            return self._ledger(conn, run_id, batch)
+
+    def _ledger(self, conn: Any, run_id: str, batch: int) -> Written | None:
+        row = self.db.execute(
+            conn,
+            f"SELECT inserted, conflicts FROM {self.db.qualified(LEDGER)} WHERE run_id=%s AND batch=%s",
+            [run_id, batch],
+        ).fetchone()
+        return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
+
+    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+        with self.db.session() as conn:
+            if self.db.dialect == "mysql":  # the ledger row first: a concurrent twin waits here
+                self.db.execute(
+                    conn,
+                    f"SELECT 1 FROM {self.db.qualified(LEDGER)} WHERE run_id=%s AND batch=%s FOR UPDATE",
+                    [run_id, batch],
+                )
+            done = self._ledger(conn, run_id, batch)
+            if done is not None:
+                return done
+            conflicts: list[str] = []
+            inserted = 0
+            by_table: dict[str, list[Record]] = {}
+            for record in records:
+                by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
+            for table, rows in by_table.items():
+                got, clash = self._insert(conn, table, rows)
+                inserted += got
+                conflicts += clash
+            written = Written(inserted, tuple(conflicts))
+            self.db.execute(
+                conn,
+                f"INSERT INTO {self.db.qualified(LEDGER)} (run_id, batch, inserted, conflicts) VALUES (%s, %s, %s, %s)",
+                [run_id, batch, inserted, json.dumps(conflicts)],
+            )
+            if self.db.dialect == "postgres":
+                self._notify(conn, by_table)
+            return written
+
+    def _insert(self, conn: Any, table: str, rows: Sequence[Record]) -> tuple[int, list[str]]:
+        cols = "message_id, destination, due_at, headers, body, failure_count"
+        target = self.db.qualified(table)
+        ids = [r.message_id for r in rows]
+        if self.db.dialect == "postgres":
+            cur = conn.cursor()
+            cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (LIKE {target}) ON COMMIT DROP")
+            cur.execute("TRUNCATE duetime_bulk_in")
+            with cur.copy(f"COPY duetime_bulk_in ({cols}) FROM STDIN") as copy:
+                for r in rows:
+                    copy.write_row(self.layout.to_row(r))
+            cur.execute(
+                f"INSERT INTO {target} ({cols}) SELECT {cols} FROM duetime_bulk_in "
+                "ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+            )
+            new = {r[0] for r in cur.fetchall()}
+        elif self.db.dialect == "mysql":
+            new = set()
+            for chunk in self.db.chunks(rows, 500):
+                values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))
+                flat = [v for r in chunk for v in self.layout.to_row(r)]
+                cur = self.db.execute(
+                    conn, f"INSERT IGNORE INTO {target} ({cols}) VALUES {values} RETURNING message_id", flat
+                )
+                new |= {r[0] for r in cur.fetchall()}
+        else:
+            present: set[str] = set()
+            for chunk in self.db.chunks(ids, 500):
+                found = self.db.execute(
+                    conn,
+                    f"SELECT message_id FROM {target} WHERE message_id IN ({self.db.in_list(len(chunk))})",
+                    chunk,
+                ).fetchall()
+                present |= {r[0] for r in found}
+            fresh = [r for r in rows if r.message_id not in present]
+            self.db.executemany(
+                conn,
+                f"INSERT INTO {target} ({cols}) VALUES (%s, %s, %s, %s, %s, %s)",
+                [self.layout.to_row(r) for r in fresh],
+            )
+            new = {r.message_id for r in fresh}
+        return len(new), [i for i in ids if i not in new]
+
+    def _notify(self, conn: Any, by_table: dict[str, list[Record]]) -> None:
+        """Wake the target's dispatchers (they LISTEN) for the earliest message just written."""
+        from duetime.backends.postgres.common import PgNames
+
+        for table, rows in by_table.items():
+            earliest = min((r.due_us for r in rows if r.due_us is not None), default=None)
+            if earliest is None:
+                continue
+            channel = PgNames(self.db.schema or "public", table).channel
+            conn.execute("SELECT pg_notify(%s, %s)", [channel, from_micros(earliest).isoformat()])
+
+    def write_once(self, job: str, records: Sequence[Record]) -> Written:
+        """Store each id at most once per job, ever: ids the job stored before (even ones since
+        delivered and removed) are skipped. The ids and the messages commit together."""
+        with self.db.session() as conn:
+            d = self.db
+            seen = d.qualified(SCHEDULED)
+            d.execute(
+                conn,
+                f"CREATE TABLE IF NOT EXISTS {seen} (job {d.key_text(64)} NOT NULL, message_id {d.key_text(250)} NOT NULL, "
+                "PRIMARY KEY (job, message_id))",
+            )
+            if d.dialect == "sqlite":
+                conn.commit()
+                conn.execute("BEGIN IMMEDIATE")
+            unique = list({r.message_id: r for r in records}.values())
+            claimed = self._claim_ids(conn, seen, job, [r.message_id for r in unique])
+            unique = [r for r in unique if r.message_id in claimed]
+            by_table: dict[str, list[Record]] = {}
+            for record in unique:
+                by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
+            inserted, conflicts = 0, []
+            for table, rows_ in by_table.items():
+                got, clash = self._insert(conn, table, rows_)
+                inserted += got
+                conflicts += clash
+            if d.dialect == "postgres":
+                self._notify(conn, by_table)
+            return Written(inserted, tuple(conflicts))
+
+    def _claim_ids(self, conn: Any, seen: str, job: str, ids: Sequence[str]) -> set[str]:
+        """Record ids as scheduled by ``job``; returns those it had not scheduled before."""
+        d = self.db
+        if d.dialect == "postgres":
+            cur = d.execute(
+                conn,
+                f"INSERT INTO {seen} (job, message_id) SELECT %s, unnest(%s::text[]) ON CONFLICT DO NOTHING RETURNING message_id",
+                [job, list(ids)],
+            )
+            return {r[0] for r in cur.fetchall()}
+        if d.dialect == "mysql":
+            claimed: set[str] = set()
+            for chunk in d.chunks(ids, 500):
+                values = ", ".join(["(%s, %s)"] * len(chunk))
+                cur = d.execute(
+                    conn,
+                    f"INSERT IGNORE INTO {seen} (job, message_id) VALUES {values} RETURNING message_id",
+                    [v for i in chunk for v in (job, i)],
+                )
+                claimed |= {r[0] for r in cur.fetchall()}
+            return claimed
+        known: set[str] = set()  # SQLite: BEGIN IMMEDIATE already made this the only writer
+        for chunk in d.chunks(ids, 500):
+            rows = d.execute(
+                conn,
+                f"SELECT message_id FROM {seen} WHERE job=%s AND message_id IN ({d.in_list(len(chunk))})",
+                [job, *chunk],
+            ).fetchall()
+            known |= {r[0] for r in rows}
+        fresh = [i for i in ids if i not in known]
+        d.executemany(
+            conn, f"INSERT INTO {seen} (job, message_id) VALUES (%s, %s)", [(job, i) for i in fresh]
+        )
+        return set(fresh)
+
+    def forget(self, run_id: str) -> None:
+        with self.db.session() as conn:
+            self.db.execute(conn, f"DELETE FROM {self.db.qualified(LEDGER)} WHERE run_id=%s", [run_id])
+
+
+class FileTarget:
+    """A folder of Parquet or JSON Lines files, one per batch; Spark reads the folder back."""
+
+    def __init__(self, path: str, fmt: str) -> None:
+        if fmt not in ("parquet", "jsonl"):
+            raise ConfigurationError(f"Unknown file format {fmt!r}; use parquet or jsonl.")
+        self.path = Path(path)
+        self.format = fmt
+        self.display = f"{fmt}:{path}"
+
+    def _ledger_path(self, run_id: str, batch: int) -> Path:
+        return self.path / "_duetime_ledger" / f"{run_id}-{batch}.json"
+
+    def prepare(self, endpoints: Sequence[str]) -> None:
+        (self.path / "_duetime_ledger").mkdir(parents=True, exist_ok=True)
+
+    def ledger(self, run_id: str, batch: int) -> Written | None:
+        path = self._ledger_path(run_id, batch)
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return Written(int(data["inserted"]), tuple(data["conflicts"]))
+
+    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+        done = self.ledger(run_id, batch)
+        if done is not None:
+            return done
+        self.prepare(())
+        name = self.path / f"part-{run_id}-{batch:05d}.{self.format}"
+        temp = name.with_name("." + name.name + ".tmp")
+        if self.format == "parquet":
+            write_parquet(temp, records)
+        else:
+            with temp.open("w", encoding="utf-8") as out:
+                for record in records:
+                    out.write(json.dumps(record_to_json(record), ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(temp, name)
+        written = Written(len(records))
+        _atomic_write(
+            self._ledger_path(run_id, batch), json.dumps({"inserted": written.inserted, "conflicts": []})
+        )
+        return written
+
+    def forget(self, run_id: str) -> None:
+        for path in (self.path / "_duetime_ledger").glob(f"{run_id}-*.json"):
+            path.unlink()
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    temp = path.with_name("." + path.name + ".tmp")
+    with temp.open("w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temp, path)
+
+
+def record_to_json(record: Record) -> dict[str, Any]:
+    """One JSON Lines object: the due time as ISO 8601 (to the microsecond), the body in base64."""
+    return {
+        "endpoint": record.endpoint,
+        "message_id": record.message_id,
+        "destination": record.destination,
+        "due_at": None if record.due_us is None else from_micros(record.due_us).isoformat(),
+        "headers": record.headers,
+        "body_base64": base64.b64encode(record.body).decode(),
+        "failure_count": record.failure_count,
+    }
+
+
+def arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("endpoint", pa.string()),
+            ("message_id", pa.string()),
+            ("destination", pa.string()),
+            ("due_at", pa.timestamp("us", tz="UTC")),
+            ("headers", pa.string()),
+            ("body", pa.binary()),
+            ("failure_count", pa.int32()),
+        ]
+    )
+
+
+def write_parquet(path: Path, records: Sequence[Record]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = list(zip(*[r[:7] for r in records], strict=True)) if records else [()] * 7
+    table = pa.Table.from_arrays(
+        [pa.array(list(col), type=field.type) for col, field in zip(columns, arrow_schema(), strict=True)],
+        schema=arrow_schema(),
+    )
+    pq.write_table(table, path)
+
+
+def open_target(url: str) -> Target:
+    """``postgresql://…``, ``mysql://…``, ``sqlite:///…`` (a duetime store) or ``parquet:DIR`` /
+    ``jsonl:DIR``."""
+    scheme, _, rest = url.partition(":")
+    if scheme in ("parquet", "jsonl"):
+        return FileTarget(_file_path(rest), scheme)
+    return StoreTarget(Database.from_url(url))
+
+
+def _file_path(rest: str) -> str:
+    path = rest[2:] if rest.startswith("//") else rest
+    if not path:
+        raise ConfigurationError("Name a folder: parquet:/data/export or jsonl:./out.")
+    return path

@@ -1,0 +1,323 @@
+"""``duetime bulk …``: the Spark jobs on the command line. PySpark is imported only when one runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from duetime.durations import parse_time
+from duetime.errors import DuetimeError
+
+bulk_app = typer.Typer(
+    help=(
+        "Bulk work on Apache Spark (pip install 'duetime[spark]'; Java 17): migrate millions of stored "
+        "timeouts between stores, schedule a message per row of a data set, export/import Parquet, and "
+        "report a backlog. Local mode (local[*]) by default; --master spark://host:7077 (or yarn, k8s://…) "
+        "runs on a cluster, and --conf key=value passes Spark settings through."
+    ),
+    no_args_is_help=True,
+)
+console = Console()
+err = Console(stderr=True)
+
+
+class Mode(StrEnum):
+    preview = "preview"
+    migrate = "migrate"
+    abort = "abort"
+
+
+MasterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--master", help="Spark master: local[*] (default), local[4], spark://host:7077, yarn, k8s://…"
+    ),
+]
+ConfOpt = Annotated[
+    list[str] | None,
+    typer.Option("--conf", help="Spark setting key=value; repeat for more (as spark-submit takes them)."),
+]
+EndpointOpt = Annotated[
+    str | None, typer.Option("--endpoint", help="Only this endpoint (default: every endpoint found).")
+]
+
+
+@contextmanager
+def _spark(master: str | None, conf: list[str] | None) -> Iterator[Any]:
+    from duetime.bulk.session import parse_conf, spark_session
+
+    with console.status("starting Spark…"):
+        session = spark_session(master, parse_conf(conf))
+    yield session
+
+
+def _guard(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except DuetimeError as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+
+
+def _progress(label: str) -> tuple[Progress, Callable[[int, int], None]]:
+    bar = Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("batches"),
+        TimeElapsedColumn(),
+        console=err,
+    )
+    task = bar.add_task(label, total=None)
+
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return bar, update
+
+
+def _cutoff(text: str | None) -> datetime | None:
+    return None if text is None else parse_time(text)
+
+
+@bulk_app.command()
+def migrate(
+    source: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="A duetime store (postgresql://…, mysql://…, sqlite:///…), a legacy table (add "
+            "?layout=timeoutdata or ?layout=msmq, and &table=… if not the default name), or files "
+            "(parquet:/dir, jsonl:/dir).",
+        ),
+    ],
+    target: Annotated[str, typer.Option("--to", help="A duetime store URL, or parquet:/dir, jsonl:/dir.")],
+    endpoint: EndpointOpt = None,
+    cutoff: Annotated[
+        str | None, typer.Option(help="Only messages due after this time (ISO 8601 with offset).")
+    ] = None,
+    mode: Annotated[
+        Mode, typer.Option(help="preview changes nothing; migrate moves (resumable); abort puts back.")
+    ] = Mode.preview,
+    batch_rows: Annotated[
+        int, typer.Option(help="About this many rows per staged batch (one Spark task each).")
+    ] = 50_000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    master: MasterOpt = None,
+    conf: ConfOpt = None,
+) -> None:
+    """Move stored timeouts to another store, safely: preview first, then migrate; abort undoes.
+
+    A killed migration is resumed by running the same command again: nothing lost, nothing doubled.
+
+    Example: duetime bulk migrate --from 'postgresql://db/legacy?layout=timeoutdata' --to postgresql://db/app --endpoint Sales --mode migrate
+    """
+
+    def go() -> None:
+        from duetime.bulk.migrate import MigrationSpec, abort, migrate
+
+        spec = MigrationSpec(source, target, endpoint, _cutoff(cutoff), batch_rows)
+        if mode is Mode.abort:
+            result = abort(spec)
+            _print_result(result, as_json)
+            return
+        with _spark(master, conf) as spark:
+            if mode is Mode.preview:
+                from duetime.bulk.preview import preview
+
+                with console.status("reading the source…"):
+                    found = preview(spark, source, endpoint, spec.cutoff)
+                _print_preview(found, as_json)
+                return
+            bar, update = _progress("migrating")
+            with bar:
+                result = migrate(spark, spec, update)
+            _print_result(result, as_json)
+
+    _guard(go)
+
+
+def _print_preview(found: Any, as_json: bool) -> None:
+    if as_json:
+        console.print_json(json.dumps(asdict(found), default=str))
+        return
+    table = Table(title=f"{found.total:,} messages would move")
+    for column in ("endpoint", "destination", "messages", "earliest due", "latest due"):
+        table.add_column(column, justify="right" if column == "messages" else "left")
+    for g in found.groups:
+        table.add_row(g.endpoint, g.destination, f"{g.count:,}", str(g.earliest), str(g.latest))
+    console.print(table)
+    if found.problem_counts:
+        console.print(f"[yellow]{found.problem_total:,} problems[/] (these stay where they are):")
+        for kind, count in sorted(found.problem_counts.items()):
+            console.print(f"  {kind}: {count:,}")
+        for name, ident, why in found.problems[:20]:
+            console.print(f"  {name} {ident}: {why}")
+    else:
+        console.print("[green]no problems found[/]")
+
+
+def _print_result(result: Any, as_json: bool) -> None:
+    if as_json:
+        console.print_json(json.dumps(asdict(result), default=str))
+        return
+    console.print(
+        f"run {result.run_id or '-'} {result.status}: {result.inserted:,} moved, {result.put_back:,} put back "
+        f"(of {result.staged:,} staged, {result.planned:,} planned, {result.batches} batches)"
+    )
+    for note in result.notes[:25]:
+        console.print(f"  {note}")
+
+
+@bulk_app.command()
+def schedule(
+    rows: Annotated[str, typer.Argument(help="Rows to schedule: parquet:/dir or jsonl:/file-or-dir.")],
+    store: Annotated[str, typer.Option("--to", help="The duetime store, e.g. postgresql://db/app.")],
+    job: Annotated[
+        str, typer.Option(help="A name for this job: re-running it never stores a message twice.")
+    ],
+    endpoint: EndpointOpt = None,
+    rejects: Annotated[
+        str | None, typer.Option(help="Folder for rejected rows with reasons (JSON Lines).")
+    ] = None,
+    master: MasterOpt = None,
+    conf: ConfOpt = None,
+) -> None:
+    """Schedule a delayed message for every row: destination, due_at, body, headers, optional id.
+
+    Example: duetime bulk schedule parquet:/data/reminders --to postgresql://db/app --endpoint crm --job reminders-2026-11
+    """
+
+    def go() -> None:
+        from duetime.bulk.schedule import schedule as run
+
+        with _spark(master, conf) as spark, console.status("scheduling…"):
+            done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects)
+        console.print(
+            f"{done.rows:,} rows: {done.stored:,} stored, {done.skipped:,} already scheduled, {done.rejected:,} rejected"
+        )
+        if done.rejects_path:
+            console.print(f"rejected rows and reasons: {done.rejects_path}")
+
+    _guard(go)
+
+
+@bulk_app.command("export")
+def export_(
+    store: Annotated[str, typer.Option("--from", help="The duetime store to read.")],
+    to: Annotated[str, typer.Option("--to", help="parquet:/dir or jsonl:/dir (replaced if it exists).")],
+    endpoint: EndpointOpt = None,
+    master: MasterOpt = None,
+    conf: ConfOpt = None,
+) -> None:
+    """Write every stored message (ids, due times, headers, bodies, failure counts) to files."""
+
+    def go() -> None:
+        from duetime.bulk.exchange import export
+
+        with _spark(master, conf) as spark, console.status("exporting…"):
+            done = export(spark, store, to, endpoint)
+        console.print(f"{done.rows:,} messages written to {done.path}")
+
+    _guard(go)
+
+
+@bulk_app.command("import")
+def import_(
+    files: Annotated[str, typer.Option("--from", help="parquet:/dir or jsonl:/dir, as export wrote it.")],
+    store: Annotated[str, typer.Option("--to", help="The duetime store to fill.")],
+    endpoint: EndpointOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    master: MasterOpt = None,
+    conf: ConfOpt = None,
+) -> None:
+    """Load exported files into a store; importing the same files twice changes nothing."""
+
+    def go() -> None:
+        from duetime.bulk.exchange import import_ as run
+
+        with _spark(master, conf) as spark, console.status("importing…"):
+            result = run(spark, files, store, endpoint)
+        _print_result(result, as_json)
+
+    _guard(go)
+
+
+@bulk_app.command()
+def report(
+    store: Annotated[str, typer.Option("--store", help="The duetime store whose backlog to report.")],
+    endpoint: EndpointOpt = None,
+    delivery_log: Annotated[
+        str | None,
+        typer.Option(help="The dispatcher's delivery log (jsonl:/dir or a database URL) for lateness."),
+    ] = None,
+    period: Annotated[str, typer.Option(help="Lateness per minute, hour or day.")] = "minute",
+    html: Annotated[Path | None, typer.Option(help="Write an HTML report with charts here.")] = None,
+    csv_dir: Annotated[Path | None, typer.Option("--csv", help="Write CSV tables into this folder.")] = None,
+    master: MasterOpt = None,
+    conf: ConfOpt = None,
+) -> None:
+    """The backlog (by destination, by due time, failures, largest) and lateness over time."""
+    if period not in ("minute", "hour", "day"):
+        raise typer.BadParameter("--period must be minute, hour or day")
+
+    def go() -> None:
+        from duetime.bulk import report as r
+
+        with _spark(master, conf) as spark, console.status("counting…"):
+            found = r.backlog(spark, store, endpoint)
+            if delivery_log:
+                found.lateness = r.lateness(spark, delivery_log, period)
+                found.lateness_period = period
+        _print_report(found)
+        if csv_dir is not None:
+            for path in r.write_csv(found, csv_dir):
+                console.print(f"wrote {path}")
+        if html is not None:
+            console.print(f"wrote {r.write_html(found, html)}")
+
+    _guard(go)
+
+
+def _print_report(found: Any) -> None:
+    console.print(f"[bold]{found.total:,}[/] stored messages")
+    due = Table(title="due")
+    due.add_column("when")
+    due.add_column("messages", justify="right")
+    for name, count in found.horizons:
+        due.add_row(name, f"{count:,}")
+    console.print(due)
+    dest = Table(title="top destinations")
+    dest.add_column("destination")
+    dest.add_column("messages", justify="right")
+    for name, count in found.by_destination[:10]:
+        dest.add_row(name, f"{count:,}")
+    console.print(dest)
+    console.print("failure counts: " + (", ".join(f"{k}: {v:,}" for k, v in found.failures) or "none"))
+    if found.largest:
+        size, name, ident, destination = found.largest[0]
+        console.print(f"largest: {size:,} bytes ({name} {ident} → {destination})")
+    if found.lateness:
+        late = Table(title=f"lateness per {found.lateness_period}")
+        for column in ("from", "deliveries", "p50 ms", "p99 ms", "max ms"):
+            late.add_column(column, justify="right")
+        for x in found.lateness[-15:]:
+            late.add_row(
+                x.period_start.strftime("%m-%d %H:%M"),
+                f"{x.deliveries:,}",
+                f"{x.p50_ms:.1f}",
+                f"{x.p99_ms:.1f}",
+                f"{x.max_ms:.1f}",
+            )
+        console.print(late)

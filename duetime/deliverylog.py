@@ -1,0 +1,162 @@
+"""The dispatcher's opt-in delivery log: one entry per forwarded or dead-lettered message.
+
+``duetime bulk report`` reads it to chart lateness over time. It is written after the delivery and
+never holds one up: a log that cannot be written costs a warning, not a message.
+Destinations: JSON Lines files (``jsonl:/var/log/duetime``, one file per UTC day) or a table
+``duetime_delivery_log`` in a SQL database (``postgresql://…``, ``mysql://…``, ``sqlite:///…``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from duetime.clock import to_micros
+from duetime.errors import ConfigurationError
+
+log = logging.getLogger("duetime.deliverylog")
+TABLE = "duetime_delivery_log"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    message_id: str
+    destination: str
+    due_at: datetime
+    dispatched_at: datetime
+    attempts: int
+    #: "delivered" or "dead-lettered"
+    outcome: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "destination": self.destination,
+            "due_at": self.due_at.isoformat(),
+            "dispatched_at": self.dispatched_at.isoformat(),
+            "lateness_ms": round((self.dispatched_at - self.due_at).total_seconds() * 1000, 3),
+            "attempts": self.attempts,
+            "outcome": self.outcome,
+        }
+
+
+class DeliveryLog(Protocol):
+    async def record(self, entries: Sequence[Delivery]) -> None: ...
+    async def close(self) -> None: ...
+
+
+class JsonLinesDeliveryLog:
+    """Appends to ``<folder>/deliveries-YYYY-MM-DD.jsonl`` (UTC day of dispatch)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def write(self, entries: Sequence[Delivery]) -> None:
+        by_day: dict[str, list[str]] = {}
+        for entry in entries:
+            day = entry.dispatched_at.date().isoformat()
+            by_day.setdefault(day, []).append(json.dumps(entry.as_json(), ensure_ascii=False))
+        with self._lock:
+            for day, lines in by_day.items():
+                with (self.folder / f"deliveries-{day}.jsonl").open("a", encoding="utf-8") as out:
+                    out.write("\n".join(lines) + "\n")
+
+    async def record(self, entries: Sequence[Delivery]) -> None:
+        if entries:
+            await asyncio.to_thread(self.write, entries)
+
+    async def close(self) -> None:
+        return None
+
+
+class SqlDeliveryLog:
+    """Rows in ``duetime_delivery_log`` (times as µs since 1970), through the Python driver."""
+
+    def __init__(self, url: str) -> None:
+        from duetime.bulk.db import Database
+
+        self.db = Database.from_url(url)
+        self._conn: Any = None
+        self._lock = threading.Lock()
+
+    def _connect(self) -> Any:
+        if self._conn is None:
+            conn = self.db.connect()
+            d = self.db
+            d.execute(
+                conn,
+                f"CREATE TABLE IF NOT EXISTS {d.qualified(TABLE)} (message_id {d.key_text(250)} NOT NULL, "
+                f"destination {d.key_text(200)} NOT NULL, due_us BIGINT NOT NULL, dispatched_us BIGINT NOT NULL, "
+                f"attempts INTEGER NOT NULL, outcome {d.key_text(16)} NOT NULL)",
+            )
+            conn.commit()
+            self._conn = conn
+        return self._conn
+
+    def write(self, entries: Sequence[Delivery]) -> None:
+        rows = [
+            (
+                e.message_id,
+                e.destination,
+                to_micros(e.due_at),
+                to_micros(e.dispatched_at),
+                e.attempts,
+                e.outcome,
+            )
+            for e in entries
+        ]
+        with self._lock:
+            conn = self._connect()
+            try:
+                if self.db.dialect == "sqlite" and not conn.in_transaction:
+                    conn.execute("BEGIN IMMEDIATE")
+                self.db.executemany(
+                    conn,
+                    f"INSERT INTO {self.db.qualified(TABLE)} (message_id, destination, due_us, dispatched_us, attempts, outcome) "
+                    "VALUES (%s, %s, %s, %s, %s, %s)",
+                    rows,
+                )
+                conn.commit()
+            except Exception:
+                self._drop()
+                raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    async def record(self, entries: Sequence[Delivery]) -> None:
+        if entries:
+            await asyncio.to_thread(self.write, entries)
+
+    async def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+
+def open_delivery_log(spec: str) -> DeliveryLog:
+    """``jsonl:/folder`` or a database URL."""
+    scheme, _, rest = spec.partition(":")
+    if scheme == "jsonl":
+        path = rest[2:] if rest.startswith("//") else rest
+        if not path:
+            raise ConfigurationError("Name a folder for the delivery log: jsonl:/var/log/duetime.")
+        return JsonLinesDeliveryLog(path)
+    if scheme in ("postgresql", "postgres", "mysql", "mariadb", "sqlite"):
+        return SqlDeliveryLog(spec)
+    raise ConfigurationError(
+        f"Cannot write a delivery log to {spec.split('@')[-1]!r}; use jsonl:/folder or a "
+        "postgresql://, mysql:// or sqlite:/// URL."
+    )
