@@ -6,18 +6,21 @@ driver (psycopg, PyMySQL, sqlite3): no JDBC jar and no download at run time.
 
 from __future__ import annotations
 
+import random
 import sqlite3
+import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from duetime.errors import ConfigurationError
 from duetime.names import check_name
 from duetime.urls import redact
 
+T = TypeVar("T")
 DIALECTS = {
     "postgresql": "postgres",
     "postgres": "postgres",
@@ -60,7 +63,7 @@ class Database:
         table = ours.get("table")
         schema = ours.get("schema")
         return cls(
-            url=urlunsplit(parts._replace(query=urlencode(rest))),
+            url=_without_query(url) + (f"?{urlencode(rest)}" if rest else ""),
             dialect=dialect,
             layout=layout,
             table=None if table is None else check_name("table", table),
@@ -99,7 +102,7 @@ class Database:
         if self.dialect == "postgres":
             return f"mod(hashtext({column}::text)::bigint + 2147483648, {buckets})"
         if self.dialect == "mysql":
-            return f"(CRC32({column}) % {buckets})"
+            return f"MOD(CRC32({column}), {buckets})"
         return f"duetime_bucket({column}, {buckets})"
 
     @property
@@ -115,7 +118,7 @@ class Database:
 
     # -- connections --------------------------------------------------------------------------------
 
-    def connect(self) -> Any:
+    def connect(self, write: bool = True) -> Any:
         """A new DB-API connection, not in autocommit; the caller commits."""
         if self.dialect == "postgres":
             import psycopg
@@ -144,14 +147,15 @@ class Database:
         path, _ = parse_sqlite_url(self.url)
         conn: Any = sqlite3.connect(str(path), timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("BEGIN IMMEDIATE")  # one writer at a time; status checks hold for the whole session
+        # A writer takes the write lock up front, so status checks hold for the whole session.
+        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         conn.create_function("duetime_bucket", 2, _sqlite_bucket, deterministic=True)
         return conn
 
     @contextmanager
-    def session(self) -> Iterator[Any]:
+    def session(self, write: bool = True) -> Iterator[Any]:
         """A connection that commits on success, rolls back on error, and is always closed."""
-        conn = self.connect()
+        conn = self.connect(write)
         try:
             yield conn
             conn.commit()
@@ -160,6 +164,28 @@ class Database:
             raise
         finally:
             conn.close()
+
+    def ensure_schema(self, conn: Any) -> None:
+        """PostgreSQL: the schema named in the URL, created if missing (before any table in it)."""
+        if (
+            self.dialect == "postgres"
+            and self.schema
+            and not self.execute(
+                conn, "SELECT 1 FROM pg_namespace WHERE nspname=%s", [self.schema]
+            ).fetchone()
+        ):
+            self.execute(conn, f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}")
+
+    def retrying(self, action: Callable[[], T], attempts: int = 8) -> T:
+        """Run a whole transaction again when the database chose it as a deadlock victim."""
+        for attempt in range(attempts):
+            try:
+                return action()
+            except Exception as error:
+                if attempt == attempts - 1 or not _is_deadlock(error):
+                    raise
+                time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def execute(self, conn: Any, text: str, params: Sequence[Any] = ()) -> Any:
         cur = conn.cursor()
@@ -211,6 +237,19 @@ class Database:
 
     def in_list(self, count: int) -> str:
         return ", ".join(["%s"] * count)
+
+
+def _is_deadlock(error: Exception) -> bool:
+    code = getattr(error, "sqlstate", None)
+    if code in ("40P01", "40001"):  # PostgreSQL: deadlock detected, serialization failure
+        return True
+    args = getattr(error, "args", ())
+    return bool(args) and args[0] in (1213, 1205)  # MariaDB: deadlock, lock wait timeout
+
+
+def _without_query(url: str) -> str:
+    """The URL before its query; not urlunsplit, which turns sqlite://// into sqlite://."""
+    return url.split("?", 1)[0]
 
 
 def _sqlite_bucket(value: object, buckets: int) -> int:

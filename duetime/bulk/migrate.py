@@ -239,7 +239,7 @@ def _run_tasks(
 
 
 def _done(source: DbSource, run_id: str) -> int:
-    with source.db.session() as conn:
+    with source.db.session(write=False) as conn:
         return int(
             source.db.execute(
                 conn,
@@ -250,7 +250,7 @@ def _done(source: DbSource, run_id: str) -> int:
 
 
 def _latest_run(source: DbSource, job: str) -> tuple[str, int, str] | None:
-    with source.db.session() as conn:
+    with source.db.session(write=False) as conn:
         row = source.db.execute(
             conn,
             f"SELECT run_id, generation, status FROM {source.db.qualified(RUNS)} WHERE job=%s ORDER BY generation DESC LIMIT 1",

@@ -155,7 +155,7 @@ def _log_frame(spark: Any, log: str) -> Any:
 
     def read(bucket: int) -> Any:
         d = Database.from_url(url)
-        with d.session() as conn:
+        with d.session(write=False) as conn:
             cur = d.execute(
                 conn,
                 f"SELECT due_us, dispatched_us, outcome FROM {d.qualified(TABLE)} WHERE {d.bucket('message_id', buckets)} = %s",

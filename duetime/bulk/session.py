@@ -25,6 +25,7 @@ def spark_session(
     # Executors must run this interpreter (with duetime and its drivers), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
     builder = SparkSession.builder.appName(app)
     # Under spark-submit the JVM gateway already runs, started with the --master it was given.
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ

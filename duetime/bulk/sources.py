@@ -47,7 +47,7 @@ class DbSource:
     # -- reading --------------------------------------------------------------------------------
 
     def tables(self, endpoint: str | None) -> list[tuple[str, str]]:
-        with self.db.session() as conn:
+        with self.db.session(write=False) as conn:
             if endpoint is not None:
                 table = self.layout.table_for(endpoint)
                 if not self.db.table_exists(conn, table):
@@ -66,8 +66,9 @@ class DbSource:
     def plan(self, endpoint: str | None, cutoff_us: int | None, now_us: int, batch_rows: int) -> list[Batch]:
         """Split the selected rows into batches of about ``batch_rows``, counting each."""
         batches: list[Batch] = []
+        tables = self.tables(endpoint)
         with self.db.session() as conn:
-            for name, table in self.tables(endpoint):
+            for name, table in tables:
                 where, params = self.layout.selection(cutoff_us, now_us)
                 q = self.db.qualified(table)
                 total = int(
@@ -94,7 +95,7 @@ class DbSource:
     def read(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Record]:
         """The batch's rows, untouched (preview, export, report)."""
         where, params = self._bucket_where(batch, cutoff_us, now_us)
-        with self.db.session() as conn:
+        with self.db.session(write=False) as conn:
             cur = self.db.execute(
                 conn,
                 f"SELECT {self.layout.select} FROM {self.db.qualified(batch.table)} WHERE {where}",
@@ -110,6 +111,7 @@ class DbSource:
         d = self.db
         key, text, blob = d.key_text(64), d.text, d.blob
         with d.session() as conn:
+            d.ensure_schema(conn)
             d.execute(
                 conn,
                 f"CREATE TABLE IF NOT EXISTS {d.qualified(RUNS)} (run_id {key} PRIMARY KEY, job {key} NOT NULL, "
@@ -135,6 +137,9 @@ class DbSource:
                 )
 
     def stage(self, run_id: str, batch: Batch, cutoff_us: int | None, now_us: int) -> int:
+        return self.db.retrying(lambda: self._stage(run_id, batch, cutoff_us, now_us))
+
+    def _stage(self, run_id: str, batch: Batch, cutoff_us: int | None, now_us: int) -> int:
         """Move the batch's rows into the staging table; mark it staged. One transaction."""
         d, lay = self.db, self.layout
         where, params = self._bucket_where(batch, cutoff_us, now_us)
@@ -142,10 +147,24 @@ class DbSource:
         with d.session() as conn:
             if not self._claim_status(conn, run_id, batch.number, "pending"):
                 return -1  # someone else took it: the caller reads the state again
-            lock = "" if d.dialect == "sqlite" else " FOR UPDATE"
-            rows = d.execute(
-                conn, f"SELECT {lay.select} FROM {source} WHERE {where}{lock}", params
-            ).fetchall()
+            if d.dialect == "mysql":
+                # Lock by primary key only: a locking scan of the whole table deadlocks with its twins.
+                found = d.execute(
+                    conn, f"SELECT {d.quote(lay.key)} FROM {source} WHERE {where}", params
+                ).fetchall()
+                rows = []
+                for chunk in d.chunks([r[0] for r in found], 1000):
+                    rows += d.execute(
+                        conn,
+                        f"SELECT {lay.select} FROM {source} WHERE {d.quote(lay.key)} IN ({d.in_list(len(chunk))}) "
+                        f"AND {where} FOR UPDATE",
+                        [*chunk, *params],
+                    ).fetchall()
+            else:
+                lock = "" if d.dialect == "sqlite" else " FOR UPDATE"
+                rows = d.execute(
+                    conn, f"SELECT {lay.select} FROM {source} WHERE {where}{lock}", params
+                ).fetchall()
             records = [lay.to_record(batch.endpoint, r) for r in rows]
             self._insert_staged(conn, run_id, batch.number, records)
             keyed = [lay.to_row(r)[0] for r in records]
@@ -180,7 +199,7 @@ class DbSource:
         )
 
     def staged(self, run_id: str, batch: int) -> list[Record]:
-        with self.db.session() as conn:
+        with self.db.session(write=False) as conn:
             rows = self.db.execute(
                 conn,
                 f"SELECT {', '.join(FIELDS)} FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
@@ -189,6 +208,9 @@ class DbSource:
         return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), int(r[6]), r[7]) for r in rows]
 
     def complete(self, run_id: str, batch: Batch, put_back: Sequence[str], inserted: int, note: str) -> None:
+        return self.db.retrying(lambda: self._complete(run_id, batch, put_back, inserted, note))
+
+    def _complete(self, run_id: str, batch: Batch, put_back: Sequence[str], inserted: int, note: str) -> None:
         """Return the rows the target did not take to the source, drop the rest; mark completed."""
         with self.db.session() as conn:
             if not self._claim_status(conn, run_id, batch.number, "staged"):
@@ -204,6 +226,9 @@ class DbSource:
             )
 
     def restore(self, run_id: str, batch: Batch) -> int:
+        return self.db.retrying(lambda: self._restore(run_id, batch))
+
+    def _restore(self, run_id: str, batch: Batch) -> int:
         """Abort: every staged row of the batch goes back to its table. One transaction."""
         with self.db.session() as conn:
             if not self._claim_status(conn, run_id, batch.number, "staged"):
@@ -258,7 +283,7 @@ class DbSource:
         )
 
     def batches(self, run_id: str) -> list[dict[str, Any]]:
-        with self.db.session() as conn:
+        with self.db.session(write=False) as conn:
             cur = self.db.execute(
                 conn,
                 "SELECT batch, endpoint, source_table, bucket, buckets, status, planned, staged, inserted, put_back, note "
@@ -270,9 +295,13 @@ class DbSource:
 
     def remaining(self, endpoints: Sequence[tuple[str, str]], cutoff_us: int | None, now_us: int) -> int:
         """Selected rows still in the source tables (in flight, or stored during the run)."""
-        where, params = self.layout.selection(cutoff_us, now_us)
+        in_flight, self.layout.in_flight = self.layout.in_flight, True
+        try:
+            where, params = self.layout.selection(cutoff_us, now_us)
+        finally:
+            self.layout.in_flight = in_flight
         total = 0
-        with self.db.session() as conn:
+        with self.db.session(write=False) as conn:
             for _, table in endpoints:
                 total += int(
                     self.db.execute(

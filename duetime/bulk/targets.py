@@ -72,6 +72,8 @@ class StoreTarget:
                 store.setup_infrastructure(endpoint)
             finally:
                 store.close()
+        for endpoint in sorted(set(endpoints)):
+            self._check_table(self.layout.table_for(endpoint))
         with self.db.session() as conn:
             key = self.db.key_text(64)
             self.db.execute(
@@ -81,8 +83,20 @@ class StoreTarget:
                 "PRIMARY KEY (run_id, batch))",
             )
 
+    def _check_table(self, table: str) -> None:
+        try:
+            with self.db.session() as conn:
+                self.db.execute(
+                    conn, f"SELECT message_id, claim_token FROM {self.db.qualified(table)} WHERE 1=0"
+                ).fetchall()
+        except Exception:
+            raise ConfigurationError(
+                f"Table {table!r} in {self.display} exists but is not a duetime store (a legacy table of "
+                "the same name?); give the target another table with ?table=…."
+            ) from None
+
     def ledger(self, run_id: str, batch: int) -> Written | None:
-        with self.db.session() as conn:
+        with self.db.session(write=False) as conn:
             return self._ledger(conn, run_id, batch)
 
     def _ledger(self, conn: Any, run_id: str, batch: int) -> Written | None:
@@ -94,6 +108,9 @@ class StoreTarget:
         return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
 
     def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+        return self.db.retrying(lambda: self._write(run_id, batch, records))
+
+    def _write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
         with self.db.session() as conn:
             if self.db.dialect == "mysql":  # the ledger row first: a concurrent twin waits here
                 self.db.execute(
@@ -178,6 +195,9 @@ class StoreTarget:
             conn.execute("SELECT pg_notify(%s, %s)", [channel, from_micros(earliest).isoformat()])
 
     def write_once(self, job: str, records: Sequence[Record]) -> Written:
+        return self.db.retrying(lambda: self._write_once(job, records))
+
+    def _write_once(self, job: str, records: Sequence[Record]) -> Written:
         """Store each id at most once per job, ever: ids the job stored before (even ones since
         delivered and removed) are skipped. The ids and the messages commit together."""
         with self.db.session() as conn:

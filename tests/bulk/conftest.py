@@ -1,0 +1,76 @@
+"""A local SparkSession shared by the bulk tests, and legacy tables to migrate from."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from duetime.bulk.db import Database
+from duetime.bulk.layouts import MsmqLayout, TimeoutDataLayout
+
+pyspark = pytest.importorskip("pyspark", reason="pip install 'duetime[spark]'")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from duetime.bulk.session import spark_session
+
+    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4"})
+    yield session
+    session.stop()
+
+
+def timeout_rows(
+    count: int, *, start: datetime | None = None, destination: str = "orders"
+) -> list[tuple[Any, ...]]:
+    """Rows in NServiceBus's TimeoutData layout, due from ``start`` on, one second apart."""
+    base = (start or datetime.now(UTC) + timedelta(hours=1)).replace(tzinfo=None)
+    return [
+        (
+            uuid.uuid4(),
+            destination,
+            uuid.uuid4(),
+            f"state {i}".encode() + bytes([i % 256]),
+            base + timedelta(seconds=i, microseconds=i),
+            json.dumps({"NServiceBus.MessageId": str(i), "Ünïcode": "✓"}),
+            "4.1.0",
+        )
+        for i in range(count)
+    ]
+
+
+def create_timeoutdata(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> Database:
+    db = Database.from_url(url + ("&" if "?" in url else "?") + f"layout=timeoutdata&table={table}")
+    layout = TimeoutDataLayout(db)
+    with db.session() as conn:
+        db.ensure_schema(conn)
+        db.execute(conn, layout.create_sql(table))
+        if db.dialect == "mysql":
+            rows = [(str(r[0]), r[1], None if r[2] is None else str(r[2]), *r[3:]) for r in rows]
+        db.executemany(conn, f"INSERT INTO {db.qualified(table)} VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
+    return db
+
+
+def create_msmq(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> Database:
+    db = Database.from_url(url + ("&" if "?" in url else "?") + f"layout=msmq&table={table}")
+    with db.session() as conn:
+        db.ensure_schema(conn)
+        db.execute(conn, MsmqLayout(db).create_sql(table))
+        db.executemany(conn, f"INSERT INTO {db.qualified(table)} VALUES (%s, %s, %s, %s, %s, %s)", rows)
+    return db
+
+
+def table_rows(db: Database, table: str, order: str) -> list[tuple[Any, ...]]:
+    with db.session() as conn:
+        rows = db.execute(conn, f"SELECT * FROM {db.qualified(table)} ORDER BY {db.quote(order)}").fetchall()
+    return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in rows]
+
+
+def count(db: Database, table: str) -> int:
+    with db.session() as conn:
+        return int(db.execute(conn, f"SELECT COUNT(*) FROM {db.qualified(table)}").fetchone()[0])

@@ -1,0 +1,275 @@
+"""Migration on a local SparkSession: every source and target, problems, resume, abort."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import DelayedMessage, TransactionMode
+from duetime.bulk.db import Database
+from duetime.bulk.migrate import MigrationSpec, abort, migrate, process_batch
+from duetime.bulk.preview import preview
+from duetime.bulk.sources import DbSource
+from duetime.bulk.targets import StoreTarget
+from duetime.clock import from_micros, to_micros
+from duetime.errors import ConfigurationError
+from duetime.registry import open_sync_store
+from tests.bulk.conftest import count, create_msmq, create_timeoutdata, table_rows, timeout_rows
+from tests.services import mariadb_database, postgres_schema
+
+
+def store_rows(url: str, endpoint: str) -> dict[str, DelayedMessage]:
+    store = open_sync_store(url)
+    try:
+        store.setup_infrastructure(endpoint)
+        store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+        from duetime.interfaces import ListQuery
+
+        got: dict[str, DelayedMessage] = {}
+        query = ListQuery(limit=1000)
+        while True:
+            page = store.list(query)
+            got.update({m.message_id: m for m in page.messages})
+            if page.next_cursor is None:
+                return got
+            query = ListQuery(limit=1000, after=page.next_cursor)
+    finally:
+        store.close()
+
+
+def test_timeoutdata_in_postgres_moves_into_the_duetime_store_with_problems_left_behind(spark: Any) -> None:
+    with postgres_schema() as pg:
+        rows = timeout_rows(2500)
+        bad = timeout_rows(3)
+        bad[0] = (bad[0][0], None, *bad[0][2:])  # no destination
+        bad[1] = (*bad[1][:5], "{not json", bad[1][6])  # unreadable headers
+        bad[2] = (*bad[2][:4], datetime(9999, 12, 31), *bad[2][5:])  # DateTime.MaxValue: out of range
+        legacy = create_timeoutdata(pg, "Sales_TimeoutData", rows + bad)
+        before = {r[0]: r for r in table_rows(legacy, "Sales_TimeoutData", "Id")}
+        source = pg + "&layout=timeoutdata"
+
+        found = preview(spark, source, "Sales")
+        assert found.total == 2503 and count(legacy, "Sales_TimeoutData") == 2503  # preview changed nothing
+        assert found.problem_counts == {
+            "invalid or missing destination": 1,
+            "unreadable headers": 1,
+            "due time missing or out of range": 1,
+        }
+        [group] = [g for g in found.groups if g.destination == "orders"]
+        assert group.count == 2502
+
+        result = migrate(spark, MigrationSpec(source, pg, "Sales", batch_rows=500))
+        assert (result.planned, result.staged, result.inserted, result.put_back) == (2503, 2503, 2500, 3)
+        assert result.remaining == 3
+        moved = store_rows(pg, "Sales")
+        assert len(moved) == 2500
+        for ident, row in before.items():
+            if str(ident) in moved:
+                m = moved[str(ident)]
+                assert m.destination == row[1] and m.body == row[3]
+                assert m.due_at == row[4].replace(tzinfo=UTC)  # to the microsecond
+                assert m.headers == json.loads(row[5])
+        # the three problem rows are back in the legacy table exactly as they were
+        assert {r[0]: r for r in table_rows(legacy, "Sales_TimeoutData", "Id")} == {
+            r[0]: before[r[0]] for r in (b for b in bad)
+        }
+        again = migrate(spark, MigrationSpec(source, pg, "Sales", batch_rows=500))
+        assert again.inserted == 0 and len(store_rows(pg, "Sales")) == 2500
+
+
+def test_mariadb_timeoutdata_and_msmq_layouts_move_into_a_mariadb_store(spark: Any) -> None:
+    with mariadb_database() as db:
+        create_timeoutdata(db, "Billing_TimeoutData", timeout_rows(300, destination="billing"))
+        due = datetime(2031, 5, 1, 9, 0, 0, 123456)
+        msmq_rows = [
+            (
+                f"m{i}",
+                "invoices",
+                b"body",
+                due + timedelta(seconds=i),
+                json.dumps({"k": str(i)}).encode(),
+                i % 3,
+            )
+            for i in range(200)
+        ]
+        create_msmq(db, "legacy_invoices", msmq_rows)
+        r1 = migrate(spark, MigrationSpec(db + "?layout=timeoutdata", db, batch_rows=100))
+        create_msmq(db, "Clash.delayed", msmq_rows[:1])  # seed 004's default name is duetime's too
+        with pytest.raises(ConfigurationError, match="not a duetime store"):
+            migrate(spark, MigrationSpec(db + "?layout=msmq&table=Clash.delayed", db, "Clash"))
+        r2 = migrate(
+            spark, MigrationSpec(db + "?layout=msmq&table=legacy_invoices", db, "Invoices", batch_rows=100)
+        )
+        assert (r1.inserted, r2.inserted) == (300, 200)
+        billing = store_rows(db, "Billing")
+        invoices = store_rows(db, "Invoices")
+        assert len(billing) == 300 and {m.destination for m in billing.values()} == {"billing"}
+        assert invoices["m7"].due_at == (due + timedelta(seconds=7)).replace(tzinfo=UTC)
+        assert invoices["m7"].headers == {"k": "7"} and invoices["m7"].failure_count == 1
+
+
+def seed_store(
+    url: str, endpoint: str, n: int, destination: str = "orders", start: datetime | None = None
+) -> list[DelayedMessage]:
+    base = start or datetime.now(UTC) + timedelta(hours=2)
+    messages = [
+        DelayedMessage(
+            f"{endpoint}-{i}",
+            destination,
+            base + timedelta(seconds=i, microseconds=7),
+            bytes([i % 256]) * (i % 50),
+            {"n": str(i), "ü": "✓"},
+            i % 4,
+        )
+        for i in range(n)
+    ]
+    store = open_sync_store(url)
+    store.setup_infrastructure(endpoint)
+    store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+    store.store_many(messages)
+    store.close()
+    return messages
+
+
+def test_every_endpoint_of_a_sqlite_store_moves_to_postgres_then_mariadb_with_a_cutoff(
+    spark: Any, tmp_path: Path
+) -> None:
+    sqlite = f"sqlite:///{tmp_path / 'old.db'}"
+    a = seed_store(sqlite, "alpha", 120)
+    b = seed_store(sqlite, "beta", 80, destination="shipping")
+    with postgres_schema() as pg, mariadb_database() as maria:
+        result = migrate(spark, MigrationSpec(sqlite, pg, batch_rows=100))
+        assert result.inserted == 200 and result.remaining == 0
+        assert store_rows(pg, "alpha") == {m.message_id: m for m in a}
+        assert store_rows(pg, "beta") == {m.message_id: m for m in b}
+        cutoff = a[59].due_at
+        moved = migrate(spark, MigrationSpec(pg, maria, "alpha", cutoff=cutoff, batch_rows=100))
+        assert moved.inserted == 60
+        assert store_rows(maria, "alpha") == {m.message_id: m for m in a[60:]}
+        assert store_rows(pg, "alpha") == {m.message_id: m for m in a[:60]}
+
+
+def test_claimed_messages_are_in_flight_and_left_for_their_dispatcher(spark: Any, tmp_path: Path) -> None:
+    sqlite = f"sqlite:///{tmp_path / 'live.db'}"
+    seed_store(sqlite, "live", 10, start=datetime.now(UTC) - timedelta(seconds=5))
+    store = open_sync_store(sqlite)
+    store.initialize("live", TransactionMode.AT_LEAST_ONCE)
+    claimed = store.fetch_due(datetime.now(UTC), 4)
+    store.close()
+    target = f"sqlite:///{tmp_path / 'new.db'}"
+    result = migrate(spark, MigrationSpec(sqlite, target, "live", batch_rows=100))
+    assert result.inserted == 6 and result.remaining == 4
+    assert not set(store_rows(target, "live")) & {m.message_id for m in claimed}
+
+
+def test_a_migration_stopped_at_each_step_resumes_without_losing_or_doubling(spark: Any) -> None:
+    with postgres_schema() as pg:
+        legacy = create_timeoutdata(pg, "Crm_TimeoutData", timeout_rows(1000))
+        source = pg + "&layout=timeoutdata"
+        spec = MigrationSpec(source, pg, "Crm", batch_rows=250)
+        src = DbSource(Database.from_url(source))
+        src.ensure_state_tables()
+        m = sys.modules["duetime.bulk.migrate"]
+
+        run_id, _ = m._current_run(src, spec, to_micros(datetime.now(UTC)))
+        assert run_id is not None
+        target = StoreTarget(Database.from_url(pg))
+        target.prepare(["Crm"])
+        batches = src.batches(run_id)
+        assert [b["status"] for b in batches] == ["pending"] * 4
+        # batch 0: staged only (killed before writing); batch 1: written, killed before completing
+        src.stage(run_id, m.batch_of(batches[0]), None, to_micros(datetime.now(UTC)))
+        src.stage(run_id, m.batch_of(batches[1]), None, to_micros(datetime.now(UTC)))
+        written = target.write(run_id, 1, src.staged(run_id, 1))
+        assert written.inserted == batches[1]["planned"]
+        # the target's dispatcher delivers (removes) some of batch 1 before the resume
+        delivered = [r.message_id for r in src.staged(run_id, 1)[:10]]
+        store = open_sync_store(pg)
+        store.initialize("Crm", TransactionMode.AT_LEAST_ONCE)
+        assert store.remove_many(delivered) == 10
+        store.close()
+        # hidden from the source's dispatchers while staged
+        assert count(legacy, "Crm_TimeoutData") == 1000 - batches[0]["planned"] - batches[1]["planned"]
+        result = migrate(spark, spec)  # the same command again
+        assert result.run_id == run_id and result.inserted == 1000
+        assert count(legacy, "Crm_TimeoutData") == 0
+        assert len(store_rows(pg, "Crm")) == 990  # the delivered ten did not come back
+        assert process_batch(spec, run_id, 0) == 0  # a finished batch is left alone
+
+
+def test_abort_puts_back_everything_the_target_has_not_committed(spark: Any) -> None:
+    with postgres_schema() as pg:
+        legacy = create_timeoutdata(pg, "Ops_TimeoutData", timeout_rows(600))
+        before = table_rows(legacy, "Ops_TimeoutData", "Id")
+        source = pg + "&layout=timeoutdata"
+        spec = MigrationSpec(source, pg, "Ops", batch_rows=200)
+        src = DbSource(Database.from_url(source))
+        src.ensure_state_tables()
+        m = sys.modules["duetime.bulk.migrate"]
+
+        run_id, _ = m._current_run(src, spec, to_micros(datetime.now(UTC)))
+        assert run_id is not None
+        batches = src.batches(run_id)
+        for row in batches:
+            src.stage(run_id, m.batch_of(row), None, to_micros(datetime.now(UTC)))
+        target = StoreTarget(Database.from_url(pg))
+        target.prepare(["Ops"])
+        committed = target.write(run_id, 0, src.staged(run_id, 0))  # batch 0 reached the target
+        assert count(legacy, "Ops_TimeoutData") == 0
+        result = abort(spec)
+        assert result.status == "aborted"
+        assert len(store_rows(pg, "Ops")) == committed.inserted
+        left = table_rows(legacy, "Ops_TimeoutData", "Id")
+        assert len(left) == 600 - committed.inserted
+        assert set(left) <= set(before)  # put back exactly as they were (saga ids, versions, times)
+        assert abort(spec).notes == ["no unfinished run of this migration: nothing to abort."]
+        # a new migration after an abort starts a new run and moves the rest
+        assert migrate(spark, spec).inserted == 600 - committed.inserted
+
+
+def test_files_are_a_source_and_a_target(spark: Any, tmp_path: Path) -> None:
+    with postgres_schema() as pg:
+        messages = seed_store(pg, "files", 150)
+        for fmt in ("parquet", "jsonl"):
+            out = tmp_path / fmt
+            result = migrate(
+                spark, MigrationSpec(pg + "&table=files.delayed", f"{fmt}:{out}", "files", batch_rows=100)
+            )
+            assert result.inserted == 150
+            back = f"sqlite:///{tmp_path / (fmt + '.db')}"
+            imported = migrate(spark, MigrationSpec(f"{fmt}:{out}", back))
+            assert imported.inserted == 150, imported
+            assert store_rows(back, "files") == {m.message_id: m for m in messages}
+            # the source was drained into the files; put it back for the next format
+            messages = seed_store(pg, "files", 150)
+
+
+def test_preview_reports_duplicate_ids_in_files(spark: Any, tmp_path: Path) -> None:
+    lines = [
+        {"endpoint": "e", "message_id": "same", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"},
+        {"endpoint": "e", "message_id": "same", "destination": "q", "due_at": "2031-01-01T00:00:01+00:00"},
+        {"endpoint": "e", "message_id": "ok", "destination": "q", "due_at": "2031-01-01T00:00:02+00:00"},
+        {"endpoint": "e", "message_id": "late", "destination": "q", "due_at": "2031-01-01T00:00:02"},
+    ]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    found = preview(spark, f"jsonl:{path}")
+    assert found.problem_counts["duplicate id"] == 1
+    assert found.problem_counts["due time missing or out of range"] == 1
+    assert sum(found.problem_counts.values()) == 3
+    assert any("not JSON" in why for _, _, why in found.problems)
+
+
+def test_bad_input_is_refused_with_the_fix() -> None:
+    with pytest.raises(ConfigurationError, match="layout=duetime"):
+        Database.from_url("postgresql://x/db?layout=nservicebus")
+    with pytest.raises(ConfigurationError, match="UTC offset"):
+        MigrationSpec("sqlite:///a.db", "sqlite:///b.db", cutoff=datetime(2030, 1, 1))
+    with pytest.raises(ConfigurationError, match="not a database URL"):
+        Database.from_url("redis://localhost/0")
+    assert from_micros(to_micros(datetime(2030, 1, 1, tzinfo=UTC))) == datetime(2030, 1, 1, tzinfo=UTC)
