@@ -243,8 +243,8 @@ def _is_deadlock(error: Exception) -> bool:
     code = getattr(error, "sqlstate", None)
     if code in ("40P01", "40001"):  # PostgreSQL: deadlock detected, serialization failure
         return True
-    args = getattr(error, "args", ())
-    return bool(args) and args[0] in (1213, 1205)  # MariaDB: deadlock, lock wait timeout
+    args: tuple[Any, ...] = tuple(getattr(error, "args", ()))
+    return len(args) > 0 and args[0] in (1213, 1205)  # MariaDB: deadlock, lock wait timeout
 
 
 def _without_query(url: str) -> str:
