@@ -100,6 +100,12 @@ class DuetimeLayout(Layout):
         tables = sorted(str(r[0])[len("store:") :] for r in rows)
         return [(self.endpoint_of(t), t) for t in tables if self.db.table_exists(conn, t)]
 
+    @property
+    def select(self) -> str:
+        text = super().select
+        # psycopg would parse a json column; export must carry the stored text byte for byte
+        return text.replace('"headers"', '"headers"::text') if self.db.dialect == "postgres" else text
+
     def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
         where, params = super().selection(cutoff_us, now_us)
         if self.in_flight:
@@ -113,8 +119,7 @@ class DuetimeLayout(Layout):
         return from_micros(due_us) if self.db.dialect == "postgres" else due_us
 
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
-        headers = row[3] if isinstance(row[3], str) else json.dumps(row[3], separators=(",", ":"))
-        return Record(endpoint, row[0], row[1], due_us_of(row[2]), headers, bytes(row[4]), int(row[5]))
+        return Record(endpoint, row[0], row[1], due_us_of(row[2]), row[3], bytes(row[4]), int(row[5]))
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
         assert record.due_us is not None

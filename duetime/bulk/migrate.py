@@ -331,12 +331,19 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
     ).collect()
     rdd.unpersist()
     result = MigrationResult(run_id, batches=len(counted))
-    for seen, inserted, conflicts, rejected in counted:
+    for seen, inserted, conflicts, rejected, before in counted:
         result.planned += seen
+        if before:
+            continue
         result.staged += seen
         result.inserted += inserted
         result.put_back += conflicts + len(rejected)
         result.notes.extend(rejected[:5])
+    skipped = sum(1 for c in counted if c[4])
+    if skipped:
+        result.notes.append(
+            f"{skipped} of {len(counted)} partitions of these files were written before: skipped."
+        )
     if progress is not None:
         progress(len(counted), len(counted))
     return result
@@ -344,11 +351,13 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
 
 def _write_partition(
     target: Target, run_id: str, index: int, pairs: list[tuple[Record, str | None]]
-) -> tuple[int, int, int, list[str]]:
+) -> tuple[int, int, int, list[str], bool]:
     valid = [r for r, why in pairs if why is None]
     rejected = [f"{r.message_id or '?'}: {why}" for r, why in pairs if why is not None]
-    written = target.ledger(run_id, index) or target.write(run_id, index, valid)
-    return len(pairs), written.inserted, len(written.conflicts), rejected
+    if target.ledger(run_id, index) is not None:  # written by an earlier run of the same files
+        return len(pairs), 0, 0, [], True
+    written = target.write(run_id, index, valid)
+    return len(pairs), written.inserted, len(written.conflicts), rejected, False
 
 
 def _fingerprint(path: str) -> str:

@@ -248,7 +248,7 @@ class DbSource:
         records = [
             r for r in self._staged_in(conn, run_id, batch.number) if only is None or r.message_id in only
         ]
-        cols = self.layout.select
+        cols = ", ".join(self.db.quote(c) for c in self.layout.columns)
         marks = ", ".join(["%s"] * len(self.layout.columns))
         self.db.executemany(
             conn,

@@ -1,0 +1,193 @@
+"""schedule, export/import, report and the delivery log, on a local SparkSession."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
+from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore
+from duetime.bulk.db import Database
+from duetime.bulk.exchange import export, import_
+from duetime.bulk.report import backlog, lateness, write_csv, write_html
+from duetime.bulk.schedule import schedule
+from duetime.deliverylog import JsonLinesDeliveryLog, SqlDeliveryLog
+from duetime.registry import open_sync_store
+from tests.bulk.test_migrate import seed_store, store_rows
+from tests.services import mariadb_database, postgres_schema
+
+
+def test_schedule_stores_valid_rows_once_and_rejects_the_rest_with_reasons(
+    spark: Any, tmp_path: Path
+) -> None:
+    nine = datetime(2031, 3, 1, 9, 0)
+    rows = [
+        ("r1", "reminders", nine.replace(tzinfo=UTC), b"hello 1", {"customer": "1"}),
+        (None, "reminders", (nine + timedelta(hours=1)).replace(tzinfo=UTC), b"hello 2", {"customer": "2"}),
+        ("r3", "", nine.replace(tzinfo=UTC), b"no destination", {}),
+        ("r4", "reminders", None, b"no due time", {}),
+    ]
+    frame = spark.createDataFrame(
+        rows, "id string, destination string, due_at timestamp, body binary, headers map<string,string>"
+    )
+    with postgres_schema() as pg:
+        rejects = tmp_path / "rejects"
+        done = schedule(spark, frame, pg, endpoint="crm", job="reminders-1", rejects=str(rejects))
+        assert (done.rows, done.stored, done.skipped, done.rejected) == (4, 2, 0, 2)
+        stored = store_rows(pg, "crm")
+        assert stored["r1"].due_at == nine.replace(tzinfo=UTC) and stored["r1"].headers == {"customer": "1"}
+        reasons = [json.loads(line) for f in rejects.glob("part-*") for line in f.read_text().splitlines()]
+        assert sorted(r["message_id"] for r in reasons) == ["r3", "r4"]
+        assert all(r["reason"] for r in reasons)
+        # r1 was delivered meanwhile; a re-run stores nothing twice
+        store = open_sync_store(pg)
+        store.initialize("crm", TransactionMode.AT_LEAST_ONCE)
+        store.remove("r1")
+        store.close()
+        again = schedule(spark, frame, pg, endpoint="crm", job="reminders-1", rejects=str(rejects))
+        assert (again.stored, again.skipped) == (0, 2)
+        assert set(store_rows(pg, "crm")) == set(stored) - {"r1"}
+
+
+def test_schedule_reads_jsonl_and_parquet_files(spark: Any, tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "destination": "q",
+                    "due_at": f"2031-01-01T0{i}:00:00+02:00",
+                    "body": f"b{i}",
+                    "headers": {"i": str(i)},
+                }
+            )
+            for i in range(5)
+        )
+    )
+    with mariadb_database() as maria:
+        done = schedule(spark, f"jsonl:{path}", maria, endpoint="files", job="j")
+        assert done.stored == 5
+        got = store_rows(maria, "files")
+        assert sorted(m.due_at for m in got.values())[0] == datetime(
+            2030, 12, 31, 22, 0, tzinfo=UTC
+        )  # +02:00 → UTC
+        assert schedule(spark, f"jsonl:{path}", maria, endpoint="files", job="j").stored == 0
+
+
+def test_export_and_import_round_trip_byte_for_byte(spark: Any, tmp_path: Path) -> None:
+    with postgres_schema() as pg, postgres_schema() as fresh:
+        messages = seed_store(pg, "ex", 300)
+        odd = DelayedMessage(
+            "odd",
+            "q",
+            datetime(2099, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+            bytes(range(256)),
+            {"ключ": "значение", "e": ""},
+            7,
+        )
+        store = open_sync_store(pg)
+        store.initialize("ex", TransactionMode.AT_LEAST_ONCE)
+        store.store(odd)
+        store.close()
+        raw_before = _raw(pg, "ex.delayed")
+        for fmt in ("parquet", "jsonl"):
+            out = tmp_path / fmt
+            assert export(spark, pg, f"{fmt}:{out}", "ex").rows == 301
+            target = fresh + f"&table=ex_{fmt}"
+            result = import_(spark, f"{fmt}:{out}", target)
+            assert result.inserted == 301
+            assert _raw(target.replace(f"&table=ex_{fmt}", ""), f"ex_{fmt}") == raw_before
+            assert import_(spark, f"{fmt}:{out}", target).inserted == 0  # twice changes nothing
+        assert store_rows(pg, "ex") == {
+            m.message_id: m for m in [*messages, odd]
+        }  # export leaves the store alone
+
+
+def _raw(url: str, table: str) -> list[tuple[Any, ...]]:
+    db = Database.from_url(url)
+    with db.session(write=False) as conn:
+        rows = db.execute(
+            conn,
+            f"SELECT message_id, destination, due_at, headers::text, body, failure_count FROM {db.qualified(table)} ORDER BY message_id",
+        ).fetchall()
+    return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows]
+
+
+def test_report_counts_match_a_hand_count_and_lateness_comes_from_the_delivery_log(
+    spark: Any, tmp_path: Path
+) -> None:
+    db = tmp_path / "r.db"
+    url = f"sqlite:///{db}"
+    now = datetime.now(UTC)
+    plan = {
+        "overdue": -30,
+        "next minute": 30,
+        "next hour": 1800,
+        "next day": 40000,
+        "next week": 300000,
+        "later": 10**7,
+    }
+    messages = []
+    for i, (_name, offset) in enumerate(plan.items()):
+        for j in range(i + 1):
+            messages.append(
+                DelayedMessage(
+                    f"m{i}-{j}",
+                    f"dest{j % 2}",
+                    now + timedelta(seconds=offset + j),
+                    b"x" * (i * 10 + j),
+                    {},
+                    j % 3,
+                )
+            )
+    store = open_sync_store(url)
+    store.setup_infrastructure("rep")
+    store.initialize("rep", TransactionMode.AT_LEAST_ONCE)
+    store.store_many(messages)
+    store.close()
+    found = backlog(spark, url, "rep", now=now)
+    assert found.total == 21
+    assert found.horizons == [(name, i + 1) for i, name in enumerate(plan)]
+    assert dict(found.by_destination) == {"dest0": 12, "dest1": 9}
+    assert dict(found.failures) == {0: 9, 1: 7, 2: 5}
+    assert found.largest[0][2] == "m5-5" and found.largest[0][0] == 55 + 2  # body + "{}"
+
+    # a real dispatcher run writes the delivery log (JSON Lines and a table), the report reads it
+    logs = tmp_path / "log"
+    asyncio.run(_deliver(url, JsonLinesDeliveryLog(logs)))
+    assert sum(len(f.read_text().splitlines()) for f in logs.glob("*.jsonl")) == 1
+    late = lateness(spark, f"jsonl:{logs}")
+    assert sum(x.deliveries for x in late) == 1 and late[0].p50_ms >= 0
+    table_log = f"sqlite:///{tmp_path / 'log.db'}"
+    sql_log = SqlDeliveryLog(table_log)
+    from duetime.deliverylog import Delivery
+
+    asyncio.run(
+        sql_log.record(
+            [Delivery(f"d{i}", "q", now, now + timedelta(milliseconds=i), 1, "delivered") for i in range(100)]
+        )
+    )
+    asyncio.run(sql_log.close())
+    late = lateness(spark, table_log)
+    assert sum(x.deliveries for x in late) == 100
+    assert 98 <= late[0].p99_ms <= 99.01 and late[0].max_ms == 99.0
+    found.lateness = late
+    paths = write_csv(found, tmp_path / "csv")
+    assert (tmp_path / "csv" / "due_histogram.csv").read_text().splitlines()[1] == "overdue,1"
+    assert len(paths) == 5
+    page = write_html(found, tmp_path / "html" / "report.html").read_text()
+    assert "data:image/png;base64," in page and "21 stored messages" in page
+
+
+async def _deliver(url: str, log: Any) -> None:
+    store = SqliteStore.from_url(url)
+    transport = SqliteQueueTransport.from_url(url)
+    await store.initialize("rep", TransactionMode.AT_LEAST_ONCE)
+    dispatcher = Dispatcher(store, transport, DelayedDeliverySettings(), endpoint="rep", delivery_log=log)
+    await transport.declare("dest0")
+    await dispatcher.run_burst()
+    await store.close()
+    await transport.close()
