@@ -1,0 +1,94 @@
+"""The bulk commands as users run them: the CLI, kill -9 in the middle, spark-submit."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from duetime.bulk.db import Database
+from duetime.bulk.sources import BATCHES
+from tests.bulk.conftest import count, create_timeoutdata, table_rows, timeout_rows
+from tests.bulk.test_migrate import store_rows
+from tests.conftest import ROOT, run_cli
+from tests.services import postgres_schema
+
+pytestmark = pytest.mark.slow
+
+
+def _progress(db: Database) -> int:
+    """Batches past 'pending' in the state table (0 before the run is planned)."""
+    try:
+        with db.session(write=False) as conn:
+            if not db.table_exists(conn, BATCHES):
+                return 0
+            row = db.execute(conn, f"SELECT COUNT(*) FROM {db.qualified(BATCHES)} WHERE status <> 'pending'").fetchone()
+            return int(row[0])
+    except Exception:
+        return 0
+
+
+def test_preview_then_a_migration_killed_three_times_then_resumed(tmp_path: Path) -> None:
+    with postgres_schema() as pg:
+        rows = timeout_rows(20_000)
+        legacy = create_timeoutdata(pg, "Big_TimeoutData", rows)
+        source = pg + "&layout=timeoutdata"
+        args = ["bulk", "migrate", "--from", source, "--to", pg, "--endpoint", "Big", "--master", "local[2]"]
+        preview = run_cli(*args, "--mode", "preview", timeout=240)
+        assert preview.returncode == 0, preview.stderr
+        assert "20,000 messages would move" in preview.stdout and "no problems found" in preview.stdout
+        state = Database.from_url(pg)
+        seen = 0
+        rng = random.Random(7)
+        for _ in range(3):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "duetime", *args, "--mode", "migrate", "--batch-rows", "500"],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and _progress(state) <= seen and proc.poll() is None:
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 0.5))
+            os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and Python workers at once
+            proc.wait()
+            seen = _progress(state)
+        done = run_cli(*args, "--mode", "migrate", "--batch-rows", "500", timeout=240)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "completed" in done.stdout
+        moved = store_rows(pg, "Big")
+        assert len(moved) == 20_000 and count(legacy, "Big_TimeoutData") == 0
+        assert {m.message_id for m in moved.values()} == {str(r[0]) for r in rows}
+        assert table_rows(legacy, "Big_TimeoutData", "Id") == []
+
+
+def test_spark_submit_runs_the_job_file(tmp_path: Path) -> None:
+    submit = Path(sys.executable).parent / "spark-submit"
+    if not submit.exists():
+        pytest.fail("spark-submit is missing: pip install 'duetime[spark]'")
+    with postgres_schema() as pg:
+        create_timeoutdata(pg, "Sub_TimeoutData", timeout_rows(50))
+        job = ROOT / "duetime" / "bulk" / "job.py"
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "COLUMNS": "200"}
+        result = subprocess.run(
+            [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false", str(job), "migrate",
+             "--from", pg + "&layout=timeoutdata", "--to", pg, "--mode", "migrate", "--json"],
+            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert '"inserted": 50' in result.stdout
+        assert len(store_rows(pg, "Sub")) == 50
+
+
+def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
+    bad = run_cli("bulk", "migrate", "--from", "redis://localhost/0", "--to", "sqlite:///x.db", cwd=tmp_path, timeout=120)
+    assert bad.returncode == 1 and "not a database URL" in bad.stderr
+    assert "--master" in run_cli("bulk", "migrate", "--help", cwd=tmp_path).stdout
