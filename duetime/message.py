@@ -45,6 +45,10 @@ def _check_text(name: str, value: object, limit: int) -> str:
     return value
 
 
+#: The field check DelayedMessage uses, for callers that validate rows without building one.
+check_text = _check_text
+
+
 def check_due_time(value: object, name: str = "due_at") -> datetime:
     """Return ``value`` in UTC, or raise :class:`InvalidMessage` saying how to fix it."""
     if not isinstance(value, datetime):

@@ -72,6 +72,11 @@ class Layout:
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
         raise NotImplementedError
 
+    def record_sql(self) -> list[str] | None:
+        """PostgreSQL expressions giving a record's columns (message_id … extra) from a source row,
+        so staging runs in the server without a round trip; None where only Python can convert."""
+        return None
+
     def to_row(self, record: Record) -> tuple[Any, ...]:
         raise NotImplementedError
 
@@ -121,6 +126,10 @@ class DuetimeLayout(Layout):
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
         return Record(endpoint, row[0], row[1], due_us_of(row[2]), row[3], bytes(row[4]), int(row[5]))
 
+    def record_sql(self) -> list[str] | None:
+        micros = "(extract(epoch FROM due_at) * 1000000)::bigint"
+        return ["message_id", "destination", micros, "headers::text", "body", "failure_count", "NULL"]
+
     def to_row(self, record: Record) -> tuple[Any, ...]:
         assert record.due_us is not None
         return (
@@ -153,6 +162,17 @@ class TimeoutDataLayout(Layout):
         extra = json.dumps({"SagaId": None if row[2] is None else str(row[2]), "PersistenceVersion": row[6]})
         body = b"" if row[3] is None else bytes(row[3])
         return Record(endpoint, str(row[0]), row[1], due_us_of(row[4]), row[5], body, 0, extra)
+
+    def record_sql(self) -> list[str] | None:
+        return [
+            '"Id"::text',
+            '"Destination"',
+            """(extract(epoch FROM "Time") * 1000000)::bigint""",
+            '"Headers"',
+            """coalesce("State", ''::bytea)""",
+            "0",
+            """json_build_object('SagaId', "SagaId"::text, 'PersistenceVersion', "PersistenceVersion")::text""",
+        ]
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
         extra = json.loads(record.extra or "{}")

@@ -178,11 +178,11 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
         raise RuntimeError(
             f"batch {number}: {len(records)} rows staged, the state table says {row['staged']}"
         )
+    problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
     written = target.ledger(run_id, number)
     if written is None:
-        valid = [r for r in records if problem(r) is None]
-        written = target.write(run_id, number, valid)
-    _complete(source, run_id, batch, records, written.inserted, written.conflicts)
+        written = target.write(run_id, number, [r for r in records if r.message_id not in problems])
+    _complete(source, run_id, batch, records, written.inserted, written.conflicts, problems)
     return len(records)
 
 
@@ -193,9 +193,11 @@ def _complete(
     records: Sequence[Record],
     inserted: int,
     conflicts: Sequence[str],
+    bad: dict[str, str] | None = None,
 ) -> None:
-    bad = {r.message_id: problem(r) for r in records}
-    invalid = [i for i, reason in bad.items() if reason is not None]
+    if bad is None:
+        bad = {r.message_id: why for r in records if (why := problem(r)) is not None}
+    invalid = list(bad)
     back = sorted(set(invalid) | set(conflicts))
     if inserted + len(back) != len(records):
         raise RuntimeError(

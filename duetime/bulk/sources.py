@@ -147,6 +147,20 @@ class DbSource:
         with d.session() as conn:
             if not self._claim_status(conn, run_id, batch.number, "pending"):
                 return -1  # someone else took it: the caller reads the state again
+            exprs = lay.record_sql() if d.dialect == "postgres" else None
+            if exprs is not None:
+                # One statement in the server: DELETE … RETURNING feeds the staging INSERT.
+                moved_cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
+                cur = d.execute(
+                    conn,
+                    f"WITH moved AS (DELETE FROM {source} WHERE {where} RETURNING {moved_cols}) "
+                    f"INSERT INTO {d.qualified(STAGED)} ({', '.join(('run_id', 'batch', *FIELDS))}) "
+                    f"SELECT %s, %s, %s, {', '.join(f'c{i}' for i in range(len(exprs)))} FROM moved",
+                    [*params, run_id, batch.number, batch.endpoint],
+                )
+                staged = cur.rowcount
+                self._set(conn, run_id, batch.number, status="staged", staged=staged)
+                return int(staged)
             if d.dialect == "mysql":
                 # Lock by primary key only: a locking scan of the whole table deadlocks with its twins.
                 found = d.execute(

@@ -146,14 +146,20 @@ class StoreTarget:
         ids = [r.message_id for r in rows]
         if self.db.dialect == "postgres":
             cur = conn.cursor()
-            cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (LIKE {target}) ON COMMIT DROP")
-            cur.execute("TRUNCATE duetime_bulk_in")
-            with cur.copy(f"COPY duetime_bulk_in ({cols}) FROM STDIN") as copy:
-                for r in rows:
-                    copy.write_row(self.layout.to_row(r))
             cur.execute(
-                f"INSERT INTO {target} ({cols}) SELECT {cols} FROM duetime_bulk_in "
-                "ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+                "CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (message_id text, destination text, "
+                "due_us bigint, headers text, body bytea, failure_count integer) ON COMMIT DROP"
+            )
+            cur.execute("TRUNCATE duetime_bulk_in")
+            with cur.copy("COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(["text", "text", "int8", "text", "bytea", "int4"])
+                for r in rows:
+                    copy.write_row((r.message_id, r.destination, r.due_us, r.headers or "{}", r.body, r.failure_count))
+            # µs since 1970 to timestamptz exactly (to_timestamp() goes through a double)
+            cur.execute(
+                f"INSERT INTO {target} ({cols}) SELECT message_id, destination, "
+                "timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count "
+                "FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
             )
             new = {r[0] for r in cur.fetchall()}
         elif self.db.dialect == "mysql":
