@@ -28,8 +28,8 @@ from typing import Any
 from duetime.bulk.db import Database
 from duetime.bulk.frames import checked_rdd, file_kind
 from duetime.bulk.records import Record, problem
-from duetime.bulk.sources import BATCHES, RUNS, Batch, DbSource, batch_of, spec_json
-from duetime.bulk.targets import Target, open_target
+from duetime.bulk.sources import BATCHES, RUNS, STAGED, Batch, DbSource, batch_of, spec_json
+from duetime.bulk.targets import StoreTarget, Target, open_target
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
 
@@ -173,14 +173,18 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
             raise RuntimeError(f"batch {number}: staged count {row['staged']} != {staged}")
     if row["status"] != "staged":
         return 0
-    records = source.staged(run_id, number)
+    local = isinstance(target, StoreTarget) and target.shares_database(source.db)
+    records = source.staged(run_id, number, bodies=not local)
     if len(records) != int(row["staged"]):
         raise RuntimeError(
             f"batch {number}: {len(records)} rows staged, the state table says {row['staged']}"
         )
     problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
     written = target.ledger(run_id, number)
-    if written is None:
+    if written is None and local:  # the rows never leave the server: only their ids are checked here
+        assert isinstance(target, StoreTarget)
+        written = target.write_from_staging(run_id, number, source.db.qualified(STAGED), records, set(problems))
+    elif written is None:
         written = target.write(run_id, number, [r for r in records if r.message_id not in problems])
     _complete(source, run_id, batch, records, written.inserted, written.conflicts, problems)
     return len(records)

@@ -212,14 +212,16 @@ class DbSource:
             [(run_id, batch, *r) for r in records],
         )
 
-    def staged(self, run_id: str, batch: int) -> list[Record]:
+    def staged(self, run_id: str, batch: int, *, bodies: bool = True) -> list[Record]:
+        """The batch's staged records; without ``bodies`` (enough to validate) they read as b""."""
+        columns = ", ".join(f if bodies or f != "body" else "NULL" for f in FIELDS)
         with self.db.session(write=False) as conn:
             rows = self.db.execute(
                 conn,
-                f"SELECT {', '.join(FIELDS)} FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
+                f"SELECT {columns} FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
                 [run_id, batch],
             ).fetchall()
-        return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), int(r[6]), r[7]) for r in rows]
+        return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5] or b""), int(r[6]), r[7]) for r in rows]
 
     def complete(self, run_id: str, batch: Batch, put_back: Sequence[str], inserted: int, note: str) -> None:
         return self.db.retrying(lambda: self._complete(run_id, batch, put_back, inserted, note))

@@ -140,6 +140,53 @@ class StoreTarget:
                 self._notify(conn, by_table)
             return written
 
+    def shares_database(self, other: Database) -> bool:
+        """Both on one PostgreSQL database, so staged rows can be copied inside the server."""
+        if self.db.dialect != "postgres" or other.dialect != "postgres":
+            return False
+        from duetime.backends.postgres.common import PgOptions
+
+        return PgOptions.from_url(self.db.url).conninfo == PgOptions.from_url(other.url).conninfo
+
+    def write_from_staging(
+        self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
+    ) -> Written:
+        """Like :meth:`write`, reading the rows from the staging table in the same database."""
+        return self.db.retrying(lambda: self._write_from_staging(run_id, batch, staged_table, records, skip))
+
+    def _write_from_staging(
+        self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
+    ) -> Written:
+        with self.db.session() as conn:
+            done = self._ledger(conn, run_id, batch)
+            if done is not None:
+                return done
+            by_table: dict[str, list[Record]] = {}
+            for record in records:
+                if record.message_id not in skip:
+                    by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
+            cols = "message_id, destination, due_at, headers, body, failure_count"
+            new: set[str] = set()
+            for table, rows in by_table.items():
+                cur = self.db.execute(
+                    conn,
+                    f"INSERT INTO {self.db.qualified(table)} ({cols}) SELECT message_id, destination, "
+                    "timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count "
+                    f"FROM {staged_table} WHERE run_id=%s AND batch=%s AND endpoint=%s "
+                    "AND NOT (message_id = ANY(%s)) ON CONFLICT (message_id) DO NOTHING RETURNING message_id",
+                    [run_id, batch, rows[0].endpoint, list(skip)],
+                )
+                new |= {r[0] for r in cur.fetchall()}
+            wanted = [r.message_id for rows in by_table.values() for r in rows]
+            written = Written(len(new), tuple(i for i in wanted if i not in new))
+            self.db.execute(
+                conn,
+                f"INSERT INTO {self.db.qualified(LEDGER)} (run_id, batch, inserted, conflicts) VALUES (%s, %s, %s, %s)",
+                [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
+            )
+            self._notify(conn, by_table)
+            return written
+
     def _insert(self, conn: Any, table: str, rows: Sequence[Record]) -> tuple[int, list[str]]:
         cols = "message_id, destination, due_at, headers, body, failure_count"
         target = self.db.qualified(table)
