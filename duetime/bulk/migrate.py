@@ -1,6 +1,6 @@
 """``duetime bulk migrate``: move stored timeouts between stores, resumably, nothing lost or doubled.
 
-A run (named by its source, target, endpoint and cutoff, plus a generation) plans hash-bucket
+A run (named by its source, target, endpoint and cutoff, plus a generation) plans key-range
 batches into ``duetime_bulk_batches`` (*pending*), and Spark runs one task per batch:
 
 1. **stage**: in one source transaction the batch's rows move into ``duetime_bulk_staged``, hidden
@@ -291,9 +291,9 @@ def _current_run(source: DbSource, spec: MigrationSpec, now_us: int) -> tuple[st
         )
         d.executemany(
             conn,
-            f"INSERT INTO {d.qualified(BATCHES)} (run_id, batch, endpoint, source_table, bucket, buckets, status, planned) "
+            f"INSERT INTO {d.qualified(BATCHES)} (run_id, batch, endpoint, source_table, lower_key, upper_key, status, planned) "
             "VALUES (%s, %s, %s, %s, %s, %s, 'pending', %s)",
-            [(run_id, b.number, b.endpoint, b.table, b.bucket, b.buckets, b.planned) for b in batches],
+            [(run_id, b.number, b.endpoint, b.table, b.lower, b.upper, b.planned) for b in batches],
         )
     return run_id, True
 

@@ -1,6 +1,6 @@
 """Reading a database source in parallel partitions, and staging what a migration takes.
 
-A partition (a *batch*) is one hash bucket of message ids in one endpoint's table. Staging moves a
+A partition (a *batch*) is one range of primary keys in one endpoint's table. Staging moves a
 batch's rows from the source table into ``duetime_bulk_staged`` in one source transaction, so they
 are hidden from the source's live dispatchers and are never in two places; ``complete`` and
 ``restore`` end a batch the same way, each in one transaction.
@@ -9,7 +9,6 @@ are hidden from the source's live dispatchers and are never in two places; ``com
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,13 +28,14 @@ class Batch:
     number: int
     endpoint: str
     table: str
-    bucket: int
-    buckets: int
+    #: The batch is the key range [lower, upper); None is unbounded (the first and last batch).
+    lower: str | None
+    upper: str | None
     planned: int
 
 
 class DbSource:
-    """A table layout in a database, read by bucket; its state tables live beside it."""
+    """A table layout in a database, read by key range; its state tables live beside it."""
 
     def __init__(self, db: Database, *, in_flight: bool = False) -> None:
         self.db = db
@@ -71,26 +71,34 @@ class DbSource:
             for name, table in tables:
                 where, params = self.layout.selection(cutoff_us, now_us)
                 q = self.db.qualified(table)
-                total = int(
-                    self.db.execute(conn, f"SELECT COUNT(*) FROM {q} WHERE {where}", params).fetchone()[0]
-                )
-                buckets = max(1, min(4096, math.ceil(total / batch_rows)))
-                expr = self.db.bucket(self.db.quote(self.layout.key), buckets)
-                counts = dict(
-                    self.db.execute(
-                        conn, f"SELECT {expr}, COUNT(*) FROM {q} WHERE {where} GROUP BY 1", params
-                    ).fetchall()
-                )
-                for bucket in range(buckets):
-                    batches.append(
-                        Batch(len(batches), name, table, bucket, buckets, int(counts.get(bucket, 0)))
-                    )
+                key = self.db.quote(self.layout.key)
+                # Every batch_rows-th key in key order: each batch is one range of the primary
+                # key, read by an index range scan (a hash bucket would scan the table per batch).
+                rows = self.db.execute(
+                    conn,
+                    f"SELECT k, rn, total FROM (SELECT {key} AS k, ROW_NUMBER() OVER (ORDER BY {key}) AS rn, "
+                    f"COUNT(*) OVER () AS total FROM {q} WHERE {where}) x WHERE MOD(rn - 1, %s) = 0 ORDER BY rn",
+                    [*params, batch_rows],
+                ).fetchall()
+                if not rows:
+                    batches.append(Batch(len(batches), name, table, None, None, 0))
+                    continue
+                total = int(rows[0][2])
+                bounds = [str(r[0]) for r in rows]
+                for i, lower in enumerate(bounds):
+                    upper = bounds[i + 1] if i + 1 < len(bounds) else None
+                    planned = batch_rows if upper is not None else total - batch_rows * i
+                    batches.append(Batch(len(batches), name, table, None if i == 0 else lower, upper, planned))
         return batches
 
     def _bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
         where, params = self.layout.selection(cutoff_us, now_us)
-        expr = self.db.bucket(self.db.quote(self.layout.key), batch.buckets)
-        return f"{where} AND {expr} = %s", [*params, batch.bucket]
+        key = self.db.quote(self.layout.key)
+        if batch.lower is not None:
+            where, params = f"{where} AND {key} >= %s", [*params, batch.lower]
+        if batch.upper is not None:
+            where, params = f"{where} AND {key} < %s", [*params, batch.upper]
+        return where, params
 
     def read(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Record]:
         """The batch's rows, untouched (preview, export, report)."""
@@ -120,8 +128,8 @@ class DbSource:
             d.execute(
                 conn,
                 f"CREATE TABLE IF NOT EXISTS {d.qualified(BATCHES)} (run_id {key} NOT NULL, batch INTEGER NOT NULL, "
-                f"endpoint {d.key_text(200)} NOT NULL, source_table {d.key_text(250)} NOT NULL, bucket INTEGER NOT NULL, "
-                f"buckets INTEGER NOT NULL, status {d.key_text(16)} NOT NULL, planned BIGINT NOT NULL, "
+                f"endpoint {d.key_text(200)} NOT NULL, source_table {d.key_text(250)} NOT NULL, lower_key {d.key_text(250)}, "
+                f"upper_key {d.key_text(250)}, status {d.key_text(16)} NOT NULL, planned BIGINT NOT NULL, "
                 "staged BIGINT, inserted BIGINT, put_back BIGINT, note "
                 f"{text}, PRIMARY KEY (run_id, batch))",
             )
@@ -302,7 +310,7 @@ class DbSource:
         with self.db.session(write=False) as conn:
             cur = self.db.execute(
                 conn,
-                "SELECT batch, endpoint, source_table, bucket, buckets, status, planned, staged, inserted, put_back, note "
+                "SELECT batch, endpoint, source_table, lower_key, upper_key, status, planned, staged, inserted, put_back, note "
                 f"FROM {self.db.qualified(BATCHES)} WHERE run_id=%s ORDER BY batch",
                 [run_id],
             )
@@ -332,8 +340,8 @@ def batch_of(row: dict[str, Any]) -> Batch:
         int(row["batch"]),
         row["endpoint"],
         row["source_table"],
-        int(row["bucket"]),
-        int(row["buckets"]),
+        row["lower_key"],
+        row["upper_key"],
         int(row["planned"]),
     )
 
