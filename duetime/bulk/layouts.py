@@ -25,6 +25,8 @@ class Layout:
     due = ""
     #: Suffix of the default table name after the endpoint.
     suffix = ""
+    #: PostgreSQL type of the key column (for ``= ANY(%s::type[])``).
+    key_type = "text"
     in_flight = False
 
     def __init__(self, db: Database) -> None:
@@ -151,6 +153,7 @@ class TimeoutDataLayout(Layout):
     key = "Id"
     due = "Time"
     suffix = "_TimeoutData"
+    key_type = "uuid"
 
     def table_for(self, endpoint: str) -> str:
         return self.db.table or f"{endpoint.replace('.', '_')}{self.suffix}"

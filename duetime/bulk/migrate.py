@@ -166,6 +166,12 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
     rows = {r["batch"]: r for r in source.batches(run_id)}
     row = rows[number]
     batch = batch_of(row)
+    local = isinstance(target, StoreTarget) and target.shares_database(source.db)
+    if row["status"] == "pending" and local and source.layout.record_sql() is not None:
+        assert isinstance(target, StoreTarget)
+        moved = source.db.retrying(lambda: _move_in_place(source, target, run_id, batch, spec))
+        if moved is not None:
+            return moved
     if row["status"] == "pending":
         staged = source.stage(run_id, batch, spec.cutoff_us, to_micros(datetime.now(UTC)))
         row = {r["batch"]: r for r in source.batches(run_id)}[number]
@@ -173,7 +179,6 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
             raise RuntimeError(f"batch {number}: staged count {row['staged']} != {staged}")
     if row["status"] != "staged":
         return 0
-    local = isinstance(target, StoreTarget) and target.shares_database(source.db)
     records = source.staged(run_id, number, bodies=not local)
     if len(records) != int(row["staged"]):
         raise RuntimeError(
@@ -183,11 +188,75 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
     written = target.ledger(run_id, number)
     if written is None and local:  # the rows never leave the server: only their ids are checked here
         assert isinstance(target, StoreTarget)
-        written = target.write_from_staging(run_id, number, source.db.qualified(STAGED), records, set(problems))
+        written = target.write_from_staging(
+            run_id, number, source.db.qualified(STAGED), records, set(problems)
+        )
     elif written is None:
         written = target.write(run_id, number, [r for r in records if r.message_id not in problems])
     _complete(source, run_id, batch, records, written.inserted, written.conflicts, problems)
     return len(records)
+
+
+def _move_in_place(
+    source: DbSource, target: StoreTarget, run_id: str, batch: Batch, spec: MigrationSpec
+) -> int | None:
+    """Source and target in one PostgreSQL database: the batch moves in one transaction, pending to
+    completed, with nothing staged in between (a crash rolls all of it back). Rows are checked in
+    Python first and only the checked ids move; None if the batch must take the staged path."""
+    d, lay = source.db, source.layout
+    exprs = lay.record_sql()
+    assert exprs is not None
+    now_us = to_micros(datetime.now(UTC))
+    where, params = source._bucket_where(batch, spec.cutoff_us, now_us)
+    table = d.qualified(batch.table)
+    light = ", ".join(exprs[:4]) + f", {exprs[5]}"
+    with d.session(write=False) as conn:
+        rows = d.execute(conn, f"SELECT {light} FROM {table} WHERE {where}", params).fetchall()
+    records = [Record(batch.endpoint, r[0], r[1], r[2], r[3], b"", int(r[4])) for r in rows]
+    problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
+    wanted = [r.message_id for r in records if r.message_id not in problems]
+    target_table = target.db.qualified(target.layout.table_for(batch.endpoint))
+    with d.session() as conn:
+        present = {
+            r[0]
+            for r in d.execute(
+                conn, f"SELECT message_id FROM {target_table} WHERE message_id = ANY(%s)", [wanted]
+            ).fetchall()
+        }
+        movable = [i for i in wanted if i not in present]
+        if not source._claim_status(conn, run_id, batch.number, "pending"):
+            return None
+        cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
+        key = d.quote(lay.key)
+        counts = d.execute(
+            conn,
+            f"WITH moved AS (DELETE FROM {table} WHERE {key} = ANY(%s::{lay.key_type}[]) AND {where} RETURNING {cols}), "
+            f"ins AS (INSERT INTO {target_table} (message_id, destination, due_at, headers, body, failure_count) "
+            "SELECT c0, c1, timestamptz 'epoch' + c2 * interval '1 microsecond', c3::json, c4, c5 FROM moved "
+            "ON CONFLICT (message_id) DO NOTHING RETURNING 1) "
+            "SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins)",
+            [movable, *params],
+        ).fetchone()
+        if counts[0] != counts[1]:  # an id reached the target meanwhile: roll back, take the staged path
+            conn.rollback()
+            return None
+        left = len(problems) + len(present) + (len(movable) - int(counts[0]))
+        notes = [f"{i}: {why}" for i, why in list(problems.items())[:20]] + [
+            f"{i}: already in the target" for i in list(present)[:20]
+        ]
+        source._set(
+            conn,
+            run_id,
+            batch.number,
+            status="completed",
+            staged=int(counts[0]) + left,
+            inserted=int(counts[1]),
+            put_back=left,
+            note="\n".join(notes),
+        )
+        if counts[1]:
+            target._notify(conn, {target.layout.table_for(batch.endpoint): records})
+    return int(counts[0])
 
 
 def _complete(

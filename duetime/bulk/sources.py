@@ -88,7 +88,9 @@ class DbSource:
                 for i, lower in enumerate(bounds):
                     upper = bounds[i + 1] if i + 1 < len(bounds) else None
                     planned = batch_rows if upper is not None else total - batch_rows * i
-                    batches.append(Batch(len(batches), name, table, None if i == 0 else lower, upper, planned))
+                    batches.append(
+                        Batch(len(batches), name, table, None if i == 0 else lower, upper, planned)
+                    )
         return batches
 
     def _bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:

@@ -201,7 +201,9 @@ class StoreTarget:
             with cur.copy("COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(["text", "text", "int8", "text", "bytea", "int4"])
                 for r in rows:
-                    copy.write_row((r.message_id, r.destination, r.due_us, r.headers or "{}", r.body, r.failure_count))
+                    copy.write_row(
+                        (r.message_id, r.destination, r.due_us, r.headers or "{}", r.body, r.failure_count)
+                    )
             # µs since 1970 to timestamptz exactly (to_timestamp() goes through a double)
             cur.execute(
                 f"INSERT INTO {target} ({cols}) SELECT message_id, destination, "
