@@ -79,6 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--batch-rows", type=int, default=50_000)
     args = parser.parse_args()
     with psycopg.connect(BASE, autocommit=True) as conn:
         print(f"filling {args.rows:,} TimeoutData rows …", flush=True)
@@ -94,7 +95,7 @@ def main() -> None:
         startup = time.perf_counter() - start
         source = f"{BASE}?schema={SOURCE_SCHEMA}&layout=timeoutdata&table={TABLE}"
         start = time.perf_counter()
-        result = migrate(spark, MigrationSpec(source, f"{BASE}?schema={TARGET_SCHEMA}", "Sales"))
+        result = migrate(spark, MigrationSpec(source, f"{BASE}?schema={TARGET_SCHEMA}", "Sales", batch_rows=args.batch_rows))
         took = time.perf_counter() - start
         assert result.inserted == args.rows and result.remaining == 0, result
         moved = conn.execute(f'SELECT COUNT(*) FROM "{TARGET_SCHEMA}"."Sales.delayed"').fetchone()

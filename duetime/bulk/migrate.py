@@ -216,6 +216,32 @@ def _move_in_place(
     problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
     wanted = [r.message_id for r in records if r.message_id not in problems]
     target_table = target.db.qualified(target.layout.table_for(batch.endpoint))
+    try:
+        return _move_checked(
+            source, target, run_id, batch, records, problems, wanted, target_table, where, params
+        )
+    except Exception as error:
+        if getattr(error, "sqlstate", None) != "23505":
+            raise
+        return None  # an id reached the target between the check and the move: take the staged path
+
+
+def _move_checked(
+    source: DbSource,
+    target: StoreTarget,
+    run_id: str,
+    batch: Batch,
+    records: list[Record],
+    problems: dict[str, str],
+    wanted: list[str],
+    target_table: str,
+    where: str,
+    params: list[Any],
+) -> int | None:
+    d, lay = source.db, source.layout
+    exprs = lay.record_sql()
+    assert exprs is not None
+    table = d.qualified(batch.table)
     with d.session() as conn:
         present = {
             r[0]
@@ -233,13 +259,12 @@ def _move_in_place(
             f"WITH moved AS (DELETE FROM {table} WHERE {key} = ANY(%s::{lay.key_type}[]) AND {where} RETURNING {cols}), "
             f"ins AS (INSERT INTO {target_table} (message_id, destination, due_at, headers, body, failure_count) "
             "SELECT c0, c1, timestamptz 'epoch' + c2 * interval '1 microsecond', c3::json, c4, c5 FROM moved "
-            "ON CONFLICT (message_id) DO NOTHING RETURNING 1) "
+            "RETURNING 1) "
             "SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins)",
             [movable, *params],
         ).fetchone()
-        if counts[0] != counts[1]:  # an id reached the target meanwhile: roll back, take the staged path
-            conn.rollback()
-            return None
+        if counts[0] != counts[1]:
+            raise RuntimeError(f"batch {batch.number}: moved {counts[0]} rows but inserted {counts[1]}")
         left = len(problems) + len(present) + (len(movable) - int(counts[0]))
         notes = [f"{i}: {why}" for i, why in list(problems.items())[:20]] + [
             f"{i}: already in the target" for i in list(present)[:20]
