@@ -79,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--master", default="local[*]")
-    parser.add_argument("--batch-rows", type=int, default=50_000)
+    parser.add_argument("--batch-rows", type=int, default=100_000)
     args = parser.parse_args()
     with psycopg.connect(BASE, autocommit=True) as conn:
         print(f"filling {args.rows:,} TimeoutData rows …", flush=True)

@@ -112,7 +112,7 @@ def migrate(
     ] = Mode.preview,
     batch_rows: Annotated[
         int, typer.Option(help="About this many rows per staged batch (one Spark task each).")
-    ] = 50_000,
+    ] = 100_000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     master: MasterOpt = None,
     conf: ConfOpt = None,

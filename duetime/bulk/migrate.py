@@ -42,7 +42,7 @@ class MigrationSpec:
     target: str = field(repr=False)
     endpoint: str | None = None
     cutoff: datetime | None = None
-    batch_rows: int = 50_000
+    batch_rows: int = 100_000
 
     def __post_init__(self) -> None:
         if self.cutoff is not None and self.cutoff.tzinfo is None:

@@ -40,7 +40,7 @@ def source_rdd(
     source_url: str,
     endpoint: str | None,
     cutoff_us: int | None,
-    batch_rows: int = 50_000,
+    batch_rows: int = 100_000,
     *,
     in_flight: bool = False,
 ) -> Any:
