@@ -40,7 +40,7 @@ def fill(conn: psycopg.Connection, schema: str, rows: int) -> None:
     conn.execute(
         f'INSERT INTO "{schema}"."{TABLE}" SELECT gen_random_uuid(), \'orders\', gen_random_uuid(), '
         "convert_to(repeat('x', 200) || i::text, 'UTF8'), now() at time zone 'utc' + make_interval(secs => i), "
-        "'{\"NServiceBus.MessageId\":\"' || i::text || '\",\"NServiceBus.ContentType\":\"application/json\"}', '4.1.0' "
+        '\'{"NServiceBus.MessageId":"\' || i::text || \'","NServiceBus.ContentType":"application/json"}\', \'4.1.0\' '
         "FROM generate_series(1, %s) AS i",
         [rows],
     )
@@ -59,7 +59,9 @@ def baseline(rows: int) -> float:
     with psycopg.connect(BASE) as reader, psycopg.connect(BASE) as writer:
         read = reader.cursor(name="read")
         read.itersize = 20_000
-        read.execute(f'SELECT "Id", "Destination", "State", "Time", "Headers" FROM "{SOURCE_SCHEMA}"."{TABLE}"')
+        read.execute(
+            f'SELECT "Id", "Destination", "State", "Time", "Headers" FROM "{SOURCE_SCHEMA}"."{TABLE}"'
+        )
         with writer.cursor().copy(
             f'COPY "{BASELINE_SCHEMA}"."Sales.delayed" (message_id, destination, due_at, headers, body) FROM STDIN'
         ) as copy:
@@ -95,15 +97,22 @@ def main() -> None:
         startup = time.perf_counter() - start
         source = f"{BASE}?schema={SOURCE_SCHEMA}&layout=timeoutdata&table={TABLE}"
         start = time.perf_counter()
-        result = migrate(spark, MigrationSpec(source, f"{BASE}?schema={TARGET_SCHEMA}", "Sales", batch_rows=args.batch_rows))
+        result = migrate(
+            spark,
+            MigrationSpec(source, f"{BASE}?schema={TARGET_SCHEMA}", "Sales", batch_rows=args.batch_rows),
+        )
         took = time.perf_counter() - start
         assert result.inserted == args.rows and result.remaining == 0, result
         moved = conn.execute(f'SELECT COUNT(*) FROM "{TARGET_SCHEMA}"."Sales.delayed"').fetchone()
         assert moved is not None and moved[0] == args.rows
-        print(f"duetime bulk migrate  : {took:6.1f} s  {args.rows / took:10,.0f} rows/s  ({result.batches} batches, "
-              f"Spark start-up {startup:.1f} s apart)")
-        print(f"ratio (duetime / single-process rows/s): {base / took:.2f}x; aim: under 60 s -> "
-              f"{'met' if took + startup < 60 else 'NOT met'} ({took + startup:.1f} s with start-up)")
+        print(
+            f"duetime bulk migrate  : {took:6.1f} s  {args.rows / took:10,.0f} rows/s  ({result.batches} batches, "
+            f"Spark start-up {startup:.1f} s apart)"
+        )
+        print(
+            f"ratio (duetime / single-process rows/s): {base / took:.2f}x; aim: under 60 s -> "
+            f"{'met' if took + startup < 60 else 'NOT met'} ({took + startup:.1f} s with start-up)"
+        )
         spark.stop()
         for schema in (SOURCE_SCHEMA, BASELINE_SCHEMA, TARGET_SCHEMA):
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -262,15 +262,15 @@ def report(
         str | None,
         typer.Option(help="The dispatcher's delivery log (jsonl:/dir or a database URL) for lateness."),
     ] = None,
-    period: Annotated[str, typer.Option(help="Lateness per minute, hour or day.")] = "minute",
+    period: Annotated[str, typer.Option(help="Lateness per second, minute, hour or day.")] = "minute",
     html: Annotated[Path | None, typer.Option(help="Write an HTML report with charts here.")] = None,
     csv_dir: Annotated[Path | None, typer.Option("--csv", help="Write CSV tables into this folder.")] = None,
     master: MasterOpt = None,
     conf: ConfOpt = None,
 ) -> None:
     """The backlog (by destination, by due time, failures, largest) and lateness over time."""
-    if period not in ("minute", "hour", "day"):
-        raise typer.BadParameter("--period must be minute, hour or day")
+    if period not in ("second", "minute", "hour", "day"):
+        raise typer.BadParameter("--period must be second, minute, hour or day")
 
     def go() -> None:
         from duetime.bulk import report as r

@@ -101,7 +101,7 @@ def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
     from pyspark.sql import functions as F
 
     frame = _log_frame(spark, log)
-    unit = {"minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000}[period]
+    unit = {"second": 1_000_000, "minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000}[period]
     rows = (
         frame.withColumn("period", (F.col("dispatched_us") / unit).cast("long") * unit)
         .withColumn("late_ms", (F.col("dispatched_us") - F.col("due_us")) / 1000.0)
@@ -234,6 +234,7 @@ def charts(report: Report) -> dict[str, bytes]:
         ax.plot(xs, [x.p99_ms for x in report.lateness], label="p99")
         ax.plot(xs, [x.max_ms for x in report.lateness], label="max", linestyle=":")
         ax.legend()
+        ax.set_yscale("symlog", linthresh=1.0)  # a backlog's seconds and a steady state's ms, both readable
         fig.autofmt_xdate()
     else:
         ax.text(0.5, 0.5, "no delivery log given", ha="center", va="center", transform=ax.transAxes)

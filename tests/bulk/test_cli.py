@@ -28,7 +28,9 @@ def _progress(db: Database) -> int:
         with db.session(write=False) as conn:
             if not db.table_exists(conn, BATCHES):
                 return 0
-            row = db.execute(conn, f"SELECT COUNT(*) FROM {db.qualified(BATCHES)} WHERE status <> 'pending'").fetchone()
+            row = db.execute(
+                conn, f"SELECT COUNT(*) FROM {db.qualified(BATCHES)} WHERE status <> 'pending'"
+            ).fetchone()
             return int(row[0])
     except Exception:
         return 0
@@ -77,11 +79,34 @@ def test_spark_submit_runs_the_job_file(tmp_path: Path) -> None:
     with postgres_schema() as pg:
         create_timeoutdata(pg, "Sub_TimeoutData", timeout_rows(50))
         job = ROOT / "duetime" / "bulk" / "job.py"
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "COLUMNS": "200"}
+        env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "COLUMNS": "200",
+        }
         result = subprocess.run(
-            [str(submit), "--master", "local[1]", "--conf", "spark.ui.enabled=false", str(job), "migrate",
-             "--from", pg + "&layout=timeoutdata", "--to", pg, "--mode", "migrate", "--json"],
-            capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path,
+            [
+                str(submit),
+                "--master",
+                "local[1]",
+                "--conf",
+                "spark.ui.enabled=false",
+                str(job),
+                "migrate",
+                "--from",
+                pg + "&layout=timeoutdata",
+                "--to",
+                pg,
+                "--mode",
+                "migrate",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env=env,
+            cwd=tmp_path,
         )
         assert result.returncode == 0, result.stderr[-3000:]
         assert '"inserted": 50' in result.stdout
@@ -89,6 +114,15 @@ def test_spark_submit_runs_the_job_file(tmp_path: Path) -> None:
 
 
 def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
-    bad = run_cli("bulk", "migrate", "--from", "redis://localhost/0", "--to", "sqlite:///x.db", cwd=tmp_path, timeout=120)
+    bad = run_cli(
+        "bulk",
+        "migrate",
+        "--from",
+        "redis://localhost/0",
+        "--to",
+        "sqlite:///x.db",
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert bad.returncode == 1 and "not a database URL" in bad.stderr
     assert "--master" in run_cli("bulk", "migrate", "--help", cwd=tmp_path).stdout
