@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import psycopg
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from duetime.bulk.migrate import MigrationSpec, migrate  # noqa: E402
-from duetime.bulk.session import spark_session  # noqa: E402
-from duetime.registry import open_sync_store  # noqa: E402
+from duetime.bulk.migrate import MigrationSpec, migrate
+from duetime.bulk.session import spark_session
+from duetime.registry import open_sync_store
 
 BASE = os.environ.get("DUETIME_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 SOURCE_SCHEMA, BASELINE_SCHEMA, TARGET_SCHEMA = "bulk_bench_src", "bulk_bench_base", "bulk_bench_dst"
