@@ -18,6 +18,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from duetime.cli_bulk import bulk_app
+from duetime.cli_rabbitmq import rabbitmq_app
 from duetime.client import DelayedMessageClient
 from duetime.clock import SystemClock
 from duetime.deliverylog import open_delivery_log
@@ -52,6 +53,7 @@ queues_app = typer.Typer(
 app.add_typer(errors_app, name="errors")
 app.add_typer(queues_app, name="queues")
 app.add_typer(bulk_app, name="bulk")
+app.add_typer(rabbitmq_app, name="rabbitmq")
 console = Console()
 err = Console(stderr=True)
 

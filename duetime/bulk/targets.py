@@ -371,6 +371,115 @@ class FileTarget:
             path.unlink()
 
 
+class NativeDelayTarget:
+    """RabbitMQ's native delay topology (``amqp://…?native=duetime``): each record is published
+    with the delay left until its due time, rounded up to the second. A broker cannot share a
+    transaction, so this target is at-least-once: the ledger (a SQLite file, ``&ledger=path``) is
+    written after the broker confirmed the batch, and a crash in between publishes it again."""
+
+    def __init__(self, url: str) -> None:
+        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        parts = urlsplit(url)
+        options = dict(parse_qsl(parts.query))
+        rest = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("native", "ledger", "levels")]
+        self.amqp = urlunsplit(parts._replace(query=urlencode(rest)))
+        self.names = options.get("native", "duetime")
+        self.levels = int(options.get("levels", "28"))
+        self.ledger_path = Path(options.get("ledger", "duetime-native-ledger.db"))
+        from duetime.urls import redact
+
+        self.display = f"RabbitMQ native delays ({self.names}) at {redact(self.amqp)}"
+
+    def _ledger_db(self) -> Any:
+        import sqlite3
+
+        conn = sqlite3.connect(str(self.ledger_path), timeout=30)
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS ledger (run_id TEXT, batch INTEGER, inserted INTEGER, conflicts TEXT, "
+            "PRIMARY KEY (run_id, batch))"
+        )
+        return conn
+
+    def prepare(self, endpoints: Sequence[str]) -> None:
+        import asyncio
+
+        async def check() -> None:
+            native = await self._open()
+            try:
+                problems = await native.verify()
+                if problems:
+                    raise ConfigurationError("The native delay topology is not ready: " + "; ".join(problems))
+            finally:
+                await native.transport.close()
+
+        asyncio.run(check())
+        self._ledger_db().close()
+
+    async def _open(self) -> Any:
+        from duetime.backends.rabbitmq.native import NativeDelays
+        from duetime.backends.rabbitmq.transport import RabbitMqTransport
+
+        transport = RabbitMqTransport(self.amqp)
+        await transport.start()
+        return NativeDelays(transport, self.names, levels=self.levels)
+
+    def ledger(self, run_id: str, batch: int) -> Written | None:
+        conn = self._ledger_db()
+        try:
+            row = conn.execute(
+                "SELECT inserted, conflicts FROM ledger WHERE run_id=? AND batch=?", (run_id, batch)
+            ).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
+
+    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+        import asyncio
+
+        from duetime.bulk.records import to_message
+        from duetime.errors import DestinationNotFound, InvalidMessage
+
+        async def publish() -> Written:
+            native = await self._open()
+            try:
+                messages = [to_message(r) for r in records]
+                sent, conflicts = 0, []
+                for start in range(0, len(messages), 1000):
+                    chunk = messages[start : start + 1000]
+                    results = await native.send_batch(chunk)
+                    for message, result in zip(chunk, results, strict=True):
+                        if result is None:
+                            sent += 1
+                        elif isinstance(result, DestinationNotFound | InvalidMessage):
+                            conflicts.append(message.message_id)  # stays in the source, with the reason noted
+                        else:
+                            raise result
+                return Written(sent, tuple(conflicts))
+            finally:
+                await native.transport.close()
+
+        written = asyncio.run(publish())
+        conn = self._ledger_db()
+        try:
+            with conn:
+                conn.execute(
+                    "INSERT OR REPLACE INTO ledger VALUES (?, ?, ?, ?)",
+                    (run_id, batch, written.inserted, json.dumps(list(written.conflicts))),
+                )
+        finally:
+            conn.close()
+        return written
+
+    def forget(self, run_id: str) -> None:
+        conn = self._ledger_db()
+        try:
+            with conn:
+                conn.execute("DELETE FROM ledger WHERE run_id=?", (run_id,))
+        finally:
+            conn.close()
+
+
 def _atomic_write(path: Path, text: str) -> None:
     temp = path.with_name("." + path.name + ".tmp")
     with temp.open("w", encoding="utf-8") as out:
@@ -427,6 +536,12 @@ def open_target(url: str) -> Target:
     scheme, _, rest = url.partition(":")
     if scheme in ("parquet", "jsonl"):
         return FileTarget(_file_path(rest), scheme)
+    if scheme in ("amqp", "amqps"):
+        if "native=" not in url:
+            raise ConfigurationError(
+                "A RabbitMQ target is the native delay topology: add ?native=duetime (or nsb-v2, nsb-v1)."
+            )
+        return NativeDelayTarget(url)
     return StoreTarget(Database.from_url(url))
 
 

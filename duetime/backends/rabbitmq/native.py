@@ -22,16 +22,30 @@ import aio_pika
 from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import ChannelClosed, DeliveryError
 
+from duetime.backends.rabbitmq.arrival import DEATH_HEADERS, arrival_headers, early_by
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError
-from duetime.message import DUE_AT_HEADER, DelayedMessage, outgoing_headers
+from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+
+__all__ = [
+    "DEATH_HEADERS",
+    "LEVELS",
+    "MAX_DELAY",
+    "NAMES",
+    "DelayTooLong",
+    "NativeDelays",
+    "Names",
+    "arrival_headers",
+    "delay_seconds",
+    "early_by",
+    "first_level",
+    "level_binding",
+    "routing_key",
+]
 
 LEVELS = 28
 MAX_DELAY = 2**LEVELS - 1  # 268,435,455 s, about 8.5 years
-#: Bookkeeping RabbitMQ adds when it dead-letters; stripped on arrival.
-DEATH_HEADERS = ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
-                 "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason")
 
 
 class DelayTooLong(InvalidMessage):
@@ -162,18 +176,25 @@ class NativeDelays:
         try:
             if self.names.catchall:
                 await ch.declare_exchange(self.names.catchall, aio_pika.ExchangeType.FANOUT, durable=True)
-                catchall = await ch.declare_queue(self.names.catchall, durable=True, arguments={"x-queue-type": "quorum"})
+                catchall = await ch.declare_queue(
+                    self.names.catchall, durable=True, arguments={"x-queue-type": "quorum"}
+                )
                 await catchall.bind(self.names.catchall, routing_key="")
                 done.append(f"catch-all {self.names.catchall}")
             delivery = await ch.declare_exchange(
-                self.names.delivery, aio_pika.ExchangeType.TOPIC, durable=True, arguments=self._delivery_arguments()
+                self.names.delivery,
+                aio_pika.ExchangeType.TOPIC,
+                durable=True,
+                arguments=self._delivery_arguments(),
             )
             done.append(f"delivery exchange {self.names.delivery}")
             below = delivery
             for level in range(self.levels):
                 name = self.names.level(level)
                 exchange = await ch.declare_exchange(name, aio_pika.ExchangeType.TOPIC, durable=True)
-                queue = await ch.declare_queue(name, durable=True, arguments=await self.queue_arguments(level))
+                queue = await ch.declare_queue(
+                    name, durable=True, arguments=await self.queue_arguments(level)
+                )
                 await queue.bind(exchange, routing_key=level_binding(level, "1", self.levels))
                 await below.bind(exchange, routing_key=level_binding(level, "0", self.levels))
                 below = exchange
@@ -216,15 +237,32 @@ class NativeDelays:
         await check(
             "exchange",
             self.names.delivery,
-            lambda ch: ch.declare_exchange(self.names.delivery, aio_pika.ExchangeType.TOPIC, durable=True, arguments=self._delivery_arguments()),
+            lambda ch: ch.declare_exchange(
+                self.names.delivery,
+                aio_pika.ExchangeType.TOPIC,
+                durable=True,
+                arguments=self._delivery_arguments(),
+            ),
         )
         if self.names.catchall:
-            await check("queue", self.names.catchall, lambda ch: ch.declare_queue(self.names.catchall, durable=True, arguments={"x-queue-type": "quorum"}))
+            await check(
+                "queue",
+                self.names.catchall,
+                lambda ch: ch.declare_queue(
+                    self.names.catchall, durable=True, arguments={"x-queue-type": "quorum"}
+                ),
+            )
         for level in range(self.levels):
             name = self.names.level(level)
             args = await self.queue_arguments(level)
-            if await check("exchange", name, lambda ch, n=name: ch.declare_exchange(n, aio_pika.ExchangeType.TOPIC, durable=True)):
-                await check("queue", name, lambda ch, n=name, a=args: ch.declare_queue(n, durable=True, arguments=a))
+            if await check(
+                "exchange",
+                name,
+                lambda ch, n=name: ch.declare_exchange(n, aio_pika.ExchangeType.TOPIC, durable=True),
+            ):
+                await check(
+                    "queue", name, lambda ch, n=name, a=args: ch.declare_queue(n, durable=True, arguments=a)
+                )
         if not problems:
             await self.setup()  # all present with the right arguments: re-assert the bindings
         return problems
@@ -248,7 +286,10 @@ class NativeDelays:
             if self.names.catchall:
                 await ch.queue_delete(self.names.catchall)
                 await ch.exchange_delete(self.names.catchall)
-            removed.append(f"{self.levels} levels, {self.names.delivery}" + (f", {self.names.catchall}" if self.names.catchall else ""))
+            removed.append(
+                f"{self.levels} levels, {self.names.delivery}"
+                + (f", {self.names.catchall}" if self.names.catchall else "")
+            )
         finally:
             await ch.close()
         self.bound.clear()
@@ -257,17 +298,11 @@ class NativeDelays:
     async def waiting(self) -> dict[str, int]:
         """Messages in each level queue (and the catch-all)."""
         counts: dict[str, int] = {}
-        names = [self.names.level(n) for n in range(self.levels)] + ([self.names.catchall] if self.names.catchall else [])
+        names = [self.names.level(n) for n in range(self.levels)] + (
+            [self.names.catchall] if self.names.catchall else []
+        )
         for name in names:
-            ch = await self._fresh_channel()
-            try:
-                queue = await ch.declare_queue(name, passive=True)
-                counts[name] = int(queue.declaration_result.message_count or 0)
-            except ChannelClosed:
-                counts[name] = 0
-            finally:
-                if not ch.is_closed:
-                    await ch.close()
+            counts[name] = max(0, await self.depth(name))
         return counts
 
     async def bind_destination(self, destination: str) -> None:
@@ -290,7 +325,9 @@ class NativeDelays:
 
     # -- sending -------------------------------------------------------------------------------------
 
-    async def send_batch(self, messages: Sequence[DelayedMessage], now: datetime | None = None) -> list[Exception | None]:
+    async def send_batch(
+        self, messages: Sequence[DelayedMessage], now: datetime | None = None
+    ) -> list[Exception | None]:
         """Publish each message with the delay left until its ``due_at`` (rounded up to seconds),
         with confirms and ``mandatory``; per-message results like any transport."""
         moment = now or datetime.now(UTC)
@@ -315,14 +352,20 @@ class NativeDelays:
                 content_type=headers.get("content-type"),
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             )
-            publishes.append(exchange.publish(message, routing_key=routing_key(seconds, m.destination, self.levels), mandatory=True))
+            publishes.append(
+                exchange.publish(
+                    message, routing_key=routing_key(seconds, m.destination, self.levels), mandatory=True
+                )
+            )
             slots.append(i)
         outcomes = await asyncio.gather(*publishes, return_exceptions=True)
         for i, outcome in zip(slots, outcomes, strict=True):
             if isinstance(outcome, DeliveryError):
                 results[i] = DestinationNotFound(f"{messages[i].destination!r}: returned unroutable")
             elif isinstance(outcome, Exception):
-                results[i] = TransportError(f"native publish to {messages[i].destination!r} failed: {outcome!r}")
+                results[i] = TransportError(
+                    f"native publish to {messages[i].destination!r} failed: {outcome!r}"
+                )
         return results
 
     async def send(
@@ -339,26 +382,13 @@ class NativeDelays:
         from duetime.message import new_message_id, resolve_due_time
 
         message = DelayedMessage(
-            message_id or new_message_id(), destination, resolve_due_time(due_at, delay), body, headers or {}
+            message_id or new_message_id(),
+            destination,
+            resolve_due_time(due_at=due_at, delay=delay, now=None),
+            body,
+            headers or {},
         )
         [error] = await self.send_batch([message])
         if error is not None:
             raise error
         return message
-
-
-def arrival_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """Headers without the dead-letter bookkeeping the hops added."""
-    return {k: v for k, v in headers.items() if k not in DEATH_HEADERS}
-
-
-def early_by(headers: dict[str, Any], now: datetime) -> timedelta:
-    """How long before its due time a message arrived (clock skew); zero when on time."""
-    raw = headers.get(DUE_AT_HEADER)
-    if raw is None:
-        return timedelta(0)
-    try:
-        due = datetime.fromisoformat(raw.decode() if isinstance(raw, bytes) else str(raw))
-    except ValueError:
-        return timedelta(0)
-    return max(timedelta(0), due - now)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -18,6 +19,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
 from aio_pika.exceptions import DeliveryError
 
+from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportError
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
@@ -134,10 +136,15 @@ class RabbitMqTransport:
             while len(taken) < max_messages:
                 taken.append(buffer.get_nowait())
         received = []
+        hold = timedelta(0)
         for incoming in taken:
             receipt = f"{queue}:{incoming.delivery_tag}"
             self._in_flight[receipt] = incoming
-            headers = {k: _text(v) for k, v in (incoming.headers or {}).items()}
+            raw = dict(incoming.headers or {})
+            if "x-death" in raw:  # came through the native delay levels: strip their bookkeeping,
+                hold = max(hold, early_by(raw, datetime.now(UTC)))  # and never hand it out early
+                raw = arrival_headers(raw)
+            headers = {k: _text(v) for k, v in raw.items()}
             received.append(
                 ReceivedMessage(
                     queue,
@@ -148,6 +155,8 @@ class RabbitMqTransport:
                     2 if incoming.redelivered else 1,
                 )
             )
+        if hold > timedelta(0):  # the broker's clock ran ahead of ours: wait out the difference
+            await asyncio.sleep(hold.total_seconds())
         return received
 
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:

@@ -1,0 +1,238 @@
+"""``duetime rabbitmq …``: the native delay topology (seed 003) on the command line."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from duetime.durations import parse_duration
+from duetime.errors import DuetimeError
+
+T = TypeVar("T")
+rabbitmq_app = typer.Typer(
+    help=(
+        "RabbitMQ native delays: 28 levels of TTL queues and topic exchanges keyed by the delay in "
+        "binary (up to 268,435,455 s). `setup` declares them, `verify` checks them, `send` delays a "
+        "message natively, `catchall` shows and sends back what lost its destination, `retire-store` "
+        "switches an endpoint's store off once it is empty."
+    ),
+    no_args_is_help=True,
+)
+console = Console()
+err = Console(stderr=True)
+
+UrlOpt = Annotated[
+    str, typer.Option("--url", envvar="DUETIME_RABBITMQ", help="amqp://user:pass@host:5672/vhost")
+]
+NamesOpt = Annotated[
+    str,
+    typer.Option(
+        "--names", help="duetime (default), nsb-v2 or nsb-v1: NServiceBus's names, to share the broker."
+    ),
+]
+QueueTypeOpt = Annotated[
+    str, typer.Option("--queue-type", help="quorum (default; classic on RabbitMQ < 3.10) or classic.")
+]
+
+
+def _run(work: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return asyncio.run(work())  # type: ignore[arg-type]
+    except DuetimeError as error:
+        err.print(f"[red]error:[/] {error}")
+        raise typer.Exit(1) from None
+
+
+async def _native(url: str, names: str, queue_type: str = "quorum") -> Any:
+    from duetime.backends.rabbitmq.native import NativeDelays
+    from duetime.backends.rabbitmq.transport import RabbitMqTransport
+
+    transport = RabbitMqTransport(url)
+    await transport.start()
+    return NativeDelays(transport, names, queue_type=queue_type)
+
+
+@rabbitmq_app.command()
+def setup(
+    url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
+    names: NamesOpt = "duetime",
+    queue_type: QueueTypeOpt = "quorum",
+) -> None:
+    """Declare the 28 levels, their bindings, TTLs and dead-letter chain, and the delivery exchange. Idempotent."""
+
+    async def go() -> None:
+        native = await _native(url, names, queue_type)
+        try:
+            version = ".".join(map(str, await native.broker_version()))
+            for line in await native.setup():
+                console.print(f"declared {line}")
+            console.print(f"RabbitMQ {version}; queues: {(await native.queue_arguments(0))['x-queue-type']}")
+        finally:
+            await native.transport.close()
+
+    _run(go)
+
+
+@rabbitmq_app.command()
+def verify(
+    url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
+    names: NamesOpt = "duetime",
+    queue_type: QueueTypeOpt = "quorum",
+) -> None:
+    """Check every exchange and queue exists with the right arguments (exit 1 if not)."""
+
+    async def go() -> list[str]:
+        native = await _native(url, names, queue_type)
+        try:
+            return list(await native.verify())
+        finally:
+            await native.transport.close()
+
+    problems = _run(go)
+    for problem in problems:
+        err.print(f"[red]problem:[/] {problem}")
+    if problems:
+        raise typer.Exit(1)
+    console.print("[green]the native delay topology is complete[/]")
+
+
+@rabbitmq_app.command()
+def teardown(
+    url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
+    names: NamesOpt = "duetime",
+    force: Annotated[
+        bool, typer.Option(help="Delete even while messages wait in the levels (they are lost).")
+    ] = False,
+) -> None:
+    """Delete the topology; refused while delayed messages are still waiting in it."""
+
+    async def go() -> None:
+        native = await _native(url, names)
+        try:
+            for line in await native.teardown(force=force):
+                console.print(f"deleted {line}")
+        finally:
+            await native.transport.close()
+
+    _run(go)
+
+
+@rabbitmq_app.command()
+def status(url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/", names: NamesOpt = "duetime") -> None:
+    """How many messages wait in each level, and in the catch-all."""
+
+    async def go() -> dict[str, int]:
+        native = await _native(url, names)
+        try:
+            return dict(await native.waiting())
+        finally:
+            await native.transport.close()
+
+    table = Table("queue", "messages")
+    for name, count in _run(go).items():
+        if count:
+            table.add_row(name, f"{count:,}")
+    console.print(table)
+
+
+@rabbitmq_app.command()
+def send(
+    destination: Annotated[str, typer.Argument(help="The queue the message is for.")],
+    body: Annotated[str, typer.Argument(help="The message body (text).")] = "",
+    in_: Annotated[
+        str, typer.Option("--in", help="Delay: 90, 1.5s, 10m, 1h30m, 2d (rounded up to whole seconds).")
+    ] = "0",
+    url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
+    names: NamesOpt = "duetime",
+) -> None:
+    """Send one message with a native delay."""
+
+    async def go() -> str:
+        native = await _native(url, names)
+        try:
+            sent = await native.send(destination, body.encode(), delay=parse_duration(in_))
+            return str(sent.message_id)
+        finally:
+            await native.transport.close()
+
+    console.print(f"sent {_run(go)}")
+
+
+@rabbitmq_app.command()
+def catchall(
+    url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
+    send_back: Annotated[
+        bool, typer.Option("--send-back", help="Send each message back to its destination.")
+    ] = False,
+    to: Annotated[str | None, typer.Option(help="With --send-back: deliver to this queue instead.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many messages.")] = 100,
+) -> None:
+    """Messages whose destination was gone when their delay ended (they wait here, not dropped)."""
+    from duetime.backends.rabbitmq.catchall import inspect_catchall
+
+    async def go() -> list[tuple[str, str, str]]:
+        native = await _native(url, "duetime")
+        try:
+            return await inspect_catchall(native, limit=limit, send_back=send_back, to=to)
+        finally:
+            await native.transport.close()
+
+    rows = _run(go)
+    table = Table("message id", "destination", "what happened")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+@rabbitmq_app.command("retire-store")
+def retire_store(
+    store: Annotated[str, typer.Option("--store", help="The endpoint's duetime store.")],
+    endpoint: Annotated[str, typer.Option("--endpoint", help="The endpoint whose store is retired.")],
+    url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
+    delete_front_door: Annotated[
+        bool, typer.Option(help="Also delete the empty <endpoint>.timeouts queue.")
+    ] = True,
+) -> None:
+    """Switch an endpoint's store off (seed 003's "disabling the timeout manager"): refused while
+    it or its front-door queue still holds delayed messages."""
+    from duetime.frontdoor import front_door_queue
+    from duetime.registry import open_store
+    from duetime.settings import TransactionMode
+
+    async def go() -> None:
+        s = open_store(store)
+        try:
+            await s.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+            counts = await s.counts(datetime.now(UTC))
+        finally:
+            await s.close()
+        if counts.total:
+            raise DuetimeError(
+                f"{endpoint}'s store still holds {counts.total} delayed messages (next due {counts.next_due}); "
+                "keep its dispatcher running until they are delivered."
+            )
+        native = await _native(url, "duetime")
+        try:
+            queue = front_door_queue(endpoint)
+            waiting = await native.depth(queue)
+            if waiting > 0:
+                raise DuetimeError(
+                    f"{queue} still holds {waiting} messages for the store; run the dispatcher first."
+                )
+            if waiting == 0 and delete_front_door:
+                await native.transport.delete(queue)
+                console.print(f"deleted the empty front-door queue {queue}")
+        finally:
+            await native.transport.close()
+        console.print(
+            f"[green]{endpoint}'s store is empty and can be retired[/]: stop its dispatcher, send every delay "
+            f"natively (DelayRouter without a store), and drop the table {endpoint}.delayed when you like."
+        )
+
+    _run(go)
