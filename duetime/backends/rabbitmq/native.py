@@ -305,6 +305,18 @@ class NativeDelays:
             counts[name] = max(0, await self.depth(name))
         return counts
 
+    async def depth(self, queue: str) -> int:
+        """Messages waiting in ``queue``; -1 if there is no such queue."""
+        ch = await self._fresh_channel()
+        try:
+            declared = await ch.declare_queue(queue, passive=True)
+            return int(declared.declaration_result.message_count or 0)
+        except ChannelClosed:
+            return -1
+        finally:
+            if not ch.is_closed:
+                await ch.close()
+
     async def bind_destination(self, destination: str) -> None:
         """Route ``#.<destination>`` from the delivery exchange to its queue, before the first send."""
         if destination in self.bound:

@@ -1,0 +1,238 @@
+"""RabbitMQ native delays on the real broker: the levels, timing, catch-all, NServiceBus names,
+the native/stored switch, and migration from a store into the topology."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import pytest
+
+from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
+from duetime.backends.rabbitmq.catchall import inspect_catchall
+from duetime.backends.rabbitmq.native import DelayTooLong, Names, NativeDelays, routing_key
+from duetime.backends.rabbitmq.transport import RabbitMqTransport
+from duetime.backends.sqlite import SqliteStore
+from duetime.delayrouter import NATIVE, STORE, DelayRouter, StoreNotEmpty
+from duetime.message import DUE_AT_HEADER
+from tests.services import RABBITMQ, require
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+async def native() -> AsyncIterator[NativeDelays]:
+    require(RABBITMQ)
+    transport = RabbitMqTransport.from_url(RABBITMQ)
+    await transport.start()
+    topology = NativeDelays(transport, "duetime")
+    await topology.setup()
+    yield topology
+    await transport.close()
+
+
+async def queue(transport: RabbitMqTransport, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    await transport.declare(name)
+    return name
+
+
+async def collect(
+    transport: RabbitMqTransport, name: str, count: int, timeout: float
+) -> list[tuple[Any, datetime]]:
+    """(message, arrival time) until ``count`` arrived or the deadline passed."""
+    got: list[tuple[Any, datetime]] = []
+    deadline = asyncio.get_running_loop().time() + timeout
+    while len(got) < count and asyncio.get_running_loop().time() < deadline:
+        batch = await transport.receive(name, 500, 0.2)
+        now = datetime.now(UTC)
+        got += [(m, now) for m in batch]
+        await transport.acknowledge(batch)
+    return got
+
+
+async def test_a_five_second_delay_arrives_no_earlier_and_within_two_seconds(native: NativeDelays) -> None:
+    t = native.transport
+    dest = await queue(t, "native5")
+    sent = await native.send(dest, b"five", delay=5)
+    [(message, arrived)] = await collect(t, dest, 1, 15)
+    assert message.body == b"five" and message.message_id == sent.message_id
+    assert sent.due_at <= arrived <= sent.due_at + timedelta(seconds=2)
+    assert not any(k.startswith("x-death") or k.startswith("x-first-death") for k in message.headers)
+    await t.delete(dest)
+
+
+async def test_the_seeds_four_level_example_queue_by_queue() -> None:
+    require(RABBITMQ)
+    transport = RabbitMqTransport.from_url(RABBITMQ)
+    await transport.start()
+    tag = uuid.uuid4().hex[:6]
+    names = Names(f"t{tag}.level-", f"t{tag}.delivery", f"t{tag}.catchall")
+    small = NativeDelays(transport, names, levels=4)
+    await small.setup()
+    dest = await queue(transport, "destination")
+    await small.bind_destination(dest)
+    channel = transport.channel
+    level3 = await channel.get_exchange(names.level(3))
+    # as the seed tells it: published to the level 3 exchange with 0.1.0.1.destination
+    await level3.publish(
+        aio_pika.Message(b"x", message_id="seed"), routing_key=routing_key(5, dest, levels=4)
+    )
+    await asyncio.sleep(0.5)
+    depths = await small.waiting()
+    assert depths[names.level(2)] == 1 and depths[names.level(3)] == 0  # bit 3 is 0: straight on
+    await asyncio.sleep(4.0)  # level 2 holds it for 4 s, then level 1 (bit 0) passes it to level 0
+    depths = await small.waiting()
+    assert depths[names.level(2)] == 0 and depths[names.level(0)] == 1
+    [(message, _)] = await collect(transport, dest, 1, 5)
+    assert message.message_id == "seed"
+    await small.teardown()
+    await transport.delete(dest)
+    await transport.close()
+
+
+async def test_a_thousand_random_delays_all_arrive_where_they_should(native: NativeDelays) -> None:
+    t = native.transport
+    dests = [await queue(t, f"many{i}") for i in range(3)]
+    rng = random.Random(3)
+    now = datetime.now(UTC)
+    messages = [
+        DelayedMessage(
+            f"r{i}", rng.choice(dests), now + timedelta(seconds=rng.uniform(0, 20)), str(i).encode()
+        )
+        for i in range(1000)
+    ]
+    results = await native.send_batch(messages, now=now)
+    assert results == [None] * 1000
+    wanted = {m.message_id: m for m in messages}
+    arrived: dict[str, tuple[str, datetime]] = {}
+    batches = await asyncio.gather(
+        *(collect(t, dest, sum(1 for m in messages if m.destination == dest), 40) for dest in dests)
+    )
+    for dest, got in zip(dests, batches, strict=True):
+        for message, at in got:
+            assert message.message_id not in arrived
+            arrived[message.message_id] = (dest, at)
+    assert set(arrived) == set(wanted)
+    for ident, (dest, at) in arrived.items():
+        assert dest == wanted[ident].destination
+        assert at >= wanted[ident].due_at - timedelta(milliseconds=5)  # never early (rounded up)
+        assert at <= wanted[ident].due_at + timedelta(seconds=3)
+    for dest in dests:
+        await t.delete(dest)
+
+
+async def test_over_the_maximum_is_refused_not_truncated(native: NativeDelays) -> None:
+    dest = await queue(native.transport, "toolong")
+    with pytest.raises(DelayTooLong, match="8.5 years"):
+        await native.send(dest, b"x", delay=2**28)
+    await native.transport.delete(dest)
+
+
+async def test_a_deleted_destination_ends_in_the_catch_all_without_blocking_others(
+    native: NativeDelays,
+) -> None:
+    t = native.transport
+    gone, alive = await queue(t, "gone"), await queue(t, "alive")
+    await native.send(gone, b"lost?", delay=2, message_id=f"g-{gone}")
+    await native.send(alive, b"fine", delay=3, message_id=f"a-{alive}")
+    await t.delete(gone)
+    [(message, _)] = await collect(t, alive, 1, 10)
+    assert message.message_id == f"a-{alive}"
+    listed = await inspect_catchall(native)
+    assert (f"g-{gone}", gone, "waiting in the catch-all") in listed
+    await t.declare(gone)
+    native.bound.discard(gone)
+    sent_back = await inspect_catchall(native, send_back=True)
+    assert (f"g-{gone}", gone, "sent back") in sent_back
+    [(message, _)] = await collect(t, gone, 1, 5)
+    assert message.body == b"lost?"
+    await t.delete(gone)
+    await t.delete(alive)
+
+
+async def test_nservicebus_names_interoperate() -> None:
+    require(RABBITMQ)
+    transport = RabbitMqTransport.from_url(RABBITMQ)
+    await transport.start()
+    nsb = NativeDelays(transport, "nsb-v2")
+    await nsb.setup()
+    assert await nsb.verify() == []
+    dest = await queue(transport, "NsbEndpoint")
+    await nsb.send(dest, b"from python", delay=1, message_id="py")
+    # what an NServiceBus endpoint publishes: the full 28-bit key to nsb.v2.delay-level-27
+    level27 = await transport.channel.get_exchange("nsb.v2.delay-level-27")
+    await level27.publish(aio_pika.Message(b"from nsb", message_id="nsb"), routing_key=routing_key(2, dest))
+    got = await collect(transport, dest, 2, 10)
+    assert sorted(m.message_id for m, _ in got) == ["nsb", "py"]
+    await transport.delete(dest)
+    await transport.close()
+
+
+async def test_one_call_routes_natively_or_to_the_store_and_the_store_can_be_retired(
+    native: NativeDelays, tmp_path: Path
+) -> None:
+    t = native.transport
+    dest = await queue(t, "both")
+    store = SqliteStore.from_url(f"sqlite:///{tmp_path / 's.db'}")
+    await store.setup_infrastructure("both")
+    await store.initialize("both", TransactionMode.AT_LEAST_ONCE)
+    router = DelayRouter(native, store, native_up_to=timedelta(seconds=2))
+    assert await router.schedule(dest, b"short", delay=1, message_id="short") == NATIVE
+    assert await router.schedule(dest, b"long", delay=3, message_id="long") == STORE
+    with pytest.raises(StoreNotEmpty):
+        await router.retire_store()
+    dispatcher = Dispatcher(store, t, DelayedDeliverySettings(), endpoint="both")
+    task = asyncio.create_task(dispatcher.run())
+    got = await collect(t, dest, 2, 15)
+    dispatcher.stop()
+    await task
+    assert sorted(m.message_id for m, _ in got) == ["long", "short"]
+    await router.retire_store()
+    assert not router.store_enabled
+    assert await router.schedule(dest, b"later", delay=3600 * 24 * 365, message_id="year") == NATIVE
+    await store.close()
+    await t.delete(dest)
+
+
+async def test_a_store_migrates_into_the_topology_keeping_each_due_time(
+    native: NativeDelays, tmp_path: Path
+) -> None:
+    from duetime.bulk.migrate import MigrationSpec, migrate
+    from duetime.bulk.session import spark_session
+    from duetime.registry import open_sync_store
+
+    t = native.transport
+    dest = await queue(t, "migrated")
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    store = open_sync_store(url)
+    store.setup_infrastructure("old")
+    store.initialize("old", TransactionMode.AT_LEAST_ONCE)
+    now = datetime.now(UTC)
+    messages = [
+        DelayedMessage(f"m{i}", dest, now + timedelta(seconds=25 + i % 5, milliseconds=i), b"x")
+        for i in range(50)
+    ]
+    store.store_many(messages)
+    store.close()
+    spark = spark_session("local[2]")
+    target = f"{RABBITMQ}?native=duetime&ledger={tmp_path / 'ledger.db'}"
+    result = await asyncio.to_thread(migrate, spark, MigrationSpec(url, target, "old"))
+    assert result.inserted == 50 and result.remaining == 0
+    got = await collect(t, dest, 50, 45)
+    due = {m.message_id: m.due_at for m in messages}
+    assert sorted(m.message_id for m, _ in got) == sorted(due)
+    for message, at in got:
+        assert message.headers[DUE_AT_HEADER] == due[message.message_id].isoformat()  # kept exactly
+        assert (
+            due[message.message_id] - timedelta(milliseconds=5)
+            <= at
+            <= due[message.message_id] + timedelta(seconds=3)
+        )
+    await t.delete(dest)
