@@ -131,6 +131,7 @@ class NativeDelays:
         self.queue_type = queue_type
         self.bound: set[str] = set()
         self.notes: list[str] = []
+        self._exchanges: dict[str, Any] = {}
 
     # -- topology --------------------------------------------------------------------------------
 
@@ -355,7 +356,10 @@ class NativeDelays:
                 continue
             level = first_level(seconds)
             exchange_name = self.names.delivery if level is None else self.names.level(level)
-            exchange = await self.transport.channel.get_exchange(exchange_name, ensure=False)
+            exchange = self._exchanges.get(exchange_name)
+            if exchange is None or exchange.channel is not self.transport.channel:
+                exchange = await self.transport.channel.get_exchange(exchange_name, ensure=False)
+                self._exchanges[exchange_name] = exchange
             headers = outgoing_headers(m)
             message = aio_pika.Message(
                 m.body,
