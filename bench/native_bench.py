@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 import aio_pika
 
 from duetime import DelayedMessage
-from duetime.backends.rabbitmq.native import NativeDelays, Names
+from duetime.backends.rabbitmq.native import Names, NativeDelays
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
 
 URL = os.environ.get("DUETIME_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
@@ -35,7 +35,11 @@ async def raw_rate(transport: RabbitMqTransport, queue: str, total: int) -> floa
         await asyncio.gather(
             *(
                 exchange.publish(
-                    aio_pika.Message(b"x" * 100, message_id=f"raw{offset + i}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                    aio_pika.Message(
+                        b"x" * 100,
+                        message_id=f"raw{offset + i}",
+                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                    ),
                     routing_key=queue,
                     mandatory=True,
                 )
@@ -49,7 +53,9 @@ async def native_rate(native: NativeDelays, queue: str, total: int) -> float:
     due = datetime.now(UTC) + timedelta(hours=1)
     start = time.perf_counter()
     for offset in range(0, total, 1000):
-        batch = [DelayedMessage(f"n{offset + i}", queue, due, b"x" * 100) for i in range(min(1000, total - offset))]
+        batch = [
+            DelayedMessage(f"n{offset + i}", queue, due, b"x" * 100) for i in range(min(1000, total - offset))
+        ]
         results = await native.send_batch(batch)
         assert all(r is None for r in results), results[:3]
     return total / (time.perf_counter() - start)
@@ -58,7 +64,9 @@ async def native_rate(native: NativeDelays, queue: str, total: int) -> float:
 async def lateness(native: NativeDelays, queue: str, total: int) -> list[float]:
     rng = random.Random(5)
     now = datetime.now(UTC)
-    messages = [DelayedMessage(f"l{i}", queue, now + timedelta(seconds=rng.uniform(1, 12)), b"") for i in range(total)]
+    messages = [
+        DelayedMessage(f"l{i}", queue, now + timedelta(seconds=rng.uniform(1, 12)), b"") for i in range(total)
+    ]
     due = {m.message_id: m.due_at for m in messages}
     assert all(r is None for r in await native.send_batch(messages, now=now))
     late: list[float] = []
@@ -80,7 +88,9 @@ async def main() -> None:
     transport = RabbitMqTransport(URL)
     await transport.start()
     tag = uuid.uuid4().hex[:6]
-    native = NativeDelays(transport, Names(f"bench{tag}.level-", f"bench{tag}.delivery", f"bench{tag}.catchall"))
+    native = NativeDelays(
+        transport, Names(f"bench{tag}.level-", f"bench{tag}.delivery", f"bench{tag}.catchall")
+    )
     await native.setup()
     raw_q, native_q, late_q = (f"bench-{tag}-{k}" for k in ("raw", "native", "late"))
     for q in (raw_q, native_q, late_q):
@@ -93,7 +103,9 @@ async def main() -> None:
         ours = await native_rate(native, native_q, sends)
         print(f"raw publish with confirms, classic queue   {raw:10,.0f} msg/s")
         print(f"raw publish with confirms, quorum queue    {quorum:10,.0f} msg/s")
-        print(f"native delayed send (into a quorum level)  {ours:10,.0f} msg/s   ratio {ours / raw:.2f} to classic, {ours / quorum:.2f} to quorum")
+        print(
+            f"native delayed send (into a quorum level)  {ours:10,.0f} msg/s   ratio {ours / raw:.2f} to classic, {ours / quorum:.2f} to quorum"
+        )
         late = sorted(await lateness(native, late_q, timed))
         q = statistics.quantiles(late, n=100)
         print(

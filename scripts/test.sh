@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark
-echo "== ruff"; .venv/bin/ruff check duetime tests bench && .venv/bin/ruff format --check duetime tests bench
+echo "== ruff"
+.venv/bin/ruff check duetime tests bench
+.venv/bin/ruff format --check duetime tests bench
 echo "== mypy (strict)"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/python -m pytest "$@"

@@ -236,3 +236,47 @@ async def test_a_store_migrates_into_the_topology_keeping_each_due_time(
             <= due[message.message_id] + timedelta(seconds=3)
         )
     await t.delete(dest)
+
+
+async def test_a_message_arriving_before_its_due_time_is_held_until_then(native: NativeDelays) -> None:
+    t = native.transport
+    dest = await queue(t, "skew")
+    now = datetime.now(UTC)
+    message = DelayedMessage("skewed", dest, now + timedelta(seconds=3), b"x")
+    # a sender whose clock runs 2 s ahead computes a 1 s delay for a message due in 3 s
+    assert await native.send_batch([message], now=now + timedelta(seconds=2)) == [None]
+    [(got, arrived)] = await collect(t, dest, 1, 10)
+    assert arrived >= message.due_at
+    assert "x-death" not in got.headers
+    await t.delete(dest)
+
+
+def test_the_rabbitmq_commands(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    require(RABBITMQ)
+    for _ in range(2):  # idempotent
+        done = run_cli("rabbitmq", "setup", "--url", RABBITMQ, cwd=tmp_path)
+        assert done.returncode == 0 and "28 levels" in done.stdout, done.stderr
+    verified = run_cli("rabbitmq", "verify", "--url", RABBITMQ, cwd=tmp_path)
+    assert verified.returncode == 0 and "complete" in verified.stdout
+    too_long = run_cli("rabbitmq", "send", "nowhere", "x", "--in", "3000d", "--url", RABBITMQ, cwd=tmp_path)
+    assert too_long.returncode == 1 and "8.5 years" in too_long.stderr
+    store = f"sqlite:///{tmp_path / 'r.db'}"
+    assert run_cli("setup", "--store", store, "--endpoint", "shop", cwd=tmp_path).returncode == 0
+    assert (
+        run_cli(
+            "schedule", "orders", "x", "--in", "1h", "--store", store, "--endpoint", "shop", cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    refused = run_cli(
+        "rabbitmq", "retire-store", "--store", store, "--endpoint", "shop", "--url", RABBITMQ, cwd=tmp_path
+    )
+    assert refused.returncode == 1 and "still holds 1" in refused.stderr
+    empty = f"sqlite:///{tmp_path / 'e.db'}"
+    assert run_cli("setup", "--store", empty, "--endpoint", "quiet", cwd=tmp_path).returncode == 0
+    retired = run_cli(
+        "rabbitmq", "retire-store", "--store", empty, "--endpoint", "quiet", "--url", RABBITMQ, cwd=tmp_path
+    )
+    assert retired.returncode == 0 and "can be retired" in retired.stdout, retired.stderr
