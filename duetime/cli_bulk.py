@@ -128,6 +128,7 @@ def migrate(
         from duetime.bulk.migrate import MigrationSpec, abort, migrate
 
         spec = MigrationSpec(source, target, endpoint, _cutoff(cutoff), batch_rows)
+        _check_urls(source, target)  # before Spark takes seconds to start
         if mode is Mode.abort:
             result = abort(spec)
             _print_result(result, as_json)
@@ -146,6 +147,17 @@ def migrate(
             _print_result(result, as_json)
 
     _guard(go)
+
+
+def _check_urls(source: str, target: str | None) -> None:
+    from duetime.bulk.db import Database
+    from duetime.bulk.frames import file_kind
+    from duetime.bulk.targets import open_target
+
+    if file_kind(source) is None:
+        Database.from_url(source)
+    if target is not None:
+        open_target(target)
 
 
 def _print_preview(found: Any, as_json: bool) -> None:
