@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore
-from duetime.message import DelayedMessage, new_message_id, resolve_due_time
+from duetime.message import DelayedMessage
 
 if TYPE_CHECKING:
     from duetime.backends.rabbitmq.native import NativeDelays
@@ -69,12 +69,8 @@ class DelayRouter:
         message_id: str | None = None,
     ) -> str:
         """Schedule one message; returns the path it took (``"native"`` or ``"store"``)."""
-        message = DelayedMessage(
-            message_id or new_message_id(),
-            destination,
-            resolve_due_time(due_at=due_at, delay=delay, now=None),
-            body,
-            headers or {},
+        message = DelayedMessage.create(
+            destination, body, delay=delay, due_at=due_at, headers=headers, message_id=message_id
         )
         route = self.route_for(message.due_at)
         if route == STORE:

@@ -395,14 +395,8 @@ class NativeDelays:
         message_id: str | None = None,
     ) -> DelayedMessage:
         """Send one message natively; raises what went wrong."""
-        from duetime.message import new_message_id, resolve_due_time
-
-        message = DelayedMessage(
-            message_id or new_message_id(),
-            destination,
-            resolve_due_time(due_at=due_at, delay=delay, now=None),
-            body,
-            headers or {},
+        message = DelayedMessage.create(
+            destination, body, delay=delay, due_at=due_at, headers=headers, message_id=message_id
         )
         [error] = await self.send_batch([message])
         if error is not None:
