@@ -273,3 +273,33 @@ def test_bad_input_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigurationError, match="not a database URL"):
         Database.from_url("redis://localhost/0")
     assert from_micros(to_micros(datetime(2030, 1, 1, tzinfo=UTC))) == datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def test_msmq_layout_in_postgres_with_binary_headers_moves_and_aborts_back_exactly(spark: Any) -> None:
+    with postgres_schema() as pg:
+        due = datetime(2032, 2, 2, 2, 2, 2, 222222)
+        rows = [
+            (
+                f"q{i}",
+                "payments",
+                f"body {i}".encode(),
+                due + timedelta(minutes=i),
+                json.dumps({"h": str(i)}).encode(),
+                i % 2,
+            )
+            for i in range(40)
+        ]
+        rows.append(("bad", "payments", b"", due, b"\xff\xfe not utf-8", 0))
+        legacy = create_msmq(pg, "pay_legacy", rows)
+        source = pg + "&layout=msmq&table=pay_legacy"
+        found = preview(spark, source, "Payments")
+        assert found.total == 41 and found.problem_counts == {"unreadable headers": 1}
+        result = migrate(spark, MigrationSpec(source, pg, "Payments", batch_rows=100))
+        assert (result.inserted, result.put_back) == (40, 1)
+        moved = store_rows(pg, "Payments")
+        assert moved["q3"].headers == {"h": "3"} and moved["q3"].failure_count == 1
+        assert moved["q3"].due_at == (due + timedelta(minutes=3)).replace(tzinfo=UTC)
+        # the unreadable row went back byte for byte
+        assert table_rows(legacy, "pay_legacy", "Id") == [
+            ("bad", "payments", b"", due, b"\xff\xfe not utf-8", 0)
+        ]
