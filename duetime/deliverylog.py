@@ -1,7 +1,8 @@
 """The dispatcher's opt-in delivery log: one entry per forwarded or dead-lettered message.
 
-``duetime bulk report`` reads it to chart lateness over time. It is written after the delivery and
-never holds one up: a log that cannot be written costs a warning, not a message.
+``duetime bulk report`` reads it to chart lateness over time. It is written after each batch was
+delivered and removed from the store, so it never decides a delivery: a log that cannot be written
+costs a warning, not a message (a slow one slows the next batch; keep it local or on a fast table).
 Destinations: JSON Lines files (``jsonl:/var/log/duetime``, one file per UTC day) or a table
 ``duetime_delivery_log`` in a SQL database (``postgresql://…``, ``mysql://…``, ``sqlite:///…``).
 """

@@ -261,13 +261,14 @@ class Dispatcher:
         self.stats.forwarded += len(outcome.moved)
         self.stats.dead_lettered += len(outcome.dead_lettered)
         if self.delivery_log is not None:
+            done_at = self.clock.now()
             moved = [
                 (DelayedMessage.from_store(m.message_id, m.destination, m.due_at, b"", {}, 0), 1)
                 for m in outcome.moved
             ]
-            await self._log_deliveries(moved, "delivered")
+            await self._log_deliveries(moved, "delivered", done_at)
             await self._log_deliveries(
-                [(m, max(m.failure_count, 1)) for m, _ in outcome.dead_lettered], "dead-lettered"
+                [(m, max(m.failure_count, 1)) for m, _ in outcome.dead_lettered], "dead-lettered", done_at
             )
         for message, reason in outcome.dead_lettered:
             log.warning("message %s sent to the error queue: %s", message.message_id, reason)
@@ -290,14 +291,11 @@ class Dispatcher:
                 raise TransportError(f"transport answered {len(results)} results for {len(batch)} messages")
         except Exception as error:
             results = [error] * len(batch)
+        sent_at = self.clock.now()
         delivered = [m.message_id for m, r in zip(batch, results, strict=True) if r is None]
         failed = [(m, r) for m, r in zip(batch, results, strict=True) if r is not None]
         if delivered:
             self.stats.forwarded += len(delivered)
-            await self._log_deliveries(
-                [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None],
-                "delivered",
-            )
             try:
                 await self.store.remove_many(delivered)
             except Exception as error:
@@ -306,6 +304,9 @@ class Dispatcher:
                 self.store_breaker.failure(error)
             else:
                 self.store_breaker.success()
+            if self.delivery_log is not None:  # after the removal: the log never delays it
+                done = [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None]
+                await self._log_deliveries(done, "delivered", sent_at)
         transport_failures = [(m, e) for m, e in failed if not isinstance(e, DestinationNotFound)]
         if transport_failures:
             self.dispatch_breaker.failure(transport_failures[-1][1])
@@ -359,15 +360,16 @@ class Dispatcher:
             else:
                 self.recovery_breaker.failure(result)
         if sent:
-            await self._log_deliveries(
-                [(m, max(m.failure_count, 1)) for (m, _), r in zip(dead, results, strict=True) if r is None],
-                "dead-lettered",
-            )
             try:
                 await self.store.remove_many(sent)
                 self.stats.dead_lettered += len(sent)
             except Exception as error:
                 self.recovery_breaker.failure(error)
+            if self.delivery_log is not None:
+                done = [
+                    (m, max(m.failure_count, 1)) for (m, _), r in zip(dead, results, strict=True) if r is None
+                ]
+                await self._log_deliveries(done, "dead-lettered", now)
         failed = [m.message_id for (m, _), r in zip(dead, results, strict=True) if r is not None]
         if failed:
             try:
@@ -375,12 +377,14 @@ class Dispatcher:
             except Exception as error:
                 self.recovery_breaker.failure(error)
 
-    async def _log_deliveries(self, done: Sequence[tuple[DelayedMessage, int]], outcome: str) -> None:
+    async def _log_deliveries(
+        self, done: Sequence[tuple[DelayedMessage, int]], outcome: str, at: datetime
+    ) -> None:
+        """Record (message, attempts) pairs as dispatched ``at``; a failing log costs a warning."""
         if self.delivery_log is None or not done:
             return
-        now = self.clock.now()
         entries = [
-            Delivery(m.message_id, m.destination, m.due_at, now, attempts, outcome) for m, attempts in done
+            Delivery(m.message_id, m.destination, m.due_at, at, attempts, outcome) for m, attempts in done
         ]
         try:
             await self.delivery_log.record(entries)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from duetime.bulk.db import Database
@@ -276,7 +275,3 @@ def layout_for(db: Database) -> Layout:
             f"layout={db.layout} tables live in PostgreSQL or MariaDB, not SQLite ({db.display})."
         )
     return {"duetime": DuetimeLayout, "timeoutdata": TimeoutDataLayout, "msmq": MsmqLayout}[db.layout](db)
-
-
-def utc_naive(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(tzinfo=None)

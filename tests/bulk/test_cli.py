@@ -126,3 +126,5 @@ def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
     )
     assert bad.returncode == 1 and "not a database URL" in bad.stderr
     assert "--master" in run_cli("bulk", "migrate", "--help", cwd=tmp_path).stdout
+    period = run_cli("bulk", "report", "--store", "sqlite:///x.db", "--period", "week", cwd=tmp_path)
+    assert period.returncode != 0 and "--period must be second, minute, hour or day" in period.stderr

@@ -15,7 +15,7 @@ from duetime.bulk.db import Database
 from duetime.bulk.migrate import MigrationSpec, abort, migrate, process_batch
 from duetime.bulk.preview import preview
 from duetime.bulk.sources import DbSource
-from duetime.bulk.targets import StoreTarget
+from duetime.bulk.targets import StoreTarget, open_target
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError
 from duetime.registry import open_sync_store
@@ -272,6 +272,18 @@ def test_bad_input_is_refused_with_the_fix() -> None:
         MigrationSpec("sqlite:///a.db", "sqlite:///b.db", cutoff=datetime(2030, 1, 1))
     with pytest.raises(ConfigurationError, match="not a database URL"):
         Database.from_url("redis://localhost/0")
+    with pytest.raises(ConfigurationError, match="batch-rows"):
+        MigrationSpec("sqlite:///a.db", "sqlite:///b.db", batch_rows=10)
+    with pytest.raises(ConfigurationError, match="PostgreSQL or MariaDB"):
+        DbSource(Database.from_url("sqlite:///a.db?layout=timeoutdata"))
+    with pytest.raises(ConfigurationError, match="native=duetime"):
+        open_target("amqp://guest:guest@localhost/")
+    with pytest.raises(ConfigurationError, match="Name a folder"):
+        open_target("parquet:")
+    from duetime.bulk.schedule import schedule
+
+    with pytest.raises(ConfigurationError, match="Name the job"):
+        schedule(None, "jsonl:/x", "sqlite:///a.db", job="")
     assert from_micros(to_micros(datetime(2030, 1, 1, tzinfo=UTC))) == datetime(2030, 1, 1, tzinfo=UTC)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
@@ -383,3 +384,26 @@ async def test_front_door_survives_an_error_queue_that_cannot_be_written() -> No
     assert door.rejected == 0 and rig.queues.messages("error") == []
     assert len(rig.queues._in_flight) == 1  # not acknowledged: the broker gives it back
     assert not rig.dispatcher.recovery_breaker.tripped  # one failure: counted, not yet critical
+
+
+async def test_a_failing_delivery_log_costs_a_warning_never_a_message() -> None:
+    from duetime.deliverylog import Delivery
+
+    class BrokenLog:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def record(self, entries: Sequence[Delivery]) -> None:
+            self.calls += 1
+            raise ConnectionError("log database down")
+
+        async def close(self) -> None:
+            return None
+
+    rig = await Rig().setup("orders")
+    broken = BrokenLog()
+    rig.dispatcher.delivery_log = broken
+    await rig.store.store(rig.message(1, 0))
+    await rig.dispatcher.run_burst()
+    assert rig.delivered() == ["m1"] and broken.calls == 1
+    assert await rig.store.get("m1") is None  # removed before the log was tried
