@@ -10,6 +10,7 @@ from duetime.dispatcher import Dispatcher, DispatchStats
 from duetime.errors import (
     ConfigurationError,
     CriticalError,
+    DeadlineExceeded,
     DestinationNotFound,
     DuetimeError,
     DuplicateMessageId,
@@ -19,6 +20,7 @@ from duetime.errors import (
     MissingExtra,
     StoreNotReady,
     TransportError,
+    TransportUnavailable,
     UnknownScheme,
     UnsupportedTransactionMode,
 )
@@ -42,6 +44,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConfigurationError",
     "CriticalError",
+    "DeadlineExceeded",
     "DelayedDeliverySettings",
     "DelayedMessage",
     "DelayedMessageClient",
@@ -68,6 +71,7 @@ __all__ = [
     "TransactionMode",
     "Transport",
     "TransportError",
+    "TransportUnavailable",
     "UnknownScheme",
     "UnsupportedTransactionMode",
     "new_message_id",

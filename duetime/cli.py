@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
@@ -25,16 +24,17 @@ from duetime.deliverylog import open_delivery_log
 from duetime.dispatcher import Dispatcher, run_until_signal
 from duetime.durations import parse_duration, parse_time
 from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
-from duetime.errors import ConfigurationError, CriticalError, DuetimeError, DuplicateMessageId
+from duetime.errors import ConfigurationError, DuetimeError, DuplicateMessageId
 from duetime.frontdoor import FrontDoor
 from duetime.interfaces import DelayedMessageStore, ReceivingTransport, Transport
 from duetime.message import DelayedMessage
 from duetime.registry import open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
+from duetime.terminal import console, err, fail, guarded, run_async, say
+from duetime.urls import redact
 
 T = TypeVar("T")
 DEFAULT_STORE = "sqlite:///duetime.db"
-EXIT_CRITICAL = 3
 
 app = typer.Typer(
     help=(
@@ -54,8 +54,6 @@ app.add_typer(errors_app, name="errors")
 app.add_typer(queues_app, name="queues")
 app.add_typer(bulk_app, name="bulk")
 app.add_typer(rabbitmq_app, name="rabbitmq")
-console = Console()
-err = Console(stderr=True)
 
 StoreOpt = Annotated[
     str,
@@ -93,15 +91,8 @@ def _transport_url(store: str, transport: str | None) -> str:
 
 
 def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run async CLI work; duetime's own errors become one red line and exit code 1."""
-    try:
-        return asyncio.run(coro_fn())  # type: ignore[arg-type]
-    except CriticalError as error:
-        err.print(f"[bold red]critical:[/] {error}")
-        raise typer.Exit(EXIT_CRITICAL) from None
-    except DuetimeError as error:
-        err.print(f"[red]error:[/] {error}")
-        raise typer.Exit(1) from None
+    """Run async CLI work; duetime's own errors become one red line and exit code 1 (3 if critical)."""
+    return run_async(coro_fn)
 
 
 async def _open(store_url: str, endpoint: str) -> DelayedMessageStore:
@@ -154,7 +145,7 @@ def setup(
         await s.close()
 
     _run(go)
-    console.print(f"[green]ready:[/] endpoint {endpoint!r} in {store}")
+    say("ready:", "green", f"endpoint {endpoint!r} in {redact(store)}")
 
 
 @app.command()
@@ -449,16 +440,15 @@ def show(
     """Show one stored message in full (body as text where it is text)."""
 
     async def go() -> DelayedMessage | None:
-        s = await _open(store, endpoint)
+        client = await DelayedMessageClient(open_store(store), endpoint=endpoint).open()
         try:
-            return await s.get(message_id)
+            return await client.get(message_id)
         finally:
-            await s.close()
+            await client.store.close()
 
     m = _run(go)
     if m is None:
-        err.print(f"[red]error:[/] no stored message {message_id!r} (already delivered, or cancelled?)")
-        raise typer.Exit(1)
+        raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
     row = _message_row(m)
     try:
         row["body"] = m.body.decode()
@@ -476,15 +466,14 @@ def cancel(
     """Cancel a stored message so it is never delivered."""
 
     async def go() -> bool:
-        s = await _open(store, endpoint)
+        client = await DelayedMessageClient(open_store(store), endpoint=endpoint).open()
         try:
-            return await s.cancel(message_id)
+            return await client.cancel(message_id)
         finally:
-            await s.close()
+            await client.store.close()
 
     if not _run(go):
-        err.print(f"[red]error:[/] no stored message {message_id!r} (already delivered, or cancelled?)")
-        raise typer.Exit(1)
+        raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
     console.print(f"cancelled {message_id}")
 
 
@@ -507,8 +496,7 @@ def reschedule(
             await client.store.close()
 
     if not _run(go):
-        err.print(f"[red]error:[/] no stored message {message_id!r} (already delivered, or cancelled?)")
-        raise typer.Exit(1)
+        raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
     console.print(f"rescheduled {message_id}")
 
 
@@ -742,11 +730,7 @@ def demo(
 
     if messages < 1 or spread < 0:
         raise typer.BadParameter("--messages must be at least 1 and --spread not negative")
-    try:
-        ok = run_demo(messages, timedelta(seconds=spread), mode, db, console)
-    except DuetimeError as error:
-        err.print(f"[red]error:[/] {error}")
-        raise typer.Exit(1) from None
+    ok = guarded(lambda: run_demo(messages, timedelta(seconds=spread), mode, db, console))
     raise typer.Exit(0 if ok else 2)
 
 
@@ -754,7 +738,15 @@ def main() -> None:
     try:
         app()
     except DuetimeError as error:  # bad input found before any async work started
-        err.print(f"[red]error:[/] {error}")
+        fail(str(error))
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as error:  # a bug of ours: still one line, the traceback only on request
+        if os.environ.get("DUETIME_DEBUG"):
+            raise
+        fail(
+            f"internal error ({type(error).__name__}: {error}); this is a duetime bug, please report it "
+            "with the output of the same command run with DUETIME_DEBUG=1."
+        )
+        sys.exit(1)

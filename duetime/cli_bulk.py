@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from duetime.durations import parse_time
 from duetime.errors import DuetimeError
+from duetime.terminal import console, err, fail
 
 bulk_app = typer.Typer(
     help=(
@@ -28,8 +28,6 @@ bulk_app = typer.Typer(
     ),
     no_args_is_help=True,
 )
-console = Console()
-err = Console(stderr=True)
 
 
 class Mode(StrEnum):
@@ -66,8 +64,7 @@ def _guard(action: Callable[[], None]) -> None:
     try:
         action()
     except DuetimeError as error:
-        err.print(f"[red]error:[/] {error}")
-        raise typer.Exit(1) from None
+        raise fail(str(error)) from None
 
 
 def _progress(label: str) -> tuple[Progress, Callable[[int, int], None]]:
@@ -171,13 +168,15 @@ def _print_preview(found: Any, as_json: bool) -> None:
         table.add_row(g.endpoint, g.destination, f"{g.count:,}", str(g.earliest), str(g.latest))
     console.print(table)
     if found.problem_counts:
-        console.print(f"[yellow]{found.problem_total:,} problems[/] (these stay where they are):")
+        console.print(
+            f"[yellow]{found.problem_total:,} problems[/] (these stay where they are):", markup=True
+        )
         for kind, count in sorted(found.problem_counts.items()):
             console.print(f"  {kind}: {count:,}")
         for name, ident, why in found.problems[:20]:
             console.print(f"  {name} {ident}: {why}")
     else:
-        console.print("[green]no problems found[/]")
+        console.print("[green]no problems found[/]", markup=True)
 
 
 def _print_result(result: Any, as_json: bool) -> None:
@@ -303,7 +302,7 @@ def report(
 
 
 def _print_report(found: Any) -> None:
-    console.print(f"[bold]{found.total:,}[/] stored messages")
+    console.print(f"[bold]{found.total:,}[/] stored messages", markup=True)
     due = Table(title="due")
     due.add_column("when")
     due.add_column("messages", justify="right")

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from duetime.durations import parse_duration
 from duetime.errors import DuetimeError
+from duetime.terminal import console, err, run_async, say
 
 T = TypeVar("T")
 rabbitmq_app = typer.Typer(
@@ -24,8 +23,6 @@ rabbitmq_app = typer.Typer(
     ),
     no_args_is_help=True,
 )
-console = Console()
-err = Console(stderr=True)
 
 UrlOpt = Annotated[
     str, typer.Option("--url", envvar="DUETIME_RABBITMQ", help="amqp://user:pass@host:5672/vhost")
@@ -42,11 +39,7 @@ QueueTypeOpt = Annotated[
 
 
 def _run(work: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return asyncio.run(work())  # type: ignore[arg-type]
-    except DuetimeError as error:
-        err.print(f"[red]error:[/] {error}")
-        raise typer.Exit(1) from None
+    return run_async(work)
 
 
 async def _native(url: str, names: str, queue_type: str = "quorum") -> Any:
@@ -96,10 +89,10 @@ def verify(
 
     problems = _run(go)
     for problem in problems:
-        err.print(f"[red]problem:[/] {problem}")
+        say("problem:", "red", problem, to=err)
     if problems:
         raise typer.Exit(1)
-    console.print("[green]the native delay topology is complete[/]")
+    say("complete:", "green", "the native delay topology has every exchange, queue and binding")
 
 
 @rabbitmq_app.command()
@@ -230,9 +223,11 @@ def retire_store(
                 console.print(f"deleted the empty front-door queue {queue}")
         finally:
             await native.transport.close()
-        console.print(
-            f"[green]{endpoint}'s store is empty and can be retired[/]: stop its dispatcher, send every delay "
-            f"natively (DelayRouter without a store), and drop the table {endpoint}.delayed when you like."
+        say(
+            f"{endpoint}'s store is empty and can be retired:",
+            "green",
+            "stop its dispatcher, send every delay natively (DelayRouter without a store), and drop "
+            f"the table {endpoint}.delayed when you like.",
         )
 
     _run(go)

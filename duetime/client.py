@@ -8,7 +8,14 @@ from datetime import datetime, timedelta
 from duetime.clock import SystemClock
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.interfaces import Clock, DelayedMessageStore, ListQuery, Page, SyncDelayedMessageStore
-from duetime.message import DelayedMessage, check_due_time, resolve_due_time
+from duetime.message import (
+    MAX_DESTINATION_LENGTH,
+    MAX_ID_LENGTH,
+    DelayedMessage,
+    check_due_time,
+    check_text,
+    resolve_due_time,
+)
 from duetime.names import check_name
 from duetime.settings import TransactionMode
 
@@ -33,13 +40,33 @@ def _build(
     )
 
 
-def _query(
-    destination: str | None, due_before: datetime | None, limit: int, after: tuple[datetime, str] | None
-) -> ListQuery:
-    if not 1 <= limit <= 10_000:
-        raise InvalidMessage(f"limit must be between 1 and 10000, got {limit}.")
+def _id(message_id: object) -> str:
+    """A message id as every store can look it up; anything else is the caller's mistake."""
+    return check_text("message_id", message_id, MAX_ID_LENGTH)
+
+
+def _messages(messages: Iterable[DelayedMessage]) -> list[DelayedMessage]:
+    items = list(messages)
+    for item in items:
+        if not isinstance(item, DelayedMessage):
+            raise InvalidMessage(
+                f"schedule_many takes DelayedMessage objects, got {type(item).__name__}; "
+                "build them with DelayedMessage.create(destination, body, delay=...)."
+            )
+    return items
+
+
+def _query(destination: object, due_before: object, limit: object, after: object) -> ListQuery:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise InvalidMessage(f"limit must be a whole number between 1 and 10000, got {limit!r}.")
+    if destination is not None:
+        destination = check_text("destination", destination, MAX_DESTINATION_LENGTH)
     if due_before is not None:
         due_before = check_due_time(due_before, "due_before")
+    if after is not None:
+        if not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[1], str)):
+            raise InvalidMessage("after must be the next_cursor of the previous page, or None.")
+        after = (check_due_time(after[0], "after"), _id(after[1]))
     return ListQuery(destination=destination, due_before=due_before, limit=limit, after=after)
 
 
@@ -78,19 +105,19 @@ class DelayedMessageClient:
 
     async def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
         """Store several at once, all or nothing."""
-        return await self.store.store_many(list(messages))
+        return await self.store.store_many(_messages(messages))
 
     async def cancel(self, message_id: str) -> bool:
-        return await self.store.cancel(message_id)
+        return await self.store.cancel(_id(message_id))
 
     async def reschedule(
         self, message_id: str, *, delay: timedelta | float | None = None, due_at: datetime | None = None
     ) -> bool:
         due = resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
-        return await self.store.reschedule(message_id, due)
+        return await self.store.reschedule(_id(message_id), due)
 
     async def get(self, message_id: str) -> DelayedMessage | None:
-        return await self.store.get(message_id)
+        return await self.store.get(_id(message_id))
 
     async def list(
         self,
@@ -131,20 +158,20 @@ class SyncDelayedMessageClient:
         return message
 
     def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
-        return self.store.store_many(list(messages))
+        return self.store.store_many(_messages(messages))
 
     def cancel(self, message_id: str) -> bool:
-        return self.store.cancel(message_id)
+        return self.store.cancel(_id(message_id))
 
     def reschedule(
         self, message_id: str, *, delay: timedelta | float | None = None, due_at: datetime | None = None
     ) -> bool:
         return self.store.reschedule(
-            message_id, resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
+            _id(message_id), resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
         )
 
     def get(self, message_id: str) -> DelayedMessage | None:
-        return self.store.get(message_id)
+        return self.store.get(_id(message_id))
 
     def list(
         self,

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
 from duetime.clock import SystemClock
@@ -57,7 +58,8 @@ def run_demo(count: int, spread: timedelta, mode: TransactionMode, db: str | Non
     path = Path(db) if db else Path(folder.name) / "demo.db"  # type: ignore[union-attr]
     console.print(
         f"[bold]duetime demo[/]: {count} messages due over {spread.total_seconds():g} s, "
-        f"{mode.value}, store and queue in {path}"
+        f"{mode.value}, store and queue in {path}",
+        markup=True,
     )
     sync = SyncSqliteStore(path)
     sync.setup_infrastructure(ENDPOINT)
@@ -156,10 +158,11 @@ def _summary(
     console.print(table)
     ok = missing == 0 and early == 0 and (duplicates == 0 or mode is TransactionMode.AT_LEAST_ONCE)
     console.print(
-        "[bold green]all delivered, none early, none doubled[/]" if ok else "[bold red]promise broken[/]"
+        "[bold green]all delivered, none early, none doubled[/]" if ok else "[bold red]promise broken[/]",
+        markup=True,
     )
     return ok
 
 
-def _flag(n: int) -> str:
-    return "[green]0[/]" if n == 0 else f"[bold red]{n}[/]"
+def _flag(n: int) -> Text:
+    return Text.from_markup("[green]0[/]" if n == 0 else f"[bold red]{n}[/]")

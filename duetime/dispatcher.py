@@ -16,6 +16,7 @@ from datetime import datetime
 
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.clock import SystemClock
+from duetime.deadline import within
 from duetime.deliverylog import Delivery, DeliveryLog
 from duetime.errorqueue import error_headers
 from duetime.errors import (
@@ -23,6 +24,7 @@ from duetime.errors import (
     CriticalError,
     DestinationNotFound,
     TransportError,
+    TransportUnavailable,
     UnsupportedTransactionMode,
 )
 from duetime.interfaces import Clock, DelayedMessageStore, TransactionalStore, Transport
@@ -44,6 +46,8 @@ class DispatchStats:
     retries: int = 0
     rounds: int = 0
     fetch_failures: int = 0
+    #: Batches given back to the store because the transport could not be reached.
+    outages: int = 0
 
 
 class Dispatcher:
@@ -85,6 +89,8 @@ class Dispatcher:
         self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
         #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
         self._claim_ahead = bool(getattr(store, "parallel_claims", True))
+        #: Consecutive rounds the transport could not be reached: the reconnect back-off doubles.
+        self._unreachable = 0
         s = self.settings
         mono = self.clock.monotonic
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -134,10 +140,64 @@ class Dispatcher:
                 "deduplicate by message id at the receiver."
             )
         await self.store.initialize(self.endpoint, self.settings.transaction_mode)
-        await self.transport.start()
-        await self.transport.declare(self.settings.error_queue)
+        await self._connect()
         self._unsubscribe = self.store.subscribe(self._on_stored)
         self._started = True
+
+    async def _connect(self) -> None:
+        """Connect the transport. A transport that is down (a broker restarting) is an outage like
+        any other: retry with a back-off, and only the dispatch breaker's time ends it."""
+        seconds = self._deadline(self.dispatch_breaker)
+        while True:
+            try:
+                await within(self.transport.start(), seconds, "connecting the transport")
+                await within(
+                    self.transport.declare(self.settings.error_queue), seconds, "declaring the error queue"
+                )
+            except (ConfigurationError, CriticalError):
+                raise  # wrong credentials or settings: waiting will not fix them
+            except Exception as error:
+                self._transport_unreachable(error, "connecting")
+                if self._critical is not None:
+                    raise self._critical from None
+                if self._stopping:
+                    return
+                await self._reconnect_pause()
+            else:
+                self._transport_reachable()
+                return
+
+    def _deadline(self, breaker: RepeatedFailuresOverTimeCircuitBreaker) -> float:
+        """A call's deadline: ``operation_timeout``, but at most half the breaker's time, so a
+        partition shows up as failures in time to trip the breaker when it should."""
+        return min(self.settings.operation_timeout.total_seconds(), breaker.time_to_trigger / 2)
+
+    def _transport_unreachable(self, error: BaseException, doing: str) -> None:
+        self._unreachable += 1
+        self.stats.outages += 1
+        log.warning(
+            "transport unreachable while %s (%s); messages stay stored, retrying (critical after %g s)",
+            doing,
+            _one_line(error),
+            self.dispatch_breaker.time_to_trigger,
+        )
+        self.dispatch_breaker.failure(error)
+
+    def _transport_reachable(self) -> None:
+        if self._unreachable:
+            log.info("transport reachable again after %d failed attempt(s)", self._unreachable)
+        self._unreachable = 0
+
+    async def _reconnect_pause(self) -> None:
+        """Back off while the transport is down: ``failure_backoff``, doubling to the maximum."""
+        first = self.settings.failure_backoff.total_seconds()
+        longest = self.settings.max_failure_backoff.total_seconds()
+        pause = min(first * 2 ** max(self._unreachable - 1, 0), longest)
+        breaker = self.dispatch_breaker
+        if breaker.armed_at is not None:  # look again when the breaker is due, not later
+            left = breaker.armed_at + breaker.time_to_trigger - self.clock.monotonic()
+            pause = min(pause, max(left, 0.0) + 0.001)
+        await self.clock.wait(self._wake, pause)
 
     def stop(self) -> None:
         """Ask for a graceful stop: the batch in flight is finished, nothing is abandoned."""
@@ -175,8 +235,8 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Serve until stopped. Raises :class:`CriticalError` if a circuit breaker tripped."""
-        await self.start()
         try:
+            await self.start()
             while not self._stopping:
                 found = await self.dispatch_once()
                 if not found and not self._stopping:
@@ -186,8 +246,8 @@ class Dispatcher:
 
     async def run_burst(self) -> DispatchStats:
         """Forward everything due now, then return (raises CriticalError like ``run``)."""
-        await self.start()
         try:
+            await self.start()
             while not self._stopping and await self.dispatch_once():
                 pass
         finally:
@@ -211,12 +271,15 @@ class Dispatcher:
         now = self.clock.now()
         if self.exactly_once:
             return await self._move_once(now)
+        seconds = self._deadline(self.fetch_breaker)
         try:
             if self._prefetch is not None:
                 prefetched, self._prefetch = self._prefetch, None
-                batch = await prefetched
+                batch = await within(prefetched, seconds, "claiming due messages")
             else:
-                batch = await self.store.fetch_due(now, self.settings.batch_size)
+                batch = await within(
+                    self.store.fetch_due(now, self.settings.batch_size), seconds, "claiming due messages"
+                )
         except Exception as error:
             await self._fetch_failed(error)
             return False
@@ -237,22 +300,27 @@ class Dispatcher:
         if self._prefetch is None:
             return
         prefetched, self._prefetch = self._prefetch, None
+        seconds = self._deadline(self.store_breaker)
         try:
-            batch = await prefetched
+            batch = await within(prefetched, seconds, "claiming due messages")
             if batch:
-                await self.store.release([m.message_id for m in batch])
+                await within(self.store.release([m.message_id for m in batch]), seconds, "releasing claims")
         except Exception as error:  # its claims time out by themselves; nothing is lost
             log.warning("releasing a batch claimed ahead failed: %s", error)
 
     async def _move_once(self, now: datetime) -> bool:
         assert isinstance(self.store, TransactionalStore)
         try:
-            outcome = await self.store.move_due(
-                now,
-                self.settings.batch_size,
-                self.transport,
-                self.settings.error_queue,
-                lambda m, reason: error_headers(m, reason, now, m.failure_count),
+            outcome = await within(
+                self.store.move_due(
+                    now,
+                    self.settings.batch_size,
+                    self.transport,
+                    self.settings.error_queue,
+                    lambda m, reason: error_headers(m, reason, now, m.failure_count),
+                ),
+                self._deadline(self.fetch_breaker),
+                "moving due messages",
             )
         except Exception as error:
             await self._fetch_failed(error)
@@ -276,7 +344,7 @@ class Dispatcher:
 
     async def _fetch_failed(self, error: Exception) -> None:
         self.stats.fetch_failures += 1
-        log.warning("fetching due messages failed: %s", error)
+        log.warning("fetching due messages failed: %s", _one_line(error))
         self.fetch_breaker.failure(error)
         await self._pause()
 
@@ -286,36 +354,75 @@ class Dispatcher:
 
     async def _forward(self, batch: Sequence[DelayedMessage]) -> None:
         try:
-            results = await self.transport.send_batch(batch)
+            results = await within(
+                self.transport.send_batch(batch), self._deadline(self.dispatch_breaker), "sending a batch"
+            )
             if len(results) != len(batch):
                 raise TransportError(f"transport answered {len(results)} results for {len(batch)} messages")
         except Exception as error:
-            results = [error] * len(batch)
+            # The transport failed as a whole (its contract answers per message otherwise): an
+            # outage, not a failure of these messages. They go back to the store untouched.
+            await self._give_back(batch, error, "sending")
+            return
         sent_at = self.clock.now()
         delivered = [m.message_id for m, r in zip(batch, results, strict=True) if r is None]
-        failed = [(m, r) for m, r in zip(batch, results, strict=True) if r is not None]
+        unreachable = [m for m, r in zip(batch, results, strict=True) if isinstance(r, TransportUnavailable)]
+        failed = [
+            (m, r)
+            for m, r in zip(batch, results, strict=True)
+            if r is not None and not isinstance(r, TransportUnavailable)
+        ]
         if delivered:
             self.stats.forwarded += len(delivered)
-            try:
-                await self.store.remove_many(delivered)
-            except Exception as error:
-                # Forwarded but still stored: the claims expire and the messages go again (at-least-once).
-                log.warning("removing %d forwarded messages failed: %s", len(delivered), error)
-                self.store_breaker.failure(error)
-            else:
-                self.store_breaker.success()
+            await self._remove(delivered)
             if self.delivery_log is not None:  # after the removal: the log never delays it
                 done = [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None]
                 await self._log_deliveries(done, "delivered", sent_at)
         transport_failures = [(m, e) for m, e in failed if not isinstance(e, DestinationNotFound)]
-        if transport_failures:
+        if unreachable:
+            first = next(r for r in results if isinstance(r, TransportUnavailable))
+            assert first is not None
+            await self._give_back(unreachable, first, "sending", pause=False)
+        elif transport_failures:
             self.dispatch_breaker.failure(transport_failures[-1][1])
         elif delivered:
             self.dispatch_breaker.success()
+            self._transport_reachable()
         if failed:
             await self._handle_failures(failed)
-        if transport_failures and not self._stopping:
-            await self._pause()
+        if (transport_failures or unreachable) and not self._stopping:
+            await (self._reconnect_pause() if unreachable else self._pause())
+
+    async def _remove(self, message_ids: Sequence[str]) -> bool:
+        """Remove forwarded messages; a failure is the store's (their claims expire, they go again)."""
+        try:
+            await within(
+                self.store.remove_many(message_ids),
+                self._deadline(self.store_breaker),
+                "removing forwarded messages",
+            )
+        except Exception as error:
+            log.warning("removing %d forwarded messages failed: %s", len(message_ids), _one_line(error))
+            self.store_breaker.failure(error)
+            return False
+        self.store_breaker.success()
+        return True
+
+    async def _give_back(
+        self, batch: Sequence[DelayedMessage], error: BaseException, doing: str, *, pause: bool = True
+    ) -> None:
+        """The transport is down: count one outage, release the claims, back off."""
+        self._transport_unreachable(error, doing)
+        try:
+            await within(
+                self.store.release([m.message_id for m in batch]),
+                self._deadline(self.store_breaker),
+                "releasing claims",
+            )
+        except Exception as release_error:  # the claims expire by themselves; nothing is lost
+            log.warning("releasing %d claims failed: %s", len(batch), _one_line(release_error))
+        if pause and not self._stopping:
+            await self._reconnect_pause()
 
     async def _handle_failures(self, failed: Sequence[tuple[DelayedMessage, Exception]]) -> None:
         """Count each failure; dead-letter what is out of retries or has nowhere to go."""
@@ -330,11 +437,16 @@ class Dispatcher:
                 dead.append((message.with_changes(failure_count=attempts), error))
                 continue
             try:
-                if not await self.store.increment_failure_count(message.message_id):
-                    continue  # cancelled meanwhile
-            except Exception as recovery_error:
+                counted = await within(
+                    self.store.increment_failure_count(message.message_id),
+                    self._deadline(self.store_breaker),
+                    "counting a failure",
+                )
+            except Exception as recovery_error:  # the seed's recovery breaker counts exactly these
                 self.recovery_breaker.failure(recovery_error)
                 continue
+            if not counted:
+                continue  # cancelled meanwhile
             self.stats.retries += 1
             log.info("forwarding %s failed (attempt %d), will retry: %s", message.message_id, attempts, error)
         if dead:
@@ -350,32 +462,45 @@ class Dispatcher:
             for m, e in dead
         ]
         try:
-            results = await self.transport.send_batch(copies)
-        except Exception as error:
-            results = [error] * len(copies)
-        sent = [m.message_id for (m, _), r in zip(dead, results, strict=True) if r is None]
-        for (message, reason), result in zip(dead, results, strict=True):
-            if result is None:
-                log.warning("message %s sent to the error queue: %s", message.message_id, reason)
-            else:
-                self.recovery_breaker.failure(result)
-        if sent:
-            try:
-                await self.store.remove_many(sent)
-                self.stats.dead_lettered += len(sent)
-            except Exception as error:
-                self.recovery_breaker.failure(error)
+            results = await within(
+                self.transport.send_batch(copies),
+                self._deadline(self.dispatch_breaker),
+                "sending to the error queue",
+            )
+        except Exception as error:  # the transport as a whole is down: an outage, not these messages'
+            await self._give_back([m for m, _ in dead], error, "sending to the error queue", pause=False)
+            return
+        sent = [(m, e) for (m, e), r in zip(dead, results, strict=True) if r is None]
+        unreachable = [
+            m for (m, _), r in zip(dead, results, strict=True) if isinstance(r, TransportUnavailable)
+        ]
+        refused = [
+            (m, r)
+            for (m, _), r in zip(dead, results, strict=True)
+            if r is not None and not isinstance(r, TransportUnavailable)
+        ]
+        for message, reason in sent:
+            log.warning("message %s sent to the error queue: %s", message.message_id, _one_line(reason))
+        if sent and await self._remove([m.message_id for m, _ in sent]):
+            self.stats.dead_lettered += len(sent)
             if self.delivery_log is not None:
-                done = [
-                    (m, max(m.failure_count, 1)) for (m, _), r in zip(dead, results, strict=True) if r is None
-                ]
+                done = [(m, max(m.failure_count, 1)) for m, _ in sent]
                 await self._log_deliveries(done, "dead-lettered", now)
-        failed = [m.message_id for (m, _), r in zip(dead, results, strict=True) if r is not None]
-        if failed:
+        if unreachable:
+            first = next(r for r in results if isinstance(r, TransportUnavailable))
+            assert first is not None
+            await self._give_back(unreachable, first, "sending to the error queue", pause=False)
+        for _, result in refused:  # the error queue refused these: error handling failed for them
+            self.recovery_breaker.failure(result)
+        if refused:
             try:
-                await self.store.release(failed)
+                await within(
+                    self.store.release([m.message_id for m, _ in refused]),
+                    self._deadline(self.store_breaker),
+                    "releasing claims",
+                )
             except Exception as error:
-                self.recovery_breaker.failure(error)
+                self.store_breaker.failure(error)
 
     async def _log_deliveries(
         self, done: Sequence[tuple[DelayedMessage, int]], outcome: str, at: datetime
@@ -393,7 +518,9 @@ class Dispatcher:
 
     async def _sleep_until_next_due(self) -> None:
         try:
-            next_due = await self.store.next_due()
+            next_due = await within(
+                self.store.next_due(), self._deadline(self.fetch_breaker), "next due time"
+            )
         except Exception as error:
             await self._fetch_failed(error)
             return
@@ -435,3 +562,9 @@ def check_dispatcher_inputs(store: object, transport: object) -> None:
             f"transport must be a Transport, got {type(transport).__name__}; "
             "use duetime.open_transport(url) to make one from a URL."
         )
+
+
+def _one_line(error: BaseException) -> str:
+    """An error as one log line: its type and the first line of its text."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

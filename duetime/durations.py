@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime, timedelta
 
 from duetime.errors import InvalidMessage
+
+#: No duration duetime takes is longer than this: due times end in year 9998.
+LONGEST = timedelta(days=365 * 8000)
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -18,7 +22,7 @@ def parse_duration(text: str) -> timedelta:
             f"A delay must not be negative, got {text!r}; a message cannot be due in the past."
         )
     try:
-        return timedelta(seconds=float(raw))
+        return _span(text, float(raw))
     except ValueError:
         pass
     pos, seconds = 0, 0.0
@@ -31,6 +35,15 @@ def parse_duration(text: str) -> timedelta:
         raise InvalidMessage(
             f"Cannot read the duration {text!r}; write e.g. 90, 1.5s, 250ms, 10m, 1h30m or 2d."
         )
+    return _span(text, seconds)
+
+
+def _span(text: str, seconds: float) -> timedelta:
+    """Seconds as a timedelta, or a clear error for inf, nan and spans past year 9998."""
+    if math.isnan(seconds):
+        raise ValueError("not a number")
+    if math.isinf(seconds) or seconds > LONGEST.total_seconds():
+        raise InvalidMessage(f"The duration {text!r} is too long; due times end in year 9998.")
     return timedelta(seconds=seconds)
 
 
@@ -44,4 +57,9 @@ def parse_time(text: str) -> datetime:
         ) from None
     if moment.tzinfo is None:
         raise InvalidMessage(f"The time {text!r} has no UTC offset; add one, e.g. {text}+00:00 or {text}Z.")
-    return moment.astimezone(UTC)
+    try:
+        return moment.astimezone(UTC)
+    except (OverflowError, ValueError):
+        raise InvalidMessage(
+            f"The time {text!r} is outside the years duetime supports (1970-9998 in UTC)."
+        ) from None

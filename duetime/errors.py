@@ -54,6 +54,18 @@ class TransportError(DuetimeError):
     """The transport could not send the message."""
 
 
+class TransportUnavailable(TransportError):
+    """The transport cannot be reached (connection lost, broker restarting, network partition).
+
+    Nothing is wrong with the messages: the dispatcher leaves them in the store, counts one outage
+    against the dispatch breaker, backs off and reconnects.
+    """
+
+
+class DeadlineExceeded(DuetimeError, TimeoutError):
+    """A store or transport call did not answer in time (a network partition, or an overload)."""
+
+
 class CriticalError(DuetimeError):
     """duetime hit a failure it cannot recover from by itself; the dispatcher has stopped."""
 

@@ -19,7 +19,7 @@ from duetime.dispatcher import Dispatcher
 from duetime.errorqueue import error_headers
 from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.interfaces import ReceivedMessage, ReceivingTransport, Transport
-from duetime.message import DUE_AT_HEADER, DelayedMessage, new_message_id
+from duetime.message import DUE_AT_HEADER, DelayedMessage, check_headers, new_message_id
 from duetime.names import check_name
 
 log = logging.getLogger("duetime.frontdoor")
@@ -54,7 +54,22 @@ def parse_due_header(value: str) -> datetime:
 
 
 def envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
-    """Turn a front-door message into the delayed message it asks for; InvalidMessage if it can't."""
+    """Turn a front-door message into the delayed message it asks for; InvalidMessage if it can't.
+
+    Whatever is wrong with the envelope (even something no check foresaw) is an InvalidMessage:
+    one bad envelope goes to the error queue, it never stops the front door.
+    """
+    if received.problem is not None:
+        raise InvalidMessage(f"the message cannot be read: {received.problem}.")
+    try:
+        return _envelope_to_message(received)
+    except InvalidMessage:
+        raise
+    except Exception as error:
+        raise InvalidMessage(f"the message cannot be read ({type(error).__name__}: {error}).") from None
+
+
+def _envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
     headers = received.headers
     destination = headers.get(DESTINATION_HEADER) or headers.get(NSB_ROUTE_TO)
     due_text = headers.get(DELIVER_AT_HEADER) or headers.get(NSB_EXPIRE)
@@ -64,7 +79,7 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
         raise InvalidMessage(f"no due time header: set {DELIVER_AT_HEADER!r} (or {NSB_EXPIRE!r}).")
     try:
         due_at = parse_due_header(due_text)
-    except ValueError as error:
+    except (ValueError, OverflowError) as error:
         raise InvalidMessage(
             f"due time {due_text!r} cannot be read ({error}); use ISO 8601 with an offset, "
             "e.g. 2030-01-01T09:00:00+00:00."
@@ -132,37 +147,58 @@ class FrontDoor:
                 good.append((item, envelope_to_message(item)))
             except InvalidMessage as error:
                 bad.append((item, error))
-        if bad:
-            await self._reject(bad)
-        while good and not await self._store([m for _, m in good]):
+        refused: list[tuple[ReceivedMessage, InvalidMessage]] = []
+        while good:
+            outcome = await self._store(good)
+            if outcome is not None:
+                refused = outcome
+                break
             if self.dispatcher.stopping:
                 return 0  # not acknowledged: the queue gives them back later, nothing lost
             await self.dispatcher._pause()
-        if good:
-            self.stored += len(good)
+        if bad or refused:
+            await self._reject(bad + refused)
+        stored = [r for r, _ in good if all(r is not x for x, _ in refused)]
+        if stored:
+            self.stored += len(stored)
             try:
-                await self.receiver.acknowledge([r for r, _ in good])
+                await self.receiver.acknowledge(stored)
             except Exception as error:  # stored already: the redelivery is recognised by its id
-                log.warning("front door: acknowledging %d stored messages failed: %s", len(good), error)
+                log.warning("front door: acknowledging %d stored messages failed: %s", len(stored), error)
         return len(received)
 
-    async def _store(self, messages: Sequence[DelayedMessage]) -> bool:
+    async def _store(
+        self, pairs: Sequence[tuple[ReceivedMessage, DelayedMessage]]
+    ) -> list[tuple[ReceivedMessage, InvalidMessage]] | None:
+        """Store a batch; the envelopes the store refused for their own content, or None if the
+        store itself is failing (an outage: nothing is acknowledged, the breaker counts it)."""
         store = self.dispatcher.store
         try:
-            try:
-                await store.store_many(messages)
-            except DuplicateMessageId:
-                for message in messages:  # a redelivery: keep what is new, skip what is stored
-                    try:
-                        await store.store(message)
-                    except DuplicateMessageId:
-                        log.info("front door: %s is already stored (redelivery)", message.message_id)
+            await store.store_many([m for _, m in pairs])
+        except DuplicateMessageId:
+            pass  # a redelivery: store them one by one below, skipping what is stored
         except Exception as error:
-            log.warning("front door: storing %d messages failed: %s", len(messages), error)
-            self.outage_breaker.failure(error)
-            return False
+            if not _own_fault(error):
+                log.warning("front door: storing %d messages failed: %s", len(pairs), error)
+                self.outage_breaker.failure(error)
+                return None
+        else:
+            self.outage_breaker.success()
+            return []
+        refused: list[tuple[ReceivedMessage, InvalidMessage]] = []
+        for item, message in pairs:
+            try:
+                await store.store(message)
+            except DuplicateMessageId:
+                log.info("front door: %s is already stored (redelivery)", message.message_id)
+            except Exception as error:
+                if not _own_fault(error):
+                    log.warning("front door: storing %s failed: %s", message.message_id, error)
+                    self.outage_breaker.failure(error)
+                    return None
+                refused.append((item, InvalidMessage(f"the store refused it: {error}")))
         self.outage_breaker.success()
-        return True
+        return refused
 
     async def _reject(self, bad: Sequence[tuple[ReceivedMessage, InvalidMessage]]) -> None:
         """Error queue first, acknowledge after: a rejected envelope is never just dropped. A
@@ -192,13 +228,36 @@ def _rejected(
 ) -> DelayedMessage:
     """The error-queue copy of a malformed envelope. Its own id may be what is wrong with it
     (missing, too long): then the copy gets a new id and keeps the original in a header."""
-    headers = dict(item.headers)
+    headers = {k: v for k, v in item.headers.items() if _usable_header(k, v)}
     try:
         shell = DelayedMessage(item.message_id, source, now, item.body, headers)
     except InvalidMessage:
-        headers["duetime-error-original-message-id"] = item.message_id[:1000]
+        headers["duetime-error-original-message-id"] = (
+            item.message_id[:1000].encode("utf-8", "replace").decode()
+        )
         shell = DelayedMessage(new_message_id(), source, now, item.body, headers)
     return shell.with_changes(destination=error_queue, headers=error_headers(shell, error, now, 1))
+
+
+def _own_fault(error: Exception) -> bool:
+    """Whether a store refused a message for what it holds (bad data), not for being down.
+
+    Only such refusals send an envelope to the error queue; anything else is an outage, and the
+    envelope waits on its queue (a full disk must not empty the front door into the error queue).
+    """
+    if isinstance(error, InvalidMessage | ValueError | TypeError | OverflowError | UnicodeError):
+        return True
+    sqlstate = getattr(error, "sqlstate", None)  # PostgreSQL: class 22 is "data exception"
+    return isinstance(sqlstate, str) and sqlstate.startswith("22")
+
+
+def _usable_header(key: object, value: object) -> bool:
+    """Whether a header can travel on the error-queue copy (the copy must never fail to build)."""
+    try:
+        check_headers({key: value})
+    except InvalidMessage:
+        return False
+    return True
 
 
 async def send_delayed(

@@ -166,6 +166,9 @@ class ReceivedMessage:
     body: bytes
     receipt: str
     delivery_count: int
+    #: Why this message cannot be read as duetime wrote it (headers that are not JSON text, say),
+    #: or None. Such a message is still handed out, so a consumer can move it aside, not stall.
+    problem: str | None = None
 
 
 @runtime_checkable

@@ -42,6 +42,20 @@ def _check_text(name: str, value: object, limit: int) -> str:
         )
     if "\x00" in value:
         raise InvalidMessage(f"{name} must not contain NUL characters.")
+    check_encodable(name, value)
+    return value
+
+
+def check_encodable(name: str, value: str) -> str:
+    """Text every store and broker can carry: UTF-8 without lone surrogates (which is what a
+    command line or a file with invalid UTF-8 turns into)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidMessage(
+            f"{name} holds something that is not valid text (character {error.start + 1} is an "
+            "invalid UTF-8 byte or a lone surrogate); pass proper UTF-8 text."
+        ) from None
     return value
 
 
@@ -58,7 +72,12 @@ def check_due_time(value: object, name: str = "due_at") -> datetime:
             f"{name} is a naive datetime ({value.isoformat()}); duetime cannot guess its time zone. "
             "Pass an aware one, e.g. datetime.now(timezone.utc) + timedelta(minutes=5)."
         )
-    utc = value.astimezone(UTC)
+    try:
+        utc = value.astimezone(UTC)
+    except (OverflowError, ValueError):  # e.g. 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise InvalidMessage(
+            f"{name} {value.isoformat()} is outside the supported years 1970-9998."
+        ) from None
     if not EARLIEST_DUE <= utc < LATEST_DUE:
         raise InvalidMessage(f"{name} {utc.isoformat()} is outside the supported years 1970-9998.")
     return utc
@@ -75,6 +94,7 @@ def check_headers(value: object) -> Mapping[str, str]:
             )
         if not key:
             raise InvalidMessage("header names must not be empty.")
+        check_encodable(f"header {key[:50]!r}", key + item)
     return MappingProxyType(dict(value))
 
 
@@ -172,7 +192,9 @@ def resolve_due_time(
     try:
         span = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
         if span < timedelta(0):
-            raise InvalidMessage(f"delay must not be negative, got {span}.")
+            raise InvalidMessage(
+                f"delay must not be negative, got {delay!r}; a message cannot be due in the past."
+            )
         return check_due_time(base + span, "now + delay")
     except OverflowError:
         raise InvalidMessage(f"delay {delay} is too long; due times end in year 9998.") from None

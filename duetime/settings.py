@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
 
+from duetime.durations import parse_duration
 from duetime.errors import ConfigurationError
 
 
@@ -46,7 +47,14 @@ class DelayedDeliverySettings:
     #: How long a claimed batch stays hidden from other dispatchers before it is taken back.
     claim_timeout: timedelta = timedelta(seconds=30)
     #: Pause after a failure while a circuit breaker is armed, so an outage is not a hot loop.
+    #: It doubles while the failures go on, up to ``max_failure_backoff``.
     failure_backoff: timedelta = timedelta(seconds=1)
+    max_failure_backoff: timedelta = timedelta(seconds=5)
+    #: The longest any one store or transport call may take before it counts as a failure. A
+    #: network partition does not reset connections, it just stops answering: without a deadline
+    #: a call would wait forever and no breaker would ever trip. The dispatcher uses this or half
+    #: of the breaker's time, whichever is shorter.
+    operation_timeout: timedelta = timedelta(seconds=10)
 
     def __post_init__(self) -> None:
         if self.number_of_retries < 0:
@@ -62,11 +70,14 @@ class DelayedDeliverySettings:
             "time_to_wait_before_triggering_critical_error_on_timeout_outages",
             "max_sleep",
             "claim_timeout",
+            "operation_timeout",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be longer than zero.")
-        if self.failure_backoff < timedelta(0):
-            raise ConfigurationError("failure_backoff must not be negative.")
+        if self.failure_backoff < timedelta(0) or self.max_failure_backoff < self.failure_backoff:
+            raise ConfigurationError(
+                "failure_backoff must not be negative, and max_failure_backoff not shorter than it."
+            )
         if not self.error_queue.strip():
             raise ConfigurationError("error_queue must name a queue.")
         object.__setattr__(self, "transaction_mode", TransactionMode(self.transaction_mode))
@@ -78,27 +89,37 @@ class DelayedDeliverySettings:
     def from_env(
         cls, prefix: str = "DUETIME_", environ: Mapping[str, str] | None = None
     ) -> DelayedDeliverySettings:
-        """Read ``DUETIME_NUMBER_OF_RETRIES=7`` etc.; durations are seconds."""
+        """Read ``DUETIME_NUMBER_OF_RETRIES=7`` etc.; durations as the CLI takes them (90, 1.5s, 10m)."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for item in fields(cls):
             raw = env.get(prefix + item.name.upper())
             if raw is None:
                 continue
-            values[item.name] = _parse(item.name, raw, getattr(cls(), item.name))
-        return cls(**values)
+            values[item.name] = _parse(prefix + item.name.upper(), raw, getattr(cls(), item.name))
+        try:
+            return cls(**values)
+        except ConfigurationError as error:
+            raise ConfigurationError(f"{error} (read from {prefix}* environment variables)") from None
 
 
-def _parse(name: str, raw: str, default: object) -> object:
-    try:
-        if isinstance(default, timedelta):
-            return timedelta(seconds=float(raw))
-        if isinstance(default, TransactionMode):
-            return TransactionMode(raw.strip().lower())
-        if isinstance(default, int):
+def _parse(variable: str, raw: str, default: object) -> object:
+    if isinstance(default, timedelta):
+        try:
+            return parse_duration(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"{variable}={raw!r} is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m."
+            ) from None
+    if isinstance(default, TransactionMode):
+        choices = [mode.value for mode in TransactionMode]
+        try:
+            return TransactionMode(raw.strip().lower().replace("_", "-"))
+        except ValueError:
+            raise ConfigurationError(f"{variable}={raw!r} is not a mode; use one of {choices}.") from None
+    if isinstance(default, int):
+        try:
             return int(raw)
-        return raw
-    except ValueError:
-        raise ConfigurationError(
-            f"Cannot read {name} from {raw!r}: expected {type(default).__name__}."
-        ) from None
+        except ValueError:
+            raise ConfigurationError(f"{variable}={raw!r} is not a whole number.") from None
+    return raw

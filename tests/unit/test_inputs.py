@@ -144,7 +144,7 @@ def test_settings_from_env() -> None:
     )
     assert (s.number_of_retries, s.time_to_trigger_fetch_circuit_breaker) == (7, timedelta(seconds=45))
     assert s.transaction_mode is TransactionMode.EXACTLY_ONCE and s.error_queue == "dead"
-    with pytest.raises(ConfigurationError, match="number_of_retries"):
+    with pytest.raises(ConfigurationError, match="DUETIME_NUMBER_OF_RETRIES"):
         DelayedDeliverySettings.from_env(environ={"DUETIME_NUMBER_OF_RETRIES": "many"})
 
 

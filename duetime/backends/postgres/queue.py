@@ -8,7 +8,6 @@ each message from store to queue in one transaction (exactly-once).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from duetime.errors import DestinationNotFound
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.received import received
 
 
 def queue_schema_statements(q: dict[str, str]) -> list[str]:
@@ -40,7 +40,7 @@ def queue_setup(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
 
 def _received(row: Sequence[Any], token: uuid.UUID) -> ReceivedMessage:
     seq, queue, message_id, headers, body, deliveries = row
-    return ReceivedMessage(queue, message_id, json.loads(headers), bytes(body), f"{seq}:{token}", deliveries)
+    return received(queue, message_id, headers, body, f"{seq}:{token}", deliveries)
 
 
 def _receipt(message: ReceivedMessage) -> tuple[int, uuid.UUID]:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -25,6 +26,7 @@ from duetime.errors import ConfigurationError, DestinationNotFound
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.received import received
 from duetime.urls import number_option
 
 MODES = {"stream", "list"}
@@ -37,10 +39,17 @@ def _envelope(m: DelayedMessage) -> bytes:
     return head.encode() + b"\n" + m.body
 
 
-def _open_envelope(raw: bytes) -> tuple[str, dict[str, str], bytes]:
+def _open_envelope(raw: bytes, receipt: str, queue: str) -> ReceivedMessage:
+    """A list entry is ``{"id":…,"headers":…}`` newline body; anything else is read as well as it can be."""
     head, _, body = raw.partition(b"\n")
-    meta = json.loads(head)
-    return meta["id"], meta["headers"], body
+    try:
+        meta = json.loads(head)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        item = received(queue, "", "{}", raw, receipt, 1)
+        return replace(item, problem="the entry is not a duetime envelope (JSON head, newline, body)")
+    return received(queue, meta.get("id"), meta.get("headers"), body, receipt, 1)
 
 
 class RedisTransport:
@@ -141,16 +150,15 @@ class RedisTransport:
             )
             for _, rows in answer or []:
                 entries += rows
-        received = []
+        got: list[ReceivedMessage] = []
         for entry_id, fields in entries:
             if not fields:  # deleted meanwhile
                 continue
             receipt = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            headers = json.loads(fields[b"headers"])
-            received.append(
-                ReceivedMessage(queue, fields[b"id"].decode(), headers, bytes(fields[b"body"]), receipt, 1)
+            got.append(
+                received(queue, fields.get(b"id"), fields.get(b"headers"), fields.get(b"body"), receipt, 1)
             )
-        return received
+        return got
 
     async def _receive_list(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         key, processing = self.key(queue), self.processing_key(queue)
@@ -168,11 +176,7 @@ class RedisTransport:
                 if more is None:
                     break
                 raws.append(more)
-        received = []
-        for raw in raws:
-            message_id, headers, body = _open_envelope(raw)
-            received.append(ReceivedMessage(queue, message_id, headers, body, raw.hex(), 1))
-        return received
+        return [_open_envelope(raw, raw.hex(), queue) for raw in raws]
 
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         if not messages:

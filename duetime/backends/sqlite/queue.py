@@ -21,7 +21,6 @@ from duetime.backends.sqlite.connection import (
     QUERIES,
     connect,
     dump_headers,
-    load_headers,
     parse_sqlite_url,
     write_transaction,
 )
@@ -30,6 +29,7 @@ from duetime.errors import DestinationNotFound
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.received import received
 
 T = TypeVar("T")
 QUEUE_SCHEMA = ("create_queues_table", "create_queue_messages_table", "create_queue_messages_index")
@@ -56,9 +56,7 @@ def queue_exists(conn: sqlite3.Connection, queue: str) -> bool:
 
 def _received(row: tuple[Any, ...], token: str) -> ReceivedMessage:
     seq, queue, message_id, headers, body, deliveries = row
-    return ReceivedMessage(
-        queue, message_id, load_headers(headers), bytes(body), f"{seq}:{token}", deliveries
-    )
+    return received(queue, message_id, headers, body, f"{seq}:{token}", deliveries)
 
 
 class SyncSqliteQueue:

@@ -1,0 +1,80 @@
+"""Reading a message back from a queue that other programs may write to as well.
+
+A queue table or stream is shared ground: another writer can put in headers that are not JSON,
+header values that are numbers, a text body or no id. None of that may make ``receive`` raise
+(the batch would stick on its queue for good). Each field is read as well as it can be, and what
+could not be read is named in :attr:`ReceivedMessage.problem`, so the front door sends the
+message to the error queue with that reason and a consumer can decide for itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from duetime.interfaces import ReceivedMessage
+
+
+def as_text(value: Any) -> str:
+    """Text for a header value or id of any type: bytes as UTF-8, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", errors="replace")
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def read_headers(raw: Any) -> tuple[dict[str, str], str | None]:
+    """Headers from JSON text (or an already decoded object); a problem instead of an exception."""
+    value = raw
+    if isinstance(raw, bytes | bytearray | memoryview):
+        raw = bytes(raw).decode("utf-8", errors="replace")
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return {"duetime-unreadable-headers": raw[:4000]}, "the headers are not JSON"
+    if value is None:
+        return {}, None
+    if not isinstance(value, dict):
+        return {"duetime-unreadable-headers": as_text(value)[:4000]}, "the headers are not a JSON object"
+    headers: dict[str, str] = {}
+    problem = None
+    for key, item in value.items():
+        headers[str(key)] = as_text(item)
+        if not isinstance(item, str) and problem is None:
+            problem = f"header {str(key)[:50]!r} is {type(item).__name__}, not text"
+        elif not _encodable(str(key) + headers[str(key)]) and problem is None:
+            problem = f"header {str(key)[:50]!r} is not valid UTF-8 text"
+            headers[str(key)] = headers[str(key)].encode("utf-8", "replace").decode()
+    return headers, problem
+
+
+def read_body(raw: Any) -> bytes:
+    """A body as bytes; text (a writer that stored a string) is taken as UTF-8."""
+    if raw is None:
+        return b""
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return bytes(raw)
+    return as_text(raw).encode("utf-8", errors="surrogateescape")
+
+
+def received(
+    queue: str, message_id: Any, headers: Any, body: Any, receipt: str, delivery_count: int
+) -> ReceivedMessage:
+    """A :class:`ReceivedMessage` from raw stored fields, never raising on what another wrote."""
+    decoded, problem = read_headers(headers)
+    text_id = "" if message_id is None else as_text(message_id)
+    if problem is None and not isinstance(message_id, str | bytes):
+        problem = "the message has no id" if message_id is None else "the message id is not text"
+    return ReceivedMessage(
+        queue, text_id, decoded, read_body(body), receipt, int(delivery_count or 0), problem
+    )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

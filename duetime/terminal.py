@@ -1,0 +1,55 @@
+"""What the command line prints, and how its failures end: one line each, never a traceback.
+
+The consoles read no markup: ids, destinations and error texts come from users and may hold
+``[brackets]`` that rich would otherwise take for styles (and crash on, after the work was done).
+Our own emphasis is passed as styles, never inside the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from duetime.errors import CriticalError, DuetimeError
+
+T = TypeVar("T")
+
+#: Exit code of a critical error (a circuit breaker tripped): a supervisor should restart.
+EXIT_CRITICAL = 3
+
+console = Console(markup=False, highlight=False)
+err = Console(stderr=True, markup=False, highlight=False)
+
+
+def say(label: str, style: str, text: str, *, to: Console = console) -> None:
+    """``label`` in ``style``, then ``text`` exactly as given."""
+    to.print(Text.assemble((label, style), " ", text))
+
+
+def fail(text: str, *, code: int = 1, label: str = "error:") -> typer.Exit:
+    """Print one red line and return the exit to raise (``raise fail(...)``)."""
+    say(label, "bold red" if code == EXIT_CRITICAL else "red", text, to=err)
+    return typer.Exit(code)
+
+
+def run_async(work: Callable[[], Awaitable[T]]) -> T:
+    """Run async command work; duetime's own errors become one red line (exit 1, or 3 if critical)."""
+    try:
+        return guarded(lambda: asyncio.run(work()))  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def guarded(action: Callable[[], T]) -> T:
+    """Run ``action``; a :class:`DuetimeError` becomes one line and an exit code."""
+    try:
+        return action()
+    except CriticalError as error:
+        raise fail(str(error), code=EXIT_CRITICAL, label="critical:") from None
+    except DuetimeError as error:
+        raise fail(str(error)) from None
