@@ -13,20 +13,21 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.logging import RichHandler
 from rich.table import Table
 
 from duetime.cli_bulk import bulk_app
 from duetime.cli_rabbitmq import rabbitmq_app
 from duetime.client import DelayedMessageClient
 from duetime.clock import SystemClock
+from duetime.deadline import within
 from duetime.deliverylog import open_delivery_log
 from duetime.dispatcher import Dispatcher, run_until_signal
 from duetime.durations import parse_duration, parse_time
 from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
-from duetime.errors import ConfigurationError, DuetimeError, DuplicateMessageId
+from duetime.errors import ConfigurationError, DuetimeError, DuplicateMessageId, one_line
 from duetime.frontdoor import FrontDoor
 from duetime.interfaces import DelayedMessageStore, ReceivingTransport, Transport
+from duetime.logs import LogFormat, configure
 from duetime.message import DelayedMessage
 from duetime.registry import open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
@@ -117,12 +118,8 @@ def _headers(pairs: list[str]) -> dict[str, str]:
     return headers
 
 
-def _logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        handlers=[RichHandler(console=err, show_path=False)],
-    )
+def _logging(verbose: bool, fmt: LogFormat = LogFormat.TEXT) -> None:
+    configure(logging.DEBUG if verbose else logging.INFO, fmt)
 
 
 @app.command()
@@ -184,14 +181,22 @@ def run(
             envvar="DUETIME_DELIVERY_LOG",
         ),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every batch (debug level).")] = False,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            "--log-format",
+            envvar="DUETIME_LOG_FORMAT",
+            help="text (one line per record, UTC timestamps) or json (one object per line).",
+        ),
+    ] = LogFormat.TEXT,
 ) -> None:
     """Run the dispatcher until SIGTERM/SIGINT. Settings also come from DUETIME_* variables.
 
     A circuit breaker that trips (the store or transport failing for 30 s) ends the process with
     exit code 3, so a supervisor restarts it; a stop signal finishes the batch in flight first.
     """
-    _logging(verbose)
+    _logging(verbose, log_format)
     changes: dict[str, Any] = {"transaction_mode": mode}
     for key, value in (
         ("number_of_retries", retries),
@@ -220,7 +225,6 @@ def run(
                 stats = await dispatcher.run_burst()
                 console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
                 return
-            await dispatcher.start()
             extra = []
             if front_door and isinstance(t, ReceivingTransport):
                 extra.append(FrontDoor(dispatcher, t).run())
@@ -232,10 +236,12 @@ def run(
             )
             await run_until_signal(dispatcher, *extra)
         finally:
-            await t.close()
-            await s.close()
-            if log is not None:
-                await log.close()
+            # A partitioned server may not answer a polite goodbye either: never hang on it.
+            for closing in (t.close(), s.close(), *([log.close()] if log is not None else [])):
+                try:
+                    await within(closing, 10.0, "closing")
+                except Exception as error:
+                    logging.getLogger("duetime").warning("closing failed: %s", one_line(error))
 
     _run(go)
 

@@ -26,6 +26,7 @@ from duetime.errors import (
     TransportError,
     TransportUnavailable,
     UnsupportedTransactionMode,
+    one_line,
 )
 from duetime.interfaces import Clock, DelayedMessageStore, TransactionalStore, Transport
 from duetime.message import DelayedMessage
@@ -178,7 +179,7 @@ class Dispatcher:
         log.warning(
             "transport unreachable while %s (%s); messages stay stored, retrying (critical after %g s)",
             doing,
-            _one_line(error),
+            one_line(error),
             self.dispatch_breaker.time_to_trigger,
         )
         self.dispatch_breaker.failure(error)
@@ -344,7 +345,7 @@ class Dispatcher:
 
     async def _fetch_failed(self, error: Exception) -> None:
         self.stats.fetch_failures += 1
-        log.warning("fetching due messages failed: %s", _one_line(error))
+        log.warning("fetching due messages failed: %s", one_line(error))
         self.fetch_breaker.failure(error)
         await self._pause()
 
@@ -402,7 +403,7 @@ class Dispatcher:
                 "removing forwarded messages",
             )
         except Exception as error:
-            log.warning("removing %d forwarded messages failed: %s", len(message_ids), _one_line(error))
+            log.warning("removing %d forwarded messages failed: %s", len(message_ids), one_line(error))
             self.store_breaker.failure(error)
             return False
         self.store_breaker.success()
@@ -420,7 +421,7 @@ class Dispatcher:
                 "releasing claims",
             )
         except Exception as release_error:  # the claims expire by themselves; nothing is lost
-            log.warning("releasing %d claims failed: %s", len(batch), _one_line(release_error))
+            log.warning("releasing %d claims failed: %s", len(batch), one_line(release_error))
         if pause and not self._stopping:
             await self._reconnect_pause()
 
@@ -480,7 +481,7 @@ class Dispatcher:
             if r is not None and not isinstance(r, TransportUnavailable)
         ]
         for message, reason in sent:
-            log.warning("message %s sent to the error queue: %s", message.message_id, _one_line(reason))
+            log.warning("message %s sent to the error queue: %s", message.message_id, one_line(reason))
         if sent and await self._remove([m.message_id for m, _ in sent]):
             self.stats.dead_lettered += len(sent)
             if self.delivery_log is not None:
@@ -562,9 +563,3 @@ def check_dispatcher_inputs(store: object, transport: object) -> None:
             f"transport must be a Transport, got {type(transport).__name__}; "
             "use duetime.open_transport(url) to make one from a URL."
         )
-
-
-def _one_line(error: BaseException) -> str:
-    """An error as one log line: its type and the first line of its text."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

@@ -72,3 +72,9 @@ class CriticalError(DuetimeError):
 
 class MessageInFlight(DuetimeError):
     """The message is being forwarded right now and cannot be changed; look again in a moment."""
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one log line: its type and the first line of its text."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

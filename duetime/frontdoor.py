@@ -15,9 +15,16 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from duetime.circuit import RepeatedFailuresOverTimeCircuitBreaker
+from duetime.deadline import within
 from duetime.dispatcher import Dispatcher
 from duetime.errorqueue import error_headers
-from duetime.errors import DuplicateMessageId, InvalidMessage
+from duetime.errors import (
+    ConfigurationError,
+    DuplicateMessageId,
+    InvalidMessage,
+    TransportUnavailable,
+    one_line,
+)
 from duetime.interfaces import ReceivedMessage, ReceivingTransport, Transport
 from duetime.message import DUE_AT_HEADER, DelayedMessage, check_headers, new_message_id
 from duetime.names import check_name
@@ -120,10 +127,32 @@ class FrontDoor:
     async def start(self) -> None:
         await self.dispatcher.transport.declare(self.queue)
 
+    @property
+    def _deadline(self) -> float:
+        """How long one call to the queue or the store may take (see ``operation_timeout``)."""
+        settings = self.dispatcher.settings
+        return min(settings.operation_timeout.total_seconds(), self.outage_breaker.time_to_trigger / 2)
+
     async def run(self) -> None:
-        await self.start()
+        """Serve until the dispatcher stops. A queue that cannot be declared yet (a broker that is
+        down) is retried like any outage; only wrong settings end the front door at once."""
+        declared = False
         while not self.dispatcher.stopping:
+            if not declared:
+                try:
+                    await within(self.start(), self._deadline, f"declaring {self.queue}")
+                except ConfigurationError:
+                    raise
+                except Exception as error:
+                    self._outage(f"declaring {self.queue}", error)
+                    await self.dispatcher._pause()
+                    continue
+                declared = True
             await self.process_once()
+
+    def _outage(self, doing: str, error: Exception) -> None:
+        log.warning("front door: %s failed: %s", doing, one_line(error))
+        self.outage_breaker.failure(error)
 
     async def process_once(self) -> int:
         """Receive one batch and store it; returns how many messages were handled.
@@ -132,10 +161,13 @@ class FrontDoor:
         written: either way delayed messages are not getting in.
         """
         try:
-            received = await self.receiver.receive(self.queue, self.dispatcher.settings.batch_size, self.wait)
+            received = await within(
+                self.receiver.receive(self.queue, self.dispatcher.settings.batch_size, self.wait),
+                self.wait + self._deadline,
+                f"receiving from {self.queue}",
+            )
         except Exception as error:
-            log.warning("front door: receiving from %s failed: %s", self.queue, error)
-            self.outage_breaker.failure(error)
+            self._outage(f"receiving from {self.queue}", error)
             await self.dispatcher._pause()
             return 0
         if not received:
@@ -162,9 +194,11 @@ class FrontDoor:
         if stored:
             self.stored += len(stored)
             try:
-                await self.receiver.acknowledge(stored)
+                await within(self.receiver.acknowledge(stored), self._deadline, "acknowledging")
             except Exception as error:  # stored already: the redelivery is recognised by its id
-                log.warning("front door: acknowledging %d stored messages failed: %s", len(stored), error)
+                log.warning(
+                    "front door: acknowledging %d stored messages failed: %s", len(stored), one_line(error)
+                )
         return len(received)
 
     async def _store(
@@ -174,13 +208,12 @@ class FrontDoor:
         store itself is failing (an outage: nothing is acknowledged, the breaker counts it)."""
         store = self.dispatcher.store
         try:
-            await store.store_many([m for _, m in pairs])
+            await within(store.store_many([m for _, m in pairs]), self._deadline, "storing")
         except DuplicateMessageId:
             pass  # a redelivery: store them one by one below, skipping what is stored
         except Exception as error:
             if not _own_fault(error):
-                log.warning("front door: storing %d messages failed: %s", len(pairs), error)
-                self.outage_breaker.failure(error)
+                self._outage(f"storing {len(pairs)} messages", error)
                 return None
         else:
             self.outage_breaker.success()
@@ -188,13 +221,12 @@ class FrontDoor:
         refused: list[tuple[ReceivedMessage, InvalidMessage]] = []
         for item, message in pairs:
             try:
-                await store.store(message)
+                await within(store.store(message), self._deadline, "storing")
             except DuplicateMessageId:
                 log.info("front door: %s is already stored (redelivery)", message.message_id)
             except Exception as error:
                 if not _own_fault(error):
-                    log.warning("front door: storing %s failed: %s", message.message_id, error)
-                    self.outage_breaker.failure(error)
+                    self._outage(f"storing {message.message_id}", error)
                     return None
                 refused.append((item, InvalidMessage(f"the store refused it: {error}")))
         self.outage_breaker.success()
@@ -210,17 +242,21 @@ class FrontDoor:
             copies.append(_rejected(item, self.queue, queue, error, now))
             log.warning("front door: %r rejected: %s", item.message_id, error)
         try:
-            results = await self.dispatcher.transport.send_batch(copies)
+            results = await within(self.dispatcher.transport.send_batch(copies), self._deadline, "rejecting")
             sent = [item for (item, _), r in zip(bad, results, strict=True) if r is None]
             if sent:
-                await self.receiver.acknowledge(sent)
+                await within(self.receiver.acknowledge(sent), self._deadline, "acknowledging")
                 self.rejected += len(sent)
             failures = [r for r in results if r is not None]
-        except Exception as error:
-            failures = [error]
+        except Exception as error:  # the queue as a whole is down: an outage, the envelopes wait
+            self._outage(f"sending rejected envelopes to {queue}", error)
+            return
         for failure in failures:
-            log.warning("front door: sending a rejected envelope to %s failed: %s", queue, failure)
-            self.dispatcher.recovery_breaker.failure(failure)
+            log.warning("front door: sending a rejected envelope to %s failed: %s", queue, one_line(failure))
+            if isinstance(failure, TransportUnavailable):
+                self.outage_breaker.failure(failure)
+            else:
+                self.dispatcher.recovery_breaker.failure(failure)
 
 
 def _rejected(

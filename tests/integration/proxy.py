@@ -1,5 +1,7 @@
 """A TCP proxy owned by a test, for outages without touching the shared server: ``cut()`` drops
-every connection and refuses new ones, ``slow(seconds)`` delays traffic, ``restore()`` heals."""
+every connection and refuses new ones (a restart), ``blackhole()`` keeps every connection open but
+holds its bytes and lets new ones connect to nothing (a network partition), ``slow(seconds)``
+delays traffic, ``restore()`` heals (held bytes then flow on, as TCP would retransmit them)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ class TcpProxy:
         self.target = (target_host, target_port)
         self.port = 0
         self.down = False
+        self.held = False
         self.delay = 0.0
         self._loop = asyncio.new_event_loop()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -34,6 +37,8 @@ class TcpProxy:
         if self.down:
             writer.close()
             return
+        while self.held:  # a partition: the client's connect "succeeds", then nothing answers
+            await asyncio.sleep(0.05)
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -50,6 +55,8 @@ class TcpProxy:
             while data := await reader.read(65536):
                 if self.down:
                     break
+                while self.held:
+                    await asyncio.sleep(0.05)
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 writer.write(data)
@@ -73,11 +80,15 @@ class TcpProxy:
 
         self._loop.call_soon_threadsafe(drop)
 
+    def blackhole(self) -> None:
+        self.held = True
+
     def slow(self, seconds: float) -> None:
         self.delay = seconds
 
     def restore(self) -> None:
         self.down = False
+        self.held = False
         self.delay = 0.0
 
     def close(self) -> None:

@@ -17,14 +17,15 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import nats
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
-from duetime.errors import ConfigurationError, DestinationNotFound, TransportError
+from duetime.errors import ConfigurationError, DestinationNotFound, TransportError, TransportUnavailable
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.urls import redact
 
 
 def stream_name(queue: str) -> str:
@@ -80,13 +81,22 @@ class NatsTransport:
         await self.js.delete_stream(stream_name(queue))
         self.declared.discard(queue)
 
+    def _connected(self) -> bool:
+        return self._nc is not None and bool(self._nc.is_connected)
+
     async def _publish(self, m: DelayedMessage) -> Exception | None:
         headers = outgoing_headers(m) | {"Nats-Msg-Id": m.message_id, "duetime-message-id": m.message_id}
         try:
             await self.js.publish(self.subject(m.destination), m.body, headers=headers, timeout=10)
-        except (NoRespondersError, NoStreamResponseError):
+        except (NoRespondersError, NoStreamResponseError) as error:
+            if not self._connected():
+                return TransportUnavailable(f"{redact(self.url)} is not connected: {error!r}")
             return DestinationNotFound(f"Queue {m.destination!r} has no JetStream stream (not declared).")
+        except (NatsTimeout, TimeoutError, ConnectionClosedError, OutboundBufferLimitError) as error:
+            return TransportUnavailable(f"publishing to {redact(self.url)} failed: {error!r}")
         except Exception as error:  # the whole batch answers per message
+            if not self._connected():
+                return TransportUnavailable(f"{redact(self.url)} is not connected: {error!r}")
             return TransportError(f"publishing to {m.destination!r} failed: {error!r}")
         return None
 

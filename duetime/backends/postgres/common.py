@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from duetime.errors import ConfigurationError
 from duetime.message import DelayedMessage
@@ -45,8 +45,9 @@ class PgOptions:
             (ours.__setitem__(key, value) if key in OPTIONS else theirs.append((key, value)))
         if not any(key == "connect_timeout" for key, _ in theirs):
             theirs.append(("connect_timeout", "5"))  # an unreachable server fails fast, not in minutes
-        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs)))
         claim = number_option(ours, "claim_timeout", 30.0)
+        theirs = _end_frozen_transactions(theirs, claim)
+        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs, quote_via=quote)))
         pool = int(number_option(ours, "pool_size", 4, whole=True))
         pool_timeout = number_option(ours, "pool_timeout", 5.0)
         return cls(
@@ -58,6 +59,18 @@ class PgOptions:
             pool_timeout=pool_timeout,
             display=redact(url),
         )
+
+
+def _end_frozen_transactions(params: list[tuple[str, str]], seconds: float) -> list[tuple[str, str]]:
+    """Have the server end a session that sits idle inside a transaction for longer than a claim
+    lasts. duetime never waits inside a transaction, so only a frozen or partitioned process does;
+    its locks then come free (and its uncommitted work rolls back) instead of stalling others."""
+    setting = f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"
+    if any("idle_in_transaction_session_timeout" in value for key, value in params if key == "options"):
+        return params
+    others = [(k, v) for k, v in params if k != "options"]
+    given = " ".join(v for k, v in params if k == "options")
+    return [*others, ("options", f"{given} {setting}".strip())]
 
 
 class PgNames:

@@ -2,8 +2,13 @@
 
 Each batch is published in one go and its confirms are awaited together, so a batch costs one
 wait, not one per message. A message whose queue does not exist comes back unroutable and fails
-alone (DestinationNotFound), without delaying the others. ``connect_robust`` reconnects after a
-broker restart; a publish that fails meanwhile fails its message and the breakers count it.
+alone (DestinationNotFound), without delaying the others.
+
+A lost connection (a broker restart, a cut network) fails the batch with TransportUnavailable and
+drops the connection; the next call connects again. The dispatcher treats that as an outage:
+the messages stay stored and nothing is dead-lettered. Reconnecting here, rather than in
+aio-pika's robust connection, keeps every wait bounded and every failure visible to the breakers,
+and lets a wrong password fail at once instead of retrying in the background.
 """
 
 from __future__ import annotations
@@ -16,17 +21,25 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import DeliveryError
+from aiormq.exceptions import (
+    AMQPConnectionError,
+    ChannelInvalidStateError,
+    ConnectionNotAllowed,
+    ProbableAuthenticationError,
+)
 
 from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
-from duetime.errors import ConfigurationError, DestinationNotFound, TransportError
+from duetime.errors import ConfigurationError, DestinationNotFound, TransportError, TransportUnavailable
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
 from duetime.urls import number_option, redact
 
 QUEUE_TYPES = {"classic", "quorum"}
+#: Failures that mean the connection, not the message, is the problem.
+LINK_ERRORS = (AMQPConnectionError, ChannelInvalidStateError, ConnectionError, OSError, TimeoutError)
 
 
 def _text(value: Any) -> str:
@@ -36,12 +49,22 @@ def _text(value: Any) -> str:
 class RabbitMqTransport:
     """Delivers to queues on RabbitMQ through the default exchange; consumable too."""
 
-    def __init__(self, url: str, *, queue_type: str = "classic", prefetch: int = 500) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        queue_type: str = "classic",
+        prefetch: int = 500,
+        connect_timeout: float = 10.0,
+        publish_timeout: float = 10.0,
+    ) -> None:
         if queue_type not in QUEUE_TYPES:
             raise ConfigurationError(f"queue_type must be one of {sorted(QUEUE_TYPES)}, got {queue_type!r}.")
-        self.url, self.queue_type, self.prefetch = url, queue_type, prefetch
+        self.url, self.queue_type, self.prefetch = _with_heartbeat(url), queue_type, prefetch
+        self.connect_timeout, self.publish_timeout = connect_timeout, publish_timeout
         self.display = redact(url)
-        self._connection: AbstractRobustConnection | None = None
+        self._connect_lock = asyncio.Lock()
+        self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
         self._consume_channel: AbstractChannel | None = None
         self._buffers: dict[str, asyncio.Queue[AbstractIncomingMessage]] = {}
@@ -51,19 +74,51 @@ class RabbitMqTransport:
     @classmethod
     def from_url(cls, url: str) -> RabbitMqTransport:
         parts = urlsplit(url)
+        own = ("queue_type", "prefetch", "connect_timeout", "publish_timeout")
         ours = dict(parse_qsl(parts.query))
-        kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("queue_type", "prefetch")]
+        kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in own]
         plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in kept)))
         return cls(
             plain,
             queue_type=ours.get("queue_type", "classic"),
             prefetch=int(number_option(ours, "prefetch", 500, whole=True)),
+            connect_timeout=number_option(ours, "connect_timeout", 10.0),
+            publish_timeout=number_option(ours, "publish_timeout", 10.0),
         )
 
     async def start(self) -> None:
-        if self._connection is None:
-            self._connection = await aio_pika.connect_robust(self.url, timeout=10)
-            self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+        """Connect (again, after a lost connection). Wrong credentials or vhost: ConfigurationError;
+        a broker that cannot be reached: TransportUnavailable."""
+        async with self._connect_lock:
+            if self._connection is not None and not self._connection.is_closed:
+                return
+            await self._drop()
+            try:
+                connection = await aio_pika.connect(self.url, timeout=self.connect_timeout)
+            except (ProbableAuthenticationError, ConnectionNotAllowed) as error:
+                raise ConfigurationError(
+                    f"cannot connect to {self.display}: the broker refused the connection "
+                    f"({_reason(error)}); check the user, password and vhost."
+                ) from None
+            except (TimeoutError, *LINK_ERRORS) as error:
+                raise TransportUnavailable(f"cannot connect to {self.display}: {_reason(error)}") from None
+            try:
+                self._channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            except BaseException:
+                await connection.close()
+                raise
+            self._connection = connection
+
+    async def _drop(self) -> None:
+        """Forget a connection that failed; the next call connects again. Consumers start over
+        (what they held unacknowledged goes back to its queue on the broker)."""
+        connection, self._connection = self._connection, None
+        self._channel = self._consume_channel = None
+        self._buffers.clear()
+        self._in_flight.clear()
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 1.0)
 
     @property
     def channel(self) -> AbstractChannel:
@@ -95,12 +150,17 @@ class RabbitMqTransport:
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         if not messages:
             return []
+        await self.start()
         exchange = self.channel.default_exchange
         publishes = [
-            exchange.publish(self._message(m), routing_key=m.destination, mandatory=True) for m in messages
+            exchange.publish(
+                self._message(m), routing_key=m.destination, mandatory=True, timeout=self.publish_timeout
+            )
+            for m in messages
         ]
         outcomes = await asyncio.gather(*publishes, return_exceptions=True)
         results: list[Exception | None] = []
+        lost = False
         for m, outcome in zip(messages, outcomes, strict=True):
             if not isinstance(outcome, BaseException):
                 results.append(None)
@@ -108,13 +168,21 @@ class RabbitMqTransport:
                 results.append(
                     DestinationNotFound(f"Queue {m.destination!r} does not exist (returned unroutable).")
                 )
+            elif isinstance(outcome, LINK_ERRORS):
+                lost = True
+                results.append(TransportUnavailable(f"{self.display}: {_reason(outcome)}"))
             elif isinstance(outcome, Exception):
                 results.append(TransportError(f"publishing to {m.destination!r} failed: {outcome!r}"))
             else:
                 raise outcome
+        if lost:
+            await self._drop()
         return results
 
     async def _buffer(self, queue: str) -> asyncio.Queue[AbstractIncomingMessage]:
+        if self._connection is not None and self._connection.is_closed:
+            await self._drop()
+            raise TransportUnavailable(f"{self.display}: the connection was lost; reconnecting")
         if queue not in self._buffers:
             await self.start()
             assert self._connection is not None
@@ -130,7 +198,7 @@ class RabbitMqTransport:
     async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         buffer = await self._buffer(queue)
         taken: list[AbstractIncomingMessage] = []
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError, asyncio.QueueEmpty):
             taken.append(await asyncio.wait_for(buffer.get(), wait) if wait > 0 else buffer.get_nowait())
         with contextlib.suppress(asyncio.QueueEmpty):
             while len(taken) < max_messages:
@@ -164,12 +232,29 @@ class RabbitMqTransport:
         for m in messages:
             incoming = self._in_flight.pop(m.receipt, None)
             if incoming is not None:
-                await incoming.ack()
+                try:
+                    await incoming.ack()
+                except LINK_ERRORS as error:  # the broker hands the message out again
+                    await self._drop()
+                    raise TransportUnavailable(f"{self.display}: {_reason(error)}") from None
                 done += 1
         return done
 
     async def close(self) -> None:
-        if self._connection is not None:
-            await self._connection.close()
-        self._connection = self._channel = self._consume_channel = None
-        self._buffers.clear()
+        await self._drop()
+
+
+def _reason(error: BaseException) -> str:
+    """A connection failure in a few words (aiormq's texts can span many lines)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+def _with_heartbeat(url: str) -> str:
+    """Ask for a 10 s heartbeat unless the URL says otherwise: a partitioned connection is then
+    noticed within half a minute, also by a consumer that is only waiting."""
+    parts = urlsplit(url)
+    if any(k == "heartbeat" for k, _ in parse_qsl(parts.query)):
+        return url
+    query = f"{parts.query}&heartbeat=10" if parts.query else "heartbeat=10"
+    return urlunsplit(parts._replace(query=query))

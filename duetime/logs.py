@@ -1,0 +1,65 @@
+"""Logs a machine can ingest: one record per line, ISO 8601 UTC timestamps, text or JSON.
+
+A service's log goes to journald, Kubernetes or a collector, not to a person's terminal: records
+are never wrapped or split over lines (a traceback, where one is logged, is folded into the same
+record), and ``--log-format json`` (or ``DUETIME_LOG_FORMAT=json``) gives one JSON object a line.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+
+class LogFormat(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class TextFormatter(logging.Formatter):
+    """``2026-11-22T10:28:13.123Z WARNING duetime.dispatcher message`` on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            text += " | " + self.formatException(record.exc_info).replace("\n", " | ")
+        text = text.replace("\n", " | ")
+        return f"{_timestamp(record)} {record.levelname} {record.name} {text}"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": _timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure(level: int, fmt: LogFormat = LogFormat.TEXT) -> None:
+    """Send duetime's records (and its drivers' warnings) to stderr, one line each."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt is LogFormat.JSON else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("duetime").setLevel(level)
+    # Drivers log every reconnect attempt with a traceback; the dispatcher already says it once.
+    for noisy in ("aiormq", "aio_pika", "psycopg.pool", "nats"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL if level > logging.DEBUG else logging.DEBUG)
