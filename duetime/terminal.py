@@ -22,8 +22,8 @@ T = TypeVar("T")
 #: Exit code of a critical error (a circuit breaker tripped): a supervisor should restart.
 EXIT_CRITICAL = 3
 
-console = Console(markup=False, highlight=False)
-err = Console(stderr=True, markup=False, highlight=False)
+console = Console(markup=False, highlight=False, soft_wrap=True)
+err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 
 def say(label: str, style: str, text: str, *, to: Console = console) -> None:

@@ -26,6 +26,7 @@ from aio_pika.exceptions import DeliveryError
 from aiormq.exceptions import (
     AMQPConnectionError,
     ChannelInvalidStateError,
+    ChannelNotFoundEntity,
     ConnectionNotAllowed,
     ProbableAuthenticationError,
 )
@@ -190,7 +191,14 @@ class RabbitMqTransport:
                 self._consume_channel = await self._connection.channel()
                 await self._consume_channel.set_qos(prefetch_count=self.prefetch)
             buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-            declared = await self._consume_channel.declare_queue(queue, passive=True)
+            try:
+                declared = await self._consume_channel.declare_queue(queue, passive=True)
+            except ChannelNotFoundEntity:
+                self._consume_channel = None  # the broker closed it
+                raise DestinationNotFound(
+                    f"Queue {queue!r} does not exist on {self.display}; declare it first "
+                    f"(duetime queues declare {queue})."
+                ) from None
             await declared.consume(buffer.put)
             self._buffers[queue] = buffer
         return self._buffers[queue]

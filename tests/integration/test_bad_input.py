@@ -1,0 +1,283 @@
+"""Every public input gets a clear error, never a traceback or a hang, and never changes what is
+stored: the CLI (in process, through typer's runner, and as a real subprocess for the edge cases
+users found) and the Python client, on SQLite and PostgreSQL, driven by hypothesis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from duetime import (
+    DelayedMessageClient,
+    DuetimeError,
+    ListQuery,
+    SyncDelayedMessageClient,
+    open_store,
+    open_sync_store,
+)
+from duetime.cli import app
+from tests.services import postgres_schema
+
+DUETIME = str(Path(sys.executable).parent / "duetime")
+
+# Text users type or programs pass: anything, including lone surrogates, NUL and brackets.
+anything = st.text(st.characters(codec=None), max_size=40) | st.sampled_from(
+    ["[/bold]", "[red]x[/]", "\x00", "\udcff", "inf", "1e400", "99999999999d", "-5s", "nan", ""]
+)
+edge_times = st.sampled_from(
+    [
+        "0001-01-01T00:00:00+01:00",
+        "9999-12-31T23:00:00-14:00",
+        "1969-12-31T23:59:59+00:00",
+        "2020-01-01T00:00:00",
+        "not a time",
+    ]
+)
+wrong_types: st.SearchStrategy[Any] = st.one_of(
+    st.none(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.binary(max_size=8),
+    st.lists(st.integers(), max_size=2),
+    st.datetimes(),
+    st.just(datetime(1, 1, 1, tzinfo=UTC)),
+    anything,
+)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('bad') / 'bad.db'}"
+    else:
+        with postgres_schema() as url:
+            yield url
+
+
+@pytest.fixture(scope="module")
+def seeded(store_url: str) -> str:
+    """A store with one message in it, which no bad input may change."""
+    store = open_sync_store(store_url)
+    store.setup_infrastructure("duetime")
+    client = SyncDelayedMessageClient(store)
+    client.schedule("orders", b"keep", delay=3600, message_id="kept")
+    store.close()
+    return store_url
+
+
+def snapshot(url: str) -> list[tuple[str, str, datetime, bytes]]:
+    store = open_sync_store(url)
+    store.initialize("duetime", "at-least-once")  # type: ignore[arg-type]
+    try:
+        page = store.list(ListQuery(limit=10_000))
+        return sorted((m.message_id, m.destination, m.due_at, m.body) for m in page.messages)
+    finally:
+        store.close()
+
+
+runner = CliRunner()
+
+
+def invoke(url: str, *args: str) -> Any:
+    return runner.invoke(app, [*args, "--store", url], catch_exceptions=True)
+
+
+def assert_clean(result: Any) -> None:
+    """Exit 0, or 1/2 with an error on one line; never an exception escaping the command but a
+    DuetimeError (which ``duetime.cli.main`` prints as one line, exit 1)."""
+    if isinstance(result.exception, DuetimeError):
+        assert "\n" not in str(result.exception)
+        return
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"{type(result.exception).__name__}: {result.exception}") from result.exception
+    assert result.exit_code in (0, 1, 2), result.output
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    args=st.lists(anything | edge_times, min_size=1, max_size=4),
+    command=st.sampled_from(
+        [
+            ["schedule"],
+            ["cancel"],
+            ["show"],
+            ["reschedule"],
+            ["list", "--destination"],
+            ["list", "--due-before"],
+        ]
+    ),
+)
+def test_cli_takes_anything_without_a_traceback(seeded: str, command: list[str], args: list[str]) -> None:
+    before = snapshot(seeded)
+    extra: list[str] = []
+    if command == ["schedule"]:
+        extra = ["--in", args[-1]] if len(args) > 1 else ["--at", args[0]]
+    elif command == ["reschedule"]:
+        extra = ["--at", args[-1]]
+    result = invoke(seeded, *command, args[0], *extra)
+    assert_clean(result)
+    after = snapshot(seeded)
+    if command[0] != "schedule" or result.exit_code != 0:
+        kept = [row for row in after if row[0] == "kept"]
+        assert kept == [row for row in before if row[0] == "kept"]
+    if result.exit_code != 0:
+        assert after == before
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    method=st.sampled_from(["schedule", "cancel", "get", "reschedule", "list", "schedule_many"]),
+    value=wrong_types,
+)
+def test_client_answers_wrong_input_with_a_duetime_error(seeded: str, method: str, value: Any) -> None:
+    before = snapshot(seeded)
+
+    async def call() -> object:
+        client = await DelayedMessageClient(open_store(seeded)).open()
+        try:
+            if method == "schedule":
+                return await client.schedule(value, b"x", delay=10)
+            if method == "reschedule":
+                return await client.reschedule("kept", due_at=value)
+            if method == "list":
+                return await client.list(destination=value, limit=value if isinstance(value, int) else 5)
+            if method == "schedule_many":
+                return await client.schedule_many([value])
+            return await getattr(client, method)(value)
+        finally:
+            await client.store.close()
+
+    try:
+        asyncio.run(call())
+    except DuetimeError:
+        assert snapshot(seeded) == before
+    else:
+        if method in ("schedule", "reschedule"):  # valid after all: undo, so the store stays known
+            store = open_sync_store(seeded)
+            client = SyncDelayedMessageClient(store)
+            for m in client.list(limit=10_000).messages:
+                if m.message_id != "kept":
+                    client.cancel(m.message_id)
+            if method == "reschedule":
+                client.reschedule("kept", delay=3600)
+            store.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"due_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))},
+        {"due_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-14)))},
+        {"delay": float("inf")},
+        {"delay": 1e300},
+        {"delay": -1},
+        {"delay": "10m"},
+        {"message_id": "\udcff"},
+        {"message_id": "a\x00b"},
+        {"headers": {"k": "\ud800"}},
+        {"body": "text, not bytes"},
+    ],
+)
+def test_client_edges(seeded: str, kwargs: dict[str, Any]) -> None:
+    store = open_sync_store(seeded)
+    client = SyncDelayedMessageClient(store)
+    call: dict[str, Any] = {"delay": 10} | kwargs
+    if "due_at" in kwargs:
+        call.pop("delay")
+    body = call.pop("body", b"x")
+    try:
+        with pytest.raises(DuetimeError) as caught:
+            client.schedule("orders", body, **call)
+        assert "\n" not in str(caught.value)
+        if kwargs == {"delay": -1}:
+            assert "-1" in str(caught.value) and "day" not in str(caught.value)
+    finally:
+        store.close()
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DUETIME, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | (env or {}),
+        errors="surrogateescape",
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["schedule", "orders", "--in", "inf"],
+        ["schedule", "orders", "--in", "1e400"],
+        ["schedule", "orders", "--in", "99999999999d"],
+        ["schedule", "orders", "--at", "0001-01-01T00:00:00+01:00"],
+        ["list", "--due-before", "9999-12-31T23:00:00-14:00"],
+        ["schedule", "orders", "--id", "a\udcffb", "--in", "1h"],
+        ["show", "a\udcffb"],
+    ],
+)
+def test_cli_edges_found_by_users_are_one_line(seeded: str, args: list[str]) -> None:
+    done = cli(*args, "--store", seeded)
+    assert done.returncode in (1, 2), done.stderr
+    assert "Traceback" not in done.stderr
+    if done.returncode == 1:
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    "url_option",
+    ["claim_timeout=inf", "pool_timeout=1e300", "pool_timeout=1e-300", "claim_timeout=nan"],
+)
+def test_unbounded_url_numbers_are_refused(url_option: str) -> None:
+    with postgres_schema() as url:
+        done = cli("stats", "--store", f"{url}&{url_option}")
+    assert done.returncode == 1
+    assert "must be between" in done.stderr or "must be" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_ids_with_markup_are_printed_as_they_are(tmp_path: Path) -> None:
+    """Stored first, then printed: a printing crash would report a stored message as a failure."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    assert cli("setup", "--store", url).returncode == 0
+    done = cli("schedule", "x", "--id", "[/bold]", "--in", "1h", "--store", url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[/bold]"
+    listed = cli("list", "--store", url)
+    assert listed.returncode == 0 and "[/bold]" in listed.stdout, listed.stderr
+    assert cli("reschedule", "[/bold]", "--in", "2h", "--store", url).returncode == 0
+    cancelled = cli("cancel", "[/bold]", "--store", url)
+    assert cancelled.returncode == 0 and "[/bold]" in cancelled.stdout
+    missing = cli("cancel", "[red]gone[/]", "--store", url)
+    assert missing.returncode == 1 and "[red]gone[/]" in missing.stderr
+
+
+async def test_receive_without_waiting_on_rabbitmq() -> None:
+    from tests.services import RABBITMQ, require
+
+    require(RABBITMQ)
+    queue = f"empty.{os.getpid()}"
+    missing = await asyncio.to_thread(cli, "queues", "receive", queue, "--wait", "0", "--transport", RABBITMQ)
+    assert missing.returncode == 1 and "does not exist" in missing.stderr, missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    assert (await asyncio.to_thread(cli, "queues", "declare", queue, "--transport", RABBITMQ)).returncode == 0
+    empty = await asyncio.to_thread(cli, "queues", "receive", queue, "--wait", "0", "--transport", RABBITMQ)
+    assert empty.returncode == 0 and "0 received" in empty.stderr, empty.stderr
+    from duetime.backends.rabbitmq import RabbitMqTransport
+
+    transport = RabbitMqTransport.from_url(RABBITMQ)
+    await transport.delete(queue)
+    await transport.close()

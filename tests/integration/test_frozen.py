@@ -1,0 +1,156 @@
+"""A frozen process (SIGSTOP, a paused VM, a debugger) must not stall the others for long.
+
+SQLite has one write lock per file and no way to take it from a live process: a process frozen
+inside a write transaction stalls every writer until it runs again. duetime holds that lock only
+for single statements' worth of work (never across a send, a sleep or the network), so a freeze
+usually lands outside it; when it lands inside, the others wait, count failures, and carry on the
+moment it is released, without losing or doubling anything. PostgreSQL ends a session idle inside
+a transaction after the claim time, so a frozen mover's rows come free by themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
+from duetime.backends.postgres import PostgresQueueTransport, PostgresStore, SyncPostgresStore
+from duetime.backends.postgres.common import PgOptions
+from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
+from tests.services import postgres_schema
+
+pytestmark = pytest.mark.slow
+DUETIME = str(Path(sys.executable).parent / "duetime")
+
+
+async def test_sqlite_writers_carry_on_the_moment_a_frozen_lock_holder_lets_go(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    sync = SyncSqliteStore(db)
+    sync.setup_infrastructure("frozen")
+    sync.initialize("frozen", TransactionMode.AT_LEAST_ONCE)
+    queue = SyncSqliteQueue(db)
+    queue.declare("orders")
+    now = datetime.now(UTC)
+    sync.store_many(
+        [DelayedMessage(f"f{i}", "orders", now + timedelta(seconds=i * 0.01)) for i in range(300)]
+    )
+    settings = DelayedDeliverySettings(transaction_mode=TransactionMode.EXACTLY_ONCE)
+    dispatcher = Dispatcher(SqliteStore(sync), SqliteQueueTransport(db), settings, endpoint="frozen")
+    frozen = sqlite3.connect(db, isolation_level=None)
+    frozen.execute("BEGIN IMMEDIATE")  # a peer frozen inside its write transaction
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.sleep(4)
+    assert queue.depth("orders") == 0  # nobody can write meanwhile: that is SQLite
+    released = time.monotonic()
+    frozen.execute("COMMIT")
+    while queue.depth("orders") < 300 and time.monotonic() - released < 10:
+        await asyncio.sleep(0.02)
+    resumed_in = time.monotonic() - released
+    assert queue.depth("orders") == 300
+    assert resumed_in < 3, resumed_in
+    assert not task.done()  # a 4 s stall is well inside the breakers' 30 s
+    dispatcher.stop()
+    await task
+
+
+def test_sqlite_sigstop_of_one_dispatcher_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    sync = SyncSqliteStore(db)
+    sync.setup_infrastructure("duetime")
+    sync.initialize("duetime", TransactionMode.AT_LEAST_ONCE)
+    queue = SyncSqliteQueue(db)
+    queue.declare("orders")
+    total = 3000
+    now = datetime.now(UTC)
+    sync.store_many(
+        [
+            DelayedMessage(f"s{i:05d}", "orders", now + timedelta(seconds=2 + i / total * 8))
+            for i in range(total)
+        ]
+    )
+    procs = [
+        subprocess.Popen(
+            [DUETIME, "run", "--store", url, "--mode", "exactly-once", "--no-front-door"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    got: list[str] = []
+    try:
+        time.sleep(4)
+        os.kill(procs[0].pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        while time.monotonic() - frozen_at < 6:
+            items = queue.receive("orders", 1000, 0.2)
+            got += [m.message_id for m in items]
+            queue.acknowledge(items)
+        os.kill(procs[0].pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while len(got) < total and time.monotonic() < deadline:
+            items = queue.receive("orders", 1000, 0.2)
+            got += [m.message_id for m in items]
+            queue.acknowledge(items)
+    finally:
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.terminate()
+        errors = [proc.communicate(timeout=30)[1] for proc in procs]
+    counts = Counter(got)
+    assert len(counts) == total, f"{total - len(counts)} lost"
+    assert max(counts.values()) == 1  # exactly-once: never doubled
+    assert all(proc.returncode == 0 for proc in procs), errors
+    assert not any("Traceback" in text for text in errors)
+
+
+async def test_postgres_ends_a_frozen_transaction_and_frees_its_rows() -> None:
+    with postgres_schema() as pg:
+        url = pg + "&claim_timeout=2"
+        direct = SyncPostgresStore.from_url(url)
+        direct.setup_infrastructure("frozen")
+        direct.initialize("frozen", TransactionMode.AT_LEAST_ONCE)
+        now = datetime.now(UTC)
+        direct.store_many([DelayedMessage(f"p{i}", "orders", now) for i in range(10)])
+        transport = PostgresQueueTransport.from_url(url)
+        await transport.start()
+        await transport.declare("orders")
+        # A mover frozen mid-transaction: it holds five rows' locks and sends nothing more.
+        frozen = psycopg.connect(PgOptions.from_url(url).conninfo)
+        schema = pg.rsplit("schema=", 1)[1]
+        frozen.execute(
+            f'SELECT message_id FROM "{schema}"."frozen.delayed" ORDER BY message_id LIMIT 5 FOR UPDATE'
+        )
+        settings = DelayedDeliverySettings(
+            transaction_mode=TransactionMode.EXACTLY_ONCE, max_sleep=timedelta(seconds=0.5)
+        )
+        dispatcher = Dispatcher(PostgresStore.from_url(url), transport, settings, endpoint="frozen")
+        task = asyncio.create_task(dispatcher.run())
+        got: list[str] = []
+        started = time.monotonic()
+        while len(got) < 10 and time.monotonic() - started < 20:
+            items = await transport.receive("orders", 100, 0.2)
+            got += [m.message_id for m in items]
+            await transport.acknowledge(items)
+        took = time.monotonic() - started
+        dispatcher.stop()
+        await task
+        assert sorted(got) == sorted(f"p{i}" for i in range(10))
+        assert 1.5 < took < 10, took  # the five locked rows came free after the 2 s claim time
+        with pytest.raises(psycopg.Error, match="idle-in-transaction"):
+            frozen.execute("SELECT 1")  # the server ended the frozen session
+        frozen.close()
+        await transport.close()
+        direct.close()
