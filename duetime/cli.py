@@ -741,6 +741,10 @@ def demo(
 
 
 def main() -> None:
+    if not os.environ.get("DUETIME_DEBUG"):
+        # Drivers log failed connection attempts with tracebacks; the error line says it once.
+        for noisy in ("aiormq", "aio_pika", "psycopg.pool", "nats"):
+            logging.getLogger(noisy).setLevel(logging.CRITICAL)
     try:
         app()
     except DuetimeError as error:  # bad input found before any async work started

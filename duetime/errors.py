@@ -62,6 +62,28 @@ class TransportUnavailable(TransportError):
     """
 
 
+class ConnectionFailed(DuetimeError):
+    """A server cannot be reached: check its address, port, user, password and that it is running."""
+
+
+def connection_failed(display: str, error: BaseException | str) -> ConnectionFailed:
+    """``cannot connect to URL: reason``, with the server's own words and never the password."""
+    return ConnectionFailed(f"cannot connect to {display}: {server_reason(error)}")
+
+
+def server_reason(error: BaseException | str) -> str:
+    """The useful part of a driver's connection error: PostgreSQL's "FATAL:  database "x" does
+    not exist" becomes 'database "x" does not exist'; multi-line texts keep their first line."""
+    text = str(error).strip()
+    if "FATAL:" in text:
+        text = text.split("FATAL:", 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else type(error).__name__ if isinstance(error, BaseException) else "?"
+    if "failed: " in first:
+        first = first.rsplit("failed: ", 1)[1]
+    return first.strip()
+
+
 class DeadlineExceeded(DuetimeError, TimeoutError):
     """A store or transport call did not answer in time (a network partition, or an overload)."""
 

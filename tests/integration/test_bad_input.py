@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -281,3 +282,34 @@ async def test_receive_without_waiting_on_rabbitmq() -> None:
     transport = RabbitMqTransport.from_url(RABBITMQ)
     await transport.delete(queue)
     await transport.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (
+            ["stats", "--store", "postgresql://postgres@127.0.0.1:5432/nosuchdb"],
+            'database "nosuchdb" does not exist',
+        ),
+        (
+            ["stats", "--store", "postgresql://nosuchrole@127.0.0.1:5432/test"],
+            'role "nosuchrole" does not exist',
+        ),
+        (["stats", "--store", "postgresql://postgres@127.0.0.1:1/test"], "Connection refused"),
+        (["stats", "--store", "mysql://root@127.0.0.1:3306/nosuchdb"], "Unknown database"),
+        (["stats", "--store", "mysql://root@127.0.0.1:1/test"], "Can't connect"),
+        (["queues", "declare", "q", "--transport", "amqp://guest:wrong@127.0.0.1:5672/"], "ACCESS_REFUSED"),
+        (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:5672/nosuchvhost"], "vhost"),
+        (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:1/"], "Connect call failed"),
+        (["queues", "declare", "q", "--transport", "redis://127.0.0.1:1/0"], "Connect call failed"),
+        (["queues", "declare", "q", "--transport", "nats://127.0.0.1:1"], "Connect call failed"),
+    ],
+)
+def test_a_server_that_cannot_be_reached_is_one_line(args: list[str], reason: str) -> None:
+    started = time.monotonic()
+    done = cli(*args)
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: cannot connect to ") and reason in line, line
+    assert "wrong" not in line  # the password is never shown
+    assert time.monotonic() - started < 20

@@ -29,7 +29,13 @@ from pymysql.err import IntegrityError, InterfaceError, OperationalError, Progra
 
 from duetime._bridge import AsyncStoreBridge
 from duetime.clock import from_micros, to_micros
-from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
+from duetime.errors import (
+    ConfigurationError,
+    DuplicateMessageId,
+    MessageInFlight,
+    StoreNotReady,
+    connection_failed,
+)
 from duetime.interfaces import ListQuery, Page, StoreCounts
 from duetime.message import DelayedMessage, check_due_time
 from duetime.names import check_name
@@ -122,18 +128,25 @@ class SyncMysqlStore:
     def _connection(self) -> pymysql.connections.Connection[Any]:
         if self._conn is None:
             o = self.options
-            self._conn = pymysql.connect(
-                host=o.host,
-                port=o.port,
-                user=o.user,
-                password=o.password,
-                database=o.database,
-                charset="utf8mb4",
-                autocommit=True,
-                connect_timeout=o.connect_timeout,
-                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-            )
+            try:
+                self._conn = self._connect(o)
+            except pymysql.err.OperationalError as error:
+                raise connection_failed(o.display, error.args[-1] if error.args else error) from None
         return self._conn
+
+    @staticmethod
+    def _connect(o: MysqlOptions) -> pymysql.connections.Connection[Any]:
+        return pymysql.connect(
+            host=o.host,
+            port=o.port,
+            user=o.user,
+            password=o.password,
+            database=o.database,
+            charset="utf8mb4",
+            autocommit=True,
+            connect_timeout=o.connect_timeout,
+            init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        )
 
     def _run(self, work: Callable[[Any], Any], transaction: bool = False) -> Any:
         """Run ``work(cursor)``; a broken connection is dropped (the next call reconnects) and

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 import uuid
 from collections.abc import Sequence
@@ -21,7 +22,13 @@ from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBuffer
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
-from duetime.errors import ConfigurationError, DestinationNotFound, TransportError, TransportUnavailable
+from duetime.errors import (
+    ConfigurationError,
+    DestinationNotFound,
+    TransportError,
+    TransportUnavailable,
+    server_reason,
+)
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
@@ -34,10 +41,14 @@ def stream_name(queue: str) -> str:
     return f"DUETIME_{readable}_{hashlib.sha1(queue.encode()).hexdigest()[:8]}"
 
 
+log = logging.getLogger("duetime.nats")
+
+
 class NatsTransport:
     def __init__(self, url: str, *, subject_prefix: str = "duetime.q.", durable: str = "duetime") -> None:
         self.url, self.subject_prefix, self.durable = url, subject_prefix, durable
         self._nc: Any = None
+        self._last_error = "no answer"
         self._js: Any = None
         self._subs: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}
@@ -65,7 +76,20 @@ class NatsTransport:
 
     async def start(self) -> None:
         if self._nc is None:
-            self._nc = await nats.connect(servers=[self.url], connect_timeout=5, max_reconnect_attempts=-1)
+            try:
+                # nats-py retries the first connect forever too; the outer deadline ends that.
+                self._nc = await asyncio.wait_for(
+                    nats.connect(
+                        servers=[self.url],
+                        connect_timeout=5,
+                        max_reconnect_attempts=-1,
+                        error_cb=self._on_error,
+                    ),
+                    6,
+                )
+            except Exception as error:  # nats-py raises several kinds for a server it cannot reach
+                reason = self._last_error if isinstance(error, TimeoutError) else server_reason(error)
+                raise TransportUnavailable(f"cannot connect to {redact(self.url)}: {reason}") from None
             self._js = self._nc.jetstream()
 
     async def declare(self, queue: str) -> None:
@@ -80,6 +104,11 @@ class NatsTransport:
     async def delete(self, queue: str) -> None:
         await self.js.delete_stream(stream_name(queue))
         self.declared.discard(queue)
+
+    async def _on_error(self, error: Exception) -> None:
+        """nats-py's own handler prints a traceback per failed attempt; one line is enough."""
+        self._last_error = server_reason(error)
+        log.info("NATS %s: %s", redact(self.url), self._last_error)
 
     def _connected(self) -> bool:
         return self._nc is not None and bool(self._nc.is_connected)

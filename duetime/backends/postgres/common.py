@@ -10,7 +10,7 @@ from datetime import UTC, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, connection_failed
 from duetime.message import DelayedMessage
 from duetime.names import check_name, quote_identifier
 from duetime.sqlfile import load_queries
@@ -71,6 +71,27 @@ def _end_frozen_transactions(params: list[tuple[str, str]], seconds: float) -> l
     others = [(k, v) for k, v in params if k != "options"]
     given = " ".join(v for k, v in params if k == "options")
     return [*others, ("options", f"{given} {setting}".strip())]
+
+
+def reach(options: PgOptions) -> None:
+    """Connect once, directly, before a pool does: a wrong database, role, password or port then
+    fails at once with the server's own words, not after the pool's timeout with its warnings."""
+    import psycopg
+
+    try:
+        psycopg.connect(options.conninfo, autocommit=True).close()
+    except psycopg.OperationalError as error:
+        raise connection_failed(options.display, error) from None
+
+
+async def reach_async(options: PgOptions) -> None:
+    """:func:`reach` for async callers."""
+    import psycopg
+
+    try:
+        await (await psycopg.AsyncConnection.connect(options.conninfo, autocommit=True)).close()
+    except psycopg.OperationalError as error:
+        raise connection_failed(options.display, error) from None
 
 
 class PgNames:

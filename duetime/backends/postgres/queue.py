@@ -16,8 +16,8 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from duetime.backends.postgres.common import PgNames, PgOptions, dump_headers
-from duetime.errors import DestinationNotFound
+from duetime.backends.postgres.common import PgNames, PgOptions, dump_headers, reach, reach_async
+from duetime.errors import ConnectionFailed, DestinationNotFound, TransportUnavailable
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
@@ -97,6 +97,7 @@ class SyncPostgresQueue(_QueueBase):
     ) -> None:
         super().__init__(options, visibility_timeout)
         self.poll_interval = poll_interval
+        reach(options)
         self.pool = ConnectionPool(
             options.conninfo,
             min_size=1,
@@ -198,6 +199,10 @@ class PostgresQueueTransport(_QueueBase):
     async def start(self) -> None:
         if self._started:
             return
+        try:
+            await reach_async(self.options)
+        except ConnectionFailed as error:  # for a dispatcher, a queue database that is down is an outage
+            raise TransportUnavailable(str(error)) from None
         await self.pool.open(wait=False)
         self._started = True
         async with self.pool.connection() as conn, conn.transaction():

@@ -27,6 +27,8 @@ from duetime.backends.postgres.common import (
     copy_row,
     decode,
     dump_headers,
+    reach,
+    reach_async,
     table_for,
 )
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
@@ -136,6 +138,7 @@ class SyncPostgresStore(_Base):
 
     def __init__(self, options: PgOptions) -> None:
         super().__init__(options)
+        reach(options)
         self.pool = ConnectionPool(
             options.conninfo,
             min_size=1,
@@ -324,6 +327,7 @@ class PostgresStore(_Base):
 
     async def _pool(self) -> AsyncConnectionPool:
         if not self._opened:
+            await reach_async(self.options)
             await self.pool.open(wait=False)
             self._opened = True
         return self.pool

@@ -25,6 +25,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from aio_pika.exceptions import DeliveryError
 from aiormq.exceptions import (
     AMQPConnectionError,
+    AMQPError,
     ChannelInvalidStateError,
     ChannelNotFoundEntity,
     ConnectionNotAllowed,
@@ -103,6 +104,11 @@ class RabbitMqTransport:
                 ) from None
             except (TimeoutError, *LINK_ERRORS) as error:
                 raise TransportUnavailable(f"cannot connect to {self.display}: {_reason(error)}") from None
+            except AMQPError as error:  # e.g. the broker closing the handshake for a missing vhost
+                raise ConfigurationError(
+                    f"cannot connect to {self.display}: the broker closed the connection while opening it "
+                    f"({_reason(error)}); check that the vhost exists and the user may use it."
+                ) from None
             try:
                 self._channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             except BaseException:

@@ -20,14 +20,16 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from duetime.errors import ConfigurationError, DestinationNotFound
+from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
 from duetime.received import received
-from duetime.urls import number_option
+from duetime.urls import number_option, redact
 
 MODES = {"stream", "list"}
 
@@ -99,8 +101,18 @@ class RedisTransport:
 
     async def start(self) -> None:
         if self._redis is None:
-            self._redis = aioredis.from_url(self.url)
-            await self._redis.ping()
+            client = aioredis.from_url(self.url)
+            try:
+                await client.ping()
+            except AuthenticationError as error:
+                await client.aclose()
+                raise ConfigurationError(f"cannot connect to {redact(self.url)}: {error}") from None
+            except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+                await client.aclose()
+                raise TransportUnavailable(
+                    f"cannot connect to {redact(self.url)}: {server_reason(error)}"
+                ) from None
+            self._redis = client
 
     async def declare(self, queue: str) -> None:
         await self.start()
