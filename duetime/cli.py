@@ -26,7 +26,7 @@ from duetime.durations import parse_duration, parse_time
 from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
 from duetime.errors import ConfigurationError, DuetimeError, DuplicateMessageId, one_line
 from duetime.frontdoor import FrontDoor
-from duetime.interfaces import DelayedMessageStore, ReceivingTransport, Transport
+from duetime.interfaces import DelayedMessageStore, ReceivingTransport, TransactionalStore, Transport
 from duetime.logs import LogFormat, configure
 from duetime.message import DelayedMessage
 from duetime.registry import open_store, open_transport
@@ -97,7 +97,7 @@ def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
 
 
 async def _open(store_url: str, endpoint: str) -> DelayedMessageStore:
-    store = open_store(store_url)
+    store = open_store(_existing(store_url))
     await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
     return store
 
@@ -105,7 +105,17 @@ async def _open(store_url: str, endpoint: str) -> DelayedMessageStore:
 def _due(in_: str | None, at: str | None) -> dict[str, Any]:
     if (in_ is None) == (at is None):
         raise typer.BadParameter("give exactly one of --in (e.g. 10m) or --at (ISO 8601 time)")
-    return {"delay": parse_duration(in_)} if in_ is not None else {"due_at": parse_time(at or "")}
+    if in_ is not None:
+        return {"delay": parse_duration(in_)}
+    due = parse_time(at or "")
+    if due <= SystemClock().now():
+        say(
+            "warning:",
+            "yellow",
+            f"{due.isoformat()} has passed: the message is due now and goes at once.",
+            to=err,
+        )
+    return {"due_at": due}
 
 
 def _headers(pairs: list[str]) -> dict[str, str]:
@@ -120,6 +130,48 @@ def _headers(pairs: list[str]) -> dict[str, str]:
 
 def _logging(verbose: bool, fmt: LogFormat = LogFormat.TEXT) -> None:
     configure(logging.DEBUG if verbose else logging.INFO, fmt)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from duetime import __version__
+
+        print(f"duetime {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """duetime keeps delayed messages in a durable store and forwards each to its destination when
+    it is due."""
+
+
+def _safest_mode(store: DelayedMessageStore, transport: Transport) -> TransactionMode:
+    """Exactly-once where the pair can keep it (one transaction moves a message), else at-least-once."""
+    if isinstance(store, TransactionalStore) and store.shares_transaction_with(transport):
+        return TransactionMode.EXACTLY_ONCE
+    return TransactionMode.AT_LEAST_ONCE
+
+
+def _existing(store_url: str) -> str:
+    """A command that reads or changes a store must not create one as a side effect (a typo in a
+    SQLite path would leave an empty file behind): only ``setup`` and ``run`` create."""
+    if store_url.startswith("sqlite:"):
+        from duetime.backends.sqlite.connection import parse_sqlite_url
+
+        path, _ = parse_sqlite_url(store_url)
+        if not path.exists():
+            raise ConfigurationError(
+                f"There is no SQLite store at {path} (the file does not exist): create it with "
+                f"`duetime setup --store {store_url}`, "
+                "or check the path."
+            )
+    return store_url
 
 
 @app.command()
@@ -151,9 +203,12 @@ def run(
     endpoint: EndpointOpt = "duetime",
     transport: TransportOpt = None,
     mode: Annotated[
-        TransactionMode,
-        typer.Option(help="exactly-once needs a transport that shares the store's transaction."),
-    ] = TransactionMode.AT_LEAST_ONCE,
+        TransactionMode | None,
+        typer.Option(
+            help="Default: exactly-once where the transport shares the store's transaction (a SQLite "
+            "or PostgreSQL store delivering into its own queue tables), at-least-once otherwise."
+        ),
+    ] = None,
     burst: Annotated[
         bool,
         typer.Option(
@@ -197,8 +252,9 @@ def run(
     exit code 3, so a supervisor restarts it; a stop signal finishes the batch in flight first.
     """
     _logging(verbose, log_format)
-    changes: dict[str, Any] = {"transaction_mode": mode}
+    changes: dict[str, Any] = {}
     for key, value in (
+        ("transaction_mode", mode),
         ("number_of_retries", retries),
         ("batch_size", batch_size),
         ("error_queue", error_queue),
@@ -210,6 +266,8 @@ def run(
         settings = DelayedDeliverySettings.from_env().with_changes(**changes)
         s = open_store(store)
         t = open_transport(_transport_url(store, transport))
+        if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
+            settings = settings.with_changes(transaction_mode=_safest_mode(s, t))
         if auto_setup:
             await s.setup_infrastructure(endpoint)
         log = None if delivery_log is None else open_delivery_log(delivery_log)
@@ -229,9 +287,10 @@ def run(
             if front_door and isinstance(t, ReceivingTransport):
                 extra.append(FrontDoor(dispatcher, t).run())
             logging.getLogger("duetime").info(
-                "dispatching %s from %s (%s); Ctrl-C to stop",
+                "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
                 endpoint,
-                store,
+                redact(store),
+                redact(_transport_url(store, transport)),
                 settings.transaction_mode.value,
             )
             await run_until_signal(dispatcher, *extra)
@@ -267,7 +326,7 @@ def schedule(
     due = _due(in_, at)
 
     async def go() -> DelayedMessage:
-        client = await DelayedMessageClient(open_store(store), endpoint=endpoint).open()
+        client = await DelayedMessageClient(open_store(_existing(store)), endpoint=endpoint).open()
         try:
             return await client.schedule(
                 destination, payload, headers=_headers(header), message_id=message_id, **due
@@ -414,7 +473,7 @@ def list_(
     """List stored messages, soonest due first."""
 
     async def go() -> list[DelayedMessage]:
-        client = await DelayedMessageClient(open_store(store), endpoint=endpoint).open()
+        client = await DelayedMessageClient(open_store(_existing(store)), endpoint=endpoint).open()
         try:
             before = parse_time(due_before) if due_before else None
             return (await client.list(destination=destination, due_before=before, limit=limit)).messages
@@ -446,7 +505,7 @@ def show(
     """Show one stored message in full (body as text where it is text)."""
 
     async def go() -> DelayedMessage | None:
-        client = await DelayedMessageClient(open_store(store), endpoint=endpoint).open()
+        client = await DelayedMessageClient(open_store(_existing(store)), endpoint=endpoint).open()
         try:
             return await client.get(message_id)
         finally:
@@ -472,7 +531,7 @@ def cancel(
     """Cancel a stored message so it is never delivered."""
 
     async def go() -> bool:
-        client = await DelayedMessageClient(open_store(store), endpoint=endpoint).open()
+        client = await DelayedMessageClient(open_store(_existing(store)), endpoint=endpoint).open()
         try:
             return await client.cancel(message_id)
         finally:
@@ -495,7 +554,7 @@ def reschedule(
     due = _due(in_, at)
 
     async def go() -> bool:
-        client = await DelayedMessageClient(open_store(store), endpoint=endpoint).open()
+        client = await DelayedMessageClient(open_store(_existing(store)), endpoint=endpoint).open()
         try:
             return await client.reschedule(message_id, **due)
         finally:
@@ -553,7 +612,9 @@ def stats(
         return
     table = Table("what", "value", show_header=False)
     for key in ("stored", "due", "in_flight", "failing", "next_due"):
-        table.add_row(key.replace("_", " "), str(result[key]))
+        value = result[key]
+        shown = str(value) if value is not None else "nothing stored"
+        table.add_row(key.replace("_", " "), shown)
     console.print(table)
     if result["by_destination"]:
         per = Table("destination", "stored")

@@ -25,7 +25,13 @@ rabbitmq_app = typer.Typer(
 )
 
 UrlOpt = Annotated[
-    str, typer.Option("--url", envvar="DUETIME_RABBITMQ", help="amqp://user:pass@host:5672/vhost")
+    str,
+    typer.Option(
+        "--transport",
+        "--url",
+        envvar=["DUETIME_TRANSPORT", "DUETIME_RABBITMQ"],
+        help="The broker, amqp://user:pass@host:5672/vhost (also DUETIME_TRANSPORT, as every command).",
+    ),
 ]
 NamesOpt = Annotated[
     str,

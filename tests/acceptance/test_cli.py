@@ -164,3 +164,66 @@ def test_load_a_file_all_or_nothing(cli, tmp_path) -> None:  # type: ignore[no-u
     assert "stored 1 of 301; skipped 300" in cli("load", str(good), "--skip-duplicates").stdout
     shown = json.loads(cli("show", "L7").stdout)
     assert shown["body"] == "b7"
+
+
+def test_version(cli) -> None:  # type: ignore[no-untyped-def]
+    from duetime import __version__
+
+    assert cli("--version").stdout.strip() == f"duetime {__version__}"
+
+
+def test_a_failed_command_leaves_no_file_behind(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    result = cli("list", "--store", "sqlite:///missing.db", ok=False)
+    assert result.returncode == 1 and "duetime setup" in result.stderr
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_a_due_time_in_the_past_is_accepted_with_a_warning(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup")
+    result = cli("schedule", "orders", "x", "--at", "2020-01-01T00:00:00+00:00")
+    assert "warning:" in result.stderr and "has passed" in result.stderr
+    assert result.stdout.strip()  # stored: the id is printed
+
+
+def test_stats_of_an_empty_store_say_so(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup")
+    out = cli("stats").stdout
+    assert "nothing stored" in out and "None" not in out
+
+
+def test_settings_from_the_environment_take_cli_durations(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup", "--queue", "orders")
+    cli("schedule", "orders", "x", "--in", "0s")
+    env = {"DUETIME_MAX_SLEEP": "1m", "DUETIME_TRANSACTION_MODE": "exactly_once"}
+    assert "forwarded 1" in cli("run", "--burst", env=env).stdout
+    bad = cli("run", "--burst", env={"DUETIME_MAX_SLEEP": "soon"}, ok=False)
+    assert bad.returncode == 1 and "DUETIME_MAX_SLEEP='soon' is not a duration" in bad.stderr
+    mode = cli("run", "--burst", env={"DUETIME_TRANSACTION_MODE": "twice"}, ok=False)
+    assert mode.returncode == 1 and "at-least-once" in mode.stderr and "exactly-once" in mode.stderr
+
+
+def test_run_on_the_default_store_is_exactly_once_and_logs_one_line_records(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import subprocess
+    import time
+
+    cli("setup", "--queue", "orders")
+    from tests.conftest import duetime_cmd
+
+    proc = subprocess.Popen(
+        duetime_cmd("run", "--log-format", "json"), cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    records = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    assert records, stderr
+    started = [r for r in records if "dispatching endpoint" in r["message"]]
+    assert started and "exactly-once" in started[0]["message"]
+    assert all(r["time"].endswith("Z") and "T" in r["time"] for r in records)
+
+
+def test_rabbitmq_commands_read_duetime_transport(cli) -> None:  # type: ignore[no-untyped-def]
+    result = cli("rabbitmq", "status", env={"DUETIME_TRANSPORT": "amqp://guest:guest@127.0.0.1:1/"}, ok=False)
+    assert result.returncode == 1
+    assert "127.0.0.1:1" in result.stderr  # not the default localhost:5672
