@@ -16,6 +16,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -90,20 +91,23 @@ def test_sqlite_sigstop_of_one_dispatcher_loses_and_doubles_nothing(tmp_path: Pa
         for _ in range(2)
     ]
     got: list[str] = []
+
+    def consume(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while len(got) < total and time.monotonic() < deadline:
+            items = queue.receive("orders", 1000, 0.2)  # waits, like everyone, if the lock is frozen
+            got.extend(m.message_id for m in items)
+            queue.acknowledge(items)
+
     try:
         time.sleep(4)
         os.kill(procs[0].pid, signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        while time.monotonic() - frozen_at < 6:
-            items = queue.receive("orders", 1000, 0.2)
-            got += [m.message_id for m in items]
-            queue.acknowledge(items)
-        os.kill(procs[0].pid, signal.SIGCONT)
-        deadline = time.monotonic() + 30
-        while len(got) < total and time.monotonic() < deadline:
-            items = queue.receive("orders", 1000, 0.2)
-            got += [m.message_id for m in items]
-            queue.acknowledge(items)
+        # The freeze ends on a timer: a consumer (or anyone) may be waiting for the lock meanwhile.
+        thaw = threading.Timer(6, os.kill, (procs[0].pid, signal.SIGCONT))
+        thaw.start()
+        consume(6)
+        thaw.join()
+        consume(40)
     finally:
         for proc in procs:
             os.kill(proc.pid, signal.SIGCONT)
