@@ -127,21 +127,9 @@ class Database:
 
             return psycopg.connect(PgOptions.from_url(self.url).conninfo)
         if self.dialect == "mysql":
-            import pymysql
+            from duetime.backends.mysql.store import MysqlOptions, mysql_connect
 
-            from duetime.backends.mysql.store import MysqlOptions
-
-            o = MysqlOptions.from_url(self.url)
-            return pymysql.connect(
-                host=o.host,
-                port=o.port,
-                user=o.user,
-                password=o.password,
-                database=o.database,
-                autocommit=False,
-                connect_timeout=int(o.connect_timeout),
-                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-            )
+            return mysql_connect(MysqlOptions.from_url(self.url), autocommit=False)
         from duetime.backends.sqlite.connection import parse_sqlite_url
 
         path, _ = parse_sqlite_url(self.url)

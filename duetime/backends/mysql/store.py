@@ -110,6 +110,22 @@ def _message(row: Sequence[Any]) -> DelayedMessage:
     )
 
 
+def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.Connection[Any]:
+    """A connection as duetime uses them: utf8mb4, READ COMMITTED (so SKIP LOCKED claims see
+    each other's commits at once)."""
+    return pymysql.connect(
+        host=o.host,
+        port=o.port,
+        user=o.user,
+        password=o.password,
+        database=o.database,
+        charset="utf8mb4",
+        autocommit=autocommit,
+        connect_timeout=int(o.connect_timeout),
+        init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    )
+
+
 class SyncMysqlStore:
     """Blocking MariaDB/MySQL store; one connection behind a lock, re-opened after it breaks."""
 
@@ -129,24 +145,10 @@ class SyncMysqlStore:
         if self._conn is None:
             o = self.options
             try:
-                self._conn = self._connect(o)
+                self._conn = mysql_connect(o, autocommit=True)
             except pymysql.err.OperationalError as error:
                 raise connection_failed(o.display, error.args[-1] if error.args else error) from None
         return self._conn
-
-    @staticmethod
-    def _connect(o: MysqlOptions) -> pymysql.connections.Connection[Any]:
-        return pymysql.connect(
-            host=o.host,
-            port=o.port,
-            user=o.user,
-            password=o.password,
-            database=o.database,
-            charset="utf8mb4",
-            autocommit=True,
-            connect_timeout=o.connect_timeout,
-            init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-        )
 
     def _run(self, work: Callable[[Any], Any], transaction: bool = False) -> Any:
         """Run ``work(cursor)``; a broken connection is dropped (the next call reconnects) and
