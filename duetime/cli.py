@@ -28,7 +28,7 @@ from duetime.errors import ConfigurationError, DuetimeError, DuplicateMessageId,
 from duetime.frontdoor import FrontDoor
 from duetime.interfaces import DelayedMessageStore, ReceivingTransport, TransactionalStore, Transport
 from duetime.logs import LogFormat, configure
-from duetime.message import DelayedMessage
+from duetime.message import DelayedMessage, check_due_time
 from duetime.registry import open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 from duetime.terminal import console, err, fail, guarded, run_async, say
@@ -107,7 +107,7 @@ def _due(in_: str | None, at: str | None) -> dict[str, Any]:
         raise typer.BadParameter("give exactly one of --in (e.g. 10m) or --at (ISO 8601 time)")
     if in_ is not None:
         return {"delay": parse_duration(in_)}
-    due = parse_time(at or "")
+    due = check_due_time(parse_time(at or ""), "--at")  # refused first, warned about after
     if due <= SystemClock().now():
         say(
             "warning:",

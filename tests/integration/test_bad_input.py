@@ -103,6 +103,8 @@ def assert_clean(result: Any) -> None:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"{type(result.exception).__name__}: {result.exception}") from result.exception
     assert result.exit_code in (0, 1, 2), result.output
+    if result.exit_code == 1:  # duetime's own errors: one line (2 is click's usage block)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
