@@ -1,4 +1,4 @@
-"""Circuit breakers: the seed's repeated-failures-over-time and failure-rate breakers.
+"""Circuit breakers: NServiceBus's repeated-failures-over-time and failure-rate breakers.
 
 A breaker never raises by itself; when it trips it calls its ``trigger`` with a
 :class:`~duetime.errors.CriticalError`, and the dispatcher makes sure that call happens and stops.

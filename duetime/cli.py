@@ -225,7 +225,10 @@ def run(
         str | None, typer.Option(help="Where failed messages go (default 'error').")
     ] = None,
     front_door: Annotated[
-        bool, typer.Option(help="Also store what arrives on the <endpoint>.timeouts queue (seed 002).")
+        bool,
+        typer.Option(
+            help="Also store what arrives on the <endpoint>.timeouts queue (the timeout manager queue NServiceBus senders use)."
+        ),
     ] = True,
     auto_setup: Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")] = True,
     delivery_log: Annotated[

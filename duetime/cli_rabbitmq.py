@@ -1,4 +1,4 @@
-"""``duetime rabbitmq …``: the native delay topology (seed 003) on the command line."""
+"""``duetime rabbitmq …``: the native delay topology on the command line."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def retire_store(
         bool, typer.Option(help="Also delete the empty <endpoint>.timeouts queue.")
     ] = True,
 ) -> None:
-    """Switch an endpoint's store off (seed 003's "disabling the timeout manager"): refused while
+    """Switch an endpoint's store off (what NServiceBus calls "disabling the timeout manager"): refused while
     it or its front-door queue still holds delayed messages."""
     from duetime.frontdoor import front_door_queue
     from duetime.registry import open_store

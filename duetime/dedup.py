@@ -7,7 +7,7 @@ At-least-once means a message may arrive twice (same ``message_id``) after a cra
   side effects are not in a database of their own.
 - :class:`PostgresDeduplicator`: an ``INSERT … ON CONFLICT DO NOTHING`` *in the receiver's own
   transaction*, so "seen" commits together with the work it guards: if the work rolls back, so
-  does the mark, and the redelivery is handled. This is the exactly-once receiver (the seed's
+  does the mark, and the redelivery is handled. This is the exactly-once receiver (NServiceBus's
   "outbox or custom de-duplication mechanism").
 """
 

@@ -1,9 +1,9 @@
-"""One scheduling call, two paths: RabbitMQ native delays or a duetime store (seed 003's
+"""One scheduling call, two paths: RabbitMQ native delays or a duetime store (NServiceBus.RabbitMQ's
 "backwards compatibility"). Both deliver to the same destinations.
 
 The broker cannot list, cancel or reschedule what it holds; the store can. So the usual rule is:
 short delays natively, long ones (or ones you may want to cancel) in the store. When the store has
-nothing left for the endpoint it can be retired (seed 003's "disabling the timeout manager") and
+nothing left for the endpoint it can be retired (what NServiceBus calls "disabling the timeout manager") and
 everything goes natively.
 """
 

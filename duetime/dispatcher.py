@@ -1,8 +1,8 @@
 """The dispatcher: claim due messages in batches, forward them, remove them, sleep until the next.
 
-This is the seed's poller (``FetchNextDueTimeout`` / ``Next`` / ``Remove`` /
+This is NServiceBus's delayed-delivery poller (``FetchNextDueTimeout`` / ``Next`` / ``Remove`` /
 ``IncrementFailureCount``) done in batches, woken early by stores, with every sleep capped, with the
-seed's circuit breakers, and with a critical error that always reaches its callback.
+same circuit breakers, and with a critical error that always reaches its callback.
 """
 
 from __future__ import annotations
@@ -443,7 +443,7 @@ class Dispatcher:
                     self._deadline(self.store_breaker),
                     "counting a failure",
                 )
-            except Exception as recovery_error:  # the seed's recovery breaker counts exactly these
+            except Exception as recovery_error:  # the recovery breaker counts exactly these
                 self.recovery_breaker.failure(recovery_error)
                 continue
             if not counted:

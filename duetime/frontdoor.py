@@ -1,10 +1,10 @@
-"""The front door (seed 002's timeout manager): delayed messages arrive on ``<endpoint>.timeouts``.
+"""The front door (NServiceBus's timeout manager): delayed messages arrive on ``<endpoint>.timeouts``.
 
 Each carries its destination and due time in headers. It is stored, and acknowledged only after the
 store committed, so nothing is lost; a redelivered message whose id is already stored is just
 acknowledged. Malformed ones go to the error queue with the reason. If storing (or receiving) keeps
 failing for ``time_to_wait_before_triggering_critical_error_on_timeout_outages`` (2 minutes), the
-outage breaker raises seed 002's critical error.
+outage breaker raises the timeout manager's critical error.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ NSB_EXPIRE = "NServiceBus.Timeout.Expire"
 NSB_ROUTE_TO = "NServiceBus.Timeout.RouteExpiredTimeoutTo"
 #: Headers that only carried routing to the front door; the destination does not get them.
 ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER, NSB_EXPIRE, NSB_ROUTE_TO)
-#: Seed 002's words, so operators' alerts written for the timeout manager keep matching.
+#: The timeout manager's words, so operators' alerts written for the timeout manager keep matching.
 OUTAGE_MESSAGE = "Repeated failures when fetching timeouts from storage, endpoint will be terminated."
 _NSB_WIRE = re.compile(r"^(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}):(\d{1,6}) Z$")
 

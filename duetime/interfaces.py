@@ -1,7 +1,7 @@
 """The contracts between duetime's three roles: store, transport, dispatcher.
 
 They are Protocols, so a custom store or transport needs no base class: implement the methods and
-pass the object in (the seed's "custom delayed message store").
+pass the object in (NServiceBus's "custom delayed message store").
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class MoveOutcome:
 
 @runtime_checkable
 class DelayedMessageStore(Protocol):
-    """The seed's ``IDelayedMessageStore`` (with infrastructure), batched and async."""
+    """NServiceBus's ``IDelayedMessageStore`` (with infrastructure), batched and async."""
 
     async def setup_infrastructure(self, endpoint: str) -> None:
         """Create what ``endpoint`` needs; idempotent and safe from several processes at once."""

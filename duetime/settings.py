@@ -1,4 +1,4 @@
-"""Delayed-delivery settings, with the seed's names and defaults."""
+"""Delayed-delivery settings, with NServiceBus's names and defaults."""
 
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ class TransactionMode(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class DelayedDeliverySettings:
-    """How the dispatcher behaves. Defaults are the seed's (NServiceBus ``DelayedDeliverySettings``)."""
+    """How the dispatcher behaves. Defaults are NServiceBus's (its ``DelayedDeliverySettings``)."""
 
     number_of_retries: int = 0
     time_to_trigger_store_circuit_breaker: timedelta = timedelta(seconds=30)
     time_to_trigger_fetch_circuit_breaker: timedelta = timedelta(seconds=30)
     time_to_trigger_dispatch_circuit_breaker: timedelta = timedelta(seconds=30)
-    #: Seed 002's timeout manager: how long the front door may fail to get delayed messages into
+    #: As NServiceBus's timeout manager has it: how long the front door may fail to get delayed messages into
     #: storage before the critical error. Longer than the store breaker's, because the messages
     #: wait safely on their queue meanwhile; nothing is lost by waiting.
     time_to_wait_before_triggering_critical_error_on_timeout_outages: timedelta = timedelta(minutes=2)

@@ -58,7 +58,7 @@ class Database:
         if layout not in ("duetime", "timeoutdata", "msmq"):
             raise ConfigurationError(
                 f"Unknown layout {layout!r} in {redact(url)}; use layout=duetime (a duetime store), "
-                "layout=timeoutdata (NServiceBus SQL persistence) or layout=msmq (seed 004's store)."
+                "layout=timeoutdata (NServiceBus SQL persistence) or layout=msmq (the NServiceBus MSMQ transport's delayed store)."
             )
         table = ours.get("table")
         schema = ours.get("schema")

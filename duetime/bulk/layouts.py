@@ -1,4 +1,4 @@
-"""Table layouts the bulk jobs read and write: duetime's own, NServiceBus ``TimeoutData``, seed 004.
+"""Table layouts the bulk jobs read and write: duetime's own, NServiceBus ``TimeoutData``, the MSMQ transport's delayed store.
 
 A layout knows its columns, turns a row into a :class:`Record` and back (so ``abort`` can put a
 row back as it was), and finds the tables of each endpoint.
@@ -215,7 +215,7 @@ class TimeoutDataLayout(Layout):
 
 
 class MsmqLayout(Layout):
-    """Seed 004's delayed-message store: Id, Destination, State, Time, Headers, RetryCount.
+    """The NServiceBus MSMQ transport's delayed-message store: Id, Destination, State, Time, Headers, RetryCount.
     ``Headers`` may be JSON text or its UTF-8 bytes."""
 
     name = "msmq"

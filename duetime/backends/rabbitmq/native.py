@@ -1,4 +1,4 @@
-"""RabbitMQ native delays (seed 003): the broker itself holds a message for up to 268,435,455 s.
+"""RabbitMQ native delays (as NServiceBus.RabbitMQ does them): the broker itself holds a message for up to 268,435,455 s.
 
 28 levels, each a topic exchange and a queue whose messages expire after 2^level seconds. The
 delay in whole seconds, written in binary (most significant bit first), is the first 28 words of

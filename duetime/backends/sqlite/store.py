@@ -91,7 +91,7 @@ class SyncSqliteStore:
         )
 
     def table_for(self, endpoint: str) -> str:
-        """``<endpoint>.delayed`` unless a table name was given (the seed's default naming)."""
+        """``<endpoint>.delayed`` unless a table name was given (NServiceBus's default naming)."""
         return self._table_override or f"{check_name('endpoint', endpoint)}.delayed"
 
     def _queries(self, table: str) -> dict[str, str]:
