@@ -9,9 +9,10 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
 fi
 stamp=".venv/.installed-${extras:-base}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   target="."
   [ -n "$extras" ] && target=".[$extras]"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$target"
+  # constraints.txt pins every version the suite last passed with (tools and drivers alike)
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e "$target"
   touch "$stamp"
 fi
