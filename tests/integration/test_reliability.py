@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -66,6 +66,18 @@ def rabbit() -> Iterator[TcpProxy]:
     require(RABBITMQ)
     with proxy_for(RABBITMQ) as proxy:
         yield proxy
+
+
+@pytest.fixture
+async def broker_queue() -> AsyncIterator[tuple[RabbitMqTransport, str]]:
+    """A queue of this test's own on the real broker (reached directly, not through the proxy)."""
+    require(RABBITMQ)
+    queue = f"rel.{uuid.uuid4().hex[:8]}"
+    direct = RabbitMqTransport.from_url(RABBITMQ)
+    await direct.declare(queue)
+    yield direct, queue
+    await direct.delete(queue)
+    await direct.close()
 
 
 async def drain(direct: RabbitMqTransport, queue: str, want: int, seconds: float) -> list[str]:
@@ -131,11 +143,9 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 async def test_a_long_broker_outage_ends_in_exit_3_after_the_breaker_time(
-    tmp_path: Path, rabbit: TcpProxy
+    tmp_path: Path, rabbit: TcpProxy, broker_queue: tuple[RabbitMqTransport, str]
 ) -> None:
-    queue = f"rel.{uuid.uuid4().hex[:8]}"
-    direct = RabbitMqTransport.from_url(RABBITMQ)
-    await direct.declare(queue)
+    direct, queue = broker_queue
     db = tmp_path / "s.db"
     sync = sqlite_store(db, "long")
     sync.store_many([DelayedMessage(f"l{i}", queue, datetime.now(UTC)) for i in range(50)])
@@ -161,16 +171,12 @@ async def test_a_long_broker_outage_ends_in_exit_3_after_the_breaker_time(
     _, stderr = await asyncio.to_thread(burst.communicate, timeout=60)
     assert burst.returncode == 0, stderr
     assert len(set(await drain(direct, queue, 50, 20))) == 50
-    await direct.delete(queue)
-    await direct.close()
 
 
 async def test_a_dispatcher_started_while_the_broker_is_down_waits_for_it(
-    tmp_path: Path, rabbit: TcpProxy
+    tmp_path: Path, rabbit: TcpProxy, broker_queue: tuple[RabbitMqTransport, str]
 ) -> None:
-    queue = f"rel.{uuid.uuid4().hex[:8]}"
-    direct = RabbitMqTransport.from_url(RABBITMQ)
-    await direct.declare(queue)
+    direct, queue = broker_queue
     db = tmp_path / "s.db"
     sqlite_store(db, "late").store_many(
         [DelayedMessage(f"w{i}", queue, datetime.now(UTC)) for i in range(20)]
@@ -191,14 +197,12 @@ async def test_a_dispatcher_started_while_the_broker_is_down_waits_for_it(
     assert "Traceback" not in stderr
     unreachable = [line for line in stderr.splitlines() if "transport unreachable" in line]
     assert unreachable and all("cannot connect to" in line for line in unreachable[:1])
-    await direct.delete(queue)
-    await direct.close()
 
 
-async def test_a_partitioned_broker_trips_the_dispatch_breaker(tmp_path: Path, rabbit: TcpProxy) -> None:
-    queue = f"rel.{uuid.uuid4().hex[:8]}"
-    direct = RabbitMqTransport.from_url(RABBITMQ)
-    await direct.declare(queue)
+async def test_a_partitioned_broker_trips_the_dispatch_breaker(
+    tmp_path: Path, rabbit: TcpProxy, broker_queue: tuple[RabbitMqTransport, str]
+) -> None:
+    _, queue = broker_queue
     sync = sqlite_store(tmp_path / "s.db", "part")
     transport = RabbitMqTransport.from_url(rabbit.url(RABBITMQ))
     criticals: list[CriticalError] = []
@@ -218,8 +222,6 @@ async def test_a_partitioned_broker_trips_the_dispatch_breaker(tmp_path: Path, r
     assert sync.counts(datetime.now(UTC)).total == 30
     rabbit.restore()
     await transport.close()
-    await direct.delete(queue)
-    await direct.close()
 
 
 async def test_a_partitioned_database_trips_the_fetch_breaker() -> None:
