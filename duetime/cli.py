@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -27,11 +26,12 @@ from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
 from duetime.errors import ConfigurationError, DuetimeError, DuplicateMessageId, one_line
 from duetime.frontdoor import FrontDoor
 from duetime.interfaces import DelayedMessageStore, ReceivingTransport, TransactionalStore, Transport
-from duetime.logs import LogFormat, configure
+from duetime.logs import LogFormat, configure, quiet_drivers
 from duetime.message import DelayedMessage, check_due_time
 from duetime.registry import open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
-from duetime.terminal import console, err, fail, guarded, run_async, say
+from duetime.terminal import console, err, fail, guarded, say
+from duetime.terminal import run_async as _run
 from duetime.urls import redact
 
 T = TypeVar("T")
@@ -89,11 +89,6 @@ def _transport_url(store: str, transport: str | None) -> str:
     raise ConfigurationError(
         "Give --transport (or DUETIME_TRANSPORT): only SQLite and PostgreSQL stores have a default."
     )
-
-
-def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run async CLI work; duetime's own errors become one red line and exit code 1 (3 if critical)."""
-    return run_async(coro_fn)
 
 
 async def _open(store_url: str, endpoint: str) -> DelayedMessageStore:
@@ -805,10 +800,7 @@ def demo(
 
 
 def main() -> None:
-    if not os.environ.get("DUETIME_DEBUG"):
-        # Drivers log failed connection attempts with tracebacks; the error line says it once.
-        for noisy in ("aiormq", "aio_pika", "psycopg.pool", "nats"):
-            logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
     try:
         app()
     except DuetimeError as error:  # bad input found before any async work started

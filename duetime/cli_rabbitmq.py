@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -11,7 +10,8 @@ from rich.table import Table
 
 from duetime.durations import parse_duration
 from duetime.errors import DuetimeError
-from duetime.terminal import console, err, run_async, say
+from duetime.terminal import console, err, say
+from duetime.terminal import run_async as _run
 
 T = TypeVar("T")
 rabbitmq_app = typer.Typer(
@@ -42,10 +42,6 @@ NamesOpt = Annotated[
 QueueTypeOpt = Annotated[
     str, typer.Option("--queue-type", help="quorum (default; classic on RabbitMQ < 3.10) or classic.")
 ]
-
-
-def _run(work: Callable[[], Awaitable[T]]) -> T:
-    return run_async(work)
 
 
 async def _native(url: str, names: str, queue_type: str = "quorum") -> Any:

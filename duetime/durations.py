@@ -22,9 +22,11 @@ def parse_duration(text: str) -> timedelta:
             f"A delay must not be negative, got {text!r}; a message cannot be due in the past."
         )
     try:
-        return _span(text, float(raw))
+        plain: float | None = float(raw)
     except ValueError:
-        pass
+        plain = None
+    if plain is not None:
+        return _span(text, plain)
     pos, seconds = 0, 0.0
     for match in _PART.finditer(raw):
         if match.start() != pos:
@@ -41,7 +43,9 @@ def parse_duration(text: str) -> timedelta:
 def _span(text: str, seconds: float) -> timedelta:
     """Seconds as a timedelta, or a clear error for inf, nan and spans past year 9998."""
     if math.isnan(seconds):
-        raise ValueError("not a number")
+        raise InvalidMessage(
+            f"Cannot read the duration {text!r}; write e.g. 90, 1.5s, 250ms, 10m, 1h30m or 2d."
+        )
     if math.isinf(seconds) or seconds > LONGEST.total_seconds():
         raise InvalidMessage(f"The duration {text!r} is too long; due times end in year 9998.")
     return timedelta(seconds=seconds)

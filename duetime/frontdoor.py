@@ -190,7 +190,8 @@ class FrontDoor:
             await self.dispatcher._pause()
         if bad or refused:
             await self._reject(bad + refused)
-        stored = [r for r, _ in good if all(r is not x for x, _ in refused)]
+        refused_ids = {id(item) for item, _ in refused}
+        stored = [r for r, _ in good if id(r) not in refused_ids]
         if stored:
             self.stored += len(stored)
             try:
@@ -281,7 +282,7 @@ def _own_fault(error: Exception) -> bool:
     Only such refusals send an envelope to the error queue; anything else is an outage, and the
     envelope waits on its queue (a full disk must not empty the front door into the error queue).
     """
-    if isinstance(error, InvalidMessage | ValueError | TypeError | OverflowError | UnicodeError):
+    if isinstance(error, ValueError | TypeError | OverflowError):  # InvalidMessage is a ValueError
         return True
     sqlstate = getattr(error, "sqlstate", None)  # PostgreSQL: class 22 is "data exception"
     return isinstance(sqlstate, str) and sqlstate.startswith("22")

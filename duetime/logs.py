@@ -50,6 +50,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+#: Drivers that log every failed connection attempt with a traceback; duetime says it once.
+DRIVER_LOGGERS = ("aiormq", "aio_pika", "psycopg.pool", "nats")
+
+
+def quiet_drivers(verbose: bool = False) -> None:
+    """Only the drivers' critical records, unless debugging (``-v`` or ``DUETIME_DEBUG``)."""
+    for name in DRIVER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+
+
 def configure(level: int, fmt: LogFormat = LogFormat.TEXT) -> None:
     """Send duetime's records (and its drivers' warnings) to stderr, one line each."""
     handler = logging.StreamHandler(sys.stderr)
@@ -60,6 +70,4 @@ def configure(level: int, fmt: LogFormat = LogFormat.TEXT) -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("duetime").setLevel(level)
-    # Drivers log every reconnect attempt with a traceback; the dispatcher already says it once.
-    for noisy in ("aiormq", "aio_pika", "psycopg.pool", "nats"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL if level > logging.DEBUG else logging.DEBUG)
+    quiet_drivers(verbose=level <= logging.DEBUG)

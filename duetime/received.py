@@ -41,12 +41,12 @@ def read_headers(raw: Any) -> tuple[dict[str, str], str | None]:
     headers: dict[str, str] = {}
     problem = None
     for key, item in value.items():
-        headers[str(key)] = as_text(item)
-        if not isinstance(item, str) and problem is None:
-            problem = f"header {str(key)[:50]!r} is {type(item).__name__}, not text"
-        elif not _encodable(str(key) + headers[str(key)]) and problem is None:
-            problem = f"header {str(key)[:50]!r} is not valid UTF-8 text"
-            headers[str(key)] = headers[str(key)].encode("utf-8", "replace").decode()
+        name, text = _valid_text(str(key)), _valid_text(as_text(item))
+        headers[name] = text
+        if problem is None and not isinstance(item, str):
+            problem = f"header {name[:50]!r} is {type(item).__name__}, not text"
+        elif problem is None and (name, text) != (key, item):
+            problem = f"header {name[:50]!r} is not valid UTF-8 text"
     return headers, problem
 
 
@@ -72,9 +72,6 @@ def received(
     )
 
 
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def _valid_text(text: str) -> str:
+    """``text`` with anything UTF-8 cannot carry (lone surrogates) replaced by ``?``."""
+    return text.encode("utf-8", "replace").decode()

@@ -8,11 +8,17 @@ from datetime import timedelta
 
 import pytest
 
-from duetime import CriticalError, DelayedDeliverySettings, Dispatcher, UnsupportedTransactionMode
+from duetime import (
+    CriticalError,
+    DelayedDeliverySettings,
+    DelayedMessage,
+    Dispatcher,
+    UnsupportedTransactionMode,
+)
 from duetime import errorqueue as eq
 from duetime.backends.memory import MemoryStore, MemoryTransport
 from duetime.testing import settle
-from tests.unit.helpers import Rig
+from tests.unit.helpers import FailingStore, Rig
 
 
 async def test_burst_forwards_what_is_due_and_nothing_early() -> None:
@@ -407,3 +413,55 @@ async def test_a_failing_delivery_log_costs_a_warning_never_a_message() -> None:
     await rig.dispatcher.run_burst()
     assert rig.delivered() == ["m1"] and broken.calls == 1
     assert await rig.store.get("m1") is None  # removed before the log was tried
+
+
+async def test_a_transport_down_is_one_outage_nothing_counted_nothing_dead_lettered() -> None:
+    """Default settings (no retries): a send_batch that raises as a whole leaves the messages in
+    the store untouched, fills no error queue, and trips only after the dispatch breaker's time."""
+    rig = await Rig().setup("orders", "error")
+    rig.transport.down = ConnectionError("broker unreachable")
+    await rig.store.store_many([rig.message(1, 0), rig.message(2, 0)])
+    await rig.start()
+    await rig.tick(1, steps=29)
+    assert rig.criticals == [] and rig.dispatcher.dispatch_breaker.armed
+    assert rig.queues.messages("error") == [] and rig.dispatcher.stats.dead_lettered == 0
+    assert [(await rig.store.get(f"m{i}")).failure_count for i in (1, 2)] == [0, 0]  # type: ignore[union-attr]
+    assert rig.dispatcher.stats.outages > 1
+    await rig.tick(1, steps=3)
+    assert len(rig.criticals) == 1 and "dispatch delayed messages" in str(rig.criticals[0])
+    with pytest.raises(CriticalError):
+        await rig.task  # type: ignore[misc]
+    assert rig.queues.messages("error") == []
+
+
+async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue() -> None:
+    """A store refusing one message for what it holds costs that message, not the batch, and is
+    not an outage; the rest is stored and acknowledged."""
+    from duetime.frontdoor import FrontDoor, envelope_headers
+
+    class PickyStore(FailingStore):
+        async def store_many(self, messages: Sequence[DelayedMessage]) -> int:
+            if any(m.message_id == "m2" for m in messages):
+                raise ValueError("the store cannot hold this value")
+            return await super().store_many(messages)
+
+    rig = await Rig().setup("orders", "error")
+    rig.store = PickyStore()
+    await rig.store.setup_infrastructure("unit")
+    rig.dispatcher.store = rig.store
+    await rig.dispatcher.start()
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    await door.start()
+    envelopes = [
+        rig.message(i, 60).with_changes(
+            destination="unit.timeouts", headers=envelope_headers("orders", rig.clock.now())
+        )
+        for i in (1, 2, 3)
+    ]
+    await rig.queues.send_batch(envelopes)
+    assert await door.process_once() == 3
+    assert [await rig.store.get(f"m{i}") is not None for i in (1, 2, 3)] == [True, False, True]
+    [dead] = rig.queues.messages("error")
+    assert dead.message_id == "m2" and "cannot hold this value" in dead.headers["duetime-error-message"]
+    assert rig.queues.messages("unit.timeouts") == [] and not rig.queues._in_flight  # all acknowledged
+    assert not door.outage_breaker.armed and door.stored == 2 and door.rejected == 1

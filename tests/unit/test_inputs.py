@@ -248,3 +248,20 @@ def test_mysql_store_before_initialize_says_so_without_connecting() -> None:
     store = SyncMysqlStore.from_url("mysql://nobody@127.0.0.1:1/db")
     with pytest.raises(StoreNotReady, match="initialize"):
         store.remove_many(["a"])
+
+
+def test_queue_rows_are_read_without_raising_and_name_their_problem() -> None:
+    from duetime.received import read_headers, received
+
+    headers, problem = read_headers({"n": 5, "bad\ud800": "x\udcff", "ok": "fine"})
+    assert headers == {"n": "5", "bad?": "x?", "ok": "fine"}  # every value text, every text valid
+    assert problem == "header 'n' is int, not text"  # the first problem is named
+    assert read_headers({"bad\ud800": "x"})[1] == "header 'bad?' is not valid UTF-8 text"
+    assert read_headers("not json") == (
+        {"duetime-unreadable-headers": "not json"},
+        "the headers are not JSON",
+    )
+    assert read_headers("[1]")[1] == "the headers are not a JSON object"
+    item = received("q", None, '{"a": "b"}', "text body", "r", 1)
+    assert (item.message_id, item.body, item.problem) == ("", b"text body", "the message has no id")
+    assert received("q", b"id", b'{"a": "b"}', memoryview(b"x"), "r", 2).problem is None

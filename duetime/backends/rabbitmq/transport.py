@@ -24,7 +24,6 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 from aio_pika.exceptions import DeliveryError
 from aiormq.exceptions import (
-    AMQPConnectionError,
     AMQPError,
     ChannelInvalidStateError,
     ChannelNotFoundEntity,
@@ -33,15 +32,22 @@ from aiormq.exceptions import (
 )
 
 from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
-from duetime.errors import ConfigurationError, DestinationNotFound, TransportError, TransportUnavailable
+from duetime.errors import (
+    ConfigurationError,
+    DestinationNotFound,
+    TransportError,
+    TransportUnavailable,
+    one_line,
+)
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
 from duetime.urls import number_option, redact
 
 QUEUE_TYPES = {"classic", "quorum"}
-#: Failures that mean the connection, not the message, is the problem.
-LINK_ERRORS = (AMQPConnectionError, ChannelInvalidStateError, ConnectionError, OSError, TimeoutError)
+#: Failures that mean the connection, not the message, is the problem (aiormq's connection
+#: errors, ConnectionError and TimeoutError are all OSErrors).
+LINK_ERRORS = (ChannelInvalidStateError, OSError)
 
 
 def _text(value: Any) -> str:
@@ -100,14 +106,14 @@ class RabbitMqTransport:
             except (ProbableAuthenticationError, ConnectionNotAllowed) as error:
                 raise ConfigurationError(
                     f"cannot connect to {self.display}: the broker refused the connection "
-                    f"({_reason(error)}); check the user, password and vhost."
+                    f"({one_line(error)}); check the user, password and vhost."
                 ) from None
-            except (TimeoutError, *LINK_ERRORS) as error:
-                raise TransportUnavailable(f"cannot connect to {self.display}: {_reason(error)}") from None
+            except LINK_ERRORS as error:
+                raise TransportUnavailable(f"cannot connect to {self.display}: {one_line(error)}") from None
             except AMQPError as error:  # e.g. the broker closing the handshake for a missing vhost
                 raise ConfigurationError(
                     f"cannot connect to {self.display}: the broker closed the connection while opening it "
-                    f"({_reason(error)}); check that the vhost exists and the user may use it."
+                    f"({one_line(error)}); check that the vhost exists and the user may use it."
                 ) from None
             try:
                 self._channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -177,7 +183,7 @@ class RabbitMqTransport:
                 )
             elif isinstance(outcome, LINK_ERRORS):
                 lost = True
-                results.append(TransportUnavailable(f"{self.display}: {_reason(outcome)}"))
+                results.append(TransportUnavailable(f"{self.display}: {one_line(outcome)}"))
             elif isinstance(outcome, Exception):
                 results.append(TransportError(f"publishing to {m.destination!r} failed: {outcome!r}"))
             else:
@@ -250,18 +256,12 @@ class RabbitMqTransport:
                     await incoming.ack()
                 except LINK_ERRORS as error:  # the broker hands the message out again
                     await self._drop()
-                    raise TransportUnavailable(f"{self.display}: {_reason(error)}") from None
+                    raise TransportUnavailable(f"{self.display}: {one_line(error)}") from None
                 done += 1
         return done
 
     async def close(self) -> None:
         await self._drop()
-
-
-def _reason(error: BaseException) -> str:
-    """A connection failure in a few words (aiormq's texts can span many lines)."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
 def _with_heartbeat(url: str) -> str:
