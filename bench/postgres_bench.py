@@ -186,12 +186,29 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--pending", type=int, default=None, help="backlog size for the flatness checks")
+    parser.add_argument(
+        "--only",
+        default="scheduling,dispatch,flatness",
+        help="comma-separated sections to run (scheduling, dispatch, flatness); default all",
+    )
     args = parser.parse_args()
+    sections = set(args.only.split(","))
     pending = args.pending or (200_000 if args.quick else 10_000_000)
     n_single, n_copy, n_dispatch = (1_000, 50_000, 20_000) if args.quick else (3_000, 300_000, 100_000)
     past = datetime.now(UTC) - timedelta(hours=1)
     print(f"PostgreSQL bench against {BASE} (schema {SCHEMA})\n")
 
+    if "scheduling" in sections:
+        scheduling(n_single, n_copy, past)
+    if "dispatch" in sections:
+        dispatching(n_dispatch, past)
+    if "flatness" in sections:
+        flatness(pending, past)
+    with psycopg.connect(BASE, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+
+
+def scheduling(n_single: int, n_copy: int, past: datetime) -> None:
     print("scheduling")
     reset()
     raw = n_single / timed(lambda: raw_single(messages(n_single, past, prefix="r")))
@@ -214,6 +231,8 @@ def main() -> None:
     print(f"  raw COPY (50,000 a chunk)    {raw_c:10,.0f} msg/s")
     print(f"  duetime store_many (COPY)    {ours_c:10,.0f} msg/s   ratio {ours_c / raw_c:.2f}\n")
 
+
+def dispatching(n_dispatch: int, past: datetime) -> None:
     print(f"dispatch into the PostgreSQL queue ({n_dispatch:,} due, batches of 100, best of 2)")
     due = messages(n_dispatch, past, prefix="d")
 
@@ -232,6 +251,8 @@ def main() -> None:
         print(f"  duetime {mode.value:<28} {rate:10,.0f} msg/s   ratio {rate / raw_d:.2f}")
     print()
 
+
+def flatness(pending: int, past: datetime) -> None:
     print(f"claim latency and dispatcher memory: 10,000 vs {pending:,} pending rows (100 due at the head)")
     results = {}
     for size in (10_000, pending):
@@ -250,8 +271,6 @@ def main() -> None:
         f"  ratio large/small: claim p50 {statistics.median(large[0]) / statistics.median(small[0]):.2f}, "
         f"memory {large[1] / small[1]:.2f}"
     )
-    with psycopg.connect(BASE, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
 
 
 if __name__ == "__main__":

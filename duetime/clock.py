@@ -47,3 +47,6 @@ def from_micros(micros: int) -> datetime:
 
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The clock for code that is not handed one (a CLI command, a broker callback); everything that
+#: can be tested with a fake clock takes a ``clock`` argument instead.
+SYSTEM = SystemClock()

@@ -15,43 +15,15 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
+from duetime.interfaces import Delivery, DeliveryLog
 
 log = logging.getLogger("duetime.deliverylog")
 TABLE = "duetime_delivery_log"
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    message_id: str
-    destination: str
-    due_at: datetime
-    dispatched_at: datetime
-    attempts: int
-    #: "delivered" or "dead-lettered"
-    outcome: str
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "message_id": self.message_id,
-            "destination": self.destination,
-            "due_at": self.due_at.isoformat(),
-            "dispatched_at": self.dispatched_at.isoformat(),
-            "lateness_ms": round((self.dispatched_at - self.due_at).total_seconds() * 1000, 3),
-            "attempts": self.attempts,
-            "outcome": self.outcome,
-        }
-
-
-class DeliveryLog(Protocol):
-    async def record(self, entries: Sequence[Delivery]) -> None: ...
-    async def close(self) -> None: ...
 
 
 class JsonLinesDeliveryLog:
@@ -84,7 +56,7 @@ class SqlDeliveryLog:
     """Rows in ``duetime_delivery_log`` (times as µs since 1970), through the Python driver."""
 
     def __init__(self, url: str) -> None:
-        from duetime.bulk.db import Database
+        from duetime.sqldb import Database
 
         self.db = Database.from_url(url)
         self._conn: Any = None

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
-from duetime.clock import SystemClock
+from duetime.clock import SYSTEM, SystemClock
 from duetime.dispatcher import Dispatcher
 from duetime.message import DUE_AT_HEADER, DelayedMessage
 from duetime.settings import DelayedDeliverySettings, TransactionMode
@@ -117,8 +117,8 @@ async def _dispatch(
         store, transport, DelayedDeliverySettings(transaction_mode=mode), endpoint=ENDPOINT
     )
     running = asyncio.create_task(dispatcher.run())
-    give_up = time.monotonic() + (last_due - SystemClock().now()).total_seconds() + 30
-    while len(consumer.arrivals) < count and time.monotonic() < give_up and not running.done():
+    give_up = SYSTEM.monotonic() + (last_due - SYSTEM.now()).total_seconds() + 30
+    while len(consumer.arrivals) < count and SYSTEM.monotonic() < give_up and not running.done():
         progress.update(task, completed=len(consumer.arrivals))  # type: ignore[arg-type]
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)  # anything arriving now would be a duplicate: wait to see it

@@ -17,7 +17,6 @@ from datetime import datetime
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.clock import SystemClock
 from duetime.deadline import within
-from duetime.deliverylog import Delivery, DeliveryLog
 from duetime.errorqueue import error_headers
 from duetime.errors import (
     ConfigurationError,
@@ -28,10 +27,20 @@ from duetime.errors import (
     UnsupportedTransactionMode,
     one_line,
 )
-from duetime.interfaces import Clock, DelayedMessageStore, TransactionalStore, Transport
+from duetime.interfaces import (
+    ClaimPolicy,
+    Clock,
+    DelayedMessageStore,
+    Delivery,
+    DeliveryLog,
+    StoreCounts,
+    TransactionalStore,
+    Transport,
+)
 from duetime.message import DelayedMessage
 from duetime.names import check_name
 from duetime.settings import DelayedDeliverySettings, TransactionMode
+from duetime.summary import LatenessHistogram, Tally, summary_fields, summary_line
 
 log = logging.getLogger("duetime.dispatcher")
 
@@ -89,9 +98,13 @@ class Dispatcher:
         #: The next batch, claimed while the current one is being sent (at-least-once only).
         self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
         #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
-        self._claim_ahead = bool(getattr(store, "parallel_claims", True))
+        self._claim_ahead = store.parallel_claims if isinstance(store, ClaimPolicy) else True
         #: Consecutive rounds the transport could not be reached: the reconnect back-off doubles.
         self._unreachable = 0
+        #: For the periodic summary line: lateness since the last one, and where the counts stood.
+        self._lateness = LatenessHistogram()
+        self._summary_at = 0.0
+        self._summary_base = Tally()
         s = self.settings
         mono = self.clock.monotonic
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -238,8 +251,10 @@ class Dispatcher:
         """Serve until stopped. Raises :class:`CriticalError` if a circuit breaker tripped."""
         try:
             await self.start()
+            self._summary_at = self.clock.monotonic()
             while not self._stopping:
                 found = await self.dispatch_once()
+                await self._maybe_summarize()
                 if not found and not self._stopping:
                     await self._sleep_until_next_due()
         finally:
@@ -329,8 +344,10 @@ class Dispatcher:
         self.fetch_breaker.success()
         self.stats.forwarded += len(outcome.moved)
         self.stats.dead_lettered += len(outcome.dead_lettered)
+        moved_at = self.clock.now()
+        self._lateness.add((moved_at - m.due_at).total_seconds() for m in outcome.moved)
         if self.delivery_log is not None:
-            done_at = self.clock.now()
+            done_at = moved_at
             moved = [
                 (DelayedMessage.from_store(m.message_id, m.destination, m.due_at, b"", {}, 0), 1)
                 for m in outcome.moved
@@ -375,6 +392,9 @@ class Dispatcher:
         ]
         if delivered:
             self.stats.forwarded += len(delivered)
+            self._lateness.add(
+                (sent_at - m.due_at).total_seconds() for m, r in zip(batch, results, strict=True) if r is None
+            )
             await self._remove(delivered)
             if self.delivery_log is not None:  # after the removal: the log never delays it
                 done = [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None]
@@ -517,6 +537,41 @@ class Dispatcher:
         except Exception as error:  # the log is for reports; deliveries never wait on it
             log.warning("writing %d entries to the delivery log failed: %s", len(entries), error)
 
+    def _tally(self) -> Tally:
+        s = self.stats
+        return Tally(s.forwarded, s.dead_lettered, s.retries, s.outages)
+
+    def _summary_due_in(self) -> float | None:
+        """Seconds until a summary is owed (something happened since the last), else None: an
+        idle dispatcher wakes for it rather than leaving the last minute's work unreported."""
+        interval = self.settings.summary_interval.total_seconds()
+        if interval <= 0 or not self._tally().minus(self._summary_base):
+            return None
+        return max(0.0, self._summary_at + interval - self.clock.monotonic())
+
+    async def _maybe_summarize(self) -> None:
+        """Log the summary line when ``summary_interval`` has passed and something happened."""
+        interval = self.settings.summary_interval.total_seconds()
+        now = self.clock.monotonic()
+        if interval <= 0 or now - self._summary_at < interval:
+            return
+        current = self._tally()
+        done, elapsed = current.minus(self._summary_base), now - self._summary_at
+        lateness, self._lateness = self._lateness, LatenessHistogram()
+        self._summary_at, self._summary_base = now, current
+        if not done:
+            return
+        try:
+            backlog: StoreCounts | None = await within(
+                self.store.counts(self.clock.now()),
+                self._deadline(self.fetch_breaker),
+                "counting the backlog",
+            )
+        except Exception:  # the summary must never hold up or fail delivery
+            backlog = None
+        fields = summary_fields(round(elapsed), done, lateness, backlog)
+        log.info(summary_line(round(elapsed), done, lateness, backlog), extra={"fields": fields})
+
     async def _sleep_until_next_due(self) -> None:
         try:
             next_due = await within(
@@ -530,6 +585,9 @@ class Dispatcher:
             timeout = cap
         else:
             timeout = min(max((next_due - self.clock.now()).total_seconds(), 0.0), cap)
+        owed = self._summary_due_in()
+        if owed is not None:
+            timeout = min(timeout, owed)
         self._target = next_due
         try:
             await self.clock.wait(self._wake, timeout)

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from duetime.message import DelayedMessage
 from duetime.settings import TransactionMode
@@ -177,3 +177,62 @@ class ReceivingTransport(Protocol):
 
     async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]: ...
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
+
+
+@runtime_checkable
+class BrowsableQueue(Transport, Protocol):
+    """A transport whose queues an operator can look into: the queue tables in SQLite and
+    PostgreSQL (the error queue's list and retry commands need it)."""
+
+    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
+        """Up to ``limit`` messages, oldest first, left where they are."""
+
+    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
+        """Receive one particular message (acknowledge it once handled)."""
+
+    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
+    async def depth(self, queue: str) -> int: ...
+
+    async def queues(self) -> dict[str, int]:
+        """Every declared queue and how many messages it holds."""
+
+
+@runtime_checkable
+class ClaimPolicy(Protocol):
+    """A store that says whether a dispatcher may claim its next batch while the last one is
+    still being sent (a store without it is assumed to allow that)."""
+
+    @property
+    def parallel_claims(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message forwarded or dead-lettered, as the delivery log keeps it."""
+
+    message_id: str
+    destination: str
+    due_at: datetime
+    dispatched_at: datetime
+    attempts: int
+    #: "delivered" or "dead-lettered"
+    outcome: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "destination": self.destination,
+            "due_at": self.due_at.isoformat(),
+            "dispatched_at": self.dispatched_at.isoformat(),
+            "lateness_ms": round((self.dispatched_at - self.due_at).total_seconds() * 1000, 3),
+            "attempts": self.attempts,
+            "outcome": self.outcome,
+        }
+
+
+@runtime_checkable
+class DeliveryLog(Protocol):
+    """Where the dispatcher records each delivery, if asked (``duetime run --delivery-log``)."""
+
+    async def record(self, entries: Sequence[Delivery]) -> None: ...
+    async def close(self) -> None: ...

@@ -36,7 +36,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: time, level, logger, message (and the exception, if any)."""
+    """One JSON object per record: time, level, logger, message (and the exception, if any), plus
+    the numbers of a record logged with ``extra={"fields": {...}}`` (the dispatcher's summary)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -47,6 +48,9 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        fields = record.__dict__.get("fields")
+        if isinstance(fields, dict):
+            entry.update({key: value for key, value in fields.items() if key not in entry})
         return json.dumps(entry, ensure_ascii=False)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
+from duetime.clock import SYSTEM
 from duetime.errors import InvalidMessage
 
 MAX_ID_LENGTH = 250
@@ -188,7 +189,7 @@ def resolve_due_time(
         raise InvalidMessage(f"delay must be seconds or a timedelta, got {type(delay).__name__}.")
     if not isinstance(delay, timedelta) and not math.isfinite(delay):
         raise InvalidMessage(f"delay must be a finite number of seconds, got {delay}.")
-    base = datetime.now(UTC) if now is None else check_due_time(now, "now")
+    base = SYSTEM.now() if now is None else check_due_time(now, "now")
     try:
         span = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
         if span < timedelta(0):

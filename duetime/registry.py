@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from datetime import timedelta
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -79,21 +80,51 @@ def _pick(kind: str, url: str, table: dict[str, Any]) -> Any:
     return table[scheme]
 
 
-def _build(cls: type[Any], url: str) -> Any:
-    from_url = getattr(cls, "from_url", None)
-    return from_url(url) if from_url is not None else cls()
+def open_store(url: str, *, claim_timeout: timedelta | None = None) -> DelayedMessageStore:
+    """The async store for ``url`` (e.g. ``sqlite:///duetime.db``), not yet initialized.
+
+    ``claim_timeout`` (the settings' ``claim_timeout``) is the lease a claim holds unless the URL
+    gives its own ``?claim_timeout=``.
+    """
+    cls = _load(_pick("store", url, STORES)[0])
+    return cast(DelayedMessageStore, cls.from_url(url, claim_timeout=claim_timeout))
 
 
-def open_store(url: str) -> DelayedMessageStore:
-    """The async store for ``url`` (e.g. ``sqlite:///duetime.db``), not yet initialized."""
-    return cast(DelayedMessageStore, _build(_load(_pick("store", url, STORES)[0]), url))
-
-
-def open_sync_store(url: str) -> SyncDelayedMessageStore:
+def open_sync_store(url: str, *, claim_timeout: timedelta | None = None) -> SyncDelayedMessageStore:
     """The blocking twin of :func:`open_store`."""
-    return cast(SyncDelayedMessageStore, _build(_load(_pick("store", url, STORES)[1]), url))
+    cls = _load(_pick("store", url, STORES)[1])
+    return cast(SyncDelayedMessageStore, cls.from_url(url, claim_timeout=claim_timeout))
+
+
+def default_transport(store_url: str) -> str:
+    """Where a store delivers when no transport is given: the queue tables in its own database,
+    which lets the dispatcher move messages exactly-once. Only SQLite and PostgreSQL have them."""
+    scheme = scheme_of(store_url)
+    if scheme == "sqlite":
+        return store_url.split("?")[0]
+    if scheme in ("postgresql", "postgres"):
+        return store_url
+    raise ConfigurationError(
+        "Give --transport (or DUETIME_TRANSPORT): only SQLite and PostgreSQL stores have a default."
+    )
+
+
+def check_store_exists(store_url: str) -> str:
+    """A command that reads or changes a store must not create one as a side effect (a typo in a
+    SQLite path would leave an empty file behind): only ``setup`` and ``run`` create. Servers
+    answer for themselves; a SQLite file is checked here."""
+    if scheme_of(store_url) == "sqlite":
+        from duetime.backends.sqlite.connection import parse_sqlite_url
+
+        path, _ = parse_sqlite_url(store_url)
+        if not path.exists():
+            raise ConfigurationError(
+                f"There is no SQLite store at {path} (the file does not exist): create it with "
+                f"`duetime setup --store {store_url}`, or check the path."
+            )
+    return store_url
 
 
 def open_transport(url: str) -> Transport:
     """The transport for ``url`` (e.g. ``sqlite:///duetime.db`` for the local queue)."""
-    return cast(Transport, _build(_load(_pick("transport", url, TRANSPORTS)), url))
+    return cast(Transport, _load(_pick("transport", url, TRANSPORTS)).from_url(url))

@@ -55,6 +55,9 @@ class DelayedDeliverySettings:
     #: a call would wait forever and no breaker would ever trip. The dispatcher uses this or half
     #: of the breaker's time, whichever is shorter.
     operation_timeout: timedelta = timedelta(seconds=10)
+    #: While it works, ``duetime run`` logs one summary line this often (forwarded, dead-lettered,
+    #: retried, lateness p50/p99, backlog); zero turns it off.
+    summary_interval: timedelta = timedelta(minutes=1)
 
     def __post_init__(self) -> None:
         if self.number_of_retries < 0:
@@ -78,6 +81,8 @@ class DelayedDeliverySettings:
             raise ConfigurationError(
                 "failure_backoff must not be negative, and max_failure_backoff not shorter than it."
             )
+        if self.summary_interval < timedelta(0):
+            raise ConfigurationError("summary_interval must not be negative (zero turns it off).")
         if not self.error_queue.strip():
             raise ConfigurationError("error_queue must name a queue.")
         object.__setattr__(self, "transaction_mode", TransactionMode(self.transaction_mode))

@@ -7,4 +7,5 @@ echo "== ruff"
 .venv/bin/ruff check duetime tests bench
 .venv/bin/ruff format --check duetime tests bench
 echo "== mypy (strict)"; .venv/bin/mypy
+echo "== import layers (import-linter, contracts in pyproject.toml)"; .venv/bin/lint-imports --no-cache
 echo "== pytest"; .venv/bin/python -m pytest "$@"

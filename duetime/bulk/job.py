@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from duetime.cli_bulk import bulk_app
+from duetime.cli.bulk import bulk_app
 
 
 def main() -> None:

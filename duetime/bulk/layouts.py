@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from duetime.bulk.db import Database
 from duetime.bulk.records import Record, due_us_of
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
+from duetime.sqldb import Database
 
 
 class Layout:

@@ -25,13 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from duetime.bulk.db import Database
 from duetime.bulk.frames import checked_rdd, file_kind
 from duetime.bulk.records import Record, problem
 from duetime.bulk.sources import BATCHES, RUNS, STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
+from duetime.sqldb import Database
 
 Progress = Callable[[int, int], None]
 

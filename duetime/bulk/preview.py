@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from duetime.bulk.db import Database
 from duetime.bulk.frames import checked_rdd, file_kind
 from duetime.bulk.sources import Batch, DbSource
 from duetime.clock import from_micros, to_micros
+from duetime.sqldb import Database
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from duetime.bulk.db import Database
 from duetime.bulk.preview import source_rdd
 from duetime.clock import from_micros, to_micros
 from duetime.deliverylog import TABLE
+from duetime.sqldb import Database
 
 #: Due-time buckets, from now: (name, upper bound in seconds from now; None = no bound)
 HORIZONS: tuple[tuple[str, float | None], ...] = (

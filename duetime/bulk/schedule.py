@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from duetime.bulk.db import Database
 from duetime.bulk.frames import Checked, checked_frame, checked_rdd, file_kind
 from duetime.bulk.targets import StoreTarget, record_to_json
 from duetime.errors import ConfigurationError
+from duetime.sqldb import Database
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from duetime.bulk.db import Database
 from duetime.bulk.layouts import Layout, layout_for
 from duetime.bulk.records import FIELDS, Record
 from duetime.errors import ConfigurationError
+from duetime.sqldb import Database
 
 RUNS = "duetime_bulk_runs"
 BATCHES = "duetime_bulk_batches"

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from duetime.bulk.db import Database
 from duetime.bulk.layouts import DuetimeLayout
 from duetime.bulk.records import Record
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
+from duetime.sqldb import Database
 
 LEDGER = "duetime_bulk_ledger"
 SCHEDULED = "duetime_bulk_scheduled"

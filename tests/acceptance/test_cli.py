@@ -191,6 +191,14 @@ def test_stats_of_an_empty_store_say_so(cli) -> None:  # type: ignore[no-untyped
     assert "nothing stored" in out and "None" not in out
 
 
+def test_stats_show_queues_only_for_a_transport_that_can_be_browsed(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup", "--queue", "orders")
+    own = json.loads(cli("stats", "--json").stdout)
+    assert own["queues"] == {"orders": 0}  # the SQLite queue tables beside the store
+    broker = cli("stats", "--json", "--transport", "nats://127.0.0.1:1")  # never connected to
+    assert "queues" not in json.loads(broker.stdout) and not broker.stderr
+
+
 def test_settings_from_the_environment_take_cli_durations(cli) -> None:  # type: ignore[no-untyped-def]
     cli("setup", "--queue", "orders")
     cli("schedule", "orders", "x", "--in", "0s")
@@ -221,6 +229,35 @@ def test_run_on_the_default_store_is_exactly_once_and_logs_one_line_records(cli,
     started = [r for r in records if "dispatching endpoint" in r["message"]]
     assert started and "exactly-once" in started[0]["message"]
     assert all(r["time"].endswith("Z") and "T" in r["time"] for r in records)
+
+
+def test_run_logs_a_summary_line_while_it_works(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+    import subprocess
+    import time
+
+    cli("setup", "--queue", "orders")
+    for i in range(5):
+        cli("schedule", "orders", f"hello {i}", "--in", "1s")
+    from tests.conftest import duetime_cmd
+
+    env = {**os.environ, "DUETIME_SUMMARY_INTERVAL": "2s"}
+    proc = subprocess.Popen(
+        duetime_cmd("run", "--log-format", "json"), cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env
+    )
+    time.sleep(5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    records = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    summaries = [r for r in records if r["message"].startswith("last ")]
+    assert len(summaries) == 1, stderr  # the work, once; nothing while idle afterwards
+    summary = summaries[0]
+    assert (summary["forwarded"], summary["dead_lettered"], summary["stored"]) == (5, 0, 0)
+    # The messages fell due while the dispatcher was still starting, so their lateness includes its
+    # start-up (over a second on a loaded CI machine): the test checks the figure is there and sane.
+    assert summary["lateness_p99_ms"] is not None and 0 < summary["lateness_p99_ms"] < 30_000
+    assert "forwarded 5, dead-lettered 0" in summary["message"]
 
 
 def test_rabbitmq_commands_read_duetime_transport(cli) -> None:  # type: ignore[no-untyped-def]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from duetime.bulk.db import Database
 from duetime.bulk.layouts import MsmqLayout, TimeoutDataLayout
+from duetime.sqldb import Database
 
 try:
     import pyspark  # noqa: F401

@@ -10,12 +10,12 @@ from typing import Any
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore
-from duetime.bulk.db import Database
 from duetime.bulk.exchange import export, import_
 from duetime.bulk.report import backlog, lateness, write_csv, write_html
 from duetime.bulk.schedule import schedule
 from duetime.deliverylog import JsonLinesDeliveryLog, SqlDeliveryLog
 from duetime.registry import open_sync_store
+from duetime.sqldb import Database
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.services import mariadb_database, postgres_schema
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from duetime import DelayedMessage, TransactionMode
-from duetime.bulk.db import Database
 from duetime.bulk.migrate import MigrationSpec, abort, migrate, process_batch
 from duetime.bulk.preview import preview
 from duetime.bulk.sources import DbSource
@@ -19,6 +18,7 @@ from duetime.bulk.targets import StoreTarget, open_target
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError
 from duetime.registry import open_sync_store
+from duetime.sqldb import Database
 from tests.bulk.conftest import count, create_msmq, create_timeoutdata, table_rows, timeout_rows
 from tests.services import mariadb_database, postgres_schema
 

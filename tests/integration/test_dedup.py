@@ -9,7 +9,8 @@ import psycopg
 import pytest
 import redis
 
-from duetime.dedup import PostgresDeduplicator, RedisDeduplicator
+from duetime.backends.postgres.dedup import PostgresDeduplicator
+from duetime.backends.redis.dedup import RedisDeduplicator
 from tests.services import REDIS, postgres_schema, require
 
 

@@ -16,10 +16,10 @@ import pytest
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
 from duetime.backends.rabbitmq.catchall import inspect_catchall
+from duetime.backends.rabbitmq.delayrouter import NATIVE, STORE, DelayRouter, StoreNotEmpty
 from duetime.backends.rabbitmq.native import DelayTooLong, Names, NativeDelays, routing_key
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
 from duetime.backends.sqlite import SqliteStore
-from duetime.delayrouter import NATIVE, STORE, DelayRouter, StoreNotEmpty
 from tests.services import RABBITMQ, require
 
 pytestmark = pytest.mark.slow

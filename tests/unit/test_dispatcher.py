@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -297,6 +298,7 @@ async def test_exactly_once_with_memory_moves_and_dead_letters() -> None:
     from duetime import DelayedMessage
 
     now = datetime.now(UTC)
+    await store.initialize("duetime", d.settings.transaction_mode)  # stores refuse writes before this
     await store.store_many([DelayedMessage("a", "orders", now), DelayedMessage("b", "void", now)])
     stats = await d.run_burst()
     assert (stats.forwarded, stats.dead_lettered) == (1, 1)
@@ -465,3 +467,42 @@ async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue()
     assert dead.message_id == "m2" and "cannot hold this value" in dead.headers["duetime-error-message"]
     assert rig.queues.messages("unit.timeouts") == [] and not rig.queues._in_flight  # all acknowledged
     assert not door.outage_breaker.armed and door.stored == 2 and door.rejected == 1
+
+
+async def test_a_summary_line_each_interval_while_working_and_none_while_idle(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    rig = await Rig(summary_interval=timedelta(seconds=10)).setup("orders")
+    await rig.store.store_many([rig.message(1, 1), rig.message(2, 2), rig.message(3, 40)])
+    caplog.set_level(logging.INFO, logger="duetime")
+    await rig.start()
+    await rig.tick(1)
+    await rig.tick(1)  # m1 on time, m2 on time
+    await rig.tick(10)  # the next round after 10 s says what happened
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("last ")]
+    assert len(lines) == 1
+    assert lines[0].startswith("last 12 s: forwarded 2, dead-lettered 0, retried 0, outages 0")
+    assert "lateness p50 under 1.0 ms, p99 under 1.0 ms" in lines[0]
+    assert "backlog 1 stored, 0 due, 0 in flight" in lines[0]
+    from duetime.logs import JsonFormatter
+
+    record = next(r for r in caplog.records if r.getMessage().startswith("last "))
+    as_json = json.loads(JsonFormatter().format(record))
+    assert (as_json["forwarded"], as_json["stored"], as_json["lateness_p99_ms"]) == (2, 1, 1.0)
+    await rig.tick(15)  # nothing forwarded since: no line
+    assert len([r for r in caplog.records if r.getMessage().startswith("last ")]) == 1
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+def test_lateness_quantiles_come_from_log_buckets() -> None:
+    from duetime.summary import LatenessHistogram
+
+    h = LatenessHistogram()
+    assert h.quantile(0.99) is None
+    h.add([0.0005] * 98 + [0.020, 7200.0])
+    assert h.quantile(0.5) == 0.001
+    assert 0.020 <= (h.quantile(0.99) or 0) < 0.026
+    assert h.quantile(1.0) == float("inf")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +266,38 @@ def test_queue_rows_are_read_without_raising_and_name_their_problem() -> None:
     item = received("q", None, '{"a": "b"}', "text body", "r", 1)
     assert (item.message_id, item.body, item.problem) == ("", b"text body", "the message has no id")
     assert received("q", b"id", b'{"a": "b"}', memoryview(b"x"), "r", 2).problem is None
+
+
+def test_the_settings_claim_timeout_is_the_lease_unless_the_url_gives_one(tmp_path: Path) -> None:
+    from duetime.backends.memory import SyncMemoryStore
+    from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
+    from duetime.registry import open_store, open_sync_store
+
+    lease = timedelta(seconds=7)
+    async_store = open_store(f"sqlite:///{tmp_path}/a.db", claim_timeout=lease)
+    url_wins = open_sync_store(f"sqlite:///{tmp_path}/b.db?claim_timeout=3", claim_timeout=lease)
+    default = open_sync_store("memory://")
+    assert isinstance(async_store, SqliteStore) and isinstance(url_wins, SyncSqliteStore)
+    assert isinstance(default, SyncMemoryStore)
+    assert async_store.sync.claim_timeout == lease
+    assert url_wins.claim_timeout == timedelta(seconds=3)
+    assert default.claim_timeout == timedelta(seconds=30)
+    async_store.sync.close()
+    url_wins.close()
+
+
+def test_a_store_says_where_it_delivers_by_default() -> None:
+    from duetime.registry import default_transport
+
+    assert default_transport("sqlite:///x.db?busy_timeout=5") == "sqlite:///x.db"
+    assert default_transport("postgresql://h/db?schema=s") == "postgresql://h/db?schema=s"
+    with pytest.raises(ConfigurationError, match="--transport"):
+        default_transport("redis://127.0.0.1:6379/0")
+
+
+def test_only_browsable_queues_are_browsable() -> None:
+    from duetime.backends.memory import MemoryTransport
+    from duetime.interfaces import BrowsableQueue, ClaimPolicy
+
+    assert isinstance(MemoryTransport(), BrowsableQueue)
+    assert isinstance(MemoryStore(), ClaimPolicy) and MemoryStore().parallel_claims

@@ -24,6 +24,11 @@ class MemoryTransport:
         self._in_flight: dict[str, ReceivedMessage] = {}
         self._arrived = asyncio.Event()
 
+    @classmethod
+    def from_url(cls, url: str) -> MemoryTransport:
+        """``memory://``: new, empty queues in this process."""
+        return cls()
+
     async def start(self) -> None:
         pass
 
@@ -65,16 +70,7 @@ class MemoryTransport:
                 taken: list[ReceivedMessage] = []
                 while items and len(taken) < max_messages:
                     key, item = items.popitem(last=False)
-                    item = ReceivedMessage(
-                        item.queue,
-                        item.message_id,
-                        item.headers,
-                        item.body,
-                        key,
-                        item.delivery_count + 1,
-                    )
-                    self._in_flight[key] = item
-                    taken.append(item)
+                    taken.append(self._hand_out(key, item))
                 if taken or loop.time() >= deadline:
                     return taken
                 self._arrived.clear()
@@ -88,6 +84,24 @@ class MemoryTransport:
     async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
         with self.lock:
             return list(self._queues.get(queue, OrderedDict()).values())[:limit]
+
+    def _hand_out(self, key: str, item: ReceivedMessage) -> ReceivedMessage:
+        """Move a message from its queue to in flight; the caller holds ``lock``."""
+        out = ReceivedMessage(
+            item.queue, item.message_id, item.headers, item.body, key, item.delivery_count + 1
+        )
+        self._in_flight[key] = out
+        return out
+
+    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
+        with self.lock:
+            items = self._queues.get(queue, OrderedDict())
+            key = next((k for k, item in items.items() if item.message_id == message_id), None)
+            return None if key is None else self._hand_out(key, items.pop(key))
+
+    async def queues(self) -> dict[str, int]:
+        with self.lock:
+            return {name: len(items) for name, items in sorted(self._queues.items())}
 
     async def depth(self, queue: str) -> int:
         with self.lock:

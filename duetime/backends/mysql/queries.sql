@@ -86,3 +86,9 @@ SELECT COUNT(*) FROM {table} WHERE failure_count > 0;
 
 -- name: count_by_destination
 SELECT destination, COUNT(*) FROM {table} GROUP BY destination ORDER BY COUNT(*) DESC LIMIT 1000;
+
+-- name: mark_claimed
+UPDATE {table} SET claim_token = %s, claimed_until = %s WHERE message_id IN %s;
+
+-- name: delete_many
+DELETE FROM {table} WHERE message_id IN %s;

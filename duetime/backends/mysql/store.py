@@ -15,36 +15,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pymysql
 from pymysql.err import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from duetime._bridge import AsyncStoreBridge
+from duetime.backends._bridge import AsyncStoreBridge, Subscribers
+from duetime.backends._store import (
+    DEFAULT_CLAIM_TIMEOUT,
+    SCHEMA_VERSION,
+    Duplicate,
+    StoreRules,
+    claim_timeout_option,
+    dump_headers,
+    load_headers,
+    split_options,
+    sql_filters,
+    table_name,
+)
 from duetime.clock import from_micros, to_micros
 from duetime.errors import (
     ConfigurationError,
-    DuplicateMessageId,
-    MessageInFlight,
-    StoreNotReady,
     connection_failed,
 )
-from duetime.interfaces import ListQuery, Page, StoreCounts
-from duetime.message import DelayedMessage, check_due_time
+from duetime.interfaces import ListQuery, StoreCounts
+from duetime.message import DelayedMessage
 from duetime.names import check_name
 from duetime.settings import TransactionMode
 from duetime.sqlfile import load_queries
 from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.mysql")
-SCHEMA_VERSION = 1
 EXACT_COUNT_LIMIT = 1_000_000
 _COLUMNS = "message_id, destination, due_at, headers, body, failure_count"
 _OPTIONS = {"table", "claim_timeout", "poll_interval", "connect_timeout"}
@@ -58,13 +65,13 @@ class MysqlOptions:
     password: str = field(repr=False)
     database: str
     table: str | None = None
-    claim_timeout: timedelta = timedelta(seconds=30)
+    claim_timeout: timedelta = DEFAULT_CLAIM_TIMEOUT
     poll_interval: float = 0.25
     connect_timeout: float = 5.0
     display: str = ""
 
     @classmethod
-    def from_url(cls, url: str) -> MysqlOptions:
+    def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> MysqlOptions:
         parts = urlsplit(url)
         if parts.scheme not in ("mysql", "mariadb"):
             raise ConfigurationError(
@@ -75,13 +82,7 @@ class MysqlOptions:
             raise ConfigurationError(
                 f"{redact(url)} names no database; e.g. mysql://root@127.0.0.1:3306/test."
             )
-        options = dict(parse_qsl(parts.query))
-        unknown = set(options) - _OPTIONS
-        if unknown:
-            raise ConfigurationError(
-                f"Unknown MySQL URL option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}."
-            )
-        claim = number_option(options, "claim_timeout", 30.0)
+        _, options = split_options(url, _OPTIONS, "MariaDB/MySQL")
         poll = number_option(options, "poll_interval", 0.25)
         connect = number_option(options, "connect_timeout", 5.0)
         return cls(
@@ -91,7 +92,7 @@ class MysqlOptions:
             password=unquote(parts.password or ""),
             database=database,
             table=None if "table" not in options else check_name("table", options["table"]),
-            claim_timeout=timedelta(seconds=claim),
+            claim_timeout=claim_timeout_option(options, claim_timeout),
             poll_interval=poll,
             connect_timeout=connect,
             display=redact(url),
@@ -106,7 +107,7 @@ def _ident(name: str) -> str:
 
 def _message(row: Sequence[Any]) -> DelayedMessage:
     return DelayedMessage.from_store(
-        row[0], row[1], from_micros(row[2]), bytes(row[4]), json.loads(row[3]), row[5]
+        row[0], row[1], from_micros(row[2]), bytes(row[4]), load_headers(row[3]), row[5]
     )
 
 
@@ -126,20 +127,19 @@ def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.C
     )
 
 
-class SyncMysqlStore:
+class SyncMysqlStore(StoreRules):
     """Blocking MariaDB/MySQL store; one connection behind a lock, re-opened after it breaks."""
 
     def __init__(self, options: MysqlOptions) -> None:
+        super().__init__(claim_timeout=options.claim_timeout)
         self.options = options
         self._lock = threading.RLock()
         self._conn: pymysql.connections.Connection[Any] | None = None
-        self._q: dict[str, str] | None = None
         self._table: str | None = None
-        self.endpoint: str | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> SyncMysqlStore:
-        return cls(MysqlOptions.from_url(url))
+    def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncMysqlStore:
+        return cls(MysqlOptions.from_url(url, claim_timeout=claim_timeout))
 
     def _connection(self) -> pymysql.connections.Connection[Any]:
         if self._conn is None:
@@ -172,6 +172,16 @@ class SyncMysqlStore:
                 self._drop()
                 raise
 
+    def _execute(self, sql: str, params: Any = (), *, transaction: bool = False) -> int:
+        return int(self._run(lambda cur: cur.execute(sql, params), transaction))
+
+    def _fetch(self, sql: str, params: Any = ()) -> list[Any]:
+        def work(cur: Any) -> list[Any]:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+        return list(self._run(work))
+
     def _drop(self) -> None:
         if self._conn is not None:
             with contextlib.suppress(Exception):  # it is broken already
@@ -182,9 +192,13 @@ class SyncMysqlStore:
         return {name: sql.format(table=_ident(table), collation=collation) for name, sql in QUERIES.items()}
 
     def table_for(self, endpoint: str) -> str:
-        return self.options.table or f"{check_name('endpoint', endpoint)}.delayed"
+        return table_name(endpoint, self.options.table)
 
-    def setup_infrastructure(self, endpoint: str) -> None:
+    # --- primitives -----------------------------------------------------------------------
+    def _location(self, endpoint: str) -> str:
+        return f"table {self.table_for(endpoint)!r} in {self.options.display}"
+
+    def _create(self, endpoint: str) -> None:
         table = self.table_for(endpoint)
 
         def work(cur: Any) -> None:
@@ -201,91 +215,51 @@ class SyncMysqlStore:
 
         self._run(work)
 
-    def initialize(self, endpoint: str, mode: TransactionMode) -> None:
-        TransactionMode(mode)
-        table = self.table_for(endpoint)
-        q = self._queries(table, "")
+    def _schema_version(self, endpoint: str) -> int | None:
+        try:
+            rows = self._fetch(QUERIES["read_version"], (f"store:{self.table_for(endpoint)}",))
+        except ProgrammingError:
+            return None
+        return int(rows[0][0]) if rows else None
 
-        def work(cur: Any) -> Any:
-            try:
-                cur.execute(q["read_version"], (f"store:{table}",))
-            except ProgrammingError:
-                return None
-            return cur.fetchone()
+    def _bind(self, endpoint: str) -> None:
+        self._table = self.table_for(endpoint)
+        self._q = self._queries(self._table, "")
 
-        row = self._run(work)
-        if row is None:
-            raise StoreNotReady(
-                f"No duetime table {table!r} in {self.options.display}: run `duetime setup` or call "
-                "setup_infrastructure() first."
-            )
-        if row[0] > SCHEMA_VERSION:
-            raise ConfigurationError(f"Table {table!r} has schema version {row[0]}; upgrade duetime.")
-        self._q, self._table, self.endpoint = q, table, endpoint
-
-    @property
-    def q(self) -> dict[str, str]:
-        if self._q is None:
-            raise StoreNotReady("The store is not initialized: call initialize(endpoint, mode) first.")
-        return self._q
-
-    @property
-    def table_sql(self) -> str:
-        """The quoted table for statements built per call (IN lists); StoreNotReady before initialize."""
-        self.q  # noqa: B018
-        return _ident(self._table or "")
-
-    def store(self, message: DelayedMessage) -> None:
-        self.store_many([message])
-
-    def store_many(self, messages: Sequence[DelayedMessage]) -> int:
+    def _insert(self, messages: Sequence[DelayedMessage]) -> None:
         rows = [
             (
                 m.message_id,
                 m.destination,
                 to_micros(m.due_at),
-                json.dumps(dict(m.headers), separators=(",", ":"), ensure_ascii=False),
+                dump_headers(m.headers),
                 m.body,
                 m.failure_count,
             )
             for m in messages
         ]
-        if not rows:
-            return 0
         q = self.q
         try:
             self._run(lambda cur: cur.executemany(q["insert"], rows), transaction=True)
         except IntegrityError as error:
             detail = str(error)
-            hint = next(
-                (m.message_id for m in messages if f"'{m.message_id}'" in detail), "(one of this batch)"
-            )
-            raise DuplicateMessageId(
-                f"A delayed message with id {hint!r} is already stored; nothing from this call was stored. "
-                "Choose a new id, or cancel the stored one first."
+            raise Duplicate(
+                next((m.message_id for m in messages if f"'{m.message_id}'" in detail), None)
             ) from None
-        return len(rows)
 
-    def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
-        now = to_micros(check_due_time(at, "at"))
-        token = uuid.uuid4().hex
-        until = now + int(self.options.claim_timeout.total_seconds() * 1_000_000)
-        q = self.q
+    def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        now, token, q = to_micros(at), uuid.uuid4().hex, self.q
 
         def work(cur: Any) -> list[Any]:
             cur.execute(q["select_due_for_claim"], (now, now, limit))
             rows = list(cur.fetchall())
             if rows:
-                marks = ",".join(["%s"] * len(rows))
-                cur.execute(
-                    f"UPDATE {self.table_sql} SET claim_token = %s, claimed_until = %s WHERE message_id IN ({marks})",
-                    (token, until, *[r[0] for r in rows]),
-                )
+                cur.execute(q["mark_claimed"], (token, to_micros(until), tuple(r[0] for r in rows)))
             return rows
 
         return [_message(r) for r in self._run(work, transaction=True)]
 
-    def next_due(self) -> datetime | None:
+    def _next_due(self) -> datetime | None:
         q = self.q
 
         def work(cur: Any) -> list[Any]:
@@ -298,88 +272,35 @@ class SyncMysqlStore:
         times = self._run(work)
         return from_micros(min(times)) if times else None
 
-    def _each(self, sql: str, ids: Sequence[Any]) -> int:
-        def work(cur: Any) -> int:
-            return sum(cur.execute(sql, (i,)) for i in ids)
+    def _delete(self, message_ids: Sequence[str]) -> int:
+        return self._execute(self.q["delete_many"], (tuple(message_ids),))
 
-        return int(self._run(work, transaction=True)) if ids else 0
+    def _fail(self, message_id: str) -> bool:
+        return self._execute(self.q["increment_failure"], (message_id,)) == 1
 
-    def remove(self, message_id: str) -> bool:
-        return self._each(self.q["delete"], [message_id]) == 1
-
-    def remove_many(self, message_ids: Sequence[str]) -> int:
-        if not message_ids:
-            return 0
-        marks = ",".join(["%s"] * len(message_ids))
-        sql = f"DELETE FROM {self.table_sql} WHERE message_id IN ({marks})"  # StoreNotReady before connecting
-        return int(self._run(lambda cur: cur.execute(sql, tuple(message_ids))))
-
-    def increment_failure_count(self, message_id: str) -> bool:
-        return self._each(self.q["increment_failure"], [message_id]) == 1
-
-    def release(self, message_ids: Sequence[str]) -> int:
-        return self._each(self.q["release"], message_ids)
-
-    def get(self, message_id: str) -> DelayedMessage | None:
+    def _release(self, message_ids: Sequence[str]) -> int:
         q = self.q
+        return int(self._run(lambda cur: sum(cur.execute(q["release"], (i,)) for i in message_ids), True))
 
-        def work(cur: Any) -> Any:
-            cur.execute(q["get"], (message_id,))
-            return cur.fetchone()
+    def _get(self, message_id: str) -> DelayedMessage | None:
+        rows = self._fetch(self.q["get"], (message_id,))
+        return _message(rows[0]) if rows else None
 
-        row = self._run(work)
-        return None if row is None else _message(row)
+    def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
+        return self._execute(self.q["delete_unclaimed"], (message_id, to_micros(now))) == 1
 
-    def _change(self, message_id: str, sql: str, params: tuple[Any, ...]) -> bool:
-        now = to_micros(datetime.now(UTC))
-        if self._run(lambda cur: cur.execute(sql, (*params, now))) == 1:
-            return True
-        if self.get(message_id) is not None:
-            raise MessageInFlight(
-                f"Message {message_id!r} is being forwarded right now; it cannot be changed."
-            )
-        return False
+    def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
+        params = (to_micros(due_at), message_id, to_micros(now))
+        return self._execute(self.q["reschedule_unclaimed"], params) == 1
 
-    def cancel(self, message_id: str) -> bool:
-        return self._change(message_id, self.q["delete_unclaimed"], (message_id,))
+    def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
+        where, params = sql_filters(query, "%({})s", to_micros)
+        table = _ident(self._table or "")
+        sql = f"SELECT {_COLUMNS} FROM {table} WHERE {where} ORDER BY due_at, message_id LIMIT %(limit)s"
+        return [_message(r) for r in self._fetch(sql, params | {"limit": limit})]
 
-    def reschedule(self, message_id: str, due_at: datetime) -> bool:
-        due = to_micros(check_due_time(due_at))
-        return self._change(message_id, self.q["reschedule_unclaimed"], (due, message_id))
-
-    def list(self, query: ListQuery) -> Page:
-        where = ["failure_count >= %s"]
-        params: list[Any] = [query.min_failures]
-        if query.destination is not None:
-            where.append("destination = %s")
-            params.append(query.destination)
-        if query.due_before is not None:
-            where.append("due_at < %s")
-            params.append(to_micros(check_due_time(query.due_before, "due_before")))
-        if query.due_after is not None:
-            where.append("due_at >= %s")
-            params.append(to_micros(check_due_time(query.due_after, "due_after")))
-        if query.after is not None:
-            after_due = to_micros(query.after[0])
-            where.append("(due_at > %s OR (due_at = %s AND message_id > %s))")
-            params += [after_due, after_due, query.after[1]]
-        sql = (
-            f"SELECT {_COLUMNS} FROM {self.table_sql} WHERE {' AND '.join(where)} "
-            "ORDER BY due_at, message_id LIMIT %s"
-        )
-
-        def work(cur: Any) -> list[Any]:
-            cur.execute(sql, (*params, query.limit + 1))
-            return list(cur.fetchall())
-
-        rows = self._run(work)
-        messages = [_message(r) for r in rows[: query.limit]]
-        more = len(rows) > query.limit
-        return Page(messages, (messages[-1].due_at, messages[-1].message_id) if more and messages else None)
-
-    def counts(self, at: datetime) -> StoreCounts:
-        now = to_micros(check_due_time(at, "at"))
-        q = self.q
+    def _count(self, at: datetime) -> StoreCounts:
+        now, q = to_micros(at), self.q
 
         def one(cur: Any, key: str, params: tuple[Any, ...] = ()) -> Any:
             cur.execute(q[key], params)
@@ -402,11 +323,9 @@ class SyncMysqlStore:
             )
 
         counts: StoreCounts = self._run(work)
-        return StoreCounts(
-            counts.total, counts.due, counts.claimed, counts.failing, self.next_due(), counts.by_destination
-        )
+        return counts
 
-    def close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
             self._drop()
 
@@ -418,24 +337,17 @@ class MysqlStore(AsyncStoreBridge):
     sync: SyncMysqlStore
 
     def __init__(self, sync: SyncMysqlStore) -> None:
-        super().__init__(sync, threaded=True, name="mysql-store")
-        self._watcher: asyncio.Task[None] | None = None
+        super().__init__(sync, name="mysql-store", watch=self._poll_next_due)
         self._poller = SyncMysqlStore(sync.options)
 
     @classmethod
-    def from_url(cls, url: str) -> MysqlStore:
-        return cls(SyncMysqlStore.from_url(url))
+    def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> MysqlStore:
+        return cls(SyncMysqlStore.from_url(url, claim_timeout=claim_timeout))
 
-    def subscribe(self, callback: Callable[[datetime | None], None]) -> Callable[[], None]:
-        unsubscribe = super().subscribe(callback)
-        if self._watcher is None:
-            self._watcher = asyncio.get_running_loop().create_task(self._watch())
-        return unsubscribe
-
-    async def _watch(self) -> None:
+    async def _poll_next_due(self, subscribers: Subscribers) -> None:
         if self.sync.endpoint is None:
             return
-        self._poller.initialize(self.sync.endpoint, TransactionMode.AT_LEAST_ONCE)
+        await asyncio.to_thread(self._poller.initialize, self.sync.endpoint, TransactionMode.AT_LEAST_ONCE)
         last: datetime | None = None
         while True:
             await asyncio.sleep(self.sync.options.poll_interval)
@@ -444,12 +356,9 @@ class MysqlStore(AsyncStoreBridge):
             except Exception:  # the dispatcher's fetch breaker reports database trouble
                 continue
             if current is not None and (last is None or current < last):
-                self.subscribers.notify(current)
+                subscribers.notify(current)
             last = current
 
     async def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            self._watcher = None
-        await asyncio.to_thread(self._poller.close)
         await super().close()
+        await asyncio.to_thread(self._poller.close)

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
+from duetime.backends._store import (
+    DEFAULT_CLAIM_TIMEOUT,
+    claim_timeout_option,
+    dump_headers,
+    load_headers,
+    table_name,
+)
 from duetime.errors import ConfigurationError, connection_failed
 from duetime.message import DelayedMessage
 from duetime.names import check_name, quote_identifier
@@ -17,7 +23,7 @@ from duetime.sqlfile import load_queries
 from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.postgres")
-SCHEMA_VERSION = 1
+__all__ = ["PgNames", "PgOptions", "copy_row", "decode", "dump_headers", "reach", "reach_async"]
 OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "pool_timeout"}
 
 
@@ -28,14 +34,14 @@ class PgOptions:
     conninfo: str = field(repr=False)  # it may hold the password
     schema: str = "public"
     table: str | None = None
-    claim_timeout: timedelta = timedelta(seconds=30)
+    claim_timeout: timedelta = DEFAULT_CLAIM_TIMEOUT
     pool_size: int = 4
     #: How long a call waits for a pooled connection before failing (then the breakers count it).
     pool_timeout: float = 5.0
     display: str = ""
 
     @classmethod
-    def from_url(cls, url: str) -> PgOptions:
+    def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> PgOptions:
         parts = urlsplit(url)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigurationError(f"Not a PostgreSQL URL: {redact(url)}; write postgresql://user@host/db.")
@@ -45,8 +51,8 @@ class PgOptions:
             (ours.__setitem__(key, value) if key in OPTIONS else theirs.append((key, value)))
         if not any(key == "connect_timeout" for key, _ in theirs):
             theirs.append(("connect_timeout", "5"))  # an unreachable server fails fast, not in minutes
-        claim = number_option(ours, "claim_timeout", 30.0)
-        theirs = _end_frozen_transactions(theirs, claim)
+        claim = claim_timeout_option(ours, claim_timeout)
+        theirs = _end_frozen_transactions(theirs, claim.total_seconds())
         conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs, quote_via=quote)))
         pool = int(number_option(ours, "pool_size", 4, whole=True))
         pool_timeout = number_option(ours, "pool_timeout", 5.0)
@@ -54,7 +60,7 @@ class PgOptions:
             conninfo=conninfo,
             schema=check_name("schema", ours.get("schema", "public")),
             table=None if "table" not in ours else check_name("table", ours["table"]),
-            claim_timeout=timedelta(seconds=claim),
+            claim_timeout=claim,
             pool_size=pool,
             pool_timeout=pool_timeout,
             display=redact(url),
@@ -133,18 +139,14 @@ class PgNames:
 
 
 def table_for(options: PgOptions, endpoint: str) -> str:
-    return options.table or f"{check_name('endpoint', endpoint)}.delayed"
+    return table_name(endpoint, options.table)
 
 
 def decode(row: Sequence[Any]) -> DelayedMessage:
     """A row from a ``RETURNING``/``SELECT`` of (id, destination, due_at, headers, body, failures)."""
     return DelayedMessage.from_store(
-        row[0], row[1], row[2].astimezone(UTC), bytes(row[4]), json.loads(row[3]), row[5]
+        row[0], row[1], row[2].astimezone(UTC), bytes(row[4]), load_headers(row[3]), row[5]
     )
-
-
-def dump_headers(headers: Mapping[str, str]) -> str:
-    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
 
 
 def copy_row(m: DelayedMessage) -> tuple[Any, ...]:

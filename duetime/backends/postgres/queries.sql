@@ -103,11 +103,11 @@ SELECT message_id, destination, due_at, headers::text, body, failure_count FROM 
 WHERE message_id = %(id)s;
 
 -- name: delete_unclaimed
-DELETE FROM {table} WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= now());
+DELETE FROM {table} WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= %(now)s);
 
 -- name: reschedule_unclaimed
 UPDATE {table} SET due_at = %(due_at)s, claim_token = NULL, claimed_until = NULL
-WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= now());
+WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= %(now)s);
 
 -- name: estimate_rows
 SELECT reltuples::bigint FROM pg_class WHERE oid = %(regclass)s::regclass;

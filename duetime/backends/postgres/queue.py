@@ -7,16 +7,17 @@ each message from store to queue in one transaction (exactly-once).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import ConnectionPool
 
-from duetime.backends.postgres.common import PgNames, PgOptions, dump_headers, reach, reach_async
+from duetime.backends._bridge import AsyncQueueBridge
+from duetime.backends.postgres.common import PgNames, PgOptions, dump_headers, reach
+from duetime.clock import SYSTEM
 from duetime.errors import ConnectionFailed, DestinationNotFound, TransportUnavailable
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
@@ -75,17 +76,7 @@ def _not_found(message: DelayedMessage) -> DestinationNotFound:
     return DestinationNotFound(f"Queue {message.destination!r} does not exist.")
 
 
-class _QueueBase:
-    def __init__(self, options: PgOptions, visibility_timeout: timedelta) -> None:
-        self.options = options
-        self.names = PgNames(options.schema, "duetime")
-        self.visibility_timeout = visibility_timeout
-
-    def _receive_params(self, queue: str, limit: int) -> dict[str, Any]:
-        return {"visibility": self.visibility_timeout, "token": uuid.uuid4(), "queue": queue, "limit": limit}
-
-
-class SyncPostgresQueue(_QueueBase):
+class SyncPostgresQueue:
     """Blocking queue API for consumers: declare, send, receive, acknowledge, peek."""
 
     def __init__(
@@ -95,7 +86,9 @@ class SyncPostgresQueue(_QueueBase):
         visibility_timeout: timedelta = timedelta(seconds=30),
         poll_interval: float = 0.02,
     ) -> None:
-        super().__init__(options, visibility_timeout)
+        self.options = options
+        self.names = PgNames(options.schema, "duetime")
+        self.visibility_timeout = visibility_timeout
         self.poll_interval = poll_interval
         reach(options)
         self.pool = ConnectionPool(
@@ -113,6 +106,9 @@ class SyncPostgresQueue(_QueueBase):
     @classmethod
     def from_url(cls, url: str) -> SyncPostgresQueue:
         return cls(PgOptions.from_url(url))
+
+    def _receive_params(self, queue: str, limit: int) -> dict[str, Any]:
+        return {"visibility": self.visibility_timeout, "token": uuid.uuid4(), "queue": queue, "limit": limit}
 
     def declare(self, queue: str) -> None:
         with self.pool.connection() as conn:
@@ -141,12 +137,12 @@ class SyncPostgresQueue(_QueueBase):
         return results
 
     def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
-        deadline = time.monotonic() + wait
+        deadline = SYSTEM.monotonic() + wait
         while True:
             params = self._receive_params(queue, max_messages)
             with self.pool.connection() as conn:
                 rows = conn.execute(self.names.q["receive"], params).fetchall()
-            if rows or time.monotonic() >= deadline:
+            if rows or SYSTEM.monotonic() >= deadline:
                 return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
             time.sleep(self.poll_interval)
 
@@ -157,6 +153,13 @@ class SyncPostgresQueue(_QueueBase):
                 done += cur.execute(self.names.q["acknowledge"], _receipt(m)).rowcount
             return done
 
+    def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
+        """Receive one particular message (an operator sending an error back)."""
+        params = self._receive_params(queue, 1) | {"message_id": message_id}
+        with self.pool.connection() as conn:
+            row = conn.execute(self.names.q["receive_by_id"], params).fetchone()
+        return None if row is None else _received(row, params["token"])
+
     def peek(self, queue: str, limit: int = 100) -> list[ReceivedMessage]:
         with self.pool.connection() as conn:
             rows = conn.execute(self.names.q["peek"], {"queue": queue, "limit": limit}).fetchall()
@@ -164,14 +167,15 @@ class SyncPostgresQueue(_QueueBase):
 
     def depth(self, queue: str) -> int:
         with self.pool.connection() as conn:
-            return int(conn.execute(self.names.q["depth"], {"queue": queue}).fetchone()[0])  # type: ignore[index]
+            row = conn.execute(self.names.q["depth"], {"queue": queue}).fetchone()
+        return int(row[0]) if row else 0
 
     def close(self) -> None:
         self.pool.close()
 
 
-class PostgresQueueTransport(_QueueBase):
-    """The async transport into the PostgreSQL queue table."""
+class PostgresQueueTransport(AsyncQueueBridge):
+    """The async transport into the PostgreSQL queue table: :class:`SyncPostgresQueue` on a thread."""
 
     def __init__(
         self,
@@ -180,93 +184,20 @@ class PostgresQueueTransport(_QueueBase):
         visibility_timeout: timedelta = timedelta(seconds=30),
         poll_interval: float = 0.02,
     ) -> None:
-        super().__init__(options, visibility_timeout)
-        self.poll_interval = poll_interval
-        self.pool = AsyncConnectionPool(
-            options.conninfo,
-            min_size=1,
-            max_size=2,
-            open=False,
-            kwargs={"autocommit": True},
-            timeout=options.pool_timeout,
+        self.options = options
+        super().__init__(
+            lambda: SyncPostgresQueue(
+                options, visibility_timeout=visibility_timeout, poll_interval=poll_interval
+            ),
+            name="pg-queue",
         )
-        self._started = False
 
     @classmethod
     def from_url(cls, url: str) -> PostgresQueueTransport:
         return cls(PgOptions.from_url(url))
 
     async def start(self) -> None:
-        if self._started:
-            return
         try:
-            await reach_async(self.options)
+            await super().start()
         except ConnectionFailed as error:  # for a dispatcher, a queue database that is down is an outage
             raise TransportUnavailable(str(error)) from None
-        await self.pool.open(wait=False)
-        self._started = True
-        async with self.pool.connection() as conn, conn.transaction():
-            for sql, params in queue_setup(self.names):
-                await conn.execute(sql, params)
-
-    async def declare(self, queue: str) -> None:
-        await self.start()
-        async with self.pool.connection() as conn:
-            await conn.execute(self.names.q["declare_queue"], {"name": check_name("queue", queue)})
-
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
-        """One statement, one round trip: insert what has a declared queue, report the rest."""
-        if len({m.message_id for m in messages}) == len(messages):
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(self.names.q["enqueue_declared"], _arrays(messages))
-                sent = {row[0] for row in await cur.fetchall()}
-            return [None if m.message_id in sent else _not_found(m) for m in messages]
-        q = self.names.q
-        async with self.pool.connection() as conn, conn.transaction():
-            wanted = list({m.destination for m in messages})
-            known = {
-                r[0] for r in await (await conn.execute(q["existing_queues"], {"names": wanted})).fetchall()
-            }
-            rows, results = _split(messages, known)
-            async with conn.cursor() as cur:
-                await cur.executemany(q["enqueue"], rows)
-        return results
-
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            params = self._receive_params(queue, max_messages)
-            async with self.pool.connection() as conn:
-                rows = await (await conn.execute(self.names.q["receive"], params)).fetchall()
-            if rows or loop.time() >= deadline:
-                return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
-            await asyncio.sleep(self.poll_interval)
-
-    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
-        async with self.pool.connection() as conn, conn.cursor() as cur:
-            done = 0
-            for m in messages:
-                done += (await cur.execute(self.names.q["acknowledge"], _receipt(m))).rowcount
-            return done
-
-    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
-        async with self.pool.connection() as conn:
-            rows = await (
-                await conn.execute(self.names.q["peek"], {"queue": queue, "limit": limit})
-            ).fetchall()
-        return [_received(r, uuid.UUID(int=0)) for r in rows]
-
-    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
-        params = self._receive_params(queue, 1) | {"message_id": message_id}
-        async with self.pool.connection() as conn:
-            row = await (await conn.execute(self.names.q["receive_by_id"], params)).fetchone()
-        return None if row is None else _received(row, params["token"])
-
-    async def depth(self, queue: str) -> int:
-        async with self.pool.connection() as conn:
-            row = await (await conn.execute(self.names.q["depth"], {"queue": queue})).fetchone()
-        return int(row[0]) if row else 0
-
-    async def close(self) -> None:
-        await self.pool.close()

@@ -6,10 +6,9 @@ and sends them back once the destination exists again (or to another queue).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from duetime.backends.rabbitmq.arrival import arrival_headers
 from duetime.backends.rabbitmq.native import NativeDelays
+from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError
 from duetime.message import DelayedMessage
 
@@ -49,7 +48,7 @@ async def inspect_catchall(
             message = DelayedMessage(
                 ident if ident != "?" else f"catchall-{incoming.delivery_tag}",
                 destination,
-                datetime.now(UTC),
+                SYSTEM.now(),
                 incoming.body,
                 {
                     k: (v.decode() if isinstance(v, bytes) else str(v))

@@ -15,7 +15,7 @@ import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import aio_pika
@@ -24,6 +24,7 @@ from aio_pika.exceptions import ChannelClosed, DeliveryError
 
 from duetime.backends.rabbitmq.arrival import DEATH_HEADERS, arrival_headers, early_by
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
+from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
@@ -343,7 +344,7 @@ class NativeDelays:
     ) -> list[Exception | None]:
         """Publish each message with the delay left until its ``due_at`` (rounded up to seconds),
         with confirms and ``mandatory``; per-message results like any transport."""
-        moment = now or datetime.now(UTC)
+        moment = now or SYSTEM.now()
         results: list[Exception | None] = [None] * len(messages)
         publishes = []
         slots = []

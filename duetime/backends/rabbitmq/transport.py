@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -32,6 +32,7 @@ from aiormq.exceptions import (
 )
 
 from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
+from duetime.clock import SYSTEM
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
@@ -230,7 +231,7 @@ class RabbitMqTransport:
             self._in_flight[receipt] = incoming
             raw = dict(incoming.headers or {})
             if "x-death" in raw:  # came through the native delay levels: strip their bookkeeping,
-                hold = max(hold, early_by(raw, datetime.now(UTC)))  # and never hand it out early
+                hold = max(hold, early_by(raw, SYSTEM.now()))  # and never hand it out early
                 raw = arrival_headers(raw)
             headers = {k: _text(v) for k, v in raw.items()}
             received.append(

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from duetime.backends._store import dump_headers, load_headers
+from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError
 from duetime.sqlfile import load_queries
 
 QUERIES = load_queries("duetime.backends.sqlite")
 SYNCHRONOUS = {"off", "normal", "full", "extra"}
+__all__ = ["QUERIES", "connect", "dump_headers", "load_headers", "parse_sqlite_url", "write_transaction"]
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
@@ -62,7 +64,7 @@ def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -
 
 
 def _retry_locked(action: Callable[[], object], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = SYSTEM.monotonic() + timeout
     pause = 0.0005
     while True:
         try:
@@ -71,7 +73,7 @@ def _retry_locked(action: Callable[[], object], timeout: float) -> None:
         except sqlite3.OperationalError as error:
             if "locked" not in str(error) and "busy" not in str(error):
                 raise
-            if time.monotonic() > deadline:
+            if SYSTEM.monotonic() > deadline:
                 raise sqlite3.OperationalError(
                     f"{error} (waited {timeout:g} s for the write lock; another process holds it)"
                 ) from None
@@ -89,14 +91,3 @@ def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
-
-
-def dump_headers(headers: Mapping[str, str]) -> str:
-    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
-
-
-def load_headers(text: str) -> dict[str, str]:
-    value = json.loads(text)
-    if type(value) is not dict:  # duetime writes str -> str objects only
-        raise ValueError("stored headers are not a JSON object")
-    return value

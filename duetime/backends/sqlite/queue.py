@@ -6,17 +6,16 @@ that dies before acknowledging gets nothing lost: the message becomes visible ag
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from duetime.backends._bridge import AsyncQueueBridge
 from duetime.backends.sqlite.connection import (
     QUERIES,
     connect,
@@ -24,14 +23,13 @@ from duetime.backends.sqlite.connection import (
     parse_sqlite_url,
     write_transaction,
 )
-from duetime.clock import SystemClock, to_micros
+from duetime.clock import SYSTEM, to_micros
 from duetime.errors import DestinationNotFound
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
 from duetime.received import received
 
-T = TypeVar("T")
 QUEUE_SCHEMA = ("create_queues_table", "create_queue_messages_table", "create_queue_messages_index")
 
 
@@ -125,14 +123,14 @@ class SyncSqliteQueue:
 
     def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
         """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first to arrive."""
-        deadline = time.monotonic() + wait
+        deadline = SYSTEM.monotonic() + wait
         while True:
             with self._lock:
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
             taken = self._try_receive(queue, max_messages)
-            if taken or time.monotonic() >= deadline:
+            if taken or SYSTEM.monotonic() >= deadline:
                 return taken
-            while time.monotonic() < deadline:  # wait for another connection to write
+            while SYSTEM.monotonic() < deadline:  # wait for another connection to write
                 time.sleep(self.poll_interval)
                 with self._lock:
                     if self._conn.execute("PRAGMA data_version").fetchone()[0] != version:
@@ -172,58 +170,18 @@ class SyncSqliteQueue:
             self._conn.close()
 
 
-class SqliteQueueTransport:
+class SqliteQueueTransport(AsyncQueueBridge):
     """The async transport over :class:`SyncSqliteQueue`, run on its own thread."""
 
     def __init__(self, path: str | Path, *, synchronous: str = "full") -> None:
         self.path = Path(path)
-        self._synchronous = synchronous
-        self._queue: SyncSqliteQueue | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="sqlite-queue")
+        super().__init__(lambda: SyncSqliteQueue(self.path, synchronous=synchronous), name="sqlite-queue")
 
     @classmethod
     def from_url(cls, url: str) -> SqliteQueueTransport:
         path, options = parse_sqlite_url(url)
         return cls(path, synchronous=options.get("synchronous", "full"))
 
-    @property
-    def queue(self) -> SyncSqliteQueue:
-        if self._queue is None:
-            self._queue = SyncSqliteQueue(self.path, synchronous=self._synchronous)
-        return self._queue
-
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
-
-    async def start(self) -> None:
-        await self._call(lambda: self.queue)
-
-    async def declare(self, queue: str) -> None:
-        await self._call(lambda: self.queue.declare(queue))
-
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
-        return await self._call(lambda: self.queue.send(messages))
-
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
-        return await self._call(lambda: self.queue.receive(queue, max_messages, wait))
-
-    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
-        return await self._call(lambda: self.queue.acknowledge(messages))
-
-    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
-        return await self._call(lambda: self.queue.peek(queue, limit))
-
-    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
-        return await self._call(lambda: self.queue.take(queue, message_id))
-
-    async def depth(self, queue: str) -> int:
-        return await self._call(lambda: self.queue.depth(queue))
-
-    async def close(self) -> None:
-        if self._queue is not None:
-            await self._call(self._queue.close)
-        self._executor.shutdown(wait=True)
-
 
 def _now() -> int:
-    return to_micros(SystemClock().now())
+    return to_micros(SYSTEM.now())

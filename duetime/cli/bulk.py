@@ -147,9 +147,9 @@ def migrate(
 
 
 def _check_urls(source: str, target: str | None) -> None:
-    from duetime.bulk.db import Database
     from duetime.bulk.frames import file_kind
     from duetime.bulk.targets import open_target
+    from duetime.sqldb import Database
 
     if file_kind(source) is None:
         Database.from_url(source)

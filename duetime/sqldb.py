@@ -1,4 +1,4 @@
-"""One SQL database as the bulk jobs see it: a picklable URL, a DB-API connection, dialect bits.
+"""One SQL database as the bulk jobs and the delivery log see it: a picklable URL, a DB-API connection, dialect bits.
 
 Spark ships a :class:`Database` to each executor, which opens its own connection with the Python
 driver (psycopg, PyMySQL, sqlite3): no JDBC jar and no download at run time.

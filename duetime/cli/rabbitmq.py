@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.table import Table
 
+from duetime.clock import SYSTEM
 from duetime.durations import parse_duration
 from duetime.errors import DuetimeError
 from duetime.terminal import console, err, say
@@ -204,7 +204,7 @@ def retire_store(
         s = open_store(store)
         try:
             await s.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
-            counts = await s.counts(datetime.now(UTC))
+            counts = await s.counts(SYSTEM.now())
         finally:
             await s.close()
         if counts.total:

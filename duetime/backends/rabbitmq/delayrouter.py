@@ -9,9 +9,10 @@ everything goes natively.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore
 from duetime.message import DelayedMessage
@@ -55,8 +56,8 @@ class DelayRouter:
         if self.native_up_to is None:
             from duetime.backends.rabbitmq.native import MAX_DELAY
 
-            return NATIVE if due_at - (now or datetime.now(UTC)) <= timedelta(seconds=MAX_DELAY) else STORE
-        return NATIVE if due_at - (now or datetime.now(UTC)) <= self.native_up_to else STORE
+            return NATIVE if due_at - (now or SYSTEM.now()) <= timedelta(seconds=MAX_DELAY) else STORE
+        return NATIVE if due_at - (now or SYSTEM.now()) <= self.native_up_to else STORE
 
     async def schedule(
         self,
@@ -86,7 +87,7 @@ class DelayRouter:
         """Stop using the store for this endpoint; refused while it still holds messages."""
         if self.store is None:
             return
-        counts = await self.store.counts(datetime.now(UTC))
+        counts = await self.store.counts(SYSTEM.now())
         if counts.total:
             raise StoreNotEmpty(
                 f"the store still holds {counts.total} delayed messages for this endpoint (next due "

@@ -1,0 +1,345 @@
+"""The store rules, written once; every backend supplies only its primitives.
+
+A change to what a store promises (the in-flight rule for cancel and reschedule, the duplicate-id
+error, the "not set up" error, list filters and cursor paging, header encoding, URL options) is one
+edit here. A backend subclasses :class:`StoreRules` and implements the ``_``-prefixed primitives with
+its named queries, Lua scripts or dict; the async store is that blocking store behind the one bridge
+in :mod:`duetime.backends._bridge`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from duetime.clock import SystemClock
+from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
+from duetime.interfaces import Clock, ListQuery, Page, StoreCounts
+from duetime.message import DelayedMessage, check_due_time
+from duetime.names import check_name
+from duetime.settings import TransactionMode
+from duetime.urls import number_option
+
+#: The layout every store writes; a store refuses tables or keys written by a newer duetime.
+SCHEMA_VERSION = 1
+#: How long a claim keeps a message from other dispatchers unless a URL or the settings say otherwise.
+DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
+
+
+class Duplicate(Exception):
+    """Raised by a backend's ``_insert`` when an id is already stored; ``message_id`` if known."""
+
+    def __init__(self, message_id: str | None = None) -> None:
+        super().__init__(message_id)
+        self.message_id = message_id
+
+
+def duplicate_id(message_id: str | None) -> DuplicateMessageId:
+    shown = message_id if message_id is not None else "(one of this batch)"
+    return DuplicateMessageId(
+        f"A delayed message with id {shown!r} is already stored; nothing from this call was stored. "
+        "Choose a new id, or cancel the stored one first."
+    )
+
+
+def in_flight(message_id: str) -> MessageInFlight:
+    return MessageInFlight(f"Message {message_id!r} is being forwarded right now; it cannot be changed.")
+
+
+def not_initialized() -> StoreNotReady:
+    return StoreNotReady("The store is not initialized: call initialize(endpoint, mode) first.")
+
+
+def dump_headers(headers: Mapping[str, str]) -> str:
+    """Headers as every store keeps them: a compact JSON object of text to text."""
+    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
+
+
+def load_headers(text: str | bytes) -> dict[str, str]:
+    value = json.loads(text)
+    if type(value) is not dict:  # duetime writes str -> str objects only
+        raise ValueError("stored headers are not a JSON object")
+    return value
+
+
+def split_options(url: str, known: set[str], what: str) -> tuple[str, dict[str, str]]:
+    """``(url without its query, {option: value})``; an unknown option is a one-line error."""
+    parts = urlsplit(url)
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = set(options) - known
+    if unknown:
+        raise ConfigurationError(
+            f"Unknown {what} URL option(s) {sorted(unknown)}; known: {', '.join(sorted(known))}."
+        )
+    return urlunsplit(parts._replace(query="")), options
+
+
+def table_name(endpoint: str, override: str | None) -> str:
+    """``<endpoint>.delayed`` (NServiceBus's naming) unless the URL's ``table=`` names one."""
+    return override or f"{check_name('endpoint', endpoint)}.delayed"
+
+
+def claim_timeout_option(options: Mapping[str, str], default: timedelta | None = None) -> timedelta:
+    """The lease a claim holds: the URL's ``claim_timeout`` if it has one, else the settings'
+    (``DUETIME_CLAIM_TIMEOUT``), else 30 s."""
+    fallback = (default or DEFAULT_CLAIM_TIMEOUT).total_seconds()
+    return timedelta(seconds=number_option(options, "claim_timeout", fallback))
+
+
+def sql_filters(
+    query: ListQuery, mark: str, to_db: Any = lambda moment: moment
+) -> tuple[str, dict[str, Any]]:
+    """The WHERE clause and parameters of a listing, for any SQL store.
+
+    ``mark`` formats a parameter name for the driver (``":{}"`` or ``"%({})s"``); ``to_db`` turns a
+    datetime into the column's type (microseconds for SQLite and MariaDB). Ordered by
+    ``(due_at, message_id)``, so the cursor is the last row's pair.
+    """
+    where = [f"failure_count >= {mark.format('min_failures')}"]
+    params: dict[str, Any] = {"min_failures": query.min_failures}
+    if query.destination is not None:
+        where.append(f"destination = {mark.format('destination')}")
+        params["destination"] = query.destination
+    if query.due_before is not None:
+        where.append(f"due_at < {mark.format('due_before')}")
+        params["due_before"] = to_db(query.due_before)
+    if query.due_after is not None:
+        where.append(f"due_at >= {mark.format('due_after')}")
+        params["due_after"] = to_db(query.due_after)
+    if query.after is not None:
+        where.append(f"(due_at, message_id) > ({mark.format('after_due')}, {mark.format('after_id')})")
+        params["after_due"], params["after_id"] = to_db(query.after[0]), query.after[1]
+    return " AND ".join(where), params
+
+
+def matches(query: ListQuery, message: DelayedMessage) -> bool:
+    """The same filter as :func:`sql_filters`, for stores that filter in Python."""
+    return (
+        message.failure_count >= query.min_failures
+        and (query.destination is None or message.destination == query.destination)
+        and (query.due_before is None or message.due_at < query.due_before)
+        and (query.due_after is None or message.due_at >= query.due_after)
+        and (query.after is None or (message.due_at, message.message_id) > query.after)
+    )
+
+
+def by_due(messages: Sequence[DelayedMessage]) -> list[DelayedMessage]:
+    return sorted(messages, key=lambda m: (m.due_at, m.message_id))
+
+
+class StoreRules(ABC):
+    """A blocking delayed message store: the contract's rules here, the storage in the primitives.
+
+    Thread-safe as long as the primitives are. ``clock`` is asked for "now" where the contract needs
+    it (the in-flight rule), so tests can move time.
+    """
+
+    #: Whether a dispatcher may claim the next batch while the last one is being sent. A store
+    #: with one writer at a time (SQLite) says False: the claim would only wait for the writer.
+    parallel_claims = True
+
+    def __init__(
+        self, *, claim_timeout: timedelta = DEFAULT_CLAIM_TIMEOUT, clock: Clock | None = None
+    ) -> None:
+        self.claim_timeout = claim_timeout
+        self.clock: Clock = clock or SystemClock()
+        self.endpoint: str | None = None
+
+    # --- what a backend supplies -----------------------------------------------------------
+    @abstractmethod
+    def _create(self, endpoint: str) -> None:
+        """Create the endpoint's tables or keys and record SCHEMA_VERSION; idempotent, and safe
+        when several processes do it at once."""
+
+    @abstractmethod
+    def _schema_version(self, endpoint: str) -> int | None:
+        """The version recorded by ``_create``, or None if nothing was set up."""
+
+    @abstractmethod
+    def _location(self, endpoint: str) -> str:
+        """Where the endpoint's messages live, in words, for errors (``table 'x' in file.db``)."""
+
+    def _bind(self, endpoint: str) -> None:  # noqa: B027 (a hook; most backends need nothing)
+        """Prepare per-endpoint names (queries with the table name in them); nothing by default."""
+
+    @abstractmethod
+    def _insert(self, messages: Sequence[DelayedMessage]) -> None:
+        """All or nothing; raise :class:`Duplicate` when an id is already stored. A backend with
+        cross-process wake-ups announces the earliest due time here (in the same transaction
+        where it can), as :meth:`_announce` does for a reschedule."""
+
+    @abstractmethod
+    def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        """Mark up to ``limit`` unclaimed (or expired-claim) messages due at ``at`` as claimed
+        until ``until``, oldest first, so no other caller receives them."""
+
+    @abstractmethod
+    def _next_due(self) -> datetime | None:
+        """The earliest moment something can be claimed: an unclaimed due time or a claim's end."""
+
+    @abstractmethod
+    def _delete(self, message_ids: Sequence[str]) -> int: ...
+
+    @abstractmethod
+    def _fail(self, message_id: str) -> bool:
+        """Count one failure and release the claim."""
+
+    @abstractmethod
+    def _release(self, message_ids: Sequence[str]) -> int: ...
+
+    @abstractmethod
+    def _get(self, message_id: str) -> DelayedMessage | None: ...
+
+    @abstractmethod
+    def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
+        """Delete the message only if no live claim holds it."""
+
+    @abstractmethod
+    def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
+        """Move the message's due time only if no live claim holds it."""
+
+    @abstractmethod
+    def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
+        """Up to ``limit`` messages matching ``query``, ordered by ``(due_at, message_id)``."""
+
+    @abstractmethod
+    def _count(self, at: datetime) -> StoreCounts:
+        """Counts at ``at``; ``next_due`` is filled in by the rules."""
+
+    def _announce(self, due_at: datetime) -> None:  # noqa: B027 (a hook)
+        """Tell sleeping dispatchers in other processes that something is due at ``due_at``
+        (PostgreSQL's NOTIFY, a Redis publish); nothing where they look by themselves."""
+
+    def _close(self) -> None:  # noqa: B027 (a hook)
+        """Release connections."""
+
+    # --- the rules ---------------------------------------------------------------------------
+    def setup_infrastructure(self, endpoint: str) -> None:
+        self._create(check_name("endpoint", endpoint))
+
+    def initialize(self, endpoint: str, mode: TransactionMode) -> None:
+        TransactionMode(mode)
+        version = self._schema_version(check_name("endpoint", endpoint))
+        if version is None:
+            raise StoreNotReady(
+                f"No duetime store for endpoint {endpoint!r} ({self._location(endpoint)}): "
+                "run `duetime setup` or call setup_infrastructure() first."
+            )
+        if version > SCHEMA_VERSION:
+            raise ConfigurationError(
+                f"The store for endpoint {endpoint!r} ({self._location(endpoint)}) has schema version "
+                f"{version}, newer than this duetime understands ({SCHEMA_VERSION}); upgrade duetime."
+            )
+        self._bind(endpoint)
+        self.endpoint = endpoint
+
+    def _ready(self) -> str:
+        if self.endpoint is None:
+            raise not_initialized()
+        return self.endpoint
+
+    #: A SQL store's named queries with the endpoint's table in them, set by its ``_bind``.
+    _q: dict[str, str] | None = None
+
+    @property
+    def q(self) -> dict[str, str]:
+        """The bound named queries; StoreNotReady before ``initialize``."""
+        if self._q is None:
+            raise not_initialized()
+        return self._q
+
+    def store(self, message: DelayedMessage) -> None:
+        self.store_many([message])
+
+    def store_many(self, messages: Sequence[DelayedMessage]) -> int:
+        self._ready()
+        if not messages:
+            return 0
+        seen: set[str] = set()
+        for m in messages:
+            if m.message_id in seen:
+                raise duplicate_id(m.message_id)
+            seen.add(m.message_id)
+        try:
+            self._insert(messages)
+        except Duplicate as error:
+            raise duplicate_id(error.message_id or self._first_stored(messages)) from None
+        return len(messages)
+
+    def _first_stored(self, messages: Sequence[DelayedMessage]) -> str | None:
+        return next((m.message_id for m in messages if self._get(m.message_id) is not None), None)
+
+    def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
+        at = check_due_time(at, "at")
+        self._ready()
+        return by_due(self._claim(at, at + self.claim_timeout, limit))
+
+    def next_due(self) -> datetime | None:
+        self._ready()
+        return self._next_due()
+
+    def remove(self, message_id: str) -> bool:
+        return self.remove_many([message_id]) == 1
+
+    def remove_many(self, message_ids: Sequence[str]) -> int:
+        self._ready()
+        return self._delete(list(message_ids)) if message_ids else 0
+
+    def increment_failure_count(self, message_id: str) -> bool:
+        self._ready()
+        return self._fail(message_id)
+
+    def release(self, message_ids: Sequence[str]) -> int:
+        self._ready()
+        return self._release(list(message_ids)) if message_ids else 0
+
+    def get(self, message_id: str) -> DelayedMessage | None:
+        self._ready()
+        return self._get(message_id)
+
+    def cancel(self, message_id: str) -> bool:
+        """Cancel a stored message; MessageInFlight while a dispatcher holds it."""
+        self._ready()
+        if self._delete_unclaimed(message_id, self.clock.now()):
+            return True
+        return self._refuse_in_flight(message_id)
+
+    def reschedule(self, message_id: str, due_at: datetime) -> bool:
+        """Move a stored message's due time; MessageInFlight while a dispatcher holds it."""
+        due_at = check_due_time(due_at)
+        self._ready()
+        if self._reschedule_unclaimed(message_id, due_at, self.clock.now()):
+            self._announce(due_at)
+            return True
+        return self._refuse_in_flight(message_id)
+
+    def _refuse_in_flight(self, message_id: str) -> bool:
+        """The in-flight rule: a change that did not apply to a message that exists means a
+        dispatcher is forwarding it; to one that does not exist, it is gone (False)."""
+        if self._get(message_id) is not None:
+            raise in_flight(message_id)
+        return False
+
+    def list(self, query: ListQuery) -> Page:
+        """One page, ordered by due time then id; pass ``next_cursor`` back as ``after``."""
+        for name, value in (("due_before", query.due_before), ("due_after", query.due_after)):
+            if value is not None:
+                check_due_time(value, name)
+        self._ready()
+        rows = self._select(query, query.limit + 1)
+        page = rows[: query.limit]
+        more = len(rows) > query.limit and bool(page)
+        return Page(page, (page[-1].due_at, page[-1].message_id) if more else None)
+
+    def counts(self, at: datetime) -> StoreCounts:
+        at = check_due_time(at, "at")
+        self._ready()
+        return replace(self._count(at), next_due=self._next_due())
+
+    def close(self) -> None:
+        self._close()

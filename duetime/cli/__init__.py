@@ -1,0 +1,43 @@
+"""The `duetime` command: one module per command group, put together here.
+
+``duetime.cli.common`` holds the app and the options every command shares; ``run``, ``messages``,
+``errors``, ``queues``, ``rabbitmq`` and ``bulk`` each add their commands to it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from duetime.cli.bulk import bulk_app
+from duetime.cli.common import app
+from duetime.cli.rabbitmq import rabbitmq_app
+from duetime.errors import DuetimeError
+from duetime.logs import quiet_drivers
+from duetime.terminal import fail
+
+for _group in ("run", "messages", "errors", "queues"):  # each adds its commands, in --help's order
+    importlib.import_module(f"duetime.cli.{_group}")
+app.add_typer(bulk_app, name="bulk")
+app.add_typer(rabbitmq_app, name="rabbitmq")
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
+    try:
+        app()
+    except DuetimeError as error:  # bad input found before any async work started
+        fail(str(error))
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as error:  # a bug of ours: still one line, the traceback only on request
+        if os.environ.get("DUETIME_DEBUG"):
+            raise
+        fail(
+            f"internal error ({type(error).__name__}: {error}); this is a duetime bug, please report it "
+            "with the output of the same command run with DUETIME_DEBUG=1."
+        )
+        sys.exit(1)

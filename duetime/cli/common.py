@@ -1,0 +1,133 @@
+"""What every command shares: the app, its options, and how a URL becomes a store or a transport."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from duetime.clock import SYSTEM
+from duetime.durations import parse_duration, parse_time
+from duetime.interfaces import (
+    DelayedMessageStore,
+    TransactionalStore,
+    Transport,
+)
+from duetime.logs import LogFormat, configure
+from duetime.message import check_due_time
+from duetime.registry import check_store_exists, default_transport, open_store
+from duetime.settings import TransactionMode
+from duetime.terminal import err, say
+
+T = TypeVar("T")
+DEFAULT_STORE = "sqlite:///duetime.db"
+
+app = typer.Typer(
+    help=(
+        "duetime keeps delayed messages in a durable store and forwards each to its destination "
+        "when it is due.\n\nStart with `duetime demo`. Then: `duetime setup`, `duetime queues declare "
+        "orders`, `duetime schedule orders 'hello' --in 10s`, and `duetime run` to deliver."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+errors_app = typer.Typer(help="Inspect the error queue and send messages back for another try.")
+queues_app = typer.Typer(
+    help="Declare and consume the queues duetime delivers into (SQL queues, RabbitMQ, Redis, NATS)."
+)
+app.add_typer(errors_app, name="errors")
+app.add_typer(queues_app, name="queues")
+
+StoreOpt = Annotated[
+    str,
+    typer.Option(
+        "--store", envvar="DUETIME_STORE", help="Where delayed messages are kept, e.g. sqlite:///duetime.db."
+    ),
+]
+EndpointOpt = Annotated[
+    str,
+    typer.Option(
+        "--endpoint", envvar="DUETIME_ENDPOINT", help="The endpoint; its table is <endpoint>.delayed."
+    ),
+]
+InOpt = Annotated[str | None, typer.Option("--in", help="Delay: 90, 1.5s, 10m, 1h30m, 2d.")]
+AtOpt = Annotated[str | None, typer.Option("--at", help="Due time, ISO 8601 with offset.")]
+HeaderOpt = Annotated[list[str], typer.Option("--header", "-H", help="name=value, repeatable.")]
+MessageIdOpt = Annotated[str | None, typer.Option("--id", help="Your own message id (default: generated).")]
+TransportOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--transport",
+        envvar="DUETIME_TRANSPORT",
+        help="Where due messages go. Default: the queue tables in the store's own database (SQLite, PostgreSQL).",
+    ),
+]
+
+
+def _transport_url(store: str, transport: str | None) -> str:
+    """The transport given, else the store's default (the queue tables of its own database)."""
+    return transport or default_transport(store)
+
+
+async def _open(store_url: str, endpoint: str) -> DelayedMessageStore:
+    store = open_store(check_store_exists(store_url))
+    await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+    return store
+
+
+def _due(in_: str | None, at: str | None) -> dict[str, Any]:
+    if (in_ is None) == (at is None):
+        raise typer.BadParameter("give exactly one of --in (e.g. 10m) or --at (ISO 8601 time)")
+    if in_ is not None:
+        return {"delay": parse_duration(in_)}
+    due = check_due_time(parse_time(at or ""), "--at")  # refused first, warned about after
+    if due <= SYSTEM.now():
+        say(
+            "warning:",
+            "yellow",
+            f"{due.isoformat()} has passed: the message is due now and goes at once.",
+            to=err,
+        )
+    return {"due_at": due}
+
+
+def _headers(pairs: list[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"header {pair!r} must look like name=value")
+        headers[key] = value
+    return headers
+
+
+def _logging(verbose: bool, fmt: LogFormat = LogFormat.TEXT) -> None:
+    configure(logging.DEBUG if verbose else logging.INFO, fmt)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from duetime import __version__
+
+        print(f"duetime {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """duetime keeps delayed messages in a durable store and forwards each to its destination when
+    it is due."""
+
+
+def _safest_mode(store: DelayedMessageStore, transport: Transport) -> TransactionMode:
+    """Exactly-once where the pair can keep it (one transaction moves a message), else at-least-once."""
+    if isinstance(store, TransactionalStore) and store.shares_transaction_with(transport):
+        return TransactionMode.EXACTLY_ONCE
+    return TransactionMode.AT_LEAST_ONCE

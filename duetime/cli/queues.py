@@ -1,0 +1,85 @@
+"""`duetime queues …`: declare and consume the queues duetime delivers into."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from duetime.cli.common import (
+    DEFAULT_STORE,
+    StoreOpt,
+    TransportOpt,
+    _transport_url,
+    queues_app,
+)
+from duetime.errors import ConfigurationError
+from duetime.interfaces import (
+    ReceivingTransport,
+)
+from duetime.registry import open_transport
+from duetime.terminal import console, err
+from duetime.terminal import run_async as _run
+
+
+@queues_app.command("declare")
+def queues_declare(
+    names: Annotated[list[str], typer.Argument(help="Queue names.")],
+    store: StoreOpt = DEFAULT_STORE,
+    transport: TransportOpt = None,
+) -> None:
+    """Declare queues, so messages for them are delivered (not sent to the error queue)."""
+
+    async def go() -> None:
+        t = open_transport(_transport_url(store, transport))
+        await t.start()
+        try:
+            for name in names:
+                await t.declare(name)
+        finally:
+            await t.close()
+
+    _run(go)
+    console.print(f"declared {', '.join(names)}")
+
+
+@queues_app.command("receive")
+def queues_receive(
+    name: Annotated[str, typer.Argument(help="The queue to consume.")],
+    count: Annotated[int, typer.Option(help="Stop after this many messages.")] = 10,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for messages.")] = 5.0,
+    store: StoreOpt = DEFAULT_STORE,
+    transport: TransportOpt = None,
+) -> None:
+    """Consume messages from a queue: print each as a JSON line, then acknowledge it."""
+
+    async def go() -> int:
+        t = open_transport(_transport_url(store, transport))
+        if not isinstance(t, ReceivingTransport):
+            raise ConfigurationError(f"{type(t).__name__} cannot be consumed from here.")
+        await t.start()
+        got = 0
+        try:
+            while got < count:
+                items = await t.receive(name, count - got, wait)
+                if not items:
+                    break
+                for item in items:
+                    print(
+                        json.dumps(
+                            {
+                                "id": item.message_id,
+                                "headers": dict(item.headers),
+                                "body": item.body.decode(errors="replace"),
+                            }
+                        )
+                    )
+                await t.acknowledge(items)
+                got += len(items)
+        finally:
+            await t.close()
+        return got
+
+    got = _run(go)
+    err.print(f"{got} received")

@@ -1,0 +1,189 @@
+"""`duetime setup`, `duetime run` and `duetime demo`: create the tables, deliver, try it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+
+from duetime.cli.common import (
+    DEFAULT_STORE,
+    EndpointOpt,
+    StoreOpt,
+    TransportOpt,
+    _logging,
+    _safest_mode,
+    _transport_url,
+    app,
+)
+from duetime.deadline import within
+from duetime.deliverylog import open_delivery_log
+from duetime.dispatcher import Dispatcher, run_until_signal
+from duetime.errors import one_line
+from duetime.frontdoor import FrontDoor
+from duetime.interfaces import (
+    ReceivingTransport,
+)
+from duetime.logs import LogFormat
+from duetime.registry import open_store, open_transport
+from duetime.settings import DelayedDeliverySettings, TransactionMode
+from duetime.terminal import console, guarded, say
+from duetime.terminal import run_async as _run
+from duetime.urls import redact
+
+
+@app.command()
+def setup(
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+    queue: Annotated[list[str], typer.Option("--queue", "-q", help="Also declare this SQLite queue.")] = [],  # noqa: B006
+) -> None:
+    """Create the store's tables (idempotent; safe to run from several processes at once)."""
+
+    async def go() -> None:
+        s = open_store(store)
+        await s.setup_infrastructure(endpoint)
+        if queue:
+            t = open_transport(_transport_url(store, None))
+            await t.start()
+            for name in queue:
+                await t.declare(name)
+            await t.close()
+        await s.close()
+
+    _run(go)
+    say("ready:", "green", f"endpoint {endpoint!r} in {redact(store)}")
+
+
+@app.command()
+def run(
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+    transport: TransportOpt = None,
+    mode: Annotated[
+        TransactionMode | None,
+        typer.Option(
+            help="Default: exactly-once where the transport shares the store's transaction (a SQLite "
+            "or PostgreSQL store delivering into its own queue tables), at-least-once otherwise."
+        ),
+    ] = None,
+    burst: Annotated[
+        bool,
+        typer.Option(
+            help="Store what waits at the front door, forward what is due now, then exit (cron-style)."
+        ),
+    ] = False,
+    retries: Annotated[
+        int | None, typer.Option(help="NumberOfRetries before the error queue (default 0).")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Messages claimed per round trip (default 100).")
+    ] = None,
+    error_queue: Annotated[
+        str | None, typer.Option(help="Where failed messages go (default 'error').")
+    ] = None,
+    front_door: Annotated[
+        bool,
+        typer.Option(
+            help="Also store what arrives on the <endpoint>.timeouts queue (the timeout manager queue NServiceBus senders use)."
+        ),
+    ] = True,
+    auto_setup: Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")] = True,
+    delivery_log: Annotated[
+        str | None,
+        typer.Option(
+            help="Log every delivery for `duetime bulk report`: jsonl:/folder, or a database URL "
+            "(table duetime_delivery_log).",
+            envvar="DUETIME_DELIVERY_LOG",
+        ),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every batch (debug level).")] = False,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            "--log-format",
+            envvar="DUETIME_LOG_FORMAT",
+            help="text (one line per record, UTC timestamps) or json (one object per line).",
+        ),
+    ] = LogFormat.TEXT,
+) -> None:
+    """Run the dispatcher until SIGTERM/SIGINT. Settings also come from DUETIME_* variables.
+
+    A circuit breaker that trips (the store or transport failing for 30 s) ends the process with
+    exit code 3, so a supervisor restarts it; a stop signal finishes the batch in flight first.
+    """
+    _logging(verbose, log_format)
+    changes: dict[str, Any] = {}
+    for key, value in (
+        ("transaction_mode", mode),
+        ("number_of_retries", retries),
+        ("batch_size", batch_size),
+        ("error_queue", error_queue),
+    ):
+        if value is not None:
+            changes[key] = value
+
+    async def go() -> None:
+        settings = DelayedDeliverySettings.from_env().with_changes(**changes)
+        s = open_store(store, claim_timeout=settings.claim_timeout)
+        t = open_transport(_transport_url(store, transport))
+        if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
+            settings = settings.with_changes(transaction_mode=_safest_mode(s, t))
+        if auto_setup:
+            await s.setup_infrastructure(endpoint)
+        log = None if delivery_log is None else open_delivery_log(delivery_log)
+        dispatcher = Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log)
+        try:
+            if burst:
+                if front_door and isinstance(t, ReceivingTransport):
+                    await dispatcher.start()
+                    door = FrontDoor(dispatcher, t, wait=0.5)
+                    await door.start()
+                    while await door.process_once():  # take in what waits at the front door first
+                        pass
+                stats = await dispatcher.run_burst()
+                console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
+                return
+            extra = []
+            if front_door and isinstance(t, ReceivingTransport):
+                extra.append(FrontDoor(dispatcher, t).run())
+            logging.getLogger("duetime").info(
+                "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
+                endpoint,
+                redact(store),
+                redact(_transport_url(store, transport)),
+                settings.transaction_mode.value,
+            )
+            await run_until_signal(dispatcher, *extra)
+        finally:
+            # A partitioned server may not answer a polite goodbye either: never hang on it.
+            for closing in (t.close(), s.close(), *([log.close()] if log is not None else [])):
+                try:
+                    await within(closing, 10.0, "closing")
+                except Exception as error:
+                    logging.getLogger("duetime").warning("closing failed: %s", one_line(error))
+
+    _run(go)
+
+
+@app.command()
+def demo(
+    messages: Annotated[int, typer.Option(help="How many delayed messages to schedule.")] = 5000,
+    spread: Annotated[float, typer.Option(help="Due times spread over this many seconds.")] = 3.0,
+    mode: Annotated[
+        TransactionMode, typer.Option(help="Delivery guarantee to use.")
+    ] = TransactionMode.EXACTLY_ONCE,
+    db: Annotated[
+        str | None, typer.Option(help="SQLite file to use (default: a fresh temporary one).")
+    ] = None,
+) -> None:
+    """Schedule thousands of messages, deliver them, and prove none is lost, doubled or early."""
+    from duetime.demo import run_demo
+
+    if messages < 1 or spread < 0:
+        raise typer.BadParameter("--messages must be at least 1 and --spread not negative")
+    ok = guarded(lambda: run_demo(messages, timedelta(seconds=spread), mode, db, console))
+    raise typer.Exit(0 if ok else 2)
