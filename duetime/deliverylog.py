@@ -23,7 +23,6 @@ from duetime.errors import ConfigurationError
 from duetime.interfaces import Delivery, DeliveryLog
 
 log = logging.getLogger("duetime.deliverylog")
-TABLE = "duetime_delivery_log"
 
 
 class JsonLinesDeliveryLog:
@@ -65,13 +64,7 @@ class SqlDeliveryLog:
     def _connect(self) -> Any:
         if self._conn is None:
             conn = self.db.connect()
-            d = self.db
-            d.execute(
-                conn,
-                f"CREATE TABLE IF NOT EXISTS {d.qualified(TABLE)} (message_id {d.key_text(250)} NOT NULL, "
-                f"destination {d.key_text(200)} NOT NULL, due_us BIGINT NOT NULL, dispatched_us BIGINT NOT NULL, "
-                f"attempts INTEGER NOT NULL, outcome {d.key_text(16)} NOT NULL)",
-            )
+            self.db.execute(conn, self.db.query("create_log"))
             conn.commit()
             self._conn = conn
         return self._conn
@@ -93,12 +86,7 @@ class SqlDeliveryLog:
             try:
                 if self.db.dialect == "sqlite" and not conn.in_transaction:
                     conn.execute("BEGIN IMMEDIATE")
-                self.db.executemany(
-                    conn,
-                    f"INSERT INTO {self.db.qualified(TABLE)} (message_id, destination, due_us, dispatched_us, attempts, outcome) "
-                    "VALUES (%s, %s, %s, %s, %s, %s)",
-                    rows,
-                )
+                self.db.executemany(conn, self.db.query("insert_log"), rows)
                 conn.commit()
             except Exception:
                 self._drop()

@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from duetime.errors import ConfigurationError
 from duetime.names import check_name
+from duetime.sqlfile import load_queries
 from duetime.urls import redact
 
 T = TypeVar("T")
@@ -30,6 +31,15 @@ DIALECTS = {
 }
 #: URL options the bulk jobs read themselves; everything else goes to the store or the driver.
 BULK_OPTIONS = ("layout", "table", "schema")
+#: The tables duetime keeps beside the stores, by the name ``sqldb.sql`` uses for them.
+STATE_TABLES = {
+    "runs": "duetime_bulk_runs",
+    "batches": "duetime_bulk_batches",
+    "staged": "duetime_bulk_staged",
+    "ledger": "duetime_bulk_ledger",
+    "scheduled": "duetime_bulk_scheduled",
+    "log": "duetime_delivery_log",
+}
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,23 @@ class Database:
         if self.dialect == "postgres":
             return f"{self.quote(self.schema or 'public')}.{self.quote(table)}"
         return self.quote(table)
+
+    def query(self, name: str, **names: object) -> str:
+        """The statement ``name`` of ``sqldb.sql`` in this dialect, with the state tables, the column
+        types and ``names`` (a table, an IN list's marks) filled in."""
+        queries = load_queries("duetime", "sqldb.sql")
+        text = queries.get(f"{name}.{self.dialect}") or queries[name]
+        return text.format_map({**self._words(), **names})
+
+    def _words(self) -> dict[str, str]:
+        words = {key: self.qualified(table) for key, table in STATE_TABLES.items()}
+        words |= {f"key{n}": self.key_text(n) for n in (16, 64, 200, 250)}
+        words |= {
+            "text": self.text,
+            "blob": self.blob,
+            "lock": "" if self.dialect == "sqlite" else " FOR UPDATE",
+        }
+        return words
 
     def sql(self, text: str) -> str:
         """Queries are written with ``%s``; sqlite3 wants ``?``."""
@@ -158,11 +185,9 @@ class Database:
         if (
             self.dialect == "postgres"
             and self.schema
-            and not self.execute(
-                conn, "SELECT 1 FROM pg_namespace WHERE nspname=%s", [self.schema]
-            ).fetchone()
+            and not self.execute(conn, self.query("schema_exists"), [self.schema]).fetchone()
         ):
-            self.execute(conn, f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}")
+            self.execute(conn, self.query("create_schema", schema=self.quote(self.schema)))
 
     def retrying(self, action: Callable[[], T], attempts: int = 8) -> T:
         """Run a whole transaction again when the database chose it as a deadlock victim."""
@@ -186,38 +211,12 @@ class Database:
             cur.executemany(self.sql(text), [tuple(r) for r in rows])
 
     def table_exists(self, conn: Any, table: str) -> bool:
-        if self.dialect == "sqlite":
-            row = self.execute(
-                conn, "SELECT 1 FROM sqlite_master WHERE type='table' AND name=%s", [table]
-            ).fetchone()
-        elif self.dialect == "postgres":
-            row = self.execute(
-                conn,
-                "SELECT 1 FROM information_schema.tables WHERE table_schema=%s AND table_name=%s",
-                [self.schema or "public", table],
-            ).fetchone()
-        else:
-            row = self.execute(
-                conn,
-                "SELECT 1 FROM information_schema.tables WHERE table_schema=DATABASE() AND table_name=%s",
-                [table],
-            ).fetchone()
-        return row is not None
+        where = [self.schema or "public", table] if self.dialect == "postgres" else [table]
+        return self.execute(conn, self.query("table_exists"), where).fetchone() is not None
 
     def tables(self, conn: Any) -> list[str]:
-        if self.dialect == "sqlite":
-            rows = self.execute(conn, "SELECT name FROM sqlite_master WHERE type='table'").fetchall()
-        elif self.dialect == "postgres":
-            rows = self.execute(
-                conn,
-                "SELECT table_name FROM information_schema.tables WHERE table_schema=%s",
-                [self.schema or "public"],
-            ).fetchall()
-        else:
-            rows = self.execute(
-                conn, "SELECT table_name FROM information_schema.tables WHERE table_schema=DATABASE()"
-            ).fetchall()
-        return sorted(str(r[0]) for r in rows)
+        where = [self.schema or "public"] if self.dialect == "postgres" else []
+        return sorted(str(r[0]) for r in self.execute(conn, self.query("tables"), where).fetchall())
 
     def chunks(self, items: Sequence[Any], size: int = 1000) -> Iterator[Sequence[Any]]:
         for start in range(0, len(items), size):

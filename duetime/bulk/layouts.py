@@ -100,9 +100,7 @@ class DuetimeLayout(Layout):
         schema = self.db.qualified("duetime_schema") if self.db.dialect == "postgres" else "duetime_schema"
         if not self.db.table_exists(conn, "duetime_schema"):
             return []
-        rows = self.db.execute(
-            conn, f"SELECT component FROM {schema} WHERE component LIKE 'store:%%'"
-        ).fetchall()
+        rows = self.db.execute(conn, self.db.query("store_components", table=schema)).fetchall()
         tables = sorted(str(r[0])[len("store:") :] for r in rows)
         return [(self.endpoint_of(t), t) for t in tables if self.db.table_exists(conn, t)]
 
@@ -195,23 +193,7 @@ class TimeoutDataLayout(Layout):
         )
 
     def create_sql(self, table: str) -> str:
-        q = self.db.qualified(table)
-        if self.db.dialect == "postgres":
-            return (
-                f'CREATE TABLE IF NOT EXISTS {q} ("Id" uuid PRIMARY KEY, "Destination" varchar(200), '
-                '"SagaId" uuid, "State" bytea, "Time" timestamp, "Headers" text, '
-                '"PersistenceVersion" varchar(23) NOT NULL)'
-            )
-        if self.db.dialect == "mysql":
-            return (
-                f"CREATE TABLE IF NOT EXISTS {q} (Id VARCHAR(36) PRIMARY KEY, Destination VARCHAR(200), "
-                "SagaId VARCHAR(36), State LONGBLOB, Time DATETIME(6), Headers LONGTEXT, "
-                "PersistenceVersion VARCHAR(23) NOT NULL) DEFAULT CHARSET=utf8mb4"
-            )
-        return (
-            f"CREATE TABLE IF NOT EXISTS {q} (Id TEXT PRIMARY KEY, Destination TEXT, SagaId TEXT, "
-            "State BLOB, Time TEXT, Headers TEXT, PersistenceVersion TEXT NOT NULL)"
-        )
+        return self.db.query("create_timeoutdata", table=self.db.qualified(table))
 
 
 class MsmqLayout(Layout):
@@ -251,22 +233,7 @@ class MsmqLayout(Layout):
         return (record.message_id, record.destination, record.body, due, headers, record.failure_count)
 
     def create_sql(self, table: str) -> str:
-        q = self.db.qualified(table)
-        if self.db.dialect == "postgres":
-            return (
-                f'CREATE TABLE IF NOT EXISTS {q} ("Id" varchar(250) PRIMARY KEY, "Destination" varchar(200), '
-                '"State" bytea, "Time" timestamp, "Headers" bytea, "RetryCount" integer NOT NULL DEFAULT 0)'
-            )
-        if self.db.dialect == "mysql":
-            return (
-                f"CREATE TABLE IF NOT EXISTS {q} (Id VARCHAR(250) PRIMARY KEY, Destination VARCHAR(200), "
-                "State LONGBLOB, Time DATETIME(6), Headers LONGBLOB, RetryCount INT NOT NULL DEFAULT 0) "
-                "DEFAULT CHARSET=utf8mb4"
-            )
-        return (
-            f"CREATE TABLE IF NOT EXISTS {q} (Id TEXT PRIMARY KEY, Destination TEXT, State BLOB, "
-            "Time TEXT, Headers BLOB, RetryCount INTEGER NOT NULL DEFAULT 0)"
-        )
+        return self.db.query("create_msmq", table=self.db.qualified(table))
 
 
 def layout_for(db: Database) -> Layout:

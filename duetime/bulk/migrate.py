@@ -21,15 +21,15 @@ import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from duetime.bulk.frames import checked_rdd, file_kind
 from duetime.bulk.records import Record, problem
-from duetime.bulk.sources import BATCHES, RUNS, STAGED, Batch, DbSource, batch_of, spec_json
+from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
-from duetime.clock import to_micros
+from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
 
@@ -78,7 +78,7 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
         return _migrate_files(spark, spec, progress)
     source = DbSource(Database.from_url(spec.source))
     target = open_target(spec.target)
-    now_us = to_micros(datetime.now(UTC))
+    now_us = to_micros(SYSTEM.now())
     source.ensure_state_tables()
     run_id, fresh = _current_run(source, spec, now_us)
     if run_id is None:
@@ -106,7 +106,7 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
     _set_run(source, run_id, "completed")
     target.forget(run_id)
     tables = sorted({(r["endpoint"], r["source_table"]) for r in rows})
-    result.remaining = source.remaining(tables, spec.cutoff_us, to_micros(datetime.now(UTC)))
+    result.remaining = source.remaining(tables, spec.cutoff_us, to_micros(SYSTEM.now()))
     if result.remaining:
         result.notes.append(
             f"{result.remaining} selected messages are still in the source (in flight, put back, or "
@@ -150,7 +150,7 @@ def abort(spec: MigrationSpec) -> MigrationResult:
                 restored += source.restore(run_id, batch)
         elif row["status"] == "pending":
             with source.db.session() as conn:
-                source._set(conn, run_id, batch.number, status="aborted")
+                source.db.execute(conn, source.db.query("set_batch_aborted"), [None, run_id, batch.number])
     _set_run(source, run_id, "aborted")
     target.forget(run_id)
     result = _summarize(run_id, source.batches(run_id))
@@ -173,7 +173,7 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
         if moved is not None:
             return moved
     if row["status"] == "pending":
-        staged = source.stage(run_id, batch, spec.cutoff_us, to_micros(datetime.now(UTC)))
+        staged = source.stage(run_id, batch, spec.cutoff_us, to_micros(SYSTEM.now()))
         row = {r["batch"]: r for r in source.batches(run_id)}[number]
         if staged >= 0 and int(row["staged"]) != staged:
             raise RuntimeError(f"batch {number}: staged count {row['staged']} != {staged}")
@@ -206,7 +206,7 @@ def _move_in_place(
     d, lay = source.db, source.layout
     exprs = lay.record_sql()
     assert exprs is not None
-    now_us = to_micros(datetime.now(UTC))
+    now_us = to_micros(SYSTEM.now())
     where, params = source._bucket_where(batch, spec.cutoff_us, now_us)
     table = d.qualified(batch.table)
     light = ", ".join(exprs[:4]) + f", {exprs[5]}"
@@ -244,10 +244,7 @@ def _move_checked(
     table = d.qualified(batch.table)
     with d.session() as conn:
         present = {
-            r[0]
-            for r in d.execute(
-                conn, f"SELECT message_id FROM {target_table} WHERE message_id = ANY(%s)", [wanted]
-            ).fetchall()
+            r[0] for r in d.execute(conn, d.query("existing_ids", table=target_table), [wanted]).fetchall()
         }
         movable = [i for i in wanted if i not in present]
         if not source._claim_status(conn, run_id, batch.number, "pending"):
@@ -269,15 +266,10 @@ def _move_checked(
         notes = [f"{i}: {why}" for i, why in list(problems.items())[:20]] + [
             f"{i}: already in the target" for i in list(present)[:20]
         ]
-        source._set(
+        d.execute(
             conn,
-            run_id,
-            batch.number,
-            status="completed",
-            staged=int(counts[0]) + left,
-            inserted=int(counts[1]),
-            put_back=left,
-            note="\n".join(notes),
+            d.query("set_batch_moved"),
+            [int(counts[0]) + left, int(counts[1]), left, "\n".join(notes), run_id, batch.number],
         )
         if counts[1]:
             target._notify(conn, {target.layout.table_for(batch.endpoint): records})
@@ -340,22 +332,12 @@ def _run_tasks(
 
 def _done(source: DbSource, run_id: str) -> int:
     with source.db.session(write=False) as conn:
-        return int(
-            source.db.execute(
-                conn,
-                f"SELECT COUNT(*) FROM {source.db.qualified(BATCHES)} WHERE run_id=%s AND status IN ('completed', 'aborted')",
-                [run_id],
-            ).fetchone()[0]
-        )
+        return int(source.db.execute(conn, source.db.query("finished_batches"), [run_id]).fetchone()[0])
 
 
 def _latest_run(source: DbSource, job: str) -> tuple[str, int, str] | None:
     with source.db.session(write=False) as conn:
-        row = source.db.execute(
-            conn,
-            f"SELECT run_id, generation, status FROM {source.db.qualified(RUNS)} WHERE job=%s ORDER BY generation DESC LIMIT 1",
-            [job],
-        ).fetchone()
+        row = source.db.execute(conn, source.db.query("latest_run"), [job]).fetchone()
     return None if row is None else (str(row[0]), int(row[1]), str(row[2]))
 
 
@@ -373,7 +355,7 @@ def _current_run(source: DbSource, spec: MigrationSpec, now_us: int) -> tuple[st
     with d.session() as conn:
         d.execute(
             conn,
-            f"INSERT INTO {d.qualified(RUNS)} (run_id, job, generation, status, spec) VALUES (%s, %s, %s, 'running', %s)",
+            d.query("insert_run"),
             [
                 run_id,
                 spec.job,
@@ -385,8 +367,7 @@ def _current_run(source: DbSource, spec: MigrationSpec, now_us: int) -> tuple[st
         )
         d.executemany(
             conn,
-            f"INSERT INTO {d.qualified(BATCHES)} (run_id, batch, endpoint, source_table, lower_key, upper_key, status, planned) "
-            "VALUES (%s, %s, %s, %s, %s, %s, 'pending', %s)",
+            d.query("insert_batch"),
             [(run_id, b.number, b.endpoint, b.table, b.lower, b.upper, b.planned) for b in batches],
         )
     return run_id, True
@@ -394,9 +375,7 @@ def _current_run(source: DbSource, spec: MigrationSpec, now_us: int) -> tuple[st
 
 def _set_run(source: DbSource, run_id: str, status: str) -> None:
     with source.db.session() as conn:
-        source.db.execute(
-            conn, f"UPDATE {source.db.qualified(RUNS)} SET status=%s WHERE run_id=%s", [status, run_id]
-        )
+        source.db.execute(conn, source.db.query("set_run_status"), [status, run_id])
 
 
 def _summarize(run_id: str, rows: list[dict[str, Any]]) -> MigrationResult:

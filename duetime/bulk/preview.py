@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from duetime.bulk.frames import checked_rdd, file_kind
 from duetime.bulk.sources import Batch, DbSource
-from duetime.clock import from_micros, to_micros
+from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.sqldb import Database
 
 
@@ -52,7 +52,7 @@ def source_rdd(
             rdd if cutoff_us is None else rdd.filter(lambda p: p[0].due_us is None or p[0].due_us > cutoff_us)
         )
     source = DbSource(Database.from_url(source_url), in_flight=in_flight)
-    now_us = to_micros(datetime.now(UTC))
+    now_us = to_micros(SYSTEM.now())
     batches = source.plan(endpoint, cutoff_us, now_us, batch_rows)
     url = source_url
 

@@ -12,13 +12,12 @@ import html
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from duetime.bulk.preview import source_rdd
-from duetime.clock import from_micros, to_micros
-from duetime.deliverylog import TABLE
+from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.sqldb import Database
 
 #: Due-time buckets, from now: (name, upper bound in seconds from now; None = no bound)
@@ -68,7 +67,7 @@ def horizon_of(due_us: int | None, now_us: int) -> str:
 def backlog(
     spark: Any, store_url: str, endpoint: str | None = None, now: datetime | None = None, top: int = 10
 ) -> Report:
-    moment = now or datetime.now(UTC)
+    moment = now or SYSTEM.now()
     now_us = to_micros(moment)
     rdd = source_rdd(spark, store_url, endpoint, None, in_flight=True).map(lambda p: p[0]).cache()
     try:
@@ -156,11 +155,7 @@ def _log_frame(spark: Any, log: str) -> Any:
     def read(bucket: int) -> Any:
         d = Database.from_url(url)
         with d.session(write=False) as conn:
-            cur = d.execute(
-                conn,
-                f"SELECT due_us, dispatched_us, outcome FROM {d.qualified(TABLE)} WHERE {d.bucket('message_id', buckets)} = %s",
-                [bucket],
-            )
+            cur = d.execute(conn, d.query("log_bucket", bucket=d.bucket("message_id", buckets)), [bucket])
             while rows := cur.fetchmany(5000):
                 yield from ((int(a), int(b), str(c)) for a, b, c in rows)
 

@@ -16,11 +16,11 @@ from typing import Any
 from duetime.bulk.layouts import Layout, layout_for
 from duetime.bulk.records import FIELDS, Record
 from duetime.errors import ConfigurationError
-from duetime.sqldb import Database
+from duetime.sqldb import STATE_TABLES, Database
 
-RUNS = "duetime_bulk_runs"
-BATCHES = "duetime_bulk_batches"
-STAGED = "duetime_bulk_staged"
+RUNS = STATE_TABLES["runs"]
+BATCHES = STATE_TABLES["batches"]
+STAGED = STATE_TABLES["staged"]
 
 
 @dataclass(frozen=True)
@@ -119,32 +119,19 @@ class DbSource:
 
     def ensure_state_tables(self) -> None:
         d = self.db
-        key, text, blob = d.key_text(64), d.text, d.blob
         with d.session() as conn:
             d.ensure_schema(conn)
-            d.execute(
-                conn,
-                f"CREATE TABLE IF NOT EXISTS {d.qualified(RUNS)} (run_id {key} PRIMARY KEY, job {key} NOT NULL, "
-                f"generation INTEGER NOT NULL, status {d.key_text(16)} NOT NULL, spec {text} NOT NULL)",
-            )
-            d.execute(
-                conn,
-                f"CREATE TABLE IF NOT EXISTS {d.qualified(BATCHES)} (run_id {key} NOT NULL, batch INTEGER NOT NULL, "
-                f"endpoint {d.key_text(200)} NOT NULL, source_table {d.key_text(250)} NOT NULL, lower_key {d.key_text(250)}, "
-                f"upper_key {d.key_text(250)}, status {d.key_text(16)} NOT NULL, planned BIGINT NOT NULL, "
-                "staged BIGINT, inserted BIGINT, put_back BIGINT, note "
-                f"{text}, PRIMARY KEY (run_id, batch))",
-            )
-            d.execute(
-                conn,
-                f"CREATE TABLE IF NOT EXISTS {d.qualified(STAGED)} (run_id {key} NOT NULL, batch INTEGER NOT NULL, "
-                f"endpoint {d.key_text(200)} NOT NULL, message_id {d.key_text(250)} NOT NULL, destination {text}, "
-                f"due_us BIGINT, headers {text}, body {blob} NOT NULL, failure_count INTEGER NOT NULL, extra {text})",
-            )
-            if not _index_exists(d, conn):
+            for name in ("create_runs", "create_batches", "create_staged"):
+                d.execute(conn, d.query(name))
+            if (
                 d.execute(
-                    conn, f"CREATE INDEX duetime_bulk_staged_batch ON {d.qualified(STAGED)} (run_id, batch)"
-                )
+                    conn,
+                    d.query("staged_index_exists"),
+                    [d.schema or "public"] if d.dialect == "postgres" else [],
+                ).fetchone()
+                is None
+            ):
+                d.execute(conn, d.query("create_staged_index"))
 
     def stage(self, run_id: str, batch: Batch, cutoff_us: int | None, now_us: int) -> int:
         return self.db.retrying(lambda: self._stage(run_id, batch, cutoff_us, now_us))
@@ -169,7 +156,7 @@ class DbSource:
                     [*params, run_id, batch.number, batch.endpoint],
                 )
                 staged = cur.rowcount
-                self._set(conn, run_id, batch.number, status="staged", staged=staged)
+                self._set_staged(conn, run_id, batch.number, staged)
                 return int(staged)
             if d.dialect == "mysql":
                 # Lock by primary key only: a locking scan of the whole table deadlocks with its twins.
@@ -205,32 +192,22 @@ class DbSource:
                 raise RuntimeError(
                     f"batch {batch.number}: staged {len(records)} rows but removed {removed}; rolled back"
                 )
-            self._set(conn, run_id, batch.number, status="staged", staged=len(records))
+            self._set_staged(conn, run_id, batch.number, len(records))
             return len(records)
 
     def _insert_staged(self, conn: Any, run_id: str, batch: int, records: Sequence[Record]) -> None:
-        cols = "run_id, batch, " + ", ".join(f if f != "due_us" else "due_us" for f in FIELDS)
-        marks = ", ".join(["%s"] * (len(FIELDS) + 2))
         if self.db.dialect == "postgres":
-            with conn.cursor().copy(f"COPY {self.db.qualified(STAGED)} ({cols}) FROM STDIN") as copy:
+            with conn.cursor().copy(self.db.query("copy_staged")) as copy:
                 for r in records:
                     copy.write_row((run_id, batch, *r))
             return
-        self.db.executemany(
-            conn,
-            f"INSERT INTO {self.db.qualified(STAGED)} ({cols}) VALUES ({marks})",
-            [(run_id, batch, *r) for r in records],
-        )
+        self.db.executemany(conn, self.db.query("insert_staged"), [(run_id, batch, *r) for r in records])
 
     def staged(self, run_id: str, batch: int, *, bodies: bool = True) -> list[Record]:
         """The batch's staged records; without ``bodies`` (enough to validate) they read as b""."""
-        columns = ", ".join(f if bodies or f != "body" else "NULL" for f in FIELDS)
+        name = "staged_rows" if bodies else "staged_rows_without_bodies"
         with self.db.session(write=False) as conn:
-            rows = self.db.execute(
-                conn,
-                f"SELECT {columns} FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
-                [run_id, batch],
-            ).fetchall()
+            rows = self.db.execute(conn, self.db.query(name), [run_id, batch]).fetchall()
         return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5] or b""), int(r[6]), r[7]) for r in rows]
 
     def complete(self, run_id: str, batch: Batch, put_back: Sequence[str], inserted: int, note: str) -> None:
@@ -242,13 +219,9 @@ class DbSource:
             if not self._claim_status(conn, run_id, batch.number, "staged"):
                 return
             back = self._put_back(conn, run_id, batch, set(put_back))
+            self.db.execute(conn, self.db.query("delete_staged"), [run_id, batch.number])
             self.db.execute(
-                conn,
-                f"DELETE FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
-                [run_id, batch.number],
-            )
-            self._set(
-                conn, run_id, batch.number, status="completed", inserted=inserted, put_back=back, note=note
+                conn, self.db.query("set_batch_completed"), [inserted, back, note, run_id, batch.number]
             )
 
     def restore(self, run_id: str, batch: Batch) -> int:
@@ -260,12 +233,8 @@ class DbSource:
             if not self._claim_status(conn, run_id, batch.number, "staged"):
                 return 0
             back = self._put_back(conn, run_id, batch, None)
-            self.db.execute(
-                conn,
-                f"DELETE FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
-                [run_id, batch.number],
-            )
-            self._set(conn, run_id, batch.number, status="aborted", put_back=back)
+            self.db.execute(conn, self.db.query("delete_staged"), [run_id, batch.number])
+            self.db.execute(conn, self.db.query("set_batch_aborted"), [back, run_id, batch.number])
             return back
 
     def _put_back(self, conn: Any, run_id: str, batch: Batch, only: set[str] | None) -> int:
@@ -284,38 +253,19 @@ class DbSource:
         return len(records)
 
     def _staged_in(self, conn: Any, run_id: str, batch: int) -> list[Record]:
-        rows = self.db.execute(
-            conn,
-            f"SELECT {', '.join(FIELDS)} FROM {self.db.qualified(STAGED)} WHERE run_id=%s AND batch=%s",
-            [run_id, batch],
-        ).fetchall()
+        rows = self.db.execute(conn, self.db.query("staged_rows"), [run_id, batch]).fetchall()
         return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), int(r[6]), r[7]) for r in rows]
 
     def _claim_status(self, conn: Any, run_id: str, batch: int, expected: str) -> bool:
-        lock = "" if self.db.dialect == "sqlite" else " FOR UPDATE"
-        row = self.db.execute(
-            conn,
-            f"SELECT status FROM {self.db.qualified(BATCHES)} WHERE run_id=%s AND batch=%s{lock}",
-            [run_id, batch],
-        ).fetchone()
+        row = self.db.execute(conn, self.db.query("batch_status"), [run_id, batch]).fetchone()
         return row is not None and row[0] == expected
 
-    def _set(self, conn: Any, run_id: str, batch: int, **values: Any) -> None:
-        sets = ", ".join(f"{k}=%s" for k in values)
-        self.db.execute(
-            conn,
-            f"UPDATE {self.db.qualified(BATCHES)} SET {sets} WHERE run_id=%s AND batch=%s",
-            [*values.values(), run_id, batch],
-        )
+    def _set_staged(self, conn: Any, run_id: str, batch: int, staged: int) -> None:
+        self.db.execute(conn, self.db.query("set_batch_staged"), [staged, run_id, batch])
 
     def batches(self, run_id: str) -> list[dict[str, Any]]:
         with self.db.session(write=False) as conn:
-            cur = self.db.execute(
-                conn,
-                "SELECT batch, endpoint, source_table, lower_key, upper_key, status, planned, staged, inserted, put_back, note "
-                f"FROM {self.db.qualified(BATCHES)} WHERE run_id=%s ORDER BY batch",
-                [run_id],
-            )
+            cur = self.db.execute(conn, self.db.query("batches_of_run"), [run_id])
             names = [c[0] for c in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
@@ -350,29 +300,3 @@ def batch_of(row: dict[str, Any]) -> Batch:
 
 def spec_json(**spec: Any) -> str:
     return json.dumps(spec, sort_keys=True, default=str)
-
-
-def _index_exists(d: Database, conn: Any) -> bool:
-    if d.dialect == "sqlite":
-        return (
-            d.execute(conn, "SELECT 1 FROM sqlite_master WHERE name='duetime_bulk_staged_batch'").fetchone()
-            is not None
-        )
-    if d.dialect == "postgres":
-        return (
-            d.execute(
-                conn,
-                "SELECT 1 FROM pg_indexes WHERE schemaname=%s AND indexname='duetime_bulk_staged_batch'",
-                [d.schema or "public"],
-            ).fetchone()
-            is not None
-        )
-    return (
-        d.execute(
-            conn,
-            "SELECT 1 FROM information_schema.statistics WHERE table_schema=DATABASE() "
-            "AND table_name=%s AND index_name='duetime_bulk_staged_batch'",
-            [STAGED],
-        ).fetchone()
-        is not None
-    )

@@ -21,9 +21,6 @@ from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
 
-LEDGER = "duetime_bulk_ledger"
-SCHEDULED = "duetime_bulk_scheduled"
-
 
 @dataclass(frozen=True)
 class Written:
@@ -74,20 +71,17 @@ class StoreTarget:
                 store.close()
         for endpoint in sorted(set(endpoints)):
             self._check_table(self.layout.table_for(endpoint))
+        # Created here, on the driver, before any task starts: tasks creating them at once race in
+        # PostgreSQL's catalog (a unique violation on pg_type) even with IF NOT EXISTS.
         with self.db.session() as conn:
-            key = self.db.key_text(64)
-            self.db.execute(
-                conn,
-                f"CREATE TABLE IF NOT EXISTS {self.db.qualified(LEDGER)} (run_id {key} NOT NULL, "
-                f"batch INTEGER NOT NULL, inserted BIGINT NOT NULL, conflicts {self.db.text} NOT NULL, "
-                "PRIMARY KEY (run_id, batch))",
-            )
+            self.db.execute(conn, self.db.query("create_ledger"))
+            self.db.execute(conn, self.db.query("create_scheduled"))
 
     def _check_table(self, table: str) -> None:
         try:
             with self.db.session() as conn:
                 self.db.execute(
-                    conn, f"SELECT message_id, claim_token FROM {self.db.qualified(table)} WHERE 1=0"
+                    conn, self.db.query("is_duetime_store", table=self.db.qualified(table))
                 ).fetchall()
         except Exception:
             raise ConfigurationError(
@@ -100,11 +94,7 @@ class StoreTarget:
             return self._ledger(conn, run_id, batch)
 
     def _ledger(self, conn: Any, run_id: str, batch: int) -> Written | None:
-        row = self.db.execute(
-            conn,
-            f"SELECT inserted, conflicts FROM {self.db.qualified(LEDGER)} WHERE run_id=%s AND batch=%s",
-            [run_id, batch],
-        ).fetchone()
+        row = self.db.execute(conn, self.db.query("ledger_row"), [run_id, batch]).fetchone()
         return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
 
     def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
@@ -113,11 +103,7 @@ class StoreTarget:
     def _write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
         with self.db.session() as conn:
             if self.db.dialect == "mysql":  # the ledger row first: a concurrent twin waits here
-                self.db.execute(
-                    conn,
-                    f"SELECT 1 FROM {self.db.qualified(LEDGER)} WHERE run_id=%s AND batch=%s FOR UPDATE",
-                    [run_id, batch],
-                )
+                self.db.execute(conn, self.db.query("lock_ledger_row"), [run_id, batch])
             done = self._ledger(conn, run_id, batch)
             if done is not None:
                 return done
@@ -132,9 +118,7 @@ class StoreTarget:
                 conflicts += clash
             written = Written(inserted, tuple(conflicts))
             self.db.execute(
-                conn,
-                f"INSERT INTO {self.db.qualified(LEDGER)} (run_id, batch, inserted, conflicts) VALUES (%s, %s, %s, %s)",
-                [run_id, batch, inserted, json.dumps(conflicts)],
+                conn, self.db.query("insert_ledger_row"), [run_id, batch, inserted, json.dumps(conflicts)]
             )
             if self.db.dialect == "postgres":
                 self._notify(conn, by_table)
@@ -165,15 +149,11 @@ class StoreTarget:
             for record in records:
                 if record.message_id not in skip:
                     by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
-            cols = "message_id, destination, due_at, headers, body, failure_count"
             new: set[str] = set()
             for table, rows in by_table.items():
                 cur = self.db.execute(
                     conn,
-                    f"INSERT INTO {self.db.qualified(table)} ({cols}) SELECT message_id, destination, "
-                    "timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count "
-                    f"FROM {staged_table} WHERE run_id=%s AND batch=%s AND endpoint=%s "
-                    "AND NOT (message_id = ANY(%s)) ON CONFLICT (message_id) DO NOTHING RETURNING message_id",
+                    self.db.query("insert_from_staged", table=self.db.qualified(table), staged=staged_table),
                     [run_id, batch, rows[0].endpoint, list(skip)],
                 )
                 new |= {r[0] for r in cur.fetchall()}
@@ -181,59 +161,44 @@ class StoreTarget:
             written = Written(len(new), tuple(i for i in wanted if i not in new))
             self.db.execute(
                 conn,
-                f"INSERT INTO {self.db.qualified(LEDGER)} (run_id, batch, inserted, conflicts) VALUES (%s, %s, %s, %s)",
+                self.db.query("insert_ledger_row"),
                 [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
             )
             self._notify(conn, by_table)
             return written
 
     def _insert(self, conn: Any, table: str, rows: Sequence[Record]) -> tuple[int, list[str]]:
-        cols = "message_id, destination, due_at, headers, body, failure_count"
-        target = self.db.qualified(table)
+        d = self.db
+        target = d.qualified(table)
         ids = [r.message_id for r in rows]
-        if self.db.dialect == "postgres":
+        if d.dialect == "postgres":
             cur = conn.cursor()
-            cur.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (message_id text, destination text, "
-                "due_us bigint, headers text, body bytea, failure_count integer) ON COMMIT DROP"
-            )
-            cur.execute("TRUNCATE duetime_bulk_in")
-            with cur.copy("COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)") as copy:
+            cur.execute(d.query("create_incoming"))
+            cur.execute(d.query("empty_incoming"))
+            with cur.copy(d.query("copy_incoming")) as copy:
                 copy.set_types(["text", "text", "int8", "text", "bytea", "int4"])
                 for r in rows:
                     copy.write_row(
                         (r.message_id, r.destination, r.due_us, r.headers or "{}", r.body, r.failure_count)
                     )
-            # µs since 1970 to timestamptz exactly (to_timestamp() goes through a double)
-            cur.execute(
-                f"INSERT INTO {target} ({cols}) SELECT message_id, destination, "
-                "timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count "
-                "FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
-            )
+            cur.execute(d.query("insert_from_incoming", table=target))
             new = {r[0] for r in cur.fetchall()}
-        elif self.db.dialect == "mysql":
+        elif d.dialect == "mysql":
             new = set()
-            for chunk in self.db.chunks(rows, 500):
+            for chunk in d.chunks(rows, 500):
                 values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))
                 flat = [v for r in chunk for v in self.layout.to_row(r)]
-                cur = self.db.execute(
-                    conn, f"INSERT IGNORE INTO {target} ({cols}) VALUES {values} RETURNING message_id", flat
-                )
+                cur = d.execute(conn, d.query("insert_messages_ignoring", table=target, values=values), flat)
                 new |= {r[0] for r in cur.fetchall()}
         else:
             present: set[str] = set()
-            for chunk in self.db.chunks(ids, 500):
-                found = self.db.execute(
-                    conn,
-                    f"SELECT message_id FROM {target} WHERE message_id IN ({self.db.in_list(len(chunk))})",
-                    chunk,
-                ).fetchall()
+            for chunk in d.chunks(ids, 500):
+                marks = d.in_list(len(chunk))
+                found = d.execute(conn, d.query("existing_ids", table=target, marks=marks), chunk).fetchall()
                 present |= {r[0] for r in found}
             fresh = [r for r in rows if r.message_id not in present]
-            self.db.executemany(
-                conn,
-                f"INSERT INTO {target} ({cols}) VALUES (%s, %s, %s, %s, %s, %s)",
-                [self.layout.to_row(r) for r in fresh],
+            d.executemany(
+                conn, d.query("insert_message", table=target), [self.layout.to_row(r) for r in fresh]
             )
             new = {r.message_id for r in fresh}
         return len(new), [i for i in ids if i not in new]
@@ -257,17 +222,11 @@ class StoreTarget:
         delivered and removed) are skipped. The ids and the messages commit together."""
         with self.db.session() as conn:
             d = self.db
-            seen = d.qualified(SCHEDULED)
-            d.execute(
-                conn,
-                f"CREATE TABLE IF NOT EXISTS {seen} (job {d.key_text(64)} NOT NULL, message_id {d.key_text(250)} NOT NULL, "
-                "PRIMARY KEY (job, message_id))",
-            )
             if d.dialect == "sqlite":
                 conn.commit()
                 conn.execute("BEGIN IMMEDIATE")
             unique = list({r.message_id: r for r in records}.values())
-            claimed = self._claim_ids(conn, seen, job, [r.message_id for r in unique])
+            claimed = self._claim_ids(conn, job, [r.message_id for r in unique])
             unique = [r for r in unique if r.message_id in claimed]
             by_table: dict[str, list[Record]] = {}
             for record in unique:
@@ -281,44 +240,34 @@ class StoreTarget:
                 self._notify(conn, by_table)
             return Written(inserted, tuple(conflicts))
 
-    def _claim_ids(self, conn: Any, seen: str, job: str, ids: Sequence[str]) -> set[str]:
+    def _claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:
         """Record ids as scheduled by ``job``; returns those it had not scheduled before."""
         d = self.db
         if d.dialect == "postgres":
-            cur = d.execute(
-                conn,
-                f"INSERT INTO {seen} (job, message_id) SELECT %s, unnest(%s::text[]) ON CONFLICT DO NOTHING RETURNING message_id",
-                [job, list(ids)],
-            )
+            cur = d.execute(conn, d.query("claim_ids"), [job, list(ids)])
             return {r[0] for r in cur.fetchall()}
         if d.dialect == "mysql":
             claimed: set[str] = set()
             for chunk in d.chunks(ids, 500):
                 values = ", ".join(["(%s, %s)"] * len(chunk))
                 cur = d.execute(
-                    conn,
-                    f"INSERT IGNORE INTO {seen} (job, message_id) VALUES {values} RETURNING message_id",
-                    [v for i in chunk for v in (job, i)],
+                    conn, d.query("claim_ids", values=values), [v for i in chunk for v in (job, i)]
                 )
                 claimed |= {r[0] for r in cur.fetchall()}
             return claimed
         known: set[str] = set()  # SQLite: BEGIN IMMEDIATE already made this the only writer
         for chunk in d.chunks(ids, 500):
             rows = d.execute(
-                conn,
-                f"SELECT message_id FROM {seen} WHERE job=%s AND message_id IN ({d.in_list(len(chunk))})",
-                [job, *chunk],
+                conn, d.query("scheduled_ids", marks=d.in_list(len(chunk))), [job, *chunk]
             ).fetchall()
             known |= {r[0] for r in rows}
         fresh = [i for i in ids if i not in known]
-        d.executemany(
-            conn, f"INSERT INTO {seen} (job, message_id) VALUES (%s, %s)", [(job, i) for i in fresh]
-        )
+        d.executemany(conn, d.query("insert_scheduled_id"), [(job, i) for i in fresh])
         return set(fresh)
 
     def forget(self, run_id: str) -> None:
         with self.db.session() as conn:
-            self.db.execute(conn, f"DELETE FROM {self.db.qualified(LEDGER)} WHERE run_id=%s", [run_id])
+            self.db.execute(conn, self.db.query("forget_run"), [run_id])
 
 
 class FileTarget:

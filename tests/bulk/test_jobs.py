@@ -52,6 +52,21 @@ def test_schedule_stores_valid_rows_once_and_rejects_the_rest_with_reasons(
         assert set(store_rows(pg, "crm")) == set(stored) - {"r1"}
 
 
+def test_schedule_in_many_partitions_at_once_stores_every_row(spark: Any) -> None:
+    """Tasks start together on an empty database: none of them creates a table (the driver did),
+    so none loses a race in PostgreSQL's catalog and no row is left behind."""
+    due = datetime(2031, 3, 1, 9, 0, tzinfo=UTC)
+    rows = [(f"m{i}", "reminders", due, b"x", {}) for i in range(400)]
+    frame = spark.createDataFrame(
+        rows, "id string, destination string, due_at timestamp, body binary, headers map<string,string>"
+    ).repartition(8)
+    for attempt in range(3):
+        with postgres_schema() as pg:
+            done = schedule(spark, frame, pg, endpoint=f"race{attempt}", job="race")
+            assert (done.rows, done.stored, done.rejected) == (400, 400, 0)
+            assert len(store_rows(pg, f"race{attempt}")) == 400
+
+
 def test_schedule_reads_jsonl_and_parquet_files(spark: Any, tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
     path.write_text(

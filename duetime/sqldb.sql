@@ -1,0 +1,290 @@
+-- Statements run through duetime.sqldb.Database: the bulk jobs' state tables, the delivery log and
+-- the NServiceBus source layouts. `Database.query(name)` fills in:
+--   {runs} {batches} {staged} {ledger} {scheduled} {log}  the state tables, quoted and schema-qualified;
+--   {key16} {key64} {key200} {key250} {text} {blob}      the dialect's column types;
+--   {lock}                                               " FOR UPDATE", or nothing on SQLite;
+--   anything else (a {table}, {marks} for an IN list)     from the caller.
+-- A name with a dialect suffix (`name.postgres`, `name.mysql`, `name.sqlite`) wins over the plain
+-- name for that dialect. Parameters are %s (sqlite3's ? is put in by Database.execute).
+
+-- name: create_schema
+CREATE SCHEMA IF NOT EXISTS {schema}
+
+-- name: schema_exists.postgres
+SELECT 1 FROM pg_namespace WHERE nspname=%s
+
+-- name: table_exists.sqlite
+SELECT 1 FROM sqlite_master WHERE type='table' AND name=%s
+
+-- name: table_exists.postgres
+SELECT 1 FROM information_schema.tables WHERE table_schema=%s AND table_name=%s
+
+-- name: table_exists.mysql
+SELECT 1 FROM information_schema.tables WHERE table_schema=DATABASE() AND table_name=%s
+
+-- name: tables.sqlite
+SELECT name FROM sqlite_master WHERE type='table'
+
+-- name: tables.postgres
+SELECT table_name FROM information_schema.tables WHERE table_schema=%s
+
+-- name: tables.mysql
+SELECT table_name FROM information_schema.tables WHERE table_schema=DATABASE()
+
+-- ---------------------------------------------------------------------------------------------
+-- The migration's runs and batches (in the source database) and the staged rows of each batch.
+
+-- name: create_runs
+CREATE TABLE IF NOT EXISTS {runs} (
+    run_id {key64} PRIMARY KEY,
+    job {key64} NOT NULL,
+    generation INTEGER NOT NULL,
+    status {key16} NOT NULL,
+    spec {text} NOT NULL
+)
+
+-- name: create_batches
+CREATE TABLE IF NOT EXISTS {batches} (
+    run_id {key64} NOT NULL,
+    batch INTEGER NOT NULL,
+    endpoint {key200} NOT NULL,
+    source_table {key250} NOT NULL,
+    lower_key {key250},
+    upper_key {key250},
+    status {key16} NOT NULL,
+    planned BIGINT NOT NULL,
+    staged BIGINT,
+    inserted BIGINT,
+    put_back BIGINT,
+    note {text},
+    PRIMARY KEY (run_id, batch)
+)
+
+-- name: create_staged
+CREATE TABLE IF NOT EXISTS {staged} (
+    run_id {key64} NOT NULL,
+    batch INTEGER NOT NULL,
+    endpoint {key200} NOT NULL,
+    message_id {key250} NOT NULL,
+    destination {text},
+    due_us BIGINT,
+    headers {text},
+    body {blob} NOT NULL,
+    failure_count INTEGER NOT NULL,
+    extra {text}
+)
+
+-- name: create_staged_index
+CREATE INDEX duetime_bulk_staged_batch ON {staged} (run_id, batch)
+
+-- name: staged_index_exists.postgres
+SELECT 1 FROM pg_indexes WHERE schemaname=%s AND indexname='duetime_bulk_staged_batch'
+
+-- name: staged_index_exists.mysql
+SELECT 1 FROM information_schema.statistics
+WHERE table_schema=DATABASE() AND table_name='duetime_bulk_staged' AND index_name='duetime_bulk_staged_batch'
+
+-- name: staged_index_exists.sqlite
+SELECT 1 FROM sqlite_master WHERE type='index' AND name='duetime_bulk_staged_batch'
+
+-- name: latest_run
+SELECT run_id, generation, status FROM {runs} WHERE job=%s ORDER BY generation DESC LIMIT 1
+
+-- name: insert_run
+INSERT INTO {runs} (run_id, job, generation, status, spec) VALUES (%s, %s, %s, 'running', %s)
+
+-- name: set_run_status
+UPDATE {runs} SET status=%s WHERE run_id=%s
+
+-- name: insert_batch
+INSERT INTO {batches} (run_id, batch, endpoint, source_table, lower_key, upper_key, status, planned)
+VALUES (%s, %s, %s, %s, %s, %s, 'pending', %s)
+
+-- name: batch_status
+SELECT status FROM {batches} WHERE run_id=%s AND batch=%s{lock}
+
+-- name: set_batch_staged
+UPDATE {batches} SET status='staged', staged=%s WHERE run_id=%s AND batch=%s
+
+-- name: set_batch_completed
+UPDATE {batches} SET status='completed', inserted=%s, put_back=%s, note=%s WHERE run_id=%s AND batch=%s
+
+-- name: set_batch_moved
+UPDATE {batches} SET status='completed', staged=%s, inserted=%s, put_back=%s, note=%s WHERE run_id=%s AND batch=%s
+
+-- name: set_batch_aborted
+UPDATE {batches} SET status='aborted', put_back=%s WHERE run_id=%s AND batch=%s
+
+-- name: batches_of_run
+SELECT batch, endpoint, source_table, lower_key, upper_key, status, planned, staged, inserted, put_back, note
+FROM {batches} WHERE run_id=%s ORDER BY batch
+
+-- name: finished_batches
+SELECT COUNT(*) FROM {batches} WHERE run_id=%s AND status IN ('completed', 'aborted')
+
+-- name: copy_staged.postgres
+COPY {staged} (run_id, batch, endpoint, message_id, destination, due_us, headers, body, failure_count, extra)
+FROM STDIN
+
+-- name: insert_staged
+INSERT INTO {staged} (run_id, batch, endpoint, message_id, destination, due_us, headers, body, failure_count, extra)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+
+-- name: staged_rows
+SELECT endpoint, message_id, destination, due_us, headers, body, failure_count, extra
+FROM {staged} WHERE run_id=%s AND batch=%s
+
+-- name: staged_rows_without_bodies
+SELECT endpoint, message_id, destination, due_us, headers, NULL, failure_count, extra
+FROM {staged} WHERE run_id=%s AND batch=%s
+
+-- name: delete_staged
+DELETE FROM {staged} WHERE run_id=%s AND batch=%s
+
+-- ---------------------------------------------------------------------------------------------
+-- The target's ledger: one row per batch written, committed with the batch's messages.
+
+-- name: create_ledger
+CREATE TABLE IF NOT EXISTS {ledger} (
+    run_id {key64} NOT NULL,
+    batch INTEGER NOT NULL,
+    inserted BIGINT NOT NULL,
+    conflicts {text} NOT NULL,
+    PRIMARY KEY (run_id, batch)
+)
+
+-- name: ledger_row
+SELECT inserted, conflicts FROM {ledger} WHERE run_id=%s AND batch=%s
+
+-- name: lock_ledger_row
+SELECT 1 FROM {ledger} WHERE run_id=%s AND batch=%s FOR UPDATE
+
+-- name: insert_ledger_row
+INSERT INTO {ledger} (run_id, batch, inserted, conflicts) VALUES (%s, %s, %s, %s)
+
+-- name: forget_run
+DELETE FROM {ledger} WHERE run_id=%s
+
+-- name: is_duetime_store
+SELECT message_id, claim_token FROM {table} WHERE 1=0
+
+-- name: existing_ids.postgres
+SELECT message_id FROM {table} WHERE message_id = ANY(%s)
+
+-- name: existing_ids
+SELECT message_id FROM {table} WHERE message_id IN ({marks})
+
+-- name: create_incoming.postgres
+CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (
+    message_id text, destination text, due_us bigint, headers text, body bytea, failure_count integer
+) ON COMMIT DROP
+
+-- name: empty_incoming.postgres
+TRUNCATE duetime_bulk_in
+
+-- name: copy_incoming.postgres
+COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)
+
+-- µs since 1970 to timestamptz exactly (to_timestamp() goes through a double).
+-- name: insert_from_incoming.postgres
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
+SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count
+FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id
+
+-- name: insert_from_staged.postgres
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
+SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count
+FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
+ON CONFLICT (message_id) DO NOTHING RETURNING message_id
+
+-- {values} is one "(%s, %s, %s, %s, %s, %s)" per row.
+-- name: insert_messages_ignoring.mysql
+INSERT IGNORE INTO {table} (message_id, destination, due_at, headers, body, failure_count) VALUES {values}
+RETURNING message_id
+
+-- name: insert_message
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count) VALUES (%s, %s, %s, %s, %s, %s)
+
+-- ---------------------------------------------------------------------------------------------
+-- `bulk schedule`: the ids each job has stored, so a rerun stores none twice.
+
+-- name: create_scheduled
+CREATE TABLE IF NOT EXISTS {scheduled} (
+    job {key64} NOT NULL,
+    message_id {key250} NOT NULL,
+    PRIMARY KEY (job, message_id)
+)
+
+-- name: claim_ids.postgres
+INSERT INTO {scheduled} (job, message_id) SELECT %s, unnest(%s::text[]) ON CONFLICT DO NOTHING RETURNING message_id
+
+-- {values} is one "(%s, %s)" per id.
+-- name: claim_ids.mysql
+INSERT IGNORE INTO {scheduled} (job, message_id) VALUES {values} RETURNING message_id
+
+-- name: scheduled_ids
+SELECT message_id FROM {scheduled} WHERE job=%s AND message_id IN ({marks})
+
+-- name: insert_scheduled_id
+INSERT INTO {scheduled} (job, message_id) VALUES (%s, %s)
+
+-- ---------------------------------------------------------------------------------------------
+-- The delivery log (`duetime run --delivery-log URL`) and the report that reads it.
+
+-- name: create_log
+CREATE TABLE IF NOT EXISTS {log} (
+    message_id {key250} NOT NULL,
+    destination {key200} NOT NULL,
+    due_us BIGINT NOT NULL,
+    dispatched_us BIGINT NOT NULL,
+    attempts INTEGER NOT NULL,
+    outcome {key16} NOT NULL
+)
+
+-- name: insert_log
+INSERT INTO {log} (message_id, destination, due_us, dispatched_us, attempts, outcome) VALUES (%s, %s, %s, %s, %s, %s)
+
+-- {bucket} spreads rows over the report's tasks by a hash of message_id.
+-- name: log_bucket
+SELECT due_us, dispatched_us, outcome FROM {log} WHERE {bucket} = %s
+
+-- ---------------------------------------------------------------------------------------------
+-- The NServiceBus tables the migration reads (created by tests and demos as NServiceBus would).
+
+-- name: store_components
+SELECT component FROM {table} WHERE component LIKE 'store:%%'
+
+-- name: create_timeoutdata.postgres
+CREATE TABLE IF NOT EXISTS {table} (
+    "Id" uuid PRIMARY KEY, "Destination" varchar(200), "SagaId" uuid, "State" bytea, "Time" timestamp,
+    "Headers" text, "PersistenceVersion" varchar(23) NOT NULL
+)
+
+-- name: create_timeoutdata.mysql
+CREATE TABLE IF NOT EXISTS {table} (
+    Id VARCHAR(36) PRIMARY KEY, Destination VARCHAR(200), SagaId VARCHAR(36), State LONGBLOB, Time DATETIME(6),
+    Headers LONGTEXT, PersistenceVersion VARCHAR(23) NOT NULL
+) DEFAULT CHARSET=utf8mb4
+
+-- name: create_timeoutdata.sqlite
+CREATE TABLE IF NOT EXISTS {table} (
+    Id TEXT PRIMARY KEY, Destination TEXT, SagaId TEXT, State BLOB, Time TEXT, Headers TEXT,
+    PersistenceVersion TEXT NOT NULL
+)
+
+-- name: create_msmq.postgres
+CREATE TABLE IF NOT EXISTS {table} (
+    "Id" varchar(250) PRIMARY KEY, "Destination" varchar(200), "State" bytea, "Time" timestamp,
+    "Headers" bytea, "RetryCount" integer NOT NULL DEFAULT 0
+)
+
+-- name: create_msmq.mysql
+CREATE TABLE IF NOT EXISTS {table} (
+    Id VARCHAR(250) PRIMARY KEY, Destination VARCHAR(200), State LONGBLOB, Time DATETIME(6), Headers LONGBLOB,
+    RetryCount INT NOT NULL DEFAULT 0
+) DEFAULT CHARSET=utf8mb4
+
+-- name: create_msmq.sqlite
+CREATE TABLE IF NOT EXISTS {table} (
+    Id TEXT PRIMARY KEY, Destination TEXT, State BLOB, Time TEXT, Headers BLOB, RetryCount INTEGER NOT NULL DEFAULT 0
+)
