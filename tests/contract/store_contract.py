@@ -266,12 +266,16 @@ class StoreContract:
         t = now()
         await store.store_many([msg(i, t) for i in range(400)])
         claimed: list[list[str]] = [[] for _ in range(4)]
+        # Closing a store gives back what it holds unsettled (as a process that ends does), so
+        # every claimer holds its claims until all are done.
+        done = threading.Barrier(4)
 
         def claimer(slot: int) -> None:
             s = make_sync_store()
             s.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
             while batch := s.fetch_due(t, 7):
                 claimed[slot] += [m.message_id for m in batch]
+            done.wait(timeout=60)
             s.close()
 
         threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from duetime import TransactionMode
 from duetime.backends.memory import MemoryStore
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
-from tests.contract.store_contract import StoreContract
+from tests.contract.store_contract import ENDPOINT, StoreContract, msg, now
 from tests.services import mariadb_database, postgres_schema
 
 
@@ -58,6 +60,41 @@ class TestPostgresStore(StoreContract):
         from duetime.backends.postgres import SyncPostgresStore
 
         return lambda: SyncPostgresStore.from_url(url)
+
+    async def test_claim_expires_after_claim_timeout(self, store: object) -> None:  # type: ignore[override]
+        """Lock claims (the default) end with their transaction: when the claimer settles, dies,
+        or sits on them past the claim time (the server ends its session). Shown in real time
+        with a 1 s claim time; the lease form of this test runs in TestPostgresLeaseStore."""
+        from duetime.backends.postgres import SyncPostgresStore
+
+        del store
+        with postgres_schema() as url:
+            holder = SyncPostgresStore.from_url(url + "&claim_timeout=1")
+            other = SyncPostgresStore.from_url(url + "&claim_timeout=1")
+            try:
+                holder.setup_infrastructure(ENDPOINT)
+                for s in (holder, other):
+                    s.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+                t = now()
+                holder.store(msg(1, t))
+                assert [m.message_id for m in holder.fetch_due(t, 10)] == ["m-00001"]
+                assert other.fetch_due(now(), 10) == []  # held: skipped, not waited for
+                time.sleep(1.5)  # the holder froze: the server ends its session after the claim time
+                assert [m.message_id for m in other.fetch_due(now(), 10)] == ["m-00001"]
+            finally:
+                other.close()
+                holder.close()
+
+
+class TestPostgresLeaseStore(TestPostgresStore):
+    """The same contract with ``claims=lease``: the lease column instead of held row locks."""
+
+    @pytest.fixture
+    def url(self) -> Iterator[str]:
+        with postgres_schema() as url:
+            yield url + "&claims=lease"
+
+    test_claim_expires_after_claim_timeout = StoreContract.test_claim_expires_after_claim_timeout
 
 
 class TestMariadbStore(StoreContract):

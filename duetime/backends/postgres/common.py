@@ -24,7 +24,9 @@ from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.postgres")
 __all__ = ["PgNames", "PgOptions", "copy_row", "decode", "dump_headers", "reach", "reach_async"]
-OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "pool_timeout"}
+OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "pool_timeout", "claims"}
+#: How at-least-once dispatchers claim: row locks held while a batch is sent, or a lease column.
+CLAIM_KINDS = ("lock", "lease")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,9 @@ class PgOptions:
     pool_size: int = 4
     #: How long a call waits for a pooled connection before failing (then the breakers count it).
     pool_timeout: float = 5.0
+    #: "lock" (one write per message; needs pool_size >= 3) or "lease" (two writes, no open
+    #: transaction during a send). See duetime/backends/postgres/held.py.
+    claims: str = "lock"
     display: str = ""
 
     @classmethod
@@ -56,6 +61,12 @@ class PgOptions:
         conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs, quote_via=quote)))
         pool = int(number_option(ours, "pool_size", 4, whole=True))
         pool_timeout = number_option(ours, "pool_timeout", 5.0)
+        claims = ours.get("claims", "lock")
+        if claims not in CLAIM_KINDS:
+            raise ConfigurationError(
+                f"claims={claims!r} in {redact(url)} is not a way to claim; use claims=lock "
+                "(row locks held while a batch is sent, the default) or claims=lease."
+            )
         return cls(
             conninfo=conninfo,
             schema=check_name("schema", ours.get("schema", "public")),
@@ -63,14 +74,16 @@ class PgOptions:
             claim_timeout=claim,
             pool_size=pool,
             pool_timeout=pool_timeout,
+            claims=claims,
             display=redact(url),
         )
 
 
 def _end_frozen_transactions(params: list[tuple[str, str]], seconds: float) -> list[tuple[str, str]]:
     """Have the server end a session that sits idle inside a transaction for longer than a claim
-    lasts. duetime never waits inside a transaction, so only a frozen or partitioned process does;
-    its locks then come free (and its uncommitted work rolls back) instead of stalling others."""
+    lasts. Only a frozen or partitioned process waits that long inside a transaction;
+    its locks then come free (and its uncommitted work rolls back) instead of stalling others. A lock
+    claim waits in its transaction while its batch is sent, which a deadline keeps far shorter."""
     setting = f"-c idle_in_transaction_session_timeout={int(seconds * 1000)}"
     if any("idle_in_transaction_session_timeout" in value for key, value in params if key == "options"):
         return params

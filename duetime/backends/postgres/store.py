@@ -1,7 +1,9 @@
 """The PostgreSQL store (psycopg 3 and its pool): one blocking store, and the bridge for async.
 
-Claims take due rows with ``FOR UPDATE SKIP LOCKED`` in batches and mark them with a lease, so many
-dispatchers share one table and none receives another's message; storing sends ``NOTIFY`` in the
+Claims take due rows with ``FOR UPDATE SKIP LOCKED`` in batches, so many dispatchers share one
+table and none receives another's message. By default a claim keeps its rows locked in an open
+transaction while the batch is sent, and the delete commits in it: one write per message
+(``held.py``); ``?claims=lease`` marks them with a lease instead. Storing sends ``NOTIFY`` in the
 same transaction, so a sleeping dispatcher anywhere wakes when an earlier message arrives (the
 async store LISTENs while a dispatcher is subscribed).
 """
@@ -31,6 +33,7 @@ from duetime.backends.postgres.common import (
     reach,
     table_for,
 )
+from duetime.backends.postgres.held import HeldBatches
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
 from duetime.clock import from_micros, to_micros
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
@@ -39,6 +42,8 @@ from duetime.message import DelayedMessage, check_due_time, outgoing_headers_jso
 log = logging.getLogger("duetime.postgres")
 #: Above this many rows (by the planner's estimate) counts are estimates, not full scans.
 EXACT_COUNT_LIMIT = 1_000_000
+#: How soon a sleeping dispatcher looks again at due messages another dispatcher holds locked.
+HELD_RECHECK = timedelta(milliseconds=500)
 _FIELDS = ("message_id", "destination", "due_at", "headers", "body", "failure_count")
 
 
@@ -78,6 +83,19 @@ class SyncPostgresStore(StoreRules):
         self._names: PgNames | None = None
         self._pool: ConnectionPool | None = None
         self._opening = threading.Lock()
+        self._held = HeldBatches(lambda: self.pool, lambda: self.clock.monotonic())
+
+    @property
+    def holds_locks(self) -> bool:
+        """Claims as row locks: asked for, and the pool has room for two held batches and a call
+        (a smaller pool would make a claim-ahead wait for the very connection it holds)."""
+        return self.options.claims == "lock" and self.options.pool_size >= 3
+
+    @property
+    def _stale_after(self) -> float:
+        """A batch left open this long is committed as it stands, before the server's
+        idle-in-transaction limit (the claim time) could end the session and lose its deletes."""
+        return self.claim_timeout.total_seconds() / 2
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncPostgresStore:
@@ -169,25 +187,47 @@ class SyncPostgresStore(StoreRules):
         self._rowcount(names.q["notify"], {"channel": names.channel, "payload": str(to_micros(due_at))})
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        if self.holds_locks:
+            self._held.settle_stale(self._stale_after)
+            if self._held.open_batches() < self.options.pool_size - 1:
+                return self._held.claim(self.names.q["lock_due"], {"at": at, "limit": limit})
         params = {"token": uuid.uuid4(), "until": until, "at": at, "limit": limit}
         return [decode(r) for r in self._rows(self.names.q["claim_due"], params)]
 
     def _next_due(self) -> datetime | None:
+        """The earliest unclaimed due time no one holds locked, or a lease's end. A due row some
+        dispatcher holds locked is looked at again after HELD_RECHECK (a dispatcher that died frees
+        its rows at once), rather than at once and again (a spin while another one sends)."""
+        self._held.settle_stale(self._stale_after)
         q = self.names.q
         with self.pool.connection() as conn:
             unclaimed = conn.execute(q["next_unclaimed"]).fetchone()
+            unlocked = conn.execute(q["next_unlocked"]).fetchone()
             expiry = conn.execute(q["next_claim_expiry"]).fetchone()
-        times = [r[0] for r in (unclaimed, expiry) if r is not None and r[0] is not None]
+        times = [r[0] for r in (unlocked, expiry) if r is not None and r[0] is not None]
+        first = unclaimed[0] if unclaimed is not None else None
+        if first is not None and (not times or first < min(times)):  # held by a live transaction
+            times.append(max(first, self.clock.now() + HELD_RECHECK))
         return min(times).astimezone(UTC) if times else None
 
     def _delete(self, message_ids: Sequence[str]) -> int:
-        return self._rowcount(self.names.q["delete_many"], {"ids": list(message_ids)})
+        q = self.names.q
+        held, rest = self._held.split(message_ids)
+        count = sum(self._held.run(b, ids, q["delete_many"], {"ids": ids}) for b, ids in held.values())
+        return count + (self._rowcount(q["delete_many"], {"ids": rest}) if rest else 0)
 
     def _fail(self, message_id: str) -> bool:
-        return self._rowcount(self.names.q["increment_failure"], {"id": message_id}) == 1
+        q = self.names.q
+        held, _ = self._held.split([message_id])
+        for batch, ids in held.values():
+            return self._held.run(batch, ids, q["increment_failure"], {"id": message_id}) == 1
+        return self._rowcount(q["increment_failure"], {"id": message_id}) == 1
 
     def _release(self, message_ids: Sequence[str]) -> int:
-        return self._rowcount(self.names.q["release_many"], {"ids": list(message_ids)})
+        """A held row is released by its transaction ending; a leased one by clearing the lease."""
+        held, rest = self._held.split(message_ids)
+        count = sum(self._held.run(b, ids, None, {}) for b, ids in held.values())
+        return count + (self._rowcount(self.names.q["release_many"], {"ids": rest}) if rest else 0)
 
     def _get(self, message_id: str) -> DelayedMessage | None:
         rows = self._rows(self.names.q["get"], {"id": message_id})
@@ -223,7 +263,8 @@ class SyncPostgresStore(StoreRules):
             return StoreCounts(
                 total=estimate if large else one("count_total")[0][0],
                 due=one("count_due", {"at": at})[0][0],
-                claimed=one("count_claimed", {"at": at})[0][0],
+                # Leases anywhere, locks of this process (another process's locks do not show).
+                claimed=one("count_claimed", {"at": at})[0][0] + self._held.held_count(),
                 failing=one("count_failing")[0][0],
                 next_due=None,
                 by_destination={} if large else dict(one("count_by_destination")),
@@ -269,6 +310,8 @@ class SyncPostgresStore(StoreRules):
         return MoveOutcome(moved, dead)
 
     def _close(self) -> None:
+        if self._pool is not None:
+            self._held.close()
         with self._opening:
             if self._pool is not None:
                 self._pool.close()

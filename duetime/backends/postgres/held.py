@@ -1,0 +1,135 @@
+"""Claims held as row locks: an open transaction per claimed batch, one write per row.
+
+A lease claim writes every row twice (the lease, then the delete). A *lock* claim instead selects
+the due rows ``FOR UPDATE SKIP LOCKED`` in a transaction that stays open while the batch is sent;
+the delete of what was delivered (and the failure count of what was not) then commits in it. Other
+dispatchers skip locked rows exactly as they skip leased ones. If the process dies, the server ends
+the session and the rows are free at once (a lease waits out its time); a frozen process's session
+is ended by ``idle_in_transaction_session_timeout``, set to the claim time on every connection.
+
+A batch's transaction commits when every message in it has been settled (removed, failed or
+released), so the caller must settle each message it was given; :meth:`HeldBatches.settle_stale`
+commits any batch left open longer than half the claim time (its unsettled messages are then simply
+free again). A caller that claims batch after batch without settling any (a script, not a
+dispatcher, which holds at most two) gets lease claims once the pool has one connection left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from duetime.backends.postgres.common import decode
+from duetime.message import DelayedMessage
+
+
+@dataclass
+class _Batch:
+    conn: Any  # psycopg.Connection inside an open transaction
+    unsettled: set[str]
+    since: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class HeldBatches:
+    """The open claim transactions of one store, by message id; thread-safe."""
+
+    def __init__(self, pool: Callable[[], ConnectionPool], monotonic: Callable[[], float]) -> None:
+        self._pool = pool
+        self._monotonic = monotonic
+        self._by_id: dict[str, _Batch] = {}
+        self._guard = threading.Lock()
+
+    def claim(self, sql: str, params: dict[str, Any]) -> list[DelayedMessage]:
+        """Lock up to ``limit`` due rows in a new transaction left open; none found: nothing open."""
+        pool = self._pool()
+        conn = pool.getconn()
+        try:
+            # Not in a pipeline: after one, the server did not end a session left idle in the
+            # transaction (idle_in_transaction_session_timeout), which frees a frozen claimer's rows.
+            conn.execute("BEGIN")
+            rows = conn.execute(sql, params).fetchall()
+            if not rows:
+                conn.execute("COMMIT")
+                pool.putconn(conn)
+                return []
+        except BaseException:
+            pool.putconn(conn)  # the pool rolls back or discards a connection left in a transaction
+            raise
+        messages = [decode(r) for r in rows]
+        batch = _Batch(conn, {m.message_id for m in messages}, self._monotonic())
+        with self._guard:
+            for m in messages:
+                self._by_id[m.message_id] = batch
+        return messages
+
+    def open_batches(self) -> int:
+        with self._guard:
+            return len({id(b) for b in self._by_id.values()})
+
+    def held_count(self) -> int:
+        """Messages claimed here and not yet settled."""
+        with self._guard:
+            return len(self._by_id)
+
+    def split(self, message_ids: Sequence[str]) -> tuple[dict[int, tuple[_Batch, list[str]]], list[str]]:
+        """The ids held here grouped by batch, and the ids that are not held here."""
+        held: dict[int, tuple[_Batch, list[str]]] = {}
+        rest: list[str] = []
+        with self._guard:
+            for message_id in message_ids:
+                batch = self._by_id.get(message_id)
+                if batch is None:
+                    rest.append(message_id)
+                else:
+                    held.setdefault(id(batch), (batch, []))[1].append(message_id)
+        return held, rest
+
+    def run(self, batch: _Batch, ids: Sequence[str], sql: str | None, params: dict[str, Any]) -> int:
+        """Run ``sql`` (if any) in the batch's transaction, settle ``ids``; commit once all are."""
+        try:
+            with batch.lock:
+                count = batch.conn.execute(sql, params).rowcount if sql else len(ids)
+                done = self._settle(batch, ids)
+                if done:
+                    batch.conn.execute("COMMIT")
+        except BaseException:
+            self._drop(batch)  # its transaction is gone; the rows are free again
+            raise
+        if done:
+            self._pool().putconn(batch.conn)
+        return int(count)
+
+    def _settle(self, batch: _Batch, ids: Sequence[str]) -> bool:
+        with self._guard:
+            for message_id in ids:
+                batch.unsettled.discard(message_id)
+                if self._by_id.get(message_id) is batch:
+                    del self._by_id[message_id]
+            return not batch.unsettled
+
+    def _drop(self, batch: _Batch) -> None:
+        with self._guard:
+            for message_id in list(batch.unsettled):
+                if self._by_id.get(message_id) is batch:
+                    del self._by_id[message_id]
+            batch.unsettled.clear()
+        with contextlib.suppress(Exception):
+            self._pool().putconn(batch.conn)
+
+    def settle_stale(self, older_than: float) -> None:
+        """Commit what batches left open longer than ``older_than`` seconds did; free the rest."""
+        now = self._monotonic()
+        with self._guard:
+            stale = {id(b): b for b in self._by_id.values() if now - b.since > older_than}
+        for batch in stale.values():
+            with contextlib.suppress(Exception):
+                self.run(batch, list(batch.unsettled), None, {})
+
+    def close(self) -> None:
+        self.settle_stale(-1.0)
