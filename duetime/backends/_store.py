@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from duetime.clock import SystemClock
+from duetime.clock import SystemClock, to_micros
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
 from duetime.interfaces import Clock, ListQuery, Page, StoreCounts
 from duetime.message import DelayedMessage, check_due_time
@@ -58,6 +58,18 @@ def not_initialized() -> StoreNotReady:
 def dump_headers(headers: Mapping[str, str]) -> str:
     """Headers as every store keeps them: a compact JSON object of text to text."""
     return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
+
+
+def micros_row(m: DelayedMessage) -> tuple[str, str, int, str, bytes, int]:
+    """A message as the stores that keep due times as µs since 1970 insert it (SQLite, MariaDB)."""
+    return (
+        m.message_id,
+        m.destination,
+        to_micros(m.due_at),
+        dump_headers(m.headers),
+        m.body,
+        m.failure_count,
+    )
 
 
 def load_headers(text: str | bytes) -> dict[str, str]:

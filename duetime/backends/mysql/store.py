@@ -33,8 +33,8 @@ from duetime.backends._store import (
     Duplicate,
     StoreRules,
     claim_timeout_option,
-    dump_headers,
     load_headers,
+    micros_row,
     split_options,
     sql_filters,
     table_name,
@@ -227,17 +227,7 @@ class SyncMysqlStore(StoreRules):
         self._q = self._queries(self._table, "")
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
-        rows = [
-            (
-                m.message_id,
-                m.destination,
-                to_micros(m.due_at),
-                dump_headers(m.headers),
-                m.body,
-                m.failure_count,
-            )
-            for m in messages
-        ]
+        rows = [micros_row(m) for m in messages]
         q = self.q
         try:
             self._run(lambda cur: cur.executemany(q["insert"], rows), transaction=True)

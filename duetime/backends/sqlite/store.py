@@ -23,6 +23,7 @@ from duetime.backends._store import (
     Duplicate,
     StoreRules,
     claim_timeout_option,
+    micros_row,
     split_options,
     sql_filters,
     table_name,
@@ -30,7 +31,6 @@ from duetime.backends._store import (
 from duetime.backends.sqlite.connection import (
     QUERIES,
     connect,
-    dump_headers,
     load_headers,
     parse_sqlite_url,
     write_transaction,
@@ -135,17 +135,7 @@ class SyncSqliteStore(StoreRules):
         self._q = self._queries(self.table_for(endpoint))
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
-        rows = [
-            (
-                m.message_id,
-                m.destination,
-                to_micros(m.due_at),
-                dump_headers(m.headers),
-                m.body,
-                m.failure_count,
-            )
-            for m in messages
-        ]
+        rows = [micros_row(m) for m in messages]
         with self._lock:
             try:
                 with write_transaction(self._conn):
