@@ -36,7 +36,7 @@ from duetime.interfaces import (
     Transport,
 )
 from duetime.message import DelayedMessage, new_message_id
-from duetime.registry import open_store, open_sync_store, open_transport
+from duetime.registry import connect, connect_sync, open_store, open_sync_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 
 __version__ = "0.1.0"
@@ -74,6 +74,8 @@ __all__ = [
     "TransportUnavailable",
     "UnknownScheme",
     "UnsupportedTransactionMode",
+    "connect",
+    "connect_sync",
     "new_message_id",
     "open_store",
     "open_sync_store",

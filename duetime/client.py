@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from duetime.clock import SystemClock
+from duetime.closing import AsyncClosing, Closing
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.interfaces import Clock, DelayedMessageStore, ListQuery, Page, SyncDelayedMessageStore
 from duetime.message import (
     MAX_DESTINATION_LENGTH,
     MAX_ID_LENGTH,
+    Delay,
     DelayedMessage,
     check_due_time,
     check_text,
@@ -24,7 +26,7 @@ def _build(
     clock: Clock,
     destination: str,
     body: bytes,
-    delay: timedelta | float | None,
+    delay: Delay | None,
     due_at: datetime | None,
     headers: Mapping[str, str] | None,
     message_id: str | None,
@@ -70,8 +72,9 @@ def _query(destination: object, due_before: object, limit: object, after: object
     return ListQuery(destination=destination, due_before=due_before, limit=limit, after=after)
 
 
-class DelayedMessageClient:
-    """Async client. ``await client.open()`` once (it initializes the store for the endpoint)."""
+class DelayedMessageClient(AsyncClosing):
+    """Async client. ``await client.open()`` once (it initializes the store for the endpoint), or
+    get a ready one from :func:`duetime.connect`. ``async with`` closes its store."""
 
     def __init__(
         self, store: DelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
@@ -88,12 +91,16 @@ class DelayedMessageClient:
         await self.store.initialize(self.endpoint, TransactionMode.AT_LEAST_ONCE)
         return self
 
+    async def close(self) -> None:
+        """Close the store (its connections); the client cannot be used afterwards."""
+        await self.store.close()
+
     async def schedule(
         self,
         destination: str,
         body: bytes = b"",
         *,
-        delay: timedelta | float | None = None,
+        delay: Delay | None = None,
         due_at: datetime | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
@@ -111,7 +118,7 @@ class DelayedMessageClient:
         return await self.store.cancel(_id(message_id))
 
     async def reschedule(
-        self, message_id: str, *, delay: timedelta | float | None = None, due_at: datetime | None = None
+        self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None
     ) -> bool:
         due = resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
         return await self.store.reschedule(_id(message_id), due)
@@ -130,8 +137,9 @@ class DelayedMessageClient:
         return await self.store.list(_query(destination, due_before, limit, after))
 
 
-class SyncDelayedMessageClient:
-    """The blocking client, for code that is not async."""
+class SyncDelayedMessageClient(Closing):
+    """The blocking client, for code that is not async (:func:`duetime.connect_sync` gives a ready one);
+    ``with`` closes its store."""
 
     def __init__(
         self, store: SyncDelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
@@ -148,7 +156,7 @@ class SyncDelayedMessageClient:
         destination: str,
         body: bytes = b"",
         *,
-        delay: timedelta | float | None = None,
+        delay: Delay | None = None,
         due_at: datetime | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
@@ -160,11 +168,15 @@ class SyncDelayedMessageClient:
     def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
         return self.store.store_many(_messages(messages))
 
+    def close(self) -> None:
+        """Close the store (its connections); the client cannot be used afterwards."""
+        self.store.close()
+
     def cancel(self, message_id: str) -> bool:
         return self.store.cancel(_id(message_id))
 
     def reschedule(
-        self, message_id: str, *, delay: timedelta | float | None = None, due_at: datetime | None = None
+        self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None
     ) -> bool:
         return self.store.reschedule(
             _id(message_id), resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())

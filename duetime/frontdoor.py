@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from duetime.circuit import RepeatedFailuresOverTimeCircuitBreaker
 from duetime.deadline import within
@@ -26,7 +26,7 @@ from duetime.errors import (
     one_line,
 )
 from duetime.interfaces import ReceivedMessage, ReceivingTransport, Transport
-from duetime.message import DUE_AT_HEADER, DelayedMessage, check_headers, new_message_id
+from duetime.message import DUE_AT_HEADER, Delay, DelayedMessage, check_headers, new_message_id
 from duetime.names import check_name
 
 log = logging.getLogger("duetime.frontdoor")
@@ -303,7 +303,7 @@ async def send_delayed(
     destination: str,
     body: bytes = b"",
     *,
-    delay: timedelta | float | None = None,
+    delay: Delay | None = None,
     due_at: datetime | None = None,
     headers: Mapping[str, str] | None = None,
     message_id: str | None = None,

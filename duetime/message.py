@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 from duetime.clock import SYSTEM
+from duetime.durations import parse_duration
 from duetime.errors import InvalidMessage
 
 MAX_ID_LENGTH = 250
@@ -20,6 +21,9 @@ MAX_DESTINATION_LENGTH = 200
 #: broker's TTL arithmetic far from overflow.
 EARLIEST_DUE = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST_DUE = datetime(9999, 1, 1, tzinfo=UTC)
+
+#: A delay: seconds, a timedelta, or a duration as the command line takes it ("10m", "1h30m").
+Delay = timedelta | float | str
 
 
 def new_message_id() -> str:
@@ -134,7 +138,7 @@ class DelayedMessage:
         body: bytes = b"",
         *,
         due_at: datetime | None = None,
-        delay: timedelta | float | None = None,
+        delay: Delay | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
         now: datetime | None = None,
@@ -177,16 +181,21 @@ class DelayedMessage:
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
-def resolve_due_time(
-    *, due_at: datetime | None, delay: timedelta | float | None, now: datetime | None
-) -> datetime:
-    """Exactly one of ``due_at`` and ``delay`` must be given; a delay may not be negative."""
+def resolve_due_time(*, due_at: datetime | None, delay: Delay | None, now: datetime | None) -> datetime:
+    """Exactly one of ``due_at`` and ``delay`` must be given; a delay may not be negative. A delay
+    is seconds, a timedelta, or text as the command line takes it (``"10m"``)."""
     if (due_at is None) == (delay is None):
-        raise InvalidMessage("Give exactly one of due_at (an aware datetime) or delay (seconds).")
+        raise InvalidMessage(
+            "Give exactly one of due_at (an aware datetime) or delay (seconds, a timedelta or '10m')."
+        )
     if due_at is not None:
         return check_due_time(due_at)
+    if isinstance(delay, str):
+        delay = parse_duration(delay)  # "10m", "1h30m", "90s", as the command line takes them
     if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
-        raise InvalidMessage(f"delay must be seconds or a timedelta, got {type(delay).__name__}.")
+        raise InvalidMessage(
+            f"delay must be seconds, a timedelta or a duration such as '10m', got {type(delay).__name__}."
+        )
     if not isinstance(delay, timedelta) and not math.isfinite(delay):
         raise InvalidMessage(f"delay must be a finite number of seconds, got {delay}.")
     base = SYSTEM.now() if now is None else check_due_time(now, "now")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Generator
 from datetime import timedelta
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
+from duetime.names import check_name
 
 #: scheme -> (async store, sync store)
 STORES: dict[str, tuple[str, str]] = {
@@ -80,6 +83,18 @@ def _pick(kind: str, url: str, table: dict[str, Any]) -> Any:
     return table[scheme]
 
 
+#: The embedded default: a SQLite file in the working directory, no server.
+DEFAULT_STORE_URL = "sqlite:///duetime.db"
+
+
+def store_url(url: str | None) -> str:
+    """``url``, else ``DUETIME_STORE`` from the environment (as the command line reads it), else
+    the embedded default."""
+    import os
+
+    return url or os.environ.get("DUETIME_STORE") or DEFAULT_STORE_URL
+
+
 def open_store(url: str, *, claim_timeout: timedelta | None = None) -> DelayedMessageStore:
     """The async store for ``url`` (e.g. ``sqlite:///duetime.db``), not yet initialized.
 
@@ -128,3 +143,61 @@ def check_store_exists(store_url: str) -> str:
 def open_transport(url: str) -> Transport:
     """The transport for ``url`` (e.g. ``sqlite:///duetime.db`` for the local queue)."""
     return cast(Transport, _load(_pick("transport", url, TRANSPORTS)).from_url(url))
+
+
+class _Connecting:
+    """What :func:`connect` returns: ``await`` it for a client, or ``async with`` it to have the
+    client closed at the end."""
+
+    def __init__(self, url: str | None, endpoint: str, setup: bool) -> None:
+        self._args = (url, endpoint, setup)
+        self._client: DelayedMessageClient | None = None
+
+    def __await__(self) -> Generator[Any, None, DelayedMessageClient]:
+        return self._open().__await__()
+
+    async def _open(self) -> DelayedMessageClient:
+        url, endpoint, setup = self._args
+        client = DelayedMessageClient(open_store(store_url(url)), endpoint=endpoint)
+        try:
+            if setup:
+                await client.store.setup_infrastructure(client.endpoint)
+            return await client.open()
+        except BaseException:
+            await client.close()
+            raise
+
+    async def __aenter__(self) -> DelayedMessageClient:
+        self._client = await self._open()
+        return self._client
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+def connect(url: str | None = None, *, endpoint: str = "duetime", setup: bool = True) -> _Connecting:
+    """A ready async client for the store at ``url`` (default: ``DUETIME_STORE``, else the embedded
+    SQLite file ``duetime.db``), in one step: the store is opened, set up if needed (idempotent; ``setup=False``
+    to require an existing one) and initialized for ``endpoint``::
+
+        async with duetime.connect("sqlite:///duetime.db", endpoint="shop") as client:
+            await client.schedule("orders", b"hello", delay="10m")
+
+    or ``client = await duetime.connect(...)`` and ``await client.close()`` when done.
+    """
+    return _Connecting(url, check_name("endpoint", endpoint), setup)
+
+
+def connect_sync(
+    url: str | None = None, *, endpoint: str = "duetime", setup: bool = True
+) -> SyncDelayedMessageClient:
+    """:func:`connect` for blocking code: ``with duetime.connect_sync(url, endpoint="shop") as client:``."""
+    store = open_sync_store(store_url(url))
+    try:
+        if setup:
+            store.setup_infrastructure(check_name("endpoint", endpoint))
+        return SyncDelayedMessageClient(store, endpoint=endpoint)
+    except BaseException:
+        store.close()
+        raise

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from duetime.backends._store import StoreRules
+from duetime.closing import AsyncClosing
 from duetime.errors import ConfigurationError
 from duetime.interfaces import (
     ListQuery,
@@ -77,7 +78,7 @@ class _Threads:
             self._executor.shutdown(wait=True)
 
 
-class AsyncStoreBridge:
+class AsyncStoreBridge(AsyncClosing):
     """The async store contract over a blocking store, with an optional wake-up hook."""
 
     def __init__(
@@ -214,7 +215,7 @@ class SyncQueue(Protocol):
     def close(self) -> None: ...
 
 
-class AsyncQueueBridge:
+class AsyncQueueBridge(AsyncClosing):
     """The async transport over a blocking queue, opened on first use.
 
     Waiting for messages happens on a thread of its own: a consumer waiting on one queue never

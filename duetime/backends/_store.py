@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from duetime.clock import SystemClock, to_micros
+from duetime.closing import Closing
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
 from duetime.interfaces import Clock, ListQuery, Page, StoreCounts
 from duetime.message import DelayedMessage, check_due_time
@@ -144,7 +145,7 @@ def by_due(messages: Sequence[DelayedMessage]) -> list[DelayedMessage]:
     return sorted(messages, key=lambda m: (m.due_at, m.message_id))
 
 
-class StoreRules(ABC):
+class StoreRules(Closing, ABC):
     """A blocking delayed message store: the contract's rules here, the storage in the primitives.
 
     Thread-safe as long as the primitives are. ``clock`` is asked for "now" where the contract needs
@@ -176,7 +177,7 @@ class StoreRules(ABC):
     def _location(self, endpoint: str) -> str:
         """Where the endpoint's messages live, in words, for errors (``table 'x' in file.db``)."""
 
-    def _bind(self, endpoint: str) -> None:  # noqa: B027 (a hook; most backends need nothing)
+    def _bind(self, endpoint: str) -> None:
         """Prepare per-endpoint names (queries with the table name in them); nothing by default."""
 
     @abstractmethod
@@ -223,11 +224,11 @@ class StoreRules(ABC):
     def _count(self, at: datetime) -> StoreCounts:
         """Counts at ``at``; ``next_due`` is filled in by the rules."""
 
-    def _announce(self, due_at: datetime) -> None:  # noqa: B027 (a hook)
+    def _announce(self, due_at: datetime) -> None:
         """Tell sleeping dispatchers in other processes that something is due at ``due_at``
         (PostgreSQL's NOTIFY, a Redis publish); nothing where they look by themselves."""
 
-    def _close(self) -> None:  # noqa: B027 (a hook)
+    def _close(self) -> None:
         """Release connections."""
 
     # --- the rules ---------------------------------------------------------------------------

@@ -16,12 +16,12 @@ from duetime.interfaces import (
 )
 from duetime.logs import LogFormat, configure
 from duetime.message import check_due_time
-from duetime.registry import check_store_exists, default_transport, open_store
+from duetime.registry import DEFAULT_STORE_URL, check_store_exists, default_transport, open_store
 from duetime.settings import TransactionMode
 from duetime.terminal import err, say
 
 T = TypeVar("T")
-DEFAULT_STORE = "sqlite:///duetime.db"
+DEFAULT_STORE = DEFAULT_STORE_URL
 
 app = typer.Typer(
     help=(

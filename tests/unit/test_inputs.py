@@ -78,8 +78,9 @@ def test_limits_are_inclusive() -> None:
         ({"delay": float("nan")}, "finite"),
         ({"delay": float("inf")}, "finite"),
         ({"delay": 10**12}, "too long"),
-        ({"delay": True}, "seconds or a timedelta"),
-        ({"delay": "5"}, "seconds or a timedelta"),
+        ({"delay": True}, "seconds, a timedelta"),
+        ({"delay": [5]}, "seconds, a timedelta"),
+        ({"delay": "soon"}, "soon"),
     ],
 )
 def test_create_checks_delay_and_due_time(kwargs: dict[str, object], message: str) -> None:

@@ -16,7 +16,7 @@ SURFACE = {
     "SyncDelayedMessageClient", "SyncDelayedMessageStore", "SystemClock", "TransactionMode",
     "Transport", "TransportError", "TransportUnavailable", "UnknownScheme",
     "UnsupportedTransactionMode", "new_message_id", "open_store", "open_sync_store",
-    "open_transport", "send_delayed",
+    "open_transport", "send_delayed", "connect", "connect_sync",
 }  # fmt: skip
 
 

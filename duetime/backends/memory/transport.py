@@ -9,13 +9,14 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
+from duetime.closing import AsyncClosing
 from duetime.errors import DestinationNotFound
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
 
 
-class MemoryTransport:
+class MemoryTransport(AsyncClosing):
     """Queues must be declared (as on a broker); sending to an undeclared one fails the message."""
 
     def __init__(self) -> None:

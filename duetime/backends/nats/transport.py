@@ -22,6 +22,7 @@ from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBuffer
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NoStreamResponseError, NotFoundError
 
+from duetime.closing import AsyncClosing
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
@@ -44,7 +45,7 @@ def stream_name(queue: str) -> str:
 log = logging.getLogger("duetime.nats")
 
 
-class NatsTransport:
+class NatsTransport(AsyncClosing):
     def __init__(self, url: str, *, subject_prefix: str = "duetime.q.", durable: str = "duetime") -> None:
         self.url, self.subject_prefix, self.durable = url, subject_prefix, durable
         self._nc: Any = None

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from duetime.backends._bridge import AsyncQueueBridge
 from duetime.backends.postgres.common import PgNames, PgOptions, dump_headers, reach
 from duetime.clock import SYSTEM
+from duetime.closing import Closing
 from duetime.errors import ConnectionFailed, DestinationNotFound, TransportUnavailable
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
@@ -76,7 +77,7 @@ def _not_found(message: DelayedMessage) -> DestinationNotFound:
     return DestinationNotFound(f"Queue {message.destination!r} does not exist.")
 
 
-class SyncPostgresQueue:
+class SyncPostgresQueue(Closing):
     """Blocking queue API for consumers: declare, send, receive, acknowledge, peek."""
 
     def __init__(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore
-from duetime.message import DelayedMessage
+from duetime.message import Delay, DelayedMessage
 
 if TYPE_CHECKING:
     from duetime.backends.rabbitmq.native import NativeDelays
@@ -64,7 +64,7 @@ class DelayRouter:
         destination: str,
         body: bytes = b"",
         *,
-        delay: timedelta | float | None = None,
+        delay: Delay | None = None,
         due_at: datetime | None = None,
         headers: dict[str, str] | None = None,
         message_id: str | None = None,

@@ -26,7 +26,7 @@ from duetime.backends.rabbitmq.arrival import DEATH_HEADERS, arrival_headers, ea
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError
-from duetime.message import DelayedMessage, outgoing_headers
+from duetime.message import Delay, DelayedMessage, outgoing_headers
 from duetime.names import check_name
 
 __all__ = [
@@ -390,7 +390,7 @@ class NativeDelays:
         destination: str,
         body: bytes = b"",
         *,
-        delay: timedelta | float | None = None,
+        delay: Delay | None = None,
         due_at: datetime | None = None,
         headers: dict[str, str] | None = None,
         message_id: str | None = None,

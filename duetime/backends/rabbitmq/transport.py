@@ -33,6 +33,7 @@ from aiormq.exceptions import (
 
 from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
 from duetime.clock import SYSTEM
+from duetime.closing import AsyncClosing
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
@@ -55,7 +56,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes | bytearray) else str(value)
 
 
-class RabbitMqTransport:
+class RabbitMqTransport(AsyncClosing):
     """Delivers to queues on RabbitMQ through the default exchange; consumable too."""
 
     def __init__(

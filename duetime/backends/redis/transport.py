@@ -24,6 +24,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from duetime.closing import AsyncClosing
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
@@ -54,7 +55,7 @@ def _open_envelope(raw: bytes, receipt: str, queue: str) -> ReceivedMessage:
     return received(queue, meta.get("id"), meta.get("headers"), body, receipt, 1)
 
 
-class RedisTransport:
+class RedisTransport(AsyncClosing):
     def __init__(
         self,
         url: str,

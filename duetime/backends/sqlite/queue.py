@@ -24,6 +24,7 @@ from duetime.backends.sqlite.connection import (
     write_transaction,
 )
 from duetime.clock import SYSTEM, to_micros
+from duetime.closing import Closing
 from duetime.errors import DestinationNotFound
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
@@ -57,7 +58,7 @@ def _received(row: tuple[Any, ...], token: str) -> ReceivedMessage:
     return received(queue, message_id, headers, body, f"{seq}:{token}", deliveries)
 
 
-class SyncSqliteQueue:
+class SyncSqliteQueue(Closing):
     """Blocking queue API: declare, send, receive, acknowledge, peek. Thread-safe."""
 
     def __init__(
