@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 from collections.abc import Generator
 from datetime import timedelta
 from typing import Any, cast
@@ -90,8 +91,6 @@ DEFAULT_STORE_URL = "sqlite:///duetime.db"
 def store_url(url: str | None) -> str:
     """``url``, else ``DUETIME_STORE`` from the environment (as the command line reads it), else
     the embedded default."""
-    import os
-
     return url or os.environ.get("DUETIME_STORE") or DEFAULT_STORE_URL
 
 

@@ -13,7 +13,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
+from duetime import (
+    ConfigurationError,
+    DelayedDeliverySettings,
+    DelayedMessage,
+    Dispatcher,
+    MessageInFlight,
+    TransactionMode,
+)
 from duetime.backends.postgres import (
     PostgresQueueTransport,
     PostgresStore,
@@ -209,3 +216,66 @@ def test_four_dispatcher_processes_deliver_100000(pg: str, mode: TransactionMode
     else:
         assert duplicates <= 100 * made  # never more than one batch per kill
     store.close()
+
+
+HOLD_AND_WAIT = """
+import sys, time
+from datetime import UTC, datetime
+from duetime import TransactionMode
+from duetime.backends.postgres import SyncPostgresStore
+store = SyncPostgresStore.from_url(sys.argv[1])
+store.initialize("held", TransactionMode.AT_LEAST_ONCE)
+print(len(store.fetch_due(datetime.now(UTC), 10)), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_lock_claimer_frees_its_batch_at_once(pg: str) -> None:
+    """Lock claims (the default) with a 30 s claim time: the batch of a claimer killed with -9 is
+    claimable by another at once, not after 30 s (a lease would wait them out)."""
+    import sys
+
+    store = prepare(pg, "held")
+    store.store_many([DelayedMessage(f"h{i}", "orders", datetime.now(UTC)) for i in range(5)])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT, pg], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "5"
+        assert store.fetch_due(datetime.now(UTC), 10) == []  # held by the live claimer
+        with pytest.raises(MessageInFlight):
+            store.cancel("h0")  # a locked row is in flight: refused, not waited for
+        holder.kill()
+        holder.wait()
+        deadline = time.monotonic() + 5
+        claimed: list[DelayedMessage] = []
+        while not claimed and time.monotonic() < deadline:
+            claimed = store.fetch_due(datetime.now(UTC), 10)
+        assert sorted(m.message_id for m in claimed) == [f"h{i}" for i in range(5)]
+    finally:
+        holder.kill()
+        store.close()
+
+
+def test_a_pool_too_small_for_held_batches_claims_with_leases(pg: str) -> None:
+    """pool_size=2 cannot hold a batch open and still serve the next call: leases instead, which
+    another process sees as claimed."""
+    small = SyncPostgresStore.from_url(pg + "&pool_size=2")
+    assert not small.holds_locks
+    small.setup_infrastructure("small")
+    small.initialize("small", TransactionMode.AT_LEAST_ONCE)
+    small.store(DelayedMessage("s1", "orders", datetime.now(UTC)))
+    assert [m.message_id for m in small.fetch_due(datetime.now(UTC), 10)] == ["s1"]
+    other = SyncPostgresStore.from_url(pg)
+    other.initialize("small", TransactionMode.AT_LEAST_ONCE)
+    assert other.counts(datetime.now(UTC)).claimed == 1  # a lease: visible to every process
+    other.close()
+    small.close()
+
+
+def test_an_unknown_claims_option_is_one_clear_error(pg: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"claims=lock .* or claims=lease"):
+        SyncPostgresStore.from_url(pg + "&claims=sometimes")
+    result = subprocess.run(
+        duetime_cmd("stats", "--store", pg + "&claims=sometimes"), capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "claims=lock" in result.stderr and len(result.stderr.strip().splitlines()) == 1
