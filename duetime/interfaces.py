@@ -7,7 +7,7 @@ pass the object in (NServiceBus's "custom delayed message store").
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -180,18 +180,28 @@ class ReceivingTransport(Protocol):
 
 
 @runtime_checkable
-class BrowsableQueue(Transport, Protocol):
-    """A transport whose queues an operator can look into: the queue tables in SQLite and
-    PostgreSQL (the error queue's list and retry commands need it)."""
+class InspectableQueue(Transport, Protocol):
+    """A transport whose queues an operator can look into and pick messages from: every queue
+    transport, brokers included (the error queue's list, retry and discard commands need it).
+
+    On a broker a look may be a get-and-put-back; what it shows is a snapshot, and a message
+    picked by id is the operator's until acknowledged (or the transport closes)."""
 
     async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
         """Up to ``limit`` messages, oldest first, left where they are."""
 
-    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
-        """Receive one particular message (acknowledge it once handled)."""
+    async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        """Receive these particular messages (those still there); acknowledge each once handled,
+        and what is not acknowledged goes back to the queue."""
 
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
     async def depth(self, queue: str) -> int: ...
+
+
+@runtime_checkable
+class BrowsableQueue(InspectableQueue, Protocol):
+    """A queue transport that also knows every queue declared on it: the queue tables in SQLite
+    and PostgreSQL (``duetime stats`` shows their depths)."""
 
     async def queues(self) -> dict[str, int]:
         """Every declared queue and how many messages it holds."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -145,9 +145,19 @@ async def _store(
                 f"{error} {report.stored} messages from earlier chunks are stored; run again with "
                 "--skip-duplicates to store the rest and skip what is there (e.g. after an interrupted load)."
             ) from None
-        for message in batch:
-            try:
-                await store.store(message)
-                report.stored += 1
-            except DuplicateMessageId:
-                report.skipped_duplicates += 1
+        stored = await store_new(store, batch)
+        report.stored += stored
+        report.skipped_duplicates += len(batch) - stored
+
+
+async def store_new(store: DelayedMessageStore, batch: Sequence[DelayedMessage]) -> int:
+    """Store each message not stored yet (by id), one at a time; how many were new. The way to
+    resume work that stopped half-way after storing part of a batch."""
+    stored = 0
+    for message in batch:
+        try:
+            await store.store(message)
+            stored += 1
+        except DuplicateMessageId:
+            pass
+    return stored

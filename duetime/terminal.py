@@ -8,11 +8,13 @@ Our own emphasis is passed as styles, never inside the text.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 from rich.text import Text
 
 from duetime.errors import CriticalError, DuetimeError
@@ -24,6 +26,37 @@ EXIT_CRITICAL = 3
 
 console = Console(markup=False, highlight=False, soft_wrap=True)
 err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
+
+
+def table(*columns: str, free: Collection[str] = (), **options: Any) -> Table:
+    """A table whose cells never wrap (ids and times stay whole, to copy), except the ``free``
+    columns (prose such as an error text), which fold at 60 characters."""
+    t = Table(*columns, **options)
+    for column in t.columns:
+        if column.header in free:
+            column.max_width, column.overflow = 60, "fold"
+        else:
+            column.no_wrap = True
+    return t
+
+
+def show(renderable: Table, *, to: Console | None = None) -> None:
+    """Print at the table's natural width, even past the terminal's edge (or 80 columns when
+    piped): a cropped id cannot be copied."""
+    to = to or console
+    width = Measurement.get(to, to.options.update(width=10_000), renderable).maximum
+    if width <= to.width:
+        to.print(renderable)
+        return
+    wide = Console(
+        file=to.file,
+        width=width,
+        markup=False,
+        highlight=False,
+        force_terminal=to.is_terminal,
+        color_system=to.color_system,  # type: ignore[arg-type]
+    )
+    wide.print(renderable)
 
 
 def say(label: str, style: str, text: str, *, to: Console = console) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
@@ -210,7 +210,7 @@ class SyncQueue(Protocol):
     def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]: ...
     def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
     def peek(self, queue: str, limit: int) -> list[ReceivedMessage]: ...
-    def take(self, queue: str, message_id: str) -> ReceivedMessage | None: ...
+    def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]: ...
     def depth(self, queue: str) -> int: ...
     def close(self) -> None: ...
 
@@ -266,8 +266,8 @@ class AsyncQueueBridge(AsyncClosing):
     async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
         return await self._call(lambda q: q.peek(queue, limit))
 
-    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
-        return await self._call(lambda q: q.take(queue, message_id))
+    async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        return await self._call(lambda q: q.take(queue, message_ids))
 
     async def depth(self, queue: str) -> int:
         return await self._call(lambda q: q.depth(queue))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Annotated, Any, TypeVar
 
 import typer
 
 from duetime.clock import SYSTEM
 from duetime.durations import parse_duration, parse_time
+from duetime.errors import ConfigurationError
 from duetime.interfaces import (
     DelayedMessageStore,
     TransactionalStore,
@@ -131,3 +133,13 @@ def _safest_mode(store: DelayedMessageStore, transport: Transport) -> Transactio
     if isinstance(store, TransactionalStore) and store.shares_transaction_with(transport):
         return TransactionMode.EXACTLY_ONCE
     return TransactionMode.AT_LEAST_ONCE
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Ask before a change to many messages; without a terminal to ask on, ``--yes`` must say so."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise ConfigurationError(f"{question} Add --yes to go ahead (no terminal to ask on).")
+    if not typer.confirm(question, default=False):
+        raise typer.Exit(1)

@@ -1,123 +1,253 @@
-"""`duetime errors …`: what is in the error queue, and sending a message back for another try."""
+"""`duetime errors …`: what is in the error queue; sending messages back for another try, or
+discarding them. Works on every queue transport: the SQL queue tables, RabbitMQ, Redis, NATS."""
 
 from __future__ import annotations
 
-import contextlib
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from duetime.cli.common import (
     DEFAULT_STORE,
     EndpointOpt,
     StoreOpt,
     TransportOpt,
+    _confirm,
     _open,
     _transport_url,
     errors_app,
 )
 from duetime.durations import parse_duration
-from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
-from duetime.errors import ConfigurationError, DuplicateMessageId
-from duetime.interfaces import (
-    BrowsableQueue,
+from duetime.errorqueue import (
+    ERROR_ATTEMPTS,
+    ERROR_MESSAGE,
+    ERROR_TIME,
+    ORIGINAL_DESTINATION,
+    without_error_headers,
 )
+from duetime.errors import ConfigurationError
+from duetime.interfaces import InspectableQueue, ReceivedMessage
+from duetime.loader import store_new
 from duetime.message import DelayedMessage
 from duetime.registry import open_transport
-from duetime.terminal import console
+from duetime.terminal import console, err, fail, say, show, table
 from duetime.terminal import run_async as _run
 
+#: How many messages a look through the whole error queue reads at most.
+EVERYTHING = 1_000_000
+#: Messages stored, then acknowledged, per round (a crash repeats at most one round, and a
+#: message stored twice is recognised by its id).
+ROUND = 1_000
 
-def _error_transport(store: str, transport: str | None) -> BrowsableQueue:
+ErrorQueueOpt = Annotated[str, typer.Option("--error-queue", help="The error queue's name.")]
+IdsArg = Annotated[list[str] | None, typer.Argument(help="Ids of messages in the error queue.")]
+AllOpt = Annotated[bool, typer.Option("--all", help="Every message in the error queue (see --destination).")]
+ForOpt = Annotated[
+    str | None, typer.Option("--destination", help="Only messages that were going to this queue.")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def _error_transport(store: str, transport: str | None) -> InspectableQueue:
     t = open_transport(_transport_url(store, transport))
-    if not isinstance(t, BrowsableQueue):
+    if not isinstance(t, InspectableQueue):
         raise ConfigurationError(
             f"{type(t).__name__} cannot show its error queue from here; use the broker's own tools."
         )
     return t
 
 
+def _goes_to(item: ReceivedMessage) -> str:
+    return item.headers.get(ORIGINAL_DESTINATION, "")
+
+
+def _row(item: ReceivedMessage) -> dict[str, Any]:
+    h = item.headers
+    return {
+        "id": item.message_id,
+        "destination": _goes_to(item) or None,
+        "error": h.get(ERROR_MESSAGE),
+        "attempts": int(h[ERROR_ATTEMPTS]) if h.get(ERROR_ATTEMPTS, "").isdigit() else None,
+        "failed_at": h.get(ERROR_TIME),
+        "headers": dict(h),
+        "size": len(item.body),
+    }
+
+
+async def _pick(
+    t: InspectableQueue,
+    queue: str,
+    ids: Sequence[str],
+    every: bool,
+    destination: str | None,
+    ask: str | None,
+    yes: bool,
+) -> list[ReceivedMessage]:
+    """Take the messages named (by id, or every one, for one destination or all); ask first if
+    ``ask`` (a question with {n}, {s}, {where} and {queue} in it) is given."""
+    if bool(ids) == every:
+        raise ConfigurationError(
+            "give the ids of messages in the error queue, or --all (with --destination Q for one "
+            "destination's); see `duetime errors list`."
+        )
+    if every:
+        seen = await t.peek(queue, EVERYTHING)
+        ids = [m.message_id for m in seen if destination is None or _goes_to(m) == destination]
+        if not ids:
+            return []
+    if ask:
+        where = f" that were going to {destination!r}" if destination else ""
+        _confirm(ask.format(n=len(ids), s="" if len(ids) == 1 else "s", where=where, queue=queue), yes)
+    taken = await t.take(queue, ids)
+    missing = sorted(set(ids) - {m.message_id for m in taken})
+    if missing and not every:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        text = f"not in error queue {queue!r} (handled already? see `duetime errors list`): {shown}"
+        if not taken:
+            raise ConfigurationError(text)
+        say("warning:", "yellow", text, to=err)
+    return taken
+
+
 @errors_app.command("list")
 def errors_list(
+    destination: ForOpt = None,
+    limit: Annotated[int, typer.Option(help="Show at most this many.")] = 50,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line, headers included.")
+    ] = False,
     store: StoreOpt = DEFAULT_STORE,
     transport: TransportOpt = None,
-    error_queue: Annotated[str, typer.Option(help="The error queue's name.")] = "error",
-    limit: Annotated[int, typer.Option()] = 50,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    error_queue: ErrorQueueOpt = "error",
 ) -> None:
-    """What is in the error queue, and why each message is there."""
+    """What is in the error queue, and why each message is there (oldest first).
 
-    async def go() -> list[Any]:
+    Nothing is taken: on a broker the messages are read and put back in their order.
+    """
+
+    async def go() -> tuple[list[ReceivedMessage], int]:
         t = _error_transport(store, transport)
         await t.start()
         try:
-            return list(await t.peek(error_queue, limit))
+            depth = await t.depth(error_queue)
+            seen = await t.peek(error_queue, EVERYTHING if destination else limit)
+            return [m for m in seen if destination is None or _goes_to(m) == destination][:limit], depth
         finally:
             await t.close()
 
-    items = _run(go)
+    items, depth = _run(go)
     if as_json:
         for item in items:
-            print(json.dumps({"id": item.message_id, "headers": dict(item.headers), "size": len(item.body)}))
+            print(json.dumps(_row(item)))
         return
-    table = Table("id", "for", "error", "attempts", "failed at")
+    grid = table("id", "for", "error", "attempts", "failed at", free=("error",))
     for item in items:
-        h = item.headers
-        table.add_row(
-            item.message_id,
-            h.get(ORIGINAL_DESTINATION, "?"),
-            h.get("duetime-error-message", "?")[:80],
-            h.get("duetime-error-attempts", "?"),
-            h.get("duetime-error-time", "?"),
+        row = _row(item)
+        grid.add_row(
+            row["id"],
+            row["destination"] or "?",
+            row["error"] or "?",
+            str(row["attempts"] or "?"),
+            row["failed_at"] or "?",
         )
-    console.print(table)
-    console.print(f"{len(items)} shown; send one back with `duetime errors retry ID`")
+    show(grid)
+    console.print(
+        f"{len(items)} shown of {depth} in error queue {error_queue!r}. Send back with "
+        "`duetime errors retry ID` (or --all), drop with `duetime errors discard ID`."
+    )
 
 
 @errors_app.command("retry")
 def errors_retry(
-    message_id: Annotated[str, typer.Argument(help="The id of the message in the error queue.")],
-    in_: Annotated[str, typer.Option("--in", help="When to try again (default: now).")] = "0",
-    destination: Annotated[str | None, typer.Option(help="Send it somewhere else than it was going.")] = None,
+    ids: IdsArg = None,
+    every: AllOpt = False,
+    destination: ForOpt = None,
+    to: Annotated[str | None, typer.Option("--to", help="Send them to this queue instead.")] = None,
+    in_: Annotated[str, typer.Option("--in", help="When to try again: 0 (now), 10m, 1h, ...")] = "0",
+    yes: YesOpt = False,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
     transport: TransportOpt = None,
-    error_queue: Annotated[str, typer.Option(help="The error queue's name.")] = "error",
+    error_queue: ErrorQueueOpt = "error",
 ) -> None:
-    """Send a message from the error queue back into the store for another try."""
+    """Send messages from the error queue back into the store for another try.
+
+    Each is stored first and only then removed from the error queue, so a retry that stops
+    half-way loses nothing; running it again finishes it (ids already stored are skipped).
+    """
     delay = parse_duration(in_)
 
-    async def go() -> DelayedMessage:
+    async def go() -> tuple[int, int, list[str]]:
         t = _error_transport(store, transport)
         await t.start()
         s = await _open(store, endpoint)
         try:
-            item = await t.take(error_queue, message_id)
-            if item is None:
-                raise ConfigurationError(
-                    f"No message {message_id!r} in queue {error_queue!r}; see `duetime errors list`."
-                )
-            target = destination or item.headers.get(ORIGINAL_DESTINATION)
-            if not target:
-                raise ConfigurationError("The message does not say where it was going; pass --destination.")
-            message = DelayedMessage.create(
-                target,
-                item.body,
-                delay=delay,
-                headers=without_error_headers(item.headers),
-                message_id=item.message_id,
-            )
-            # Stored first, then removed from the error queue: never lost. A duplicate means an
-            # earlier try stopped half-way after storing it.
-            with contextlib.suppress(DuplicateMessageId):
-                await s.store(message)
-            await t.acknowledge([item])
-            return message
+            taken = await _pick(
+                t, error_queue, ids or [], every, destination,
+                "Send {n} message{s}{where} from error queue {queue!r} back for another try?" if every else None,
+                yes,
+            )  # fmt: skip
+            nowhere = [m.message_id for m in taken if not (to or _goes_to(m))]
+            sent = stored = 0
+            ready = [m for m in taken if to or _goes_to(m)]
+            for start in range(0, len(ready), ROUND):
+                batch = ready[start : start + ROUND]
+                messages = [
+                    DelayedMessage.create(
+                        to or _goes_to(m),
+                        m.body,
+                        delay=delay,
+                        headers=without_error_headers(m.headers),
+                        message_id=m.message_id,
+                    )
+                    for m in batch
+                ]
+                stored += await store_new(s, messages)
+                await t.acknowledge(batch)
+                sent += len(batch)
+            return sent, sent - stored, nowhere
         finally:
             await s.close()
             await t.close()
 
-    message = _run(go)
-    console.print(f"{message.message_id} goes to {message.destination} at {message.due_at.isoformat()}")
+    sent, already, nowhere = _run(go)
+    when = "now" if delay.total_seconds() <= 0 else f"in {in_}"
+    console.print(f"sent {sent} back, due {when}" + (f" ({already} were stored already)" if already else ""))
+    if nowhere:
+        raise _nowhere(nowhere)
+
+
+def _nowhere(ids: list[str]) -> typer.Exit:
+    return fail(
+        f"{len(ids)} message(s) do not say where they were going ({', '.join(ids[:3])}...); "
+        "they stay in the error queue: retry them with --to QUEUE."
+    )
+
+
+@errors_app.command("discard")
+def errors_discard(
+    ids: IdsArg = None,
+    every: AllOpt = False,
+    destination: ForOpt = None,
+    yes: YesOpt = False,
+    store: StoreOpt = DEFAULT_STORE,
+    transport: TransportOpt = None,
+    error_queue: ErrorQueueOpt = "error",
+) -> None:
+    """Remove messages from the error queue for good (asks first; --yes does not)."""
+
+    async def go() -> int:
+        t = _error_transport(store, transport)
+        await t.start()
+        try:
+            taken = await _pick(
+                t, error_queue, ids or [], every, destination,
+                "Discard {n} message{s}{where} from error queue {queue!r} for good?", yes,
+            )  # fmt: skip
+            return await t.acknowledge(taken)
+        finally:
+            await t.close()
+
+    console.print(f"discarded {_run(go)}")

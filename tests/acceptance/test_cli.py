@@ -54,7 +54,7 @@ def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: i
     errors = [json.loads(line) for line in cli("errors", "list", "--json").stdout.splitlines()]
     assert errors[0]["id"] == "b"
     assert errors[0]["headers"]["duetime-error-original-destination"] == "typo-queue"
-    cli("errors", "retry", "b", "--destination", "orders")
+    cli("errors", "retry", "b", "--to", "orders")
     assert cli("errors", "list", "--json").stdout.strip() == ""
     cli("run", "--burst")
     received = [

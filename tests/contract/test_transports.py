@@ -9,7 +9,7 @@ import pytest
 
 from duetime.backends.memory import MemoryTransport
 from duetime.backends.sqlite import SqliteQueueTransport
-from tests.contract.transport_contract import TransportContract
+from tests.contract.transport_contract import TransportContract, msg
 from tests.services import NATS, RABBITMQ, REDIS, postgres_schema, require
 
 
@@ -90,3 +90,15 @@ class TestNatsTransport(TransportContract):
         for queue in list(t.declared):
             await t.delete(queue)
         await t.close()
+
+    async def test_peek_skips_what_the_consumer_acknowledged(self, transport: object, queue: str) -> None:
+        """A stream keeps acknowledged messages; the error queue's view must not show them."""
+        from duetime.backends.nats import NatsTransport
+
+        assert isinstance(transport, NatsTransport)
+        await transport.declare(queue)
+        await transport.send_batch([msg(0, queue)])
+        await self.receive_all(transport, queue, 1)
+        await transport.send_batch([msg(i, queue) for i in (1, 2)])
+        assert [m.message_id for m in await transport.peek(queue, 10)] == ["t-0001", "t-0002"]
+        assert await transport.depth(queue) == 2

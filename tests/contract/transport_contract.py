@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from duetime import DelayedMessage, DestinationNotFound, ReceivingTransport, Transport
+from duetime.interfaces import InspectableQueue
 
 
 def msg(i: int, destination: str, **headers: str) -> DelayedMessage:
@@ -81,3 +82,31 @@ class TransportContract:
         await transport.declare(queue)
         await transport.declare(queue)
         assert await transport.send_batch([]) == []
+
+    async def test_peek_shows_the_oldest_and_leaves_them_there(self, transport: Transport, queue: str) -> None:
+        assert isinstance(transport, InspectableQueue)
+        await transport.declare(queue)
+        await transport.send_batch([msg(i, queue, tenant="acme") for i in range(5)])
+        first = await transport.peek(queue, 3)
+        assert [m.message_id for m in first] == ["t-0000", "t-0001", "t-0002"]
+        assert first[0].headers["tenant"] == "acme" and first[0].body == msg(0, queue).body
+        assert [m.message_id for m in await transport.peek(queue, 10)] == [f"t-{i:04d}" for i in range(5)]
+        assert await transport.depth(queue) == 5
+        got = await self.receive_all(transport, queue, 5)
+        assert [m.message_id for m in got] == [f"t-{i:04d}" for i in range(5)]
+
+    async def test_take_by_id_and_acknowledge_removes_just_those(
+        self, transport: Transport, queue: str
+    ) -> None:
+        assert isinstance(transport, InspectableQueue)
+        await transport.declare(queue)
+        await transport.send_batch([msg(i, queue) for i in range(5)])
+        taken = await transport.take(queue, ["t-0001", "t-0003", "not-there"])
+        assert sorted(m.message_id for m in taken) == ["t-0001", "t-0003"]
+        assert taken[0].body == msg(1, queue).body
+        assert await transport.acknowledge(taken) == 2
+        assert await transport.take(queue, ["t-0001"]) == []
+        assert [m.message_id for m in await transport.peek(queue, 10)] == ["t-0000", "t-0002", "t-0004"]
+        assert await transport.depth(queue) == 3
+        got = await self.receive_all(transport, queue, 3)
+        assert [m.message_id for m in got] == ["t-0000", "t-0002", "t-0004"]

@@ -7,7 +7,7 @@ import contextlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from duetime.closing import AsyncClosing
 from duetime.errors import DestinationNotFound
@@ -94,11 +94,12 @@ class MemoryTransport(AsyncClosing):
         self._in_flight[key] = out
         return out
 
-    async def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
+    async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        wanted = set(message_ids)
         with self.lock:
             items = self._queues.get(queue, OrderedDict())
-            key = next((k for k, item in items.items() if item.message_id == message_id), None)
-            return None if key is None else self._hand_out(key, items.pop(key))
+            keys = [k for k, item in items.items() if item.message_id in wanted]
+            return [self._hand_out(k, items.pop(k)) for k in keys]
 
     async def queues(self) -> dict[str, int]:
         with self.lock:

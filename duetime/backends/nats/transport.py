@@ -9,11 +9,12 @@ within its duplicate window, which absorbs most at-least-once re-sends at the br
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -53,6 +54,7 @@ class NatsTransport(AsyncClosing):
         self._js: Any = None
         self._subs: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}
+        self._taken: dict[str, tuple[str, int]] = {}  # receipt -> (stream, sequence), taken by id
         self.declared: set[str] = set()
 
     @classmethod
@@ -164,7 +166,67 @@ class NatsTransport(AsyncClosing):
             if msg is not None:
                 await msg.ack()
                 done += 1
+            elif (where := self._taken.pop(m.receipt, None)) is not None:
+                with contextlib.suppress(NotFoundError):  # gone already: someone else handled it
+                    done += bool(await self.js.delete_msg(*where))
         return done
+
+    def _stored(self, queue: str, raw: Any) -> ReceivedMessage:
+        headers = dict(raw.headers or {})
+        message_id = headers.pop("duetime-message-id", "")
+        headers.pop("Nats-Msg-Id", None)
+        return ReceivedMessage(queue, message_id, headers, raw.data or b"", f"{queue}@{raw.seq}", 1)
+
+    async def _stream(self, queue: str) -> AsyncIterator[ReceivedMessage]:
+        """What the queue's consumer has yet to acknowledge, oldest first, left where it is (read
+        from the stream: a stream keeps acknowledged messages too, up to its limits)."""
+        name = stream_name(queue)
+        try:
+            info = await self.js.stream_info(name)
+        except NotFoundError:
+            raise DestinationNotFound(
+                f"Queue {queue!r} has no JetStream stream on {redact(self.url)}; declare it first "
+                f"(duetime queues declare {queue})."
+            ) from None
+        seq = info.state.first_seq
+        with contextlib.suppress(NotFoundError):
+            consumer = await self.js.consumer_info(name, self.durable)
+            seq = max(seq, consumer.ack_floor.stream_seq + 1)
+        while seq <= info.state.last_seq:
+            try:
+                raw = await self.js.get_msg(name, seq=seq, subject=self.subject(queue), next=True)
+            except NotFoundError:
+                return
+            yield self._stored(queue, raw)
+            seq = raw.seq + 1
+
+    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
+        seen: list[ReceivedMessage] = []
+        async for item in self._stream(queue):
+            if len(seen) >= limit:
+                break
+            seen.append(item)
+        return seen
+
+    async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        """Find them by reading the stream through; acknowledging one deletes it from the stream."""
+        wanted = set(message_ids)
+        found: list[ReceivedMessage] = []
+        async for item in self._stream(queue):
+            if item.message_id in wanted:
+                found.append(item)
+                self._taken[item.receipt] = (stream_name(queue), int(item.receipt.rpartition("@")[2]))
+                if len(found) == len(wanted):
+                    break
+        return found
+
+    async def depth(self, queue: str) -> int:
+        name = stream_name(queue)
+        try:
+            consumer = await self.js.consumer_info(name, self.durable)
+        except NotFoundError:
+            return int((await self.js.stream_info(name)).state.messages)
+        return int(consumer.num_pending or 0) + int(consumer.num_ack_pending or 0)
 
     async def close(self) -> None:
         if self._nc is not None:

@@ -203,14 +203,15 @@ WHERE m.seq = c.seq
 RETURNING m.seq, m.queue, m.message_id, m.headers::text, m.body, m.delivery_count;
 
 -- name: receive_by_id
-UPDATE {messages}
+UPDATE {messages} AS m
 SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1
-WHERE seq = (
+FROM (
     SELECT seq FROM {messages}
-    WHERE queue = %(queue)s AND message_id = %(message_id)s AND visible_at <= clock_timestamp()
-    ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED
-)
-RETURNING seq, queue, message_id, headers::text, body, delivery_count;
+    WHERE queue = %(queue)s AND message_id = ANY(%(message_ids)b) AND visible_at <= clock_timestamp()
+    FOR UPDATE SKIP LOCKED
+) AS c
+WHERE m.seq = c.seq
+RETURNING m.seq, m.queue, m.message_id, m.headers::text, m.body, m.delivery_count;
 
 -- name: acknowledge
 DELETE FROM {messages} WHERE seq = %s AND receipt = %s;

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -154,12 +154,12 @@ class SyncPostgresQueue(Closing):
                 done += cur.execute(self.names.q["acknowledge"], _receipt(m)).rowcount
             return done
 
-    def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
-        """Receive one particular message (an operator sending an error back)."""
-        params = self._receive_params(queue, 1) | {"message_id": message_id}
+    def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        """Receive these particular messages (an operator sending errors back)."""
+        params = self._receive_params(queue, 0) | {"message_ids": list(message_ids)}
         with self.pool.connection() as conn:
-            row = conn.execute(self.names.q["receive_by_id"], params).fetchone()
-        return None if row is None else _received(row, params["token"])
+            rows = conn.execute(self.names.q["receive_by_id"], params).fetchall()
+        return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
 
     def peek(self, queue: str, limit: int = 100) -> list[ReceivedMessage]:
         with self.pool.connection() as conn:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import itertools
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -79,6 +80,8 @@ class RabbitMqTransport(AsyncClosing):
         self._consume_channel: AbstractChannel | None = None
         self._buffers: dict[str, asyncio.Queue[AbstractIncomingMessage]] = {}
         self._in_flight: dict[str, AbstractIncomingMessage] = {}
+        self._receipts = itertools.count()
+        self._browsing: list[AbstractChannel] = []  # channels holding messages taken by id
         self.declared: set[str] = set()
 
     @classmethod
@@ -131,6 +134,7 @@ class RabbitMqTransport(AsyncClosing):
         self._channel = self._consume_channel = None
         self._buffers.clear()
         self._in_flight.clear()
+        self._browsing.clear()  # closed with the connection
         if connection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 1.0)
@@ -228,26 +232,85 @@ class RabbitMqTransport(AsyncClosing):
         received = []
         hold = timedelta(0)
         for incoming in taken:
-            receipt = f"{queue}:{incoming.delivery_tag}"
-            self._in_flight[receipt] = incoming
-            raw = dict(incoming.headers or {})
-            if "x-death" in raw:  # came through the native delay levels: strip their bookkeeping,
-                hold = max(hold, early_by(raw, SYSTEM.now()))  # and never hand it out early
-                raw = arrival_headers(raw)
-            headers = {k: _text(v) for k, v in raw.items()}
-            received.append(
-                ReceivedMessage(
-                    queue,
-                    incoming.message_id or "",
-                    headers,
-                    incoming.body,
-                    receipt,
-                    2 if incoming.redelivered else 1,
-                )
-            )
+            if "x-death" in (incoming.headers or {}):  # came through the native delay levels:
+                hold = max(hold, early_by(dict(incoming.headers), SYSTEM.now()))  # never early
+            received.append(self._hold(queue, incoming))
         if hold > timedelta(0):  # the broker's clock ran ahead of ours: wait out the difference
             await asyncio.sleep(hold.total_seconds())
         return received
+
+    def _hold(self, queue: str, incoming: AbstractIncomingMessage) -> ReceivedMessage:
+        """An incoming message as duetime hands it out, kept until acknowledged."""
+        receipt = f"{queue}:{next(self._receipts)}"
+        self._in_flight[receipt] = incoming
+        raw = dict(incoming.headers or {})
+        if "x-death" in raw:  # the native delay levels' bookkeeping is not the sender's
+            raw = arrival_headers(raw)
+        return ReceivedMessage(
+            queue,
+            incoming.message_id or "",
+            {k: _text(v) for k, v in raw.items()},
+            incoming.body,
+            receipt,
+            2 if incoming.redelivered else 1,
+        )
+
+    async def _browse(self, queue: str) -> tuple[AbstractChannel, Any]:
+        """A channel of its own and the queue on it: what it gets and does not acknowledge goes
+        back to the queue when the channel closes."""
+        await self.start()
+        assert self._connection is not None
+        channel = await self._connection.channel()
+        try:
+            return channel, await channel.declare_queue(queue, passive=True)
+        except ChannelNotFoundEntity:
+            raise DestinationNotFound(
+                f"Queue {queue!r} does not exist on {self.display}; declare it first "
+                f"(duetime queues declare {queue})."
+            ) from None
+
+    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
+        """Get up to ``limit`` without acknowledging, then close the channel: they go back, in
+        their order, marked redelivered."""
+        channel, declared = await self._browse(queue)
+        try:
+            seen: list[ReceivedMessage] = []
+            while len(seen) < limit and (incoming := await declared.get(no_ack=False, fail=False)):
+                seen.append(self._hold(queue, incoming))
+            return seen
+        finally:
+            for m in seen:
+                self._in_flight.pop(m.receipt, None)
+            await channel.close()
+
+    async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        """Get messages until all wanted are found or the queue has nothing more to give; the
+        others go back at once, the wanted stay unacknowledged on the channel until acknowledged."""
+        wanted = set(message_ids)
+        channel, declared = await self._browse(queue)
+        found: list[ReceivedMessage] = []
+        others: list[AbstractIncomingMessage] = []
+        try:
+            while len(found) < len(wanted) and (incoming := await declared.get(no_ack=False, fail=False)):
+                if incoming.message_id in wanted:
+                    found.append(self._hold(queue, incoming))
+                else:
+                    others.append(incoming)
+            for incoming in others:
+                await incoming.nack(requeue=True)
+        except BaseException:
+            await channel.close()
+            raise
+        if found:
+            self._browsing.append(channel)
+        else:
+            await channel.close()
+        return found
+
+    async def depth(self, queue: str) -> int:
+        channel, declared = await self._browse(queue)
+        await channel.close()
+        return int(declared.declaration_result.message_count or 0)
 
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         done = 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -33,6 +33,16 @@ from duetime.received import received
 from duetime.urls import number_option, redact
 
 MODES = {"stream", "list"}
+#: Entries read per round trip when an operator looks through a queue.
+BROWSE_PAGE = 1000
+#: Move one particular list entry to the processing list, if it is still there.
+MOVE_ONE = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
 
 
 def _envelope(m: DelayedMessage) -> bytes:
@@ -163,15 +173,9 @@ class RedisTransport(AsyncClosing):
             )
             for _, rows in answer or []:
                 entries += rows
-        got: list[ReceivedMessage] = []
-        for entry_id, fields in entries:
-            if not fields:  # deleted meanwhile
-                continue
-            receipt = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
-            got.append(
-                received(queue, fields.get(b"id"), fields.get(b"headers"), fields.get(b"body"), receipt, 1)
-            )
-        return got
+        return [
+            self._entry(queue, entry_id, fields) for entry_id, fields in entries if fields
+        ]  # none: deleted
 
     async def _receive_list(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         key, processing = self.key(queue), self.processing_key(queue)
@@ -198,11 +202,67 @@ class RedisTransport(AsyncClosing):
             for m in messages:
                 if self.mode == "stream":
                     pipe.xack(self.key(m.queue), self.group, m.receipt)
-                    pipe.xdel(self.key(m.queue), m.receipt)
+                    pipe.xdel(self.key(m.queue), m.receipt)  # also one taken by id, never read by the group
                 else:
                     pipe.lrem(self.processing_key(m.queue), 1, bytes.fromhex(m.receipt))  # type: ignore[arg-type]
             answers = await pipe.execute()
-        return sum(1 for a in answers[:: 2 if self.mode == "stream" else 1] if a)
+        return sum(1 for a in answers[1::2] if a) if self.mode == "stream" else sum(1 for a in answers if a)
+
+    def _entry(self, queue: str, entry_id: Any, fields: Any) -> ReceivedMessage:
+        receipt = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return received(queue, fields.get(b"id"), fields.get(b"headers"), fields.get(b"body"), receipt, 1)
+
+    async def _entries(self, queue: str) -> AsyncIterator[ReceivedMessage]:
+        """Everything in the queue, oldest first, read a page at a time and left where it is."""
+        if self.mode == "stream":
+            start = "-"
+            while True:
+                page: Any = await self.redis.xrange(self.key(queue), start, "+", count=BROWSE_PAGE)
+                for entry_id, fields in page:
+                    yield self._entry(queue, entry_id, fields)
+                if len(page) < BROWSE_PAGE:
+                    return
+                start = "(" + (page[-1][0].decode() if isinstance(page[-1][0], bytes) else page[-1][0])
+        else:  # LPUSHed, so the oldest is at the right
+            end = -1
+            while True:
+                raws: Any = await self.redis.lrange(self.key(queue), end - BROWSE_PAGE + 1, end)
+                for raw in reversed(raws):
+                    yield _open_envelope(raw, raw.hex(), queue)
+                if len(raws) < BROWSE_PAGE:
+                    return
+                end -= BROWSE_PAGE
+
+    async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
+        seen: list[ReceivedMessage] = []
+        async for item in self._entries(queue):
+            if len(seen) >= limit:
+                break
+            seen.append(item)
+        return seen
+
+    async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        """Find them by reading the queue through. A stream entry stays until acknowledged
+        (XDEL); a list entry moves to the processing list, as a receive would move it."""
+        wanted = set(message_ids)
+        found: list[ReceivedMessage] = []
+        async for item in self._entries(queue):
+            if item.message_id in wanted:
+                found.append(item)
+                if len(found) == len(wanted):
+                    break
+        if self.mode == "stream":
+            return found
+        moved: list[ReceivedMessage] = []
+        for item in found:
+            keys = [self.key(queue), self.processing_key(queue)]
+            if await self.redis.eval(MOVE_ONE, 2, *keys, bytes.fromhex(item.receipt)):
+                moved.append(item)
+        return moved
+
+    async def depth(self, queue: str) -> int:
+        key = self.key(queue)
+        return int(await (self.redis.xlen(key) if self.mode == "stream" else self.redis.llen(key)))
 
     async def close(self) -> None:
         if self._redis is not None:

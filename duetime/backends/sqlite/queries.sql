@@ -141,7 +141,7 @@ RETURNING seq, queue, message_id, headers, body, delivery_count;
 -- name: receive_by_id
 UPDATE duetime_queue_messages
 SET visible_at = :until, receipt = :token, delivery_count = delivery_count + 1
-WHERE queue = :queue AND message_id = :message_id AND visible_at <= :now
+WHERE queue = :queue AND message_id IN (SELECT value FROM json_each(:message_ids)) AND visible_at <= :now
 RETURNING seq, queue, message_id, headers, body, delivery_count;
 
 -- name: acknowledge

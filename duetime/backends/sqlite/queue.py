@@ -6,11 +6,12 @@ that dies before acknowledging gets nothing lost: the message becomes visible ag
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -137,17 +138,17 @@ class SyncSqliteQueue(Closing):
                     if self._conn.execute("PRAGMA data_version").fetchone()[0] != version:
                         break
 
-    def take(self, queue: str, message_id: str) -> ReceivedMessage | None:
-        """Receive one particular message (an operator sending an error back)."""
+    def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
+        """Receive these particular messages (an operator sending errors back)."""
         token = uuid.uuid4().hex
         now = _now()
         until = now + int(self.visibility_timeout.total_seconds() * 1_000_000)
+        params = {"until": until, "token": token, "queue": queue, "now": now}
         with self._lock, write_transaction(self._conn):
-            row = self._conn.execute(
-                QUERIES["receive_by_id"],
-                {"until": until, "token": token, "queue": queue, "now": now, "message_id": message_id},
-            ).fetchone()
-        return None if row is None else _received(row, token)
+            rows = self._conn.execute(
+                QUERIES["receive_by_id"], params | {"message_ids": json.dumps(list(message_ids))}
+            ).fetchall()
+        return [_received(row, token) for row in sorted(rows, key=lambda r: r[0])]
 
     def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         done = 0

@@ -1,0 +1,102 @@
+"""The error-queue commands on every queue transport, as an operator runs them: a real subprocess, a
+SQLite store, and the real RabbitMQ, Redis (stream and list), NATS, and SQLite's own queue tables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from duetime.registry import open_transport
+from tests.services import NATS, RABBITMQ, REDIS, require
+
+BROKERS = {
+    "rabbitmq": lambda tag: RABBITMQ,
+    "redis-stream": lambda tag: f"{REDIS}?mode=stream&prefix=duetime-test-{tag}:",
+    "redis-list": lambda tag: f"{REDIS}?mode=list&prefix=duetime-test-{tag}:",
+    "nats": lambda tag: f"{NATS}?subject_prefix=duetime-test-{tag}.",
+    "sqlite": lambda tag: "sqlite:///duetime.db",  # the queue tables beside the store (the test's folder)
+}
+
+
+async def _remove(url: str, queues: list[str]) -> None:
+    t: Any = open_transport(url)
+    await t.start()
+    try:
+        if hasattr(t, "delete"):
+            for queue in queues:
+                try:
+                    await t.delete(queue)
+                except Exception:  # noqa: BLE001 - a queue the test never made
+                    pass
+        else:  # Redis: every key under the test's prefix
+            keys = [k async for k in t.redis.scan_iter(match=f"{t.prefix}*")]
+            if keys:
+                await t.redis.delete(*keys)
+    finally:
+        await t.close()
+
+
+@pytest.fixture(params=sorted(BROKERS))
+def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[str], str]]]:
+    """The broker's URL, and a maker of queue names unique to this test (removed afterwards)."""
+    tag = uuid.uuid4().hex[:8]
+    url = BROKERS[request.param](tag)
+    if not url.startswith("sqlite"):
+        require(url)
+    made: list[str] = []
+
+    def name(base: str) -> str:
+        made.append(f"{base}-{tag}")
+        return made[-1]
+
+    yield url, name
+    if not url.startswith("sqlite"):
+        asyncio.run(_remove(url, made))
+
+
+def _lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_error_queue_on_a_broker_lists_retries_and_discards(cli, broker) -> None:  # type: ignore[no-untyped-def]
+    url, name = broker
+    orders, gone, other, error = name("orders"), name("gone"), name("other"), name("error")
+    on = ("--transport", url, "--error-queue", error)
+    cli("setup")
+    cli("queues", "declare", orders, error, "--transport", url)
+    cli("schedule", gone, "first", "--in", "0s", "--id", "a")
+    cli("schedule", gone, "second", "--in", "0s", "--id", "b")
+    cli("schedule", other, "third", "--in", "0s", "--id", "c")
+    assert "to the error queue 3" in cli("run", "--burst", *on).stdout
+
+    listed = _lines(cli("errors", "list", "--json", *on).stdout)
+    assert [(m["id"], m["destination"]) for m in listed] == [("a", gone), ("b", gone), ("c", other)]
+    assert "not declared" in listed[0]["error"] or "does not exist" in listed[0]["error"]
+    assert [m["id"] for m in _lines(cli("errors", "list", "--json", "--destination", gone, *on).stdout)] == [
+        "a",
+        "b",
+    ]
+    table = cli("errors", "list", *on).stdout
+    assert "3 shown of 3" in table
+
+    unasked = cli("errors", "retry", "--all", "--destination", gone, "--to", orders, *on, ok=False)
+    assert unasked.returncode == 1 and "Add --yes" in unasked.stderr
+    assert len(_lines(cli("errors", "list", "--json", *on).stdout)) == 3  # asked, so nothing moved
+
+    sent = cli("errors", "retry", "--all", "--destination", gone, "--to", orders, "--yes", *on)
+    assert "sent 2 back" in sent.stdout
+    assert [m["id"] for m in _lines(cli("errors", "list", "--json", *on).stdout)] == ["c"]
+    assert "forwarded 2" in cli("run", "--burst", *on).stdout
+    got = _lines(cli("queues", "receive", orders, "--wait", "1", "--transport", url).stdout)
+    assert sorted((m["id"], m["body"]) for m in got) == [("a", "first"), ("b", "second")]
+    assert not any(k.startswith("duetime-error-") for k in got[0]["headers"])
+
+    assert "discarded 1" in cli("errors", "discard", "c", "--yes", *on).stdout
+    assert cli("errors", "list", "--json", *on).stdout.strip() == ""
+    none = cli("errors", "retry", "c", *on, ok=False)
+    assert "not in error queue" in none.stderr
