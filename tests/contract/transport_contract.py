@@ -83,7 +83,9 @@ class TransportContract:
         await transport.declare(queue)
         assert await transport.send_batch([]) == []
 
-    async def test_peek_shows_the_oldest_and_leaves_them_there(self, transport: Transport, queue: str) -> None:
+    async def test_peek_shows_the_oldest_and_leaves_them_there(
+        self, transport: Transport, queue: str
+    ) -> None:
         assert isinstance(transport, InspectableQueue)
         await transport.declare(queue)
         await transport.send_batch([msg(i, queue, tenant="acme") for i in range(5)])
