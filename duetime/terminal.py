@@ -8,12 +8,14 @@ Our own emphasis is passed as styles, never inside the text.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+import contextlib
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -57,6 +59,16 @@ def show(renderable: Table, *, to: Console | None = None) -> None:
         color_system=to.color_system,  # type: ignore[arg-type]
     )
     wide.print(renderable)
+
+
+@contextlib.contextmanager
+def progress_bar(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A bar on stderr for long work (hidden when stderr is not a terminal); yields ``advance(n)``."""
+    with Progress(
+        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=err
+    ) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda n: bar.advance(task, n)
 
 
 def say(label: str, style: str, text: str, *, to: Console = console) -> None:

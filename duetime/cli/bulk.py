@@ -17,7 +17,7 @@ from rich.table import Table
 
 from duetime.durations import parse_time
 from duetime.errors import DuetimeError
-from duetime.terminal import console, err, fail
+from duetime.terminal import console, err, fail, show
 
 bulk_app = typer.Typer(
     help=(
@@ -166,7 +166,7 @@ def _print_preview(found: Any, as_json: bool) -> None:
         table.add_column(column, justify="right" if column == "messages" else "left")
     for g in found.groups:
         table.add_row(g.endpoint, g.destination, f"{g.count:,}", str(g.earliest), str(g.latest))
-    console.print(table)
+    show(table)
     if found.problem_counts:
         console.print(
             f"[yellow]{found.problem_total:,} problems[/] (these stay where they are):", markup=True
@@ -308,13 +308,13 @@ def _print_report(found: Any) -> None:
     due.add_column("messages", justify="right")
     for name, count in found.horizons:
         due.add_row(name, f"{count:,}")
-    console.print(due)
+    show(due)
     dest = Table(title="top destinations")
     dest.add_column("destination")
     dest.add_column("messages", justify="right")
     for name, count in found.by_destination[:10]:
         dest.add_row(name, f"{count:,}")
-    console.print(dest)
+    show(dest)
     console.print("failure counts: " + (", ".join(f"{k}: {v:,}" for k, v in found.failures) or "none"))
     if found.largest:
         size, name, ident, destination = found.largest[0]
@@ -331,4 +331,4 @@ def _print_report(found: Any) -> None:
                 f"{x.p99_ms:.1f}",
                 f"{x.max_ms:.1f}",
             )
-        console.print(late)
+        show(late)

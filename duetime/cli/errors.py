@@ -119,6 +119,7 @@ def errors_list(
         bool, typer.Option("--json", help="One JSON object per line, headers included.")
     ] = False,
     store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; the error queue is the transport's
     transport: TransportOpt = None,
     error_queue: ErrorQueueOpt = "error",
 ) -> None:
@@ -233,6 +234,7 @@ def errors_discard(
     destination: ForOpt = None,
     yes: YesOpt = False,
     store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; the error queue is the transport's
     transport: TransportOpt = None,
     error_queue: ErrorQueueOpt = "error",
 ) -> None:

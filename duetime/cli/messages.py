@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from duetime.cli.common import (
     DEFAULT_STORE,
@@ -18,6 +20,7 @@ from duetime.cli.common import (
     MessageIdOpt,
     StoreOpt,
     TransportOpt,
+    _confirm,
     _due,
     _headers,
     _open,
@@ -27,14 +30,16 @@ from duetime.cli.common import (
 from duetime.client import DelayedMessageClient
 from duetime.clock import SYSTEM
 from duetime.durations import parse_time
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, MessageInFlight
 from duetime.interfaces import (
     BrowsableQueue,
+    Page,
 )
 from duetime.message import DelayedMessage
 from duetime.registry import check_store_exists, open_store, open_transport
-from duetime.terminal import console, err, fail
+from duetime.terminal import console, err, fail, progress_bar, table
 from duetime.terminal import run_async as _run
+from duetime.terminal import show as show_table
 
 
 @app.command()
@@ -62,7 +67,7 @@ def schedule(
                 destination, payload, headers=_headers(header), message_id=message_id, **due
             )
         finally:
-            await client.store.close()
+            await client.close()
 
     message = _run(go)
     print(message.message_id)  # stdout carries just the id, for $(duetime schedule ...)
@@ -189,55 +194,99 @@ def _message_row(m: DelayedMessage) -> dict[str, Any]:
     }
 
 
+def _cursor_text(cursor: tuple[datetime, str]) -> str:
+    return f"{cursor[0].isoformat()}~{cursor[1]}"
+
+
+def _cursor(text: str) -> tuple[datetime, str]:
+    due, sep, message_id = text.partition("~")
+    if not sep or not message_id:
+        raise ConfigurationError(
+            f"--after {text!r} is not a place in the listing; pass the value the previous page "
+            "printed (a due time, '~', and an id)."
+        )
+    return parse_time(due), message_id
+
+
+async def _pages(
+    client: DelayedMessageClient,
+    destination: str | None,
+    due_before: str | None,
+    limit: int,
+    after: tuple[datetime, str] | None,
+) -> AsyncIterator[Page]:
+    """Page after page of the listing, from ``after`` on."""
+    before = parse_time(due_before) if due_before else None
+    while True:
+        page = await client.list(destination=destination, due_before=before, limit=limit, after=after)
+        yield page
+        if page.next_cursor is None:
+            return
+        after = page.next_cursor
+
+
 @app.command("list")
 def list_(
     destination: Annotated[str | None, typer.Option(help="Only messages for this destination.")] = None,
     due_before: Annotated[str | None, typer.Option(help="Only messages due before this ISO time.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many (1-10000).")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    limit: Annotated[int, typer.Option(help="At most this many per page (1-10000).")] = 50,
+    after: Annotated[
+        str | None, typer.Option(help="Start after this place (printed at the end of the previous page).")
+    ] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every page, to the end (see --json).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line, as read.")] = False,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
 ) -> None:
-    """List stored messages, soonest due first."""
+    """List stored messages, soonest due first, a page at a time.
 
-    async def go() -> list[DelayedMessage]:
+    `duetime list --all --json > all.jsonl` streams everything, however much is stored.
+    """
+    start = _cursor(after) if after else None
+
+    async def go() -> tuple[list[DelayedMessage], tuple[datetime, str] | None]:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        shown: list[DelayedMessage] = []
         try:
-            before = parse_time(due_before) if due_before else None
-            return (await client.list(destination=destination, due_before=before, limit=limit)).messages
+            async for page in _pages(client, destination, due_before, limit, start):
+                if as_json:
+                    sys.stdout.writelines(json.dumps(_message_row(m)) + "\n" for m in page.messages)
+                else:
+                    shown += page.messages
+                if not every:
+                    return shown, page.next_cursor
+            return shown, None
         finally:
-            await client.store.close()
+            await client.close()
 
-    messages = _run(go)
+    messages, more = _run(go)
     if as_json:
-        for m in messages:
-            print(json.dumps(_message_row(m)))
         return
-    table = Table("id", "destination", "due (UTC)", "failures", "bytes")
-    for column in table.columns:
-        column.overflow = "fold"
+    grid = table("id", "destination", "due (UTC)", "failures", "bytes")
     for m in messages:
-        table.add_row(
+        grid.add_row(
             m.message_id, m.destination, m.due_at.isoformat(), str(m.failure_count), str(len(m.body))
         )
-    console.print(table)
-    console.print(f"{len(messages)} shown")
+    show_table(grid)
+    nxt = f"; next page: duetime list --after '{_cursor_text(more)}'" if more else ""
+    console.print(f"{len(messages)} shown{nxt}")
 
 
 @app.command()
 def show(
     message_id: Annotated[str, typer.Argument(help="The message id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One line of JSON, for scripts.")] = False,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
 ) -> None:
-    """Show one stored message in full (body as text where it is text)."""
+    """Show one stored message in full (body as text where it is text, else as hex)."""
 
     async def go() -> DelayedMessage | None:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         try:
             return await client.get(message_id)
         finally:
-            await client.store.close()
+            await client.close()
 
     m = _run(go)
     if m is None:
@@ -247,27 +296,84 @@ def show(
         row["body"] = m.body.decode()
     except UnicodeDecodeError:
         row["body_hex"] = m.body.hex()
-    console.print_json(json.dumps(row))
+    if as_json:
+        print(json.dumps(row))
+    else:
+        console.print_json(json.dumps(row))
 
 
 @app.command()
 def cancel(
-    message_id: Annotated[str, typer.Argument(help="The message id.")],
+    message_id: Annotated[str | None, typer.Argument(help="The message id.")] = None,
+    destination: Annotated[
+        str | None, typer.Option(help="Cancel every message for this destination (asks first).")
+    ] = None,
+    due_before: Annotated[
+        str | None, typer.Option(help="Cancel every message due before this ISO time (asks first).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
 ) -> None:
-    """Cancel a stored message so it is never delivered."""
+    """Cancel a stored message so it is never delivered, or every one for a destination.
 
-    async def go() -> bool:
+    `duetime cancel --destination retired-queue --yes` cancels what is due to a queue that is gone;
+    add --due-before to keep the later ones. A message being delivered right now is left alone.
+    """
+    if (message_id is None) == (destination is None and due_before is None):
+        raise typer.BadParameter("give a message id, or --destination and/or --due-before (not both)")
+
+    async def one() -> bool:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         try:
-            return await client.cancel(message_id)
+            return await client.cancel(message_id or "")
         finally:
-            await client.store.close()
+            await client.close()
 
-    if not _run(go):
-        raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
-    console.print(f"cancelled {message_id}")
+    if message_id is not None:
+        if not _run(one):
+            raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
+        console.print(f"cancelled {message_id}")
+        return
+
+    async def many() -> tuple[int, int, int]:
+        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        try:
+            ids = [
+                m.message_id
+                async for page in _pages(client, destination, due_before, 10_000, None)
+                for m in page.messages
+            ]
+            if not ids:
+                return 0, 0, 0
+            what = " and ".join(
+                part
+                for part in (
+                    f"for {destination!r}" if destination else "",
+                    f"due before {due_before}" if due_before else "",
+                )
+                if part
+            )
+            _confirm(f"Cancel {len(ids)} stored message{'' if len(ids) == 1 else 's'} {what}?", yes)
+            done = busy = 0
+            with progress_bar("cancelling", len(ids)) as advance:
+                for mid in ids:
+                    try:
+                        done += await client.cancel(mid)
+                    except MessageInFlight:
+                        busy += 1
+                    advance(1)
+            return len(ids), done, busy
+        finally:
+            await client.close()
+
+    found, done, busy = _run(many)
+    gone = found - done - busy
+    console.print(
+        f"cancelled {done} of {found}"
+        + (f"; {busy} were being delivered right then" if busy else "")
+        + (f"; {gone} were gone already" if gone else "")
+    )
 
 
 @app.command()
@@ -286,7 +392,7 @@ def reschedule(
         try:
             return await client.reschedule(message_id, **due)
         finally:
-            await client.store.close()
+            await client.close()
 
     if not _run(go):
         raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
@@ -331,19 +437,19 @@ def stats(
     if as_json:
         print(json.dumps(result))
         return
-    table = Table("what", "value", show_header=False)
+    overview = table("what", "value", show_header=False)
     for key in ("stored", "due", "in_flight", "failing", "next_due"):
         value = result[key]
         shown = str(value) if value is not None else "nothing stored"
-        table.add_row(key.replace("_", " "), shown)
-    console.print(table)
+        overview.add_row(key.replace("_", " "), shown)
+    show_table(overview)
     if result["by_destination"]:
-        per = Table("destination", "stored")
+        per = table("destination", "stored")
         for name, count in result["by_destination"].items():
             per.add_row(name, str(count))
-        console.print(per)
+        show_table(per)
     if result.get("queues"):
-        qt = Table("queue", "waiting")
+        qt = table("queue", "waiting")
         for name, count in result["queues"].items():
             qt.add_row(name, str(count))
-        console.print(qt)
+        show_table(qt)

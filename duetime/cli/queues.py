@@ -9,6 +9,7 @@ import typer
 
 from duetime.cli.common import (
     DEFAULT_STORE,
+    EndpointOpt,
     StoreOpt,
     TransportOpt,
     _transport_url,
@@ -28,6 +29,7 @@ def queues_declare(
     names: Annotated[list[str], typer.Argument(help="Queue names.")],
     store: StoreOpt = DEFAULT_STORE,
     transport: TransportOpt = None,
+    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; queues are shared by endpoints
 ) -> None:
     """Declare queues, so messages for them are delivered (not sent to the error queue)."""
 
@@ -51,6 +53,7 @@ def queues_receive(
     wait: Annotated[float, typer.Option(help="Seconds to wait for messages.")] = 5.0,
     store: StoreOpt = DEFAULT_STORE,
     transport: TransportOpt = None,
+    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; queues are shared by endpoints
 ) -> None:
     """Consume messages from a queue: print each as a JSON line, then acknowledge it."""
 

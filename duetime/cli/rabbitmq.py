@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.table import Table
 
 from duetime.clock import SYSTEM
 from duetime.durations import parse_duration
 from duetime.errors import DuetimeError
-from duetime.terminal import console, err, say
+from duetime.terminal import console, err, say, show, table
 from duetime.terminal import run_async as _run
 
 T = TypeVar("T")
@@ -119,7 +119,11 @@ def teardown(
 
 
 @rabbitmq_app.command()
-def status(url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/", names: NamesOpt = "duetime") -> None:
+def status(
+    url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
+    names: NamesOpt = "duetime",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object: queue -> messages.")] = False,
+) -> None:
     """How many messages wait in each level, and in the catch-all."""
 
     async def go() -> dict[str, int]:
@@ -129,11 +133,16 @@ def status(url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/", names: NamesOpt =
         finally:
             await native.transport.close()
 
-    table = Table("queue", "messages")
-    for name, count in _run(go).items():
+    waiting = _run(go)
+    if as_json:
+        print(json.dumps(waiting))
+        return
+    grid = table("queue", "messages")
+    for name, count in waiting.items():
         if count:
-            table.add_row(name, f"{count:,}")
-    console.print(table)
+            grid.add_row(name, f"{count:,}")
+    show(grid)
+    console.print(f"{sum(waiting.values()):,} waiting")
 
 
 @rabbitmq_app.command()
@@ -167,6 +176,7 @@ def catchall(
     ] = False,
     to: Annotated[str | None, typer.Option(help="With --send-back: deliver to this queue instead.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many messages.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """Messages whose destination was gone when their delay ended (they wait here, not dropped)."""
     from duetime.backends.rabbitmq.catchall import inspect_catchall
@@ -179,10 +189,14 @@ def catchall(
             await native.transport.close()
 
     rows = _run(go)
-    table = Table("message id", "destination", "what happened")
+    if as_json:
+        for message_id, destination, what in rows:
+            print(json.dumps({"id": message_id, "destination": destination, "what_happened": what}))
+        return
+    grid = table("message id", "destination", "what happened", free=("what happened",))
     for row in rows:
-        table.add_row(*row)
-    console.print(table)
+        grid.add_row(*row)
+    show(grid)
 
 
 @rabbitmq_app.command("retire-store")

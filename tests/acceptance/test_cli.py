@@ -34,6 +34,7 @@ def test_schedule_list_show_reschedule_cancel(cli) -> None:  # type: ignore[no-u
     assert listed[0]["headers"] == {"tenant": "acme"}
     shown = json.loads(cli("show", mid).stdout)
     assert shown["body"] == "hello"
+    assert json.loads(cli("show", mid, "--json").stdout) == shown
     cli("reschedule", mid, "--at", "2031-01-01T00:00:00+00:00")
     assert json.loads(cli("show", mid).stdout)["due_at"] == "2031-01-01T00:00:00+00:00"
     cli("cancel", mid)
@@ -48,7 +49,10 @@ def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: i
     cli("schedule", "orders", "later", "--in", "1h", "--id", "c")
     assert "forwarded 1, to the error queue 1" in cli("run", "--burst").stdout
     received = [
-        json.loads(line) for line in cli("queues", "receive", "orders", "--wait", "0.2").stdout.splitlines()
+        json.loads(line)
+        for line in cli(
+            "queues", "receive", "orders", "--wait", "0.2", "--endpoint", "duetime"
+        ).stdout.splitlines()
     ]
     assert [(m["id"], m["body"]) for m in received] == [("a", "due-now")]
     errors = [json.loads(line) for line in cli("errors", "list", "--json").stdout.splitlines()]
@@ -264,3 +268,45 @@ def test_rabbitmq_commands_read_duetime_transport(cli) -> None:  # type: ignore[
     result = cli("rabbitmq", "status", env={"DUETIME_TRANSPORT": "amqp://guest:guest@127.0.0.1:1/"}, ok=False)
     assert result.returncode == 1
     assert "127.0.0.1:1" in result.stderr  # not the default localhost:5672
+
+
+def test_list_pages_with_a_cursor_and_streams_everything(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    lines = [
+        json.dumps({"destination": "orders", "delay": f"{i + 1}m", "id": f"m{i:03d}"}) for i in range(120)
+    ]
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    cli("setup")
+    cli("load", "m.jsonl")
+    first = cli("list", "--limit", "50").stdout
+    assert "m000" in first and "m049" in first and "m050" not in first
+    cursor = first.rsplit("--after '", 1)[1].split("'")[0]
+    second = cli("list", "--limit", "50", "--after", cursor).stdout
+    assert "m050" in second and "m049" not in second
+    streamed = [
+        json.loads(line)["id"] for line in cli("list", "--all", "--json", "--limit", "7").stdout.splitlines()
+    ]
+    assert streamed == [f"m{i:03d}" for i in range(120)]
+    bad = cli("list", "--after", "yesterday", ok=False)
+    assert bad.returncode == 1 and "not a place in the listing" in bad.stderr
+
+
+def test_cancel_everything_for_a_destination_after_confirmation(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup")
+    for i in range(3):
+        cli("schedule", "retired", "x", "--in", f"{i + 1}h", "--id", f"r{i}")
+    cli("schedule", "orders", "keep", "--in", "1h", "--id", "k")
+    unasked = cli("cancel", "--destination", "retired", ok=False)
+    assert unasked.returncode == 1 and "Cancel 3 stored messages for 'retired'?" in unasked.stderr
+    assert len(cli("list", "--json").stdout.splitlines()) == 4
+    early = cli("cancel", "--destination", "retired", "--due-before", "2100-01-01T00:00:00+00:00", "--yes")
+    assert "cancelled 3 of 3" in early.stdout
+    assert [json.loads(line)["id"] for line in cli("list", "--json").stdout.splitlines()] == ["k"]
+    assert "give a message id" in cli("cancel", ok=False).stderr
+
+
+def test_tables_keep_ids_and_times_whole_on_a_narrow_terminal(cli) -> None:  # type: ignore[no-untyped-def]
+    mid = "a-very-long-message-id-" + "x" * 60
+    cli("setup")
+    cli("schedule", "orders", "x", "--in", "1h", "--id", mid)
+    out = cli("list", env={"COLUMNS": "40"}).stdout
+    assert mid in out and "+00:00" in out

@@ -4,6 +4,7 @@ the native/stored switch, and migration from a store into the topology."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -222,6 +223,8 @@ def test_the_rabbitmq_commands(tmp_path: Path) -> None:
         assert done.returncode == 0 and "28 levels" in done.stdout, done.stderr
     verified = run_cli("rabbitmq", "verify", "--url", RABBITMQ, cwd=tmp_path)
     assert verified.returncode == 0 and "complete" in verified.stdout
+    status = run_cli("rabbitmq", "status", "--json", cwd=tmp_path, env={"DUETIME_TRANSPORT": RABBITMQ})
+    assert status.returncode == 0 and all(isinstance(n, int) for n in json.loads(status.stdout).values())
     too_long = run_cli("rabbitmq", "send", "nowhere", "x", "--in", "3200d", "--url", RABBITMQ, cwd=tmp_path)
     assert too_long.returncode == 1 and "8.5 years" in too_long.stderr
     store = f"sqlite:///{tmp_path / 'r.db'}"

@@ -4,6 +4,8 @@ the package exposes is listed, and the list changes only on purpose (this snapsh
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
+from typing import Any
 
 import duetime
 
@@ -35,3 +37,29 @@ def test_the_version_is_written_once() -> None:
     from importlib.metadata import version
 
     assert version("duetime") == duetime.__version__
+
+
+def test_every_command_takes_the_flags_it_can_mean() -> None:
+    """Scripts pass --store/--endpoint to every command, and read --json from every listing."""
+    import typer
+
+    from duetime.cli import app
+
+    def walk(cmd: Any, path: list[str]) -> Iterator[tuple[str, set[str]]]:
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield " ".join(path), {o for p in cmd.params for o in getattr(p, "opts", [])}
+
+    commands = dict(walk(typer.main.get_command(app), []))
+    assert len(commands) > 20
+    for name, opts in commands.items():
+        if "--store" in opts:
+            assert "--endpoint" in opts, name
+    for name in ("list", "show", "stats", "errors list", "rabbitmq status", "rabbitmq catchall"):
+        assert "--json" in commands[name], name
+    for name, opts in commands.items():
+        if name.startswith("rabbitmq") or name in ("run", "send-delayed", "stats", "queues receive"):
+            assert "--transport" in opts, name
