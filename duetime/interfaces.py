@@ -197,6 +197,9 @@ class InspectableQueue(Transport, Protocol):
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
     async def depth(self, queue: str) -> int: ...
 
+    async def has_queue(self, queue: str) -> bool:
+        """Whether ``queue`` is declared (a message for it would be delivered, not dead-lettered)."""
+
 
 @runtime_checkable
 class BrowsableQueue(InspectableQueue, Protocol):

@@ -34,6 +34,8 @@ class LoadReport:
     stored: int = 0
     skipped_duplicates: int = 0
     problems: list[str] = field(default_factory=list)
+    #: Every destination the file names (the CLI checks each has a queue).
+    destinations: set[str] = field(default_factory=set)
 
 
 def parse_line(text: str, number: int, now: datetime) -> DelayedMessage:
@@ -93,7 +95,7 @@ def validate(path: Path, now: datetime, max_problems: int = 20) -> LoadReport:
     for number, text in _lines(path):
         report.lines += 1
         try:
-            parse_line(text, number, now)
+            report.destinations.add(parse_line(text, number, now).destination)
         except InvalidMessage as error:
             if len(report.problems) < max_problems:
                 report.problems.append(str(error))
@@ -120,7 +122,7 @@ async def load(
             f"{path} has problems; nothing was stored. Fix them and run again:\n  "
             + "\n  ".join(checked.problems)
         )
-    report = LoadReport(lines=checked.lines)
+    report = LoadReport(lines=checked.lines, destinations=checked.destinations)
     batch: list[DelayedMessage] = []
     for number, text in _lines(path):
         batch.append(parse_line(text, number, now))

@@ -272,6 +272,9 @@ class AsyncQueueBridge(AsyncClosing):
     async def depth(self, queue: str) -> int:
         return await self._call(lambda q: q.depth(queue))
 
+    async def has_queue(self, queue: str) -> bool:
+        return queue in await self.queues()
+
     async def close(self) -> None:
         if self._queue is not None:
             await self._call(lambda q: q.close())

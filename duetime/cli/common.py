@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -13,14 +15,22 @@ from duetime.durations import parse_duration, parse_time
 from duetime.errors import ConfigurationError
 from duetime.interfaces import (
     DelayedMessageStore,
+    InspectableQueue,
     TransactionalStore,
     Transport,
 )
 from duetime.logs import LogFormat, configure
 from duetime.message import check_due_time
-from duetime.registry import DEFAULT_STORE_URL, check_store_exists, default_transport, open_store
+from duetime.registry import (
+    DEFAULT_STORE_URL,
+    check_store_exists,
+    default_transport,
+    open_store,
+    open_transport,
+)
 from duetime.settings import TransactionMode
 from duetime.terminal import err, say
+from duetime.urls import redact
 
 T = TypeVar("T")
 DEFAULT_STORE = DEFAULT_STORE_URL
@@ -143,3 +153,34 @@ def _confirm(question: str, yes: bool) -> None:
         raise ConfigurationError(f"{question} Add --yes to go ahead (no terminal to ask on).")
     if not typer.confirm(question, default=False):
         raise typer.Exit(1)
+
+
+async def _warn_undeclared(store_url: str, transport: str | None, destinations: Iterable[str]) -> None:
+    """Warn about destinations no queue is declared for, where the transport can tell: such a
+    message is stored fine and would only be dead-lettered, in silence, when it falls due."""
+    try:
+        url = _transport_url(store_url, transport)
+        t = open_transport(url)
+    except ConfigurationError:
+        return  # a store without queue tables of its own, and no --transport: nothing to ask
+    try:
+        if not isinstance(t, InspectableQueue):
+            return
+        await asyncio.wait_for(t.start(), 5)
+        missing = [d for d in sorted(set(destinations)) if not await asyncio.wait_for(t.has_queue(d), 5)]
+    except Exception as error:  # an advisory check: the message is stored whatever it finds
+        logging.getLogger("duetime.cli").debug("could not check the queues on %s: %s", redact(url), error)
+        return
+    finally:
+        await t.close()
+    flag = " (with the same --transport)" if transport else ""
+    for name in missing[:5]:
+        say(
+            "warning:",
+            "yellow",
+            f"no queue {name!r} is declared on {redact(url)}: when due, the message goes to the error "
+            f"queue. Declare it with `duetime queues declare {name}`{flag}.",
+            to=err,
+        )
+    if len(missing) > 5:
+        say("warning:", "yellow", f"... and {len(missing) - 5} more destinations without a queue.", to=err)

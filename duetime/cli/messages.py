@@ -25,6 +25,7 @@ from duetime.cli.common import (
     _headers,
     _open,
     _transport_url,
+    _warn_undeclared,
     app,
 )
 from duetime.client import DelayedMessageClient
@@ -55,23 +56,29 @@ def schedule(
     ] = None,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
+    transport: TransportOpt = None,
 ) -> None:
-    """Schedule one delayed message; prints its id."""
+    """Schedule one delayed message; prints its id.
+
+    Warns when no queue is declared for the destination (where the transport can tell).
+    """
     payload = body_file.read() if body_file is not None else body.encode()
     due = _due(in_, at)
 
     async def go() -> DelayedMessage:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         try:
-            return await client.schedule(
+            message = await client.schedule(
                 destination, payload, headers=_headers(header), message_id=message_id, **due
             )
         finally:
             await client.close()
+        return message
 
     message = _run(go)
     print(message.message_id)  # stdout carries just the id, for $(duetime schedule ...)
     err.print(f"due {message.due_at.isoformat()} -> {message.destination}")
+    _run(lambda: _warn_undeclared(store, transport, [destination]))
 
 
 @app.command()
@@ -84,6 +91,7 @@ def load(
     endpoint: EndpointOpt = "duetime",
     chunk: Annotated[int, typer.Option(help="Messages per store_many call (COPY on PostgreSQL).")] = 50_000,
     skip_duplicates: Annotated[bool, typer.Option(help="Skip ids already stored (resume a load).")] = False,
+    transport: TransportOpt = None,
 ) -> None:
     """Schedule every message in a JSON Lines file, with a progress bar.
 
@@ -130,6 +138,7 @@ def load(
     console.print(
         f"stored {report.stored} of {report.lines}; skipped {report.skipped_duplicates} already stored"
     )
+    _run(lambda: _warn_undeclared(store, transport, report.destinations))
 
 
 @app.command("send-delayed")

@@ -310,3 +310,14 @@ def test_tables_keep_ids_and_times_whole_on_a_narrow_terminal(cli) -> None:  # t
     cli("schedule", "orders", "x", "--in", "1h", "--id", mid)
     out = cli("list", env={"COLUMNS": "40"}).stdout
     assert mid in out and "+00:00" in out
+
+
+def test_scheduling_for_an_undeclared_queue_warns_and_names_the_fix(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli("setup", "--queue", "orders")
+    warned = cli("schedule", "invoices", "x", "--in", "1m")
+    assert "no queue 'invoices' is declared" in warned.stderr
+    assert "duetime queues declare invoices" in warned.stderr
+    assert "warning" not in cli("schedule", "orders", "x", "--in", "1m").stderr
+    (tmp_path / "m.jsonl").write_text('{"destination": "refunds", "delay": "1m"}\n')
+    assert "no queue 'refunds' is declared" in cli("load", "m.jsonl").stderr
+    assert len(cli("list", "--json").stdout.splitlines()) == 3  # stored all the same

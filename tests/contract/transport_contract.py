@@ -112,3 +112,9 @@ class TransportContract:
         assert await transport.depth(queue) == 3
         got = await self.receive_all(transport, queue, 3)
         assert [m.message_id for m in got] == ["t-0000", "t-0002", "t-0004"]
+
+    async def test_knows_which_queues_are_declared(self, transport: Transport, queue: str) -> None:
+        assert isinstance(transport, InspectableQueue)
+        await transport.declare(queue)
+        assert await transport.has_queue(queue)
+        assert not await transport.has_queue(queue + ".missing")

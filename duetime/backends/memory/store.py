@@ -158,7 +158,7 @@ class SyncMemoryStore(StoreRules):
             dead: list[tuple[DelayedMessage, str]] = []
             for row in self._due(at, limit):
                 message = row.message
-                if transport.has_queue(message.destination):
+                if transport.declared_locked(message.destination):
                     transport.enqueue_locked(message.destination, message, None)
                     moved.append(Moved(message.message_id, message.destination, message.due_at))
                 else:

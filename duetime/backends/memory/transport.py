@@ -40,7 +40,8 @@ class MemoryTransport(AsyncClosing):
         with self.lock:
             self._queues.setdefault(check_name("queue", queue), OrderedDict())
 
-    def has_queue(self, queue: str) -> bool:
+    def declared_locked(self, queue: str) -> bool:
+        """Whether ``queue`` is declared; the caller holds ``lock``."""
         return queue in self._queues
 
     def enqueue_locked(self, queue: str, message: DelayedMessage, headers: Mapping[str, str] | None) -> None:
@@ -104,6 +105,10 @@ class MemoryTransport(AsyncClosing):
     async def queues(self) -> dict[str, int]:
         with self.lock:
             return {name: len(items) for name, items in sorted(self._queues.items())}
+
+    async def has_queue(self, queue: str) -> bool:
+        with self.lock:
+            return queue in self._queues
 
     async def depth(self, queue: str) -> int:
         with self.lock:

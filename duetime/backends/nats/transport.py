@@ -220,6 +220,13 @@ class NatsTransport(AsyncClosing):
                     break
         return found
 
+    async def has_queue(self, queue: str) -> bool:
+        try:
+            await self.js.stream_info(stream_name(queue))
+        except NotFoundError:
+            return False
+        return True
+
     async def depth(self, queue: str) -> int:
         name = stream_name(queue)
         try:

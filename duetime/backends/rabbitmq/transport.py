@@ -307,6 +307,14 @@ class RabbitMqTransport(AsyncClosing):
             await channel.close()
         return found
 
+    async def has_queue(self, queue: str) -> bool:
+        try:
+            channel, _ = await self._browse(queue)
+        except DestinationNotFound:
+            return False
+        await channel.close()
+        return True
+
     async def depth(self, queue: str) -> int:
         channel, declared = await self._browse(queue)
         await channel.close()

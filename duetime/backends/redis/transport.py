@@ -260,6 +260,9 @@ class RedisTransport(AsyncClosing):
                 moved.append(item)
         return moved
 
+    async def has_queue(self, queue: str) -> bool:
+        return bool(await self.redis.sismember(f"{self.prefix}queues", queue))
+
     async def depth(self, queue: str) -> int:
         key = self.key(queue)
         return int(await (self.redis.xlen(key) if self.mode == "stream" else self.redis.llen(key)))
