@@ -23,7 +23,7 @@ from typing import Any
 from duetime.durations import parse_duration, parse_time
 from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.interfaces import DelayedMessageStore
-from duetime.message import DelayedMessage
+from duetime.message import DelayedMessage, kind
 
 KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id"}
 
@@ -45,10 +45,15 @@ def parse_line(text: str, number: int, now: datetime) -> DelayedMessage:
     except json.JSONDecodeError as error:
         raise InvalidMessage(f"line {number}: not JSON ({error.msg} at column {error.colno}).") from None
     if not isinstance(row, dict):
-        raise InvalidMessage(f"line {number}: expected a JSON object, got {type(row).__name__}.")
+        raise InvalidMessage(f"line {number}: expected a JSON object ({{...}}), got {kind(row)}.")
     unknown = set(row) - KNOWN
     if unknown:
         raise InvalidMessage(f"line {number}: unknown field(s) {sorted(unknown)}; known: {sorted(KNOWN)}.")
+    if ("due_at" in row) == ("delay" in row):
+        raise InvalidMessage(
+            f'line {number}: give exactly one of "due_at" (a time with its offset, e.g. '
+            '"2030-01-01T09:00:00Z") or "delay" (e.g. "10m" or 600).'
+        )
     try:
         body = _body(row)
         due_at = parse_time(row["due_at"]) if isinstance(row.get("due_at"), str) else row.get("due_at")

@@ -36,9 +36,27 @@ def new_message_id() -> str:
     return str(uuid.UUID(int=value))
 
 
+def kind(value: object) -> str:
+    """What a wrong value is, in words a user of the CLI, a JSON file or Python all understand."""
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    if isinstance(value, bool):
+        return f"true/false ({shown})"
+    if isinstance(value, int | float):
+        return f"a number ({shown})"
+    if isinstance(value, bytes | bytearray):
+        return f"bytes ({shown})"
+    if isinstance(value, Mapping):
+        return "an object (a mapping)"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return f"{type(value).__name__} ({shown})"
+
+
 def _check_text(name: str, value: object, limit: int) -> str:
+    if value is None:
+        raise InvalidMessage(f"{name} is missing; give it as text.")
     if not isinstance(value, str):
-        raise InvalidMessage(f"{name} must be a str, got {type(value).__name__}.")
+        raise InvalidMessage(f"{name} must be text, got {kind(value)}.")
     if not value.strip():
         raise InvalidMessage(f"{name} must not be empty or blank.")
     if len(value) > limit:
@@ -71,7 +89,7 @@ check_text = _check_text
 def check_due_time(value: object, name: str = "due_at") -> datetime:
     """Return ``value`` in UTC, or raise :class:`InvalidMessage` saying how to fix it."""
     if not isinstance(value, datetime):
-        raise InvalidMessage(f"{name} must be a datetime, got {type(value).__name__}.")
+        raise InvalidMessage(f"{name} must be a datetime, got {kind(value)}.")
     if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
         raise InvalidMessage(
             f"{name} is a naive datetime ({value.isoformat()}); duetime cannot guess its time zone. "
@@ -90,12 +108,13 @@ def check_due_time(value: object, name: str = "due_at") -> datetime:
 
 def check_headers(value: object) -> Mapping[str, str]:
     if not isinstance(value, Mapping):
-        raise InvalidMessage(f"headers must be a mapping of str to str, got {type(value).__name__}.")
+        raise InvalidMessage(f"headers must be names with text values, got {kind(value)}.")
     for key, item in value.items():
-        if not isinstance(key, str) or not isinstance(item, str):
+        if not isinstance(key, str):
+            raise InvalidMessage(f"header names must be text, got {kind(key)}.")
+        if not isinstance(item, str):
             raise InvalidMessage(
-                f"headers must map str to str; {key!r}: {item!r} is "
-                f"{type(key).__name__} -> {type(item).__name__}. Convert values with str()."
+                f"header {key[:50]!r} must be text, got {kind(item)}; write it as text (str() in Python)."
             )
         if not key:
             raise InvalidMessage("header names must not be empty.")
@@ -203,7 +222,8 @@ def resolve_due_time(*, due_at: datetime | None, delay: Delay | None, now: datet
         span = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
         if span < timedelta(0):
             raise InvalidMessage(
-                f"delay must not be negative, got {delay!r}; a message cannot be due in the past."
+                f"delay must not be negative, got {span.total_seconds():g} s; a message cannot be due "
+                "in the past."
             )
         return check_due_time(base + span, "now + delay")
     except OverflowError:

@@ -50,12 +50,12 @@ def test_due_times_are_kept_in_utc() -> None:
         ({"due_at": datetime(1969, 1, 1, tzinfo=UTC)}, "outside the supported years"),
         ({"message_id": ""}, "message_id must not be empty"),
         ({"message_id": "x" * 251}, "limit is 250"),
-        ({"message_id": 5}, "message_id must be a str"),
+        ({"message_id": 5}, r"message_id must be text, got a number \(5\)"),
         ({"destination": "d" * 201}, "limit is 200"),
         ({"destination": "  "}, "destination must not be empty"),
         ({"body": "text"}, "encode text"),
-        ({"headers": {"a": 1}}, "Convert values with str"),
-        ({"headers": [("a", "b")]}, "headers must be a mapping"),
+        ({"headers": {"a": 1}}, r"header 'a' must be text, got a number \(1\)"),
+        ({"headers": [("a", "b")]}, "headers must be names with text values, got a list"),
         ({"failure_count": -1}, "failure_count"),
     ],
 )
@@ -302,3 +302,33 @@ def test_only_browsable_queues_are_browsable() -> None:
 
     assert isinstance(MemoryTransport(), BrowsableQueue)
     assert isinstance(MemoryStore(), ClaimPolicy) and MemoryStore().parallel_claims
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"delay": "1m"}', "line 1: destination is missing; give it as text."),
+        ('{"destination": 5, "delay": "1m"}', "line 1: destination must be text, got a number (5)."),
+        ('{"destination": "q", "delay": -1}', "line 1: delay must not be negative, got -1 s"),
+        ('{"destination": "q"}', 'line 1: give exactly one of "due_at"'),
+        (
+            '{"destination": "q", "delay": "1m", "headers": {"a": 1}}',
+            "header 'a' must be text, got a number (1)",
+        ),
+    ],
+)
+def test_a_bad_json_line_is_explained_in_the_files_terms(line: str, message: str) -> None:
+    from duetime.loader import parse_line
+
+    with pytest.raises(InvalidMessage) as caught:
+        parse_line(line, 1, NOW)
+    assert message in str(caught.value)
+    assert "NoneType" not in str(caught.value) and "str ->" not in str(caught.value)
+
+
+def test_a_negative_timedelta_reads_as_seconds() -> None:
+    from datetime import timedelta
+
+    with pytest.raises(InvalidMessage, match="got -1 s") as caught:
+        DelayedMessage.create("q", b"", delay=timedelta(seconds=-1))
+    assert "day" not in str(caught.value)
