@@ -321,3 +321,36 @@ def test_scheduling_for_an_undeclared_queue_warns_and_names_the_fix(cli, tmp_pat
     (tmp_path / "m.jsonl").write_text('{"destination": "refunds", "delay": "1m"}\n')
     assert "no queue 'refunds' is declared" in cli("load", "m.jsonl").stderr
     assert len(cli("list", "--json").stdout.splitlines()) == 3  # stored all the same
+
+
+def test_the_readme_quickstart_works_as_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The five commands, in order, in an empty folder; `duetime run` is stopped with SIGTERM."""
+    import shlex
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from tests.conftest import duetime_cmd, run_cli
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Quickstart", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [
+        shlex.split(line.split("#", 1)[0])[1:] for line in block.splitlines() if line.startswith("duetime")
+    ]
+    assert [c[0] for c in commands] == ["setup", "schedule", "run", "queues", "stats"]
+    setup, schedule, run, receive, stats = commands
+    assert run_cli(*setup, cwd=tmp_path).returncode == 0
+    assert run_cli(*schedule, cwd=tmp_path).returncode == 0
+    service = subprocess.Popen(
+        duetime_cmd(*run), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        time.sleep(6)  # the message is due in 5 s
+        got = run_cli(*receive, cwd=tmp_path)
+        assert got.returncode == 0 and json.loads(got.stdout)["body"] == "hello", got.stdout + got.stderr
+        shown = run_cli(*stats, cwd=tmp_path)
+        assert shown.returncode == 0 and "nothing stored" in shown.stdout
+    finally:
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=30) == 0
