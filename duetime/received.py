@@ -10,6 +10,7 @@ message to the error queue with that reason and a consumer can decide for itself
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from duetime.interfaces import ReceivedMessage
@@ -75,3 +76,25 @@ def received(
 def _valid_text(text: str) -> str:
     """``text`` with anything UTF-8 cannot carry (lone surrogates) replaced by ``?``."""
     return text.encode("utf-8", "replace").decode()
+
+
+async def first(items: AsyncIterator[ReceivedMessage], limit: int) -> list[ReceivedMessage]:
+    """The first ``limit`` of a queue read front to back (a peek on a broker read by scanning)."""
+    seen: list[ReceivedMessage] = []
+    async for item in items:
+        if len(seen) >= limit:
+            break
+        seen.append(item)
+    return seen
+
+
+async def those(items: AsyncIterator[ReceivedMessage], message_ids: Collection[str]) -> list[ReceivedMessage]:
+    """The messages with these ids, reading only as far as needed to find them all."""
+    wanted = set(message_ids)
+    found: list[ReceivedMessage] = []
+    async for item in items:
+        if item.message_id in wanted:
+            found.append(item)
+            if len(found) == len(wanted):
+                break
+    return found

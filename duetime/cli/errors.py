@@ -92,6 +92,10 @@ async def _pick(
             "give the ids of messages in the error queue, or --all (with --destination Q for one "
             "destination's); see `duetime errors list`."
         )
+    if ids and destination:
+        raise ConfigurationError(
+            "--destination picks which messages --all takes; to send messages somewhere else, use --to QUEUE."
+        )
     if every:
         seen = await t.peek(queue, EVERYTHING)
         ids = [m.message_id for m in seen if destination is None or _goes_to(m) == destination]

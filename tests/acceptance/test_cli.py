@@ -58,6 +58,8 @@ def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: i
     errors = [json.loads(line) for line in cli("errors", "list", "--json").stdout.splitlines()]
     assert errors[0]["id"] == "b"
     assert errors[0]["headers"]["duetime-error-original-destination"] == "typo-queue"
+    old = cli("errors", "retry", "b", "--destination", "orders", ok=False)  # the option before --to
+    assert old.returncode == 1 and "use --to QUEUE" in old.stderr
     cli("errors", "retry", "b", "--to", "orders")
     assert cli("errors", "list", "--json").stdout.strip() == ""
     cli("run", "--burst")

@@ -95,7 +95,7 @@ def test_cli_on_postgres_end_to_end() -> None:
         ]
         assert [m["id"] for m in received] == ["p1"]
         assert json.loads(cli("errors", "list", "--json").splitlines()[0])["id"] == "p2"
-        cli("errors", "retry", "p2", "--destination", "orders")
+        cli("errors", "retry", "p2", "--to", "orders")
         cli("run", "--burst")
         assert [
             json.loads(x)["id"] for x in cli("queues", "receive", "orders", "--wait", "0.2").splitlines()

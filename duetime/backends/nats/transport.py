@@ -34,6 +34,7 @@ from duetime.errors import (
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.received import first, those
 from duetime.urls import redact
 
 
@@ -201,23 +202,13 @@ class NatsTransport(AsyncClosing):
             seq = raw.seq + 1
 
     async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
-        seen: list[ReceivedMessage] = []
-        async for item in self._stream(queue):
-            if len(seen) >= limit:
-                break
-            seen.append(item)
-        return seen
+        return await first(self._stream(queue), limit)
 
     async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
         """Find them by reading the stream through; acknowledging one deletes it from the stream."""
-        wanted = set(message_ids)
-        found: list[ReceivedMessage] = []
-        async for item in self._stream(queue):
-            if item.message_id in wanted:
-                found.append(item)
-                self._taken[item.receipt] = (stream_name(queue), int(item.receipt.rpartition("@")[2]))
-                if len(found) == len(wanted):
-                    break
+        found = await those(self._stream(queue), message_ids)
+        for item in found:
+            self._taken[item.receipt] = (stream_name(queue), int(item.receipt.rpartition("@")[2]))
         return found
 
     async def has_queue(self, queue: str) -> bool:

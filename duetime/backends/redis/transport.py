@@ -29,7 +29,7 @@ from duetime.errors import ConfigurationError, DestinationNotFound, TransportUna
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
-from duetime.received import received
+from duetime.received import first, received, those
 from duetime.urls import number_option, redact
 
 MODES = {"stream", "list"}
@@ -234,23 +234,12 @@ class RedisTransport(AsyncClosing):
                 end -= BROWSE_PAGE
 
     async def peek(self, queue: str, limit: int) -> list[ReceivedMessage]:
-        seen: list[ReceivedMessage] = []
-        async for item in self._entries(queue):
-            if len(seen) >= limit:
-                break
-            seen.append(item)
-        return seen
+        return await first(self._entries(queue), limit)
 
     async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
         """Find them by reading the queue through. A stream entry stays until acknowledged
         (XDEL); a list entry moves to the processing list, as a receive would move it."""
-        wanted = set(message_ids)
-        found: list[ReceivedMessage] = []
-        async for item in self._entries(queue):
-            if item.message_id in wanted:
-                found.append(item)
-                if len(found) == len(wanted):
-                    break
+        found = await those(self._entries(queue), message_ids)
         if self.mode == "stream":
             return found
         moved: list[ReceivedMessage] = []
