@@ -188,8 +188,8 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=None, help="backlog size for the flatness checks")
     parser.add_argument(
         "--only",
-        default="scheduling,dispatch,flatness",
-        help="comma-separated sections to run (scheduling, dispatch, flatness); default all",
+        default="scheduling,dispatch,consume,flatness",
+        help="comma-separated sections to run (scheduling, dispatch, consume, flatness); default all",
     )
     args = parser.parse_args()
     sections = set(args.only.split(","))
@@ -202,6 +202,8 @@ def main() -> None:
         scheduling(n_single, n_copy, past)
     if "dispatch" in sections:
         dispatching(n_dispatch, past)
+    if "consume" in sections:
+        consuming(n_dispatch, past)
     if "flatness" in sections:
         flatness(pending, past)
     with psycopg.connect(BASE, autocommit=True) as conn:
@@ -250,6 +252,46 @@ def dispatching(n_dispatch: int, past: datetime) -> None:
         rate = best(lambda: asyncio.run(dispatch(mode, 100)))  # noqa: B023
         print(f"  duetime {mode.value:<28} {rate:10,.0f} msg/s   ratio {rate / raw_d:.2f}")
     print()
+
+
+def raw_consume(batch: int) -> int:
+    """The raw limit of a consumer: take a batch and delete it in one statement, until empty."""
+    table = f'"{SCHEMA}".duetime_queue_messages'
+    got = 0
+    with psycopg.connect(BASE, autocommit=True) as conn:
+        while rows := conn.execute(
+            f"DELETE FROM {table} WHERE seq IN (SELECT seq FROM {table} WHERE queue = %s "
+            "ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING message_id, headers, body",
+            (QUEUE, batch),
+        ).fetchall():
+            got += len(rows)
+    return got
+
+
+def consuming(n: int, past: datetime) -> None:
+    """The consumer's drain rate: receive a batch, acknowledge it (issue 16: one statement)."""
+    print(f"consuming the PostgreSQL queue ({n:,} waiting, batches of 500, best of 2)")
+    waiting = messages(n, past, prefix="q")
+
+    def best(run: Callable[[], object]) -> float:
+        rates = []
+        for _ in range(2):
+            reset()
+            with SyncPostgresQueue.from_url(URL) as q:
+                for i in range(0, n, 5_000):
+                    q.send(waiting[i : i + 5_000])
+            rates.append(n / timed(run))
+        return max(rates)
+
+    def ours() -> None:
+        with SyncPostgresQueue.from_url(URL) as q:
+            while batch := q.receive(QUEUE, 500, 0.0):
+                q.acknowledge(batch)
+
+    raw = best(lambda: raw_consume(500))
+    rate = best(ours)
+    print(f"  raw take-and-delete (one statement)  {raw:10,.0f} msg/s")
+    print(f"  duetime receive + acknowledge        {rate:10,.0f} msg/s   ratio {rate / raw:.2f}\n")
 
 
 def flatness(pending: int, past: datetime) -> None:

@@ -279,3 +279,22 @@ def test_an_unknown_claims_option_is_one_clear_error(pg: str) -> None:
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "claims=lock" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_batch_is_acknowledged_in_one_statement_and_an_expired_receipt_deletes_nothing(pg: str) -> None:
+    from duetime.backends.postgres.common import PgOptions
+    from duetime.backends.postgres.queue import SyncPostgresQueue
+
+    with SyncPostgresQueue(PgOptions.from_url(pg), visibility_timeout=timedelta(seconds=0.3)) as queue:
+        queue.declare("acks")
+        due = datetime(2030, 1, 1, tzinfo=UTC)
+        queue.send([DelayedMessage(f"a{i}", "acks", due, b"x") for i in range(300)])
+        first = queue.receive("acks", 300, 1.0)
+        assert len(first) == 300
+        time.sleep(0.4)  # their receipts expire: the rows are handed out again
+        again = queue.receive("acks", 300, 1.0)
+        assert len(again) == 300 and {m.delivery_count for m in again} == {2}
+        assert queue.acknowledge(first) == 0  # too late: the second consumer holds them now
+        assert queue.acknowledge(again) == 300
+        assert queue.acknowledge([]) == 0
+        assert queue.depth("acks") == 0
