@@ -152,14 +152,21 @@ async def _store(
                 f"{error} {report.stored} messages from earlier chunks are stored; run again with "
                 "--skip-duplicates to store the rest and skip what is there (e.g. after an interrupted load)."
             ) from None
-        stored = await store_new(store, batch)
+        stored = await _one_by_one(store, batch)
         report.stored += stored
         report.skipped_duplicates += len(batch) - stored
 
 
 async def store_new(store: DelayedMessageStore, batch: Sequence[DelayedMessage]) -> int:
-    """Store each message not stored yet (by id), one at a time; how many were new. The way to
-    resume work that stopped half-way after storing part of a batch."""
+    """Store each message not stored yet (by id); how many were new. The way to resume work that
+    stopped half-way after storing part of a batch: the batch at once, else one at a time."""
+    try:
+        return await store.store_many(batch)
+    except DuplicateMessageId:
+        return await _one_by_one(store, batch)
+
+
+async def _one_by_one(store: DelayedMessageStore, batch: Sequence[DelayedMessage]) -> int:
     stored = 0
     for message in batch:
         try:
