@@ -71,31 +71,44 @@ def test_error_queue_on_a_broker_lists_retries_and_discards(cli, broker) -> None
     cli("schedule", gone, "first", "--in", "0s", "--id", "a")
     cli("schedule", gone, "second", "--in", "0s", "--id", "b")
     cli("schedule", other, "third", "--in", "0s", "--id", "c")
-    assert "to the error queue 3" in cli("run", "--burst", *on).stdout
+    cli("schedule", other, "fourth", "--in", "0s", "--id", "d")
+    assert "to the error queue 4" in cli("run", "--burst", *on).stdout
 
     listed = _lines(cli("errors", "list", "--json", *on).stdout)
-    assert [(m["id"], m["destination"]) for m in listed] == [("a", gone), ("b", gone), ("c", other)]
+    assert [(m["id"], m["destination"]) for m in listed] == [
+        ("a", gone),
+        ("b", gone),
+        ("c", other),
+        ("d", other),
+    ]
     assert "not declared" in listed[0]["error"] or "does not exist" in listed[0]["error"]
     assert [m["id"] for m in _lines(cli("errors", "list", "--json", "--destination", gone, *on).stdout)] == [
         "a",
         "b",
     ]
     table = cli("errors", "list", *on).stdout
-    assert "3 shown of 3" in table
+    assert "4 shown of 4" in table
+    neither = cli("errors", "retry", *on, ok=False)
+    assert neither.returncode == 1 and "give the ids" in neither.stderr
 
     unasked = cli("errors", "retry", "--all", "--destination", gone, "--to", orders, *on, ok=False)
     assert unasked.returncode == 1 and "Add --yes" in unasked.stderr
-    assert len(_lines(cli("errors", "list", "--json", *on).stdout)) == 3  # asked, so nothing moved
+    assert len(_lines(cli("errors", "list", "--json", *on).stdout)) == 4  # asked, so nothing moved
 
+    # as if an earlier retry stored "a" and stopped before taking it off the error queue
+    cli("schedule", orders, "first", "--in", "0s", "--id", "a", "--transport", url)
     sent = cli("errors", "retry", "--all", "--destination", gone, "--to", orders, "--yes", *on)
-    assert "sent 2 back" in sent.stdout
-    assert [m["id"] for m in _lines(cli("errors", "list", "--json", *on).stdout)] == ["c"]
+    assert "sent 2 back" in sent.stdout and "1 were stored already" in sent.stdout
+    assert [m["id"] for m in _lines(cli("errors", "list", "--json", *on).stdout)] == ["c", "d"]
     assert "forwarded 2" in cli("run", "--burst", *on).stdout
     got = _lines(cli("queues", "receive", orders, "--wait", "1", "--transport", url).stdout)
     assert sorted((m["id"], m["body"]) for m in got) == [("a", "first"), ("b", "second")]
     assert not any(k.startswith("duetime-error-") for k in got[0]["headers"])
 
-    assert "discarded 1" in cli("errors", "discard", "c", "--yes", *on).stdout
+    assert "discarded 1" in cli("errors", "discard", "d", "--yes", *on).stdout
+    unasked = cli("errors", "discard", "--all", "--destination", other, *on, ok=False)
+    assert unasked.returncode == 1 and "Discard 1 message that were going to" in unasked.stderr
+    assert "discarded 1" in cli("errors", "discard", "--all", "--destination", other, "--yes", *on).stdout
     assert cli("errors", "list", "--json", *on).stdout.strip() == ""
     none = cli("errors", "retry", "c", *on, ok=False)
     assert "not in error queue" in none.stderr

@@ -225,6 +225,13 @@ def test_the_rabbitmq_commands(tmp_path: Path) -> None:
     assert verified.returncode == 0 and "complete" in verified.stdout
     status = run_cli("rabbitmq", "status", "--json", cwd=tmp_path, env={"DUETIME_TRANSPORT": RABBITMQ})
     assert status.returncode == 0 and all(isinstance(n, int) for n in json.loads(status.stdout).values())
+    parked = run_cli(
+        "rabbitmq", "catchall", "--json", "--limit", "5", cwd=tmp_path, env={"DUETIME_TRANSPORT": RABBITMQ}
+    )
+    assert parked.returncode == 0, parked.stderr
+    assert all(
+        {"id", "destination", "what_happened"} == set(json.loads(line)) for line in parked.stdout.splitlines()
+    )
     too_long = run_cli("rabbitmq", "send", "nowhere", "x", "--in", "3200d", "--url", RABBITMQ, cwd=tmp_path)
     assert too_long.returncode == 1 and "8.5 years" in too_long.stderr
     store = f"sqlite:///{tmp_path / 'r.db'}"

@@ -81,7 +81,6 @@ class RabbitMqTransport(AsyncClosing):
         self._buffers: dict[str, asyncio.Queue[AbstractIncomingMessage]] = {}
         self._in_flight: dict[str, AbstractIncomingMessage] = {}
         self._receipts = itertools.count()
-        self._browsing: list[AbstractChannel] = []  # channels holding messages taken by id
         self.declared: set[str] = set()
 
     @classmethod
@@ -134,7 +133,6 @@ class RabbitMqTransport(AsyncClosing):
         self._channel = self._consume_channel = None
         self._buffers.clear()
         self._in_flight.clear()
-        self._browsing.clear()  # closed with the connection
         if connection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 1.0)
@@ -301,11 +299,9 @@ class RabbitMqTransport(AsyncClosing):
         except BaseException:
             await channel.close()
             raise
-        if found:
-            self._browsing.append(channel)
-        else:
+        if not found:
             await channel.close()
-        return found
+        return found  # their channel stays open until acknowledged, or closes with the connection
 
     async def has_queue(self, queue: str) -> bool:
         try:
