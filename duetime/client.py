@@ -11,6 +11,7 @@ from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.interfaces import Clock, DelayedMessageStore, ListQuery, Page, SyncDelayedMessageStore
 from duetime.message import (
     MAX_DESTINATION_LENGTH,
+    MAX_GROUP_LENGTH,
     MAX_ID_LENGTH,
     Delay,
     DelayedMessage,
@@ -30,6 +31,7 @@ def _build(
     due_at: datetime | None,
     headers: Mapping[str, str] | None,
     message_id: str | None,
+    group: str | None,
 ) -> DelayedMessage:
     return DelayedMessage.create(
         destination,
@@ -39,6 +41,7 @@ def _build(
         headers=headers,
         message_id=message_id,
         now=clock.now(),
+        group=group,
     )
 
 
@@ -58,7 +61,13 @@ def _messages(messages: Iterable[DelayedMessage]) -> list[DelayedMessage]:
     return items
 
 
-def _query(destination: object, due_before: object, limit: object, after: object) -> ListQuery:
+def _group(group: object) -> str:
+    return check_text("group", group, MAX_GROUP_LENGTH)
+
+
+def _query(
+    destination: object, due_before: object, limit: object, after: object, group: object = None
+) -> ListQuery:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
         raise InvalidMessage(f"limit must be a whole number between 1 and 10000, got {limit!r}.")
     if destination is not None:
@@ -69,7 +78,13 @@ def _query(destination: object, due_before: object, limit: object, after: object
         if not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[1], str)):
             raise InvalidMessage("after must be the next_cursor of the previous page, or None.")
         after = (check_due_time(after[0], "after"), _id(after[1]))
-    return ListQuery(destination=destination, due_before=due_before, limit=limit, after=after)
+    return ListQuery(
+        destination=destination,
+        due_before=due_before,
+        limit=limit,
+        after=after,
+        group=None if group is None else _group(group),
+    )
 
 
 class DelayedMessageClient(AsyncClosing):
@@ -104,9 +119,11 @@ class DelayedMessageClient(AsyncClosing):
         due_at: datetime | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
+        group: str | None = None,
     ) -> DelayedMessage:
-        """Store a message for ``destination`` due after ``delay`` or at ``due_at``."""
-        message = _build(self.clock, destination, body, delay, due_at, headers, message_id)
+        """Store a message for ``destination`` due after ``delay`` or at ``due_at``; ``group`` is
+        a key it shares with others (a saga, an order), to list or cancel them together."""
+        message = _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
         await self.store.store(message)
         return message
 
@@ -116,6 +133,11 @@ class DelayedMessageClient(AsyncClosing):
 
     async def cancel(self, message_id: str) -> bool:
         return await self.store.cancel(_id(message_id))
+
+    async def cancel_group(self, group: str) -> int:
+        """Cancel every stored message of ``group``; how many. One being forwarded right now is
+        not stopped (it is on its way)."""
+        return await self.store.cancel_group(_group(group))
 
     async def reschedule(
         self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None
@@ -133,8 +155,9 @@ class DelayedMessageClient(AsyncClosing):
         due_before: datetime | None = None,
         limit: int = 100,
         after: tuple[datetime, str] | None = None,
+        group: str | None = None,
     ) -> Page:
-        return await self.store.list(_query(destination, due_before, limit, after))
+        return await self.store.list(_query(destination, due_before, limit, after, group))
 
 
 class SyncDelayedMessageClient(Closing):
@@ -160,8 +183,9 @@ class SyncDelayedMessageClient(Closing):
         due_at: datetime | None = None,
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
+        group: str | None = None,
     ) -> DelayedMessage:
-        message = _build(self.clock, destination, body, delay, due_at, headers, message_id)
+        message = _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
         self.store.store(message)
         return message
 
@@ -174,6 +198,10 @@ class SyncDelayedMessageClient(Closing):
 
     def cancel(self, message_id: str) -> bool:
         return self.store.cancel(_id(message_id))
+
+    def cancel_group(self, group: str) -> int:
+        """Cancel every stored message of ``group``; how many (see the async client)."""
+        return self.store.cancel_group(_group(group))
 
     def reschedule(
         self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None
@@ -192,5 +220,6 @@ class SyncDelayedMessageClient(Closing):
         due_before: datetime | None = None,
         limit: int = 100,
         after: tuple[datetime, str] | None = None,
+        group: str | None = None,
     ) -> Page:
-        return self.store.list(_query(destination, due_before, limit, after))
+        return self.store.list(_query(destination, due_before, limit, after, group))

@@ -1,7 +1,10 @@
-"""The front door (NServiceBus's timeout manager): delayed messages arrive on ``<endpoint>.timeouts``.
+"""The front door (NServiceBus's timeout manager): delayed messages arrive on ``<endpoint>.Timeouts``.
 
-Each carries its destination and due time in headers. It is stored, and acknowledged only after the
-store committed, so nothing is lost; a redelivered message whose id is already stored is just
+That is the queue an NServiceBus endpoint sends its deferred messages to; ``<endpoint>.timeouts``
+(the name duetime used before 0.9) is consumed too while it exists. Each message carries its
+destination and due time in headers. It is stored, and acknowledged only after the store
+committed, so nothing is lost; a saga's ``ClearTimeouts`` message cancels the saga's stored
+timeouts (its group); a redelivered message whose id is already stored is just
 acknowledged. Malformed ones go to the error queue with the reason. If storing (or receiving) keeps
 failing for ``time_to_wait_before_triggering_critical_error_on_timeout_outages`` (2 minutes), the
 outage breaker raises the timeout manager's critical error.
@@ -10,8 +13,8 @@ outage breaker raises the timeout manager's critical error.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from duetime.circuit import RepeatedFailuresOverTimeCircuitBreaker
@@ -25,9 +28,16 @@ from duetime.errors import (
     TransportUnavailable,
     one_line,
 )
-from duetime.interfaces import ReceivedMessage, ReceivingTransport, Transport
+from duetime.interfaces import (
+    AddressTopology,
+    InspectableQueue,
+    ReceivedMessage,
+    ReceivingTransport,
+    Transport,
+)
 from duetime.message import DUE_AT_HEADER, Delay, DelayedMessage, check_headers, new_message_id
 from duetime.names import check_name
+from duetime.nservicebus import CLEAR_TIMEOUTS, EXPIRE, REPLY_TO, ROUTE_TO, from_wire, saga_group
 
 log = logging.getLogger("duetime.frontdoor")
 
@@ -35,33 +45,48 @@ log = logging.getLogger("duetime.frontdoor")
 #: transport stamps on what it delivers (a message passing through a queue carries both).
 DESTINATION_HEADER = "duetime-route-to"
 DELIVER_AT_HEADER = "duetime-deliver-at"
-NSB_EXPIRE = "NServiceBus.Timeout.Expire"
-NSB_ROUTE_TO = "NServiceBus.Timeout.RouteExpiredTimeoutTo"
-#: Headers that only carried routing to the front door; the destination does not get them.
-ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER, NSB_EXPIRE, NSB_ROUTE_TO)
+NSB_EXPIRE = EXPIRE
+NSB_ROUTE_TO = ROUTE_TO
+#: duetime's own routing headers; the destination does not get them. NServiceBus's stay, as its
+#: timeout manager keeps every incoming header (see duetime.nservicebus).
+ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER)
+#: How often the front door looks again whether the old-named queue exists.
+LEGACY_CHECK_SECONDS = 60.0
 #: The timeout manager's words, so operators' alerts written for the timeout manager keep matching.
 OUTAGE_MESSAGE = "Repeated failures when fetching timeouts from storage, endpoint will be terminated."
-_NSB_WIRE = re.compile(r"^(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}):(\d{1,6}) Z$")
 
 
 def front_door_queue(endpoint: str) -> str:
+    """The timeout manager's queue, as NServiceBus names it: ``<endpoint>.Timeouts``."""
+    return f"{endpoint}.Timeouts"
+
+
+def legacy_front_door_queue(endpoint: str) -> str:
+    """The name duetime used before it matched NServiceBus (lower-case ``timeouts``)."""
     return f"{endpoint}.timeouts"
+
+
+@dataclass(frozen=True)
+class ClearTimeouts:
+    """A saga's request to remove all its stored timeouts (NServiceBus sends it when a saga ends)."""
+
+    group: str
 
 
 def parse_due_header(value: str) -> datetime:
     """ISO 8601 with an offset, or NServiceBus's wire format ``2030-01-01 09:00:00:000000 Z``."""
-    wire = _NSB_WIRE.match(value.strip())
-    if wire:
-        day, clock, fraction = wire.groups()
-        return datetime.fromisoformat(f"{day}T{clock}.{fraction.ljust(6, '0')}+00:00")
+    wire = from_wire(value)
+    if wire is not None:
+        return wire
     moment = datetime.fromisoformat(value.strip())
     if moment.tzinfo is None:
         raise ValueError("the due time has no UTC offset")
     return moment.astimezone(UTC)
 
 
-def envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
-    """Turn a front-door message into the delayed message it asks for; InvalidMessage if it can't.
+def envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTimeouts:
+    """Turn a front-door message into the delayed message it asks for (or a saga's request to
+    clear its timeouts); InvalidMessage if it can't.
 
     Whatever is wrong with the envelope (even something no check foresaw) is an InvalidMessage:
     one bad envelope goes to the error queue, it never stops the front door.
@@ -76,14 +101,24 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
         raise InvalidMessage(f"the message cannot be read ({type(error).__name__}: {error}).") from None
 
 
-def _envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
+def _envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTimeouts:
     headers = received.headers
-    destination = headers.get(DESTINATION_HEADER) or headers.get(NSB_ROUTE_TO)
+    if headers.get(CLEAR_TIMEOUTS, "").strip().lower() == "true":
+        group = saga_group(headers)
+        if group is None:
+            raise InvalidMessage(f"a {CLEAR_TIMEOUTS} message without a saga id (NServiceBus.SagaId).")
+        return ClearTimeouts(group)
+    destination = headers.get(DESTINATION_HEADER) or headers.get(NSB_ROUTE_TO) or headers.get(REPLY_TO)
     due_text = headers.get(DELIVER_AT_HEADER) or headers.get(NSB_EXPIRE)
     if not destination:
-        raise InvalidMessage(f"no destination header: set {DESTINATION_HEADER!r} (or {NSB_ROUTE_TO!r}).")
+        raise InvalidMessage(
+            f"no destination header: set {DESTINATION_HEADER!r} (or {NSB_ROUTE_TO!r}, or {REPLY_TO!r})."
+        )
     if not due_text:
-        raise InvalidMessage(f"no due time header: set {DELIVER_AT_HEADER!r} (or {NSB_EXPIRE!r}).")
+        raise InvalidMessage(
+            f"no due time header: set {DELIVER_AT_HEADER!r} (or {NSB_EXPIRE!r}); "
+            "this is not a delayed message."
+        )
     try:
         due_at = parse_due_header(due_text)
     except (ValueError, OverflowError) as error:
@@ -92,7 +127,9 @@ def _envelope_to_message(received: ReceivedMessage) -> DelayedMessage:
             "e.g. 2030-01-01T09:00:00+00:00."
         ) from None
     kept = {k: v for k, v in headers.items() if k not in ENVELOPE_HEADERS}
-    return DelayedMessage(received.message_id, destination, due_at, received.body, kept)
+    return DelayedMessage(
+        received.message_id, destination, due_at, received.body, kept, group=saga_group(headers)
+    )
 
 
 def envelope_headers(
@@ -107,15 +144,21 @@ def envelope_headers(
 
 
 class FrontDoor:
-    """Consumes ``<endpoint>.timeouts`` into the dispatcher's store while the dispatcher runs."""
+    """Consumes ``<endpoint>.Timeouts`` (and the old ``<endpoint>.timeouts`` while it exists) into
+    the dispatcher's store while the dispatcher runs."""
 
     def __init__(self, dispatcher: Dispatcher, receiver: ReceivingTransport, *, wait: float = 0.5) -> None:
         self.dispatcher = dispatcher
         self.receiver = receiver
         self.queue = front_door_queue(dispatcher.endpoint)
+        self.legacy_queue = legacy_front_door_queue(dispatcher.endpoint)
+        #: The queues consumed: the old-named one first (never waited on), the real one last.
+        self.queues: list[str] = [self.queue]
+        self._legacy_checked: float | None = None
         self.wait = wait
         self.stored = 0
         self.rejected = 0
+        self.cleared = 0
         self.outage_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             "timeout storage",
             dispatcher.settings.time_to_wait_before_triggering_critical_error_on_timeout_outages.total_seconds(),
@@ -125,7 +168,29 @@ class FrontDoor:
         )
 
     async def start(self) -> None:
-        await self.dispatcher.transport.declare(self.queue)
+        """Declare the queue as an NServiceBus endpoint's address (with a broker's routing
+        topology, the exchange its senders publish to), and look for the old-named queue."""
+        transport = self.dispatcher.transport
+        if isinstance(transport, AddressTopology):
+            await transport.declare_address(self.queue)
+        else:
+            await transport.declare(self.queue)
+        await self._look_for_legacy()
+
+    async def _look_for_legacy(self) -> None:
+        """Consume ``<endpoint>.timeouts`` too while it exists (senders of duetime before 0.9 and
+        messages they left there); looked for again every minute."""
+        now = self.dispatcher.clock.monotonic()
+        if self._legacy_checked is not None and now - self._legacy_checked < LEGACY_CHECK_SECONDS:
+            return
+        self._legacy_checked = now
+        receiver = self.receiver
+        exists = isinstance(receiver, InspectableQueue) and await receiver.has_queue(self.legacy_queue)
+        if exists and self.legacy_queue not in self.queues:
+            log.info("front door: also consuming %s, the queue's old name", self.legacy_queue)
+            self.queues.insert(0, self.legacy_queue)
+        elif not exists and self.legacy_queue in self.queues:
+            self.queues.remove(self.legacy_queue)
 
     @property
     def _deadline(self) -> float:
@@ -155,30 +220,46 @@ class FrontDoor:
         self.outage_breaker.failure(error)
 
     async def process_once(self) -> int:
-        """Receive one batch and store it; returns how many messages were handled.
+        """Receive one batch from each front-door queue and store it; returns how many messages
+        were handled. Only the last queue (the real one) is waited on."""
+        try:
+            await within(self._look_for_legacy(), self._deadline, f"looking for {self.legacy_queue}")
+        except Exception as error:  # only the old queue is affected; the real one goes on
+            log.warning("front door: looking for %s failed: %s", self.legacy_queue, one_line(error))
+        handled = 0
+        for i, queue in enumerate(list(self.queues)):
+            last = i == len(self.queues) - 1
+            handled += await self._process_queue(queue, self.wait if last and not handled else 0.0)
+        return handled
 
-        A queue that cannot be read counts against the outage breaker like a store that cannot be
-        written: either way delayed messages are not getting in.
-        """
+    async def _process_queue(self, queue: str, wait: float) -> int:
+        """A queue that cannot be read counts against the outage breaker like a store that cannot
+        be written: either way delayed messages are not getting in."""
         try:
             received = await within(
-                self.receiver.receive(self.queue, self.dispatcher.settings.batch_size, self.wait),
-                self.wait + self._deadline,
-                f"receiving from {self.queue}",
+                self.receiver.receive(queue, self.dispatcher.settings.batch_size, wait),
+                wait + self._deadline,
+                f"receiving from {queue}",
             )
         except Exception as error:
-            self._outage(f"receiving from {self.queue}", error)
+            self._outage(f"receiving from {queue}", error)
             await self.dispatcher._pause()
             return 0
         if not received:
             return 0
         good: list[tuple[ReceivedMessage, DelayedMessage]] = []
+        clears: list[tuple[ReceivedMessage, ClearTimeouts]] = []
         bad: list[tuple[ReceivedMessage, InvalidMessage]] = []
         for item in received:
             try:
-                good.append((item, envelope_to_message(item)))
+                parsed = envelope_to_message(item)
             except InvalidMessage as error:
                 bad.append((item, error))
+                continue
+            if isinstance(parsed, ClearTimeouts):
+                clears.append((item, parsed))
+            else:
+                good.append((item, parsed))
         refused: list[tuple[ReceivedMessage, InvalidMessage]] = []
         while good:
             outcome = await self._store(good)
@@ -188,12 +269,13 @@ class FrontDoor:
             if self.dispatcher.stopping:
                 return 0  # not acknowledged: the queue gives them back later, nothing lost
             await self.dispatcher._pause()
+        cleared = await self._clear(clears)
         if bad or refused:
-            await self._reject(bad + refused)
+            await self._reject(bad + refused, queue)
         refused_ids = {id(item) for item, _ in refused}
-        stored = [r for r, _ in good if id(r) not in refused_ids]
+        stored = [r for r, _ in good if id(r) not in refused_ids] + cleared
         if stored:
-            self.stored += len(stored)
+            self.stored += len(stored) - len(cleared)
             try:
                 await within(self.receiver.acknowledge(stored), self._deadline, "acknowledging")
             except Exception as error:  # stored already: the redelivery is recognised by its id
@@ -201,6 +283,24 @@ class FrontDoor:
                     "front door: acknowledging %d stored messages failed: %s", len(stored), one_line(error)
                 )
         return len(received)
+
+    async def _clear(self, clears: Sequence[tuple[ReceivedMessage, ClearTimeouts]]) -> list[ReceivedMessage]:
+        """Cancel each saga's stored timeouts (after the batch's timeouts were stored, so a timeout
+        sent just before the saga ended goes too); what is done may be acknowledged. Cancelling
+        is idempotent, so a redelivered ClearTimeouts is harmless."""
+        done: list[ReceivedMessage] = []
+        for item, clear in clears:
+            try:
+                removed = await within(
+                    self.dispatcher.store.cancel_group(clear.group), self._deadline, "clearing timeouts"
+                )
+            except Exception as error:
+                self._outage(f"clearing the timeouts of saga {clear.group}", error)
+                break
+            log.info("front door: saga %s ended, %d stored timeouts removed", clear.group, removed)
+            self.cleared += removed
+            done.append(item)
+        return done
 
     async def _store(
         self, pairs: Sequence[tuple[ReceivedMessage, DelayedMessage]]
@@ -233,14 +333,14 @@ class FrontDoor:
         self.outage_breaker.success()
         return refused
 
-    async def _reject(self, bad: Sequence[tuple[ReceivedMessage, InvalidMessage]]) -> None:
+    async def _reject(self, bad: Sequence[tuple[ReceivedMessage, InvalidMessage]], source: str) -> None:
         """Error queue first, acknowledge after: a rejected envelope is never just dropped. A
         failure here counts against the recovery breaker and leaves the envelope on its queue."""
         now = self.dispatcher.clock.now()
         queue = self.dispatcher.settings.error_queue
         copies = []
         for item, error in bad:
-            copies.append(_rejected(item, self.queue, queue, error, now))
+            copies.append(_rejected(item, source, queue, error, now))
             log.warning("front door: %r rejected: %s", item.message_id, error)
         try:
             results = await within(self.dispatcher.transport.send_batch(copies), self._deadline, "rejecting")
@@ -308,7 +408,7 @@ async def send_delayed(
     headers: Mapping[str, str] | None = None,
     message_id: str | None = None,
 ) -> DelayedMessage:
-    """Publish a delayed message to ``<endpoint>.timeouts`` for a duetime service to store.
+    """Publish a delayed message to ``<endpoint>.Timeouts`` for a duetime service to store.
 
     For services that reach only the broker: the dispatcher's front door stores it (once, by its
     id) and forwards it to ``destination`` when it is due. Returns the message as it will arrive.

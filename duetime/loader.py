@@ -2,7 +2,7 @@
 
 One line is one message::
 
-    {"destination": "orders", "due_at": "2030-01-01T09:00:00+01:00", "body": "text", "headers": {"k": "v"}, "id": "optional"}
+    {"destination": "orders", "due_at": "2030-01-01T09:00:00+01:00", "body": "text", "headers": {"k": "v"}, "id": "optional", "group": "optional"}
     {"destination": "orders", "delay": "10m", "body_base64": "AAEC"}
 
 Nothing is stored unless every line is valid, so a typo on line 900,000 never leaves half a file
@@ -25,7 +25,7 @@ from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.interfaces import DelayedMessageStore
 from duetime.message import DelayedMessage, kind
 
-KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id"}
+KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id", "group"}
 
 
 @dataclass
@@ -68,6 +68,7 @@ def parse_line(text: str, number: int, now: datetime) -> DelayedMessage:
             headers=row.get("headers") or {},
             message_id=row.get("id"),
             now=now,
+            group=row.get("group"),
         )
     except InvalidMessage as error:
         raise InvalidMessage(f"line {number}: {error}") from None

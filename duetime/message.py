@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -11,12 +12,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
+from duetime import nservicebus
 from duetime.clock import SYSTEM
 from duetime.durations import parse_duration
 from duetime.errors import InvalidMessage
 
 MAX_ID_LENGTH = 250
 MAX_DESTINATION_LENGTH = 200
+MAX_GROUP_LENGTH = 200
 #: Due times must fall in this window; it keeps every store's integer column and every
 #: broker's TTL arithmetic far from overflow.
 EARLIEST_DUE = datetime(1970, 1, 1, tzinfo=UTC)
@@ -127,6 +130,8 @@ class DelayedMessage:
     """A message that must reach ``destination`` at ``due_at`` and not before.
 
     ``due_at`` is always aware and in UTC; ``failure_count`` counts failed forwarding attempts.
+    ``group`` is an optional key several messages share (a saga's id, an order number), stored
+    and indexed, so they can be listed and cancelled together.
     """
 
     message_id: str
@@ -135,6 +140,7 @@ class DelayedMessage:
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     failure_count: int = 0
+    group: str | None = None
 
     def __post_init__(self) -> None:
         _check_text("message_id", self.message_id, MAX_ID_LENGTH)
@@ -149,6 +155,8 @@ class DelayedMessage:
         object.__setattr__(self, "headers", check_headers(self.headers))
         if not isinstance(self.failure_count, int) or self.failure_count < 0:
             raise InvalidMessage("failure_count must be a non-negative int.")
+        if self.group is not None:
+            _check_text("group", self.group, MAX_GROUP_LENGTH)
 
     @classmethod
     def create(
@@ -161,6 +169,7 @@ class DelayedMessage:
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
         now: datetime | None = None,
+        group: str | None = None,
     ) -> DelayedMessage:
         """Build a message due at ``due_at`` or after ``delay`` (seconds or a timedelta)."""
         due = resolve_due_time(due_at=due_at, delay=delay, now=now)
@@ -170,6 +179,7 @@ class DelayedMessage:
             due_at=due,
             body=body,
             headers=headers or {},
+            group=group,
         )
 
     @classmethod
@@ -181,6 +191,7 @@ class DelayedMessage:
         body: bytes,
         headers: Mapping[str, str],
         failure_count: int,
+        group: str | None = None,
     ) -> DelayedMessage:
         """Rebuild a message a store validated when it was stored, without checking it again
         (the dispatcher reads every message back once: this keeps that read cheap)."""
@@ -192,6 +203,7 @@ class DelayedMessage:
             ("body", body),
             ("headers", MappingProxyType(dict(headers))),
             ("failure_count", failure_count),
+            ("group", group),
         ):
             object.__setattr__(message, name, value)
         return message
@@ -234,19 +246,29 @@ def resolve_due_time(*, due_at: datetime | None, delay: Delay | None, now: datet
 DUE_AT_HEADER = "duetime-due-at"
 
 
-def outgoing_headers_json(stored_json: str, due_at: datetime) -> str:
+def outgoing_headers_json(stored_json: str, due_at: datetime, message_id: str) -> str:
     """A store's compact headers JSON plus ``duetime-due-at``, spliced in without parsing.
 
     Stores write headers as a compact JSON object of str -> str; a duplicate key is fine, since
     JSON readers keep the last, which is the one added here (as :func:`outgoing_headers` does).
+    An NServiceBus timeout gets what the timeout manager adds at dispatch, so it is parsed.
     """
+    if f'"{nservicebus.EXPIRE}"' in stored_json:
+        headers = json.loads(stored_json)
+        if nservicebus.is_timeout(headers):
+            headers = nservicebus.dispatch_headers(headers, message_id, SYSTEM.now())
+            headers[DUE_AT_HEADER] = due_at.isoformat()
+            return json.dumps(headers, separators=(",", ":"), ensure_ascii=False)
     text = stored_json.strip()
     field = f'"{DUE_AT_HEADER}":"{due_at.isoformat()}"}}'
     return "{" + field if text == "{}" else text[:-1] + "," + field
 
 
 def outgoing_headers(message: DelayedMessage) -> dict[str, str]:
-    """The headers a destination receives: the message's own plus its due time."""
+    """The headers a destination receives: the message's own plus its due time, and for an
+    NServiceBus timeout what the timeout manager adds when it dispatches one."""
     headers = dict(message.headers)
+    if nservicebus.is_timeout(headers):
+        headers = nservicebus.dispatch_headers(headers, message.message_id, SYSTEM.now())
     headers[DUE_AT_HEADER] = message.due_at.isoformat()
     return headers

@@ -21,13 +21,15 @@ from duetime.clock import SystemClock, to_micros
 from duetime.closing import Closing
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
 from duetime.interfaces import Clock, ListQuery, Page, StoreCounts
-from duetime.message import DelayedMessage, check_due_time
+from duetime.message import MAX_GROUP_LENGTH, DelayedMessage, check_due_time, check_text
 from duetime.names import check_name
 from duetime.settings import TransactionMode
 from duetime.urls import number_option
 
-#: The layout every store writes; a store refuses tables or keys written by a newer duetime.
-SCHEMA_VERSION = 1
+#: The layout every store writes; a store refuses tables or keys written by a newer duetime, and
+#: asks for `duetime setup` (which upgrades in place) on ones written by an older one.
+#: 2: the group key (a column, or a set per group on Redis).
+SCHEMA_VERSION = 2
 #: How long a claim keeps a message from other dispatchers unless a URL or the settings say otherwise.
 DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
 
@@ -61,7 +63,7 @@ def dump_headers(headers: Mapping[str, str]) -> str:
     return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
 
 
-def micros_row(m: DelayedMessage) -> tuple[str, str, int, str, bytes, int]:
+def micros_row(m: DelayedMessage) -> tuple[str, str, int, str, bytes, int, str | None]:
     """A message as the stores that keep due times as µs since 1970 insert it (SQLite, MariaDB)."""
     return (
         m.message_id,
@@ -70,6 +72,7 @@ def micros_row(m: DelayedMessage) -> tuple[str, str, int, str, bytes, int]:
         dump_headers(m.headers),
         m.body,
         m.failure_count,
+        m.group,
     )
 
 
@@ -118,6 +121,9 @@ def sql_filters(
     if query.destination is not None:
         where.append(f"destination = {mark.format('destination')}")
         params["destination"] = query.destination
+    if query.group is not None:
+        where.append(f"group_key = {mark.format('group')}")
+        params["group"] = query.group
     if query.due_before is not None:
         where.append(f"due_at < {mark.format('due_before')}")
         params["due_before"] = to_db(query.due_before)
@@ -135,6 +141,7 @@ def matches(query: ListQuery, message: DelayedMessage) -> bool:
     return (
         message.failure_count >= query.min_failures
         and (query.destination is None or message.destination == query.destination)
+        and (query.group is None or message.group == query.group)
         and (query.due_before is None or message.due_at < query.due_before)
         and (query.due_after is None or message.due_at >= query.due_after)
         and (query.after is None or (message.due_at, message.message_id) > query.after)
@@ -213,6 +220,10 @@ class StoreRules(Closing, ABC):
         """Delete the message only if no live claim holds it."""
 
     @abstractmethod
+    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+        """Delete the group's messages no live claim holds; how many."""
+
+    @abstractmethod
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         """Move the message's due time only if no live claim holds it."""
 
@@ -242,6 +253,12 @@ class StoreRules(Closing, ABC):
             raise StoreNotReady(
                 f"No duetime store for endpoint {endpoint!r} ({self._location(endpoint)}): "
                 "run `duetime setup` or call setup_infrastructure() first."
+            )
+        if version < SCHEMA_VERSION:
+            raise StoreNotReady(
+                f"The store for endpoint {endpoint!r} ({self._location(endpoint)}) was set up by an older "
+                f"duetime (schema version {version}); run `duetime setup` to upgrade it in place "
+                "(every stored message stays)."
             )
         if version > SCHEMA_VERSION:
             raise ConfigurationError(
@@ -321,6 +338,13 @@ class StoreRules(Closing, ABC):
         if self._delete_unclaimed(message_id, self.clock.now()):
             return True
         return self._refuse_in_flight(message_id)
+
+    def cancel_group(self, group: str) -> int:
+        """Cancel every message of ``group`` no dispatcher holds; those in flight are forwarded
+        (as a single :meth:`cancel` would refuse them). Returns how many were cancelled."""
+        check_text("group", group, MAX_GROUP_LENGTH)
+        self._ready()
+        return self._delete_group_unclaimed(group, self.clock.now())
 
     def reschedule(self, message_id: str, due_at: datetime) -> bool:
         """Move a stored message's due time; MessageInFlight while a dispatcher holds it."""

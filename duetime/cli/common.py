@@ -66,6 +66,12 @@ EndpointOpt = Annotated[
 ]
 InOpt = Annotated[str | None, typer.Option("--in", help="Delay: 90, 1.5s, 10m, 1h30m, 2d.")]
 AtOpt = Annotated[str | None, typer.Option("--at", help="Due time, ISO 8601 with offset.")]
+GroupOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="A key this message shares with others (an order, a saga), to list or cancel them together."
+    ),
+]
 HeaderOpt = Annotated[list[str], typer.Option("--header", "-H", help="name=value, repeatable.")]
 MessageIdOpt = Annotated[str | None, typer.Option("--id", help="Your own message id (default: generated).")]
 TransportOpt = Annotated[

@@ -15,6 +15,7 @@ from duetime.cli.common import (
     DEFAULT_STORE,
     AtOpt,
     EndpointOpt,
+    GroupOpt,
     HeaderOpt,
     InOpt,
     MessageIdOpt,
@@ -54,6 +55,7 @@ def schedule(
     body_file: Annotated[
         typer.FileBinaryRead | None, typer.Option(help="Read the body from a file ('-' = stdin).")
     ] = None,
+    group: GroupOpt = None,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
     transport: TransportOpt = None,
@@ -61,6 +63,8 @@ def schedule(
     """Schedule one delayed message; prints its id.
 
     Warns when no queue is declared for the destination (where the transport can tell).
+    `--group order-42` files it with others of that key: `duetime list --group order-42` shows
+    them, `duetime cancel --group order-42` cancels them all.
     """
     payload = body_file.read() if body_file is not None else body.encode()
     due = _due(in_, at)
@@ -69,7 +73,7 @@ def schedule(
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         try:
             message = await client.schedule(
-                destination, payload, headers=_headers(header), message_id=message_id, **due
+                destination, payload, headers=_headers(header), message_id=message_id, group=group, **due
             )
         finally:
             await client.close()
@@ -200,6 +204,7 @@ def _message_row(m: DelayedMessage) -> dict[str, Any]:
         "failures": m.failure_count,
         "headers": dict(m.headers),
         "size": len(m.body),
+        "group": m.group,
     }
 
 
@@ -223,11 +228,14 @@ async def _pages(
     due_before: str | None,
     limit: int,
     after: tuple[datetime, str] | None,
+    group: str | None = None,
 ) -> AsyncIterator[Page]:
     """Page after page of the listing, from ``after`` on."""
     before = parse_time(due_before) if due_before else None
     while True:
-        page = await client.list(destination=destination, due_before=before, limit=limit, after=after)
+        page = await client.list(
+            destination=destination, due_before=before, limit=limit, after=after, group=group
+        )
         yield page
         if page.next_cursor is None:
             return
@@ -238,6 +246,7 @@ async def _pages(
 def list_(
     destination: Annotated[str | None, typer.Option(help="Only messages for this destination.")] = None,
     due_before: Annotated[str | None, typer.Option(help="Only messages due before this ISO time.")] = None,
+    group: Annotated[str | None, typer.Option(help="Only messages of this group (e.g. a saga id).")] = None,
     limit: Annotated[int, typer.Option(help="At most this many per page (1-10000).")] = 50,
     after: Annotated[
         str | None, typer.Option(help="Start after this place (printed at the end of the previous page).")
@@ -257,7 +266,7 @@ def list_(
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         shown: list[DelayedMessage] = []
         try:
-            async for page in _pages(client, destination, due_before, limit, start):
+            async for page in _pages(client, destination, due_before, limit, start, group):
                 if as_json:
                     sys.stdout.writelines(json.dumps(_message_row(m)) + "\n" for m in page.messages)
                 else:
@@ -271,10 +280,16 @@ def list_(
     messages, more = _run(go)
     if as_json:
         return
-    grid = table("id", "destination", "due (UTC)", "failures", "bytes")
+    grouped = any(m.group for m in messages)
+    grid = table("id", "destination", "due (UTC)", "failures", "bytes", *(["group"] if grouped else []))
     for m in messages:
         grid.add_row(
-            m.message_id, m.destination, m.due_at.isoformat(), str(m.failure_count), str(len(m.body))
+            m.message_id,
+            m.destination,
+            m.due_at.isoformat(),
+            str(m.failure_count),
+            str(len(m.body)),
+            *([m.group or ""] if grouped else []),
         )
     show_table(grid)
     nxt = f"; next page: duetime list --after '{_cursor_text(more)}'" if more else ""
@@ -320,17 +335,27 @@ def cancel(
     due_before: Annotated[
         str | None, typer.Option(help="Cancel every message due before this ISO time (asks first).")
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(help="Cancel every message of this group, e.g. an NServiceBus saga id (asks first)."),
+    ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
 ) -> None:
-    """Cancel a stored message so it is never delivered, or every one for a destination.
+    """Cancel a stored message so it is never delivered, or every one for a destination or group.
 
     `duetime cancel --destination retired-queue --yes` cancels what is due to a queue that is gone;
-    add --due-before to keep the later ones. A message being delivered right now is left alone.
+    add --due-before to keep the later ones. `duetime cancel --group KEY` cancels a group (what
+    `schedule --group` filed, or an NServiceBus saga's timeouts). A message being delivered right
+    now is left alone.
     """
-    if (message_id is None) == (destination is None and due_before is None):
-        raise typer.BadParameter("give a message id, or --destination and/or --due-before (not both)")
+    chosen = [message_id is not None, destination is not None or due_before is not None, group is not None]
+    if sum(chosen) != 1:
+        raise typer.BadParameter("give one of: a message id, --destination and/or --due-before, or --group")
+    if group is not None:
+        _cancel_group(group, yes, store, endpoint)
+        return
 
     async def one() -> bool:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
@@ -382,6 +407,31 @@ def cancel(
         f"cancelled {done} of {found}"
         + (f"; {busy} were being delivered right then" if busy else "")
         + (f"; {gone} were gone already" if gone else "")
+    )
+
+
+def _cancel_group(group: str, yes: bool, store: str, endpoint: str) -> None:
+    """Count the group (for the question), then cancel it in one call to the store."""
+
+    async def go() -> tuple[int, int]:
+        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        try:
+            found = 0
+            async for page in _pages(client, None, None, 10_000, None, group):
+                found += len(page.messages)
+            if not found:
+                return 0, 0
+            _confirm(f"Cancel the {found} stored message{'' if found == 1 else 's'} of group {group!r}?", yes)
+            return found, await client.cancel_group(group)
+        finally:
+            await client.close()
+
+    found, done = _run(go)
+    if not found:
+        raise fail(f"no stored message in group {group!r} (delivered, cancelled, or a different key?)")
+    busy = found - done
+    console.print(
+        f"cancelled {done} of {found}" + (f"; {busy} were being delivered right then" if busy else "")
     )
 
 

@@ -205,6 +205,49 @@ class StoreContract:
             await store.reschedule("m-00001", t + timedelta(hours=1))
         assert await store.get("m-00001") is not None
 
+    async def test_a_group_is_kept_listed_and_cancelled_together(self, store: DelayedMessageStore) -> None:
+        t = now() + timedelta(hours=1)
+        saga = "9f1c2a64-0000-4000-8000-00000000abcd"
+        await store.store_many(
+            [msg(i, t + timedelta(seconds=i), group=saga if i < 3 else None) for i in range(5)]
+            + [msg(9, t, group="other")]
+        )
+        got = await store.get("m-00001")
+        assert got is not None and got.group == saga
+        assert (await store.get("m-00004")) is not None and (await store.get("m-00004")).group is None  # type: ignore[union-attr]
+        listed = await store.list(ListQuery(group=saga, limit=100))
+        assert [m.message_id for m in listed.messages] == ["m-00000", "m-00001", "m-00002"]
+        paged = await store.list(ListQuery(group=saga, limit=2))
+        assert len(paged.messages) == 2 and paged.next_cursor is not None
+        assert await store.cancel_group(saga) == 3
+        assert await store.cancel_group(saga) == 0  # idempotent: a redelivered request is harmless
+        assert await store.get("m-00001") is None
+        assert {m.message_id for m in (await store.list(ListQuery(limit=100))).messages} == {
+            "m-00003",
+            "m-00004",
+            "m-00009",
+        }
+        assert await store.cancel_group("never-used") == 0
+
+    async def test_cancel_group_leaves_a_message_in_flight_and_forgets_delivered_ones(
+        self, store: DelayedMessageStore
+    ) -> None:
+        t = now()
+        await store.store_many([msg(1, t, group="g"), msg(2, t + timedelta(hours=1), group="g")])
+        await store.store(msg(3, t - timedelta(seconds=1), group="g"))
+        claimed = await store.fetch_due(t, 1)  # m-00003 is being forwarded
+        assert [m.message_id for m in claimed] == ["m-00003"] and claimed[0].group == "g"
+        await store.remove("m-00003")  # delivered
+        [in_flight] = await store.fetch_due(t, 1)
+        assert in_flight.message_id == "m-00001"
+        assert await store.cancel_group("g") == 1  # m-00002; m-00001 goes on its way
+        assert await store.get("m-00001") is not None and await store.get("m-00002") is None
+        await store.store(msg(3, t + timedelta(hours=2), group="g"))  # the id is free again
+        assert [m.message_id for m in (await store.list(ListQuery(group="g"))).messages] == [
+            "m-00001",
+            "m-00003",
+        ]
+
     async def test_reschedule(self, store: DelayedMessageStore) -> None:
         t = now() + timedelta(hours=1)
         await store.store(msg(1, t))

@@ -178,7 +178,7 @@ async def test_front_door_outage_raises_seed_002s_critical_error_after_two_minut
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
     await door.start()
     envelope = rig.message(7, 5).with_changes(
-        destination="unit.timeouts", headers=envelope_headers("orders", rig.clock.now())
+        destination="unit.Timeouts", headers=envelope_headers("orders", rig.clock.now())
     )
     await rig.queues.send_batch([envelope])
     rig.store.fail_store = True
@@ -197,7 +197,7 @@ async def test_front_door_outage_raises_seed_002s_critical_error_after_two_minut
         "Repeated failures when fetching timeouts from storage, endpoint will be terminated."
     )
     assert OUTAGE_MESSAGE in str(rig.criticals[0]) and "cannot store" in str(rig.criticals[0])
-    assert rig.queues.messages("unit.timeouts") == []  # received, not acknowledged: comes back
+    assert rig.queues.messages("unit.Timeouts") == []  # received, not acknowledged: comes back
 
 
 async def test_front_door_outage_wait_is_configurable() -> None:
@@ -370,13 +370,13 @@ async def test_front_door_rejects_an_envelope_whose_own_id_is_unusable() -> None
 
     with rig.queues.lock:  # a broker message without a message id (RabbitMQ gives "")
         routing = {"duetime-route-to": "orders", "duetime-deliver-at": "2030-01-01T00:00:00+00:00"}
-        envelope = ReceivedMessage("unit.timeouts", "", routing, b"?", "k", 0)
-        rig.queues._queues["unit.timeouts"]["k"] = envelope
+        envelope = ReceivedMessage("unit.Timeouts", "", routing, b"?", "k", 0)
+        rig.queues._queues["unit.Timeouts"]["k"] = envelope
     assert await door.process_once() == 1
     [dead] = rig.queues.messages("error")
     assert dead.message_id and dead.headers["duetime-error-original-message-id"] == ""
     assert "message_id" in dead.headers["duetime-error-message"]
-    assert rig.queues.messages("unit.timeouts") == []
+    assert rig.queues.messages("unit.Timeouts") == []
 
 
 async def test_front_door_survives_an_error_queue_that_cannot_be_written() -> None:
@@ -385,7 +385,7 @@ async def test_front_door_survives_an_error_queue_that_cannot_be_written() -> No
     rig = await Rig().setup("orders")
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
     await door.start()
-    malformed = rig.message(1, 0).with_changes(destination="unit.timeouts", headers={"x": "no routing"})
+    malformed = rig.message(1, 0).with_changes(destination="unit.Timeouts", headers={"x": "no routing"})
     await rig.queues.send_batch([malformed])
     rig.transport.down = ConnectionError("broker gone")  # the error queue is on the same broker
     assert await door.process_once() == 1  # no crash
@@ -456,7 +456,7 @@ async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue()
     await door.start()
     envelopes = [
         rig.message(i, 60).with_changes(
-            destination="unit.timeouts", headers=envelope_headers("orders", rig.clock.now())
+            destination="unit.Timeouts", headers=envelope_headers("orders", rig.clock.now())
         )
         for i in (1, 2, 3)
     ]
@@ -465,7 +465,7 @@ async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue()
     assert [await rig.store.get(f"m{i}") is not None for i in (1, 2, 3)] == [True, False, True]
     [dead] = rig.queues.messages("error")
     assert dead.message_id == "m2" and "cannot hold this value" in dead.headers["duetime-error-message"]
-    assert rig.queues.messages("unit.timeouts") == [] and not rig.queues._in_flight  # all acknowledged
+    assert rig.queues.messages("unit.Timeouts") == [] and not rig.queues._in_flight  # all acknowledged
     assert not door.outage_breaker.armed and door.stored == 2 and door.rejected == 1
 
 

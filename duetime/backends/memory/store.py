@@ -118,6 +118,13 @@ class SyncMemoryStore(StoreRules):
             del self._rows[message_id]
             return True
 
+    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+        with self._lock:
+            gone = [i for i, r in self._rows.items() if r.message.group == group and r.claimable(now)]
+            for message_id in gone:
+                del self._rows[message_id]
+            return len(gone)
+
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         with self._lock:
             row = self._rows.get(message_id)

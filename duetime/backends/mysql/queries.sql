@@ -16,10 +16,23 @@ CREATE TABLE IF NOT EXISTS {table} (
     failure_count INT NOT NULL DEFAULT 0,
     claim_token CHAR(32) NULL,
     claimed_until BIGINT NULL,
+    group_key VARCHAR(200) NULL,
     KEY duetime_due (due_at, message_id),
     KEY duetime_claim (claim_token, claimed_until),
-    KEY duetime_destination (destination, due_at)
+    KEY duetime_destination (destination, due_at),
+    KEY duetime_group (group_key)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
+
+-- Schema version 2: a table of version 1 gets the group key on `duetime setup`.
+-- name: has_group_column
+SELECT COUNT(*) FROM information_schema.COLUMNS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'group_key';
+
+-- name: add_group_column
+ALTER TABLE {table} ADD COLUMN group_key VARCHAR(200) NULL, ADD KEY duetime_group (group_key);
+
+-- name: delete_group_unclaimed
+DELETE FROM {table} WHERE group_key = %s AND (claim_token IS NULL OR claimed_until <= %s);
 
 -- name: setup_lock
 SELECT GET_LOCK('duetime_setup', 60);
@@ -35,10 +48,11 @@ ON DUPLICATE KEY UPDATE version = GREATEST(version, VALUES(version));
 SELECT version FROM duetime_schema WHERE component = %s;
 
 -- name: insert
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count) VALUES (%s, %s, %s, %s, %s, %s);
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+VALUES (%s, %s, %s, %s, %s, %s, %s);
 
 -- name: select_due_for_claim
-SELECT message_id, destination, due_at, headers, body, failure_count FROM {table}
+SELECT message_id, destination, due_at, headers, body, failure_count, group_key FROM {table}
 WHERE due_at <= %s AND (claim_token IS NULL OR claimed_until <= %s)
 ORDER BY due_at, message_id
 LIMIT %s
@@ -60,7 +74,8 @@ UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claime
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
 
 -- name: get
-SELECT message_id, destination, due_at, headers, body, failure_count FROM {table} WHERE message_id = %s;
+SELECT message_id, destination, due_at, headers, body, failure_count, group_key FROM {table}
+WHERE message_id = %s;
 
 -- name: delete_unclaimed
 DELETE FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s);

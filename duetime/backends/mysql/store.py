@@ -53,7 +53,7 @@ from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.mysql")
 EXACT_COUNT_LIMIT = 1_000_000
-_COLUMNS = "message_id, destination, due_at, headers, body, failure_count"
+_COLUMNS = "message_id, destination, due_at, headers, body, failure_count, group_key"
 _OPTIONS = {"table", "claim_timeout", "poll_interval", "connect_timeout"}
 
 
@@ -107,7 +107,7 @@ def _ident(name: str) -> str:
 
 def _message(row: Sequence[Any]) -> DelayedMessage:
     return DelayedMessage.from_store(
-        row[0], row[1], from_micros(row[2]), bytes(row[4]), load_headers(row[3]), row[5]
+        row[0], row[1], from_micros(row[2]), bytes(row[4]), load_headers(row[3]), row[5], row[6]
     )
 
 
@@ -209,6 +209,9 @@ class SyncMysqlStore(StoreRules):
             try:
                 cur.execute(q["create_schema_table"])
                 cur.execute(q["create_store_table"])
+                cur.execute(q["has_group_column"], (table,))
+                if not cur.fetchone()[0]:  # a table of schema version 1: upgraded in place
+                    cur.execute(q["add_group_column"])
                 cur.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
             finally:
                 cur.execute(q["setup_unlock"])
@@ -278,6 +281,9 @@ class SyncMysqlStore(StoreRules):
 
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._execute(self.q["delete_unclaimed"], (message_id, to_micros(now))) == 1
+
+    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+        return self._execute(self.q["delete_group_unclaimed"], (group, to_micros(now)))
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         params = (to_micros(due_at), message_id, to_micros(now))

@@ -133,6 +133,7 @@ class PgNames:
             "index_claim": ident(f"{table}_claim"),
             "index_destination": ident(f"{table}_destination"),
             "index_failing": ident(f"{table}_failing"),
+            "index_group": ident(f"{table}_group"),
             "queues": f"{s}.duetime_queues",
             "messages": f"{s}.duetime_queue_messages",
             "index_ready": "duetime_queue_messages_ready",
@@ -156,11 +157,20 @@ def table_for(options: PgOptions, endpoint: str) -> str:
 
 
 def decode(row: Sequence[Any]) -> DelayedMessage:
-    """A row from a ``RETURNING``/``SELECT`` of (id, destination, due_at, headers, body, failures)."""
+    """A row from a ``RETURNING``/``SELECT`` of (id, destination, due_at, headers, body, failures,
+    group)."""
     return DelayedMessage.from_store(
-        row[0], row[1], row[2].astimezone(UTC), bytes(row[4]), load_headers(row[3]), row[5]
+        row[0], row[1], row[2].astimezone(UTC), bytes(row[4]), load_headers(row[3]), row[5], row[6]
     )
 
 
 def copy_row(m: DelayedMessage) -> tuple[Any, ...]:
-    return (m.message_id, m.destination, m.due_at, dump_headers(m.headers), m.body, m.failure_count)
+    return (
+        m.message_id,
+        m.destination,
+        m.due_at,
+        dump_headers(m.headers),
+        m.body,
+        m.failure_count,
+        m.group,
+    )

@@ -19,7 +19,23 @@ CREATE TABLE IF NOT EXISTS {table} (
     body bytea NOT NULL,
     failure_count integer NOT NULL DEFAULT 0,
     claim_token uuid,
-    claimed_until timestamptz
+    claimed_until timestamptz,
+    group_key varchar(200)
+);
+
+-- Schema version 2 (tables of version 1 get the column on `duetime setup`).
+-- name: add_group_column
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS group_key varchar(200);
+
+-- name: create_store_group_index
+CREATE INDEX IF NOT EXISTS {index_group} ON {table} (group_key) WHERE group_key IS NOT NULL;
+
+-- A row a dispatcher holds locked is in flight: skipped, not waited for.
+-- name: delete_group_unclaimed
+DELETE FROM {table} WHERE message_id IN (
+    SELECT message_id FROM {table}
+    WHERE group_key = %(group)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
+    FOR UPDATE SKIP LOCKED
 );
 
 -- name: create_store_due_index
@@ -42,19 +58,20 @@ ON CONFLICT (component) DO UPDATE SET version = greatest({schema_table}.version,
 SELECT version FROM {schema_table} WHERE component = %(component)s;
 
 -- name: insert
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
-VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s);
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s, %(group_key)s);
 
 -- name: insert_notify
 WITH stored AS (
-    INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
-    VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s)
+    INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+    VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s,
+            %(group_key)s)
     RETURNING due_at
 )
 SELECT pg_notify(%(channel)s, %(payload)s) FROM stored;
 
 -- name: copy_in
-COPY {table} (message_id, destination, due_at, headers, body, failure_count) FROM STDIN;
+COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN;
 
 -- name: notify
 SELECT pg_notify(%(channel)s, %(payload)s);
@@ -69,11 +86,11 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) AS c
 WHERE t.message_id = c.message_id
-RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count;
+RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count, t.group_key;
 
 -- A lock claim: the same rows as claim_due, locked by a transaction the caller keeps open.
 -- name: lock_due
-SELECT message_id, destination, due_at, headers::text, body, failure_count FROM {table}
+SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key FROM {table}
 WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
 ORDER BY due_at, message_id
 LIMIT %(limit)s
@@ -88,7 +105,7 @@ WHERE t.message_id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
-RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count;
+RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count, t.group_key;
 
 -- name: next_unclaimed
 SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at, message_id LIMIT 1;
@@ -113,7 +130,7 @@ WHERE message_id = %(id)s;
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = ANY(%(ids)b);
 
 -- name: get
-SELECT message_id, destination, due_at, headers::text, body, failure_count FROM {table}
+SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key FROM {table}
 WHERE message_id = %(id)s;
 
 -- A row a dispatcher holds locked is in flight too: skipped, not waited for.

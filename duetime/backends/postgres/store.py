@@ -44,7 +44,7 @@ log = logging.getLogger("duetime.postgres")
 EXACT_COUNT_LIMIT = 1_000_000
 #: How soon a sleeping dispatcher looks again at due messages another dispatcher holds locked.
 HELD_RECHECK = timedelta(milliseconds=500)
-_FIELDS = ("message_id", "destination", "due_at", "headers", "body", "failure_count")
+_FIELDS = ("message_id", "destination", "due_at", "headers", "body", "failure_count", "group_key")
 
 
 def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
@@ -60,6 +60,8 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         (q["create_store_claim_index"], {}),
         (q["create_store_destination_index"], {}),
         (q["create_store_failing_index"], {}),
+        (q["add_group_column"], {}),  # a table of schema version 1 is upgraded in place
+        (q["create_store_group_index"], {}),
         *[(sql, {}) for sql in queue_schema_statements(q)],
         (q["record_version"], {"component": names.component(), "version": SCHEMA_VERSION}),
     ]
@@ -236,6 +238,9 @@ class SyncPostgresStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._rowcount(self.names.q["delete_unclaimed"], {"id": message_id, "now": now}) == 1
 
+    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+        return self._rowcount(self.names.q["delete_group_unclaimed"], {"group": group, "now": now})
+
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         params = {"id": message_id, "due_at": due_at, "now": now}
         return self._rowcount(self.names.q["reschedule_unclaimed"], params) == 1
@@ -243,7 +248,7 @@ class SyncPostgresStore(StoreRules):
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s")
         sql = (
-            f"SELECT message_id, destination, due_at, headers::text, body, failure_count "
+            f"SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key "
             f"FROM {self.names.qualified} WHERE {where} ORDER BY due_at, message_id LIMIT %(limit)s"
         )
         return [decode(r) for r in self._rows(sql, params | {"limit": limit})]
@@ -293,7 +298,12 @@ class SyncPostgresStore(StoreRules):
                 due_at = due_at.astimezone(UTC)
                 if destination in known:
                     queued.append(
-                        (destination, message_id, outgoing_headers_json(headers_json, due_at), body)
+                        (
+                            destination,
+                            message_id,
+                            outgoing_headers_json(headers_json, due_at, message_id),
+                            body,
+                        )
                     )
                     moved.append(Moved(message_id, destination, due_at))
                 else:

@@ -1,5 +1,6 @@
 -- Remove, release, count a failure, cancel or reschedule one message.
--- KEYS: 1 ready zset, 2 payload hash, 3 claims hash, 4 failures hash, 5 due-time hash, 6 by-due zset
+-- KEYS: 1 ready zset, 2 payload hash, 3 claims hash, 4 failures hash, 5 due-time hash, 6 by-due zset,
+--       7 group-of hash (the members of group G are the set KEYS[7] .. ':' .. G)
 -- ARGV: 1 action, 2 id, 3 now (us), 4 new due (us, reschedule)
 -- Returns 1 done, 0 no such message, -1 in flight (cancel/reschedule of a claimed message).
 local action, id, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -13,6 +14,11 @@ if action == 'remove' or action == 'cancel' then
     redis.call('HDEL', KEYS[3], id)
     redis.call('HDEL', KEYS[4], id)
     redis.call('HDEL', KEYS[5], id)
+    local group = redis.call('HGET', KEYS[7], id)
+    if group then
+        redis.call('HDEL', KEYS[7], id)
+        redis.call('SREM', KEYS[7] .. ':' .. group, id)
+    end
     return 1
 end
 if action == 'fail' then redis.call('HINCRBY', KEYS[4], id, 1) end

@@ -31,6 +31,7 @@ from duetime.backends._store import (
     SCHEMA_VERSION,
     Duplicate,
     StoreRules,
+    by_due,
     claim_timeout_option,
     matches,
     split_options,
@@ -48,7 +49,10 @@ def _script(name: str) -> str:
 
 
 def _payload(m: DelayedMessage) -> bytes:
-    head = json.dumps({"d": m.destination, "h": dict(m.headers)}, separators=(",", ":"), ensure_ascii=False)
+    meta: dict[str, Any] = {"d": m.destination, "h": dict(m.headers)}
+    if m.group is not None:
+        meta["g"] = m.group
+    head = json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
     return head.encode() + b"\n" + m.body
 
 
@@ -56,7 +60,7 @@ def _message(message_id: str, payload: bytes, failures: Any, due: Any) -> Delaye
     head, _, body = payload.partition(b"\n")
     meta = json.loads(head)
     return DelayedMessage.from_store(
-        message_id, meta["d"], from_micros(int(due)), body, meta["h"], int(failures)
+        message_id, meta["d"], from_micros(int(due)), body, meta["h"], int(failures), meta.get("g")
     )
 
 
@@ -78,6 +82,7 @@ class SyncRedisStore(StoreRules):
         self._claim_script = self.client.register_script(_script("claim.lua"))
         self._store_script = self.client.register_script(_script("store_many.lua"))
         self._change_script = self.client.register_script(_script("change.lua"))
+        self._cancel_group_script = self.client.register_script(_script("cancel_group.lua"))
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncRedisStore:
@@ -90,7 +95,7 @@ class SyncRedisStore(StoreRules):
 
     def keys_for(self, endpoint: str) -> dict[str, str]:
         base = f"{self.prefix}{check_name('endpoint', endpoint)}:"
-        names = ("ready", "payload", "claims", "failures", "due", "bydue")
+        names = ("ready", "payload", "claims", "failures", "due", "bydue", "groups")
         return {name: base + name for name in names} | {"schema": base + "schema", "channel": base + "wake"}
 
     @property
@@ -106,7 +111,11 @@ class SyncRedisStore(StoreRules):
         return f"at {self.url}, prefix {self.prefix!r}"
 
     def _create(self, endpoint: str) -> None:
-        self.client.set(self.keys_for(endpoint)["schema"], SCHEMA_VERSION, nx=True)
+        """Nothing to create but the version; version 1 keys need nothing to become version 2
+        (their messages have no group)."""
+        key = self.keys_for(endpoint)["schema"]
+        if int(self.client.get(key) or 0) < SCHEMA_VERSION:
+            self.client.set(key, SCHEMA_VERSION)
 
     def _schema_version(self, endpoint: str) -> int | None:
         version = self.client.get(self.keys_for(endpoint)["schema"])
@@ -115,8 +124,8 @@ class SyncRedisStore(StoreRules):
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
         args: list[Any] = []
         for m in messages:
-            args += [m.message_id, _payload(m), to_micros(m.due_at)]
-        duplicate = self._store_script(keys=self._k("ready", "payload", "bydue", "due"), args=args)
+            args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or ""]
+        duplicate = self._store_script(keys=self._k("ready", "payload", "bydue", "due", "groups"), args=args)
         if duplicate:
             raise Duplicate(_text(duplicate))
         self._announce(min(m.due_at for m in messages))
@@ -136,7 +145,7 @@ class SyncRedisStore(StoreRules):
         return from_micros(int(first[0][1])) if first else None
 
     def _act(self, action: str, message_id: str, now: datetime | None = None, due: int = 0) -> int:
-        keys = self._k("ready", "payload", "claims", "failures", "due", "bydue")
+        keys = self._k("ready", "payload", "claims", "failures", "due", "bydue", "groups")
         moment = to_micros(now or self.clock.now())
         return int(self._change_script(keys=keys, args=[action, message_id, moment, due]))
 
@@ -161,12 +170,21 @@ class SyncRedisStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._act("cancel", message_id, now) == 1
 
+    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+        keys = self._k("ready", "payload", "claims", "failures", "due", "bydue", "groups")
+        return int(self._cancel_group_script(keys=keys, args=[group, to_micros(now)]))
+
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         return self._act("reschedule", message_id, now, to_micros(due_at)) == 1
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
-        """Walks the by-due index in pages from the lowest due time the query allows, filtering."""
+        """Walks the by-due index in pages from the lowest due time the query allows, filtering;
+        a group's listing reads the group's members instead."""
         keys = self.keys
+        if query.group is not None:
+            ids = self.client.smembers(f"{keys['groups']}:{query.group}")
+            found = (self._get(_text(i)) for i in ids)
+            return by_due([m for m in found if m is not None and matches(query, m)])[:limit]
         lows = [to_micros(t) for t in (query.due_after, query.after[0] if query.after else None) if t]
         low: Any = max(lows) if lows else "-inf"
         high: Any = "+inf" if query.due_before is None else f"({to_micros(query.due_before)}"

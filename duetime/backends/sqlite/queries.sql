@@ -16,8 +16,22 @@ CREATE TABLE IF NOT EXISTS {table} (
     body BLOB NOT NULL,
     failure_count INTEGER NOT NULL DEFAULT 0,
     claim_token TEXT,
-    claimed_until INTEGER
+    claimed_until INTEGER,
+    group_key TEXT
 );
+
+-- Schema version 2 (tables of version 1 get the column on `duetime setup`).
+-- name: add_group_column
+ALTER TABLE {table} ADD COLUMN group_key TEXT;
+
+-- name: store_columns
+SELECT name FROM pragma_table_info(:table);
+
+-- name: create_store_group_index
+CREATE INDEX IF NOT EXISTS {index_group} ON {table} (group_key) WHERE group_key IS NOT NULL;
+
+-- name: delete_group_unclaimed
+DELETE FROM {table} WHERE group_key = ? AND (claim_token IS NULL OR claimed_until <= ?);
 
 -- name: create_store_due_index
 CREATE INDEX IF NOT EXISTS {index_due} ON {table} (due_at, message_id);
@@ -36,8 +50,8 @@ ON CONFLICT (component) DO UPDATE SET version = max(version, excluded.version);
 SELECT version FROM duetime_schema WHERE component = ?;
 
 -- name: insert
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
-VALUES (?, ?, ?, ?, ?, ?);
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+VALUES (?, ?, ?, ?, ?, ?, ?);
 
 -- name: claim_due
 UPDATE {table} SET claim_token = :token, claimed_until = :until
@@ -47,10 +61,10 @@ WHERE message_id IN (
     ORDER BY due_at, message_id
     LIMIT :limit
 )
-RETURNING message_id, destination, due_at, headers, body, failure_count;
+RETURNING message_id, destination, due_at, headers, body, failure_count, group_key;
 
 -- name: select_due_unclaimed
-SELECT message_id, destination, due_at, headers, body, failure_count FROM {table}
+SELECT message_id, destination, due_at, headers, body, failure_count, group_key FROM {table}
 WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
 ORDER BY due_at, message_id
 LIMIT :limit;
@@ -72,7 +86,8 @@ WHERE message_id = ?;
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = ?;
 
 -- name: get
-SELECT message_id, destination, due_at, headers, body, failure_count, claim_token, claimed_until
+SELECT message_id, destination, due_at, headers, body, failure_count, group_key, claim_token,
+       claimed_until
 FROM {table} WHERE message_id = ?;
 
 -- name: delete_unclaimed

@@ -48,12 +48,12 @@ from duetime.names import check_name, quote_identifier
 from duetime.urls import number_option
 
 OPTIONS = {"table", "synchronous", "claim_timeout", "busy_timeout"}
-_COLUMNS = "message_id, destination, due_at, headers, body, failure_count"
+_COLUMNS = "message_id, destination, due_at, headers, body, failure_count, group_key"
 
 
 def _message(row: Sequence[Any]) -> DelayedMessage:
     return DelayedMessage.from_store(
-        row[0], row[1], from_micros(row[2]), bytes(row[4]), load_headers(row[3]), row[5]
+        row[0], row[1], from_micros(row[2]), bytes(row[4]), load_headers(row[3]), row[5], row[6]
     )
 
 
@@ -99,6 +99,7 @@ class SyncSqliteStore(StoreRules):
             "index_due": quote_identifier(f"{table}_due"),
             "index_claim": quote_identifier(f"{table}_claim"),
             "index_destination": quote_identifier(f"{table}_destination"),
+            "index_group": quote_identifier(f"{table}_group"),
         }
         return {"table": names["table"]} | {name: sql.format(**names) for name, sql in QUERIES.items()}
 
@@ -118,6 +119,10 @@ class SyncSqliteStore(StoreRules):
                 "create_store_destination_index",
             ):
                 self._conn.execute(q[name])
+            columns = {r[0] for r in self._conn.execute(q["store_columns"], {"table": table})}
+            if "group_key" not in columns:  # a table of schema version 1: upgraded in place
+                self._conn.execute(q["add_group_column"])
+            self._conn.execute(q["create_store_group_index"])
             create_queue_schema(self._conn)
             self._conn.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
 
@@ -178,6 +183,9 @@ class SyncSqliteStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._write_each(self.q["delete_unclaimed"], [(message_id, to_micros(now))]) == 1
 
+    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+        return self._write_each(self.q["delete_group_unclaimed"], [(group, to_micros(now))])
+
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         row = (to_micros(due_at), message_id, to_micros(now))
         return self._write_each(self.q["reschedule_unclaimed"], [row]) == 1
@@ -231,7 +239,7 @@ class SyncSqliteStore(StoreRules):
                     known[destination] = queue_exists(self._conn, destination)
                 if known[destination]:
                     due_at = from_micros(due_micros)
-                    headers = outgoing_headers_json(headers_json, due_at)
+                    headers = outgoing_headers_json(headers_json, due_at, message_id)
                     queued.append((destination, message_id, headers, body, now, now))
                     moved.append(Moved(message_id, destination, due_at))
                 else:
