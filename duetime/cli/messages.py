@@ -34,6 +34,7 @@ from duetime.clock import SYSTEM
 from duetime.durations import parse_time
 from duetime.errors import ConfigurationError, MessageInFlight
 from duetime.interfaces import (
+    AddressTopology,
     BrowsableQueue,
     Page,
 )
@@ -161,7 +162,7 @@ def send_delayed_command(
     ] = "",
     endpoint: EndpointOpt = "duetime",
 ) -> None:
-    """Send a delayed message through the broker to <endpoint>.timeouts (the front door).
+    """Send a delayed message through the broker to <endpoint>.Timeouts (the front door).
 
     For services that reach only the broker: the duetime service consuming that queue stores the
     message once (by its id) and delivers it when it is due. Prints the message id.
@@ -178,7 +179,8 @@ def send_delayed_command(
         t = open_transport(transport)
         await t.start()
         try:
-            await t.declare(front_door_queue(endpoint))  # the service may not have started yet
+            queue = front_door_queue(endpoint)  # the service may not have started yet: declare it
+            await (t.declare_address(queue) if isinstance(t, AddressTopology) else t.declare(queue))
             return await send_delayed(
                 t,
                 endpoint,
@@ -193,7 +195,7 @@ def send_delayed_command(
 
     message = _run(go)
     print(message.message_id)
-    err.print(f"due {message.due_at.isoformat()} -> {message.destination} (via {endpoint}.timeouts)")
+    err.print(f"due {message.due_at.isoformat()} -> {message.destination} (via {endpoint}.Timeouts)")
 
 
 def _message_row(m: DelayedMessage) -> dict[str, Any]:

@@ -205,12 +205,13 @@ def retire_store(
     endpoint: Annotated[str, typer.Option("--endpoint", help="The endpoint whose store is retired.")],
     url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
     delete_front_door: Annotated[
-        bool, typer.Option(help="Also delete the empty <endpoint>.timeouts queue.")
+        bool,
+        typer.Option(help="Also delete the empty <endpoint>.Timeouts queue (and its old name, .timeouts)."),
     ] = True,
 ) -> None:
     """Switch an endpoint's store off (what NServiceBus calls "disabling the timeout manager"): refused while
     it or its front-door queue still holds delayed messages."""
-    from duetime.frontdoor import front_door_queue
+    from duetime.frontdoor import front_door_queue, legacy_front_door_queue
     from duetime.registry import open_store
     from duetime.settings import TransactionMode
 
@@ -228,15 +229,19 @@ def retire_store(
             )
         native = await _native(url, "duetime")
         try:
-            queue = front_door_queue(endpoint)
-            waiting = await native.depth(queue)
-            if waiting > 0:
-                raise DuetimeError(
-                    f"{queue} still holds {waiting} messages for the store; run the dispatcher first."
-                )
-            if waiting == 0 and delete_front_door:
-                await native.transport.delete(queue)
-                console.print(f"deleted the empty front-door queue {queue}")
+            queues = {
+                q: await native.depth(q)
+                for q in (front_door_queue(endpoint), legacy_front_door_queue(endpoint))
+            }
+            for queue, waiting in queues.items():
+                if waiting > 0:
+                    raise DuetimeError(
+                        f"{queue} still holds {waiting} messages for the store; run the dispatcher first."
+                    )
+            for queue, waiting in queues.items():
+                if waiting == 0 and delete_front_door:
+                    await native.transport.delete(queue)
+                    console.print(f"deleted the empty front-door queue {queue}")
         finally:
             await native.transport.close()
         say(

@@ -88,7 +88,7 @@ def run(
     front_door: Annotated[
         bool,
         typer.Option(
-            help="Also store what arrives on the <endpoint>.timeouts queue (the timeout manager queue NServiceBus senders use)."
+            help="Also store what arrives on the <endpoint>.Timeouts queue (the timeout manager queue NServiceBus senders use; the old name <endpoint>.timeouts too while it exists)."
         ),
     ] = True,
     auto_setup: Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")] = True,

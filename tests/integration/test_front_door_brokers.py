@@ -21,7 +21,7 @@ from duetime import (
     send_delayed,
 )
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
-from duetime.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO
+from duetime.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, front_door_queue
 from tests.integration.proxy import proxy_for
 from tests.integration.test_brokers import cleanup, open_broker
 from tests.services import postgres_schema
@@ -57,9 +57,9 @@ async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
     nsb_due = "2031-05-06 07:08:09:123456 Z"
     raw = [
         DelayedMessage(
-            "nsb", f"{endpoint}.timeouts", now, b"nsb", {NSB_ROUTE_TO: orders, NSB_EXPIRE: nsb_due}
+            "nsb", front_door_queue(endpoint), now, b"nsb", {NSB_ROUTE_TO: orders, NSB_EXPIRE: nsb_due}
         ),
-        DelayedMessage("broken", f"{endpoint}.timeouts", now, b"?", {"duetime-route-to": orders}),
+        DelayedMessage("broken", front_door_queue(endpoint), now, b"?", {"duetime-route-to": orders}),
     ]
     assert await broker.send_batch(raw) == [None, None]
     running = asyncio.gather(dispatcher.run(), door.run())
@@ -82,7 +82,7 @@ async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
     assert [m.message_id for m in dead] == ["broken"]
     assert "no due time header" in dead[0].headers["duetime-error-message"]
     assert (await store.counts(datetime.now(UTC))).total == 2  # later (once) and nsb
-    assert await broker.receive(f"{endpoint}.timeouts", 10, 0.3) == []  # all acknowledged
+    assert await broker.receive(front_door_queue(endpoint), 10, 0.3) == []  # all acknowledged
     await store.close()
 
 
@@ -119,7 +119,7 @@ async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> Non
         await broker.close()  # the unacknowledged deliveries go back to the queue
     got: list[Any] = []
     for _ in range(20):
-        got += await again.receive(f"{endpoint}.timeouts", 10, 0.2)
+        got += await again.receive(front_door_queue(endpoint), 10, 0.2)
         if len(got) >= 3:
             break
     await again.acknowledge(got)

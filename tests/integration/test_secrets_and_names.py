@@ -101,4 +101,4 @@ def test_cli_on_postgres_end_to_end() -> None:
             json.loads(x)["id"] for x in cli("queues", "receive", "orders", "--wait", "0.2").splitlines()
         ] == ["p2"]
         stats = json.loads(cli("stats", "--json"))
-        assert stats["stored"] == 0 and stats["queues"] == {"duetime.timeouts": 0, "error": 0, "orders": 0}
+        assert stats["stored"] == 0 and stats["queues"] == {"duetime.Timeouts": 0, "error": 0, "orders": 0}

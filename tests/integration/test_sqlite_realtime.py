@@ -119,20 +119,20 @@ async def test_front_door_stores_forwards_and_rejects(tmp_path: Path) -> None:
     later = now + timedelta(hours=1)
     envelopes = [
         DelayedMessage(
-            "due-now", "shop.timeouts", now, b"1", envelope_headers("orders", now - timedelta(seconds=1))
+            "due-now", "shop.Timeouts", now, b"1", envelope_headers("orders", now - timedelta(seconds=1))
         ),
-        DelayedMessage("later", "shop.timeouts", now, b"2", envelope_headers("orders", later, {"k": "v"})),
+        DelayedMessage("later", "shop.Timeouts", now, b"2", envelope_headers("orders", later, {"k": "v"})),
         DelayedMessage(
             "nsb",
-            "shop.timeouts",
+            "shop.Timeouts",
             now,
             b"3",
             {NSB_ROUTE_TO: "orders", NSB_EXPIRE: "2031-05-06 07:08:09:123456 Z"},
         ),
-        DelayedMessage("no-dest", "shop.timeouts", now, b"4", {"duetime-deliver-at": now.isoformat()}),
+        DelayedMessage("no-dest", "shop.Timeouts", now, b"4", {"duetime-deliver-at": now.isoformat()}),
         DelayedMessage(
             "bad-time",
-            "shop.timeouts",
+            "shop.Timeouts",
             now,
             b"5",
             {"duetime-route-to": "orders", "duetime-deliver-at": "tomorrow"},
@@ -153,7 +153,7 @@ async def test_front_door_stores_forwards_and_rejects(tmp_path: Path) -> None:
     rejected = {m.message_id: m.headers["duetime-error-message"] for m in sender.peek("error")}
     assert set(rejected) == {"no-dest", "bad-time"}
     assert "destination header" in rejected["no-dest"] and "cannot be read" in rejected["bad-time"]
-    assert sender.depth("shop.timeouts") == 0
+    assert sender.depth("shop.Timeouts") == 0
     sender.close()
     await store.close()
     await transport.close()

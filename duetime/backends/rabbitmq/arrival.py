@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from duetime.message import DUE_AT_HEADER
+from duetime.nservicebus import DELAY_IN_SECONDS
 
 #: Bookkeeping RabbitMQ adds when it dead-letters; stripped on arrival.
 DEATH_HEADERS = (
@@ -19,9 +20,14 @@ DEATH_HEADERS = (
 )
 
 
+#: What the native delay levels add to a message, removed on arrival (as NServiceBus's receiver
+#: does): the dead-letter bookkeeping, and the delay every native publish carries.
+ARRIVAL_BOOKKEEPING = frozenset((*DEATH_HEADERS, DELAY_IN_SECONDS))
+
+
 def arrival_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """Headers without the dead-letter bookkeeping the hops added."""
-    return {k: v for k, v in headers.items() if k not in DEATH_HEADERS}
+    """Headers without the bookkeeping the native delays added."""
+    return {k: v for k, v in headers.items() if k not in ARRIVAL_BOOKKEEPING}
 
 
 def early_by(headers: dict[str, Any], now: datetime) -> timedelta:

@@ -23,11 +23,13 @@ from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import ChannelClosed, DeliveryError
 
 from duetime.backends.rabbitmq.arrival import DEATH_HEADERS, arrival_headers, early_by
-from duetime.backends.rabbitmq.transport import RabbitMqTransport
+from duetime.backends.rabbitmq.transport import RabbitMqTransport, amqp_message
+from duetime.backends.rabbitmq.wire import Int32, Int64
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError
 from duetime.message import Delay, DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.nservicebus import DELAY_IN_SECONDS
 
 __all__ = [
     "DEATH_HEADERS",
@@ -62,6 +64,9 @@ class Names:
     #: Alternate exchange and queue of the delivery exchange; None where the names belong to
     #: another system whose delivery exchange was declared without one (NServiceBus).
     catchall: str | None
+    #: Level queues as NServiceBus.RabbitMQ 4.3-6.x declared them: classic and lazy, with no
+    #: queue-type arguments (declaring them otherwise fails with PRECONDITION_FAILED).
+    classic_lazy: bool = False
 
     def level(self, n: int) -> str:
         return f"{self.level_prefix}{n:02d}"
@@ -70,7 +75,7 @@ class Names:
 NAMES = {
     "duetime": Names("duetime.delay-level-", "duetime.delay-delivery", "duetime.delay-catchall"),
     "nsb-v2": Names("nsb.v2.delay-level-", "nsb.v2.delay-delivery", None),
-    "nsb-v1": Names("nsb.delay-level-", "nsb.delay-delivery", None),
+    "nsb-v1": Names("nsb.delay-level-", "nsb.delay-delivery", None, classic_lazy=True),
 }
 
 
@@ -145,12 +150,15 @@ class NativeDelays:
         return tuple(int(p) for p in text.split(".")[:3] if p.isdigit())
 
     async def queue_arguments(self, level: int) -> dict[str, Any]:
-        """TTL and dead-lettering of one level; quorum with at-least-once dead-lettering when the
-        broker has it (3.10+), classic otherwise, and :attr:`notes` says so."""
+        """TTL (a 64-bit integer, as NServiceBus declares it) and dead-lettering of one level;
+        quorum with at-least-once dead-lettering when the broker has it (3.10+), classic otherwise,
+        and :attr:`notes` says so. The v1 names get v1's classic lazy queues."""
         args: dict[str, Any] = {
-            "x-message-ttl": (2**level) * 1000,
+            "x-message-ttl": Int64((2**level) * 1000),
             "x-dead-letter-exchange": self.names.level(level - 1) if level > 0 else self.names.delivery,
         }
+        if self.names.classic_lazy:
+            return args | {"x-queue-mode": "lazy"}
         kind = self.queue_type
         if kind == "quorum" and await self.broker_version() < (3, 10):
             kind = "classic"
@@ -320,13 +328,21 @@ class NativeDelays:
                 await ch.close()
 
     async def bind_destination(self, destination: str) -> None:
-        """Route ``#.<destination>`` from the delivery exchange to its queue, before the first send."""
+        """Route ``#.<destination>`` from the delivery exchange to the destination before the first
+        send: to its exchange where one of that name exists (NServiceBus's conventional topology
+        binds it so), else to its queue."""
         if destination in self.bound:
             return
+        exchange = await self._exchange_of(destination)
         ch = await self._fresh_channel()
         try:
             queue = await ch.declare_queue(check_name("queue", destination), passive=True)
-            await queue.bind(self.names.delivery, routing_key=f"#.{destination}")
+            if exchange:
+                delivery = await ch.get_exchange(self.names.delivery, ensure=False)
+                own = await ch.get_exchange(destination, ensure=False)
+                await own.bind(delivery, routing_key=f"#.{destination}")
+            else:
+                await queue.bind(self.names.delivery, routing_key=f"#.{destination}")
         except ChannelClosed as error:
             raise DestinationNotFound(
                 f"Queue {destination!r} (or the delivery exchange) does not exist: declare the queue, "
@@ -336,6 +352,19 @@ class NativeDelays:
             if not ch.is_closed:
                 await ch.close()
         self.bound.add(destination)
+
+    async def _exchange_of(self, destination: str) -> bool:
+        """Whether an exchange named after the destination exists (looked at on a channel of its
+        own: the broker closes the channel when it does not)."""
+        ch = await self._fresh_channel()
+        try:
+            await ch.get_exchange(destination, ensure=True)
+            return True
+        except ChannelClosed:
+            return False
+        finally:
+            if not ch.is_closed:
+                await ch.close()
 
     # -- sending -------------------------------------------------------------------------------------
 
@@ -361,14 +390,9 @@ class NativeDelays:
             if exchange is None or exchange.channel is not self.transport.channel:
                 exchange = await self.transport.channel.get_exchange(exchange_name, ensure=False)
                 self._exchanges[exchange_name] = exchange
-            headers = outgoing_headers(m)
-            message = aio_pika.Message(
-                m.body,
-                headers=headers,  # type: ignore[arg-type]
-                message_id=m.message_id,
-                content_type=headers.get("content-type"),
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            )
+            headers: dict[str, Any] = outgoing_headers(m)
+            headers[DELAY_IN_SECONDS] = Int32(seconds)  # as NServiceBus's sender; stripped on arrival
+            message = amqp_message(m, headers)
             publishes.append(
                 exchange.publish(
                     message, routing_key=routing_key(seconds, m.destination, self.levels), mandatory=True

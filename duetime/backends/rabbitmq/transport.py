@@ -28,6 +28,7 @@ from aiormq.exceptions import (
     AMQPError,
     ChannelInvalidStateError,
     ChannelNotFoundEntity,
+    ChannelPreconditionFailed,
     ConnectionNotAllowed,
     ProbableAuthenticationError,
 )
@@ -45,9 +46,13 @@ from duetime.errors import (
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
+from duetime.nservicebus import amqp_properties
 from duetime.urls import number_option, redact
 
 QUEUE_TYPES = {"classic", "quorum"}
+#: NServiceBus.RabbitMQ's routing topologies: ``direct`` senders publish to the default exchange,
+#: ``conventional`` ones (its default) to a fanout exchange named after the queue.
+TOPOLOGIES = {"direct", "conventional"}
 #: Failures that mean the connection, not the message, is the problem (aiormq's connection
 #: errors, ConnectionError and TimeoutError are all OSErrors).
 LINK_ERRORS = (ChannelInvalidStateError, OSError)
@@ -68,9 +73,13 @@ class RabbitMqTransport(AsyncClosing):
         prefetch: int = 500,
         connect_timeout: float = 10.0,
         publish_timeout: float = 10.0,
+        topology: str = "direct",
     ) -> None:
         if queue_type not in QUEUE_TYPES:
             raise ConfigurationError(f"queue_type must be one of {sorted(QUEUE_TYPES)}, got {queue_type!r}.")
+        if topology not in TOPOLOGIES:
+            raise ConfigurationError(f"topology must be one of {sorted(TOPOLOGIES)}, got {topology!r}.")
+        self.topology = topology
         self.url, self.queue_type, self.prefetch = _with_heartbeat(url), queue_type, prefetch
         self.connect_timeout, self.publish_timeout = connect_timeout, publish_timeout
         self.display = redact(url)
@@ -86,7 +95,7 @@ class RabbitMqTransport(AsyncClosing):
     @classmethod
     def from_url(cls, url: str) -> RabbitMqTransport:
         parts = urlsplit(url)
-        own = ("queue_type", "prefetch", "connect_timeout", "publish_timeout")
+        own = ("queue_type", "prefetch", "connect_timeout", "publish_timeout", "topology")
         ours = dict(parse_qsl(parts.query))
         kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in own]
         plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in kept)))
@@ -96,6 +105,7 @@ class RabbitMqTransport(AsyncClosing):
             prefetch=int(number_option(ours, "prefetch", 500, whole=True)),
             connect_timeout=number_option(ours, "connect_timeout", 10.0),
             publish_timeout=number_option(ours, "publish_timeout", 10.0),
+            topology=ours.get("topology", "direct"),
         )
 
     async def start(self) -> None:
@@ -144,9 +154,51 @@ class RabbitMqTransport(AsyncClosing):
         return self._channel
 
     async def declare(self, queue: str) -> None:
+        """Declare a durable queue of the configured type; one that exists already with other
+        arguments (a quorum queue NServiceBus declared, say) is accepted as it is. With
+        ``topology=conventional`` the queue's fanout exchange comes with it."""
+        if self.topology == "conventional":
+            await self.declare_address(queue)
+        else:
+            await self._declare_queue(queue)
+
+    async def declare_address(self, queue: str) -> None:
+        """The queue plus a durable fanout exchange of the same name bound to it: what an
+        NServiceBus.RabbitMQ sender with the conventional routing topology publishes to. Direct
+        senders (the default exchange) reach the queue as before."""
+        await self._declare_queue(queue)
+        channel = await self._side_channel()
+        try:
+            exchange = await channel.declare_exchange(queue, aio_pika.ExchangeType.FANOUT, durable=True)
+            await (await channel.declare_queue(queue, passive=True)).bind(exchange, routing_key="")
+        except ChannelPreconditionFailed as error:
+            raise ConfigurationError(
+                f"exchange {queue!r} exists on {self.display} but is not a durable fanout exchange "
+                f"({one_line(error)}); NServiceBus senders publish to it, so it must be one."
+            ) from None
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def _side_channel(self) -> AbstractChannel:
+        """A channel of its own: the broker closes a channel on a refused declaration, and the
+        publishing channel must not be the one."""
         await self.start()
+        assert self._connection is not None
+        return await self._connection.channel()
+
+    async def _declare_queue(self, queue: str) -> None:
+        check_name("queue", queue)
         arguments: dict[str, Any] = {"x-queue-type": self.queue_type}
-        await self.channel.declare_queue(check_name("queue", queue), durable=True, arguments=arguments)
+        channel = await self._side_channel()
+        try:
+            await channel.declare_queue(queue, durable=True, arguments=arguments)
+        except ChannelPreconditionFailed:  # it exists with other arguments: keep it as it is
+            channel = await self._side_channel()
+            await channel.declare_queue(queue, passive=True)
+        finally:
+            if not channel.is_closed:
+                await channel.close()
         self.declared.add(queue)
 
     async def delete(self, queue: str) -> None:
@@ -155,14 +207,7 @@ class RabbitMqTransport(AsyncClosing):
         self.declared.discard(queue)
 
     def _message(self, m: DelayedMessage) -> aio_pika.Message:
-        headers = outgoing_headers(m)
-        return aio_pika.Message(
-            m.body,
-            headers=headers,  # type: ignore[arg-type]
-            message_id=m.message_id,
-            content_type=headers.get("content-type"),
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        )
+        return amqp_message(m, outgoing_headers(m))
 
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         if not messages:
@@ -241,9 +286,7 @@ class RabbitMqTransport(AsyncClosing):
         """An incoming message as duetime hands it out, kept until acknowledged."""
         receipt = f"{queue}:{next(self._receipts)}"
         self._in_flight[receipt] = incoming
-        raw = dict(incoming.headers or {})
-        if "x-death" in raw:  # the native delay levels' bookkeeping is not the sender's
-            raw = arrival_headers(raw)
+        raw = arrival_headers(dict(incoming.headers or {}))  # the native delays' bookkeeping
         return ReceivedMessage(
             queue,
             incoming.message_id or "",
@@ -331,6 +374,18 @@ class RabbitMqTransport(AsyncClosing):
 
     async def close(self) -> None:
         await self._drop()
+
+
+def amqp_message(m: DelayedMessage, headers: dict[str, Any]) -> aio_pika.Message:
+    """A persistent AMQP message with the properties an NServiceBus.RabbitMQ sender fills (its
+    receivers require the message-id); others get duetime's id and their content-type header."""
+    properties = amqp_properties(headers, m.message_id)
+    return aio_pika.Message(
+        m.body,
+        headers=headers,
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        **properties,  # type: ignore[arg-type]
+    )
 
 
 def _with_heartbeat(url: str) -> str:
