@@ -302,7 +302,7 @@ async def test_v1_names_declare_and_verify_what_nservicebus_4_to_6_declares(nsb:
         transport = RabbitMqTransport.from_url(RABBITMQ)
         native = NativeDelays(transport, names, levels=4)
 
-        async def as_nservicebus() -> None:
+        async def as_nservicebus(names: Names = names) -> None:
             ch = nsb.channel
             await ch.exchange_declare(names.delivery, exchange_type="topic", durable=True)
             for level in range(4):
