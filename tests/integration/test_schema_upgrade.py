@@ -1,0 +1,116 @@
+"""A store set up by duetime before group keys (schema version 1) is refused with the command that
+upgrades it, and `setup` upgrades it in place: every stored message stays, groups work after."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import DelayedMessage, ListQuery, StoreNotReady, TransactionMode
+from tests.services import REDIS, mariadb_database, postgres_schema, require
+
+pytestmark = pytest.mark.slow
+ENDPOINT = "upgrade"
+
+
+def _sqlite(tmp_path: Path) -> Iterator[tuple[Callable[[], Any], Callable[[], None]]]:
+    from duetime.backends.sqlite import SyncSqliteStore
+
+    path = tmp_path / "old.db"
+
+    def downgrade() -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute('DROP INDEX "upgrade.delayed_group"')
+            conn.execute('ALTER TABLE "upgrade.delayed" DROP COLUMN group_key')
+            conn.execute("UPDATE duetime_schema SET version = 1")
+
+    yield (lambda: SyncSqliteStore(path)), downgrade
+
+
+def _postgres(tmp_path: Path) -> Iterator[tuple[Callable[[], Any], Callable[[], None]]]:
+    import psycopg
+
+    from duetime.backends.postgres import SyncPostgresStore
+
+    with postgres_schema() as url:
+        schema = dict(p.split("=") for p in url.split("?")[1].split("&"))["schema"]
+
+        def downgrade() -> None:
+            with psycopg.connect(url.split("?")[0], autocommit=True) as conn:
+                conn.execute(f'ALTER TABLE "{schema}"."upgrade.delayed" DROP COLUMN group_key')
+                conn.execute(f'UPDATE "{schema}".duetime_schema SET version = 1')
+
+        yield (lambda: SyncPostgresStore.from_url(url)), downgrade
+
+
+def _mariadb(tmp_path: Path) -> Iterator[tuple[Callable[[], Any], Callable[[], None]]]:
+    from duetime.backends.mysql import SyncMysqlStore
+
+    with mariadb_database() as url:
+
+        def downgrade() -> None:
+            store = SyncMysqlStore.from_url(url)
+            store._execute("ALTER TABLE `upgrade.delayed` DROP COLUMN group_key", ())
+            store._execute("UPDATE duetime_schema SET version = 1", ())
+            store.close()
+
+        yield (lambda: SyncMysqlStore.from_url(url)), downgrade
+
+
+def _redis(tmp_path: Path) -> Iterator[tuple[Callable[[], Any], Callable[[], None]]]:
+    import redis
+
+    from duetime.backends.redis import SyncRedisStore
+    from tests.services import unique
+
+    require(REDIS)
+    prefix = unique("duetime-upgrade") + ":"
+    client = redis.Redis.from_url(REDIS)
+
+    def downgrade() -> None:
+        client.set(f"{prefix}{ENDPOINT}:schema", 1)
+
+    try:
+        yield (lambda: SyncRedisStore.from_url(f"{REDIS}?prefix={prefix}")), downgrade
+    finally:
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+@pytest.fixture(params=[_sqlite, _postgres, _mariadb, _redis], ids=["sqlite", "postgres", "mariadb", "redis"])
+def old_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Callable[[], Any], Callable[[], None]]]:
+    yield from request.param(tmp_path)
+
+
+def test_setup_upgrades_a_version_1_store_in_place(
+    old_store: tuple[Callable[[], Any], Callable[[], None]],
+) -> None:
+    make, downgrade = old_store
+    due = datetime.now(UTC) + timedelta(hours=1)
+    first = make()
+    first.setup_infrastructure(ENDPOINT)
+    first.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+    first.store(DelayedMessage("kept", "orders", due, b"old", {"k": "v"}))
+    first.close()
+    downgrade()
+    store = make()
+    with pytest.raises(StoreNotReady, match=r"older duetime \(schema version 1\).*duetime setup"):
+        store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+    store.setup_infrastructure(ENDPOINT)
+    store.setup_infrastructure(ENDPOINT)  # idempotent after the upgrade
+    store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+    assert store.get("kept") == DelayedMessage("kept", "orders", due, b"old", {"k": "v"})
+    store.store(DelayedMessage("new", "orders", due, b"new", group="saga-1"))
+    assert [m.message_id for m in store.list(ListQuery(group="saga-1")).messages] == ["new"]
+    assert store.cancel_group("saga-1") == 1
+    assert store.get("kept") is not None
+    store.close()
