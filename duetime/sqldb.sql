@@ -176,7 +176,8 @@ SELECT message_id FROM {table} WHERE message_id IN ({marks})
 
 -- name: create_incoming.postgres
 CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (
-    message_id text, destination text, due_us bigint, headers text, body bytea, failure_count integer
+    message_id text, destination text, due_us bigint, headers text, body bytea, failure_count integer,
+    group_key text
 ) ON COMMIT DROP
 
 -- name: empty_incoming.postgres
@@ -187,23 +188,28 @@ COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)
 
 -- µs since 1970 to timestamptz exactly (to_timestamp() goes through a double).
 -- name: insert_from_incoming.postgres
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
-SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count,
+       group_key
 FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id
 
+-- Only for staged rows whose headers a store keeps as they are (records.store_ready); the group
+-- is duetime's own or an NServiceBus SagaId (not the empty GUID), as records.group_of says.
 -- name: insert_from_staged.postgres
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count)
-SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count,
+       {group_of_extra}
 FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
 ON CONFLICT (message_id) DO NOTHING RETURNING message_id
 
--- {values} is one "(%s, %s, %s, %s, %s, %s)" per row.
+-- {values} is one "(%s, %s, %s, %s, %s, %s, %s)" per row.
 -- name: insert_messages_ignoring.mysql
-INSERT IGNORE INTO {table} (message_id, destination, due_at, headers, body, failure_count) VALUES {values}
+INSERT IGNORE INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key) VALUES {values}
 RETURNING message_id
 
 -- name: insert_message
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count) VALUES (%s, %s, %s, %s, %s, %s)
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
 
 -- ---------------------------------------------------------------------------------------------
 -- `bulk schedule`: the ids each job has stored, so a rerun stores none twice.

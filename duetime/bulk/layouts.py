@@ -11,7 +11,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from duetime.bulk.records import Record, due_us_of
+from duetime.bulk.records import (
+    Record,
+    due_us_of,
+    group_of,
+    parse_headers,
+    store_headers,
+    to_header_infos,
+)
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
@@ -62,10 +69,11 @@ class Layout:
         return ", ".join(self.db.quote(c) for c in self.columns)
 
     def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
-        """WHERE text (and params) for the rows a job takes: due after the cutoff."""
+        """WHERE text (and params) for the rows a job takes: due at the cutoff or later (the
+        timeout migration tool's ``Time >= @CutOffTime``)."""
         if cutoff_us is None:
             return "1=1", []
-        return f"{self.db.quote(self.due)} > %s", [self.due_param(cutoff_us)]
+        return f"{self.db.quote(self.due)} >= %s", [self.due_param(cutoff_us)]
 
     def due_param(self, due_us: int) -> Any:
         return due_us
@@ -89,7 +97,7 @@ class DuetimeLayout(Layout):
     """duetime's own store tables. Rows a live dispatcher has claimed are in flight: left alone."""
 
     name = "duetime"
-    columns = ("message_id", "destination", "due_at", "headers", "body", "failure_count")
+    columns = ("message_id", "destination", "due_at", "headers", "body", "failure_count", "group_key")
     key = "message_id"
     due = "due_at"
     suffix = ".delayed"
@@ -123,21 +131,26 @@ class DuetimeLayout(Layout):
         return from_micros(due_us) if self.db.dialect == "postgres" else due_us
 
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
-        return Record(endpoint, row[0], row[1], due_us_of(row[2]), row[3], bytes(row[4]), int(row[5]))
+        extra = None if row[6] is None else json.dumps({"group": row[6]})
+        return Record(endpoint, row[0], row[1], due_us_of(row[2]), row[3], bytes(row[4]), int(row[5]), extra)
 
     def record_sql(self) -> list[str] | None:
         micros = "(extract(epoch FROM due_at) * 1000000)::bigint"
-        return ["message_id", "destination", micros, "headers::text", "body", "failure_count", "NULL"]
+        group = "CASE WHEN group_key IS NULL THEN NULL ELSE json_build_object('group', group_key)::text END"
+        return ["message_id", "destination", micros, "headers::text", "body", "failure_count", group]
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
+        """The row a duetime store keeps: headers as its JSON, the group from the source's
+        (duetime's group, NServiceBus's SagaId)."""
         assert record.due_us is not None
         return (
             record.message_id,
             record.destination,
             self.due_param(record.due_us),
-            record.headers or "{}",
+            store_headers(record.headers),
             record.body,
             record.failure_count,
+            group_of(record),
         )
 
 
@@ -197,14 +210,16 @@ class TimeoutDataLayout(Layout):
 
 
 class MsmqLayout(Layout):
-    """The NServiceBus MSMQ transport's delayed-message store: Id, Destination, State, Time, Headers, RetryCount.
-    ``Headers`` may be JSON text or its UTF-8 bytes."""
+    """The NServiceBus MSMQ transport's delayed-message store (``SqlServerDelayedMessageStore``):
+    Id, Destination, State, Time, Headers, RetryCount, in ``<endpoint>.timeouts`` by default.
+    ``Headers`` are the bytes the transport writes (the XML list of ``HeaderInfo``); JSON text is
+    read too. Written back as XML, as the transport and TimeoutMigrationTool's MSMQ target write."""
 
     name = "msmq"
     columns = ("Id", "Destination", "State", "Time", "Headers", "RetryCount")
     key = "Id"
     due = "Time"
-    suffix = ".delayed"
+    suffix = ".timeouts"
 
     def due_param(self, due_us: int) -> Any:
         return from_micros(due_us).replace(tzinfo=None)
@@ -227,6 +242,9 @@ class MsmqLayout(Layout):
     def to_row(self, record: Record) -> tuple[Any, ...]:
         extra = json.loads(record.extra or "{}")
         headers: Any = record.headers
+        if "headers_binary" not in extra:  # from another layout: headers in the MSMQ form
+            headers = to_header_infos(parse_headers(headers))
+            extra = {"headers_binary": True}
         if extra.get("headers_binary") and headers is not None:
             headers = bytes.fromhex(headers[1:]) if headers.startswith("\ufffd") else headers.encode()
         due = None if record.due_us is None else self.due_param(record.due_us)

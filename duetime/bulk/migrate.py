@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from duetime.bulk.frames import checked_rdd, file_kind
-from duetime.bulk.records import Record, problem
+from duetime.bulk.records import Record, group_sql, problem, store_ready
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
 from duetime.clock import SYSTEM, to_micros
@@ -186,6 +186,9 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
         )
     problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
     written = target.ledger(run_id, number)
+    if written is None and local and not all(store_ready(r.headers) for r in records):
+        local = False  # headers a store cannot keep as they are (XML, nulls): rewritten in Python
+        records = source.staged(run_id, number, bodies=True)
     if written is None and local:  # the rows never leave the server: only their ids are checked here
         assert isinstance(target, StoreTarget)
         written = target.write_from_staging(
@@ -214,6 +217,8 @@ def _move_in_place(
         rows = d.execute(conn, f"SELECT {light} FROM {table} WHERE {where}", params).fetchall()
     records = [Record(batch.endpoint, r[0], r[1], r[2], r[3], b"", int(r[4])) for r in rows]
     problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
+    if not all(store_ready(r.headers) for r in records):
+        return None  # headers the store cannot keep as they are: the staged path rewrites them
     wanted = [r.message_id for r in records if r.message_id not in problems]
     target_table = target.db.qualified(target.layout.table_for(batch.endpoint))
     try:
@@ -254,8 +259,10 @@ def _move_checked(
         counts = d.execute(
             conn,
             f"WITH moved AS (DELETE FROM {table} WHERE {key} = ANY(%s::{lay.key_type}[]) AND {where} RETURNING {cols}), "
-            f"ins AS (INSERT INTO {target_table} (message_id, destination, due_at, headers, body, failure_count) "
-            "SELECT c0, c1, timestamptz 'epoch' + c2 * interval '1 microsecond', c3::json, c4, c5 FROM moved "
+            f"ins AS (INSERT INTO {target_table} "
+            "(message_id, destination, due_at, headers, body, failure_count, group_key) "
+            "SELECT c0, c1, timestamptz 'epoch' + c2 * interval '1 microsecond', c3::json, c4, c5, "
+            f"{group_sql('c6')} FROM moved "
             "RETURNING 1) "
             "SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins)",
             [movable, *params],
@@ -400,7 +407,7 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
     rdd = checked_rdd(spark, kind[1], kind[0], spec.endpoint)
     cutoff = spec.cutoff_us
     if cutoff is not None:
-        rdd = rdd.filter(lambda pair: pair[0].due_us is None or pair[0].due_us > cutoff)
+        rdd = rdd.filter(lambda pair: pair[0].due_us is None or pair[0].due_us >= cutoff)
     rdd = rdd.cache()
     endpoints = sorted(set(rdd.map(lambda pair: pair[0].endpoint).distinct().collect()) - {""})
     target.prepare(endpoints)

@@ -49,7 +49,9 @@ def source_rdd(
     if kind is not None:
         rdd = checked_rdd(spark, kind[1], kind[0], endpoint)
         return (
-            rdd if cutoff_us is None else rdd.filter(lambda p: p[0].due_us is None or p[0].due_us > cutoff_us)
+            rdd
+            if cutoff_us is None
+            else rdd.filter(lambda p: p[0].due_us is None or p[0].due_us >= cutoff_us)
         )
     source = DbSource(Database.from_url(source_url), in_flight=in_flight)
     now_us = to_micros(SYSTEM.now())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
+from xml.etree import ElementTree
 
 from duetime.clock import from_micros, to_micros
 from duetime.errors import InvalidMessage
@@ -16,6 +17,7 @@ from duetime.message import (
     DelayedMessage,
     check_text,
 )
+from duetime.nservicebus import EMPTY_GUID
 
 
 class Record(NamedTuple):
@@ -73,6 +75,21 @@ def _moment(micros: int) -> str:
         return f"{micros} µs since 1970"
 
 
+def group_of(record: Record) -> str | None:
+    """The group a record's message joins: duetime's own (``group``) or an NServiceBus saga's
+    (``SagaId``; the empty GUID NServiceBus stores for timeouts outside a saga is none)."""
+    if not record.extra or ("group" not in record.extra and "SagaId" not in record.extra):
+        return None
+    extra = json.loads(record.extra)
+    group = extra.get("group") or extra.get("SagaId")
+    return group if isinstance(group, str) and group and group != EMPTY_GUID else None
+
+
+def group_sql(extra: str) -> str:
+    """:func:`group_of` as a PostgreSQL expression over a record's ``extra`` text column."""
+    return f"NULLIF(coalesce(({extra})::json->>'group', ({extra})::json->>'SagaId'), '{EMPTY_GUID}')"
+
+
 def to_message(record: Record) -> DelayedMessage:
     if record.due_us is None:
         raise InvalidMessage("the due time is missing.")
@@ -82,21 +99,93 @@ def to_message(record: Record) -> DelayedMessage:
         raise InvalidMessage(f"due time {record.due_us} µs since 1970 is out of range.") from None
     headers = parse_headers(record.headers)
     destination: Any = record.destination  # None is refused by DelayedMessage with a clear reason
-    return DelayedMessage(record.message_id, destination, due, record.body, headers, record.failure_count)
+    return DelayedMessage(
+        record.message_id, destination, due, record.body, headers, record.failure_count, group_of(record)
+    )
 
 
 def parse_headers(text: str | None) -> dict[str, str]:
-    if text is None or text == "":
+    """Headers as a source stores them: a JSON object of text (duetime, NServiceBus's
+    TimeoutData), or the XML list of ``HeaderInfo`` the MSMQ transport writes.
+
+    A JSON ``null`` value (Newtonsoft writes one for a header set to null) is dropped: a header
+    with no value is carried as no header, which is what NServiceBus's own lookups make of it.
+    The MSMQ transport's ``NServiceBus.Timeouts.Properties.*`` entries are dispatch settings, not
+    headers (its dispatcher never sends them): dropped too.
+    """
+    if text is None or text.strip() == "":
         return {}
+    text = text.lstrip("\ufeff")  # .NET's XmlSerializer writes UTF-8 with a byte order mark
+    if text.lstrip().startswith("<"):
+        return _without_properties(header_infos(text))
     try:
         value = json.loads(text)
     except ValueError as error:
         raise InvalidMessage(f"headers are not readable JSON ({error}).") from None
     if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in value.items()
     ):
         raise InvalidMessage("headers must be a JSON object of strings to strings.")
-    return value
+    return _without_properties({k: v for k, v in value.items() if v is not None})
+
+
+#: The MSMQ transport's prefix for what it stores beside the headers of a delayed message.
+MSMQ_PROPERTIES = "NServiceBus.Timeouts.Properties."
+
+
+def _without_properties(headers: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if not k.startswith(MSMQ_PROPERTIES)}
+
+
+def header_infos(text: str) -> dict[str, str]:
+    """The MSMQ transport's headers: ``<ArrayOfHeaderInfo><HeaderInfo><Key>…</Key><Value>…</Value>``.
+    A ``HeaderInfo`` without a value (``xsi:nil``) is dropped, as a JSON null is."""
+    try:
+        root = ElementTree.fromstring(text.strip())
+    except ElementTree.ParseError as error:
+        raise InvalidMessage(f"headers are neither JSON nor readable XML ({error}).") from None
+    headers: dict[str, str] = {}
+    for info in root.iter(_local(root.tag, "HeaderInfo")):
+        key, value = info.find(_local(root.tag, "Key")), info.find(_local(root.tag, "Value"))
+        if key is None or not key.text:
+            raise InvalidMessage("an XML header entry has no Key.")
+        if value is not None and value.get(f"{{{_XSI}}}nil") != "true":
+            headers[key.text] = value.text or ""
+    return headers
+
+
+_XSI = "http://www.w3.org/2001/XMLSchema-instance"
+
+
+def _local(root_tag: str, name: str) -> str:
+    """An element name in the root's namespace (the MSMQ transport writes none)."""
+    return f"{root_tag[: root_tag.index('}') + 1]}{name}" if root_tag.startswith("{") else name
+
+
+def to_header_infos(headers: dict[str, str]) -> str:
+    """Headers as the MSMQ transport (and TimeoutMigrationTool's MSMQ target) writes them."""
+    root = ElementTree.Element(
+        "ArrayOfHeaderInfo", {"xmlns:xsi": _XSI, "xmlns:xsd": "http://www.w3.org/2001/XMLSchema"}
+    )
+    for key, value in headers.items():
+        info = ElementTree.SubElement(root, "HeaderInfo")
+        ElementTree.SubElement(info, "Key").text = key
+        ElementTree.SubElement(info, "Value").text = value
+    return '<?xml version="1.0"?>\n' + ElementTree.tostring(root, encoding="unicode")
+
+
+def store_ready(text: str | None) -> bool:
+    """Whether a source's headers text can go into a duetime store as it is (a JSON object with
+    no null values); others are rewritten by :func:`store_headers` on the way."""
+    return not text or (text.lstrip().startswith("{") and "null" not in text and MSMQ_PROPERTIES not in text)
+
+
+def store_headers(text: str | None) -> str:
+    """The headers text a duetime store keeps for a record: the source's own where it is ready
+    (byte for byte), else the compact JSON of :func:`parse_headers`."""
+    if not text:
+        return "{}"
+    return text if store_ready(text) else dump_headers(parse_headers(text))
 
 
 def due_us_of(value: Any) -> int | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from duetime.bulk.layouts import DuetimeLayout
-from duetime.bulk.records import Record
+from duetime.bulk.records import Record, group_of, group_sql, store_headers
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
@@ -153,7 +153,12 @@ class StoreTarget:
             for table, rows in by_table.items():
                 cur = self.db.execute(
                     conn,
-                    self.db.query("insert_from_staged", table=self.db.qualified(table), staged=staged_table),
+                    self.db.query(
+                        "insert_from_staged",
+                        table=self.db.qualified(table),
+                        staged=staged_table,
+                        group_of_extra=group_sql("extra"),
+                    ),
                     [run_id, batch, rows[0].endpoint, list(skip)],
                 )
                 new |= {r[0] for r in cur.fetchall()}
@@ -176,17 +181,25 @@ class StoreTarget:
             cur.execute(d.query("create_incoming"))
             cur.execute(d.query("empty_incoming"))
             with cur.copy(d.query("copy_incoming")) as copy:
-                copy.set_types(["text", "text", "int8", "text", "bytea", "int4"])
+                copy.set_types(["text", "text", "int8", "text", "bytea", "int4", "text"])
                 for r in rows:
                     copy.write_row(
-                        (r.message_id, r.destination, r.due_us, r.headers or "{}", r.body, r.failure_count)
+                        (
+                            r.message_id,
+                            r.destination,
+                            r.due_us,
+                            store_headers(r.headers),
+                            r.body,
+                            r.failure_count,
+                            group_of(r),
+                        )
                     )
             cur.execute(d.query("insert_from_incoming", table=target))
             new = {r[0] for r in cur.fetchall()}
         elif d.dialect == "mysql":
             new = set()
             for chunk in d.chunks(rows, 500):
-                values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(chunk))
+                values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
                 flat = [v for r in chunk for v in self.layout.to_row(r)]
                 cur = d.execute(conn, d.query("insert_messages_ignoring", table=target, values=values), flat)
                 new |= {r[0] for r in cur.fetchall()}

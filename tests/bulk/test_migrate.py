@@ -147,11 +147,11 @@ def test_every_endpoint_of_a_sqlite_store_moves_to_postgres_then_mariadb_with_a_
         assert result.inserted == 200 and result.remaining == 0
         assert store_rows(pg, "alpha") == {m.message_id: m for m in a}
         assert store_rows(pg, "beta") == {m.message_id: m for m in b}
-        cutoff = a[59].due_at
+        cutoff = a[59].due_at  # inclusive, as the timeout migration tool's Time >= @CutOffTime
         moved = migrate(spark, MigrationSpec(pg, maria, "alpha", cutoff=cutoff, batch_rows=100))
-        assert moved.inserted == 60
-        assert store_rows(maria, "alpha") == {m.message_id: m for m in a[60:]}
-        assert store_rows(pg, "alpha") == {m.message_id: m for m in a[:60]}
+        assert moved.inserted == 61
+        assert store_rows(maria, "alpha") == {m.message_id: m for m in a[59:]}
+        assert store_rows(pg, "alpha") == {m.message_id: m for m in a[:59]}
 
 
 def test_claimed_messages_are_in_flight_and_left_for_their_dispatcher(spark: Any, tmp_path: Path) -> None:
