@@ -43,6 +43,8 @@ class MigrationSpec:
     endpoint: str | None = None
     cutoff: datetime | None = None
     batch_rows: int = 100_000
+    #: (found, real): store a source endpoint's messages under another endpoint name (--rename).
+    renames: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.cutoff is not None and self.cutoff.tzinfo is None:
@@ -57,6 +59,8 @@ class MigrationSpec:
     @property
     def job(self) -> str:
         key = f"{self.source}|{self.target}|{self.endpoint}|{self.cutoff_us}"
+        if self.renames:
+            key += "|" + ",".join(f"{a}={b}" for a, b in sorted(self.renames))
         return "m" + hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -76,9 +80,18 @@ class MigrationResult:
 def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -> MigrationResult:
     if file_kind(spec.source):
         return _migrate_files(spark, spec, progress)
-    source = DbSource(Database.from_url(spec.source))
+    source = DbSource(Database.from_url(spec.source), renames=dict(spec.renames))
     target = open_target(spec.target)
     now_us = to_micros(SYSTEM.now())
+    refused = target.problems(
+        source.destinations(source.tables(spec.endpoint), spec.cutoff_us, now_us), now_us
+    )
+    if refused:  # as the timeout migration tool: any target problem stops the run before it starts
+        raise ConfigurationError(
+            f"{target.display} cannot take every message, so nothing was moved: "
+            + "; ".join(refused[:10])
+            + (f" (and {len(refused) - 10} more)" if len(refused) > 10 else "")
+        )
     source.ensure_state_tables()
     run_id, fresh = _current_run(source, spec, now_us)
     if run_id is None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from duetime.bulk.frames import checked_rdd, file_kind
 from duetime.bulk.sources import Batch, DbSource
+from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.sqldb import Database
 
@@ -22,10 +23,21 @@ class Group:
     latest: datetime | None
 
 
+#: The timeout migration tool's warning window: a timeout due this soon may fire on the old
+#: endpoint while the migration runs.
+SOON = timedelta(hours=4)
+
+
 @dataclass
 class Preview:
     total: int = 0
     groups: list[Group] = field(default_factory=list)
+    #: (source table, the endpoint its messages are stored under), for database sources
+    tables: list[tuple[str, str]] = field(default_factory=list)
+    #: Things to know before migrating (timeouts due soon, endpoint names a table cannot tell)
+    warnings: list[str] = field(default_factory=list)
+    #: Why the target would refuse the migration (it would not start)
+    target_problems: list[str] = field(default_factory=list)
     #: (endpoint, message id, what is wrong), at most ``limit`` of them
     problems: list[tuple[str, str, str]] = field(default_factory=list)
     problem_counts: dict[str, int] = field(default_factory=dict)
@@ -43,6 +55,7 @@ def source_rdd(
     batch_rows: int = 100_000,
     *,
     in_flight: bool = False,
+    renames: dict[str, str] | None = None,
 ) -> Any:
     """Every selected source row as a checked record, read in parallel partitions."""
     kind = file_kind(source_url)
@@ -53,7 +66,7 @@ def source_rdd(
             if cutoff_us is None
             else rdd.filter(lambda p: p[0].due_us is None or p[0].due_us >= cutoff_us)
         )
-    source = DbSource(Database.from_url(source_url), in_flight=in_flight)
+    source = DbSource(Database.from_url(source_url), in_flight=in_flight, renames=renames)
     now_us = to_micros(SYSTEM.now())
     batches = source.plan(endpoint, cutoff_us, now_us, batch_rows)
     url = source_url
@@ -69,10 +82,19 @@ def source_rdd(
 
 
 def preview(
-    spark: Any, source_url: str, endpoint: str | None = None, cutoff: datetime | None = None, limit: int = 200
+    spark: Any,
+    source_url: str,
+    endpoint: str | None = None,
+    cutoff: datetime | None = None,
+    limit: int = 200,
+    *,
+    target_url: str | None = None,
+    renames: dict[str, str] | None = None,
 ) -> Preview:
     cutoff_us = None if cutoff is None else to_micros(cutoff)
-    rdd = source_rdd(spark, source_url, endpoint, cutoff_us).cache()
+    now_us = to_micros(SYSTEM.now())
+    soon_us = to_micros(SYSTEM.now() + SOON)
+    rdd = source_rdd(spark, source_url, endpoint, cutoff_us, renames=renames).cache()
     try:
         groups = (
             rdd.map(lambda p: ((p[0].endpoint, p[0].destination or ""), (1, p[0].due_us, p[0].due_us)))
@@ -93,13 +115,44 @@ def preview(
             dict(found.map(lambda p: (_kind(p[2]), 1)).reduceByKey(lambda a, b: a + b).collect())
         )
         sample = found.take(limit)
+        due_soon = dict(
+            rdd.filter(lambda p: p[0].due_us is not None and p[0].due_us < soon_us)
+            .map(lambda p: (p[0].endpoint, 1))
+            .reduceByKey(lambda a, b: a + b)
+            .collect()
+        )
     finally:
         rdd.unpersist()
     result = Preview(problem_counts=dict(counts), problems=sorted(sample))
+    for name, count in sorted(due_soon.items()):
+        result.warnings.append(
+            f"{count:,} timeouts of {name} are due within {SOON.total_seconds() / 3600:g} hours: they may "
+            "fire on the old endpoint while the migration runs; migrate them later (a --cutoff) or accept it."
+        )
+    if file_kind(source_url) is None:
+        _describe_tables(result, DbSource(Database.from_url(source_url), renames=renames), endpoint)
+        if target_url is not None:
+            source = DbSource(Database.from_url(source_url), renames=renames)
+            wanted = source.destinations(source.tables(endpoint), cutoff_us, now_us)
+            result.target_problems = open_target(target_url).problems(wanted, now_us)
     for (name, destination), (count, lo, hi) in sorted(groups):
         result.total += count
         result.groups.append(Group(name, destination, count, _moment(lo), _moment(hi)))
     return result
+
+
+def _describe_tables(result: Preview, source: DbSource, endpoint: str | None) -> None:
+    """Which endpoint each table's messages go to; a TimeoutData table name cannot tell
+    ``Shipping.Policy`` from ``Shipping_Policy`` (both make ``Shipping_Policy_TimeoutData``)."""
+    for name, table in source.tables(endpoint):
+        result.tables.append((table, name))
+        renamed = name != source.layout.endpoint_of(table) or endpoint is not None
+        if source.layout.name == "timeoutdata" and "_" in name and not renamed:
+            dotted = name.replace("_", ".")
+            result.warnings.append(
+                f"table {table}: stored under endpoint {name!r}; NServiceBus writes '.' as '_' in table "
+                f"names, so if the endpoint is {dotted!r} (or another spelling) add --rename {name}={dotted}."
+            )
 
 
 def _merge(

@@ -38,6 +38,14 @@ class Record(NamedTuple):
     extra: str | None = None
 
 
+class Destination(NamedTuple):
+    """Where an endpoint's selected messages go, and the latest due time among them."""
+
+    endpoint: str
+    destination: str | None
+    latest_us: int | None
+
+
 #: Column names of a record, in order: the staging tables, Parquet and JSON Lines use them.
 FIELDS = Record._fields
 

@@ -9,12 +9,12 @@ are hidden from the source's live dispatchers and are never in two places; ``com
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from duetime.bulk.layouts import Layout, layout_for
-from duetime.bulk.records import FIELDS, Record
+from duetime.bulk.records import FIELDS, Destination, Record, due_us_of
 from duetime.errors import ConfigurationError
 from duetime.sqldb import STATE_TABLES, Database
 
@@ -37,8 +37,13 @@ class Batch:
 class DbSource:
     """A table layout in a database, read by key range; its state tables live beside it."""
 
-    def __init__(self, db: Database, *, in_flight: bool = False) -> None:
+    def __init__(
+        self, db: Database, *, in_flight: bool = False, renames: Mapping[str, str] | None = None
+    ) -> None:
         self.db = db
+        #: The endpoint a source table's messages are stored under, where its name does not say
+        #: (TimeoutData tables replace '.' with '_': ``Shipping_Policy`` may be ``Shipping.Policy``).
+        self.renames = dict(renames or {})
         self.layout: Layout = layout_for(db)
         #: Read rows a live dispatcher has claimed too (export and report; never a migration).
         self.layout.in_flight = in_flight
@@ -61,6 +66,29 @@ class DbSource:
             raise ConfigurationError(
                 f"{self.display} holds no {self.layout.name} tables; name one with --endpoint or ?table=…."
             )
+        unknown = sorted(set(self.renames) - {name for name, _ in found})
+        if unknown:
+            raise ConfigurationError(
+                f"--rename names {unknown}, but the source's endpoints are {sorted(n for n, _ in found)}; "
+                "write --rename FOUND=REAL with a name from that list."
+            )
+        return [(self.renames.get(name, name), table) for name, table in found]
+
+    def destinations(
+        self, tables: Sequence[tuple[str, str]], cutoff_us: int | None, now_us: int
+    ) -> list[Destination]:
+        """Each endpoint's destinations among the selected rows, with the latest due time."""
+        where, params = self.layout.selection(cutoff_us, now_us)
+        dest, due = self.db.quote(self.layout.columns[1]), self.db.quote(self.layout.due)
+        found: list[Destination] = []
+        with self.db.session(write=False) as conn:
+            for endpoint, table in tables:
+                rows = self.db.execute(
+                    conn,
+                    f"SELECT {dest}, MAX({due}) FROM {self.db.qualified(table)} WHERE {where} GROUP BY {dest}",
+                    params,
+                ).fetchall()
+                found += [Destination(endpoint, r[0], due_us_of(r[1])) for r in rows]
         return found
 
     def plan(self, endpoint: str | None, cutoff_us: int | None, now_us: int, batch_rows: int) -> list[Batch]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from duetime.bulk.layouts import DuetimeLayout
-from duetime.bulk.records import Record, group_of, group_sql, store_headers
+from duetime.bulk.records import Destination, Record, group_of, group_sql, store_headers
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
@@ -47,8 +47,19 @@ class Target(Protocol):
     def forget(self, run_id: str) -> None:
         """Drop the ledger of a run (after it completed or was aborted)."""
 
+    def problems(self, destinations: Sequence[Destination], now_us: int) -> list[str]:
+        """What would make this target refuse some of the messages, per endpoint and destination;
+        a migration with any does not start (the preview lists them)."""
 
-class StoreTarget:
+
+class _TakesAll:
+    """A target that can hold any valid message (stores and files)."""
+
+    def problems(self, destinations: Sequence[Destination], now_us: int) -> list[str]:
+        return []
+
+
+class StoreTarget(_TakesAll):
     """A duetime store's tables, written directly: COPY on PostgreSQL, multi-row inserts elsewhere."""
 
     def __init__(self, db: Database) -> None:
@@ -283,7 +294,7 @@ class StoreTarget:
             self.db.execute(conn, self.db.query("forget_run"), [run_id])
 
 
-class FileTarget:
+class FileTarget(_TakesAll):
     """A folder of Parquet or JSON Lines files, one per batch; Spark reads the folder back."""
 
     def __init__(self, path: str, fmt: str) -> None:
@@ -385,6 +396,40 @@ class NativeDelayTarget:
         transport = RabbitMqTransport(self.amqp)
         await transport.start()
         return NativeDelays(transport, self.names, levels=self.levels)
+
+    def problems(self, destinations: Sequence[Destination], now_us: int) -> list[str]:
+        """The timeout migration tool's checks (T4): every destination has a queue, and no delay
+        is longer than the levels hold."""
+        import asyncio
+
+        from duetime.backends.rabbitmq.native import MAX_DELAY
+
+        limit = min(MAX_DELAY, 2**self.levels - 1)
+
+        async def check() -> list[str]:
+            native = await self._open()
+            found: list[str] = []
+            try:
+                queues: dict[str, bool] = {}
+                for d in destinations:
+                    if d.destination and d.destination not in queues:
+                        queues[d.destination] = await native.transport.has_queue(d.destination)
+                    if d.destination and not queues[d.destination]:
+                        found.append(
+                            f"endpoint {d.endpoint}: destination {d.destination!r} has no queue on the broker; "
+                            "declare it (its endpoint's installers, or duetime queues declare) first."
+                        )
+                    if d.latest_us is not None and (d.latest_us - now_us) / 1e6 > limit:
+                        found.append(
+                            f"endpoint {d.endpoint}: a timeout for {d.destination!r} is due in "
+                            f"{(d.latest_us - now_us) / 1e6:,.0f} s, longer than the native delays hold "
+                            f"({limit:,} s); keep such timeouts in a duetime store."
+                        )
+            finally:
+                await native.transport.close()
+            return found
+
+        return asyncio.run(check())
 
     def ledger(self, run_id: str, batch: int) -> Written | None:
         conn = self._ledger_db()

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from duetime.durations import parse_time
 from duetime.errors import DuetimeError
+from duetime.names import check_name
 from duetime.terminal import console, err, fail, show
 
 bulk_app = typer.Typer(
@@ -102,8 +103,16 @@ def migrate(
     target: Annotated[str, typer.Option("--to", help="A duetime store URL, or parquet:/dir, jsonl:/dir.")],
     endpoint: EndpointOpt = None,
     cutoff: Annotated[
-        str | None, typer.Option(help="Only messages due after this time (ISO 8601 with offset).")
+        str | None,
+        typer.Option(help="Only messages due at or after this time (ISO 8601 with offset); the rest stay."),
     ] = None,
+    rename: Annotated[
+        list[str],
+        typer.Option(
+            help="FOUND=REAL: store the messages of source endpoint FOUND under endpoint REAL (a "
+            "TimeoutData table of Shipping.Policy is named Shipping_Policy_TimeoutData). Repeatable."
+        ),
+    ] = [],  # noqa: B006
     mode: Annotated[
         Mode, typer.Option(help="preview changes nothing; migrate moves (resumable); abort puts back.")
     ] = Mode.preview,
@@ -124,7 +133,10 @@ def migrate(
     def go() -> None:
         from duetime.bulk.migrate import MigrationSpec, abort, migrate
 
-        spec = MigrationSpec(source, target, endpoint, _cutoff(cutoff), batch_rows)
+        renames = _renames(rename)
+        spec = MigrationSpec(
+            source, target, endpoint, _cutoff(cutoff), batch_rows, tuple(sorted(renames.items()))
+        )
         _check_urls(source, target)  # before Spark takes seconds to start
         if mode is Mode.abort:
             result = abort(spec)
@@ -135,7 +147,7 @@ def migrate(
                 from duetime.bulk.preview import preview
 
                 with console.status("reading the source…"):
-                    found = preview(spark, source, endpoint, spec.cutoff)
+                    found = preview(spark, source, endpoint, spec.cutoff, target_url=target, renames=renames)
                 _print_preview(found, as_json)
                 return
             bar, update = _progress("migrating")
@@ -144,6 +156,18 @@ def migrate(
             _print_result(result, as_json)
 
     _guard(go)
+
+
+def _renames(pairs: list[str]) -> dict[str, str]:
+    renames: dict[str, str] = {}
+    for pair in pairs:
+        found, sep, real = pair.partition("=")
+        if not sep or not found.strip() or not real.strip():
+            raise typer.BadParameter(
+                f"--rename {pair!r}: write FOUND=REAL, e.g. Shipping_Policy=Shipping.Policy"
+            )
+        renames[found.strip()] = check_name("endpoint", real.strip())
+    return renames
 
 
 def _check_urls(source: str, target: str | None) -> None:
@@ -167,6 +191,14 @@ def _print_preview(found: Any, as_json: bool) -> None:
     for g in found.groups:
         table.add_row(g.endpoint, g.destination, f"{g.count:,}", str(g.earliest), str(g.latest))
     show(table)
+    for source_table, endpoint in found.tables:
+        console.print(f"table {source_table} -> endpoint {endpoint}")
+    for warning in found.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", markup=True)
+    for refusal in found.target_problems:
+        console.print(f"[red]the target refuses:[/] {refusal}", markup=True)
+    if found.target_problems:
+        console.print("[red]a migration would not start until these are fixed[/]", markup=True)
     if found.problem_counts:
         console.print(
             f"[yellow]{found.problem_total:,} problems[/] (these stay where they are):", markup=True
