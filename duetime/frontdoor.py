@@ -1,7 +1,7 @@
 """The front door (NServiceBus's timeout manager): delayed messages arrive on ``<endpoint>.Timeouts``.
 
 That is the queue an NServiceBus endpoint sends its deferred messages to; ``<endpoint>.timeouts``
-(the name duetime used before 0.9) is consumed too while it exists. Each message carries its
+(the name duetime 0.1 used) is consumed too while it exists. Each message carries its
 destination and due time in headers. It is stored, and acknowledged only after the store
 committed, so nothing is lost; a saga's ``ClearTimeouts`` message cancels the saga's stored
 timeouts (its group); a redelivered message whose id is already stored is just
@@ -178,7 +178,7 @@ class FrontDoor:
         await self._look_for_legacy()
 
     async def _look_for_legacy(self) -> None:
-        """Consume ``<endpoint>.timeouts`` too while it exists (senders of duetime before 0.9 and
+        """Consume ``<endpoint>.timeouts`` too while it exists (senders of duetime 0.1 and
         messages they left there); looked for again every minute."""
         now = self.dispatcher.clock.monotonic()
         if self._legacy_checked is not None and now - self._legacy_checked < LEGACY_CHECK_SECONDS:

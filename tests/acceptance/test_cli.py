@@ -303,7 +303,25 @@ def test_cancel_everything_for_a_destination_after_confirmation(cli) -> None:  #
     early = cli("cancel", "--destination", "retired", "--due-before", "2100-01-01T00:00:00+00:00", "--yes")
     assert "cancelled 3 of 3" in early.stdout
     assert [json.loads(line)["id"] for line in cli("list", "--json").stdout.splitlines()] == ["k"]
-    assert "give a message id" in cli("cancel", ok=False).stderr
+    assert "give one of: a message id" in cli("cancel", ok=False).stderr
+
+
+def test_a_group_is_scheduled_listed_and_cancelled_together(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup")
+    for i in range(3):
+        cli("schedule", "orders", "x", "--in", f"{i + 1}h", "--id", f"g{i}", "--group", "order-42")
+    cli("schedule", "orders", "other", "--in", "1h", "--id", "solo")
+    listed = [json.loads(line) for line in cli("list", "--group", "order-42", "--json").stdout.splitlines()]
+    assert [m["id"] for m in listed] == ["g0", "g1", "g2"] and {m["group"] for m in listed} == {"order-42"}
+    assert "group" in cli("list").stdout  # the column shows when some message has a group
+    unasked = cli("cancel", "--group", "order-42", ok=False)
+    assert unasked.returncode == 1 and "Cancel the 3 stored messages of group 'order-42'?" in unasked.stderr
+    assert "cancelled 3 of 3" in cli("cancel", "--group", "order-42", "--yes").stdout
+    assert [json.loads(line)["id"] for line in cli("list", "--json").stdout.splitlines()] == ["solo"]
+    gone = cli("cancel", "--group", "order-42", "--yes", ok=False)
+    assert gone.returncode == 1 and "no stored message in group 'order-42'" in gone.stderr
+    both = cli("cancel", "solo", "--group", "order-42", ok=False)
+    assert both.returncode != 0 and "give one of" in both.stderr
 
 
 def test_tables_keep_ids_and_times_whole_on_a_narrow_terminal(cli) -> None:  # type: ignore[no-untyped-def]
