@@ -74,6 +74,9 @@ def normalize(df: Any) -> Any:
     cols.append(
         (F.col("failure_count").cast("int") if "failure_count" in fields else F.lit(0)).alias("failure_count")
     )
+    cols.append(
+        (F.col("group").cast("string") if "group" in fields else F.lit(None).cast("string")).alias("group")
+    )
     return df.select(*cols)
 
 
@@ -113,6 +116,7 @@ def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
         headers,
         body,
         int(data.get("failure_count") or 0),
+        json.dumps({"group": data["group"]}) if isinstance(data.get("group"), str) else None,
     )
     if reason is None:
         reason = "no endpoint: give --endpoint or an 'endpoint' column." if not name else problem(record)

@@ -506,6 +506,7 @@ def record_to_json(record: Record) -> dict[str, Any]:
         "headers": record.headers,
         "body_base64": base64.b64encode(record.body).decode(),
         "failure_count": record.failure_count,
+        "group": group_of(record),
     }
 
 
@@ -521,6 +522,7 @@ def arrow_schema() -> Any:
             ("headers", pa.string()),
             ("body", pa.binary()),
             ("failure_count", pa.int32()),
+            ("group", pa.string()),
         ]
     )
 
@@ -529,7 +531,8 @@ def write_parquet(path: Path, records: Sequence[Record]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = list(zip(*[r[:7] for r in records], strict=True)) if records else [()] * 7
+    rows = [(*r[:7], group_of(r)) for r in records]
+    columns = list(zip(*rows, strict=True)) if records else [()] * 8
     table = pa.Table.from_arrays(
         [pa.array(list(col), type=field.type) for col, field in zip(columns, arrow_schema(), strict=True)],
         schema=arrow_schema(),

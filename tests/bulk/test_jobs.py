@@ -102,6 +102,7 @@ def test_export_and_import_round_trip_byte_for_byte(spark: Any, tmp_path: Path) 
             bytes(range(256)),
             {"ключ": "значение", "e": ""},
             7,
+            "saga-7",  # the group travels through export and import
         )
         store = open_sync_store(pg)
         store.initialize("ex", TransactionMode.AT_LEAST_ONCE)
@@ -126,7 +127,7 @@ def _raw(url: str, table: str) -> list[tuple[Any, ...]]:
     with db.session(write=False) as conn:
         rows = db.execute(
             conn,
-            f"SELECT message_id, destination, due_at, headers::text, body, failure_count FROM {db.qualified(table)} ORDER BY message_id",
+            f"SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key FROM {db.qualified(table)} ORDER BY message_id",
         ).fetchall()
     return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in r) for r in rows]
 
