@@ -23,7 +23,7 @@ import psycopg
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
 from duetime.backends.postgres import PostgresStore, SyncPostgresStore
 from duetime.backends.rabbitmq import RabbitMqTransport
-from duetime.frontdoor import envelope_headers
+from duetime.frontdoor import envelope_headers, front_door_queue
 
 PG = os.environ.get("DUETIME_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 AMQP = os.environ.get("DUETIME_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
@@ -98,12 +98,12 @@ async def duetime_dispatch(n: int, queue: str) -> float:
 
 async def fill_front_door(n: int, endpoint: str) -> None:
     transport = RabbitMqTransport.from_url(AMQP)
-    await transport.declare(f"{endpoint}.timeouts")
+    await transport.declare(front_door_queue(endpoint))
     later = datetime.now(UTC) + timedelta(hours=1)
     batch = [
         DelayedMessage(
             f"f{i:08d}",
-            f"{endpoint}.timeouts",
+            front_door_queue(endpoint),
             later,
             b"x" * 100,
             envelope_headers("orders", later, {"k": "v"}),
@@ -184,17 +184,18 @@ async def main() -> None:
         await purge(queue)
     print(f"  raw aio-pika publish with confirms   {raw:10,.0f} msg/s")
     print(f"  duetime dispatch                     {ours:10,.0f} msg/s   ratio {ours / raw:.2f}\n")
-    print("front door: <endpoint>.timeouts -> PostgreSQL store, acknowledged after commit")
+    print("front door: <endpoint>.Timeouts -> PostgreSQL store, acknowledged after commit")
     reset_pg()
     await fill_front_door(n, "rawdoor")
-    raw_i = await raw_ingest(n, "rawdoor.timeouts")
+    raw_i = await raw_ingest(n, "rawdoor.Timeouts")
     reset_pg()
     await fill_front_door(n, "door")
     ours_i = await duetime_ingest(n, "door")
     print(f"  raw consume-insert-ack loop          {raw_i:10,.0f} msg/s")
     print(f"  duetime front door                   {ours_i:10,.0f} msg/s   ratio {ours_i / raw_i:.2f}")
-    for name in (queue, "rawdoor.timeouts", "door.timeouts", "error"):
+    for name in (queue, "rawdoor.Timeouts", "door.Timeouts", "error"):
         await setup.delete(name)
+    await setup.channel.exchange_delete("door.Timeouts")  # the front door's NServiceBus exchange
     await setup.close()
     with psycopg.connect(PG, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')

@@ -240,6 +240,7 @@ def retire_store(
                     )
             for queue, waiting in queues.items():
                 if waiting == 0 and delete_front_door:
+                    native.transport.addresses.add(queue)  # its NServiceBus exchange goes with it
                     await native.transport.delete(queue)
                     console.print(f"deleted the empty front-door queue {queue}")
         finally:

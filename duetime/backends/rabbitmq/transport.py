@@ -91,6 +91,8 @@ class RabbitMqTransport(AsyncClosing):
         self._in_flight: dict[str, AbstractIncomingMessage] = {}
         self._receipts = itertools.count()
         self.declared: set[str] = set()
+        #: Queues declared with their NServiceBus exchange: deleting one deletes both.
+        self.addresses: set[str] = set()
 
     @classmethod
     def from_url(cls, url: str) -> RabbitMqTransport:
@@ -171,6 +173,7 @@ class RabbitMqTransport(AsyncClosing):
         try:
             exchange = await channel.declare_exchange(queue, aio_pika.ExchangeType.FANOUT, durable=True)
             await (await channel.declare_queue(queue, passive=True)).bind(exchange, routing_key="")
+            self.addresses.add(queue)
         except ChannelPreconditionFailed as error:
             raise ConfigurationError(
                 f"exchange {queue!r} exists on {self.display} but is not a durable fanout exchange "
@@ -202,8 +205,12 @@ class RabbitMqTransport(AsyncClosing):
         self.declared.add(queue)
 
     async def delete(self, queue: str) -> None:
+        """Delete the queue (and the exchange :meth:`declare_address` made for it)."""
         await self.start()
         await self.channel.queue_delete(queue)
+        if queue in self.addresses:
+            await self.channel.exchange_delete(queue)
+            self.addresses.discard(queue)
         self.declared.discard(queue)
 
     def _message(self, m: DelayedMessage) -> aio_pika.Message:
