@@ -506,3 +506,60 @@ def test_lateness_quantiles_come_from_log_buckets() -> None:
     assert h.quantile(0.5) == 0.001
     assert 0.020 <= (h.quantile(0.99) or 0) < 0.026
     assert h.quantile(1.0) == float("inf")
+
+
+async def test_front_door_speaks_the_timeout_managers_headers() -> None:
+    """N6: destination from RouteExpiredTimeoutTo, else ReplyToAddress; SagaId is the group;
+    ClearTimeouts removes the saga's timeouts; one without a saga id, or without Expire, is an error."""
+    from duetime.frontdoor import FrontDoor
+    from duetime.nservicebus import to_wire
+
+    rig = await Rig().setup("orders", "replies", "error")
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    await door.start()
+    later = to_wire(rig.clock.now() + timedelta(hours=1))
+    saga = "5d1a0f0e-0000-4000-8000-000000000001"
+
+    def envelope(i: int, headers: dict[str, str]) -> DelayedMessage:
+        return rig.message(i, 0).with_changes(destination="unit.Timeouts", headers=headers)
+
+    await rig.queues.send_batch(
+        [
+            envelope(1, {"NServiceBus.Timeout.Expire": later, "NServiceBus.ReplyToAddress": "replies"}),
+            envelope(
+                2,
+                {
+                    "NServiceBus.Timeout.Expire": later,
+                    "NServiceBus.Timeout.RouteExpiredTimeoutTo": "orders",
+                    "NServiceBus.ReplyToAddress": "replies",
+                    "NServiceBus.SagaId": saga,
+                },
+            ),
+            envelope(3, {"NServiceBus.ReplyToAddress": "replies"}),  # not a timeout
+            envelope(4, {"NServiceBus.ClearTimeouts": "True"}),  # no saga id
+        ]
+    )
+    assert await door.process_once() == 4
+    first, second = await rig.store.get("m1"), await rig.store.get("m2")
+    assert first is not None and first.destination == "replies" and first.group is None
+    assert second is not None and second.destination == "orders" and second.group == saga
+    assert (
+        second.headers["NServiceBus.Timeout.RouteExpiredTimeoutTo"] == "orders"
+    )  # kept, as NServiceBus keeps it
+    reasons = {m.message_id: m.headers["duetime-error-message"] for m in rig.queues.messages("error")}
+    assert "not a delayed message" in reasons["m3"] and "without a saga id" in reasons["m4"]
+    await rig.queues.send_batch(
+        [
+            envelope(
+                5,
+                {
+                    "NServiceBus.ClearTimeouts": "True",
+                    "NServiceBus.SagaId": saga,
+                    "NServiceBus.ControlMessage": "True",
+                },
+            )
+        ]
+    )
+    assert await door.process_once() == 1
+    assert await rig.store.get("m2") is None and await rig.store.get("m1") is not None
+    assert door.cleared == 1 and rig.queues.messages("unit.Timeouts") == []
