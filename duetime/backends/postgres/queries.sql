@@ -24,6 +24,10 @@ CREATE TABLE IF NOT EXISTS {table} (
 );
 
 -- Schema version 2 (tables of version 1 get the column on `duetime setup`).
+-- name: has_group_column
+SELECT 1 FROM pg_attribute
+WHERE attrelid = %(regclass)s::regclass AND attname = 'group_key' AND NOT attisdropped;
+
 -- name: add_group_column
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS group_key varchar(200);
 

@@ -60,7 +60,6 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         (q["create_store_claim_index"], {}),
         (q["create_store_destination_index"], {}),
         (q["create_store_failing_index"], {}),
-        (q["add_group_column"], {}),  # a table of schema version 1 is upgraded in place
         (q["create_store_group_index"], {}),
         *[(sql, {}) for sql in queue_schema_statements(q)],
         (q["record_version"], {"component": names.component(), "version": SCHEMA_VERSION}),
@@ -142,8 +141,17 @@ class SyncPostgresStore(StoreRules):
         return f"table {names.table!r} in schema {names.schema!r} at {self.options.display}"
 
     def _create(self, endpoint: str) -> None:
+        names = self.names_for(endpoint)
+        statements = _setup_statements(names)
         with self.pool.connection() as conn, conn.transaction():
-            for sql, params in _setup_statements(self.names_for(endpoint)):
+            for sql, params in statements[:4]:  # the lock, the schema, the version table, the table
+                conn.execute(sql, params)
+            found = conn.execute(
+                names.q["has_group_column"], {"regclass": names.qualified}
+            ).fetchone()
+            if found is None:  # a table of schema version 1, upgraded in place. Only then: ALTER
+                conn.execute(names.q["add_group_column"])  # TABLE locks out running dispatchers
+            for sql, params in statements[4:]:
                 conn.execute(sql, params)
 
     def _schema_version(self, endpoint: str) -> int | None:
