@@ -146,9 +146,7 @@ class SyncPostgresStore(StoreRules):
         with self.pool.connection() as conn, conn.transaction():
             for sql, params in statements[:4]:  # the lock, the schema, the version table, the table
                 conn.execute(sql, params)
-            found = conn.execute(
-                names.q["has_group_column"], {"regclass": names.qualified}
-            ).fetchone()
+            found = conn.execute(names.q["has_group_column"], {"regclass": names.qualified}).fetchone()
             if found is None:  # a table of schema version 1, upgraded in place. Only then: ALTER
                 conn.execute(names.q["add_group_column"])  # TABLE locks out running dispatchers
             for sql, params in statements[4:]:
