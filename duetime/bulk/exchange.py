@@ -17,6 +17,7 @@ from typing import Any
 from duetime.bulk.frames import file_kind
 from duetime.bulk.migrate import MigrationResult, MigrationSpec, Progress, migrate
 from duetime.bulk.preview import source_rdd
+from duetime.bulk.records import group_of
 from duetime.bulk.targets import record_to_json
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
@@ -64,9 +65,10 @@ def export(
                     StructField("headers", StringType()),
                     StructField("body", BinaryType()),
                     StructField("failure_count", IntegerType()),
+                    StructField("group", StringType()),
                 ]
             )
-            frame = spark.createDataFrame(records.map(lambda r: tuple(r[:7])), schema)
+            frame = spark.createDataFrame(records.map(lambda r: (*r[:7], group_of(r))), schema)
             frame = frame.select(
                 "endpoint",
                 "message_id",
@@ -75,6 +77,7 @@ def export(
                 "headers",
                 "body",
                 "failure_count",
+                "group",
             )
             frame.write.parquet(path)
         else:
