@@ -40,6 +40,14 @@ TRANSPORTS: dict[str, str] = {
     "amqps": "duetime.backends.rabbitmq.transport:RabbitMqTransport",
     "redis": "duetime.backends.redis.transport:RedisTransport",
     "nats": "duetime.backends.nats.transport:NatsTransport",
+    "celery+amqp": "duetime.backends.celery.transport:CeleryTransport",
+    "celery+amqps": "duetime.backends.celery.transport:CeleryTransport",
+    "celery+redis": "duetime.backends.celery.transport:CeleryTransport",
+    "celery+rediss": "duetime.backends.celery.transport:CeleryTransport",
+    "dramatiq+amqp": "duetime.backends.dramatiq.transport:DramatiqTransport",
+    "dramatiq+amqps": "duetime.backends.dramatiq.transport:DramatiqTransport",
+    "dramatiq+redis": "duetime.backends.dramatiq.transport:DramatiqTransport",
+    "dramatiq+rediss": "duetime.backends.dramatiq.transport:DramatiqTransport",
 }
 #: driver module -> the extra that installs it
 EXTRAS: dict[str, str] = {
@@ -50,6 +58,10 @@ EXTRAS: dict[str, str] = {
     "aiormq": "rabbitmq",
     "redis": "redis",
     "nats": "nats",
+    "kombu": "celery",
+    "celery": "celery",
+    "dramatiq": "dramatiq",
+    "pika": "dramatiq",
 }
 
 

@@ -36,7 +36,9 @@ UrlOpt = Annotated[
 NamesOpt = Annotated[
     str,
     typer.Option(
-        "--names", help="duetime (default), nsb-v2 or nsb-v1: NServiceBus's names, to share the broker."
+        "--names",
+        help="duetime (default), nsb-v2 or nsb-v1 (NServiceBus's names) or celery (kombu's, as Celery "
+        "5.5+ workers declare them), to share the broker with that system.",
     ),
 ]
 QueueTypeOpt = Annotated[

@@ -67,15 +67,34 @@ class Names:
     #: Level queues as NServiceBus.RabbitMQ 4.3-6.x declared them: classic and lazy, with no
     #: queue-type arguments (declaring them otherwise fails with PRECONDITION_FAILED).
     classic_lazy: bool = False
+    #: Level numbers written with two digits (``…-level-07``, NServiceBus) or as they are
+    #: (``celery_delayed_7``, kombu).
+    padded: bool = True
+    #: Classic level queues refuse publishes when full too (kombu declares ``x-overflow`` for
+    #: both queue types; a declaration without it fails against its queues).
+    always_reject_publish: bool = False
+    #: Where an exchange is named after the destination, bind it (NServiceBus's conventional
+    #: topology routes through it); kombu binds queues itself and its exchanges may be direct,
+    #: which cannot route a delayed routing key, so its destinations are bound as queues.
+    bind_exchange: bool = True
 
     def level(self, n: int) -> str:
-        return f"{self.level_prefix}{n:02d}"
+        return f"{self.level_prefix}{n:02d}" if self.padded else f"{self.level_prefix}{n}"
 
 
 NAMES = {
     "duetime": Names("duetime.delay-level-", "duetime.delay-delivery", "duetime.delay-catchall"),
     "nsb-v2": Names("nsb.v2.delay-level-", "nsb.v2.delay-delivery", None),
     "nsb-v1": Names("nsb.delay-level-", "nsb.delay-delivery", None, classic_lazy=True),
+    # kombu.transport.native_delayed_delivery (Celery 5.5+ on quorum queues)
+    "celery": Names(
+        "celery_delayed_",
+        "celery_delayed_delivery",
+        None,
+        padded=False,
+        always_reject_publish=True,
+        bind_exchange=False,
+    ),
 }
 
 
@@ -168,6 +187,7 @@ class NativeDelays:
         args["x-queue-type"] = kind
         if kind == "quorum":
             args["x-dead-letter-strategy"] = "at-least-once"
+        if kind == "quorum" or self.names.always_reject_publish:
             args["x-overflow"] = "reject-publish"
         return args
 
@@ -333,7 +353,7 @@ class NativeDelays:
         binds it so), else to its queue."""
         if destination in self.bound:
             return
-        exchange = await self._exchange_of(destination)
+        exchange = self.names.bind_exchange and await self._exchange_of(destination)
         ch = await self._fresh_channel()
         try:
             queue = await ch.declare_queue(check_name("queue", destination), passive=True)

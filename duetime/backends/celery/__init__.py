@@ -1,0 +1,1 @@
+"""Celery broker transport (extra: ``duetime[celery]``): publishes tasks the Celery bridge stored."""

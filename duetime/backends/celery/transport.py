@@ -1,0 +1,199 @@
+"""Publishes stored Celery tasks to Celery's broker with kombu, exactly as Celery's producer would.
+
+``celery+amqp://…`` (RabbitMQ) and ``celery+redis://…`` are a Celery broker URL with ``celery+``
+in front. kombu does the publishing, so the message a worker receives is the one Celery itself
+would have sent: same exchange, routing key, body, headers and properties; on Redis, kombu's own
+envelope and routing. RabbitMQ publishes wait for the broker's confirm (``confirm_publish``), so a
+task counts as forwarded only once the broker has it. Other query options are kombu transport
+options (``?global_keyprefix=app1:`` on Redis, ``?confirm_publish=false``).
+
+kombu is blocking: everything runs on one thread of its own, which keeps one connection and
+channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from kombu import Connection, Exchange, Producer, Queue
+
+from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
+from duetime.closing import AsyncClosing
+from duetime.errorqueue import ERROR_TYPE
+from duetime.errors import (
+    ConfigurationError,
+    InvalidMessage,
+    TransportError,
+    TransportUnavailable,
+    server_reason,
+)
+from duetime.message import DelayedMessage
+from duetime.names import check_name
+from duetime.urls import redact
+
+BROKERS = {"celery+amqp": "amqp", "celery+amqps": "amqps", "celery+redis": "redis", "celery+rediss": "rediss"}
+
+
+def _option(value: str) -> Any:
+    lowered = value.lower()
+    if lowered in ("true", "yes", "1"):
+        return True
+    if lowered in ("false", "no", "0"):
+        return False
+    try:
+        return int(value)
+    except ValueError:
+        try:
+            return float(value)
+        except ValueError:
+            return value
+
+
+def queue_from_spec(spec: dict[str, Any]) -> Queue:
+    """The kombu ``Queue`` Celery declared before publishing, rebuilt from the stored fields."""
+    ex = spec.get("exchange") or {}
+    exchange = Exchange(
+        ex.get("name", ""),
+        type=ex.get("type", "direct"),
+        durable=ex.get("durable", True),
+        auto_delete=ex.get("auto_delete", False),
+        arguments=ex.get("arguments"),
+    )
+    return Queue(
+        spec["name"],
+        exchange,
+        routing_key=spec.get("routing_key"),
+        durable=spec.get("durable", True),
+        exclusive=spec.get("exclusive", False),
+        auto_delete=spec.get("auto_delete", False),
+        queue_arguments=spec.get("queue_arguments"),
+        binding_arguments=spec.get("binding_arguments"),
+        max_priority=spec.get("max_priority"),
+    )
+
+
+class CeleryTransport(AsyncClosing):
+    """A duetime transport whose destination is a Celery broker."""
+
+    def __init__(self, broker_url: str, transport_options: dict[str, Any] | None = None) -> None:
+        self.broker_url = broker_url
+        self.transport_options = dict(transport_options or {})
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="duetime-celery")
+        self._connection: Any = None
+        self._producer: Any = None
+
+    @classmethod
+    def from_url(cls, url: str) -> CeleryTransport:
+        parts = urlsplit(url)
+        scheme = BROKERS.get(parts.scheme.lower())
+        if scheme is None:
+            raise ConfigurationError(
+                f"{redact(url)} is not a Celery broker URL: write celery+amqp://… or celery+redis://…"
+            )
+        options = {k: _option(v) for k, v in parse_qsl(parts.query)}
+        if scheme.startswith("amqp"):
+            options.setdefault("confirm_publish", True)
+        return cls(urlunsplit(parts._replace(scheme=scheme, query="")), options)
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _connect(self) -> None:
+        if self._producer is not None:
+            return
+        connection = Connection(self.broker_url, transport_options=self.transport_options)
+        try:
+            connection.ensure_connection(max_retries=1, timeout=10)
+        except Exception as error:
+            connection.release()
+            raise TransportUnavailable(
+                f"cannot connect to the Celery broker {redact(self.broker_url)}: {server_reason(error)}"
+            ) from None
+        self._connection = connection
+        self._producer = Producer(connection.channel(), auto_declare=False)
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing more to release
+                self._connection.release()
+        self._connection = self._producer = None
+
+    async def start(self) -> None:
+        await self._run(self._connect)
+
+    async def close(self) -> None:
+        await self._run(self._drop)
+        self._thread.shutdown(wait=False)
+
+    async def declare(self, queue: str) -> None:
+        """Declare a plain durable queue (Celery workers declare their own queues as configured)."""
+
+        def declare() -> None:
+            self._connect()
+            Queue(check_name("queue", queue), durable=True).bind(self._producer.channel).declare()
+
+        await self._run(declare)
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        return list(await self._run(self._publish_all, list(messages)))
+
+    def _publish_all(self, messages: list[DelayedMessage]) -> list[Exception | None]:
+        self._connect()
+        results: list[Exception | None] = []
+        for message in messages:
+            try:
+                publish = self._publish_of(message)
+            except InvalidMessage as error:
+                results.append(error)
+                continue
+            try:
+                self._publish(message.body, publish)
+                results.append(None)
+            except self._connection.connection_errors as error:
+                self._drop()
+                raise TransportUnavailable(
+                    f"the Celery broker {redact(self.broker_url)} went away: {server_reason(error)}"
+                ) from None
+            except Exception as error:  # a refusal of this one message (channel error, nack)
+                results.append(TransportError(f"publishing task {message.message_id} failed: {error!r}"))
+                self._drop()  # the channel may be closed by the broker; start clean for the next one
+                self._connect()
+        return results
+
+    def _publish_of(self, message: DelayedMessage) -> CeleryPublish:
+        """The task's publish when it is due; a copy of the message addressed elsewhere (the
+        dispatcher's error queue) goes as it is, with its headers, to that queue."""
+        text = message.headers.get(PUBLISH_HEADER)
+        publish = CeleryPublish.from_header(text) if text else None
+        if publish is not None and message.destination == publish.destination:
+            return publish.due(message.due_at)
+        if publish is None and ERROR_TYPE not in message.headers:
+            CeleryPublish.from_header(text)  # raises: not stored by the bridge
+        return CeleryPublish(
+            exchange="",
+            routing_key=message.destination,
+            headers=dict(message.headers),
+            content_type=publish.content_type if publish else "application/octet-stream",
+            content_encoding=publish.content_encoding if publish else "binary",
+            declare={"name": check_name("queue", message.destination), "exchange": None},
+        )
+
+    def _publish(self, body: bytes, publish: CeleryPublish) -> None:
+        declare = [queue_from_spec(publish.declare)] if publish.declare else None
+        self._producer.publish(
+            body,
+            exchange=publish.exchange,
+            routing_key=publish.routing_key,
+            headers=publish.headers,
+            content_type=publish.content_type,
+            content_encoding=publish.content_encoding,
+            delivery_mode=publish.delivery_mode,
+            declare=declare,
+            retry=False,
+            **publish.properties,
+        )

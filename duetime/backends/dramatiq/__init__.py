@@ -1,0 +1,1 @@
+"""Dramatiq broker transport (extra: ``duetime[dramatiq]``): enqueues messages the Dramatiq bridge stored."""

@@ -1,0 +1,209 @@
+"""Enqueues stored Dramatiq messages on their actor's queue through a Dramatiq broker of its own.
+
+``dramatiq+amqp://…`` (RabbitMQ) and ``dramatiq+redis://…`` are the broker's URL with ``dramatiq+``
+in front. The message is decoded with Dramatiq's encoder (the JSON default; set the same encoder
+as the application with ``dramatiq.set_encoder`` in a process that embeds the dispatcher) and
+enqueued without a delay, exactly as the application's broker enqueues it: on RabbitMQ the
+queue and its ``.DQ``/``.XQ`` companions are declared as Dramatiq declares them and each publish
+waits for the broker's confirm; on Redis it goes through Dramatiq's own enqueue script.
+
+Options: ``?max_priority=N`` (RabbitMQ, as the workers' broker has it: RabbitMQ refuses a queue
+declared with other arguments) and ``?namespace=…`` (Redis, default ``dramatiq``).
+
+Dramatiq's brokers are blocking: everything runs on one thread of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from dramatiq import Broker, Message
+from dramatiq.errors import BrokerConnectionError
+from dramatiq.errors import DecodeError
+
+from duetime.closing import AsyncClosing
+from duetime.errorqueue import ERROR_TYPE
+from duetime.errors import (
+    ConfigurationError,
+    InvalidMessage,
+    TransportError,
+    TransportUnavailable,
+    server_reason,
+)
+from duetime.message import DelayedMessage
+from duetime.names import check_name
+from duetime.urls import redact
+
+BROKERS = {
+    "dramatiq+amqp": "amqp",
+    "dramatiq+amqps": "amqps",
+    "dramatiq+redis": "redis",
+    "dramatiq+rediss": "rediss",
+}
+
+
+def _unavailable_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean the broker is unreachable (not that one message was refused)."""
+    errors: list[type[BaseException]] = [BrokerConnectionError, OSError]
+    try:
+        import pika.exceptions
+
+        errors.append(pika.exceptions.AMQPConnectionError)
+    except ImportError:  # the Redis broker only
+        pass
+    try:
+        import redis.exceptions
+
+        errors += [redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]
+    except ImportError:  # the RabbitMQ broker only
+        pass
+    return tuple(errors)
+
+
+class DramatiqTransport(AsyncClosing):
+    """A duetime transport whose destination is a Dramatiq actor's queue."""
+
+    def __init__(
+        self, broker_url: str, *, max_priority: int | None = None, namespace: str = "dramatiq"
+    ) -> None:
+        self.broker_url = broker_url
+        self.max_priority = max_priority
+        self.namespace = namespace
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="duetime-dramatiq")
+        self._broker: Broker | None = None
+        self._unavailable = _unavailable_errors()
+
+    @classmethod
+    def from_url(cls, url: str) -> DramatiqTransport:
+        parts = urlsplit(url)
+        scheme = BROKERS.get(parts.scheme.lower())
+        if scheme is None:
+            raise ConfigurationError(
+                f"{redact(url)} is not a Dramatiq broker URL: write dramatiq+amqp://… or dramatiq+redis://…"
+            )
+        options = dict(parse_qsl(parts.query))
+        unknown = set(options) - {"max_priority", "namespace"}
+        if unknown:
+            raise ConfigurationError(
+                f"unknown option(s) {', '.join(sorted(unknown))} in {redact(url)}: a dramatiq+ URL "
+                "takes max_priority (RabbitMQ) and namespace (Redis)."
+            )
+        priority = options.get("max_priority")
+        if priority is not None and not (priority.isdigit() and 0 < int(priority) <= 255):
+            raise ConfigurationError(f"max_priority must be a whole number from 1 to 255, got {priority!r}.")
+        return cls(
+            urlunsplit(parts._replace(scheme=scheme, query="")),
+            max_priority=int(priority) if priority else None,
+            namespace=options.get("namespace", "dramatiq"),
+        )
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _connect(self) -> Broker:
+        if self._broker is not None:
+            return self._broker
+        try:
+            if self.broker_url.startswith("amqp"):
+                from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+                broker: Broker = RabbitmqBroker(
+                    url=self.broker_url, confirm_delivery=True, max_priority=self.max_priority, middleware=[]
+                )
+                _ = broker.channel  # type: ignore[attr-defined]  # connects now, so an outage shows here
+            else:
+                from dramatiq.brokers.redis import RedisBroker
+
+                redis_broker = RedisBroker(url=self.broker_url, namespace=self.namespace, middleware=[])  # type: ignore[no-untyped-call]
+                redis_broker.client.ping()
+                broker = redis_broker
+        except self._unavailable as error:
+            raise TransportUnavailable(
+                f"cannot connect to the Dramatiq broker {redact(self.broker_url)}: {server_reason(error)}"
+            ) from None
+        self._broker = broker
+        return broker
+
+    def _drop(self) -> None:
+        if self._broker is not None:
+            with contextlib.suppress(Exception):  # already broken: nothing more to release
+                self._broker.close()
+        self._broker = None
+
+    async def start(self) -> None:
+        await self._run(self._connect)
+
+    async def close(self) -> None:
+        await self._run(self._drop)
+        self._thread.shutdown(wait=False)
+
+    async def declare(self, queue: str) -> None:
+        """Declare an actor's queue as Dramatiq does (on RabbitMQ with its ``.DQ`` and ``.XQ``)."""
+
+        def declare() -> None:
+            broker = self._connect()
+            if self.broker_url.startswith("amqp"):
+                broker.declare_queue(check_name("queue", queue), ensure=True)  # type: ignore[call-arg]
+            else:
+                broker.declare_queue(check_name("queue", queue))
+
+        await self._run(declare)
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        return list(await self._run(self._enqueue_all, list(messages)))
+
+    @staticmethod
+    def _message_of(stored: DelayedMessage) -> Message[Any]:
+        """The actor's message; a copy addressed elsewhere (the dispatcher's error queue) goes to
+        that queue with the reason in its ``duetime_error`` option, for people to read."""
+        try:
+            message = Message.decode(stored.body)
+        except DecodeError as error:
+            if ERROR_TYPE not in stored.headers:
+                raise InvalidMessage(
+                    f"message {stored.message_id} is not a Dramatiq message: {error.__cause__!r}"
+                ) from None
+            message = Message(
+                queue_name=stored.destination,
+                actor_name="duetime.undecodable",
+                args=(stored.body.decode("utf-8", "replace"),),
+                kwargs={},
+                options={},
+                message_id=stored.message_id,
+            )
+        if stored.destination == message.queue_name:
+            return message
+        if ERROR_TYPE not in stored.headers:
+            raise InvalidMessage(
+                f"message {stored.message_id} is for queue {message.queue_name!r}, not {stored.destination!r}."
+            )
+        return message.copy(
+            queue_name=check_name("queue", stored.destination),
+            options={"duetime_error": dict(stored.headers)},
+        )
+
+    def _enqueue_all(self, messages: list[DelayedMessage]) -> list[Exception | None]:
+        broker = self._connect()
+        results: list[Exception | None] = []
+        for stored in messages:
+            try:
+                message = self._message_of(stored)
+            except InvalidMessage as error:
+                results.append(error)
+                continue
+            try:
+                broker.enqueue(message)
+                results.append(None)
+            except self._unavailable as error:
+                self._drop()
+                raise TransportUnavailable(
+                    f"the Dramatiq broker {redact(self.broker_url)} went away: {server_reason(error)}"
+                ) from None
+            except Exception as error:  # this message was refused (unroutable, nacked)
+                results.append(TransportError(f"enqueueing message {stored.message_id} failed: {error!r}"))
+        return results

@@ -1,0 +1,49 @@
+"""The blocking duetime client a bridge stores through: opened on first use, once per process.
+
+Celery's prefork pool and Dramatiq's worker processes fork after the application module is
+imported; a connection opened before the fork must not be shared by the children (SQLite and
+PostgreSQL connections break when two processes use them). The client is therefore opened lazily
+and opened again in a process that inherited another's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import UTC, datetime, timedelta
+
+from duetime.client import SyncDelayedMessageClient
+from duetime.message import Delay, resolve_due_time
+from duetime.registry import connect_sync, store_url
+
+
+class ProcessClient:
+    """``get()`` gives this process's client for ``url`` and ``endpoint``."""
+
+    def __init__(self, url: str | None, endpoint: str) -> None:
+        self.url = store_url(url)
+        self.endpoint = endpoint
+        self._lock = threading.Lock()
+        self._client: SyncDelayedMessageClient | None = None
+        self._pid = 0
+
+    def get(self) -> SyncDelayedMessageClient:
+        with self._lock:
+            if self._client is None or self._pid != os.getpid():
+                self._client = connect_sync(self.url, endpoint=self.endpoint)
+                self._pid = os.getpid()
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None and self._pid == os.getpid():
+                self._client.close()
+            self._client = None
+
+
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def as_timedelta(delay: Delay) -> timedelta:
+    """A delay as the client takes it (seconds, a timedelta, ``"10m"``), checked the same way."""
+    return resolve_due_time(due_at=None, delay=delay, now=_EPOCH) - _EPOCH

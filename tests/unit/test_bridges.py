@@ -1,0 +1,130 @@
+"""The bridges' own rules, without a broker: what a Celery publish becomes in the store and back,
+and which Dramatiq enqueues the bridge keeps (Dramatiq's StubBroker, the memory store)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import dramatiq
+import pytest
+from dramatiq.brokers.stub import StubBroker
+from kombu import Exchange, Queue
+
+from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish, unprefixed, without_delay
+from duetime.backends.celery.transport import CeleryTransport, queue_from_spec
+from duetime.backends.dramatiq.transport import DramatiqTransport
+from duetime.bridges.celery import eta_of, stored_publish
+from duetime.bridges.dramatiq import install
+from duetime.errors import ConfigurationError, InvalidMessage
+from duetime.message import DelayedMessage
+
+
+def test_a_publish_is_kept_as_celery_serialized_it_and_leaves_with_the_stored_due_time() -> None:
+    queue = Queue("orders", Exchange("orders", type="direct"), routing_key="orders", max_priority=5)
+    headers = {"id": "t1", "task": "shop.ship", "eta": "2026-01-01T00:00:00+00:00", "retries": 0}
+    body, publish, destination = stored_publish(
+        ((1, 2), {"x": "y"}, {"callbacks": None}),
+        {
+            "exchange": "",
+            "routing_key": "orders",
+            "serializer": "json",
+            "compression": "zlib",
+            "headers": headers,
+            "declare": [queue],
+            "delivery_mode": 2,
+            "correlation_id": "t1",
+            "reply_to": "",
+            "retry": True,
+            "retry_policy": {"max_retries": 3},
+        },
+    )
+    assert destination == "orders"
+    assert publish.headers["compression"] == "application/x-gzip"
+    import zlib
+
+    assert json.loads(zlib.decompress(body)) == [[1, 2], {"x": "y"}, {"callbacks": None}]
+    assert "retry" not in publish.properties and publish.properties["correlation_id"] == "t1"
+    back = CeleryPublish.from_header(publish.to_header())
+    assert back == publish
+    due = datetime(2026, 1, 1, 0, 0, 5, tzinfo=UTC)
+    assert back.due(due).headers["eta"] == due.isoformat()
+    rebuilt = queue_from_spec(back.declare or {})
+    assert (rebuilt.name, rebuilt.exchange.name, rebuilt.max_priority) == ("orders", "orders", 5)
+
+
+def test_a_native_delayed_routing_key_leaves_with_no_delay() -> None:
+    key = "0." * 20 + "1.0.1.0.0.0.0.1." + "celery"
+    assert unprefixed(key) == "celery"
+    assert without_delay(key) == "0." * 28 + "celery"
+    assert without_delay("celery") == "celery"
+
+
+def test_naive_etas_are_in_the_apps_timezone() -> None:
+    assert eta_of("2026-01-01T10:00:00", UTC) == datetime(2026, 1, 1, 10, tzinfo=UTC)
+    assert eta_of(None, UTC) is None
+
+
+def test_a_message_not_stored_by_the_bridge_is_refused_with_a_reason() -> None:
+    with pytest.raises(InvalidMessage, match="not stored by the duetime Celery bridge"):
+        CeleryPublish.from_header(None)
+
+
+def test_broker_urls() -> None:
+    celery = CeleryTransport.from_url("celery+amqp://guest:guest@localhost:5672//?heartbeat=0")
+    assert celery.broker_url == "amqp://guest:guest@localhost:5672//"
+    assert celery.transport_options == {"heartbeat": 0, "confirm_publish": True}
+    assert CeleryTransport.from_url("celery+redis://localhost/1").transport_options == {}
+    dq = DramatiqTransport.from_url("dramatiq+redis://localhost:6379/0?namespace=shop")
+    assert (dq.broker_url, dq.namespace) == ("redis://localhost:6379/0", "shop")
+    with pytest.raises(ConfigurationError, match="max_priority"):
+        DramatiqTransport.from_url("dramatiq+amqp://localhost?max_priority=x")
+    with pytest.raises(ConfigurationError, match="unknown option"):
+        DramatiqTransport.from_url("dramatiq+amqp://localhost?prefetch=1")
+
+
+@pytest.fixture
+def stub() -> StubBroker:
+    broker = StubBroker()
+    broker.emit_after("process_boot")
+    dramatiq.set_broker(broker)
+    return broker
+
+
+def test_dramatiq_delays_are_stored_and_the_rest_goes_to_the_broker(stub: StubBroker) -> None:
+    bridge = install(stub, "memory://", min_delay=1)
+
+    @dramatiq.actor(queue_name="mail", broker=stub)
+    def send_mail(to: str) -> None: ...
+
+    kept = send_mail.send_with_options(args=("a@example.com",), delay=60_000)
+    assert kept.options["eta"] >= int(time.time() * 1000) + 59_000
+    send_mail.send_with_options(args=("b@example.com",), delay=500)  # under min_delay: Dramatiq's own
+    send_mail.send("c@example.com")
+    eta = datetime.now(UTC) + timedelta(minutes=5)
+    by_eta = send_mail.send_with_options(args=("d@example.com",), eta=eta)
+    assert stub.queues["mail"].qsize() == 1 and stub.queues["mail.DQ"].qsize() == 1
+    page = bridge.client.get().list(limit=10)
+    assert {m.message_id for m in page.messages} == {kept.message_id, by_eta.message_id}
+    [stored] = [m for m in page.messages if m.message_id == kept.message_id]
+    body = dramatiq.Message.decode(stored.body)
+    assert body.queue_name == "mail" and "eta" not in body.options and stored.group == kept.message_id
+    assert bridge.reschedule(kept.message_id, delay=10) == 1
+    assert bridge.cancel(kept.message_id) == 1 and bridge.cancel(kept.message_id) == 0
+    bridge.close()
+
+
+def test_the_dramatiq_transport_sends_error_copies_to_the_error_queue_as_they_are() -> None:
+    message = dramatiq.Message(
+        queue_name="mail", actor_name="send_mail", args=("x",), kwargs={}, options={}, message_id="m1"
+    )
+    stored = DelayedMessage.create("mail", message.encode(), delay=0, message_id="m1")
+    assert DramatiqTransport._message_of(stored).queue_name == "mail"
+    elsewhere = stored.with_changes(destination="other")
+    with pytest.raises(InvalidMessage, match="is for queue 'mail'"):
+        DramatiqTransport._message_of(elsewhere)
+    error = stored.with_changes(destination="duetime.errors", headers={"duetime-error-type": "x"})
+    copy = DramatiqTransport._message_of(error)
+    assert copy.queue_name == "duetime.errors" and copy.options["duetime_error"]["duetime-error-type"] == "x"
+    assert PUBLISH_HEADER == "celery-publish"
