@@ -23,8 +23,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from dramatiq import Broker, Message
-from dramatiq.errors import BrokerConnectionError
-from dramatiq.errors import DecodeError
+from dramatiq.errors import BrokerConnectionError, DecodeError
 
 from duetime.closing import AsyncClosing
 from duetime.errorqueue import ERROR_TYPE
