@@ -3,6 +3,7 @@ its real workers and a real ``duetime run`` as subprocesses, and the log the tas
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
@@ -17,7 +18,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from duetime.interfaces import ReceivedMessage
 from tests.conftest import duetime_cmd
+from tests.services import RABBITMQ
 
 CELERY_APP = """
 import json, os, time
@@ -101,8 +104,10 @@ class App:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
-    def dispatcher(self, store: str, transport: str) -> subprocess.Popen[bytes]:
-        return self.start(*duetime_cmd("run", "--store", store, "--transport", transport), name="duetime")
+    def dispatcher(self, store: str, transport: str, *options: str) -> subprocess.Popen[bytes]:
+        return self.start(
+            *duetime_cmd("run", "--store", store, "--transport", transport, *options), name="duetime"
+        )
 
     def output(self, name: str) -> str:
         path = self.dir / f"{name}.log"
@@ -147,3 +152,24 @@ def app(tmp_path: Path, source: str, name: str, env: dict[str, str]) -> Iterator
 def once_each(ran: list[dict[str, Any]]) -> Counter[str]:
     """How often each tag ran; the tests want 1 for every one."""
     return Counter(str(r["tag"]) for r in ran)
+
+
+def error_queue_copies(queue: str, count: int, timeout: float = 20) -> list[ReceivedMessage]:
+    """What arrived in a RabbitMQ error queue (read with duetime's own RabbitMQ transport)."""
+    from duetime.backends.rabbitmq import RabbitMqTransport
+
+    async def read() -> list[ReceivedMessage]:
+        transport = RabbitMqTransport.from_url(RABBITMQ)
+        got: list[ReceivedMessage] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(got) < count and time.monotonic() < deadline:
+                batch = await transport.receive(queue, 10, 0.5)
+                got += batch
+                await transport.acknowledge(batch)
+            await transport.delete(queue)
+        finally:
+            await transport.close()
+        return got
+
+    return asyncio.run(read())

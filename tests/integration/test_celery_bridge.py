@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from duetime import connect_sync
-from tests.integration.bridges import CELERY_APP, App, app, once_each
+from tests.integration.bridges import CELERY_APP, App, app, error_queue_copies, once_each
 from tests.services import RABBITMQ, REDIS, require, unique
 
 BROKERS = {"amqp": RABBITMQ.rstrip("/") + "//", "redis": REDIS}
@@ -57,8 +57,12 @@ def test_countdown_and_eta_tasks_run_once_when_due_and_revoke_cancels(tmp_path: 
         tasks.app.control.revoke([f"{queue}-1"])
         assert stored(store) == 30  # 32 sent, 2 revoked: all in the store, none on the broker
 
+        with connect_sync(store) as client:  # not from the bridge: refused, to the error queue
+            client.schedule(queue, b"not a task", delay=0, message_id=f"{queue}-stray")
+        errors = f"{queue}.errors"
+
         start_worker(a, queue)
-        a.dispatcher(store, f"celery+{url}")
+        a.dispatcher(store, f"celery+{url}", "--retries", "0", "--error-queue", errors)
         a.wait_for(30, 60)
         time.sleep(1.0)  # the revoked ones were due by now: they must not have run
         ran = a.ran()
@@ -67,6 +71,10 @@ def test_countdown_and_eta_tasks_run_once_when_due_and_revoke_cancels(tmp_path: 
             assert record["at"] >= not_before[record["tag"]], f"{record['tag']} ran early"
             assert record["eta"], "the worker sees the task's ETA, as Celery sent it"
         assert stored(store) == 0
+        if broker == "amqp":
+            [copy] = error_queue_copies(errors, 1)
+            assert copy.message_id == f"{queue}-stray"
+            assert copy.headers["duetime-error-type"] == "duetime.errors.InvalidMessage"
 
 
 @pytest.mark.slow

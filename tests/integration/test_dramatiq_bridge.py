@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from duetime import connect_sync
-from tests.integration.bridges import DRAMATIQ_APP, App, app, once_each
+from tests.integration.bridges import DRAMATIQ_APP, App, app, error_queue_copies, once_each
 from tests.services import RABBITMQ, REDIS, require, unique
 
 BROKERS = {"amqp": RABBITMQ, "redis": REDIS}
@@ -62,8 +62,12 @@ def test_delayed_messages_run_once_when_due_and_cancel_works(tmp_path: Path, bro
         assert tasks.bridge.cancel(ids["1"]) == 1
         assert stored(store) == 30  # 32 sent, 2 cancelled: all in the store, none on the broker
 
+        with connect_sync(store) as client:  # not from the bridge: refused, to the error queue
+            client.schedule(queue, b"not a message", delay=0, message_id=f"{queue}-stray")
+        errors = f"{queue}.errors"
+
         start_worker(a, queue)
-        a.dispatcher(store, transport(url, queue))
+        a.dispatcher(store, transport(url, queue), "--retries", "0", "--error-queue", errors)
         a.wait_for(30, 60)
         time.sleep(1.0)
         ran = a.ran()
@@ -71,6 +75,10 @@ def test_delayed_messages_run_once_when_due_and_cancel_works(tmp_path: Path, bro
         for record in ran:
             assert record["at"] >= not_before[record["tag"]], f"{record['tag']} ran early"
         assert stored(store) == 0
+        if broker == "amqp":
+            [copy] = error_queue_copies(errors, 1)
+            assert copy.message_id == f"{queue}-stray"
+            assert copy.headers["duetime-error-type"] == "duetime.errors.InvalidMessage"
 
 
 @pytest.mark.slow

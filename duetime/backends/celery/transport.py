@@ -131,11 +131,19 @@ class CeleryTransport(AsyncClosing):
         self._thread.shutdown(wait=False)
 
     async def declare(self, queue: str) -> None:
-        """Declare a plain durable queue (Celery workers declare their own queues as configured)."""
+        """Make sure a queue for copies duetime sends aside (its error queue) exists: one of that
+        name is taken as it is (it may be shared with other systems); a missing one is made plain
+        and durable. Task queues are declared as Celery declares them, with each publish."""
+        name = check_name("queue", queue)
 
         def declare() -> None:
             self._connect()
-            Queue(check_name("queue", queue), durable=True).bind(self._producer.channel).declare()
+            try:
+                self._producer.channel.queue_declare(name, passive=True)
+            except self._connection.channel_errors:
+                self._drop()  # the broker closed the channel (404): start clean
+                self._connect()
+                Queue(name, durable=True).bind(self._producer.channel).declare()
 
         await self._run(declare)
 
@@ -178,9 +186,10 @@ class CeleryTransport(AsyncClosing):
             exchange="",
             routing_key=message.destination,
             headers=dict(message.headers),
+            properties={"message_id": message.message_id},
             content_type=publish.content_type if publish else "application/octet-stream",
             content_encoding=publish.content_encoding if publish else "binary",
-            declare={"name": check_name("queue", message.destination), "exchange": None},
+            declare=None,  # the error queue: made sure of by declare(), taken as it is
         )
 
     def _publish(self, body: bytes, publish: CeleryPublish) -> None:

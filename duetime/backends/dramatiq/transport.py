@@ -108,7 +108,7 @@ class DramatiqTransport(AsyncClosing):
         if self._broker is not None:
             return self._broker
         try:
-            if self.broker_url.startswith("amqp"):
+            if self._amqp:
                 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
                 broker: Broker = RabbitmqBroker(
@@ -142,16 +142,46 @@ class DramatiqTransport(AsyncClosing):
         self._thread.shutdown(wait=False)
 
     async def declare(self, queue: str) -> None:
-        """Declare an actor's queue as Dramatiq does (on RabbitMQ with its ``.DQ`` and ``.XQ``)."""
+        """Make sure a queue for copies duetime sends aside (its error queue) exists. On RabbitMQ a
+        queue of that name is taken as it is (it may be shared with other systems: declaring it
+        with Dramatiq's arguments would be refused); a missing one is made plain and durable.
+        Actor queues need nothing: Dramatiq declares them as it enqueues."""
+        name = check_name("queue", queue)
 
         def declare() -> None:
             broker = self._connect()
-            if self.broker_url.startswith("amqp"):
-                broker.declare_queue(check_name("queue", queue), ensure=True)  # type: ignore[call-arg]
-            else:
-                broker.declare_queue(check_name("queue", queue))
+            if not self._amqp:
+                return  # Redis: a queue exists once something is in it
+            import pika.exceptions
+
+            try:
+                broker.channel.queue_declare(name, passive=True)  # type: ignore[attr-defined]
+            except pika.exceptions.ChannelClosedByBroker:
+                del broker.channel  # type: ignore[attr-defined]  # the broker closed it (404)
+                broker.channel.queue_declare(name, durable=True)  # type: ignore[attr-defined]
 
         await self._run(declare)
+
+    @property
+    def _amqp(self) -> bool:
+        return self.broker_url.startswith("amqp")
+
+    def _send_aside(self, broker: Broker, message: Message[Any], headers: dict[str, str]) -> None:
+        """A copy for the error queue, published as it is: on RabbitMQ to the queue ``declare``
+        made sure of (Dramatiq's enqueue would declare it with its own arguments), with the
+        reason in its headers too, where ``duetime errors`` reads it."""
+        if not self._amqp:
+            broker.enqueue(message)
+            return
+        import pika
+
+        broker.channel.basic_publish(  # type: ignore[attr-defined]
+            exchange="",
+            routing_key=message.queue_name,
+            body=message.encode(),
+            properties=pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers),
+            mandatory=True,
+        )
 
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         return list(await self._run(self._enqueue_all, list(messages)))
@@ -196,7 +226,10 @@ class DramatiqTransport(AsyncClosing):
                 results.append(error)
                 continue
             try:
-                broker.enqueue(message)
+                if ERROR_TYPE in stored.headers:
+                    self._send_aside(broker, message, dict(stored.headers))
+                else:
+                    broker.enqueue(message)
                 results.append(None)
             except self._unavailable as error:
                 self._drop()
