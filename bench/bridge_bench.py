@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 RABBITMQ = os.environ.get("DUETIME_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+POOL = os.environ.get("DUETIME_BENCH_POOL", "prefork")  # Celery's default pool
 
 APP = """
 import os, time
@@ -71,7 +72,7 @@ class Run:
 
     def start(self) -> subprocess.Popen[bytes]:
         worker = self._spawn(
-            sys.executable, "-m", "celery", "-A", self.module, "worker", "-P", "threads", "-c", "4",
+            sys.executable, "-m", "celery", "-A", self.module, "worker", "-P", POOL, "-c", "2",
             "-Q", self.queue, "--without-heartbeat", "--without-mingle", "--without-gossip", "-l", "WARNING",
         )  # fmt: skip
         if self.store:
@@ -133,8 +134,9 @@ def depth(queue: str) -> int:
         return int(conn.channel().queue_declare(queue, passive=True).message_count)
 
 
-def memory(folder: Path, bridge: bool, pending: int) -> tuple[float, float, float]:
-    """(worker RSS idle MB, with ``pending`` waiting MB, scheduling rate /s)."""
+def memory(folder: Path, bridge: bool, pending: int) -> tuple[float, float, float, int]:
+    """(worker RSS idle MB, with ``pending`` waiting MB, scheduling rate /s, tasks the worker took
+    from the broker and holds)."""
     run = Run(folder, bridge)
     try:
         worker = run.start()
@@ -145,8 +147,13 @@ def memory(folder: Path, bridge: bool, pending: int) -> tuple[float, float, floa
             tasks.late.apply_async(countdown=3600)
         rate = pending / (time.perf_counter() - started)
         deadline = time.monotonic() + 600
-        while depth(run.queue) and time.monotonic() < deadline:  # plain Celery: until the worker took all
+        left, still = depth(run.queue), 0
+        while left and still < 10 and time.monotonic() < deadline:  # until the worker takes no more
             time.sleep(1)
+            now_left = depth(run.queue)
+            still = still + 1 if now_left == left else 0
+            left = now_left
+        held = pending - left if not bridge else 0
         previous = -1.0
         while time.monotonic() < deadline:  # until the worker's memory settles
             time.sleep(3)
@@ -154,7 +161,7 @@ def memory(folder: Path, bridge: bool, pending: int) -> tuple[float, float, floa
             if abs(now - previous) < 1:
                 break
             previous = now
-        return idle, rss_mb(worker.pid), rate
+        return idle, rss_mb(worker.pid), rate, held
     finally:
         run.stop()
 
@@ -196,13 +203,17 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        print(f"worker memory, {args.pending:,} tasks pending with a one-hour countdown (threads pool, 4)")
-        print("| | worker RSS idle | with the tasks pending | per pending task | apply_async rate |")
-        print("|---|---|---|---|---|")
+        print(f"worker memory, {args.pending:,} tasks pending with a one-hour countdown ({POOL} pool, 2)")
+        print(
+            "| | worker RSS idle | with the tasks pending | held by the worker | per held task | apply_async rate |"
+        )
+        print("|---|---|---|---|---|---|")
         for name, bridge in (("plain Celery ETA", False), ("duetime bridge", True)):
-            idle, full, rate = memory(folder, bridge, args.pending)
-            per = (full - idle) * 1024 * 1024 / args.pending
-            print(f"| {name} | {idle:.0f} MB | {full:.0f} MB | {per:,.0f} B | {rate:,.0f} /s |", flush=True)
+            idle, full, rate, held = memory(folder, bridge, args.pending)
+            per = f"{(full - idle) * 1024 * 1024 / held:,.0f} B" if held else "-"
+            print(
+                f"| {name} | {idle:.0f} MB | {full:.0f} MB | {held:,} | {per} | {rate:,.0f} /s |", flush=True
+            )
         print(f"\nlateness, {args.tasks:,} tasks due over {args.spread:g} s (ran - ETA)")
         print("| | ran | p50 | p99 | max | early |")
         print("|---|---|---|---|---|---|")
