@@ -24,6 +24,9 @@ from pathlib import Path
 
 RABBITMQ = os.environ.get("DUETIME_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 POOL = os.environ.get("DUETIME_BENCH_POOL", "prefork")  # Celery's default pool
+#: Seconds the plain worker gets to fetch the pending tasks (it raises its prefetch one ETA task at
+#: a time, slowly); what it took by then is "held by the worker".
+SETTLE = float(os.environ.get("DUETIME_BENCH_SETTLE", "120"))
 
 APP = """
 import os, time
@@ -146,15 +149,13 @@ def memory(folder: Path, bridge: bool, pending: int) -> tuple[float, float, floa
         for _ in range(pending):
             tasks.late.apply_async(countdown=3600)
         rate = pending / (time.perf_counter() - started)
-        deadline = time.monotonic() + 600
-        left, still = depth(run.queue), 0
-        while left and still < 10 and time.monotonic() < deadline:  # until the worker takes no more
+        deadline = time.monotonic() + SETTLE
+        while depth(run.queue) and time.monotonic() < deadline:  # plain Celery: the worker fetches them
             time.sleep(1)
-            now_left = depth(run.queue)
-            still = still + 1 if now_left == left else 0
-            left = now_left
+        left = depth(run.queue)
         held = pending - left if not bridge else 0
         previous = -1.0
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # until the worker's memory settles
             time.sleep(3)
             now = rss_mb(worker.pid)
