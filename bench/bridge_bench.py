@@ -27,6 +27,10 @@ POOL = os.environ.get("DUETIME_BENCH_POOL", "prefork")  # Celery's default pool
 #: Seconds the plain worker gets to fetch the pending tasks (it raises its prefetch one ETA task at
 #: a time, slowly); what it took by then is "held by the worker".
 SETTLE = float(os.environ.get("DUETIME_BENCH_SETTLE", "120"))
+#: Celery's ``worker_prefetch_multiplier`` for both workers. Celery's default (4) makes a worker
+#: raise its prefetch one ETA task at a time (a few a second here), so 100,000 pending tasks take
+#: hours to reach it; 0 (no limit) lets it take them in seconds: where a default worker ends up.
+PREFETCH = os.environ.get("DUETIME_BENCH_PREFETCH", "4")
 
 APP = """
 import os, time
@@ -37,6 +41,7 @@ app = Celery("bench", broker=os.environ["B_BROKER"])
 app.conf.update(
     task_default_queue=os.environ["B_QUEUE"], task_ignore_result=True,
     worker_hijack_root_logger=False, broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=int(os.environ["B_PREFETCH"]),
 )
 if os.environ.get("B_STORE"):
     import duetime.bridges.celery
@@ -70,6 +75,7 @@ class Run:
             "B_QUEUE": self.queue,
             "B_LOG": str(self.log),
             "B_STORE": self.store,
+            "B_PREFETCH": PREFETCH,
         }
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -204,7 +210,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        print(f"worker memory, {args.pending:,} tasks pending with a one-hour countdown ({POOL} pool, 2)")
+        print(
+            f"worker memory, {args.pending:,} tasks pending with a one-hour countdown "
+            f"({POOL} pool of 2, prefetch multiplier {PREFETCH})"
+        )
         print(
             "| | worker RSS idle | with the tasks pending | held by the worker | per held task | apply_async rate |"
         )
