@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from duetime.message import DelayedMessage
+from duetime.presence import DispatcherInfo
 from duetime.settings import TransactionMode
 
 #: Called by a store when something may now be due earlier than before; ``None`` means "another
@@ -224,6 +225,18 @@ class BrowsableQueue(InspectableQueue, Protocol):
 
     async def queues(self) -> dict[str, int]:
         """Every declared queue and how many messages it holds."""
+
+
+@runtime_checkable
+class DispatcherRegistry(Protocol):
+    """A store where dispatchers say they are there (``duetime run`` does, every few seconds),
+    so ``duetime stats`` and the dashboard can show who delivers and who is gone."""
+
+    async def beat(self, info: DispatcherInfo) -> None: ...
+
+    async def dispatchers(self) -> list[DispatcherInfo]:
+        """The endpoint's dispatchers, newest first; ``DispatcherInfo.status`` tells which live."""
+        ...
 
 
 @runtime_checkable

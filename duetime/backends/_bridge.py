@@ -31,6 +31,7 @@ from duetime.interfaces import (
     WakeupCallback,
 )
 from duetime.message import DelayedMessage
+from duetime.presence import DispatcherInfo
 from duetime.settings import TransactionMode
 
 T = TypeVar("T")
@@ -143,6 +144,12 @@ class AsyncStoreBridge(AsyncClosing):
         if done:
             self.subscribers.notify(due_at)
         return done
+
+    async def beat(self, info: DispatcherInfo) -> None:
+        await self._call(self.sync.beat, info)
+
+    async def dispatchers(self) -> list[DispatcherInfo]:
+        return await self._call(self.sync.dispatchers)
 
     async def list(self, query: ListQuery) -> Page:
         return await self._call(self.sync.list, query)

@@ -23,6 +23,7 @@ from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlig
 from duetime.interfaces import Clock, ListQuery, Page, StoreCounts
 from duetime.message import MAX_GROUP_LENGTH, DelayedMessage, check_due_time, check_text
 from duetime.names import check_name
+from duetime.presence import FORGET_AFTER, DispatcherInfo
 from duetime.settings import TransactionMode
 from duetime.urls import number_option
 
@@ -235,6 +236,18 @@ class StoreRules(Closing, ABC):
     def _count(self, at: datetime) -> StoreCounts:
         """Counts at ``at``; ``next_due`` is filled in by the rules."""
 
+    @abstractmethod
+    def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
+        """Write (insert or replace) a dispatcher's presence record, ``info`` its JSON."""
+
+    @abstractmethod
+    def _presences(self, endpoint: str) -> list[str]:
+        """Every presence record of the endpoint, as written."""
+
+    @abstractmethod
+    def _forget(self, endpoint: str, seen_before: datetime) -> None:
+        """Delete the endpoint's presence records not refreshed since ``seen_before``."""
+
     def _announce(self, due_at: datetime) -> None:
         """Tell sleeping dispatchers in other processes that something is due at ``due_at``
         (PostgreSQL's NOTIFY, a Redis publish); nothing where they look by themselves."""
@@ -361,6 +374,17 @@ class StoreRules(Closing, ABC):
         if self._get(message_id) is not None:
             raise in_flight(message_id)
         return False
+
+    def beat(self, info: DispatcherInfo) -> None:
+        """Record that a dispatcher is there (see :mod:`duetime.presence`); forget long-gone ones."""
+        endpoint = self._ready()
+        self._beat(endpoint, info.dispatcher_id, info.last_seen, info.to_json())
+        self._forget(endpoint, info.last_seen - FORGET_AFTER)
+
+    def dispatchers(self) -> list[DispatcherInfo]:
+        """The endpoint's dispatchers, newest first, live, gone and stopped alike."""
+        found = [DispatcherInfo.from_json(text) for text in self._presences(self._ready())]
+        return sorted(found, key=lambda d: d.started_at, reverse=True)
 
     def list(self, query: ListQuery) -> Page:
         """One page, ordered by due time then id; pass ``next_cursor`` back as ``after``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import cast
@@ -20,6 +21,8 @@ from duetime import (
     SyncDelayedMessageStore,
     TransactionMode,
 )
+from duetime.interfaces import DispatcherRegistry
+from duetime.presence import DispatcherInfo
 
 ENDPOINT = "contract"
 
@@ -290,6 +293,27 @@ class StoreContract:
         counts = await store.counts(t)
         assert (counts.total, counts.due, counts.claimed) == (3, 2, 1)
         assert counts.by_destination == {"orders": 2, "x": 1}
+
+    async def test_dispatchers_say_they_are_there_and_are_forgotten_when_long_gone(
+        self, store: DelayedMessageStore
+    ) -> None:
+        assert isinstance(store, DispatcherRegistry) or isinstance(store, SyncSide)
+        t = now().replace(microsecond=0)
+        run = uuid.uuid4().hex[:8]
+        first = DispatcherInfo.new(ENDPOINT, "at-least-once", "memory://", t - timedelta(seconds=30))
+        first = first.with_changes(dispatcher_id=f"a-{run}", last_seen=t - timedelta(seconds=20))
+        second = first.with_changes(dispatcher_id=f"b-{run}", started_at=t, last_seen=t)
+        await store.beat(first)
+        await store.beat(second)
+        await store.beat(second.with_changes(forwarded=7, last_batch_at=t))  # a refresh replaces
+        mine = {d.dispatcher_id: d for d in await store.dispatchers() if d.dispatcher_id.endswith(run)}
+        assert set(mine) == {f"a-{run}", f"b-{run}"}
+        assert mine[f"b-{run}"] == second.with_changes(forwarded=7, last_batch_at=t)
+        assert mine[f"a-{run}"].status(t) == "gone" and mine[f"b-{run}"].status(t) == "live"
+        later = t + timedelta(days=1, seconds=1)
+        await store.beat(second.with_changes(last_seen=later))  # a day later: the gone one goes
+        left = [d.dispatcher_id for d in await store.dispatchers() if d.dispatcher_id.endswith(run)]
+        assert left == [f"b-{run}"]
 
     async def test_sync_twin_sees_the_same_messages(
         self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]

@@ -39,6 +39,8 @@ class SyncMemoryStore(StoreRules):
         self._rows: dict[str, _Row] = {}
         self._lock = threading.RLock()
         self._ready_endpoints: dict[str, int] = {}
+        #: (endpoint, dispatcher id) -> (last seen, record JSON)
+        self._presence: dict[tuple[str, str], tuple[datetime, str]] = {}
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncMemoryStore:
@@ -133,6 +135,20 @@ class SyncMemoryStore(StoreRules):
             row.message = row.message.with_changes(due_at=due_at)
             row.claimed_until = None
             return True
+
+    def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
+        with self._lock:
+            self._presence[(endpoint, dispatcher_id)] = (seen_at, info)
+
+    def _presences(self, endpoint: str) -> list[str]:
+        with self._lock:
+            return [info for (e, _), (_, info) in self._presence.items() if e == endpoint]
+
+    def _forget(self, endpoint: str, seen_before: datetime) -> None:
+        with self._lock:
+            for key, (seen, _) in list(self._presence.items()):
+                if key[0] == endpoint and seen < seen_before:
+                    del self._presence[key]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         with self._lock:

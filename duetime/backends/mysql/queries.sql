@@ -107,3 +107,23 @@ UPDATE {table} SET claim_token = %s, claimed_until = %s WHERE message_id IN %s;
 
 -- name: delete_many
 DELETE FROM {table} WHERE message_id IN %s;
+
+-- Live dispatchers (duetime.presence): one row per dispatcher, refreshed every few seconds.
+-- name: create_presence_table
+CREATE TABLE IF NOT EXISTS duetime_dispatchers (
+    endpoint VARCHAR(200) NOT NULL,
+    dispatcher_id VARCHAR(250) NOT NULL,
+    seen_at BIGINT NOT NULL,
+    info LONGTEXT NOT NULL,
+    PRIMARY KEY (endpoint, dispatcher_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
+
+-- name: beat
+INSERT INTO duetime_dispatchers (endpoint, dispatcher_id, seen_at, info) VALUES (%s, %s, %s, %s)
+ON DUPLICATE KEY UPDATE seen_at = VALUES(seen_at), info = VALUES(info);
+
+-- name: presences
+SELECT info FROM duetime_dispatchers WHERE endpoint = %s;
+
+-- name: forget
+DELETE FROM duetime_dispatchers WHERE endpoint = %s AND seen_at < %s;

@@ -212,6 +212,7 @@ class SyncMysqlStore(StoreRules):
                 cur.execute(q["has_group_column"], (table,))
                 if not cur.fetchone()[0]:  # a table of schema version 1: upgraded in place
                     cur.execute(q["add_group_column"])
+                cur.execute(q["create_presence_table"])
                 cur.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
             finally:
                 cur.execute(q["setup_unlock"])
@@ -288,6 +289,15 @@ class SyncMysqlStore(StoreRules):
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         params = (to_micros(due_at), message_id, to_micros(now))
         return self._execute(self.q["reschedule_unclaimed"], params) == 1
+
+    def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
+        self._execute(QUERIES["beat"], (endpoint, dispatcher_id, to_micros(seen_at), info))
+
+    def _presences(self, endpoint: str) -> list[str]:
+        return [r[0] for r in self._fetch(QUERIES["presences"], (endpoint,))]
+
+    def _forget(self, endpoint: str, seen_before: datetime) -> None:
+        self._execute(QUERIES["forget"], (endpoint, to_micros(seen_before)))
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s", to_micros)

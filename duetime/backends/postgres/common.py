@@ -135,6 +135,7 @@ class PgNames:
             "index_failing": ident(f"{table}_failing"),
             "index_group": ident(f"{table}_group"),
             "queues": f"{s}.duetime_queues",
+            "presence": f"{s}.duetime_dispatchers",
             "messages": f"{s}.duetime_queue_messages",
             "index_ready": "duetime_queue_messages_ready",
         }

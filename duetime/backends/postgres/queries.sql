@@ -246,3 +246,24 @@ WHERE queue = %(queue)s ORDER BY seq LIMIT %(limit)s;
 
 -- name: depth
 SELECT count(*) FROM {messages} WHERE queue = %(queue)s;
+
+-- Live dispatchers (duetime.presence): one row per dispatcher, refreshed every few seconds.
+-- name: create_presence_table
+CREATE TABLE IF NOT EXISTS {presence} (
+    endpoint varchar(200) NOT NULL,
+    dispatcher_id varchar(250) NOT NULL,
+    seen_at timestamptz NOT NULL,
+    info json NOT NULL,
+    PRIMARY KEY (endpoint, dispatcher_id)
+);
+
+-- name: beat
+INSERT INTO {presence} (endpoint, dispatcher_id, seen_at, info)
+VALUES (%(endpoint)s, %(id)s, %(seen)s, %(info)s)
+ON CONFLICT (endpoint, dispatcher_id) DO UPDATE SET seen_at = excluded.seen_at, info = excluded.info;
+
+-- name: presences
+SELECT info::text FROM {presence} WHERE endpoint = %(endpoint)s;
+
+-- name: forget
+DELETE FROM {presence} WHERE endpoint = %(endpoint)s AND seen_at < %(before)s;

@@ -62,6 +62,7 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         (q["create_store_failing_index"], {}),
         (q["create_store_group_index"], {}),
         *[(sql, {}) for sql in queue_schema_statements(q)],
+        (q["create_presence_table"], {}),
         (q["record_version"], {"component": names.component(), "version": SCHEMA_VERSION}),
     ]
 
@@ -250,6 +251,16 @@ class SyncPostgresStore(StoreRules):
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         params = {"id": message_id, "due_at": due_at, "now": now}
         return self._rowcount(self.names.q["reschedule_unclaimed"], params) == 1
+
+    def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
+        params = {"endpoint": endpoint, "id": dispatcher_id, "seen": seen_at, "info": info}
+        self._rowcount(self.names.q["beat"], params)
+
+    def _presences(self, endpoint: str) -> list[str]:
+        return [r[0] for r in self._rows(self.names.q["presences"], {"endpoint": endpoint})]
+
+    def _forget(self, endpoint: str, seen_before: datetime) -> None:
+        self._rowcount(self.names.q["forget"], {"endpoint": endpoint, "before": seen_before})
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s")

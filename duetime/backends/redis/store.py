@@ -40,6 +40,7 @@ from duetime.clock import from_micros, to_micros
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
 from duetime.names import check_name
+from duetime.presence import DispatcherInfo
 
 log = logging.getLogger("duetime.redis")
 
@@ -96,7 +97,11 @@ class SyncRedisStore(StoreRules):
     def keys_for(self, endpoint: str) -> dict[str, str]:
         base = f"{self.prefix}{check_name('endpoint', endpoint)}:"
         names = ("ready", "payload", "claims", "failures", "due", "bydue", "groups")
-        return {name: base + name for name in names} | {"schema": base + "schema", "channel": base + "wake"}
+        return {name: base + name for name in names} | {
+            "schema": base + "schema",
+            "channel": base + "wake",
+            "dispatchers": base + "dispatchers",
+        }
 
     @property
     def keys(self) -> dict[str, str]:
@@ -176,6 +181,23 @@ class SyncRedisStore(StoreRules):
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         return self._act("reschedule", message_id, now, to_micros(due_at)) == 1
+
+    def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
+        """A hash of records, each keeping its own last-seen time (fields cannot expire)."""
+        self.client.hset(self.keys_for(endpoint)["dispatchers"], dispatcher_id, info)
+
+    def _presences(self, endpoint: str) -> list[str]:
+        return [_text(v) for v in self.client.hvals(self.keys_for(endpoint)["dispatchers"])]
+
+    def _forget(self, endpoint: str, seen_before: datetime) -> None:
+        key = self.keys_for(endpoint)["dispatchers"]
+        old = [
+            _text(field)
+            for field, info in self.client.hgetall(key).items()
+            if DispatcherInfo.from_json(info).last_seen < seen_before
+        ]
+        if old:
+            self.client.hdel(key, *old)
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         """Walks the by-due index in pages from the lowest due time the query allows, filtering;

@@ -168,3 +168,23 @@ WHERE queue = ? ORDER BY seq LIMIT ?;
 
 -- name: depth
 SELECT count(*) FROM duetime_queue_messages WHERE queue = ?;
+
+-- Live dispatchers (duetime.presence): one row per dispatcher, refreshed every few seconds.
+-- name: create_presence_table
+CREATE TABLE IF NOT EXISTS duetime_dispatchers (
+    endpoint TEXT NOT NULL,
+    dispatcher_id TEXT NOT NULL,
+    seen_at INTEGER NOT NULL,
+    info TEXT NOT NULL,
+    PRIMARY KEY (endpoint, dispatcher_id)
+);
+
+-- name: beat
+INSERT INTO duetime_dispatchers (endpoint, dispatcher_id, seen_at, info) VALUES (?, ?, ?, ?)
+ON CONFLICT (endpoint, dispatcher_id) DO UPDATE SET seen_at = excluded.seen_at, info = excluded.info;
+
+-- name: presences
+SELECT info FROM duetime_dispatchers WHERE endpoint = ?;
+
+-- name: forget
+DELETE FROM duetime_dispatchers WHERE endpoint = ? AND seen_at < ?;

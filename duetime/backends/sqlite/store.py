@@ -124,6 +124,7 @@ class SyncSqliteStore(StoreRules):
                 self._conn.execute(q["add_group_column"])
             self._conn.execute(q["create_store_group_index"])
             create_queue_schema(self._conn)
+            self._conn.execute(q["create_presence_table"])
             self._conn.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
 
     def _schema_version(self, endpoint: str) -> int | None:
@@ -189,6 +190,16 @@ class SyncSqliteStore(StoreRules):
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         row = (to_micros(due_at), message_id, to_micros(now))
         return self._write_each(self.q["reschedule_unclaimed"], [row]) == 1
+
+    def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
+        self._write_each(QUERIES["beat"], [(endpoint, dispatcher_id, to_micros(seen_at), info)])
+
+    def _presences(self, endpoint: str) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute(QUERIES["presences"], (endpoint,))]
+
+    def _forget(self, endpoint: str, seen_before: datetime) -> None:
+        self._write_each(QUERIES["forget"], [(endpoint, to_micros(seen_before))])
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, ":{}", to_micros)
