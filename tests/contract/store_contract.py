@@ -297,7 +297,7 @@ class StoreContract:
     async def test_dispatchers_say_they_are_there_and_are_forgotten_when_long_gone(
         self, store: DelayedMessageStore
     ) -> None:
-        assert isinstance(store, DispatcherRegistry) or isinstance(store, SyncSide)
+        assert isinstance(store, (DispatcherRegistry, SyncSide))
         t = now().replace(microsecond=0)
         run = uuid.uuid4().hex[:8]
         first = DispatcherInfo.new(ENDPOINT, "at-least-once", "memory://", t - timedelta(seconds=30))
