@@ -38,8 +38,7 @@ from duetime.interfaces import (
 from duetime.message import DelayedMessage, new_message_id
 from duetime.registry import connect, connect_sync, open_store, open_sync_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
-
-__version__ = "0.1.0"
+from duetime.version import __version__ as __version__
 
 __all__ = [
     "ConfigurationError",

@@ -39,6 +39,7 @@ from duetime.interfaces import (
 )
 from duetime.message import DelayedMessage
 from duetime.names import check_name
+from duetime.observe import DispatchObserver, NoObserver
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 from duetime.summary import LatenessHistogram, Tally, summary_fields, summary_line
 
@@ -77,8 +78,11 @@ class Dispatcher:
         clock: Clock | None = None,
         on_critical_error: CriticalErrorCallback | None = None,
         delivery_log: DeliveryLog | None = None,
+        observer: DispatchObserver | None = None,
     ) -> None:
         check_dispatcher_inputs(store, transport)
+        #: Told what happens as it happens (``duetime.metrics`` makes Prometheus metrics of it).
+        self.observer: DispatchObserver = observer or NoObserver()
         #: Opt-in record of every delivery (for ``duetime bulk report``); never delays one.
         self.delivery_log = delivery_log
         self.store = store
@@ -89,6 +93,9 @@ class Dispatcher:
         self._on_critical_error = on_critical_error
         self.stats = DispatchStats()
         self._wake = asyncio.Event()
+        #: Set once by a stop request or a critical error; companions (the front door, the
+        #: heartbeat, the metrics refresher) wait on it instead of sleeping through a stop.
+        self._stop_requested = asyncio.Event()
         self._stopping = False
         self._critical: CriticalError | None = None
         self._critical_reported = False
@@ -99,12 +106,22 @@ class Dispatcher:
         self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
         #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
         self._claim_ahead = store.parallel_claims if isinstance(store, ClaimPolicy) else True
+        #: How many messages the last transactional move took (for the batch observation).
+        self._moved_last = 0
         #: Consecutive rounds the transport could not be reached: the reconnect back-off doubles.
         self._unreachable = 0
         #: For the periodic summary line: lateness since the last one, and where the counts stood.
         self._lateness = LatenessHistogram()
         self._summary_at = 0.0
         self._summary_base = Tally()
+        #: When the loop last turned (a round began or a sleep began), on the monotonic clock:
+        #: ``/healthz`` says the dispatcher is stuck when this is older than :attr:`stuck_after`.
+        self.turned_at = self.clock.monotonic()
+        #: The last round that reached the store without failing (wall clock).
+        self.last_batch_at: datetime | None = None
+        #: Messages this dispatcher holds claimed right now, and when those claims end at the latest.
+        self.in_flight = 0
+        self.claims_end_by: datetime | None = None
         s = self.settings
         mono = self.clock.monotonic
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -216,11 +233,44 @@ class Dispatcher:
     def stop(self) -> None:
         """Ask for a graceful stop: the batch in flight is finished, nothing is abandoned."""
         self._stopping = True
+        self._stop_requested.set()
         self._wake.set()
+
+    async def wait_for_stop(self, seconds: float) -> bool:
+        """Sleep ``seconds`` or until a stop is asked for (True then)."""
+        return await self.clock.wait(self._stop_requested, seconds)
+
+    @property
+    def stuck_after(self) -> float:
+        """Seconds without a turn of the loop after which it is stuck: the longest sleep, plus a
+        call that times out, plus the longest back-off, with room to spare."""
+        s = self.settings
+        return (
+            s.max_sleep.total_seconds()
+            + 2 * s.operation_timeout.total_seconds()
+            + s.max_failure_backoff.total_seconds()
+        )
+
+    def breakers(self) -> dict[str, float | None]:
+        """Each breaker's name and, while it is armed, for how many seconds it has been."""
+        now = self.clock.monotonic()
+        return {
+            b.name: None if b.armed_at is None else now - b.armed_at
+            for b in (self.fetch_breaker, self.store_breaker, self.dispatch_breaker)
+        }
+
+    @property
+    def transport_reachable(self) -> bool:
+        return self._unreachable == 0
 
     @property
     def stopping(self) -> bool:
         return self._stopping
+
+    @property
+    def started(self) -> bool:
+        """Whether the store is initialized and the transport connected (and still are)."""
+        return self._started
 
     def _on_stored(self, due: datetime | None) -> None:
         if due is None or self._target is None or due < self._target:
@@ -230,6 +280,7 @@ class Dispatcher:
         if self._critical is None:
             self._critical = error
         self._stopping = True
+        self._stop_requested.set()
         self._wake.set()
 
     async def _report_critical(self) -> None:
@@ -284,9 +335,13 @@ class Dispatcher:
         """One round: claim a batch and handle it. True if anything was due."""
         self._wake.clear()
         self.stats.rounds += 1
+        self.turned_at = started = self.clock.monotonic()
         now = self.clock.now()
         if self.exactly_once:
-            return await self._move_once(now)
+            found = await self._move_once(now)
+            if found:
+                self.observer.batch(self._moved_last, self.clock.monotonic() - started)
+            return found
         seconds = self._deadline(self.fetch_breaker)
         try:
             if self._prefetch is not None:
@@ -300,7 +355,11 @@ class Dispatcher:
             await self._fetch_failed(error)
             return False
         self.fetch_breaker.success()
+        self.last_batch_at = self.clock.now()
         if batch:
+            self.observer.claimed(len(batch))
+            self.in_flight = len(batch)
+            self.claims_end_by = now + self.settings.claim_timeout
             if len(batch) == self.settings.batch_size and not self._stopping and self._claim_ahead:
                 # More is probably due: claim the next batch while this one is sent. Its messages
                 # were due when claimed (never early), and are sent only after this batch is
@@ -308,7 +367,11 @@ class Dispatcher:
                 self._prefetch = asyncio.ensure_future(
                     self.store.fetch_due(self.clock.now(), self.settings.batch_size)
                 )
-            await self._forward(batch)
+            try:
+                await self._forward(batch)
+            finally:
+                self.in_flight = 0
+            self.observer.batch(len(batch), self.clock.monotonic() - started)
         return bool(batch)
 
     async def _release_prefetch(self) -> None:
@@ -344,8 +407,14 @@ class Dispatcher:
         self.fetch_breaker.success()
         self.stats.forwarded += len(outcome.moved)
         self.stats.dead_lettered += len(outcome.dead_lettered)
-        moved_at = self.clock.now()
-        self._lateness.add((moved_at - m.due_at).total_seconds() for m in outcome.moved)
+        moved_at = self.last_batch_at = self.clock.now()
+        self._moved_last = len(outcome.moved) + len(outcome.dead_lettered)
+        lateness = [(m.destination, (moved_at - m.due_at).total_seconds()) for m in outcome.moved]
+        self._lateness.add(late for _, late in lateness)
+        if self._moved_last:
+            self.observer.claimed(self._moved_last)
+            self.observer.forwarded(lateness)
+            self.observer.dead_lettered([m.destination for m, _ in outcome.dead_lettered])
         if self.delivery_log is not None:
             done_at = moved_at
             moved = [
@@ -392,9 +461,13 @@ class Dispatcher:
         ]
         if delivered:
             self.stats.forwarded += len(delivered)
-            self._lateness.add(
-                (sent_at - m.due_at).total_seconds() for m, r in zip(batch, results, strict=True) if r is None
-            )
+            lateness = [
+                (m.destination, (sent_at - m.due_at).total_seconds())
+                for m, r in zip(batch, results, strict=True)
+                if r is None
+            ]
+            self._lateness.add(late for _, late in lateness)
+            self.observer.forwarded(lateness)
             await self._remove(delivered)
             if self.delivery_log is not None:  # after the removal: the log never delays it
                 done = [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None]
@@ -469,6 +542,7 @@ class Dispatcher:
             if not counted:
                 continue  # cancelled meanwhile
             self.stats.retries += 1
+            self.observer.retried(message.destination)
             log.info("forwarding %s failed (attempt %d), will retry: %s", message.message_id, attempts, error)
         if dead:
             await self._dead_letter(dead)
@@ -504,6 +578,7 @@ class Dispatcher:
             log.warning("message %s sent to the error queue: %s", message.message_id, one_line(reason))
         if sent and await self._remove([m.message_id for m, _ in sent]):
             self.stats.dead_lettered += len(sent)
+            self.observer.dead_lettered([m.destination for m, _ in sent])
             if self.delivery_log is not None:
                 done = [(m, max(m.failure_count, 1)) for m, _ in sent]
                 await self._log_deliveries(done, "dead-lettered", now)
@@ -589,6 +664,7 @@ class Dispatcher:
         if owed is not None:
             timeout = min(timeout, owed)
         self._target = next_due
+        self.turned_at = self.clock.monotonic()
         try:
             await self.clock.wait(self._wake, timeout)
         finally:

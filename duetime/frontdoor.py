@@ -159,6 +159,8 @@ class FrontDoor:
         self.stored = 0
         self.rejected = 0
         self.cleared = 0
+        #: Redeliveries of messages already stored (acknowledged, not stored twice).
+        self.duplicates = 0
         self.outage_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             "timeout storage",
             dispatcher.settings.time_to_wait_before_triggering_critical_error_on_timeout_outages.total_seconds(),
@@ -261,6 +263,7 @@ class FrontDoor:
             else:
                 good.append((item, parsed))
         refused: list[tuple[ReceivedMessage, InvalidMessage]] = []
+        before = (self.duplicates, self.rejected)
         while good:
             outcome = await self._store(good)
             if outcome is not None:
@@ -274,6 +277,8 @@ class FrontDoor:
             await self._reject(bad + refused, queue)
         refused_ids = {id(item) for item, _ in refused}
         stored = [r for r, _ in good if id(r) not in refused_ids] + cleared
+        duplicates, rejected = self.duplicates - before[0], self.rejected - before[1]
+        self.dispatcher.observer.front_door(len(stored) - len(cleared) - duplicates, rejected, duplicates)
         if stored:
             self.stored += len(stored) - len(cleared)
             try:
@@ -324,6 +329,7 @@ class FrontDoor:
             try:
                 await within(store.store(message), self._deadline, "storing")
             except DuplicateMessageId:
+                self.duplicates += 1
                 log.info("front door: %s is already stored (redelivery)", message.message_id)
             except Exception as error:
                 if not _own_fault(error):

@@ -52,7 +52,7 @@ class DispatcherInfo:
 
     @classmethod
     def new(cls, endpoint: str, mode: str, transport: str, now: datetime) -> DispatcherInfo:
-        from duetime import __version__
+        from duetime.version import __version__
 
         host = socket.gethostname()
         return cls(

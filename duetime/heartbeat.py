@@ -1,0 +1,72 @@
+"""The dispatcher's heartbeat: its presence record (:mod:`duetime.presence`), refreshed in the store.
+
+Best effort by design: a store that cannot take the record is logged once (and again when it
+recovers), never a reason to stop delivering.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from duetime.deadline import within
+from duetime.dispatcher import Dispatcher
+from duetime.errors import one_line
+from duetime.interfaces import DispatcherRegistry
+from duetime.presence import HEARTBEAT_INTERVAL, DispatcherInfo
+
+log = logging.getLogger("duetime.heartbeat")
+
+
+class Heartbeat:
+    """Writes ``info`` for ``dispatcher`` every ``interval`` seconds, and "stopped" at the end."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, transport: str, *, interval: float = HEARTBEAT_INTERVAL.total_seconds()
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.interval = interval
+        self.info = DispatcherInfo.new(
+            dispatcher.endpoint, dispatcher.settings.transaction_mode.value, transport, dispatcher.clock.now()
+        )
+        self._failing = False
+        self._beaten = False
+
+    def current(self, *, stopped: bool = False) -> DispatcherInfo:
+        d = self.dispatcher
+        now = d.clock.now()
+        holding = d.in_flight if not stopped else 0
+        return self.info.with_changes(
+            last_seen=now,
+            last_batch_at=d.last_batch_at,
+            forwarded=d.stats.forwarded,
+            in_flight=holding,
+            claims_end_by=d.claims_end_by if holding else None,
+            stopped=stopped,
+        )
+
+    async def beat(self, *, stopped: bool = False) -> None:
+        store = self.dispatcher.store
+        if not isinstance(store, DispatcherRegistry):
+            return
+        try:
+            await within(store.beat(self.current(stopped=stopped)), self.interval, "recording the heartbeat")
+        except Exception as error:
+            if not self._failing:
+                log.warning("could not record this dispatcher as live in the store: %s", one_line(error))
+            self._failing = True
+            return
+        if self._failing:
+            log.info("recording this dispatcher as live in the store works again")
+        self._failing = False
+        self._beaten = True
+
+    async def run(self) -> None:
+        d = self.dispatcher
+        while not d.started and not d.stopping:  # the store is bound to the endpoint first
+            await d.wait_for_stop(0.05)
+        while not d.stopping:
+            await self.beat()
+            if await d.wait_for_stop(self.interval):
+                break
+        if self._beaten:  # say it stopped, rather than let it look gone in 15 s
+            await self.beat(stopped=True)

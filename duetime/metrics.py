@@ -1,0 +1,291 @@
+"""Prometheus metrics for a running dispatcher (``duetime run --metrics-port``).
+
+Counters and histograms are fed by the dispatcher's observer hooks as it works; gauges are read at
+scrape time from the dispatcher (its breakers, its last batch) and from the last backlog count,
+which a background task takes from the store every few seconds. The backlog comes from the store,
+so several dispatchers of one endpoint report the same backlog while each counts its own work.
+
+Destinations become a label only up to a cap (``max_destinations``, 50 by default); further ones
+are counted as ``other``, so a flood of one-off destinations cannot blow up the series count.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from duetime.deadline import within
+from duetime.dispatcher import Dispatcher
+from duetime.errors import ConfigurationError, one_line
+from duetime.interfaces import DispatcherRegistry, StoreCounts
+from duetime.presence import DispatcherInfo
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.process_collector import ProcessCollector
+except ImportError as missing:  # pragma: no cover - depends on what is installed
+    raise ConfigurationError("Metrics need the metrics extra: pip install 'duetime[metrics]'.") from missing
+
+log = logging.getLogger("duetime.metrics")
+
+#: Lateness (due time -> handed to the destination), 1 ms to 1 h.
+LATENESS_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+BATCH_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: Breaker states as numbers: a gauge an alert can compare.
+DISARMED, ARMED, TRIPPED = 0, 1, 2
+OTHER = "other"
+
+
+class LabelCap:
+    """The first ``limit`` distinct values keep their names; the rest are ``other``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._known:
+            return value
+        with self._lock:
+            if len(self._known) < self.limit:
+                self._known.add(value)
+                return value
+        return OTHER
+
+
+class PrometheusObserver:
+    """The dispatcher's and front door's hooks as Prometheus counters and histograms."""
+
+    def __init__(self, registry: CollectorRegistry, endpoint: str, cap: LabelCap) -> None:
+        self.endpoint = endpoint
+        self.cap = cap
+        by_destination = ["endpoint", "destination"]
+
+        def counter(name: str, text: str, labels: Sequence[str] = ("endpoint",)) -> Counter:
+            return Counter(name, text, labels, registry=registry)
+
+        self._forwarded = counter(
+            "duetime_forwarded", "Messages delivered to their destination.", by_destination
+        )
+        self._dead = counter(
+            "duetime_dead_lettered", "Messages sent to the error queue, by their destination.", by_destination
+        )
+        self._retried = counter(
+            "duetime_retried", "Failed forwards that will be tried again.", by_destination
+        )
+        self._claimed = counter("duetime_claimed", "Due messages claimed from the store.")
+        self._door_stored = counter("duetime_front_door_stored", "Front-door messages stored.")
+        self._door_rejected = counter(
+            "duetime_front_door_rejected", "Front-door messages that could not be read (to the error queue)."
+        )
+        self._door_duplicates = counter(
+            "duetime_front_door_duplicates", "Front-door messages already stored (redeliveries)."
+        )
+        self._lateness = Histogram(
+            "duetime_lateness_seconds",
+            "Seconds from a message's due time to its delivery.",
+            ["endpoint"],
+            buckets=LATENESS_BUCKETS,
+            registry=registry,
+        ).labels(endpoint)
+        self._batch_size = Histogram(
+            "duetime_batch_size",
+            "Messages per batch.",
+            ["endpoint"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        ).labels(endpoint)
+        self._batch_seconds = Histogram(
+            "duetime_batch_duration_seconds",
+            "Seconds from claiming a batch to having it delivered and removed.",
+            ["endpoint"],
+            buckets=BATCH_SECONDS_BUCKETS,
+            registry=registry,
+        ).labels(endpoint)
+        for each in (self._claimed, self._door_stored, self._door_rejected, self._door_duplicates):
+            each.labels(endpoint)  # present (at 0) from the first scrape
+
+    def claimed(self, count: int) -> None:
+        self._claimed.labels(self.endpoint).inc(count)
+
+    def forwarded(self, sent: Sequence[tuple[str, float]]) -> None:
+        per: dict[str, int] = {}
+        observe = self._lateness.observe
+        for destination, lateness in sent:
+            per[destination] = per.get(destination, 0) + 1
+            observe(max(lateness, 0.0))
+        for destination, count in per.items():
+            self._forwarded.labels(self.endpoint, self.cap(destination)).inc(count)
+
+    def dead_lettered(self, destinations: Sequence[str]) -> None:
+        for destination in destinations:
+            self._dead.labels(self.endpoint, self.cap(destination)).inc()
+
+    def retried(self, destination: str) -> None:
+        self._retried.labels(self.endpoint, self.cap(destination)).inc()
+
+    def batch(self, size: int, seconds: float) -> None:
+        self._batch_size.observe(size)
+        self._batch_seconds.observe(seconds)
+
+    def front_door(self, stored: int, rejected: int, duplicates: int) -> None:
+        if stored:
+            self._door_stored.labels(self.endpoint).inc(stored)
+        if rejected:
+            self._door_rejected.labels(self.endpoint).inc(rejected)
+        if duplicates:
+            self._door_duplicates.labels(self.endpoint).inc(duplicates)
+
+
+class Backlog:
+    """The last backlog count and dispatcher list read from the store, refreshed by :meth:`run`."""
+
+    def __init__(self, dispatcher: Dispatcher, interval: float) -> None:
+        self.dispatcher = dispatcher
+        self.interval = interval
+        self.counts: StoreCounts | None = None
+        self.counted_at: datetime | None = None
+        self.dispatchers: list[DispatcherInfo] = []
+        self.error: str | None = None
+
+    async def refresh(self) -> None:
+        d = self.dispatcher
+        seconds = min(d.settings.operation_timeout.total_seconds(), max(self.interval, 1.0))
+        try:
+            now = d.clock.now()
+            self.counts = await within(d.store.counts(now), seconds, "counting the backlog")
+            self.counted_at = now
+            if isinstance(d.store, DispatcherRegistry):
+                self.dispatchers = await within(d.store.dispatchers(), seconds, "listing dispatchers")
+            self.error = None
+        except Exception as error:  # the gauges keep their last values; readiness says why
+            self.error = one_line(error)
+            log.debug("counting the backlog failed: %s", self.error)
+
+    async def run(self) -> None:
+        while not self.dispatcher.stopping:
+            await self.refresh()
+            if await self.dispatcher.wait_for_stop(self.interval):
+                return
+
+
+class DispatcherCollector:
+    """Gauges read at scrape time: the backlog, breakers, the last batch, live dispatchers."""
+
+    def __init__(self, dispatcher: Dispatcher, backlog: Backlog, cap: LabelCap) -> None:
+        self.dispatcher = dispatcher
+        self.backlog = backlog
+        self.cap = cap
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected on demand; nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        d, endpoint = self.dispatcher, self.dispatcher.endpoint
+
+        def gauge(name: str, text: str, value: float, **labels: str) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, text, labels=["endpoint", *labels])
+            family.add_metric([endpoint, *labels.values()], value)
+            return family
+
+        counts = self.backlog.counts
+        if counts is not None and self.backlog.counted_at is not None:
+            yield gauge("duetime_backlog_stored", "Messages stored for the endpoint.", counts.total)
+            yield gauge("duetime_backlog_due", "Stored messages due now.", counts.due)
+            yield gauge(
+                "duetime_backlog_in_flight", "Messages claimed by a dispatcher right now.", counts.claimed
+            )
+            yield gauge(
+                "duetime_backlog_failing", "Stored messages that failed at least once.", counts.failing
+            )
+            age = 0.0
+            if counts.next_due is not None and counts.next_due <= self.backlog.counted_at:
+                age = (self.backlog.counted_at - counts.next_due).total_seconds()
+            yield gauge(
+                "duetime_backlog_oldest_due_age_seconds",
+                "How long the oldest due message not yet claimed has been due.",
+                age,
+            )
+            per = GaugeMetricFamily(
+                "duetime_backlog_by_destination",
+                "Messages stored, by destination.",
+                labels=["endpoint", "destination"],
+            )
+            grouped: dict[str, int] = {}
+            for destination, count in counts.by_destination.items():
+                label = self.cap(destination)
+                grouped[label] = grouped.get(label, 0) + count
+            for label, count in grouped.items():
+                per.add_metric([endpoint, label], count)
+            yield per
+            yield gauge(
+                "duetime_backlog_counted_timestamp_seconds",
+                "When the backlog gauges were last counted (Unix time).",
+                self.backlog.counted_at.timestamp(),
+            )
+        breakers = GaugeMetricFamily(
+            "duetime_breaker_state",
+            "Circuit breakers: 0 disarmed, 1 armed (failing), 2 tripped (the dispatcher stops).",
+            labels=["endpoint", "breaker"],
+        )
+        armed_for = GaugeMetricFamily(
+            "duetime_breaker_armed_seconds",
+            "Seconds a breaker has been armed (0 when disarmed).",
+            labels=["endpoint", "breaker"],
+        )
+        for breaker in (d.fetch_breaker, d.store_breaker, d.dispatch_breaker):
+            state = TRIPPED if breaker.tripped else ARMED if breaker.armed else DISARMED
+            breakers.add_metric([endpoint, breaker.name], state)
+            since = 0.0 if breaker.armed_at is None else d.clock.monotonic() - breaker.armed_at
+            armed_for.add_metric([endpoint, breaker.name], since)
+        yield breakers
+        yield armed_for
+        if d.last_batch_at is not None:
+            yield gauge(
+                "duetime_last_batch_timestamp_seconds",
+                "When this dispatcher last completed a round with the store (Unix time).",
+                d.last_batch_at.timestamp(),
+            )
+        yield gauge("duetime_dispatcher_in_flight", "Messages this dispatcher holds claimed.", d.in_flight)
+        outages = CounterMetricFamily(
+            "duetime_transport_outages",
+            "Batches given back because the transport was down.",
+            labels=["endpoint"],
+        )
+        outages.add_metric([endpoint], d.stats.outages)
+        yield outages
+        if self.backlog.dispatchers:
+            live = GaugeMetricFamily(
+                "duetime_dispatchers",
+                "Dispatchers of the endpoint, by status (live, gone, stopped), from the store.",
+                labels=["endpoint", "status"],
+            )
+            now = d.clock.now()
+            tally = {"live": 0, "gone": 0, "stopped": 0}
+            for info in self.backlog.dispatchers:
+                tally[info.status(now)] += 1
+            for status, count in tally.items():
+                live.add_metric([endpoint, status], count)
+            yield live
+
+
+def instrument(
+    dispatcher: Dispatcher, *, backlog_interval: float = 10.0, max_destinations: int = 50
+) -> tuple[CollectorRegistry, Backlog]:
+    """A registry with the dispatcher's metrics (and the process's CPU and memory); the dispatcher
+    reports into it from now on. Run the returned :class:`Backlog` to keep its gauges current."""
+    registry = CollectorRegistry(auto_describe=False)
+    cap = LabelCap(max_destinations)
+    dispatcher.observer = PrometheusObserver(registry, dispatcher.endpoint, cap)
+    backlog = Backlog(dispatcher, backlog_interval)
+    registry.register(DispatcherCollector(dispatcher, backlog, cap))
+    ProcessCollector(registry=registry)
+    return registry, backlog
