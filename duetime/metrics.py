@@ -23,7 +23,7 @@ from duetime.interfaces import DispatcherRegistry, StoreCounts
 from duetime.presence import DispatcherInfo
 
 try:
-    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.process_collector import ProcessCollector
 except ImportError as missing:  # pragma: no cover - depends on what is installed
@@ -282,6 +282,7 @@ def instrument(
 ) -> tuple[CollectorRegistry, Backlog]:
     """A registry with the dispatcher's metrics (and the process's CPU and memory); the dispatcher
     reports into it from now on. Run the returned :class:`Backlog` to keep its gauges current."""
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double what a scrape shows
     registry = CollectorRegistry(auto_describe=False)
     cap = LabelCap(max_destinations)
     dispatcher.observer = PrometheusObserver(registry, dispatcher.endpoint, cap)

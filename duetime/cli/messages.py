@@ -36,9 +36,11 @@ from duetime.errors import ConfigurationError, MessageInFlight
 from duetime.interfaces import (
     AddressTopology,
     BrowsableQueue,
+    DispatcherRegistry,
     Page,
 )
 from duetime.message import DelayedMessage
+from duetime.presence import DispatcherInfo, describe_claims
 from duetime.registry import check_store_exists, open_store, open_transport
 from duetime.terminal import console, err, fail, progress_bar, table
 from duetime.terminal import run_async as _run
@@ -473,6 +475,7 @@ def stats(
         s = await _open(store, endpoint)
         try:
             counts = await s.counts(SYSTEM.now())
+            present = await s.dispatchers() if isinstance(s, DispatcherRegistry) else []
         finally:
             await s.close()
         result: dict[str, Any] = {
@@ -482,6 +485,7 @@ def stats(
             "failing": counts.failing,
             "next_due": counts.next_due.isoformat() if counts.next_due else None,
             "by_destination": dict(counts.by_destination),
+            "dispatchers": [d.as_dict(SYSTEM.now()) for d in present],
         }
         try:
             t = open_transport(_transport_url(store, transport))
@@ -509,8 +513,28 @@ def stats(
         for name, count in result["by_destination"].items():
             per.add_row(name, str(count))
         show_table(per)
+    _show_dispatchers(result["dispatchers"])
     if result.get("queues"):
         qt = table("queue", "waiting")
         for name, count in result["queues"].items():
             qt.add_row(name, str(count))
         show_table(qt)
+
+
+def _show_dispatchers(found: list[dict[str, Any]]) -> None:
+    """Who delivers this endpoint: live ones, ones gone quiet (and when what they held comes
+    back), ones that stopped."""
+    if not found:
+        print("dispatchers: none has run against this store yet (or the store keeps no list)")
+        return
+    now = SYSTEM.now()
+    shown = table("dispatcher", "status", "started", "last seen", "forwarded", "claims", free=("claims",))
+    for data in found:
+        info = DispatcherInfo.from_json(json.dumps(data))
+        seen = f"{(now - info.last_seen).total_seconds():.0f} s ago"
+        claims = describe_claims(info, now) if data["status"] == "gone" else f"{info.in_flight:,} in flight"
+        shown.add_row(
+            f"{info.host} pid {info.pid}", data["status"], info.started_at.isoformat(timespec="seconds"),
+            seen, f"{info.forwarded:,}", claims,
+        )  # fmt: skip
+    show_table(shown)

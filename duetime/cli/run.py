@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from collections.abc import Awaitable
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,15 +17,18 @@ from duetime.cli.common import (
     StoreOpt,
     TransportOpt,
     _logging,
+    _open,
     _safest_mode,
     _transport_url,
     app,
 )
+from duetime.clock import SYSTEM
 from duetime.deadline import within
 from duetime.deliverylog import open_delivery_log
 from duetime.dispatcher import Dispatcher, run_until_signal
 from duetime.errors import one_line
 from duetime.frontdoor import FrontDoor
+from duetime.heartbeat import Heartbeat
 from duetime.interfaces import (
     ReceivingTransport,
 )
@@ -33,6 +38,9 @@ from duetime.settings import DelayedDeliverySettings, TransactionMode
 from duetime.terminal import console, guarded, say
 from duetime.terminal import run_async as _run
 from duetime.urls import redact
+
+if TYPE_CHECKING:
+    from duetime.probes import ProbeServer
 
 
 @app.command()
@@ -109,6 +117,32 @@ def run(
             help="text (one line per record, UTC timestamps) or json (one object per line).",
         ),
     ] = LogFormat.TEXT,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="DUETIME_METRICS_PORT",
+            min=0,
+            max=65535,
+            help="Serve Prometheus metrics on /metrics and the probes /healthz (alive) and /readyz "
+            "(store and transport reachable) on this port. Needs duetime[metrics].",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            envvar="DUETIME_METRICS_HOST",
+            help="Address the metrics port listens on; 0.0.0.0 to let other machines (Prometheus, "
+            "a kubelet) reach it.",
+        ),
+    ] = "127.0.0.1",
+    ready_after: Annotated[
+        float,
+        typer.Option(
+            envvar="DUETIME_READY_AFTER",
+            min=0,
+            help="/readyz answers 503 once a circuit breaker has been failing this many seconds.",
+        ),
+    ] = 10.0,
 ) -> None:
     """Run the dispatcher until SIGTERM/SIGINT. Settings also come from DUETIME_* variables.
 
@@ -147,7 +181,9 @@ def run(
                 stats = await dispatcher.run_burst()
                 console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
                 return
-            extra = []
+            extra = [Heartbeat(dispatcher, redact(_transport_url(store, transport))).run()]
+            if metrics_port is not None:
+                extra.append(_probes(dispatcher, metrics_host, metrics_port, ready_after).run())
             if front_door and isinstance(t, ReceivingTransport):
                 extra.append(FrontDoor(dispatcher, t).run())
             logging.getLogger("duetime").info(
@@ -167,6 +203,77 @@ def run(
                     logging.getLogger("duetime").warning("closing failed: %s", one_line(error))
 
     _run(go)
+
+
+@app.command()
+def check(
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+    transport: TransportOpt = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds each side may take to answer.")] = 10.0,
+) -> None:
+    """Exit 0 when the store is set up and answers and the transport accepts a connection; exit 1
+    with a one-line reason otherwise. For scripts and exec probes (changes nothing).
+
+    \b
+      duetime check --store postgresql://db/app --transport amqp://mq
+      ok: store postgresql://db/app answers (1,204 stored, 3 due); transport amqp://mq connects
+    """
+    transport_url = _transport_url(store, transport)
+
+    async def go() -> str:
+        try:
+            s = await within(_open(store, endpoint), timeout, "opening the store")
+        except Exception as error:
+            raise _NotOk(f"store {redact(store)}: {one_line(error)}") from None
+        try:
+            counts = await within(s.counts(SYSTEM.now()), timeout, "counting")
+        except Exception as error:
+            raise _NotOk(f"store {redact(store)}: {one_line(error)}") from None
+        finally:
+            await _quietly(s.close())
+        try:
+            t = open_transport(transport_url)
+            await within(t.start(), timeout, "connecting")
+        except Exception as error:
+            raise _NotOk(f"transport {redact(transport_url)}: {one_line(error)}") from None
+        await _quietly(t.close())
+        return (
+            f"store {redact(store)} answers ({counts.total:,} stored, {counts.due:,} due); "
+            f"transport {redact(transport_url)} connects"
+        )
+
+    try:
+        print("ok:", _run(go))
+    except _NotOk as problem:
+        print(f"not ok: {problem}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+class _NotOk(Exception):
+    """What ``check`` found wrong (exit code 1, not the CLI's usual error handling)."""
+
+
+async def _quietly(closing: Awaitable[None]) -> None:
+    try:
+        await within(closing, 5.0, "closing")
+    except Exception as error:
+        logging.getLogger("duetime").debug("closing failed: %s", one_line(error))
+
+
+def _probes(dispatcher: Dispatcher, host: str, port: int, ready_after: float) -> ProbeServer:
+    """The metrics and probe server, its port bound now (a port in use is a one-line error)."""
+    from duetime.metrics import instrument
+    from duetime.probes import ProbeServer, bind
+
+    sock = bind(host, port)
+    registry, backlog = instrument(dispatcher)
+    server = ProbeServer(dispatcher, registry, backlog, sock, ready_after=ready_after)
+    address, bound = server.address
+    logging.getLogger("duetime").info(
+        "metrics on http://%s:%d/metrics, probes /healthz and /readyz", address, bound
+    )
+    return server
 
 
 @app.command()
