@@ -2,7 +2,7 @@
 # The second command of the README: set up, lint, type-check and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq
+bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics
 echo "== ruff"
 .venv/bin/ruff check duetime tests bench
 .venv/bin/ruff format --check duetime tests bench

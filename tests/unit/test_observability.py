@@ -1,0 +1,109 @@
+"""Metrics, probes and presence on the memory backends and a fake clock (no network)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from duetime.heartbeat import Heartbeat
+from duetime.metrics import OTHER, LabelCap, instrument
+from duetime.presence import DispatcherInfo, describe_claims
+from duetime.probes import health, readiness
+from tests.unit.helpers import Rig
+
+
+def samples(text: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
+
+
+def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return found[(name, frozenset(labels.items()))]
+
+
+async def test_counters_and_lateness_follow_what_the_dispatcher_did() -> None:
+    from prometheus_client import generate_latest
+
+    rig = await Rig(number_of_retries=0).setup("orders")
+    registry, backlog = instrument(rig.dispatcher, max_destinations=1)
+    await rig.store.store_many([rig.message(1, -0.02), rig.message(2, -3), rig.message(3, 100)])
+    await rig.store.store(rig.message(4, -1).with_changes(destination="nowhere"))
+    await rig.dispatcher.run_burst()
+    await backlog.refresh()
+    found = samples(generate_latest(registry))
+    assert value(found, "duetime_forwarded_total", endpoint="unit", destination="orders") == 2
+    # the cap of one destination label: the second destination is counted as "other"
+    assert value(found, "duetime_dead_lettered_total", endpoint="unit", destination=OTHER) == 1
+    assert value(found, "duetime_claimed_total", endpoint="unit") == 3
+    assert value(found, "duetime_lateness_seconds_count", endpoint="unit") == 2
+    assert value(found, "duetime_lateness_seconds_bucket", endpoint="unit", le="0.025") == 1
+    assert value(found, "duetime_lateness_seconds_bucket", endpoint="unit", le="5.0") == 2
+    assert value(found, "duetime_backlog_stored", endpoint="unit") == 1
+    assert value(found, "duetime_backlog_due", endpoint="unit") == 0
+    assert value(found, "duetime_breaker_state", endpoint="unit", breaker="fetch") == 0
+
+
+async def test_oldest_due_age_and_armed_breakers_show() -> None:
+    from prometheus_client import generate_latest
+
+    rig = await Rig().setup("orders")
+    registry, backlog = instrument(rig.dispatcher)
+    await rig.store.store(rig.message(1, -42))
+    rig.dispatcher.fetch_breaker.failure(ConnectionError("database is down"))  # armed
+    rig.clock.advance(12)
+    await backlog.refresh()
+    found = samples(generate_latest(registry))
+    assert 53 <= value(found, "duetime_backlog_oldest_due_age_seconds", endpoint="unit") <= 55
+    assert value(found, "duetime_breaker_state", endpoint="unit", breaker="fetch") == 1
+    assert value(found, "duetime_breaker_armed_seconds", endpoint="unit", breaker="fetch") >= 12
+    assert await readiness(rig.dispatcher, ready_after=10) == "circuit breaker fetch armed for 12 s (failing)"
+    assert await readiness(rig.dispatcher, ready_after=20) is None
+
+
+async def test_health_says_when_the_loop_is_stuck_and_readiness_when_the_store_is_down() -> None:
+    rig = await Rig().setup("orders")
+    d = rig.dispatcher
+    assert health(d) is None
+    rig.clock.advance(d.stuck_after + 1)
+    assert "has not turned for" in (health(d) or "")
+    await d.dispatch_once()
+    assert health(d) is None
+    rig.store.fail_fetch = True
+    assert (await readiness(d, 10) or "").startswith("store unreachable: ")
+
+
+def test_label_cap() -> None:
+    cap = LabelCap(2)
+    assert [cap(x) for x in ("a", "b", "c", "a", "d", "b")] == ["a", "b", OTHER, "a", OTHER, "b"]
+
+
+async def test_heartbeat_records_the_dispatcher_and_says_when_it_stopped() -> None:
+    rig = await Rig().setup("orders")
+    await rig.store.store(rig.message(1, -1))
+    await rig.dispatcher.run_burst()
+    await rig.store.initialize("unit", rig.settings.transaction_mode)
+    beat = Heartbeat(rig.dispatcher, "memory://")
+    await beat.beat()
+    [info] = await rig.store.dispatchers()
+    assert (info.forwarded, info.endpoint, info.status(rig.clock.now())) == (1, "unit", "live")
+    assert info.last_batch_at == rig.dispatcher.last_batch_at
+    rig.clock.advance(16)
+    [info] = await rig.store.dispatchers()
+    assert info.status(rig.clock.now()) == "gone"
+    await beat.beat(stopped=True)
+    [info] = await rig.store.dispatchers()
+    assert info.status(rig.clock.now()) == "stopped"
+
+
+def test_what_a_gone_dispatcher_held() -> None:
+    t = datetime(2030, 1, 1, tzinfo=UTC)
+    info = DispatcherInfo.new("e", "at-least-once", "amqp://mq", t)
+    assert describe_claims(info, t) == "held nothing"
+    held = info.with_changes(in_flight=100, claims_end_by=t + timedelta(seconds=25))
+    assert describe_claims(held, t) == "100 it held come back in 25 s"
+    assert describe_claims(held, t + timedelta(seconds=30)) == "100 it held are claimable again"
+    assert DispatcherInfo.from_json(held.to_json()) == held
