@@ -11,9 +11,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tomllib
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -97,34 +99,45 @@ def test_the_kubernetes_manifest_is_valid_and_its_containers_work(tmp_path: Path
     pod = deployment["spec"]["template"]["spec"]
     [init] = pod["initContainers"]
     [main] = pod["containers"]
-    probe = main["readinessProbe"]["exec"]["command"]
+    env_names = {e["name"]: e for e in main["env"]}
+    assert env_names["DUETIME_METRICS_HOST"]["value"] == "0.0.0.0"
+    [port] = [p for p in main["ports"] if p["name"] == "metrics"]
+    assert env_names["DUETIME_METRICS_PORT"]["value"] == str(port["containerPort"])
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     queue = f"k8s-{uuid.uuid4().hex[:8]}"
     with postgres_schema() as store:
         secret = {"store": store, "transport": RABBITMQ}
         env = {
             e["name"]: e.get("value") or secret[e["valueFrom"]["secretKeyRef"]["key"]] for e in main["env"]
         }
+        env["DUETIME_METRICS_PORT"] = str(_free_port())  # the pod's port may be taken on this machine
         assert run_cli(*init["args"], cwd=tmp_path, env=env).returncode == 0
         assert run_cli("queues", "declare", queue, cwd=tmp_path, env=env).returncode == 0
         try:
             assert run_cli("schedule", queue, "hello", "--in", "1s", cwd=tmp_path, env=env).returncode == 0
 
             def works() -> None:
-                ready = run_cli(
-                    *probe[1:], cwd=tmp_path, env=env, timeout=main["readinessProbe"]["timeoutSeconds"]
-                )
-                assert ready.returncode == 0, ready.stderr
-                _delivered(queue, env, tmp_path)
+                _delivered(queue, env, tmp_path)  # running by now, its port open
+                for probe in ("livenessProbe", "readinessProbe"):
+                    get = main[probe]["httpGet"]
+                    address = f"http://127.0.0.1:{env['DUETIME_METRICS_PORT']}{get['path']}"
+                    with urllib.request.urlopen(address, timeout=main[probe]["timeoutSeconds"]) as answer:
+                        assert answer.status == 200, probe
 
             _serve_and_stop(
                 [DUETIME, *main["args"]], env, tmp_path, pod["terminationGracePeriodSeconds"], works
             )
         finally:
             _delete_queue(queue)
-        unready = run_cli(
-            *probe[1:], cwd=tmp_path, env={**env, "DUETIME_STORE": store.replace(":5432", ":1")}
-        )
+        unready = run_cli("check", cwd=tmp_path, env={**env, "DUETIME_STORE": store.replace(":5432", ":1")})
         assert unready.returncode == 1 and "cannot connect" in unready.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _delete_queue(queue: str) -> None:
