@@ -107,3 +107,33 @@ def test_what_a_gone_dispatcher_held() -> None:
     assert describe_claims(held, t) == "100 it held come back in 25 s"
     assert describe_claims(held, t + timedelta(seconds=30)) == "100 it held are claimable again"
     assert DispatcherInfo.from_json(held.to_json()) == held
+
+
+async def test_the_grafana_dashboard_asks_only_for_metrics_duetime_exports() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client import generate_latest
+
+    rig = await Rig(number_of_retries=1).setup("orders")
+    registry, backlog = instrument(rig.dispatcher)
+    await rig.store.store(rig.message(1, -1))
+    await rig.dispatcher.run_burst()
+    await Heartbeat(rig.dispatcher, "memory://").beat()
+    await rig.store.initialize("unit", rig.settings.transaction_mode)
+    await backlog.refresh()
+    names: set[str] = set()
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        names |= {family.name, f"{family.name}_total"} | {s.name for s in family.samples}
+        if family.type == "histogram":
+            names |= {f"{family.name}_{part}" for part in ("bucket", "sum", "count")}
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana-dashboard.json").read_text())
+    asked = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bduetime_[a-z_]+", target["expr"])
+    }
+    assert len(asked) >= 12
+    assert asked <= names, asked - names
