@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
+from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
@@ -73,11 +74,15 @@ class FastHistogram:
         self.counts = [0] * (len(self.bounds) + 1)  # the last one: above every bound (+Inf)
         self.sum = 0.0
 
-    def observe_many(self, values: Iterable[float]) -> None:
-        counts, bounds, total = self.counts, self.bounds, 0.0
-        for value in values:
-            counts[bisect.bisect_left(bounds, value)] += 1
-            total += value
+    def observe_pairs(self, pairs: Iterable[tuple[object, float]]) -> None:
+        """Observe the second of each pair (a negative value counts as 0)."""
+        counts, bounds, find, total = self.counts, self.bounds, bisect.bisect_left, 0.0
+        for _, value in pairs:
+            if value > 0:
+                counts[find(bounds, value)] += 1
+                total += value
+            else:
+                counts[0] += 1
         self.sum += total
 
     def describe(self) -> Iterable[Metric]:
@@ -149,10 +154,8 @@ class PrometheusObserver:
         self._claimed.labels(self.endpoint).inc(count)
 
     def forwarded(self, sent: Sequence[tuple[str, float]]) -> None:
-        per: dict[str, int] = {}
-        for destination, _ in sent:
-            per[destination] = per.get(destination, 0) + 1
-        self._lateness.observe_many(max(lateness, 0.0) for _, lateness in sent)
+        per = Tally(destination for destination, _ in sent)
+        self._lateness.observe_pairs(sent)
         for destination, count in per.items():
             self._forwarded.labels(self.endpoint, self.cap(destination)).inc(count)
 

@@ -31,6 +31,7 @@ from tests.integration.test_rabbitmq_crash import RabbitConsumer
 from tests.services import RABBITMQ, postgres_schema, require
 
 pytestmark = pytest.mark.slow
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -127,8 +128,14 @@ def test_metrics_of_a_real_run_match_what_the_consumer_saw(pg: str) -> None:
     rabbit(queue, error_queue)
     store = setup_store(pg, "obs")
     first = datetime.now(UTC) + timedelta(seconds=4)
+    traced = {"traceparent": TRACEPARENT, "tracestate": "vendor=abc"}
     store.store_many(
-        [DelayedMessage(f"m{i:04d}", queue, first + timedelta(milliseconds=5 * i)) for i in range(400)]
+        [
+            DelayedMessage(
+                f"m{i:04d}", queue, first + timedelta(milliseconds=5 * i), headers=traced if i == 7 else {}
+            )
+            for i in range(400)
+        ]
     )
     store.store_many([DelayedMessage(f"x{i}", nowhere, first) for i in range(3)])
     consumer = RabbitConsumer(queue)
@@ -186,6 +193,8 @@ def test_metrics_of_a_real_run_match_what_the_consumer_saw(pg: str) -> None:
         store.close()
     assert code == 0, run.stderr.read() if run.stderr else ""
     assert sorted(i for i, _, _ in consumer.arrivals) == [f"m{i:04d}" for i in range(400)]
+    # a W3C trace context reaches the destination as the producer set it
+    assert {k: consumer.headers["m0007"][k] for k in traced} == traced
 
 
 def test_readyz_turns_not_ready_while_the_database_is_cut_and_ready_after(pg: str) -> None:

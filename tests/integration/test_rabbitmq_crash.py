@@ -30,6 +30,7 @@ class RabbitConsumer(threading.Thread):
         super().__init__(daemon=True)
         self.queue = queue
         self.arrivals: list[tuple[str, datetime, datetime]] = []
+        self.headers: dict[str, dict[str, str]] = {}
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -44,6 +45,7 @@ class RabbitConsumer(threading.Thread):
             self.arrivals += [
                 (m.message_id, datetime.fromisoformat(m.headers["duetime-due-at"]), now) for m in got
             ]
+            self.headers.update((m.message_id, dict(m.headers)) for m in got)
             await t.acknowledge(got)
         await t.close()
 
