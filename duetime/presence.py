@@ -5,7 +5,7 @@ dispatcher writes a small record (id, host, pid, version, mode, when it started,
 how many it forwarded, what it holds claimed) every few seconds; a record not refreshed for
 ``expiry`` is a dispatcher that is gone (killed, frozen, cut off), and what it held comes back to
 the others when its claims end. A dispatcher that stops politely says so, and is shown as stopped.
-Records nobody refreshed for a day are removed by the next heartbeat.
+Records nobody refreshed for a day are removed by a heartbeat (each store looks hourly).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ HEARTBEAT_INTERVAL = timedelta(seconds=5)
 EXPIRY = timedelta(seconds=15)
 #: Records not refreshed for this long are deleted (the list would otherwise grow forever).
 FORGET_AFTER = timedelta(days=1)
+#: How often a store looks for such records (on a heartbeat).
+PRUNE_EVERY = timedelta(hours=1)
 
 Status = Literal["live", "gone", "stopped"]
 

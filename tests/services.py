@@ -80,3 +80,12 @@ def mariadb_database() -> Iterator[str]:
 RABBITMQ = os.environ.get("DUETIME_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 NATS = os.environ.get("DUETIME_TEST_NATS", "nats://127.0.0.1:4222")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for a server a test starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -23,7 +23,7 @@ from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlig
 from duetime.interfaces import Clock, ListQuery, Page, StoreCounts
 from duetime.message import MAX_GROUP_LENGTH, DelayedMessage, check_due_time, check_text
 from duetime.names import check_name
-from duetime.presence import FORGET_AFTER, DispatcherInfo
+from duetime.presence import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
 from duetime.settings import TransactionMode
 from duetime.urls import number_option
 
@@ -170,6 +170,8 @@ class StoreRules(Closing, ABC):
         self.claim_timeout = claim_timeout
         self.clock: Clock = clock or SystemClock()
         self.endpoint: str | None = None
+        #: When :meth:`beat` last removed long-gone dispatchers' records.
+        self._pruned_at: datetime | None = None
 
     # --- what a backend supplies -----------------------------------------------------------
     @abstractmethod
@@ -379,7 +381,11 @@ class StoreRules(Closing, ABC):
         """Record that a dispatcher is there (see :mod:`duetime.presence`); forget long-gone ones."""
         endpoint = self._ready()
         self._beat(endpoint, info.dispatcher_id, info.last_seen, info.to_json())
-        self._forget(endpoint, info.last_seen - FORGET_AFTER)
+        # Pruning is a write of its own (a commit on SQLite, which wakes every watcher of the
+        # file): once per process and then hourly is plenty for records kept a day.
+        if self._pruned_at is None or info.last_seen - self._pruned_at >= PRUNE_EVERY:
+            self._forget(endpoint, info.last_seen - FORGET_AFTER)
+            self._pruned_at = info.last_seen
 
     def dispatchers(self) -> list[DispatcherInfo]:
         """The endpoint's dispatchers, newest first, live, gone and stopped alike."""

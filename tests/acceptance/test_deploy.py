@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tomllib
@@ -23,7 +22,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import run_cli
-from tests.services import RABBITMQ, postgres_schema, require
+from tests.services import RABBITMQ, free_port, postgres_schema, require
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -111,7 +110,7 @@ def test_the_kubernetes_manifest_is_valid_and_its_containers_work(tmp_path: Path
         env = {
             e["name"]: e.get("value") or secret[e["valueFrom"]["secretKeyRef"]["key"]] for e in main["env"]
         }
-        env["DUETIME_METRICS_PORT"] = str(_free_port())  # the pod's port may be taken on this machine
+        env["DUETIME_METRICS_PORT"] = str(free_port())  # the pod's port may be taken on this machine
         assert run_cli(*init["args"], cwd=tmp_path, env=env).returncode == 0
         assert run_cli("queues", "declare", queue, cwd=tmp_path, env=env).returncode == 0
         try:
@@ -132,12 +131,6 @@ def test_the_kubernetes_manifest_is_valid_and_its_containers_work(tmp_path: Path
             _delete_queue(queue)
         unready = run_cli("check", cwd=tmp_path, env={**env, "DUETIME_STORE": store.replace(":5432", ":1")})
         assert unready.returncode == 1 and "cannot connect" in unready.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _delete_queue(queue: str) -> None:

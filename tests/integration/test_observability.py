@@ -28,17 +28,11 @@ from duetime.presence import EXPIRY, HEARTBEAT_INTERVAL
 from tests.conftest import duetime_cmd, run_cli
 from tests.integration.proxy import proxy_for
 from tests.integration.test_rabbitmq_crash import RabbitConsumer
-from tests.services import RABBITMQ, postgres_schema, require
+from tests.services import RABBITMQ, free_port, postgres_schema, require
 
 pytestmark = pytest.mark.slow
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, str]:
