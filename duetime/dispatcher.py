@@ -111,7 +111,10 @@ class Dispatcher:
         #: Consecutive rounds the transport could not be reached: the reconnect back-off doubles.
         self._unreachable = 0
         #: For the periodic summary line: lateness since the last one, and where the counts stood.
-        self._lateness = LatenessHistogram()
+        #: Every forwarded message's lateness since the start (the heartbeat carries it, so the
+        #: dashboard can chart lateness over time); the summary line reports the change.
+        self.lateness = LatenessHistogram()
+        self._lateness_base = self.lateness.copy()
         self._summary_at = 0.0
         self._summary_base = Tally()
         #: When the loop last turned (a round began or a sleep began), on the monotonic clock:
@@ -410,7 +413,7 @@ class Dispatcher:
         moved_at = self.last_batch_at = self.clock.now()
         self._moved_last = len(outcome.moved) + len(outcome.dead_lettered)
         lateness = [(m.destination, (moved_at - m.due_at).total_seconds()) for m in outcome.moved]
-        self._lateness.add(late for _, late in lateness)
+        self.lateness.add(late for _, late in lateness)
         if self._moved_last:
             self.observer.claimed(self._moved_last)
             self.observer.forwarded(lateness)
@@ -466,7 +469,7 @@ class Dispatcher:
                 for m, r in zip(batch, results, strict=True)
                 if r is None
             ]
-            self._lateness.add(late for _, late in lateness)
+            self.lateness.add(late for _, late in lateness)
             self.observer.forwarded(lateness)
             await self._remove(delivered)
             if self.delivery_log is not None:  # after the removal: the log never delays it
@@ -632,7 +635,7 @@ class Dispatcher:
             return
         current = self._tally()
         done, elapsed = current.minus(self._summary_base), now - self._summary_at
-        lateness, self._lateness = self._lateness, LatenessHistogram()
+        lateness, self._lateness_base = self.lateness.minus(self._lateness_base), self.lateness.copy()
         self._summary_at, self._summary_base = now, current
         if not done:
             return

@@ -39,6 +39,11 @@ class Heartbeat:
             last_seen=now,
             last_batch_at=d.last_batch_at,
             forwarded=d.stats.forwarded,
+            dead_lettered=d.stats.dead_lettered,
+            lateness=d.lateness.sparse(),
+            breakers={
+                name: None if armed is None else round(armed, 1) for name, armed in d.breakers().items()
+            },
             in_flight=holding,
             claims_end_by=d.claims_end_by if holding else None,
             stopped=stopped,

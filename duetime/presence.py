@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -51,6 +51,12 @@ class DispatcherInfo:
     #: locks) or it holds none.
     claims_end_by: datetime | None = None
     stopped: bool = False
+    dead_lettered: int = 0
+    #: Lateness of everything it forwarded since it started, as sparse histogram buckets
+    #: (:class:`duetime.summary.LatenessHistogram`): the dashboard charts the change between looks.
+    lateness: dict[str, int] = field(default_factory=dict)
+    #: Each circuit breaker's seconds armed (failing), None while it is closed.
+    breakers: dict[str, float | None] = field(default_factory=dict)
 
     @classmethod
     def new(cls, endpoint: str, mode: str, transport: str, now: datetime) -> DispatcherInfo:

@@ -15,11 +15,9 @@ the probes stop answering too, which is what a liveness probe should see.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import socket
-from collections.abc import Iterator
 
+from duetime import webserver
 from duetime.deadline import within
 from duetime.dispatcher import Dispatcher
 from duetime.errors import ConfigurationError, one_line
@@ -95,29 +93,7 @@ def app(dispatcher: Dispatcher, registry: CollectorRegistry, ready_after: float)
 
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, opened before anything starts: a port in use is a one-line error."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        reason = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be opened ({error.strerror})"
-        raise ConfigurationError(
-            f"The metrics port {host}:{port} {reason}; pick another with --metrics-port."
-        ) from None
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its signal handling: ``duetime run`` stops on SIGTERM itself, and the
-    server stops with it."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+    return webserver.bind(host, port, what="The metrics port", option="--metrics-port")
 
 
 class ProbeServer:
@@ -138,7 +114,7 @@ class ProbeServer:
         config = uvicorn.Config(
             app(dispatcher, registry, ready_after), log_level="warning", access_log=False, lifespan="off"
         )
-        self.server = _Server(config)
+        self.server = webserver.QuietServer(config)
 
     @property
     def address(self) -> tuple[str, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from duetime.interfaces import StoreCounts
@@ -30,6 +30,35 @@ class LatenessHistogram:
         for value in seconds:
             self.counts[bisect.bisect_left(BUCKETS, max(value, 0.0))] += 1
             self.total += 1
+
+    def copy(self) -> LatenessHistogram:
+        return LatenessHistogram.of(self.counts)
+
+    def minus(self, earlier: LatenessHistogram) -> LatenessHistogram:
+        """What was added since ``earlier`` (a copy taken then)."""
+        return LatenessHistogram.of([a - b for a, b in zip(self.counts, earlier.counts, strict=True)])
+
+    def plus(self, other: LatenessHistogram) -> LatenessHistogram:
+        return LatenessHistogram.of([a + b for a, b in zip(self.counts, other.counts, strict=True)])
+
+    @classmethod
+    def of(cls, counts: Sequence[int]) -> LatenessHistogram:
+        made = cls()
+        made.counts = list(counts)
+        made.total = sum(counts)
+        return made
+
+    def sparse(self) -> dict[str, int]:
+        """Only the buckets with counts, by index (JSON keys are text): small enough for a heartbeat."""
+        return {str(i): n for i, n in enumerate(self.counts) if n}
+
+    @classmethod
+    def from_sparse(cls, buckets: Mapping[str, int]) -> LatenessHistogram:
+        counts = [0] * len(BUCKETS)
+        for key, n in buckets.items():
+            if key.isdigit() and int(key) < len(counts):
+                counts[int(key)] = int(n)
+        return cls.of(counts)
 
     def quantile(self, q: float) -> float | None:
         if self.total == 0:

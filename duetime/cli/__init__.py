@@ -17,7 +17,13 @@ from duetime.errors import DuetimeError
 from duetime.logs import quiet_drivers
 from duetime.terminal import fail
 
-for _group in ("run", "messages", "errors", "queues"):  # each adds its commands, in --help's order
+for _group in (
+    "run",
+    "messages",
+    "errors",
+    "queues",
+    "dashboard",
+):  # each adds its commands, in --help's order
     importlib.import_module(f"duetime.cli.{_group}")
 app.add_typer(bulk_app, name="bulk")
 app.add_typer(rabbitmq_app, name="rabbitmq")

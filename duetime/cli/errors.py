@@ -20,26 +20,13 @@ from duetime.cli.common import (
     errors_app,
 )
 from duetime.durations import parse_duration
-from duetime.errorqueue import (
-    ERROR_ATTEMPTS,
-    ERROR_MESSAGE,
-    ERROR_TIME,
-    ORIGINAL_DESTINATION,
-    without_error_headers,
-)
+from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME
 from duetime.errors import ConfigurationError
 from duetime.interfaces import InspectableQueue, ReceivedMessage
-from duetime.loader import store_new
-from duetime.message import DelayedMessage
 from duetime.registry import open_transport
+from duetime.sendback import EVERYTHING, chosen, goes_to, send_back, take
 from duetime.terminal import console, err, fail, say, show, table
 from duetime.terminal import run_async as _run
-
-#: How many messages a look through the whole error queue reads at most.
-EVERYTHING = 1_000_000
-#: Messages stored, then acknowledged, per round (a crash repeats at most one round, and a
-#: message stored twice is recognised by its id).
-ROUND = 1_000
 
 ErrorQueueOpt = Annotated[str, typer.Option("--error-queue", help="The error queue's name.")]
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Ids of messages in the error queue.")]
@@ -59,15 +46,11 @@ def _error_transport(store: str, transport: str | None) -> InspectableQueue:
     return t
 
 
-def _goes_to(item: ReceivedMessage) -> str:
-    return item.headers.get(ORIGINAL_DESTINATION, "")
-
-
 def _row(item: ReceivedMessage) -> dict[str, Any]:
     h = item.headers
     return {
         "id": item.message_id,
-        "destination": _goes_to(item) or None,
+        "destination": goes_to(item) or None,
         "error": h.get(ERROR_MESSAGE),
         "attempts": int(h[ERROR_ATTEMPTS]) if h.get(ERROR_ATTEMPTS, "").isdigit() else None,
         "failed_at": h.get(ERROR_TIME),
@@ -87,25 +70,13 @@ async def _pick(
 ) -> list[ReceivedMessage]:
     """Take the messages named (by id, or every one, for one destination or all); ask first if
     ``ask`` (a question with {n}, {s}, {where} and {queue} in it) is given."""
-    if bool(ids) == every:
-        raise ConfigurationError(
-            "give the ids of messages in the error queue, or --all (with --destination Q for one "
-            "destination's); see `duetime errors list`."
-        )
-    if ids and destination:
-        raise ConfigurationError(
-            "--destination picks which messages --all takes; to send messages somewhere else, use --to QUEUE."
-        )
-    if every:
-        seen = await t.peek(queue, EVERYTHING)
-        ids = [m.message_id for m in seen if destination is None or _goes_to(m) == destination]
-        if not ids:
-            return []
+    ids = await chosen(t, queue, ids, every, destination)
+    if not ids:
+        return []
     if ask:
         where = f" that were going to {destination!r}" if destination else ""
         _confirm(ask.format(n=len(ids), s="" if len(ids) == 1 else "s", where=where, queue=queue), yes)
-    taken = await t.take(queue, ids)
-    missing = sorted(set(ids) - {m.message_id for m in taken})
+    taken, missing = await take(t, queue, ids)
     if missing and not every:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         text = f"not in error queue {queue!r} (handled already? see `duetime errors list`): {shown}"
@@ -138,7 +109,7 @@ def errors_list(
         try:
             depth = await t.depth(error_queue)
             seen = await t.peek(error_queue, EVERYTHING if destination else limit)
-            return [m for m in seen if destination is None or _goes_to(m) == destination][:limit], depth
+            return [m for m in seen if destination is None or goes_to(m) == destination][:limit], depth
         finally:
             await t.close()
 
@@ -194,25 +165,8 @@ def errors_retry(
                 "Send {n} message{s}{where} from error queue {queue!r} back for another try?" if every else None,
                 yes,
             )  # fmt: skip
-            nowhere = [m.message_id for m in taken if not (to or _goes_to(m))]
-            sent = stored = 0
-            ready = [m for m in taken if to or _goes_to(m)]
-            for start in range(0, len(ready), ROUND):
-                batch = ready[start : start + ROUND]
-                messages = [
-                    DelayedMessage.create(
-                        to or _goes_to(m),
-                        m.body,
-                        delay=delay,
-                        headers=without_error_headers(m.headers),
-                        message_id=m.message_id,
-                    )
-                    for m in batch
-                ]
-                stored += await store_new(s, messages)
-                await t.acknowledge(batch)
-                sent += len(batch)
-            return sent, sent - stored, nowhere
+            done = await send_back(s, t, taken, to=to, delay=delay)
+            return done.sent, done.already, done.nowhere
         finally:
             await s.close()
             await t.close()

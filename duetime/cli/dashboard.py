@@ -1,0 +1,112 @@
+"""`duetime dashboard`: the web pages an operator opens to see and steer delivery."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from duetime.cli.common import DEFAULT_STORE, StoreOpt, TransportOpt, _logging, _transport_url, app
+from duetime.durations import parse_duration
+from duetime.logs import LogFormat
+from duetime.registry import check_store_exists, open_store
+from duetime.settings import TransactionMode
+from duetime.terminal import run_async as _run
+from duetime.urls import redact
+
+log = logging.getLogger("duetime.dashboard")
+
+
+@app.command()
+def dashboard(
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: Annotated[
+        list[str],
+        typer.Option(
+            "--endpoint", envvar="DUETIME_ENDPOINT", help="Endpoint to show; repeat it to show several."
+        ),
+    ] = ["duetime"],  # noqa: B006
+    transport: TransportOpt = None,
+    error_queue: Annotated[str, typer.Option("--error-queue", help="The error queue's name.")] = "error",
+    host: Annotated[
+        str,
+        typer.Option(
+            envvar="DUETIME_DASHBOARD_HOST",
+            help="Address to listen on. 127.0.0.1 (this machine only) unless you put it behind a "
+            "reverse proxy or set a password: 0.0.0.0 lets every machine that reaches this one in.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="DUETIME_DASHBOARD_PORT", min=0, max=65535)] = 8080,
+    read_only: Annotated[
+        bool, typer.Option("--read-only", help="Serve the pages only: no cancel, reschedule or retry.")
+    ] = False,
+    sample_every: Annotated[
+        str, typer.Option(help="How often to look at the store for the charts: 10s, 1m, ...")
+    ] = "10s",
+    log_format: Annotated[
+        LogFormat, typer.Option("--log-format", envvar="DUETIME_LOG_FORMAT", help="text or json.")
+    ] = LogFormat.TEXT,
+) -> None:
+    """Serve the web dashboard: backlog and lateness over time, live dispatchers, browse and search
+    stored messages, cancel, reschedule or send one now, and the error queue's retry and discard.
+
+    Changes need a login: set DUETIME_DASHBOARD_PASSWORD (and DUETIME_DASHBOARD_USER, default
+    duetime); without a password the pages show but change nothing. Example:
+
+      DUETIME_DASHBOARD_PASSWORD=s3cret duetime dashboard --store postgresql://db/app --port 8080
+    """
+    from duetime.dashboard.app import Dashboard, create_app
+    from duetime.dashboard.security import Credentials, secret
+    from duetime.webserver import bind
+
+    _logging(False, log_format)
+    every = parse_duration(sample_every).total_seconds()
+    if every < 1:
+        raise typer.BadParameter("--sample-every must be at least 1s")
+    credentials = Credentials.from_env()
+    sock = bind(host, port, what="The dashboard port", option="--port")
+
+    async def serve() -> None:
+        import uvicorn
+
+        stores = {}
+        try:
+            for name in dict.fromkeys(endpoint):
+                stores[name] = open_store(check_store_exists(store))
+                await stores[name].initialize(name, TransactionMode.AT_LEAST_ONCE)
+        except BaseException:
+            for opened in stores.values():
+                await opened.close()
+            raise
+        board = Dashboard(
+            store_url=store,
+            stores=stores,
+            transport_url=_transport_url(store, transport),
+            error_queue=error_queue,
+            read_only=read_only,
+            credentials=credentials,
+            sample_every=every,
+        )
+        address, bound = sock.getsockname()[:2]
+        log.info(
+            "dashboard of %s on http://%s:%d/ (%s)",
+            redact(store),
+            address,
+            bound,
+            "read-only"
+            if not board.can_change
+            else f"changes need user {credentials.user if credentials else ''!r} and the password",
+        )
+        if credentials is None and not read_only:
+            log.info("set DUETIME_DASHBOARD_PASSWORD to cancel, reschedule and retry from the dashboard")
+        config = uvicorn.Config(
+            create_app(board, secret=secret()), log_level="warning", access_log=False, lifespan="on"
+        )
+        try:
+            await uvicorn.Server(config).serve(sockets=[sock])
+        finally:
+            await board.close()
+            sock.close()
+
+    _run(serve)

@@ -1,0 +1,587 @@
+"""The dashboard's pages and actions: a Starlette app with Jinja2 templates.
+
+Pages (GET) only read. Actions (POST, under :data:`CHANGING_PATHS`) change the store or the error
+queue; each needs a login and a CSRF token (:mod:`duetime.dashboard.security`), answers with a
+redirect back to the page it came from and a one-line note of what it did, and is refused with
+403 when the dashboard is read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from duetime.clock import SYSTEM
+from duetime.dashboard.charts import Series, line_chart
+from duetime.dashboard.security import Credentials, RequireLogin, protect
+from duetime.dashboard.timeline import Timeline
+from duetime.durations import parse_duration, parse_time
+from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_STACKTRACE, ERROR_TIME, ERROR_TYPE
+from duetime.errors import DuetimeError, MessageInFlight, one_line
+from duetime.interfaces import (
+    DelayedMessageStore,
+    DispatcherRegistry,
+    InspectableQueue,
+    ListQuery,
+    ReceivedMessage,
+    StoreCounts,
+)
+from duetime.message import DelayedMessage, check_due_time
+from duetime.presence import DispatcherInfo, describe_claims
+from duetime.registry import open_transport
+from duetime.sendback import EVERYTHING, chosen, goes_to, send_back, take
+from duetime.urls import redact
+
+try:
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.sessions import SessionMiddleware
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, RedirectResponse, Response
+    from starlette.routing import Route
+    from starlette.templating import Jinja2Templates
+except ImportError as missing:  # pragma: no cover - depends on what is installed
+    from duetime.errors import ConfigurationError
+
+    raise ConfigurationError("The dashboard needs its extra: pip install 'duetime[dashboard]'.") from missing
+
+log = logging.getLogger("duetime.dashboard")
+
+CHANGING_PATHS = frozenset(
+    {"/actions/cancel", "/actions/reschedule", "/actions/send-now", "/errors/retry", "/errors/discard"}
+)
+#: Messages per page of the message list, unless the page asks for another number (at most MAX).
+PAGE, MAX_PAGE = 50, 500
+#: Bodies longer than this are cut in the message page.
+BODY_SHOWN = 64 * 1024
+WINDOWS = {"15m": 900, "1h": 3600, "6h": 21600}
+HORIZONS = (
+    ("next minute", timedelta(minutes=1)),
+    ("next hour", timedelta(hours=1)),
+    ("next day", timedelta(days=1)),
+)
+templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+
+
+@dataclass
+class Dashboard:
+    """What the app serves: opened stores (one per endpoint), where the error queue is, and the
+    timelines the sampler fills."""
+
+    store_url: str
+    stores: dict[str, DelayedMessageStore]
+    transport_url: str
+    error_queue: str = "error"
+    read_only: bool = False
+    credentials: Credentials | None = None
+    sample_every: float = 10.0
+    timelines: dict[str, Timeline] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for endpoint in self.stores:
+            self.timelines.setdefault(endpoint, Timeline())
+
+    @property
+    def can_change(self) -> bool:
+        return not self.read_only and self.credentials is not None
+
+    async def sample(self) -> None:
+        """One look at every endpoint, for the charts; a store that does not answer is skipped."""
+        for endpoint, store in self.stores.items():
+            now = SYSTEM.now()
+            try:
+                counts = await store.counts(now)
+                found = await store.dispatchers() if isinstance(store, DispatcherRegistry) else []
+            except Exception as error:
+                log.warning("could not sample endpoint %s: %s", endpoint, one_line(error))
+                continue
+            self.timelines[endpoint].add(now, counts, [d for d in found if d.status(now) == "live"])
+
+    async def sample_forever(self) -> None:
+        while True:
+            await self.sample()
+            await asyncio.sleep(self.sample_every)
+
+    async def close(self) -> None:
+        for store in self.stores.values():
+            with contextlib.suppress(Exception):
+                await store.close()
+
+
+def _endpoint(request: Request, dashboard: Dashboard) -> str:
+    wanted = request.query_params.get("endpoint") or ""
+    return wanted if wanted in dashboard.stores else next(iter(dashboard.stores))
+
+
+def _time(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None or math.isinf(value) else f"under {value * 1000:,.1f} ms"
+
+
+def _safe_back(value: str | None, fallback: str) -> str:
+    """Where an action returns: a path on this site only (never another site: no open redirect)."""
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return fallback
+
+
+def _done(request: Request, back: str, note: str, *, error: bool = False) -> Response:
+    request.session["note"] = {"text": note, "error": error}
+    return RedirectResponse(back, 303)
+
+
+def _page(request: Request, name: str, dashboard: Dashboard, endpoint: str, **context: Any) -> Response:
+    note = request.session.pop("note", None)
+    return templates.TemplateResponse(
+        request,
+        name,
+        {
+            "dashboard": dashboard,
+            "endpoint": endpoint,
+            "endpoints": list(dashboard.stores),
+            "store": redact(dashboard.store_url),
+            "transport": redact(dashboard.transport_url),
+            "csrftoken": request.scope["csrftoken"]() if "csrftoken" in request.scope else "",
+            "note": note,
+            "time": _time,
+            "here": str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""),
+            **context,
+        },
+    )
+
+
+async def overview(request: Request) -> Response:
+    dashboard: Dashboard = request.app.state.dashboard
+    endpoint = _endpoint(request, dashboard)
+    store = dashboard.stores[endpoint]
+    now = SYSTEM.now()
+    counts = await store.counts(now)
+    soon = [(label, (await store.counts(now + ahead)).due - counts.due) for label, ahead in HORIZONS]
+    everyone = await store.dispatchers() if isinstance(store, DispatcherRegistry) else None
+    window = request.query_params.get("window", "1h")
+    seconds = WINDOWS.get(window, 3600)
+    timeline = dashboard.timelines[endpoint]
+    samples = timeline.recent(seconds)
+    recent = timeline.recent(300)
+    lateness = timeline.lateness(300)
+    charts = [
+        line_chart(
+            "Backlog",
+            [
+                Series("stored", [(s.at, s.stored) for s in samples]),
+                Series("due now", [(s.at, s.due) for s in samples]),
+            ],
+        ),
+        line_chart(
+            "Delivered per minute",
+            [Series("delivered / min", [(s.at, s.delivered_per_minute) for s in samples])],
+        ),
+        line_chart(
+            "Lateness (due to forwarded)",
+            [
+                Series("p50", [(s.at, s.p50_ms) for s in samples]),
+                Series("p99", [(s.at, s.p99_ms) for s in samples]),
+            ],
+            " ms",
+        ),
+    ]
+    return _page(
+        request,
+        "overview.html",
+        dashboard,
+        endpoint,
+        counts=counts,
+        oldest_due=_oldest_due(counts, now),
+        soon=soon,
+        delivered_5m=sum(s.forwarded or 0 for s in recent),
+        p50=_ms(lateness.quantile(0.5)),
+        p99=_ms(lateness.quantile(0.99)),
+        dispatchers=None if everyone is None else [_dispatcher_row(d, now) for d in everyone],
+        breakers=_breakers(everyone or [], now),
+        charts=charts,
+        window=window,
+        windows=list(WINDOWS),
+        sample_every=dashboard.sample_every,
+    )
+
+
+def _oldest_due(counts: StoreCounts, now: datetime) -> str:
+    if counts.next_due is None or counts.next_due > now:
+        return "none due"
+    return _age((now - counts.next_due).total_seconds())
+
+
+def _dispatcher_row(d: DispatcherInfo, now: datetime) -> dict[str, Any]:
+    status = d.status(now)
+    return {
+        "id": d.dispatcher_id,
+        "host": d.host,
+        "pid": d.pid,
+        "version": d.version,
+        "mode": d.mode,
+        "transport": d.transport,
+        "status": status,
+        "started": _time(d.started_at),
+        "last_seen": _age((now - d.last_seen).total_seconds()) + " ago",
+        "last_batch": _time(d.last_batch_at),
+        "forwarded": d.forwarded,
+        "in_flight": d.in_flight,
+        "claims": describe_claims(d, now) if status == "gone" else "",
+    }
+
+
+def _breakers(dispatchers: list[DispatcherInfo], now: datetime) -> list[tuple[str, str]]:
+    """Each breaker of the live dispatchers: closed, or armed (failing) for how long on which."""
+    seen: dict[str, list[str]] = {}
+    for d in dispatchers:
+        if d.status(now) != "live":
+            continue
+        for name, armed in d.breakers.items():
+            seen.setdefault(name, [])
+            if armed is not None:
+                seen[name].append(f"armed {armed:.0f} s on {d.dispatcher_id}")
+    return [(name, "; ".join(states) or "closed") for name, states in sorted(seen.items())]
+
+
+def _when(text: str, what: str) -> datetime | None:
+    """A time from a search box: ISO 8601, with an offset or taken as UTC."""
+    if not text.strip():
+        return None
+    value = text.strip()
+    if "T" in value and not any(c in value[10:] for c in "+-Z"):
+        value += "+00:00"
+    return check_due_time(parse_time(value), what)
+
+
+def _cursor(text: str) -> tuple[datetime, str] | None:
+    due, sep, message_id = text.partition("|")
+    if not sep:
+        return None
+    try:
+        return datetime.fromisoformat(due), message_id
+    except ValueError:
+        return None
+
+
+async def messages(request: Request) -> Response:
+    dashboard: Dashboard = request.app.state.dashboard
+    endpoint = _endpoint(request, dashboard)
+    store = dashboard.stores[endpoint]
+    q = request.query_params
+    form = {k: q.get(k, "") for k in ("id", "destination", "due_after", "due_before", "group", "failing")}
+    problem = None
+    found: list[DelayedMessage] = []
+    next_link = None
+    try:
+        limit = min(max(int(q.get("limit") or PAGE), 1), MAX_PAGE)
+        if form["id"].strip():
+            one = await store.get(form["id"].strip())
+            found = [one] if one else []
+        else:
+            query = ListQuery(
+                destination=form["destination"].strip() or None,
+                due_after=_when(form["due_after"], "due after"),
+                due_before=_when(form["due_before"], "due before"),
+                min_failures=1 if form["failing"] else 0,
+                group=form["group"].strip() or None,
+                limit=limit,
+                after=_cursor(q.get("after", "")),
+            )
+            page = await store.list(query)
+            found = page.messages
+            if page.next_cursor:
+                due, last = page.next_cursor
+                kept = {k: v for k, v in form.items() if v} | {"endpoint": endpoint, "limit": str(limit)}
+                next_link = "/messages?" + urlencode(kept | {"after": f"{due.isoformat()}|{last}"})
+    except (DuetimeError, ValueError) as error:
+        problem = one_line(error)
+    now = SYSTEM.now()
+    rows = [
+        {
+            "id": m.message_id,
+            "destination": m.destination,
+            "due": _time(m.due_at),
+            "in": _age((m.due_at - now).total_seconds()) if m.due_at > now else "due",
+            "failures": m.failure_count,
+            "group": m.group or "",
+        }
+        for m in found
+    ]
+    return _page(
+        request,
+        "messages.html",
+        dashboard,
+        endpoint,
+        form=form,
+        rows=rows,
+        next_link=next_link,
+        problem=problem,
+    )
+
+
+async def message(request: Request) -> Response:
+    dashboard: Dashboard = request.app.state.dashboard
+    endpoint = _endpoint(request, dashboard)
+    message_id = request.query_params.get("id", "")
+    found = await dashboard.stores[endpoint].get(message_id) if message_id else None
+    if found is None:
+        return _page(request, "message.html", dashboard, endpoint, m=None, message_id=message_id)
+    body = found.body[:BODY_SHOWN]
+    try:
+        shown, kind = body.decode(), "text"
+    except UnicodeDecodeError:
+        shown, kind = body.hex(" ", 16), "hex"
+    return _page(
+        request,
+        "message.html",
+        dashboard,
+        endpoint,
+        m=found,
+        message_id=message_id,
+        body=shown,
+        body_kind=kind,
+        body_cut=len(found.body) > BODY_SHOWN,
+        size=len(found.body),
+    )
+
+
+async def _form(request: Request) -> tuple[Dashboard, Mapping[str, Any], str, str]:
+    dashboard: Dashboard = request.app.state.dashboard
+    form = await request.form()
+    endpoint = str(form.get("endpoint") or "")
+    if endpoint not in dashboard.stores:
+        endpoint = next(iter(dashboard.stores))
+    back = _safe_back(str(form.get("back") or ""), f"/messages?endpoint={endpoint}")
+    return dashboard, form, endpoint, back
+
+
+def _read_only() -> Response:
+    return PlainTextResponse(
+        "This dashboard is read-only (started with --read-only, or no DUETIME_DASHBOARD_PASSWORD is set).\n",
+        403,
+    )
+
+
+async def cancel(request: Request) -> Response:
+    dashboard, form, endpoint, back = await _form(request)
+    if not dashboard.can_change:
+        return _read_only()
+    message_id = str(form.get("id") or "")
+    try:
+        done = await dashboard.stores[endpoint].cancel(message_id)
+    except MessageInFlight:
+        return _done(
+            request, back, f"{message_id} is being delivered right now; it was not cancelled", error=True
+        )
+    log.info("dashboard: cancelled %s in endpoint %s (%s)", message_id, endpoint, done)
+    if not done:
+        return _done(
+            request, back, f"no stored message {message_id} (delivered or cancelled already)", error=True
+        )
+    return _done(request, back, f"cancelled {message_id}")
+
+
+async def reschedule(request: Request) -> Response:
+    dashboard, form, endpoint, back = await _form(request)
+    if not dashboard.can_change:
+        return _read_only()
+    return await _move(
+        request, dashboard, endpoint, back, str(form.get("id") or ""), str(form.get("when") or "")
+    )
+
+
+async def send_now(request: Request) -> Response:
+    dashboard, form, endpoint, back = await _form(request)
+    if not dashboard.can_change:
+        return _read_only()
+    return await _move(request, dashboard, endpoint, back, str(form.get("id") or ""), "0")
+
+
+async def _move(
+    request: Request, dashboard: Dashboard, endpoint: str, back: str, message_id: str, when: str
+) -> Response:
+    """Reschedule to ``when``: a delay from now (10m, 1h30m) or an ISO 8601 time."""
+    now = SYSTEM.now()
+    try:
+        due = now + parse_duration(when) if not ("-" in when or ":" in when) else _when(when, "new due time")
+        if due is None:
+            raise ValueError("give a delay (10m, 2h) or a time (2026-12-01T09:00:00+00:00)")
+        due = check_due_time(due, "new due time")
+        done = await dashboard.stores[endpoint].reschedule(message_id, due)
+    except (DuetimeError, ValueError) as error:
+        return _done(request, back, f"not rescheduled: {one_line(error)}", error=True)
+    log.info(
+        "dashboard: rescheduled %s in endpoint %s to %s (%s)", message_id, endpoint, due.isoformat(), done
+    )
+    if not done:
+        return _done(
+            request, back, f"no stored message {message_id} (delivered or cancelled already)", error=True
+        )
+    what = "due now" if due <= now else f"due {_time(due)}"
+    return _done(request, back, f"rescheduled {message_id}: {what}")
+
+
+def _error_row(item: ReceivedMessage) -> dict[str, Any]:
+    h = item.headers
+    return {
+        "id": item.message_id,
+        "destination": goes_to(item) or "",
+        "error": h.get(ERROR_MESSAGE, ""),
+        "type": h.get(ERROR_TYPE, ""),
+        "stack": h.get(ERROR_STACKTRACE, ""),
+        "attempts": h.get(ERROR_ATTEMPTS, ""),
+        "failed_at": h.get(ERROR_TIME, ""),
+        "headers": sorted(h.items()),
+        "size": len(item.body),
+    }
+
+
+@contextlib.asynccontextmanager
+async def _error_transport(dashboard: Dashboard) -> AsyncIterator[InspectableQueue]:
+    """The transport, opened for one request: closing it puts back whatever was taken and not
+    acknowledged (a retry cut short by an error loses nothing)."""
+    t = open_transport(dashboard.transport_url)
+    if not isinstance(t, InspectableQueue):
+        raise _NotInspectable(type(t).__name__)
+    await t.start()
+    try:
+        yield t
+    finally:
+        await t.close()
+
+
+class _NotInspectable(Exception):
+    pass
+
+
+async def errors(request: Request) -> Response:
+    dashboard: Dashboard = request.app.state.dashboard
+    endpoint = _endpoint(request, dashboard)
+    destination = request.query_params.get("destination", "").strip()
+    limit = PAGE * 4
+    rows: list[dict[str, Any]] = []
+    depth = 0
+    problem = None
+    try:
+        async with _error_transport(dashboard) as t:
+            depth = await t.depth(dashboard.error_queue)
+            seen = await t.peek(dashboard.error_queue, EVERYTHING if destination else limit)
+            rows = [_error_row(m) for m in seen if not destination or goes_to(m) == destination][:limit]
+    except _NotInspectable as kind:
+        problem = f"{kind} cannot show its error queue from here; use the broker's own tools."
+    except Exception as error:
+        problem = f"could not read the error queue: {one_line(error)}"
+    destinations = sorted({r["destination"] for r in rows if r["destination"]})
+    return _page(
+        request,
+        "errors.html",
+        dashboard,
+        endpoint,
+        rows=rows,
+        depth=depth,
+        destination=destination,
+        destinations=destinations,
+        problem=problem,
+    )
+
+
+async def _error_action(request: Request, retry: bool) -> Response:
+    dashboard, form, endpoint, _ = await _form(request)
+    back = _safe_back(str(form.get("back") or ""), f"/errors?endpoint={endpoint}")
+    if not dashboard.can_change:
+        return _read_only()
+    ids = [str(i) for i in form.getlist("id")] if hasattr(form, "getlist") else []
+    every = bool(form.get("all"))
+    destination = str(form.get("destination") or "") or None
+    try:
+        delay = parse_duration(str(form.get("in") or "0"))
+        async with _error_transport(dashboard) as t:
+            wanted = await chosen(t, dashboard.error_queue, ids, every, destination)
+            taken, missing = await take(t, dashboard.error_queue, wanted)
+            if retry:
+                done = await send_back(dashboard.stores[endpoint], t, taken, delay=delay)
+                note = f"sent {done.sent} back for another try" + (
+                    f" ({done.already} were stored already)" if done.already else ""
+                )
+                if done.nowhere:
+                    note += f"; {len(done.nowhere)} do not say where they were going and stay (retry them with `duetime errors retry --to`)"
+            else:
+                note = f"discarded {await t.acknowledge(taken)}"
+    except (DuetimeError, ValueError) as error:
+        return _done(request, back, f"nothing done: {one_line(error)}", error=True)
+    except _NotInspectable as kind:
+        return _done(request, back, f"{kind} cannot show its error queue from here", error=True)
+    if missing:
+        note += f"; {len(missing)} were no longer there"
+    log.info("dashboard: %s (error queue %s)", note, dashboard.error_queue)
+    return _done(request, back, note)
+
+
+async def errors_retry(request: Request) -> Response:
+    return await _error_action(request, retry=True)
+
+
+async def errors_discard(request: Request) -> Response:
+    return await _error_action(request, retry=False)
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok\n")
+
+
+def create_app(dashboard: Dashboard, *, secret: str) -> Any:
+    """The ASGI app: pages, actions, the sampler running beside them, login and CSRF around."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        sampler = asyncio.get_running_loop().create_task(dashboard.sample_forever())
+        try:
+            yield
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+    routes = [
+        Route("/", overview),
+        Route("/messages", messages),
+        Route("/message", message),
+        Route("/errors", errors),
+        Route("/healthz", healthz),
+        Route("/actions/cancel", cancel, methods=["POST"]),
+        Route("/actions/reschedule", reschedule, methods=["POST"]),
+        Route("/actions/send-now", send_now, methods=["POST"]),
+        Route("/errors/retry", errors_retry, methods=["POST"]),
+        Route("/errors/discard", errors_discard, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(
+                SessionMiddleware, secret_key=secret, session_cookie="duetime_note", same_site="strict"
+            )
+        ],
+        lifespan=lifespan,
+    )
+    app.state.dashboard = dashboard
+    wrapped = protect(app, CHANGING_PATHS, secret)
+    return RequireLogin(wrapped, dashboard.credentials) if dashboard.credentials else wrapped

@@ -1,0 +1,87 @@
+"""Line charts as inline SVG, drawn on the server.
+
+A chart here is a few lines over time with a scale and a legend; drawing it as SVG text keeps the
+dashboard one Python package that works without JavaScript, loads nothing from the internet (many
+operators' networks are closed) and shows the same in a screenshot as in a browser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from html import escape
+
+WIDTH, HEIGHT = 640, 180
+LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 40
+COLOURS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea")
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    name: str
+    points: Sequence[tuple[datetime, float | None]]
+
+
+def _label(value: float) -> str:
+    if value >= 10_000:
+        return f"{value / 1000:,.0f}k"
+    return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
+
+
+def line_chart(title: str, series: Sequence[Series], unit: str = "") -> str:
+    """An SVG chart of ``series`` (gaps where a value is None), or a line saying there is nothing
+    to draw yet."""
+    values = [v for s in series for _, v in s.points if v is not None]
+    times = [t for s in series for t, _ in s.points]
+    if len(set(times)) < 2 or not values:
+        return f'<p class="empty" aria-label="{escape(title)}">{escape(title)}: not enough samples yet.</p>'
+    start, end = min(times), max(times)
+    span = max((end - start).total_seconds(), 1e-9)
+    top = max(values) * 1.1 or 1.0
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x(t: datetime) -> float:
+        return LEFT + plot_w * (t - start).total_seconds() / span
+
+    def y(v: float) -> float:
+        return TOP + plot_h * (1 - v / top)
+
+    parts = [
+        f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+        f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - RIGHT}" y2="{TOP + plot_h}" stroke="#999"/>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" stroke="#999"/>',
+    ]
+    for fraction in (0.0, 0.5, 1.0):
+        value = top * fraction
+        parts.append(
+            f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11">'
+            f"{_label(value)}{escape(unit)}</text>"
+        )
+    for t, anchor in ((start, "start"), (end, "end")):
+        parts.append(
+            f'<text x="{x(t):.1f}" y="{TOP + plot_h + 16}" text-anchor="{anchor}" font-size="11">'
+            f"{t.astimezone().strftime('%H:%M:%S')}</text>"
+        )
+    for i, s in enumerate(series):
+        colour = COLOURS[i % len(COLOURS)]
+        runs: list[list[str]] = [[]]
+        for t, v in s.points:
+            if v is None:
+                runs.append([])
+            else:
+                runs[-1].append(f"{x(t):.1f},{y(v):.1f}")
+        for run in runs:
+            if len(run) == 1:
+                cx, cy = run[0].split(",")
+                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{colour}"/>')
+            elif run:
+                parts.append(
+                    f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{" ".join(run)}"/>'
+                )
+        legend_x = LEFT + i * 150
+        parts.append(f'<rect x="{legend_x}" y="{HEIGHT - 14}" width="10" height="10" fill="{colour}"/>')
+        parts.append(f'<text x="{legend_x + 14}" y="{HEIGHT - 5}" font-size="11">{escape(s.name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

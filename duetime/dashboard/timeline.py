@@ -1,0 +1,107 @@
+"""The dashboard's memory of the last hours: a sample of each endpoint every few seconds.
+
+A store holds what is waiting now, not what happened; so the dashboard looks every
+``sample_every`` seconds and keeps what it saw (backlog, and, from the live dispatchers'
+heartbeats, how many they delivered and how late) in a ring. Its charts start when the dashboard
+starts; run one dashboard for a long time rather than opening a new one to look back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from duetime.interfaces import StoreCounts
+from duetime.presence import DispatcherInfo
+from duetime.summary import LatenessHistogram
+
+#: Samples kept: six hours at one every ten seconds.
+KEEP = 2_160
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: datetime
+    stored: int
+    due: int
+    in_flight: int
+    failing: int
+    #: What the live dispatchers forwarded since the previous sample (None on the first), in how
+    #: many seconds, and how late it was.
+    forwarded: int | None
+    seconds: float
+    lateness: LatenessHistogram
+
+    @property
+    def delivered_per_minute(self) -> float | None:
+        if self.forwarded is None or self.seconds <= 0:
+            return None
+        return round(self.forwarded * 60 / self.seconds, 1)
+
+    @property
+    def p50_ms(self) -> float | None:
+        """Upper bound of the bucket holding the median, in ms; None when nothing was forwarded."""
+        return _ms(self.lateness.quantile(0.5))
+
+    @property
+    def p99_ms(self) -> float | None:
+        return _ms(self.lateness.quantile(0.99))
+
+
+def _ms(seconds: float | None) -> float | None:
+    if seconds is None or seconds == float("inf"):
+        return None
+    return round(seconds * 1000, 3)
+
+
+class Timeline:
+    """Samples of one endpoint, oldest first, and the dispatchers' counts at the last look."""
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self.samples: deque[Sample] = deque(maxlen=keep)
+        self._seen: dict[str, DispatcherInfo] = {}
+        self._last_at: datetime | None = None
+
+    def add(self, at: datetime, counts: StoreCounts, dispatchers: Iterable[DispatcherInfo]) -> Sample:
+        """Record a look; what each dispatcher did since the last is the change in its counts (one
+        that started since then counts from zero; one that restarted is a new dispatcher)."""
+        current = {d.dispatcher_id: d for d in dispatchers}
+        forwarded = 0
+        lateness = LatenessHistogram()
+        for key, now in current.items():
+            before = self._seen.get(key)
+            if before is None and self._last_at is not None and now.started_at < self._last_at:
+                continue  # it was there before, unseen (the store did not answer): no baseline
+            then = LatenessHistogram.from_sparse(before.lateness) if before else LatenessHistogram()
+            forwarded += now.forwarded - (before.forwarded if before else 0)
+            lateness = lateness.plus(LatenessHistogram.from_sparse(now.lateness).minus(then))
+        first = self._last_at is None
+        sample = Sample(
+            at=at,
+            stored=counts.total,
+            due=counts.due,
+            in_flight=counts.claimed,
+            failing=counts.failing,
+            forwarded=None if first else max(forwarded, 0),
+            seconds=0.0 if self._last_at is None else (at - self._last_at).total_seconds(),
+            lateness=lateness,
+        )
+        self.samples.append(sample)
+        self._seen, self._last_at = current, at
+        return sample
+
+    def recent(self, seconds: float) -> Sequence[Sample]:
+        """The samples of the last ``seconds``."""
+        if not self.samples:
+            return []
+        newest = self.samples[-1].at
+        return [s for s in self.samples if (newest - s.at).total_seconds() <= seconds]
+
+    def lateness(self, seconds: float) -> LatenessHistogram:
+        """Lateness of everything forwarded in the last ``seconds``."""
+        total = LatenessHistogram()
+        for sample in self.recent(seconds):
+            total = total.plus(sample.lateness)
+        return total

@@ -1,0 +1,99 @@
+"""Sending messages from the error queue back for another try, or discarding them.
+
+`duetime errors retry/discard` and the dashboard's error-queue page do the same thing, so the
+rules live here once: which messages a request picks, that each is stored before it leaves the
+error queue (a retry that stops half-way loses nothing, and running it again finishes it), and
+that a message which does not say where it was going stays where it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
+from duetime.errors import ConfigurationError
+from duetime.interfaces import DelayedMessageStore, InspectableQueue, ReceivedMessage
+from duetime.loader import store_new
+from duetime.message import DelayedMessage
+
+#: How many messages a look through the whole error queue reads at most.
+EVERYTHING = 1_000_000
+#: Messages stored, then acknowledged, per round (a crash repeats at most one round, and a
+#: message stored twice is recognised by its id).
+ROUND = 1_000
+
+
+def goes_to(item: ReceivedMessage) -> str:
+    """Where the message was going when it failed ("" when it does not say)."""
+    return item.headers.get(ORIGINAL_DESTINATION, "")
+
+
+async def chosen(
+    t: InspectableQueue, queue: str, ids: Sequence[str], every: bool, destination: str | None
+) -> list[str]:
+    """The ids a request names: the ones given, or every message (for one destination or all)."""
+    if bool(ids) == every:
+        raise ConfigurationError(
+            "give the ids of messages in the error queue, or --all (with --destination Q for one "
+            "destination's); see `duetime errors list`."
+        )
+    if ids and destination:
+        raise ConfigurationError(
+            "--destination picks which messages --all takes; to send messages somewhere else, use --to QUEUE."
+        )
+    if not every:
+        return list(ids)
+    seen = await t.peek(queue, EVERYTHING)
+    return [m.message_id for m in seen if destination is None or goes_to(m) == destination]
+
+
+async def take(
+    t: InspectableQueue, queue: str, ids: Sequence[str]
+) -> tuple[list[ReceivedMessage], list[str]]:
+    """The messages taken off ``queue`` (unacknowledged: they go back if the caller stops), and
+    the ids that were not there (handled already by someone else)."""
+    taken = await t.take(queue, ids) if ids else []
+    missing = sorted(set(ids) - {m.message_id for m in taken})
+    return taken, missing
+
+
+@dataclass(frozen=True, slots=True)
+class SentBack:
+    sent: int
+    #: Of those, how many the store had already (an earlier retry stopped before acknowledging).
+    already: int
+    #: Ids left in the error queue because they do not say where they were going.
+    nowhere: list[str]
+
+
+async def send_back(
+    store: DelayedMessageStore,
+    t: InspectableQueue,
+    taken: Sequence[ReceivedMessage],
+    *,
+    to: str | None = None,
+    delay: timedelta = timedelta(0),
+) -> SentBack:
+    """Store each taken message again (due after ``delay``, to ``to`` or where it was going), then
+    acknowledge it off the error queue, a round at a time."""
+    nowhere = [m.message_id for m in taken if not (to or goes_to(m))]
+    ready = [m for m in taken if to or goes_to(m)]
+    sent = stored = 0
+    for start in range(0, len(ready), ROUND):
+        batch = ready[start : start + ROUND]
+        messages = [
+            DelayedMessage.create(
+                to or goes_to(m),
+                m.body,
+                delay=delay,
+                headers=without_error_headers(m.headers),
+                message_id=m.message_id,
+            )
+            for m in batch
+        ]
+        stored += await store_new(store, messages)
+        await t.acknowledge(batch)
+        sent += len(batch)
+    return SentBack(sent, sent - stored, nowhere)

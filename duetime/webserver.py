@@ -1,0 +1,45 @@
+"""What duetime's two web servers share (the probes of ``duetime run`` and ``duetime dashboard``):
+a socket bound before anything starts, so a port in use is a one-line error and not a traceback
+from deep inside uvicorn, and uvicorn run inside an event loop someone else owns."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+from collections.abc import Iterator
+
+from duetime.errors import ConfigurationError
+
+try:
+    import uvicorn
+except ImportError as missing:  # pragma: no cover - depends on what is installed
+    raise ConfigurationError(
+        "The web server needs the metrics or dashboard extra: pip install 'duetime[dashboard]'."
+    ) from missing
+
+
+def bind(host: str, port: int, *, what: str, option: str) -> socket.socket:
+    """The listening socket; ``what`` and ``option`` name it in the error (``the metrics port``,
+    ``--metrics-port``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        reason = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be opened ({error.strerror})"
+        raise ConfigurationError(f"{what} {host}:{port} {reason}; pick another with {option}.") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn without its signal handling: the command that starts it stops on SIGTERM itself,
+    and the server stops with it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
