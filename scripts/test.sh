@@ -2,7 +2,16 @@
 # The second command of the README: set up, lint, type-check and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics
+bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard
+# The dashboard tests drive Debian's Chromium (Playwright never downloads a browser here).
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium (for the dashboard's browser tests)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "the dashboard tests need Chromium: sudo apt-get install chromium" >&2
+  fi
+fi
 echo "== ruff"
 .venv/bin/ruff check duetime tests bench
 .venv/bin/ruff format --check duetime tests bench

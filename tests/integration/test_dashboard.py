@@ -1,0 +1,307 @@
+"""The dashboard in a real browser (Debian's Chromium, driven by Playwright; nothing downloaded):
+a PostgreSQL store delivering into its own queue tables, a live dispatcher, and `duetime
+dashboard` as an operator runs it. Every change made through the pages is checked in the store.
+
+With ``DUETIME_SCREENSHOTS=folder`` the test also saves a screenshot of each page (the README's).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import DelayedMessage, TransactionMode
+from duetime.backends.postgres import SyncPostgresStore
+from tests.conftest import duetime_cmd, run_cli
+from tests.services import free_port, postgres_schema
+
+playwright = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+#: Chromium on a closed network: no background connections, no sandbox (tests run as root here).
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PASSWORD = "correct horse"
+ENDPOINT = "shop"
+
+
+def until(check: Callable[[], Any], seconds: float, what: str) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def request(port: int, path: str, *, data: bytes | None = None, auth: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": auth} if auth else {}
+    if data is not None:
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:  # not listening (yet)
+        return 0, str(error)
+
+
+def ok(*args: str) -> subprocess.CompletedProcess[str]:
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def dashboard(url: str, port: int, *extra: str, password: str | None = PASSWORD) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_DASHBOARD")}
+    if password:
+        env["DUETIME_DASHBOARD_PASSWORD"] = password
+    process = subprocess.Popen(
+        duetime_cmd(
+            "dashboard", "--store", url, "--endpoint", ENDPOINT, "--port", str(port), "--sample-every", "1s", *extra
+        ),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    until(lambda: process.poll() is not None or request(port, "/healthz")[0] == 200, 30, "the dashboard")
+    assert process.poll() is None, process.stderr.read() if process.stderr else ""
+    return process
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[dict[str, Any]]:
+    """Two messages for `orders` (an hour and two away), one for `refunds`, two dead-lettered (their
+    queue was never declared) by a real dispatcher, which keeps running; and the dashboard."""
+    with postgres_schema() as url:
+        ok("setup", "--store", url, "--endpoint", ENDPOINT, "-q", "orders", "-q", "refunds")
+        store = SyncPostgresStore.from_url(url)
+        store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+        a = DelayedMessage.create("orders", b'{"order": 1}', delay=timedelta(hours=1), headers={"kind": "reminder"})
+        b = DelayedMessage.create("orders", b'{"order": 2}', delay=timedelta(hours=2))
+        c = DelayedMessage.create("refunds", b"r", delay=timedelta(hours=3))
+        lost = [DelayedMessage.create("gone-queue", f"lost {i}".encode(), delay=0) for i in range(2)]
+        store.store_many([a, b, c, *lost])
+        dispatcher = subprocess.Popen(
+            duetime_cmd("run", "--store", url, "--endpoint", ENDPOINT),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        port = free_port()
+        board = None
+        try:
+            until(lambda: store.counts(store_now()).total == 3, 30, "the two lost messages dead-lettered")
+            board = dashboard(url, port)
+            yield {"url": url, "store": store, "port": port, "a": a, "b": b, "c": c, "lost": lost}
+        finally:
+            if board is not None:
+                stop(board)
+            dispatcher.send_signal(signal.SIGTERM)
+            dispatcher.wait(timeout=30)
+            store.close()
+
+
+def store_now() -> Any:
+    from duetime.clock import SYSTEM
+
+    return SYSTEM.now()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is not installed: apt-get install chromium (scripts/test.sh does)")
+    with playwright.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield launched
+        launched.close()
+
+
+def page_for(browser: Any, *, login: bool = True) -> Any:
+    credentials = {"username": "duetime", "password": PASSWORD} if login else None
+    context = browser.new_context(http_credentials=credentials, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.on("dialog", lambda dialog: dialog.accept())
+    return page
+
+
+def screenshot(page: Any, name: str) -> None:
+    folder = os.environ.get("DUETIME_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=str(Path(folder) / f"dashboard-{name}.png"), full_page=True)
+
+
+def errors_in_queue(url: str) -> list[dict[str, Any]]:
+    found = ok("errors", "list", "--json", "--store", url, "--endpoint", ENDPOINT)
+    return [json.loads(line) for line in found.stdout.splitlines() if line.strip()]
+
+
+def test_the_overview_shows_the_backlog_the_live_dispatcher_and_charts(world: dict[str, Any], browser: Any) -> None:
+    page = page_for(browser)
+    until(lambda: page.goto(f"http://127.0.0.1:{world['port']}/") and page.locator("svg.chart").count() >= 1, 20, "a chart")
+    assert page.inner_text("#stored") == "3"
+    dispatchers = page.inner_text("#dispatchers")
+    assert "live" in dispatchers and "exactly-once" in dispatchers
+    assert "orders" in page.inner_text("#destinations") and "refunds" in page.inner_text("#destinations")
+    assert "closed" in page.inner_text("#breakers")
+    assert "correct horse" not in page.content()  # no password anywhere on the page
+    screenshot(page, "overview")
+
+
+def test_search_reschedule_send_now_and_cancel_each_land_in_the_store(world: dict[str, Any], browser: Any) -> None:
+    store: SyncPostgresStore = world["store"]
+    a, b = world["a"], world["b"]
+    page = page_for(browser)
+    page.goto(f"http://127.0.0.1:{world['port']}/messages")
+    page.fill("input[name=id]", a.message_id)
+    page.click("#search button[type=submit]")
+    assert page.locator("#messages tr[data-id]").count() == 1
+    row = page.locator(f"tr[data-id='{a.message_id}']")
+    row.locator("input[name=when]").fill("3h")
+    row.locator("button[name=reschedule]").click()
+    assert f"rescheduled {a.message_id}" in page.inner_text("#note")
+    moved = store.get(a.message_id)
+    assert moved is not None
+    assert abs((moved.due_at - store_now() - timedelta(hours=3)).total_seconds()) < 60
+
+    page.goto(f"http://127.0.0.1:{world['port']}/messages?destination=orders")
+    screenshot(page, "messages")
+    page.locator(f"tr[data-id='{b.message_id}'] button[name=cancel]").click()
+    assert f"cancelled {b.message_id}" in page.inner_text("#note")
+    assert store.get(b.message_id) is None
+
+    page.goto(f"http://127.0.0.1:{world['port']}/message?endpoint={ENDPOINT}&id={a.message_id}")
+    assert page.inner_text("#body") == '{"order": 1}'
+    assert "reminder" in page.inner_text("#headers")
+    screenshot(page, "message")
+    page.click("button[name=send-now]")
+    assert "due now" in page.inner_text("#note")
+    until(lambda: store.get(a.message_id) is None, 20, "the live dispatcher to deliver what was sent now")
+    queues = json.loads(ok("stats", "--json", "--store", world["url"], "--endpoint", ENDPOINT).stdout)
+    assert queues["queues"]["orders"] == 1
+
+
+def test_the_error_queue_retries_one_and_discards_another(world: dict[str, Any], browser: Any) -> None:
+    store: SyncPostgresStore = world["store"]
+    first, second = world["lost"]
+    page = page_for(browser)
+    page.goto(f"http://127.0.0.1:{world['port']}/errors")
+    assert page.locator("#errors tr[data-id]").count() == 2
+    assert "gone-queue" in page.inner_text("#errors")
+    page.locator(f"tr[data-id='{first.message_id}'] details").click()  # the reason, with the stack
+    screenshot(page, "errors")
+    page.check(f"input[value='{first.message_id}']")
+    page.fill("input[name=in]", "1h")  # not due at once: the live dispatcher would dead-letter it again
+    page.click("button[name=retry-selected]")
+    assert "sent 1 back" in page.inner_text("#note")
+    back = store.get(first.message_id)
+    assert back is not None and back.destination == "gone-queue" and back.body == first.body
+    assert [e["id"] for e in errors_in_queue(world["url"])] == [second.message_id]
+
+    page.check(f"input[value='{second.message_id}']")
+    page.click("button[name=discard-selected]")
+    assert "discarded 1" in page.inner_text("#note")
+    assert errors_in_queue(world["url"]) == []
+    assert store.get(second.message_id) is None
+
+
+def test_changes_without_login_or_without_the_pages_token_are_refused(world: dict[str, Any], browser: Any) -> None:
+    store: SyncPostgresStore = world["store"]
+    c = world["c"]
+    port = world["port"]
+    form = f"endpoint={ENDPOINT}&id={c.message_id}".encode()
+    assert request(port, "/actions/cancel", data=form)[0] == 401
+    assert request(port, "/actions/cancel", data=form, auth=basic("duetime", "wrong"))[0] == 401
+    status, text = request(port, "/actions/cancel", data=form, auth=basic("duetime", PASSWORD))
+    assert status == 403 and "did not match" in text  # logged in, but no CSRF token
+
+    anonymous = page_for(browser, login=False)  # the browser gets the login challenge, and no page
+    try:
+        assert anonymous.goto(f"http://127.0.0.1:{port}/").status == 401
+    except playwright.Error as refused:
+        assert "AUTH" in str(refused)
+
+    # A page on another site posting to the dashboard: the browser sends the login, not the token.
+    forger = page_for(browser)
+    forger.set_content(
+        f'<form method="post" action="http://127.0.0.1:{port}/actions/cancel">'
+        f'<input name="endpoint" value="{ENDPOINT}"><input name="id" value="{c.message_id}">'
+        '<button id="go">win a prize</button></form>'
+    )
+    with forger.expect_navigation():
+        forger.click("#go")
+    assert "did not match" in forger.content()
+    assert store.get(c.message_id) is not None
+
+
+def test_read_only_hides_every_action_and_refuses_changes(world: dict[str, Any], browser: Any) -> None:
+    c = world["c"]
+    for extra, password in ((["--read-only"], PASSWORD), ([], None)):
+        port = free_port()
+        board = dashboard(world["url"], port, *extra, password=password)
+        try:
+            page = page_for(browser, login=password is not None)
+            page.goto(f"http://127.0.0.1:{port}/messages")
+            assert page.locator("#messages tr[data-id]").count() >= 1
+            assert page.locator("button").filter(has_text="Cancel").count() == 0
+            assert "Read-only" in page.inner_text("#read-only")
+            page.goto(f"http://127.0.0.1:{port}/errors")
+            assert page.locator("button").filter(has_text="Retry").count() == 0
+            token = page.context.cookies()[0]["value"] if page.context.cookies() else ""
+            auth = basic("duetime", PASSWORD) if password else None
+            data = f"endpoint={ENDPOINT}&id={c.message_id}&csrftoken={token}".encode()
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/actions/cancel",
+                data=data,
+                headers={"Cookie": f"csrftoken={token}", **({"Authorization": auth} if auth else {})},
+            )
+            try:
+                urllib.request.urlopen(req, timeout=10)
+                raise AssertionError("a read-only dashboard accepted a change")
+            except urllib.error.HTTPError as refused:
+                assert refused.code == 403
+            assert world["store"].get(c.message_id) is not None
+        finally:
+            stop(board)
+
+
+def test_a_port_in_use_is_one_line(world: dict[str, Any]) -> None:
+    result = run_cli("dashboard", "--store", world["url"], "--port", str(world["port"]))
+    assert result.returncode == 1
+    assert "port" in result.stderr and "in use" in result.stderr and "Traceback" not in result.stderr
