@@ -72,8 +72,8 @@ class Timeline:
         lateness = LatenessHistogram()
         for key, now in current.items():
             before = self._seen.get(key)
-            if before is None and self._last_at is not None and now.started_at < self._last_at:
-                continue  # it was there before, unseen (the store did not answer): no baseline
+            if before is None and (self._last_at is None or now.started_at < self._last_at):
+                continue  # the first look, or it was there before unseen: no baseline yet
             then = LatenessHistogram.from_sparse(before.lateness) if before else LatenessHistogram()
             forwarded += now.forwarded - (before.forwarded if before else 0)
             lateness = lateness.plus(LatenessHistogram.from_sparse(now.lateness).minus(then))

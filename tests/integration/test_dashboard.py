@@ -87,7 +87,16 @@ def dashboard(url: str, port: int, *extra: str, password: str | None = PASSWORD)
         env["DUETIME_DASHBOARD_PASSWORD"] = password
     process = subprocess.Popen(
         duetime_cmd(
-            "dashboard", "--store", url, "--endpoint", ENDPOINT, "--port", str(port), "--sample-every", "1s", *extra
+            "dashboard",
+            "--store",
+            url,
+            "--endpoint",
+            ENDPOINT,
+            "--port",
+            str(port),
+            "--sample-every",
+            "1s",
+            *extra,
         ),
         env=env,
         stdout=subprocess.DEVNULL,
@@ -113,7 +122,9 @@ def world() -> Iterator[dict[str, Any]]:
         ok("setup", "--store", url, "--endpoint", ENDPOINT, "-q", "orders", "-q", "refunds")
         store = SyncPostgresStore.from_url(url)
         store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
-        a = DelayedMessage.create("orders", b'{"order": 1}', delay=timedelta(hours=1), headers={"kind": "reminder"})
+        a = DelayedMessage.create(
+            "orders", b'{"order": 1}', delay=timedelta(hours=1), headers={"kind": "reminder"}
+        )
         b = DelayedMessage.create("orders", b'{"order": 2}', delay=timedelta(hours=2))
         c = DelayedMessage.create("refunds", b"r", delay=timedelta(hours=3))
         lost = [DelayedMessage.create("gone-queue", f"lost {i}".encode(), delay=0) for i in range(2)]
@@ -172,9 +183,15 @@ def errors_in_queue(url: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in found.stdout.splitlines() if line.strip()]
 
 
-def test_the_overview_shows_the_backlog_the_live_dispatcher_and_charts(world: dict[str, Any], browser: Any) -> None:
+def test_the_overview_shows_the_backlog_the_live_dispatcher_and_charts(
+    world: dict[str, Any], browser: Any
+) -> None:
     page = page_for(browser)
-    until(lambda: page.goto(f"http://127.0.0.1:{world['port']}/") and page.locator("svg.chart").count() >= 1, 20, "a chart")
+    until(
+        lambda: page.goto(f"http://127.0.0.1:{world['port']}/") and page.locator("svg.chart").count() >= 1,
+        20,
+        "a chart",
+    )
     assert page.inner_text("#stored") == "3"
     dispatchers = page.inner_text("#dispatchers")
     assert "live" in dispatchers and "exactly-once" in dispatchers
@@ -184,7 +201,9 @@ def test_the_overview_shows_the_backlog_the_live_dispatcher_and_charts(world: di
     screenshot(page, "overview")
 
 
-def test_search_reschedule_send_now_and_cancel_each_land_in_the_store(world: dict[str, Any], browser: Any) -> None:
+def test_search_reschedule_send_now_and_cancel_each_land_in_the_store(
+    world: dict[str, Any], browser: Any
+) -> None:
     store: SyncPostgresStore = world["store"]
     a, b = world["a"], world["b"]
     page = page_for(browser)
@@ -241,7 +260,9 @@ def test_the_error_queue_retries_one_and_discards_another(world: dict[str, Any],
     assert store.get(second.message_id) is None
 
 
-def test_changes_without_login_or_without_the_pages_token_are_refused(world: dict[str, Any], browser: Any) -> None:
+def test_changes_without_login_or_without_the_pages_token_are_refused(
+    world: dict[str, Any], browser: Any
+) -> None:
     store: SyncPostgresStore = world["store"]
     c = world["c"]
     port = world["port"]
