@@ -182,6 +182,7 @@ async def overview(request: Request) -> Response:
     timeline = dashboard.timelines[endpoint]
     samples = timeline.recent(seconds)
     recent = timeline.recent(300)
+    reported = [s for s in samples if s.fresh]  # looks that learned nothing new are left out
     lateness = timeline.lateness(300)
     charts = [
         line_chart(
@@ -198,8 +199,8 @@ async def overview(request: Request) -> Response:
         line_chart(
             "Lateness (due to forwarded)",
             [
-                Series("p50", [(s.at, s.p50_ms) for s in samples]),
-                Series("p99", [(s.at, s.p99_ms) for s in samples]),
+                Series("p50", [(s.at, s.p50_ms) for s in reported]),
+                Series("p99", [(s.at, s.p99_ms) for s in reported]),
             ],
             " ms",
         ),

@@ -28,17 +28,13 @@ class Sample:
     due: int
     in_flight: int
     failing: int
-    #: What the live dispatchers forwarded since the previous sample (None on the first), in how
-    #: many seconds, and how late it was.
+    #: What the live dispatchers reported forwarding since the previous sample (None on the
+    #: first), their rate per minute as of their latest reports, and how late it was.
     forwarded: int | None
-    seconds: float
+    delivered_per_minute: float | None
+    #: Whether any dispatcher reported since the previous sample.
+    fresh: bool
     lateness: LatenessHistogram
-
-    @property
-    def delivered_per_minute(self) -> float | None:
-        if self.forwarded is None or self.seconds <= 0:
-            return None
-        return round(self.forwarded * 60 / self.seconds, 1)
 
     @property
     def p50_ms(self) -> float | None:
@@ -57,11 +53,18 @@ def _ms(seconds: float | None) -> float | None:
 
 
 class Timeline:
-    """Samples of one endpoint, oldest first, and the dispatchers' counts at the last look."""
+    """Samples of one endpoint, oldest first, and the dispatchers' counts at the last look.
+
+    Dispatchers report every few seconds, not when the dashboard looks: a look between two of
+    their heartbeats sees nothing new. So the delivery rate is each dispatcher's change in count
+    over the time between *its own* reports (kept until the next one), and a sample says whether
+    any report was new (``fresh``), so a chart of lateness skips looks that learned nothing.
+    """
 
     def __init__(self, keep: int = KEEP) -> None:
         self.samples: deque[Sample] = deque(maxlen=keep)
         self._seen: dict[str, DispatcherInfo] = {}
+        self._rates: dict[str, float] = {}
         self._last_at: datetime | None = None
 
     def add(self, at: datetime, counts: StoreCounts, dispatchers: Iterable[DispatcherInfo]) -> Sample:
@@ -69,15 +72,25 @@ class Timeline:
         that started since then counts from zero; one that restarted is a new dispatcher)."""
         current = {d.dispatcher_id: d for d in dispatchers}
         forwarded = 0
+        fresh = False
         lateness = LatenessHistogram()
         for key, now in current.items():
             before = self._seen.get(key)
             if before is None and (self._last_at is None or now.started_at < self._last_at):
                 continue  # the first look, or it was there before unseen: no baseline yet
+            if before is not None and now.last_seen <= before.last_seen:
+                continue  # no report since the last look
+            fresh = True
             then = LatenessHistogram.from_sparse(before.lateness) if before else LatenessHistogram()
-            forwarded += now.forwarded - (before.forwarded if before else 0)
+            done = now.forwarded - (before.forwarded if before else 0)
+            since = before.last_seen if before else now.started_at
+            seconds = (now.last_seen - since).total_seconds()
+            if seconds > 0:
+                self._rates[key] = max(done, 0) * 60 / seconds
+            forwarded += done
             lateness = lateness.plus(LatenessHistogram.from_sparse(now.lateness).minus(then))
         first = self._last_at is None
+        self._rates = {k: v for k, v in self._rates.items() if k in current}
         sample = Sample(
             at=at,
             stored=counts.total,
@@ -85,11 +98,16 @@ class Timeline:
             in_flight=counts.claimed,
             failing=counts.failing,
             forwarded=None if first else max(forwarded, 0),
-            seconds=0.0 if self._last_at is None else (at - self._last_at).total_seconds(),
+            delivered_per_minute=None if first else round(sum(self._rates.values()), 1),
+            fresh=fresh,
             lateness=lateness,
         )
         self.samples.append(sample)
-        self._seen, self._last_at = current, at
+        self._seen = {
+            k: d if k not in self._seen or d.last_seen > self._seen[k].last_seen else self._seen[k]
+            for k, d in current.items()
+        }
+        self._last_at = at
         return sample
 
     def recent(self, seconds: float) -> Sequence[Sample]:

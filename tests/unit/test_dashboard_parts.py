@@ -18,12 +18,14 @@ T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 COUNTS = StoreCounts(total=10, due=2, claimed=1, failing=0, next_due=T0)
 
 
-def info(name: str, forwarded: int, late: list[float], started: datetime = T0) -> DispatcherInfo:
+def info(
+    name: str, forwarded: int, late: list[float], started: datetime = T0, seen: datetime | None = None
+) -> DispatcherInfo:
     h = LatenessHistogram()
     h.add(late)
     return DispatcherInfo(
         dispatcher_id=name, endpoint="e", host="h", pid=1, version="1", mode="exactly-once",
-        transport="t", started_at=started, last_seen=started, forwarded=forwarded, lateness=h.sparse(),
+        transport="t", started_at=started, last_seen=seen or started, forwarded=forwarded, lateness=h.sparse(),
     )  # fmt: skip
 
 
@@ -31,15 +33,21 @@ def test_delivered_and_lateness_are_the_change_since_the_last_look() -> None:
     timeline = Timeline()
     first = timeline.add(T0, COUNTS, [info("a", 100, [0.001] * 100)])
     assert first.forwarded is None and first.delivered_per_minute is None
-    second = timeline.add(
-        T0 + timedelta(seconds=10),
-        COUNTS,
-        [info("a", 160, [0.001] * 100 + [0.5] * 60), info("b", 30, [0.002] * 30, T0 + timedelta(seconds=5))],
+    t10 = T0 + timedelta(seconds=10)
+    a, b = (
+        info("a", 160, [0.001] * 100 + [0.5] * 60, seen=t10),
+        info("b", 30, [0.002] * 30, T0 + timedelta(seconds=5), t10),
     )
+    second = timeline.add(t10, COUNTS, [a, b])
     assert second.forwarded == 90  # 60 more from a, and b's 30 since it started
-    assert second.delivered_per_minute == 540.0
+    assert second.delivered_per_minute == 720.0  # a: 60 in 10 s, b: 30 in its 5 s
+    assert second.fresh
     assert second.p99_ms is not None and 500 <= second.p99_ms < 700  # a's slow 60 are new
     assert timeline.lateness(60).total == 90
+    # A look between two heartbeats learns nothing: the rate stands, the sample is not fresh.
+    between = timeline.add(t10 + timedelta(seconds=2), COUNTS, [a, b])
+    assert between.forwarded == 0 and not between.fresh and between.delivered_per_minute == 720.0
+    assert between.p50_ms is None
 
 
 def test_a_dispatcher_first_seen_late_is_not_counted_whole() -> None:

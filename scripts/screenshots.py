@@ -1,0 +1,89 @@
+"""Make the README's dashboard pictures (docs/dashboard-*.png) from a real run.
+
+    .venv/bin/python scripts/screenshots.py   # about two minutes; needs duetime[dashboard] and chromium
+
+A SQLite store gets a steady stream of messages due over the next minute and a half (and a few
+for a queue that does not exist, which end in the error queue), `duetime run` delivers them,
+`duetime dashboard` watches, and Chromium photographs each page once the charts have a story.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+from duetime import DelayedMessage, TransactionMode
+from duetime.backends.sqlite import SyncSqliteStore
+
+ROOT = Path(__file__).resolve().parent.parent
+PORT = 18765
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
+
+
+def duetime(*args: str, **kw: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "duetime", *args], **kw)  # type: ignore[call-overload,no-any-return]
+
+
+def main() -> None:
+    folder = Path(tempfile.mkdtemp())
+    url = f"sqlite:///{folder}/shop.db"
+    subprocess.run([sys.executable, "-m", "duetime", "setup", "--store", url, "-q", "orders", "-q", "invoices"], check=True)
+    store = SyncSqliteStore.from_url(url)
+    store.initialize("duetime", TransactionMode.EXACTLY_ONCE)
+    rng = random.Random(7)
+    messages = [
+        DelayedMessage.create(
+            rng.choice(["orders", "invoices"]),
+            b'{"order": %d}' % i,
+            delay=timedelta(seconds=5 + 90 * (i / 6000) ** 1.5 + rng.random()),
+            headers={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+        )
+        for i in range(6000)
+    ]
+    messages += [DelayedMessage.create("shipping", b"parcel %d" % i, delay=8) for i in range(3)]
+    messages += [DelayedMessage.create("orders", b"later %d" % i, delay=timedelta(hours=2 + i)) for i in range(40)]
+    store.store_many(messages)
+    env = {**os.environ, "DUETIME_DASHBOARD_PASSWORD": "demo"}
+    board = duetime("dashboard", "--store", url, "--port", str(PORT), "--sample-every", "2s", env=env)
+    time.sleep(4)
+    runner = duetime("run", "--store", url, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(100)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
+            page = browser.new_context(
+                http_credentials={"username": "duetime", "password": "demo"}, viewport={"width": 1280, "height": 900}
+            ).new_page()
+            base = f"http://127.0.0.1:{PORT}"
+            page.goto(base + "/?window=15m")
+            page.screenshot(path=str(ROOT / "docs/dashboard-overview.png"), full_page=True)
+            page.goto(base + "/messages?destination=orders")
+            page.screenshot(path=str(ROOT / "docs/dashboard-messages.png"), full_page=True)
+            first = page.locator("#messages tr[data-id]").first.get_attribute("data-id")
+            page.goto(base + f"/message?id={first}")
+            page.screenshot(path=str(ROOT / "docs/dashboard-message.png"), full_page=True)
+            page.goto(base + "/errors")
+            page.locator("#errors details").first.click()
+            page.screenshot(path=str(ROOT / "docs/dashboard-errors.png"), full_page=True)
+            browser.close()
+        with urllib.request.urlopen(base + "/healthz") as answer:
+            assert answer.status == 200
+    finally:
+        for process in (runner, board):
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+        store.close()
+
+
+if __name__ == "__main__":
+    main()
