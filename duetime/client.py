@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from duetime import tracing
 from duetime.clock import SystemClock
 from duetime.closing import AsyncClosing, Closing
 from duetime.errors import ConfigurationError, InvalidMessage
@@ -124,12 +125,14 @@ class DelayedMessageClient(AsyncClosing):
         """Store a message for ``destination`` due after ``delay`` or at ``due_at``; ``group`` is
         a key it shares with others (a saga, an order), to list or cancel them together."""
         message = _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
-        await self.store.store(message)
-        return message
+        with tracing.storing([message]) as (stamped,):
+            await self.store.store(stamped)
+        return stamped
 
     async def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
         """Store several at once, all or nothing."""
-        return await self.store.store_many(_messages(messages))
+        with tracing.storing(_messages(messages)) as stamped:
+            return await self.store.store_many(stamped)
 
     async def cancel(self, message_id: str) -> bool:
         return await self.store.cancel(_id(message_id))
@@ -186,11 +189,13 @@ class SyncDelayedMessageClient(Closing):
         group: str | None = None,
     ) -> DelayedMessage:
         message = _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
-        self.store.store(message)
-        return message
+        with tracing.storing([message]) as (stamped,):
+            self.store.store(stamped)
+        return stamped
 
     def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
-        return self.store.store_many(_messages(messages))
+        with tracing.storing(_messages(messages)) as stamped:
+            return self.store.store_many(stamped)
 
     def close(self) -> None:
         """Close the store (its connections); the client cannot be used afterwards."""

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from duetime import tracing
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.clock import SystemClock
 from duetime.deadline import within
@@ -119,7 +120,7 @@ class Dispatcher:
         self._summary_base = Tally()
         #: When the loop last turned (a round began or a sleep began), on the monotonic clock:
         #: ``/healthz`` says the dispatcher is stuck when this is older than :attr:`stuck_after`.
-        self.turned_at = self.clock.monotonic()
+        self.turned_at = self._round_started = self.clock.monotonic()
         #: The last round that reached the store without failing (wall clock).
         self.last_batch_at: datetime | None = None
         #: Messages this dispatcher holds claimed right now, and when those claims end at the latest.
@@ -338,7 +339,7 @@ class Dispatcher:
         """One round: claim a batch and handle it. True if anything was due."""
         self._wake.clear()
         self.stats.rounds += 1
-        self.turned_at = started = self.clock.monotonic()
+        self.turned_at = started = self._round_started = self.clock.monotonic()
         now = self.clock.now()
         if self.exactly_once:
             found = await self._move_once(now)
@@ -418,6 +419,11 @@ class Dispatcher:
             self.observer.claimed(self._moved_last)
             self.observer.forwarded(lateness)
             self.observer.dead_lettered([m.destination for m, _ in outcome.dead_lettered])
+            if tracing.enabled():
+                tracing.forwarded(
+                    [(m.destination, m.trace) for m in outcome.moved],
+                    self.clock.monotonic() - self._round_started,
+                )
         if self.delivery_log is not None:
             done_at = moved_at
             moved = [
@@ -471,6 +477,15 @@ class Dispatcher:
             ]
             self.lateness.add(late for _, late in lateness)
             self.observer.forwarded(lateness)
+            if tracing.enabled():
+                tracing.forwarded(
+                    [
+                        (m.destination, tracing.traced(m.headers))
+                        for m, r in zip(batch, results, strict=True)
+                        if r is None
+                    ],
+                    self.clock.monotonic() - self._round_started,
+                )
             await self._remove(delivered)
             if self.delivery_log is not None:  # after the removal: the log never delays it
                 done = [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None]

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from duetime import tracing
 from duetime.circuit import RepeatedFailuresOverTimeCircuitBreaker
 from duetime.deadline import within
 from duetime.dispatcher import Dispatcher
@@ -30,6 +31,7 @@ from duetime.errors import (
 )
 from duetime.interfaces import (
     AddressTopology,
+    DelayedMessageStore,
     InspectableQueue,
     ReceivedMessage,
     ReceivingTransport,
@@ -313,6 +315,14 @@ class FrontDoor:
         """Store a batch; the envelopes the store refused for their own content, or None if the
         store itself is failing (an outage: nothing is acknowledged, the breaker counts it)."""
         store = self.dispatcher.store
+        with tracing.storing([m for _, m in pairs]) as stamped:
+            return await self._store_traced(
+                store, list(zip([item for item, _ in pairs], stamped, strict=True))
+            )
+
+    async def _store_traced(
+        self, store: DelayedMessageStore, pairs: Sequence[tuple[ReceivedMessage, DelayedMessage]]
+    ) -> list[tuple[ReceivedMessage, InvalidMessage]] | None:
         try:
             await within(store.store_many([m for _, m in pairs]), self._deadline, "storing")
         except DuplicateMessageId:

@@ -64,6 +64,8 @@ class Moved(NamedTuple):
     message_id: str
     destination: str
     due_at: datetime
+    #: Its W3C ``traceparent`` header, if it has one (the forward span links to it).
+    trace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -264,6 +264,14 @@ def outgoing_headers_json(stored_json: str, due_at: datetime, message_id: str) -
     return "{" + field if text == "{}" else text[:-1] + "," + field
 
 
+def traceparent_of(stored_json: str) -> str | None:
+    """The W3C ``traceparent`` in a store's headers JSON (parsed only when it is there)."""
+    if '"traceparent"' not in stored_json:
+        return None
+    value = json.loads(stored_json).get("traceparent")
+    return value if isinstance(value, str) else None
+
+
 def outgoing_headers(message: DelayedMessage) -> dict[str, str]:
     """The headers a destination receives: the message's own plus its due time, and for an
     NServiceBus timeout what the timeout manager adds when it dispatches one."""

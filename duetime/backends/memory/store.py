@@ -183,7 +183,14 @@ class SyncMemoryStore(StoreRules):
                 message = row.message
                 if transport.declared_locked(message.destination):
                     transport.enqueue_locked(message.destination, message, None)
-                    moved.append(Moved(message.message_id, message.destination, message.due_at))
+                    moved.append(
+                        Moved(
+                            message.message_id,
+                            message.destination,
+                            message.due_at,
+                            message.headers.get("traceparent"),
+                        )
+                    )
                 else:
                     reason = f"Destination {message.destination!r} does not exist."
                     transport.enqueue_locked(error_queue, message, error_headers(message, reason))

@@ -37,7 +37,7 @@ from duetime.backends.postgres.held import HeldBatches
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
 from duetime.clock import from_micros, to_micros
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
-from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json
+from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 
 log = logging.getLogger("duetime.postgres")
 #: Above this many rows (by the planner's estimate) counts are estimates, not full scans.
@@ -322,7 +322,7 @@ class SyncPostgresStore(StoreRules):
                             body,
                         )
                     )
-                    moved.append(Moved(message_id, destination, due_at))
+                    moved.append(Moved(message_id, destination, due_at, traceparent_of(headers_json)))
                 else:
                     message = decode(row)
                     reason = f"Destination {destination!r} does not exist."

@@ -43,7 +43,7 @@ from duetime.backends.sqlite.queue import (
 )
 from duetime.clock import from_micros, to_micros
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
-from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json
+from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 from duetime.names import check_name, quote_identifier
 from duetime.urls import number_option
 
@@ -252,7 +252,7 @@ class SyncSqliteStore(StoreRules):
                     due_at = from_micros(due_micros)
                     headers = outgoing_headers_json(headers_json, due_at, message_id)
                     queued.append((destination, message_id, headers, body, now, now))
-                    moved.append(Moved(message_id, destination, due_at))
+                    moved.append(Moved(message_id, destination, due_at, traceparent_of(headers_json)))
                 else:
                     message = _message(row)
                     reason = f"Destination {destination!r} does not exist."
