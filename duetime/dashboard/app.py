@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -393,11 +394,11 @@ async def cancel(request: Request) -> Response:
         return _done(
             request, back, f"{message_id} is being delivered right now; it was not cancelled", error=True
         )
-    log.info("dashboard: cancelled %s in endpoint %s (%s)", message_id, endpoint, done)
     if not done:
         return _done(
             request, back, f"no stored message {message_id} (delivered or cancelled already)", error=True
         )
+    log.info("dashboard: cancelled %s in endpoint %s", message_id, endpoint)
     return _done(request, back, f"cancelled {message_id}")
 
 
@@ -430,13 +431,11 @@ async def _move(
         done = await dashboard.stores[endpoint].reschedule(message_id, due)
     except (DuetimeError, ValueError) as error:
         return _done(request, back, f"not rescheduled: {one_line(error)}", error=True)
-    log.info(
-        "dashboard: rescheduled %s in endpoint %s to %s (%s)", message_id, endpoint, due.isoformat(), done
-    )
     if not done:
         return _done(
             request, back, f"no stored message {message_id} (delivered or cancelled already)", error=True
         )
+    log.info("dashboard: rescheduled %s in endpoint %s to %s", message_id, endpoint, due.isoformat())
     what = "due now" if due <= now else f"due {_time(due)}"
     return _done(request, back, f"rescheduled {message_id}: {what}")
 
@@ -549,6 +548,29 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok\n")
 
 
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def answering(handler: Handler) -> Handler:
+    """A page or action whose store or broker fails answers 503 with the reason on one line (and
+    logs that line), never a stack trace; the next request tries again."""
+
+    @functools.wraps(handler)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as error:
+            reason = one_line(error)
+            log.warning("dashboard: %s %s failed: %s", request.method, request.url.path, reason)
+            return PlainTextResponse(
+                f"The store or the transport did not answer: {reason}\nNothing was changed by this "
+                "request; try again in a moment.\n",
+                503,
+            )
+
+    return guarded
+
+
 def create_app(dashboard: Dashboard, *, secret: str) -> Any:
     """The ASGI app: pages, actions, the sampler running beside them, login and CSRF around."""
 
@@ -563,16 +585,16 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
                 await sampler
 
     routes = [
-        Route("/", overview),
-        Route("/messages", messages),
-        Route("/message", message),
-        Route("/errors", errors),
+        Route("/", answering(overview)),
+        Route("/messages", answering(messages)),
+        Route("/message", answering(message)),
+        Route("/errors", answering(errors)),
         Route("/healthz", healthz),
-        Route("/actions/cancel", cancel, methods=["POST"]),
-        Route("/actions/reschedule", reschedule, methods=["POST"]),
-        Route("/actions/send-now", send_now, methods=["POST"]),
-        Route("/errors/retry", errors_retry, methods=["POST"]),
-        Route("/errors/discard", errors_discard, methods=["POST"]),
+        Route("/actions/cancel", answering(cancel), methods=["POST"]),
+        Route("/actions/reschedule", answering(reschedule), methods=["POST"]),
+        Route("/actions/send-now", answering(send_now), methods=["POST"]),
+        Route("/errors/retry", answering(errors_retry), methods=["POST"]),
+        Route("/errors/discard", answering(errors_discard), methods=["POST"]),
     ]
     app = Starlette(
         routes=routes,

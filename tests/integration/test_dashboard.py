@@ -26,6 +26,7 @@ import pytest
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.postgres import SyncPostgresStore
 from tests.conftest import duetime_cmd, run_cli
+from tests.integration.proxy import proxy_for
 from tests.services import free_port, postgres_schema
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -326,3 +327,25 @@ def test_a_port_in_use_is_one_line(world: dict[str, Any]) -> None:
     result = run_cli("dashboard", "--store", world["url"], "--port", str(world["port"]))
     assert result.returncode == 1
     assert "port" in result.stderr and "in use" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_database_outage_is_a_one_line_answer_and_it_recovers() -> None:
+    with postgres_schema() as url, proxy_for(url) as proxy:
+        ok("setup", "--store", url, "--endpoint", ENDPOINT)
+        port = free_port()
+        board = dashboard(proxy.url(url), port)
+        auth = basic("duetime", PASSWORD)
+        try:
+            assert request(port, "/", auth=auth)[0] == 200
+            proxy.cut()
+            status, text = request(port, "/", auth=auth)
+            assert status == 503 and text.startswith("The store or the transport did not answer: "), text
+            assert request(port, "/messages", auth=auth)[0] == 503
+            assert request(port, "/healthz")[0] == 200  # the dashboard itself is fine
+            proxy.restore()
+            until(lambda: request(port, "/", auth=auth)[0] == 200, 30, "the dashboard to answer again")
+        finally:
+            stop(board)
+        stderr = board.stderr.read() if board.stderr else ""
+        assert "Traceback" not in stderr, stderr
+        assert "dashboard: GET / failed: " in stderr  # the operator's log says why, on one line
