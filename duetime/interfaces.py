@@ -242,6 +242,14 @@ class DispatcherRegistry(Protocol):
 
 
 @runtime_checkable
+class DueCounter(Protocol):
+    """A store that counts what falls due by a time without counting everything else (the
+    dashboard's "due in the next minute, hour, day" on a store of millions)."""
+
+    async def count_due(self, at: datetime) -> int: ...
+
+
+@runtime_checkable
 class ClaimPolicy(Protocol):
     """A store that says whether a dispatcher may claim its next batch while the last one is
     still being sent (a store without it is assumed to allow that)."""

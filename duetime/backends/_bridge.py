@@ -157,6 +157,9 @@ class AsyncStoreBridge(AsyncClosing):
     async def counts(self, at: datetime) -> StoreCounts:
         return await self._call(self.sync.counts, at)
 
+    async def count_due(self, at: datetime) -> int:
+        return await self._call(self.sync.count_due, at)
+
     def subscribe(self, callback: WakeupCallback) -> Callable[[], None]:
         unsubscribe = self.subscribers.add(callback)
         if self._watch is not None and self._watcher is None:

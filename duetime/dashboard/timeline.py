@@ -66,6 +66,8 @@ class Timeline:
         self._seen: dict[str, DispatcherInfo] = {}
         self._rates: dict[str, float] = {}
         self._last_at: datetime | None = None
+        #: The last look's counts and when it was made (the overview shows them while fresh).
+        self.latest: tuple[datetime, StoreCounts] | None = None
 
     def add(self, at: datetime, counts: StoreCounts, dispatchers: Iterable[DispatcherInfo]) -> Sample:
         """Record a look; what each dispatcher did since the last is the change in its counts (one
@@ -108,6 +110,7 @@ class Timeline:
             for k, d in current.items()
         }
         self._last_at = at
+        self.latest = (at, counts)
         return sample
 
     def recent(self, seconds: float) -> Sequence[Sample]:

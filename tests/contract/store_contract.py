@@ -21,7 +21,7 @@ from duetime import (
     SyncDelayedMessageStore,
     TransactionMode,
 )
-from duetime.interfaces import DispatcherRegistry
+from duetime.interfaces import DispatcherRegistry, DueCounter
 from duetime.presence import DispatcherInfo
 
 ENDPOINT = "contract"
@@ -293,6 +293,22 @@ class StoreContract:
         counts = await store.counts(t)
         assert (counts.total, counts.due, counts.claimed) == (3, 2, 1)
         assert counts.by_destination == {"orders": 2, "x": 1}
+
+    async def test_count_due_counts_only_what_is_due_by_then(self, store: DelayedMessageStore) -> None:
+        assert isinstance(store, (DueCounter, SyncSide))
+        t = now()
+        await store.store_many(
+            [
+                msg(1, t - timedelta(seconds=1)),
+                msg(2, t + timedelta(minutes=30)),
+                msg(3, t + timedelta(days=2)),
+            ]
+        )
+        await store.fetch_due(t, 1)  # claimed is still due
+        assert [
+            await store.count_due(t + ahead)
+            for ahead in (timedelta(0), timedelta(hours=1), timedelta(days=3))
+        ] == [1, 2, 3]  # type: ignore[union-attr]
 
     async def test_dispatchers_say_they_are_there_and_are_forgotten_when_long_gone(
         self, store: DelayedMessageStore

@@ -305,6 +305,9 @@ class SyncMysqlStore(StoreRules):
         sql = f"SELECT {_COLUMNS} FROM {table} WHERE {where} ORDER BY due_at, message_id LIMIT %(limit)s"
         return [_message(r) for r in self._fetch(sql, params | {"limit": limit})]
 
+    def _count_due(self, at: datetime) -> int:
+        return int(self._fetch(self.q["count_due"], (to_micros(at),))[0][0])
+
     def _count(self, at: datetime) -> StoreCounts:
         now, q = to_micros(at), self.q
 

@@ -270,6 +270,9 @@ class SyncPostgresStore(StoreRules):
         )
         return [decode(r) for r in self._rows(sql, params | {"limit": limit})]
 
+    def _count_due(self, at: datetime) -> int:
+        return int(self._rows(self.names.q["count_due"], {"at": at})[0][0])
+
     def _count(self, at: datetime) -> StoreCounts:
         """Exact while the table is small; past EXACT_COUNT_LIMIT rows (the planner's estimate) the
         total is that estimate and per-destination counts are left out: `stats` never scans millions."""

@@ -225,6 +225,9 @@ class SyncRedisStore(StoreRules):
                         break
         return picked
 
+    def _count_due(self, at: datetime) -> int:
+        return int(self.client.zcount(self.keys["bydue"], "-inf", to_micros(at)))
+
     def _count(self, at: datetime) -> StoreCounts:
         now = to_micros(at)
         keys = self.keys

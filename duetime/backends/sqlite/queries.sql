@@ -97,6 +97,9 @@ DELETE FROM {table} WHERE message_id = ? AND (claim_token IS NULL OR claimed_unt
 UPDATE {table} SET due_at = ?, claim_token = NULL, claimed_until = NULL
 WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
 
+-- name: count_due
+SELECT count(*) FROM {table} WHERE due_at <= :at;
+
 -- name: count_all
 SELECT count(*), coalesce(sum(due_at <= :at), 0),
        coalesce(sum(claim_token IS NOT NULL AND claimed_until > :at), 0),

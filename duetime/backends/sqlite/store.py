@@ -210,6 +210,10 @@ class SyncSqliteStore(StoreRules):
             rows = self._conn.execute(sql, params | {"limit": limit}).fetchall()
         return [_message(r) for r in rows]
 
+    def _count_due(self, at: datetime) -> int:
+        with self._lock:
+            return int(self._conn.execute(self.q["count_due"], {"at": to_micros(at)}).fetchone()[0])
+
     def _count(self, at: datetime) -> StoreCounts:
         q = self.q
         with self._lock:
