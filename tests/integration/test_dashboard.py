@@ -208,6 +208,11 @@ def test_search_reschedule_send_now_and_cancel_each_land_in_the_store(
     store: SyncPostgresStore = world["store"]
     a, b = world["a"], world["b"]
     page = page_for(browser)
+    page.goto(f"http://127.0.0.1:{world['port']}/messages?limit=1")  # paging: one a page, in due order
+    seen = [page.locator("#messages tr[data-id]").get_attribute("data-id")]
+    page.click("#next")
+    seen.append(page.locator("#messages tr[data-id]").get_attribute("data-id"))
+    assert seen == [a.message_id, b.message_id]
     page.goto(f"http://127.0.0.1:{world['port']}/messages")
     page.fill("input[name=id]", a.message_id)
     page.click("#search button[type=submit]")
