@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
+from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
 from duetime.backends._store import StoreRules
 from duetime.closing import AsyncClosing
 from duetime.errors import ConfigurationError
@@ -91,6 +92,8 @@ class AsyncStoreBridge(AsyncClosing):
         self.subscribers = Subscribers()
         self._watch = watch
         self._watcher: asyncio.Task[None] | None = None
+        #: Single stores from many coroutines at once share a commit (:mod:`._shared_commit`).
+        self._shared = AsyncSharedCommits(self._store_round)
 
     @property
     def parallel_claims(self) -> bool:
@@ -103,8 +106,16 @@ class AsyncStoreBridge(AsyncClosing):
         await self._call(self.sync.initialize, endpoint, mode)
 
     async def store(self, message: DelayedMessage) -> None:
-        await self._call(self.sync.store, message)
-        self.subscribers.notify(message.due_at)
+        """Store one message; returns once it is durable. Calls made while another is being
+        stored go together in the next transaction (each still gets its own answer)."""
+        await self._shared.store(message)
+
+    async def _store_round(self, messages: list[DelayedMessage]) -> list[Outcome]:
+        outcomes = await self._call(store_round, messages, self.sync.store_many)
+        stored = [m.due_at for m, outcome in zip(messages, outcomes, strict=True) if outcome is None]
+        if stored:
+            self.subscribers.notify(min(stored))
+        return outcomes
 
     async def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         count = await self._call(self.sync.store_many, list(messages))

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from duetime.backends._shared_commit import SharedCommits
 from duetime.clock import SystemClock, to_micros
 from duetime.closing import Closing
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
@@ -172,6 +173,8 @@ class StoreRules(Closing, ABC):
         self.endpoint: str | None = None
         #: When :meth:`beat` last removed long-gone dispatchers' records.
         self._pruned_at: datetime | None = None
+        #: Single stores from many threads at once share a commit (:mod:`._shared_commit`).
+        self._shared = SharedCommits(self.store_many)
 
     # --- what a backend supplies -----------------------------------------------------------
     @abstractmethod
@@ -304,7 +307,9 @@ class StoreRules(Closing, ABC):
         return self._q
 
     def store(self, message: DelayedMessage) -> None:
-        self.store_many([message])
+        """Store one message; returns once it is durable. Calls from several threads at once
+        share a transaction (each still gets its own answer)."""
+        self._shared.store(message)
 
     def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         self._ready()

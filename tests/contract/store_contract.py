@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
@@ -293,6 +295,25 @@ class StoreContract:
         counts = await store.counts(t)
         assert (counts.total, counts.due, counts.claimed) == (3, 2, 1)
         assert counts.by_destination == {"orders": 2, "x": 1}
+
+    async def test_stores_made_at_once_share_commits_and_each_hears_its_own_answer(
+        self, store: DelayedMessageStore
+    ) -> None:
+        t = now()
+        await store.store(msg(0, t))
+        wave = [msg(i, t) for i in range(1, 41)] + [msg(0, t)]  # the last: an id already stored
+        if isinstance(store, SyncSide):  # blocking callers: threads
+            with ThreadPoolExecutor(8) as pool:
+                outcomes: list[object] = [
+                    f.exception() for f in [pool.submit(store.sync.store, m) for m in wave]
+                ]
+        else:
+            outcomes = list(await asyncio.gather(*(store.store(m) for m in wave), return_exceptions=True))
+        assert outcomes[:-1] == [None] * 40
+        assert isinstance(outcomes[-1], DuplicateMessageId)
+        assert (await store.counts(t)).total == 41
+        stored = await store.get("m-00017")
+        assert stored is not None and stored.body == b"body 17"
 
     async def test_count_due_counts_only_what_is_due_by_then(self, store: DelayedMessageStore) -> None:
         assert isinstance(store, (DueCounter, SyncSide))

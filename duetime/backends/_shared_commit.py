@@ -1,0 +1,123 @@
+"""Concurrent single stores share one commit (group commit).
+
+A web application schedules one message per request, from many requests at once. Each ``store``
+used to be its own transaction, so the rate was one disk flush (fsync) per message whatever the
+concurrency. Here the calls that arrive while a commit is under way wait for it and then go
+together in the next one: one transaction for many callers, each of whom still returns only once
+*its* message is durable, and still gets *its own* answer: if the shared transaction is refused
+because of one message (an id already stored, content the store will not take), each message is
+stored alone so only that caller sees the error. An outage fails every caller of that round.
+
+One producer at a time sees no change: its round holds just its own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from duetime.errors import DuplicateMessageId, InvalidMessage
+from duetime.message import DelayedMessage
+
+#: Messages one shared commit takes at most (the rest go in the next).
+ROUND_LIMIT = 1_000
+
+StoreMany = Callable[[Sequence[DelayedMessage]], int]
+Outcome = BaseException | None
+
+
+def store_round(messages: Sequence[DelayedMessage], store_many: StoreMany) -> list[Outcome]:
+    """Store ``messages`` in one transaction; each one's outcome (None: stored)."""
+    try:
+        store_many(messages)
+        return [None] * len(messages)
+    except (DuplicateMessageId, InvalidMessage) as error:
+        if len(messages) == 1:
+            return [error]
+    except Exception as error:  # the store failed as a whole: every caller of the round hears it
+        return [error] * len(messages)
+    outcomes: list[Outcome] = []
+    for message in messages:  # one message spoiled the round: each alone, each its own answer
+        try:
+            store_many([message])
+            outcomes.append(None)
+        except Exception as error:
+            outcomes.append(error)
+    return outcomes
+
+
+@dataclass
+class _Waiting:
+    message: DelayedMessage
+    done: bool = False
+    outcome: Outcome = None
+
+
+@dataclass
+class SharedCommits:
+    """For blocking callers on many threads: the first caller commits for everyone waiting."""
+
+    store_many: StoreMany
+    _pending: list[_Waiting] = field(default_factory=list)
+    _committing: bool = False
+    _turn: threading.Condition = field(default_factory=threading.Condition)
+
+    def store(self, message: DelayedMessage) -> None:
+        me = _Waiting(message)
+        with self._turn:
+            self._pending.append(me)
+            while self._committing and not me.done:
+                self._turn.wait()
+            if me.done:
+                return self._answer(me)
+            self._committing = True
+            batch, self._pending = self._pending[:ROUND_LIMIT], self._pending[ROUND_LIMIT:]
+        try:
+            outcomes = store_round([w.message for w in batch], self.store_many)
+        except BaseException as error:  # interrupted: nobody of this round may wait forever
+            outcomes = [error] * len(batch)
+        with self._turn:
+            for waiting, outcome in zip(batch, outcomes, strict=True):
+                waiting.done, waiting.outcome = True, outcome
+            self._committing = False
+            self._turn.notify_all()
+        if not me.done:  # more than a round was waiting and this caller's is in the next
+            return self.store(message)  # pragma: no cover - needs ROUND_LIMIT callers at once
+        return self._answer(me)
+
+    @staticmethod
+    def _answer(me: _Waiting) -> None:
+        if me.outcome is not None:
+            raise me.outcome
+
+
+class AsyncSharedCommits:
+    """For coroutines on one event loop: calls that arrive while a round is being stored wait and
+    go in the next round. ``run_round`` stores a round and answers each message's outcome."""
+
+    def __init__(self, run_round: Callable[[list[DelayedMessage]], Awaitable[list[Outcome]]]) -> None:
+        self._run_round = run_round
+        self._pending: list[tuple[DelayedMessage, asyncio.Future[Outcome]]] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def store(self, message: DelayedMessage) -> None:
+        answer: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._pending.append((message, answer))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._work())
+        outcome = await asyncio.shield(answer)  # a cancelled caller does not cancel the round
+        if outcome is not None:
+            raise outcome
+
+    async def _work(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:ROUND_LIMIT], self._pending[ROUND_LIMIT:]
+            try:
+                outcomes = await self._run_round([m for m, _ in batch])
+            except BaseException as error:
+                outcomes = [error] * len(batch)
+            for (_, answer), outcome in zip(batch, outcomes, strict=True):
+                if not answer.done():
+                    answer.set_result(outcome)
