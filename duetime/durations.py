@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+@functools.lru_cache(maxsize=1024)  # producers repeat the same few ("1h"): read each once
 def parse_duration(text: str) -> timedelta:
     raw = text.strip().lower().replace(" ", "")
     if raw.startswith("-"):

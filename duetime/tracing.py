@@ -12,7 +12,7 @@ application (or by ``opentelemetry-instrument duetime run``):
   trace that scheduled it ended long ago).
 
 The ``traceparent`` header itself is never changed once set: it reaches the destination as the
-producer wrote it. Without the package every function here costs one ``None`` check.
+producer wrote it. Without the package, or before a tracer provider is set, every function here costs one check.
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ except ImportError:  # the extra is not installed: no spans
 
 
 def enabled() -> bool:
-    return _tracer is not None
+    """Whether spans are recorded: the package is installed and the application has set a tracer
+    provider (until then OpenTelemetry's default records nothing, and duetime skips the work)."""
+    if _tracer is None:
+        return False
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
 def _link(traceparent: str | None, tracestate: str | None = None) -> Any:
@@ -74,7 +78,7 @@ def _attributes(destinations: Sequence[str], count: int) -> dict[str, Any]:
 @contextlib.contextmanager
 def storing(messages: Sequence[DelayedMessage]) -> Iterator[list[DelayedMessage]]:
     """Around storing ``messages``: yields them, those without a ``traceparent`` given the span's."""
-    if _tracer is None:
+    if not enabled():
         yield list(messages)
         return
     links = _links([(m.headers.get(TRACEPARENT), m.headers.get(TRACESTATE)) for m in messages])
@@ -104,7 +108,7 @@ def traced(headers: Mapping[str, str]) -> str | None:
 def forwarded(items: Sequence[tuple[str, str | None]], seconds: float) -> None:
     """A batch was delivered, ``seconds`` after it was claimed: (destination, traceparent) each.
     A batch with no traced message makes no span."""
-    if _tracer is None:
+    if not enabled():
         return
     links = _links([(parent, None) for _, parent in items if parent])
     if not links:

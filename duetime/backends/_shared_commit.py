@@ -51,46 +51,58 @@ def store_round(messages: Sequence[DelayedMessage], store_many: StoreMany) -> li
 @dataclass
 class _Waiting:
     message: DelayedMessage
+    wake: threading.Event = field(default_factory=threading.Event)
     done: bool = False
+    #: Set when the caller before it hands over the committing (its own round is done).
+    leads: bool = False
     outcome: Outcome = None
 
 
-@dataclass
 class SharedCommits:
-    """For blocking callers on many threads: the first caller commits for everyone waiting."""
+    """For blocking callers on many threads: one caller at a time commits, for itself and every
+    caller waiting; when its own message is stored it wakes those of its round and hands the
+    committing to the next waiting caller (each thread is woken once, not once per round)."""
 
-    store_many: StoreMany
-    _pending: list[_Waiting] = field(default_factory=list)
-    _committing: bool = False
-    _turn: threading.Condition = field(default_factory=threading.Condition)
+    def __init__(self, store_many: StoreMany) -> None:
+        self.store_many = store_many
+        self._pending: list[_Waiting] = []
+        self._committing = False
+        self._lock = threading.Lock()
 
     def store(self, message: DelayedMessage) -> None:
         me = _Waiting(message)
-        with self._turn:
+        with self._lock:
             self._pending.append(me)
-            while self._committing and not me.done:
-                self._turn.wait()
-            if me.done:
-                return self._answer(me)
+            me.leads = not self._committing
             self._committing = True
-            batch, self._pending = self._pending[:ROUND_LIMIT], self._pending[ROUND_LIMIT:]
-        try:
-            outcomes = store_round([w.message for w in batch], self.store_many)
-        except BaseException as error:  # interrupted: nobody of this round may wait forever
-            outcomes = [error] * len(batch)
-        with self._turn:
-            for waiting, outcome in zip(batch, outcomes, strict=True):
-                waiting.done, waiting.outcome = True, outcome
-            self._committing = False
-            self._turn.notify_all()
-        if not me.done:  # more than a round was waiting and this caller's is in the next
-            return self.store(message)  # pragma: no cover - needs ROUND_LIMIT callers at once
-        return self._answer(me)
-
-    @staticmethod
-    def _answer(me: _Waiting) -> None:
+        if not me.leads:
+            me.wake.wait()
+        if not me.done:
+            self._commit_until(me)
         if me.outcome is not None:
             raise me.outcome
+
+    def _commit_until(self, me: _Waiting) -> None:
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending[:ROUND_LIMIT], self._pending[ROUND_LIMIT:]
+            try:
+                outcomes = store_round([w.message for w in batch], self.store_many)
+            except BaseException as error:  # interrupted: nobody of this round may wait forever
+                outcomes = [error] * len(batch)
+            for waiting, outcome in zip(batch, outcomes, strict=True):
+                waiting.done, waiting.outcome = True, outcome
+                if waiting is not me:
+                    waiting.wake.set()
+            with self._lock:
+                if not self._pending:
+                    self._committing = False
+                    return
+                if me.done:
+                    successor = self._pending[0]
+                    successor.leads = True
+                    successor.wake.set()
+                    return
 
 
 class AsyncSharedCommits:
@@ -107,7 +119,7 @@ class AsyncSharedCommits:
         self._pending.append((message, answer))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._work())
-        outcome = await asyncio.shield(answer)  # a cancelled caller does not cancel the round
+        outcome = await answer  # a cancelled caller cancels only its wait: the round goes on
         if outcome is not None:
             raise outcome
 
