@@ -17,4 +17,10 @@ echo "== ruff"
 .venv/bin/ruff format --check duetime tests bench
 echo "== mypy (strict)"; .venv/bin/mypy
 echo "== import layers (import-linter, contracts in pyproject.toml)"; .venv/bin/lint-imports --no-cache
-echo "== pytest"; .venv/bin/python -m pytest "$@"
+# Three workers, each test file whole on one of them (a file's shared fixtures stay shared): most
+# tests wait on servers, timers and subprocesses, so three fit two cores. DUETIME_TEST_WORKERS=0
+# runs everything in this process.
+workers="${DUETIME_TEST_WORKERS:-3}"
+parallel=()
+[ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile)
+echo "== pytest"; .venv/bin/python -m pytest "${parallel[@]}" "$@"
