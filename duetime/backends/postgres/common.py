@@ -113,6 +113,15 @@ async def reach_async(options: PgOptions) -> None:
         raise connection_failed(options.display, error) from None
 
 
+#: The "table" the queue tables are named after (``duetime_queues``, ``duetime_queue_messages``).
+QUEUE_TABLES = "duetime"
+
+
+def channel_of(schema: str, table: str) -> str:
+    """A LISTEN/NOTIFY channel name: stable, short, one per table."""
+    return "duetime_" + hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:20]
+
+
 class PgNames:
     """Quoted identifiers and the queries formatted with them, for one table in one schema."""
 
@@ -143,7 +152,10 @@ class PgNames:
         self.quoted_schema = s
         self.q = {name: sql.format(**names) for name, sql in QUERIES.items()}
         #: LISTEN/NOTIFY channel: stable, short, one per table.
-        self.channel = "duetime_" + hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:20]
+        self.channel = channel_of(schema, table)
+        #: The channel of the schema's queue tables: a NOTIFY with the queue's name as payload
+        #: commits with every message put in a queue, and waiting receivers wake on it.
+        self.queue_channel = channel_of(schema, QUEUE_TABLES)
         #: pg_advisory_xact_lock key that serializes concurrent set-ups of this schema.
         self.setup_lock = int.from_bytes(
             hashlib.sha1(f"duetime:{schema}".encode()).digest()[:8], "big", signed=True

@@ -201,14 +201,23 @@ INSERT INTO {messages} (queue, message_id, headers, body) VALUES (%s, %s, %s, %s
 
 -- Arrays go as binary parameters (%()b): in text form psycopg escapes every element with a
 -- regular expression, which cost more than the statement for a batch of 100.
+-- The NOTIFY (one per queue, sent at commit) wakes receivers waiting on the queue channel.
 -- name: enqueue_declared
-INSERT INTO {messages} (queue, message_id, headers, body)
-SELECT u.queue, u.message_id, u.headers::json, u.body
-FROM unnest(%(queues)b::text[], %(ids)b::text[], %(headers)b::text[], %(bodies)b::bytea[])
-     WITH ORDINALITY AS u(queue, message_id, headers, body, n)
-WHERE u.queue IN (SELECT name FROM {queues})
-ORDER BY u.n
-RETURNING message_id;
+WITH sent AS (
+    INSERT INTO {messages} (queue, message_id, headers, body)
+    SELECT u.queue, u.message_id, u.headers::json, u.body
+    FROM unnest(%(queues)b::text[], %(ids)b::text[], %(headers)b::text[], %(bodies)b::bytea[])
+         WITH ORDINALITY AS u(queue, message_id, headers, body, n)
+    WHERE u.queue IN (SELECT name FROM {queues})
+    ORDER BY u.n
+    RETURNING message_id, queue
+), woken AS (
+    SELECT pg_notify(%(channel)s, d.queue) FROM (SELECT DISTINCT queue FROM sent) AS d
+)
+SELECT message_id FROM sent WHERE (SELECT count(*) FROM woken) >= 0;
+
+-- name: notify_queues
+SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q;
 
 -- name: receive
 UPDATE {messages} AS m

@@ -7,16 +7,20 @@ each message from store to queue in one transaction (exactly-once).
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from duetime.backends._bridge import AsyncQueueBridge
-from duetime.backends.postgres.common import PgNames, PgOptions, dump_headers, reach
+from duetime.backends.postgres.common import QUEUE_TABLES, PgNames, PgOptions, dump_headers, reach
 from duetime.clock import SYSTEM
 from duetime.closing import Closing
 from duetime.errors import ConnectionFailed, DestinationNotFound, TransportUnavailable
@@ -24,6 +28,8 @@ from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.names import check_name
 from duetime.received import received
+
+log = logging.getLogger("duetime.queue")
 
 
 def queue_schema_statements(q: dict[str, str]) -> list[str]:
@@ -86,11 +92,16 @@ class SyncPostgresQueue(Closing):
         *,
         visibility_timeout: timedelta = timedelta(seconds=30),
         poll_interval: float = 0.02,
+        recheck: float = 1.0,
     ) -> None:
         self.options = options
-        self.names = PgNames(options.schema, "duetime")
+        self.names = PgNames(options.schema, QUEUE_TABLES)
         self.visibility_timeout = visibility_timeout
+        #: How often a receiver looks when it cannot wait on the queue channel.
         self.poll_interval = poll_interval
+        #: How often a receiver asleep on the channel looks anyway (visibility timeouts end
+        #: without a NOTIFY).
+        self.recheck = recheck
         reach(options)
         self.pool = ConnectionPool(
             options.conninfo,
@@ -103,6 +114,7 @@ class SyncPostgresQueue(Closing):
         with self.pool.connection() as conn, conn.transaction():
             for sql, params in queue_setup(self.names):
                 conn.execute(sql, params)
+        self._listener = _Listener(options.conninfo, self.names.queue_channel)
 
     @classmethod
     def from_url(cls, url: str) -> SyncPostgresQueue:
@@ -123,10 +135,8 @@ class SyncPostgresQueue(Closing):
         """One statement, one round trip: insert what has a declared queue, report the rest."""
         if len({m.message_id for m in messages}) == len(messages):
             with self.pool.connection() as conn:
-                sent = {
-                    row[0]
-                    for row in conn.execute(self.names.q["enqueue_declared"], _arrays(messages)).fetchall()
-                }
+                params = _arrays(messages) | {"channel": self.names.queue_channel}
+                sent = {row[0] for row in conn.execute(self.names.q["enqueue_declared"], params).fetchall()}
             return [None if m.message_id in sent else _not_found(m) for m in messages]
         q = self.names.q
         with self.pool.connection() as conn, conn.transaction():
@@ -135,17 +145,31 @@ class SyncPostgresQueue(Closing):
             rows, results = _split(messages, known)
             with conn.cursor() as cur:
                 cur.executemany(q["enqueue"], rows)
+            conn.execute(
+                q["notify_queues"],
+                {"channel": self.names.queue_channel, "queues": sorted({r[0] for r in rows})},
+            )
         return results
 
     def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
+        """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first: asleep on the
+        queue channel's NOTIFY (every enqueue sends one), looking again at least every
+        ``recheck`` seconds for messages whose visibility timeout ran out."""
         deadline = SYSTEM.monotonic() + wait
+        listening = False
         while True:
             params = self._receive_params(queue, max_messages)
             with self.pool.connection() as conn:
                 rows = conn.execute(self.names.q["receive"], params).fetchall()
-            if rows or SYSTEM.monotonic() >= deadline:
+            left = deadline - SYSTEM.monotonic()
+            if rows or left <= 0:
                 return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
-            time.sleep(self.poll_interval)
+            if not listening:  # listen first, then look once more: nothing slips in between
+                listening = self._listener.listen()
+                if listening:
+                    continue
+            if not (listening and self._listener.wait_for(queue, min(left, self.recheck))):
+                time.sleep(min(left, self.poll_interval))
 
     def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         """Remove a batch in one statement; a receipt that expired (handed out again) is skipped."""
@@ -174,7 +198,65 @@ class SyncPostgresQueue(Closing):
         return int(row[0]) if row else 0
 
     def close(self) -> None:
+        self._listener.close()
         self.pool.close()
+
+
+class _Listener:
+    """One connection LISTENing on the queue channel, shared by this queue's receivers: one waits
+    on it at a time, the others poll (``wait_for`` answers False); a lost connection is opened
+    again on the next wait, and until then receivers poll."""
+
+    def __init__(self, conninfo: str, channel: str) -> None:
+        self.conninfo, self.channel = conninfo, channel
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def listen(self) -> bool:
+        """Whether this queue is listening now (connected, or connected just now)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._conn is None:
+                conn = psycopg.connect(self.conninfo, autocommit=True)
+                conn.execute(f"LISTEN {self.channel}")
+                self._conn = conn
+            return True
+        except psycopg.Error as error:
+            log.debug("cannot LISTEN for queue wake-ups (%s); polling", type(error).__name__)
+            return False
+        finally:
+            self._lock.release()
+
+    def wait_for(self, queue: str, seconds: float) -> bool:
+        """Sleep until a message is put in ``queue`` or ``seconds`` pass; False if this receiver
+        cannot wait here (another is waiting, or the connection is lost) and must poll."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._conn is None:
+                return False
+            end = SYSTEM.monotonic() + seconds
+            while (left := end - SYSTEM.monotonic()) > 0:
+                for note in self._conn.notifies(timeout=left, stop_after=1):
+                    if note.payload == queue:
+                        return True
+            return True
+        except psycopg.Error:
+            self._drop()
+            return False
+        finally:
+            self._lock.release()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
 
 
 class PostgresQueueTransport(AsyncQueueBridge):

@@ -337,6 +337,10 @@ class SyncPostgresStore(StoreRules):
                 cur.executemany(q["enqueue"], queued)
             if dead:
                 conn.execute(q["declare_queue"], {"name": error_queue})
+            conn.execute(
+                q["notify_queues"],
+                {"channel": self.names.queue_channel, "queues": sorted({row[0] for row in queued})},
+            )
         return MoveOutcome(moved, dead)
 
     def _close(self) -> None:
