@@ -92,6 +92,10 @@ def test_every_python_block_runs_as_written(pg: str, tmp_path: Path, monkeypatch
             code = block
             for host, here in HOSTS.items():
                 code = code.replace(host, here.format(pg=pg))
+            # Spark reads a relative path from its JVM's working directory: where this worker
+            # process first started Spark (another test file may have), not this test's folder.
+            for folder in ("customers/", "rejects/"):
+                code = code.replace(f'"{folder}"', repr(f"{tmp_path}/{folder}"))
             code = _prelude(code) + code
             try:
                 if "asyncio.run(" in code:  # a whole program: it runs its own event loop
