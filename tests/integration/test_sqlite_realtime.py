@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -157,3 +158,33 @@ async def test_front_door_stores_forwards_and_rejects(tmp_path: Path) -> None:
     sender.close()
     await store.close()
     await transport.close()
+
+
+def test_a_waiting_receiver_sleeps_until_another_process_writes(tmp_path: Path) -> None:
+    """Asleep on the file's write events, not reading the change counter every 5 ms (which cost
+    100 ms of CPU in 3 s), and awake within milliseconds of another process's commit."""
+    db = tmp_path / "sleep.db"
+    prepare(db, "idle", "orders").close()
+    receiver = SyncSqliteQueue(db)
+    receiver.receive("orders", 10, wait=0.1)  # the watch is open from here on
+    cpu = time.process_time()
+    assert receiver.receive("orders", 10, wait=3) == []
+    assert time.process_time() - cpu < 0.03
+    sender = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from datetime import datetime, UTC; from duetime import DelayedMessage;"
+            "from duetime.backends.sqlite import SyncSqliteQueue; q = SyncSqliteQueue(sys.argv[1]);"
+            "time.sleep(1.0); q.send([DelayedMessage('late', 'orders', datetime.now(UTC))]); print(time.time())",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    got = receiver.receive("orders", 10, wait=20)
+    woke = time.time()
+    sent = float(sender.communicate(timeout=30)[0])
+    assert [m.message_id for m in got] == ["late"]
+    assert woke - sent < 0.1, f"woke {woke - sent:.3f} s after the commit"
+    receiver.close()

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from duetime.backends._bridge import AsyncQueueBridge
 from duetime.backends.sqlite.connection import (
@@ -24,6 +24,8 @@ from duetime.backends.sqlite.connection import (
     parse_sqlite_url,
     write_transaction,
 )
+from duetime.backends.sqlite.filewatch import RECHECK, SETTLE, SETTLE_POLL, FileWatch
+from duetime.backends.sqlite.filewatch import watch as watch_file
 from duetime.clock import SYSTEM, to_micros
 from duetime.closing import Closing
 from duetime.errors import DestinationNotFound
@@ -75,6 +77,8 @@ class SyncSqliteQueue(Closing):
         self.poll_interval = poll_interval
         self._conn = connect(self.path, synchronous)
         self._lock = threading.RLock()
+        #: The file's write events, opened by the first receive that waits (False: not yet).
+        self._file_watch: FileWatch | Literal[False] | None = False
         with self._lock, write_transaction(self._conn):
             create_queue_schema(self._conn)
 
@@ -124,19 +128,34 @@ class SyncSqliteQueue(Closing):
         return [_received(r, token) for r in rows]
 
     def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
-        """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first to arrive."""
+        """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first to arrive:
+        asleep until another process writes the file (:mod:`.filewatch`), polling where that
+        cannot be had."""
         deadline = SYSTEM.monotonic() + wait
+        watch = self._watch() if wait > 0 else None  # before the version is read: no write slips by
         while True:
             with self._lock:
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
             taken = self._try_receive(queue, max_messages)
             if taken or SYSTEM.monotonic() >= deadline:
                 return taken
-            while SYSTEM.monotonic() < deadline:  # wait for another connection to write
-                time.sleep(self.poll_interval)
+            close_until = 0.0
+            while (left := deadline - SYSTEM.monotonic()) > 0:  # wait for another connection to write
+                if SYSTEM.monotonic() < close_until:
+                    time.sleep(min(left, SETTLE_POLL))
+                elif (written := None if watch is None else watch.try_wait(min(left, RECHECK))) is None:
+                    time.sleep(min(left, self.poll_interval))
+                elif written:
+                    close_until = SYSTEM.monotonic() + SETTLE
                 with self._lock:
                     if self._conn.execute("PRAGMA data_version").fetchone()[0] != version:
                         break
+
+    def _watch(self) -> FileWatch | None:
+        with self._lock:
+            if self._file_watch is False:
+                self._file_watch = watch_file(self.path)
+            return self._file_watch or None
 
     def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
         """Receive these particular messages (an operator sending errors back)."""
@@ -169,6 +188,9 @@ class SyncSqliteQueue(Closing):
 
     def close(self) -> None:
         with self._lock:
+            if self._file_watch:
+                self._file_watch.close()
+            self._file_watch = None
             self._conn.close()
 
 

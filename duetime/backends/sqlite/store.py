@@ -35,13 +35,15 @@ from duetime.backends.sqlite.connection import (
     parse_sqlite_url,
     write_transaction,
 )
+from duetime.backends.sqlite.filewatch import RECHECK, SETTLE, SETTLE_POLL
+from duetime.backends.sqlite.filewatch import watch as watch_file
 from duetime.backends.sqlite.queue import (
     SqliteQueueTransport,
     create_queue_schema,
     enqueue,
     queue_exists,
 )
-from duetime.clock import from_micros, to_micros
+from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 from duetime.names import check_name, quote_identifier
@@ -272,8 +274,9 @@ class SyncSqliteStore(StoreRules):
 class SqliteStore(TransactionalBridge):
     """The async SQLite store: the sync store on its own thread, plus cross-process wake-ups.
 
-    While someone is subscribed, it watches ``PRAGMA data_version`` every ``watch_interval``
-    seconds, so a message stored by another process wakes a sleeping dispatcher here.
+    While someone is subscribed, it watches the file for writes by other processes (inotify;
+    else ``PRAGMA data_version`` every ``watch_interval`` seconds), so a message stored by another
+    process wakes a sleeping dispatcher here.
     """
 
     sync: SyncSqliteStore
@@ -297,16 +300,30 @@ class SqliteStore(TransactionalBridge):
         return self.sync.path
 
     async def _watch_file(self, subscribers: Subscribers) -> None:
-        version = await self._call(self.sync.data_version)
-        while True:
-            await asyncio.sleep(self.watch_interval)
-            try:
-                current = await self._call(self.sync.data_version)
-            except Exception:
-                continue
-            if current != version:
-                version = current
-                subscribers.notify(None)
+        """Tell subscribers when another process commits: asleep on the file's write events
+        (:mod:`.filewatch`), reading ``data_version`` every ``watch_interval`` where those
+        cannot be had and for a moment after each event."""
+        watch = watch_file(self.path)
+        try:
+            version = await self._call(self.sync.data_version)
+            close_until = 0.0
+            while True:
+                if watch is None:
+                    await asyncio.sleep(self.watch_interval)
+                elif SYSTEM.monotonic() < close_until:
+                    await asyncio.sleep(2 * SETTLE_POLL)
+                elif await watch.wait(RECHECK):
+                    close_until = SYSTEM.monotonic() + SETTLE
+                try:
+                    current = await self._call(self.sync.data_version)
+                except Exception:
+                    continue
+                if current != version:
+                    version = current
+                    subscribers.notify(None)
+        finally:
+            if watch is not None:
+                watch.close()
 
     def shares_transaction_with(self, transport: object) -> bool:
         return isinstance(transport, SqliteQueueTransport) and _same_file(transport.path, self.path)

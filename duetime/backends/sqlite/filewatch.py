@@ -1,0 +1,88 @@
+"""Knowing, without polling, that another process wrote the SQLite file.
+
+In WAL mode every commit writes the ``-wal`` file; Linux's inotify tells a watcher of the folder
+at once. A receiver waiting on its queue, or a store watching for messages stored elsewhere,
+sleeps on that instead of reading ``PRAGMA data_version`` every few milliseconds (which cost a
+few per cent of a core per idle process). What wakes it is only a hint: the caller still reads
+``data_version`` to see whether another connection committed, and looks anyway now and then, so
+a spurious event costs a look, never a message. An event comes when the WAL is written, a moment
+before the commit is visible (SQLite syncs the file and then publishes the commit in shared
+memory, which inotify does not see): after an event, callers look every few milliseconds for a
+short while (:data:`SETTLE`) before they sleep on the watch again. Where inotify is not available (not
+Linux, or the ``inotify_simple`` package missing) :func:`watch` answers None and callers poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from pathlib import Path
+
+log = logging.getLogger("duetime.sqlite")
+
+#: After a write event, how long callers keep looking closely for the commit to show, and how
+#: often they look meanwhile (the commit shows once the WAL is synced: a few milliseconds).
+SETTLE = 0.1
+SETTLE_POLL = 0.001
+#: How long callers sleep on the watch at most before they look anyway.
+RECHECK = 1.0
+
+try:
+    from inotify_simple import INotify, flags  # type: ignore[import-untyped]
+except ImportError:  # not Linux, or not installed: callers poll
+    INotify = None
+
+
+class FileWatch:
+    """Events for one database file and its WAL; one waiter at a time (:meth:`try_wait`)."""
+
+    def __init__(self, path: Path) -> None:
+        assert INotify is not None
+        self._inotify = INotify()
+        self._inotify.add_watch(str(path.parent), flags.MODIFY | flags.CREATE | flags.MOVED_TO)
+        self._names = {path.name, f"{path.name}-wal"}
+        self._turn = threading.Lock()
+
+    def fileno(self) -> int:
+        return int(self._inotify.fileno())
+
+    def _changed(self, timeout_ms: int) -> bool:
+        return any(event.name in self._names for event in self._inotify.read(timeout=timeout_ms))
+
+    def try_wait(self, seconds: float) -> bool | None:
+        """Sleep until the file is written (True) or ``seconds`` pass (False); None at once if
+        another thread is waiting here (the caller then polls)."""
+        if not self._turn.acquire(blocking=False):
+            return None
+        try:
+            return self._changed(max(int(seconds * 1000), 0))
+        finally:
+            self._turn.release()
+
+    async def wait(self, seconds: float) -> bool:
+        """:meth:`try_wait` for an event loop (the loop watches the file descriptor)."""
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        loop.add_reader(self.fileno(), readable.set)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(readable.wait(), seconds)
+        finally:
+            loop.remove_reader(self.fileno())
+        return readable.is_set() and self._changed(0)  # taken: the next wait sleeps again
+
+    def close(self) -> None:
+        self._inotify.close()
+
+
+def watch(path: Path) -> FileWatch | None:
+    """A watch on ``path``'s folder, or None where inotify cannot be had (callers poll)."""
+    if INotify is None:
+        return None
+    try:
+        return FileWatch(path)
+    except OSError as error:  # too many watches, a folder we may not watch, ...
+        log.debug("cannot watch %s for changes (%s); polling", path, error)
+        return None
