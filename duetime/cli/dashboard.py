@@ -33,11 +33,13 @@ def dashboard(
         str,
         typer.Option(
             envvar="DUETIME_DASHBOARD_HOST",
-            help="Address to listen on. 127.0.0.1 (this machine only) unless you put it behind a "
-            "reverse proxy or set a password: 0.0.0.0 lets every machine that reaches this one in.",
+            help="Address to listen on: 127.0.0.1 is this machine only (a reverse proxy on it "
+            "reaches it); 0.0.0.0 lets other machines in (set a password first).",
         ),
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="DUETIME_DASHBOARD_PORT", min=0, max=65535)] = 8080,
+    port: Annotated[
+        int, typer.Option(envvar="DUETIME_DASHBOARD_PORT", min=0, max=65535, help="Port to serve on.")
+    ] = 8080,
     read_only: Annotated[
         bool, typer.Option("--read-only", help="Serve the pages only: no cancel, reschedule or retry.")
     ] = False,
