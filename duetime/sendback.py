@@ -17,12 +17,24 @@ from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore, InspectableQueue, ReceivedMessage
 from duetime.loader import store_new
 from duetime.message import DelayedMessage
+from duetime.registry import open_transport
 
 #: How many messages a look through the whole error queue reads at most.
 EVERYTHING = 1_000_000
 #: Messages stored, then acknowledged, per round (a crash repeats at most one round, and a
 #: message stored twice is recognised by its id).
 ROUND = 1_000
+
+
+def open_error_transport(url: str) -> InspectableQueue:
+    """The transport at ``url``, if it can show its queues (every queue transport can; one that
+    only sends, a Celery bridge say, cannot): else a one-line ConfigurationError."""
+    t = open_transport(url)
+    if not isinstance(t, InspectableQueue):
+        raise ConfigurationError(
+            f"{type(t).__name__} cannot show its error queue from here; use the broker's own tools."
+        )
+    return t
 
 
 def goes_to(item: ReceivedMessage) -> str:

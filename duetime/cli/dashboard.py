@@ -7,11 +7,10 @@ from typing import Annotated
 
 import typer
 
-from duetime.cli.common import DEFAULT_STORE, StoreOpt, TransportOpt, _logging, _transport_url, app
+from duetime.cli.common import DEFAULT_STORE, StoreOpt, TransportOpt, _logging, _open, _transport_url, app
 from duetime.durations import parse_duration
+from duetime.interfaces import DelayedMessageStore
 from duetime.logs import LogFormat
-from duetime.registry import check_store_exists, open_store
-from duetime.settings import TransactionMode
 from duetime.terminal import run_async as _run
 from duetime.urls import redact
 
@@ -72,11 +71,10 @@ def dashboard(
     async def serve() -> None:
         import uvicorn
 
-        stores = {}
+        stores: dict[str, DelayedMessageStore] = {}
         try:
             for name in dict.fromkeys(endpoint):
-                stores[name] = open_store(check_store_exists(store))
-                await stores[name].initialize(name, TransactionMode.AT_LEAST_ONCE)
+                stores[name] = await _open(store, name)
         except BaseException:
             for opened in stores.values():
                 await opened.close()

@@ -23,8 +23,7 @@ from duetime.durations import parse_duration
 from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME
 from duetime.errors import ConfigurationError
 from duetime.interfaces import InspectableQueue, ReceivedMessage
-from duetime.registry import open_transport
-from duetime.sendback import EVERYTHING, chosen, goes_to, send_back, take
+from duetime.sendback import EVERYTHING, chosen, goes_to, open_error_transport, send_back, take
 from duetime.terminal import console, err, fail, say, show, table
 from duetime.terminal import run_async as _run
 
@@ -38,12 +37,7 @@ YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confir
 
 
 def _error_transport(store: str, transport: str | None) -> InspectableQueue:
-    t = open_transport(_transport_url(store, transport))
-    if not isinstance(t, InspectableQueue):
-        raise ConfigurationError(
-            f"{type(t).__name__} cannot show its error queue from here; use the broker's own tools."
-        )
-    return t
+    return open_error_transport(_transport_url(store, transport))
 
 
 def _row(item: ReceivedMessage) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,7 +26,7 @@ from duetime.dashboard.security import Credentials, RequireLogin, protect
 from duetime.dashboard.timeline import Timeline
 from duetime.durations import parse_duration, parse_time
 from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_STACKTRACE, ERROR_TIME, ERROR_TYPE
-from duetime.errors import DuetimeError, MessageInFlight, one_line
+from duetime.errors import ConfigurationError, DuetimeError, MessageInFlight, one_line
 from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
@@ -38,12 +38,12 @@ from duetime.interfaces import (
 )
 from duetime.message import DelayedMessage, check_due_time
 from duetime.presence import DispatcherInfo, describe_claims
-from duetime.registry import open_transport
-from duetime.sendback import EVERYTHING, chosen, goes_to, send_back, take
+from duetime.sendback import EVERYTHING, chosen, goes_to, open_error_transport, send_back, take
 from duetime.urls import redact
 
 try:
     from starlette.applications import Starlette
+    from starlette.datastructures import FormData
     from starlette.middleware import Middleware
     from starlette.middleware.sessions import SessionMiddleware
     from starlette.requests import Request
@@ -51,8 +51,6 @@ try:
     from starlette.routing import Route
     from starlette.templating import Jinja2Templates
 except ImportError as missing:  # pragma: no cover - depends on what is installed
-    from duetime.errors import ConfigurationError
-
     raise ConfigurationError("The dashboard needs its extra: pip install 'duetime[dashboard]'.") from missing
 
 log = logging.getLogger("duetime.dashboard")
@@ -379,7 +377,7 @@ async def message(request: Request) -> Response:
     )
 
 
-async def _form(request: Request) -> tuple[Dashboard, Mapping[str, Any], str, str]:
+async def _form(request: Request) -> tuple[Dashboard, FormData, str, str]:
     dashboard: Dashboard = request.app.state.dashboard
     form = await request.form()
     endpoint = str(form.get("endpoint") or "")
@@ -472,18 +470,12 @@ def _error_row(item: ReceivedMessage) -> dict[str, Any]:
 async def _error_transport(dashboard: Dashboard) -> AsyncIterator[InspectableQueue]:
     """The transport, opened for one request: closing it puts back whatever was taken and not
     acknowledged (a retry cut short by an error loses nothing)."""
-    t = open_transport(dashboard.transport_url)
-    if not isinstance(t, InspectableQueue):
-        raise _NotInspectable(type(t).__name__)
+    t = open_error_transport(dashboard.transport_url)
     await t.start()
     try:
         yield t
     finally:
         await t.close()
-
-
-class _NotInspectable(Exception):
-    pass
 
 
 async def errors(request: Request) -> Response:
@@ -499,8 +491,8 @@ async def errors(request: Request) -> Response:
             depth = await t.depth(dashboard.error_queue)
             seen = await t.peek(dashboard.error_queue, EVERYTHING if destination else limit)
             rows = [_error_row(m) for m in seen if not destination or goes_to(m) == destination][:limit]
-    except _NotInspectable as kind:
-        problem = f"{kind} cannot show its error queue from here; use the broker's own tools."
+    except ConfigurationError as error:  # a transport that cannot show its queues
+        problem = str(error)
     except Exception as error:
         problem = f"could not read the error queue: {one_line(error)}"
     destinations = sorted({r["destination"] for r in rows if r["destination"]})
@@ -522,7 +514,7 @@ async def _error_action(request: Request, retry: bool) -> Response:
     back = _safe_back(str(form.get("back") or ""), f"/errors?endpoint={endpoint}")
     if not dashboard.can_change:
         return _read_only()
-    ids = [str(i) for i in form.getlist("id")] if hasattr(form, "getlist") else []
+    ids = [str(i) for i in form.getlist("id")]
     every = bool(form.get("all"))
     destination = str(form.get("destination") or "") or None
     try:
@@ -541,8 +533,6 @@ async def _error_action(request: Request, retry: bool) -> Response:
                 note = f"discarded {await t.acknowledge(taken)}"
     except (DuetimeError, ValueError) as error:
         return _done(request, back, f"nothing done: {one_line(error)}", error=True)
-    except _NotInspectable as kind:
-        return _done(request, back, f"{kind} cannot show its error queue from here", error=True)
     if missing:
         note += f"; {len(missing)} were no longer there"
     log.info("dashboard: %s (error queue %s)", note, dashboard.error_queue)

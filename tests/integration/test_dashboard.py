@@ -13,10 +13,9 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from duetime import DelayedMessage, TransactionMode
 from duetime.backends.postgres import SyncPostgresStore
 from tests.conftest import duetime_cmd, run_cli
 from tests.integration.proxy import proxy_for
-from tests.services import free_port, postgres_schema
+from tests.services import free_port, postgres_schema, until
 
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.slow
@@ -46,16 +45,6 @@ FLAGS = [
 ]
 PASSWORD = "correct horse"
 ENDPOINT = "shop"
-
-
-def until(check: Callable[[], Any], seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def request(port: int, path: str, *, data: bytes | None = None, auth: str | None = None) -> tuple[int, str]:
@@ -354,3 +343,27 @@ def test_a_database_outage_is_a_one_line_answer_and_it_recovers() -> None:
         stderr = board.stderr.read() if board.stderr else ""
         assert "Traceback" not in stderr, stderr
         assert "dashboard: GET / failed: " in stderr  # the operator's log says why, on one line
+
+
+def test_several_endpoints_a_bearer_token_and_bad_options(world: dict[str, Any]) -> None:
+    ok("setup", "--store", world["url"], "--endpoint", "billing")
+    port = free_port()
+    board = dashboard(world["url"], port, "--endpoint", "billing")  # with the fixture's ENDPOINT
+    try:
+        bearer = f"Bearer {PASSWORD}"
+        status, page = request(port, "/?endpoint=billing", auth=bearer)
+        assert status == 200 and "Overview of endpoint billing" in page
+        assert 'option value="billing"' in page and f'option value="{ENDPOINT}"' in page  # the menu
+        status, page = request(port, "/", auth=bearer)  # the first endpoint by default
+        assert status == 200 and f"Overview of endpoint {ENDPOINT}" in page
+        assert request(port, "/", auth="Bearer wrong")[0] == 401
+    finally:
+        stop(board)
+    for option, value, said in (
+        ("--sample-every", "soon", "Cannot read the duration 'soon'"),
+        ("--sample-every", "0.1s", "--sample-every must be at least 1s"),
+        ("--port", "99999", "65535"),
+    ):
+        result = run_cli("dashboard", "--store", world["url"], option, value)
+        assert result.returncode != 0 and said in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

@@ -28,7 +28,7 @@ from duetime.presence import EXPIRY, HEARTBEAT_INTERVAL
 from tests.conftest import duetime_cmd, run_cli
 from tests.integration.proxy import proxy_for
 from tests.integration.test_rabbitmq_crash import RabbitConsumer
-from tests.services import RABBITMQ, free_port, postgres_schema, require
+from tests.services import RABBITMQ, free_port, postgres_schema, require, until
 
 pytestmark = pytest.mark.slow
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -57,16 +57,6 @@ def scrape(port: int) -> Samples:
 
 def metric(found: Samples, name: str, **labels: str) -> float | None:
     return found.get((name, frozenset(labels.items())))
-
-
-def until(check: Callable[[], Any], seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 def scrape_until(port: int, check: Callable[[Samples], bool], seconds: float, what: str) -> Samples:
