@@ -6,10 +6,10 @@ driver (psycopg, PyMySQL, sqlite3): no JDBC jar and no download at run time.
 
 from __future__ import annotations
 
+import itertools
 import random
 import sqlite3
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -124,14 +124,6 @@ class Database:
         """Queries are written with ``%s``; sqlite3 wants ``?``."""
         return text.replace("%s", "?") if self.dialect == "sqlite" else text
 
-    def bucket(self, column: str, buckets: int) -> str:
-        """An SQL expression spreading rows over ``buckets`` by a hash of ``column``."""
-        if self.dialect == "postgres":
-            return f"mod(hashtext({column}::text)::bigint + 2147483648, {buckets})"
-        if self.dialect == "mysql":
-            return f"MOD(CRC32({column}), {buckets})"
-        return f"duetime_bucket({column}, {buckets})"
-
     @property
     def blob(self) -> str:
         return {"postgres": "bytea", "mysql": "LONGBLOB", "sqlite": "BLOB"}[self.dialect]
@@ -164,7 +156,6 @@ class Database:
         conn.execute("PRAGMA journal_mode=WAL")
         # A writer takes the write lock up front, so status checks hold for the whole session.
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-        conn.create_function("duetime_bucket", 2, _sqlite_bucket, deterministic=True)
         return conn
 
     @contextmanager
@@ -205,6 +196,28 @@ class Database:
         cur.execute(self.sql(text), tuple(params))
         return cur
 
+    def stream(
+        self, conn: Any, text: str, params: Sequence[Any] = (), size: int = 5000
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """The rows of a query in lists of at most ``size``, never the whole result in memory: a
+        server-side cursor on PostgreSQL (a plain one fetches everything at once), an unbuffered
+        one on MariaDB (the connection runs nothing else meanwhile); SQLite steps as it goes."""
+        if self.dialect == "postgres":
+            cur = conn.cursor(name=f"duetime_stream_{next(_CURSORS)}")
+            cur.itersize = size
+        elif self.dialect == "mysql":
+            import pymysql.cursors
+
+            cur = conn.cursor(pymysql.cursors.SSCursor)
+        else:
+            cur = conn.cursor()
+        try:
+            cur.execute(self.sql(text), tuple(params))
+            while rows := cur.fetchmany(size):
+                yield [tuple(r) for r in rows]
+        finally:
+            cur.close()
+
     def executemany(self, conn: Any, text: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             cur = conn.cursor()
@@ -226,6 +239,9 @@ class Database:
         return ", ".join(["%s"] * count)
 
 
+_CURSORS = itertools.count()
+
+
 def _is_deadlock(error: Exception) -> bool:
     code = getattr(error, "sqlstate", None)
     if code in ("40P01", "40001"):  # PostgreSQL: deadlock detected, serialization failure
@@ -237,7 +253,3 @@ def _is_deadlock(error: Exception) -> bool:
 def _without_query(url: str) -> str:
     """The URL before its query; not urlunsplit, which turns sqlite://// into sqlite://."""
     return url.split("?", 1)[0]
-
-
-def _sqlite_bucket(value: object, buckets: int) -> int:
-    return zlib.crc32(str(value).encode()) % buckets

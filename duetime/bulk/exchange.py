@@ -7,18 +7,14 @@ Import writes them back through idempotent, ledgered batches: importing twice ch
 
 from __future__ import annotations
 
-import json
-import shutil
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
+from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import file_kind
 from duetime.bulk.migrate import MigrationResult, MigrationSpec, Progress, migrate
-from duetime.bulk.preview import source_rdd
-from duetime.bulk.records import group_of
-from duetime.bulk.targets import record_to_json
+from duetime.bulk.preview import source_frame
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
 
@@ -38,54 +34,18 @@ def export(
             f"Export writes files: --to parquet:/folder or jsonl:/folder, not {to.split('@')[-1]!r}."
         )
     fmt, path = kind
-    rdd = source_rdd(
-        spark, source_url, endpoint, None if cutoff is None else to_micros(cutoff), in_flight=True
+    target = FileTarget(path, fmt)
+    folder = target.check(spark)  # before a row is read
+    frame = source_frame(
+        spark,
+        source_url,
+        endpoint,
+        None if cutoff is None else to_micros(cutoff),
+        in_flight=True,
+        check=False,
     )
-    records = rdd.map(lambda pair: pair[0]).cache()
-    try:
-        if Path(path).exists():
-            shutil.rmtree(path)
-        if fmt == "parquet":
-            from pyspark.sql import functions as F
-            from pyspark.sql.types import (
-                BinaryType,
-                IntegerType,
-                LongType,
-                StringType,
-                StructField,
-                StructType,
-            )
-
-            schema = StructType(
-                [
-                    StructField("endpoint", StringType()),
-                    StructField("message_id", StringType()),
-                    StructField("destination", StringType()),
-                    StructField("due_us", LongType()),
-                    StructField("headers", StringType()),
-                    StructField("body", BinaryType()),
-                    StructField("failure_count", IntegerType()),
-                    StructField("group", StringType()),
-                ]
-            )
-            frame = spark.createDataFrame(records.map(lambda r: (*r[:7], group_of(r))), schema)
-            frame = frame.select(
-                "endpoint",
-                "message_id",
-                "destination",
-                F.timestamp_micros("due_us").alias("due_at"),
-                "headers",
-                "body",
-                "failure_count",
-                "group",
-            )
-            frame.write.parquet(path)
-        else:
-            records.map(lambda r: json.dumps(record_to_json(r), ensure_ascii=False)).saveAsTextFile(path)
-        count = int(records.count())
-    finally:
-        records.unpersist()
-    return Exported(count, path)
+    # The count comes from the committed files, not from what was sent their way.
+    return Exported(target.write(spark, frame, folder), folder.uri)
 
 
 def import_(

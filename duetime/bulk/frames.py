@@ -13,12 +13,13 @@ import base64
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 from duetime.bulk.records import Record, due_us_of, dump_headers, problem
 from duetime.errors import ConfigurationError, InvalidMessage
 
+T = TypeVar("T")
 #: Pairs a bulk job carries: the record, and why it cannot be used (None when it can).
 Checked = tuple[Record, str | None]
 _NAMESPACE = uuid.UUID("6f0c5c2e-8f55-4c1a-9d7e-2b1f3a9c6d10")
@@ -132,22 +133,6 @@ def derived_id(destination: object, due_us: int | None, body: bytes, headers: st
     return str(uuid.uuid5(_NAMESPACE, digest.hexdigest()))
 
 
-def checked_rdd(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:
-    """An RDD of checked records read from Parquet or JSON Lines files."""
-    if fmt == "parquet":
-        return normalize(spark.read.parquet(path)).rdd.mapPartitions(
-            lambda rows: checked_rows(rows, endpoint)
-        )
-    if fmt == "jsonl":
-        return spark.read.text(path).rdd.map(lambda row: check_json(_json_line(row[0]), endpoint))
-    raise ConfigurationError(f"Unknown file format {fmt!r}; use parquet or jsonl.")
-
-
-def checked_frame(df: Any, endpoint: str | None) -> Any:
-    """An RDD of checked records from any DataFrame with the accepted columns."""
-    return normalize(df).rdd.mapPartitions(lambda rows: checked_rows(rows, endpoint))
-
-
 def _json_line(line: str) -> dict[str, Any]:
     try:
         data = json.loads(line)
@@ -181,3 +166,141 @@ def file_kind(url: str) -> tuple[str, str] | None:
             raise ConfigurationError(f"{url!r} names no path; e.g. parquet:/data/timeouts.")
         return scheme, path
     return None
+
+
+# -- records as Arrow-backed DataFrames: bounded chunks, no pickled Python objects ---------------
+
+#: Rows per Arrow batch a task hands over: bounds a task's memory whatever the batch size.
+CHUNK_ROWS = 10_000
+#: The columns of a record frame: a :class:`Record`, its group, and ``problem`` (why it cannot be
+#: stored; null when it can, or when nobody asked).
+RECORD_SCHEMA = (
+    "endpoint string, message_id string, destination string, due_us long, headers string, "
+    "body binary, failure_count int, extra string, group string, problem string"
+)
+_NAMES = [f.split()[0] for f in RECORD_SCHEMA.split(", ")]
+
+
+def arrow_chunks(pairs: Iterable[Checked]) -> Iterator[Any]:
+    """Checked records as Arrow record batches of at most :data:`CHUNK_ROWS` rows."""
+    import pyarrow as pa
+
+    from duetime.bulk.records import group_of
+
+    types = [pa.string()] * 3 + [pa.int64(), pa.string(), pa.binary(), pa.int32()] + [pa.string()] * 3
+
+    def batch(chunk: list[Checked]) -> Any:
+        columns: list[list[Any]] = [[r[i] for r, _ in chunk] for i in range(8)]
+        columns.append([group_of(r) for r, _ in chunk])
+        columns.append([why for _, why in chunk])
+        return pa.RecordBatch.from_arrays(
+            [pa.array(c, type=t) for c, t in zip(columns, types, strict=True)], names=_NAMES
+        )
+
+    chunk: list[Checked] = []
+    for pair in pairs:
+        chunk.append(pair)
+        if len(chunk) >= CHUNK_ROWS:
+            yield batch(chunk)
+            chunk = []
+    if chunk:
+        yield batch(chunk)
+
+
+def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of at most ``size``: a stream of any length in bounded memory."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def checked_of(batches: Iterable[Any]) -> Iterator[Checked]:
+    """Arrow batches of a record frame back as checked records, a batch at a time."""
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in (*Record._fields, "problem")]
+        for values in zip(*columns, strict=True):
+            body = values[5]
+            yield (
+                Record(
+                    values[0] or "",
+                    values[1] or "",
+                    values[2],
+                    values[3],
+                    values[4],
+                    b"" if body is None else bytes(body),
+                    int(values[6] or 0),
+                    values[7],
+                ),
+                values[8],
+            )
+
+
+def record_frame(spark: Any, work: Sequence[Any], produce: Callable[[Any], Iterable[Checked]]) -> Any:
+    """A record frame with one task per item of ``work``, each streaming ``produce(item)`` to
+    Spark in Arrow chunks (a whole batch never sits in Python lists)."""
+    items = list(work)
+    seeds = spark.createDataFrame(
+        spark.sparkContext.parallelize([(i,) for i in range(len(items))], max(1, len(items))), "item int"
+    )
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                yield from arrow_chunks(produce(items[index]))
+
+    return seeds.mapInArrow(run, RECORD_SCHEMA)
+
+
+def per_partition(frame: Any, action: Callable[[int, Iterator[Checked]], Any], schema: str) -> list[Any]:
+    """Run ``action(partition number, its checked records)`` on every partition of a record frame;
+    the rows it returns (tuples matching ``schema``) are collected on the driver."""
+    import pyarrow as pa
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        number = 0 if context is None else context.partitionId()
+        rows = list(action(number, checked_of(batches)))
+        names = [f.split()[0] for f in schema.split(", ")]
+        yield pa.RecordBatch.from_pylist(
+            [dict(zip(names, r, strict=True)) for r in rows], schema=_arrow(schema)
+        )
+
+    return [tuple(r) for r in frame.mapInArrow(run, schema).collect()]
+
+
+def _arrow(schema: str) -> Any:
+    import pyarrow as pa
+
+    kinds = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "boolean": pa.bool_()}
+    return pa.schema([(name, kinds[kind]) for name, kind in (f.split() for f in schema.split(", "))])
+
+
+def checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:
+    """A record frame read from Parquet or JSON Lines files, through Spark's readers."""
+    if fmt == "parquet":
+        return checked_frame(spark.read.parquet(path), endpoint)
+    if fmt != "jsonl":
+        raise ConfigurationError(f"Unknown file format {fmt!r}; use parquet or jsonl.")
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        lines = (line for b in batches for line in b.column("value").to_pylist())
+        return arrow_chunks(check_json(_json_line(line), endpoint) for line in lines)
+
+    return spark.read.text(path).select("value").mapInArrow(run, RECORD_SCHEMA)
+
+
+def checked_frame(df: Any, endpoint: str | None) -> Any:
+    """A record frame from any DataFrame with the accepted columns."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        rows = (row for b in batches for row in b.to_pylist())
+        return arrow_chunks(checked_rows(rows, endpoint))
+
+    return normalize(df).mapInArrow(run, RECORD_SCHEMA)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from duetime.bulk.frames import checked_rdd, file_kind
+from duetime.bulk.filetarget import FileTarget, rows_in
+from duetime.bulk.frames import Checked, checked_files, file_kind, per_partition, record_frame
+from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.records import Record, group_sql, problem, store_ready
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
@@ -92,6 +93,8 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
             + "; ".join(refused[:10])
             + (f" (and {len(refused) - 10} more)" if len(refused) > 10 else "")
         )
+    if isinstance(target, FileTarget):
+        target.check(spark)  # a folder the cluster cannot really write is refused before any move
     source.ensure_state_tables()
     run_id, fresh = _current_run(source, spec, now_us)
     if run_id is None:
@@ -99,11 +102,20 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
             "", notes=["nothing to migrate: an earlier run completed and nothing is left."]
         )
     rows = source.batches(run_id)
-    endpoints = sorted({r["endpoint"] for r in rows})
-    target.prepare(endpoints)
-    todo = [int(r["batch"]) for r in rows if r["status"] in ("pending", "staged")]
-    if todo:
-        _run_tasks(spark, spec, run_id, todo, lambda: _done(source, run_id), len(rows), progress)
+    if isinstance(target, FileTarget):
+        _to_files(spark, spec, source, target, run_id, rows, progress)
+    else:
+        target.prepare(sorted({r["endpoint"] for r in rows}))
+        todo = [int(r["batch"]) for r in rows if r["status"] in ("pending", "staged")]
+        if todo:
+            _run_tasks(
+                spark,
+                todo,
+                lambda n: process_batch(spec, run_id, n),
+                lambda: _done(source, run_id),
+                len(rows),
+                progress,
+            )
     rows = source.batches(run_id)
     result = _summarize(run_id, rows)
     unfinished = [r["batch"] for r in rows if r["status"] != "completed"]
@@ -130,8 +142,9 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
     return result
 
 
-def abort(spec: MigrationSpec) -> MigrationResult:
-    """Put every message of the current run that the target has not committed back in the source."""
+def abort(spec: MigrationSpec, spark: Any = None) -> MigrationResult:
+    """Put every message of the current run that the target has not committed back in the source.
+    A folder target needs ``spark`` to look at what the run wrote."""
     if file_kind(spec.source):
         return MigrationResult(
             "", status="aborted", notes=["a file source is never changed: nothing to put back."]
@@ -145,37 +158,45 @@ def abort(spec: MigrationSpec) -> MigrationResult:
             "", status="aborted", notes=["no unfinished run of this migration: nothing to abort."]
         )
     run_id = latest[0]
+    if isinstance(target, FileTarget):
+        restored, notes = _abort_files(spark, spec.source, source, target, run_id)
+    else:
+        restored, notes = _abort_store(source, target, run_id), []
+    _set_run(source, run_id, "aborted")
+    target.forget(run_id)
+    result = _summarize(run_id, source.batches(run_id))
+    result.status = "aborted"
+    result.put_back = restored
+    result.notes.extend(notes)
+    return result
+
+
+def _abort_store(source: DbSource, target: Target, run_id: str) -> int:
     restored = 0
     for row in source.batches(run_id):
         batch = batch_of(row)
         if row["status"] == "staged":
             written = target.ledger(run_id, batch.number)
             if written is not None:  # committed in the target: it is there, finish the bookkeeping
-                _complete(
-                    source,
-                    run_id,
-                    batch,
-                    source.staged(run_id, batch.number),
-                    written.inserted,
-                    written.conflicts,
-                )
+                _complete(source, run_id, batch, int(row["staged"]), written.inserted, written.conflicts)
             else:
                 restored += source.restore(run_id, batch)
         elif row["status"] == "pending":
-            with source.db.session() as conn:
-                source.db.execute(conn, source.db.query("set_batch_aborted"), [None, run_id, batch.number])
-    _set_run(source, run_id, "aborted")
-    target.forget(run_id)
-    result = _summarize(run_id, source.batches(run_id))
-    result.status = "aborted"
-    result.put_back = restored
-    return result
+            _set_aborted(source, run_id, batch.number)
+    return restored
+
+
+def _set_aborted(source: DbSource, run_id: str, number: int) -> None:
+    with source.db.session() as conn:
+        source.db.execute(conn, source.db.query("set_batch_aborted"), [None, run_id, number])
 
 
 def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
     """One batch, start to finish; safe to run again after a crash at any point. Runs in a Spark task."""
     source = DbSource(Database.from_url(spec.source))
     target = open_target(spec.target)
+    if isinstance(target, FileTarget):
+        raise TypeError("folders are written by the whole run (_to_files), not batch by batch")
     rows = {r["batch"]: r for r in source.batches(run_id)}
     row = rows[number]
     batch = batch_of(row)
@@ -192,25 +213,37 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
             raise RuntimeError(f"batch {number}: staged count {row['staged']} != {staged}")
     if row["status"] != "staged":
         return 0
-    records = source.staged(run_id, number, bodies=not local)
-    if len(records) != int(row["staged"]):
-        raise RuntimeError(
-            f"batch {number}: {len(records)} rows staged, the state table says {row['staged']}"
-        )
-    problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
+    staged = int(row["staged"])
+    if (found := source.staged_count(run_id, number)) != staged:
+        raise RuntimeError(f"batch {number}: {found} rows staged, the state table says {staged}")
+    problems: dict[str, str] | None = None  # None until the batch's rows were checked
     written = target.ledger(run_id, number)
-    if written is None and local and not all(store_ready(r.headers) for r in records):
-        local = False  # headers a store cannot keep as they are (XML, nulls): rewritten in Python
-        records = source.staged(run_id, number, bodies=True)
-    if written is None and local:  # the rows never leave the server: only their ids are checked here
-        assert isinstance(target, StoreTarget)
-        written = target.write_from_staging(
-            run_id, number, source.db.qualified(STAGED), records, set(problems)
-        )
-    elif written is None:
-        written = target.write(run_id, number, [r for r in records if r.message_id not in problems])
-    _complete(source, run_id, batch, records, written.inserted, written.conflicts, problems)
-    return len(records)
+    if written is None and local:  # the rows never leave the server: only ids and headers come here
+        light = source.staged(run_id, number, bodies=False)
+        if all(store_ready(r.headers) for r in light):
+            problems = {r.message_id: why for r in light if (why := problem(r)) is not None}
+            assert isinstance(target, StoreTarget)
+            written = target.write_from_staging(
+                run_id, number, source.db.qualified(STAGED), light, set(problems)
+            )
+        # else: headers a store cannot keep as they are (XML, nulls) are rewritten in Python below
+    if written is None:
+        problems = {}
+        with source.db.session(write=False) as conn:
+            stream = _checked(source.iter_staged(conn, run_id, number), problems)
+            written = target.write(run_id, number, stream)
+    _complete(source, run_id, batch, staged, written.inserted, written.conflicts, problems)
+    return staged
+
+
+def _checked(records: Iterable[Record], problems: dict[str, str]) -> Iterator[Record]:
+    """The records a store can take, as they stream by; why the others cannot goes in ``problems``."""
+    for record in records:
+        why = problem(record)
+        if why is None:
+            yield record
+        else:
+            problems[record.message_id] = why
 
 
 def _move_in_place(
@@ -300,18 +333,22 @@ def _complete(
     source: DbSource,
     run_id: str,
     batch: Batch,
-    records: Sequence[Record],
+    staged: int,
     inserted: int,
     conflicts: Sequence[str],
     bad: dict[str, str] | None = None,
 ) -> None:
+    """End a batch whose rows the target committed: what it did not take goes back."""
     if bad is None:
-        bad = {r.message_id: why for r in records if (why := problem(r)) is not None}
+        with source.db.session(write=False) as conn:
+            bad = {}
+            for _ in _checked(source.iter_staged(conn, run_id, batch.number, bodies=False), bad):
+                pass
     invalid = list(bad)
     back = sorted(set(invalid) | set(conflicts))
-    if inserted + len(back) != len(records):
+    if inserted + len(back) != staged:
         raise RuntimeError(
-            f"batch {batch.number}: {len(records)} staged, {inserted} written, {len(back)} to put back; counts differ"
+            f"batch {batch.number}: {staged} staged, {inserted} written, {len(back)} to put back; counts differ"
         )
     notes = [f"{i}: {bad[i]}" for i in invalid[:20]] + [
         f"{i}: already in the target" for i in list(conflicts)[:20]
@@ -321,20 +358,20 @@ def _complete(
 
 def _run_tasks(
     spark: Any,
-    spec: MigrationSpec,
-    run_id: str,
     todo: list[int],
+    task: Callable[[int], Any],
     done: Callable[[], int],
     total: int,
     progress: Progress | None,
-) -> None:
-    """Run the batches as Spark tasks; report progress from the state table meanwhile."""
+) -> list[Any]:
+    """Run ``task`` for each batch as a Spark task; report progress from the state table meanwhile."""
     sc = spark.sparkContext
     failure: list[BaseException] = []
+    results: list[Any] = []
 
     def job() -> None:
         try:
-            sc.parallelize(todo, len(todo)).map(lambda n: process_batch(spec, run_id, n)).collect()
+            results.extend(sc.parallelize(todo, len(todo)).map(task).collect())
         except BaseException as error:  # re-raised on the driver's thread below
             failure.append(error)
 
@@ -348,6 +385,7 @@ def _run_tasks(
         progress(done(), total)
     if failure:
         raise failure[0]
+    return results
 
 
 def _done(source: DbSource, run_id: str) -> int:
@@ -410,64 +448,217 @@ def _summarize(run_id: str, rows: list[dict[str, Any]]) -> MigrationResult:
     return result
 
 
+# -- folder targets: the batches are staged, Spark writes the run's folder, then the batches end --
+
+
+def _to_files(
+    spark: Any,
+    spec: MigrationSpec,
+    source: DbSource,
+    target: FileTarget,
+    run_id: str,
+    rows: list[dict[str, Any]],
+    progress: Progress | None,
+) -> None:
+    """A folder cannot share a transaction with the source, so the order keeps every message:
+    stage every batch (hidden from the source's dispatchers); write the run's folder (Spark
+    commits it whole, or not at all); count what the committed files hold against what was
+    staged; only then let the batches go. A crash anywhere is resumed by the same command."""
+    total = len(rows)
+    pending = [int(r["batch"]) for r in rows if r["status"] == "pending"]
+    if pending:
+        url, cutoff = spec.source, spec.cutoff_us
+        _run_tasks(
+            spark,
+            pending,
+            lambda n: _stage_only(url, run_id, n, cutoff),
+            lambda: _taken(source, run_id),
+            2 * total,
+            progress,
+        )
+    rows = source.batches(run_id)
+    staged = [batch_of(r) for r in rows if r["status"] == "staged"]
+    if not staged:
+        return
+    folder = target.run_folder(spark, run_id)
+    url = spec.source
+    if not folder.committed():  # a crashed attempt's partial output is replaced, never appended to
+
+        def valid(batch: Batch) -> Iterator[Checked]:
+            reader = DbSource(Database.from_url(url))
+            with reader.db.session(write=False) as conn:
+                for record in reader.iter_staged(conn, run_id, batch.number):
+                    if problem(record) is None:
+                        yield record, None
+
+        holds = target.write(spark, record_frame(spark, staged, valid), folder)
+    else:  # committed before a crash: what it holds is read from the files
+        holds = rows_in(spark, folder, target.format)
+    numbers = [b.number for b in staged]
+    valid_counts = dict(
+        spark.sparkContext.parallelize(numbers, len(numbers))
+        .map(lambda n: (n, _valid_staged(url, run_id, n)))
+        .collect()
+    )
+    expected = sum(int(r["inserted"] or 0) for r in rows if r["status"] == "completed") + sum(
+        valid_counts.values()
+    )
+    if holds != expected:
+        raise ConfigurationError(
+            f"run {run_id}: {folder.uri} holds {holds:,} messages but {expected:,} were taken from the "
+            "source, so none was let go; run with --mode abort to put them back, then migrate again."
+        )
+    _run_tasks(
+        spark,
+        numbers,
+        lambda n: _complete_written(url, run_id, n, valid_counts[n]),
+        lambda: total + _done(source, run_id),
+        2 * total,
+        progress,
+    )
+
+
+def _stage_only(url: str, run_id: str, number: int, cutoff_us: int | None) -> int:
+    source = DbSource(Database.from_url(url))
+    row = {r["batch"]: r for r in source.batches(run_id)}[number]
+    if row["status"] != "pending":
+        return 0
+    return source.stage(run_id, batch_of(row), cutoff_us, to_micros(SYSTEM.now()))
+
+
+def _valid_staged(url: str, run_id: str, number: int) -> int:
+    source = DbSource(Database.from_url(url))
+    with source.db.session(write=False) as conn:
+        return sum(1 for _ in _checked(source.iter_staged(conn, run_id, number, bodies=False), {}))
+
+
+def _complete_written(url: str, run_id: str, number: int, valid: int) -> None:
+    source = DbSource(Database.from_url(url))
+    row = {r["batch"]: r for r in source.batches(run_id)}[number]
+    if row["status"] == "staged":
+        _complete(source, run_id, batch_of(row), int(row["staged"]), valid, ())
+
+
+def _taken(source: DbSource, run_id: str) -> int:
+    return sum(1 for r in source.batches(run_id) if r["status"] != "pending")
+
+
+def _abort_files(
+    spark: Any, url: str, source: DbSource, target: FileTarget, run_id: str
+) -> tuple[int, list[str]]:
+    """The run's folder holds exactly what was staged (it committed and the counts agree): the
+    batches end as a migration would. Otherwise every staged message goes back to the source."""
+    if spark is None:
+        raise ConfigurationError("Aborting a migration into files needs Spark to read the folder.")
+    rows = source.batches(run_id)
+    staged = [(batch_of(r), int(r["staged"])) for r in rows if r["status"] == "staged"]
+    valid = {b.number: _valid_staged(url, run_id, b.number) for b, _ in staged}
+    completed = sum(int(r["inserted"] or 0) for r in rows if r["status"] == "completed")
+    holds = target.rows(spark, run_id)
+    restored, notes = 0, []
+    if holds is not None and holds == completed + sum(valid.values()):
+        for batch, count in staged:
+            _complete(source, run_id, batch, count, valid[batch.number], ())
+        notes.append(f"the run's folder already held every message it took; {len(staged)} batches ended.")
+    else:
+        for batch, _ in staged:
+            restored += source.restore(run_id, batch)
+        if not completed:
+            target.run_folder(spark, run_id).delete()  # a partial write of what is back in the source
+        elif holds is not None:
+            notes.append(
+                f"the run's folder holds {holds:,} messages, not the {completed:,} it should; check it."
+            )
+    for row in rows:
+        if row["status"] == "pending":
+            _set_aborted(source, run_id, int(row["batch"]))
+    return restored, notes
+
+
 # -- file sources: nothing to hide or put back; each Spark partition is a ledgered batch -----------
 
 
 def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -> MigrationResult:
+    from pyspark.sql import functions as F
+
     kind = file_kind(spec.source)
     assert kind is not None
     target = open_target(spec.target)
-    rdd = checked_rdd(spark, kind[1], kind[0], spec.endpoint)
+    if isinstance(target, FileTarget):
+        target.check(spark)
+    frame = checked_files(spark, kind[1], kind[0], spec.endpoint)
     cutoff = spec.cutoff_us
     if cutoff is not None:
-        rdd = rdd.filter(lambda pair: pair[0].due_us is None or pair[0].due_us >= cutoff)
-    rdd = rdd.cache()
-    endpoints = sorted(set(rdd.map(lambda pair: pair[0].endpoint).distinct().collect()) - {""})
-    target.prepare(endpoints)
-    run_id = f"{spec.job}-{_fingerprint(kind[1])}"
-    counted = rdd.mapPartitionsWithIndex(
-        lambda index, pairs: [_write_partition(target, run_id, index, list(pairs))]
-    ).collect()
-    rdd.unpersist()
-    result = MigrationResult(run_id, batches=len(counted))
-    for seen, inserted, conflicts, rejected, before in counted:
-        result.planned += seen
-        if before:
-            continue
-        result.staged += seen
-        result.inserted += inserted
-        result.put_back += conflicts + len(rejected)
-        result.notes.extend(rejected[:5])
-    skipped = sum(1 for c in counted if c[4])
-    if skipped:
-        result.notes.append(
-            f"{skipped} of {len(counted)} partitions of these files were written before: skipped."
+        frame = frame.where(F.col("due_us").isNull() | (F.col("due_us") >= cutoff))
+    run_id = f"{spec.job}-{_fingerprint(spark, kind[1])}"
+    bad = frame.where(F.col("problem").isNotNull())
+    if isinstance(target, FileTarget):
+        result = MigrationResult(run_id, batches=1)
+        folder = target.run_folder(spark, run_id)
+        if folder.committed():
+            result.notes.append("these files were written to the target before: skipped.")
+            return result
+        result.inserted = target.write(spark, frame.where(F.col("problem").isNull()), folder)
+        rejected = bad.select("message_id", "problem").limit(5).collect()
+        result.put_back = int(bad.count())
+        result.staged = result.planned = result.inserted + result.put_back
+        result.notes.extend(f"{r[0] or '?'}: {r[1]}" for r in rejected)
+    else:
+        endpoints = [
+            r[0] for r in frame.where(F.col("problem").isNull()).select("endpoint").distinct().collect()
+        ]
+        target.prepare(sorted(set(endpoints) - {""}))
+        counted = per_partition(
+            frame,
+            lambda index, pairs: [_write_partition(target, run_id, index, pairs)],
+            "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
         )
+        result = MigrationResult(run_id, batches=len(counted))
+        for seen, inserted, conflicts, rejected_count, notes, before in counted:
+            result.planned += seen
+            if before:
+                continue
+            result.staged += seen
+            result.inserted += inserted
+            result.put_back += conflicts + rejected_count
+            result.notes.extend(n for n in notes.split("\n") if n)
+        skipped = sum(1 for c in counted if c[5])
+        if skipped:
+            result.notes.append(
+                f"{skipped} of {len(counted)} partitions of these files were written before: skipped."
+            )
     if progress is not None:
-        progress(len(counted), len(counted))
+        progress(1, 1)
     return result
 
 
 def _write_partition(
-    target: Target, run_id: str, index: int, pairs: list[tuple[Record, str | None]]
-) -> tuple[int, int, int, list[str], bool]:
-    valid = [r for r, why in pairs if why is None]
-    rejected = [f"{r.message_id or '?'}: {why}" for r, why in pairs if why is not None]
+    target: Target, run_id: str, index: int, pairs: Iterator[Checked]
+) -> tuple[int, int, int, int, str, bool]:
     if target.ledger(run_id, index) is not None:  # written by an earlier run of the same files
-        return len(pairs), 0, 0, [], True
-    written = target.write(run_id, index, valid)
-    return len(pairs), written.inserted, len(written.conflicts), rejected, False
+        return sum(1 for _ in pairs), 0, 0, 0, "", True
+    seen = rejected = 0
+    shown: list[str] = []
+
+    def valid() -> Iterator[Record]:
+        nonlocal seen, rejected
+        for record, why in pairs:
+            seen += 1
+            if why is None:
+                yield record
+                continue
+            rejected += 1
+            if len(shown) < 5:
+                shown.append(f"{record.message_id or '?'}: {why}")
+
+    written = target.write(run_id, index, valid())
+    return seen, written.inserted, len(written.conflicts), rejected, "\n".join(shown), False
 
 
-def _fingerprint(path: str) -> str:
-    """Changes when the files change, so importing a re-written folder is a new run."""
-    import os
-
+def _fingerprint(spark: Any, path: str) -> str:
+    """What the run reads: every file's full path, size and modification time, listed through
+    the cluster's filesystem. Different files under the same path are a new run."""
     digest = hashlib.sha1()
-    root = Path(path)
-    files = sorted(root.rglob("*")) if root.is_dir() else [root]
-    for item in files:
-        if item.is_file():
-            stat = os.stat(item)
-            digest.update(f"{item}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    for item in Folder(spark, path).files():
+        digest.update(f"{item.path}|{item.size}|{item.modified_ms}\n".encode())
     return digest.hexdigest()[:10]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from duetime.bulk.frames import checked_rdd, file_kind
+from duetime.bulk.frames import Checked, checked_files, file_kind, record_frame
 from duetime.bulk.sources import Batch, DbSource
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, from_micros, to_micros
@@ -47,7 +48,7 @@ class Preview:
         return sum(self.problem_counts.values())
 
 
-def source_rdd(
+def source_frame(
     spark: Any,
     source_url: str,
     endpoint: str | None,
@@ -56,29 +57,34 @@ def source_rdd(
     *,
     in_flight: bool = False,
     renames: dict[str, str] | None = None,
+    check: bool = True,
 ) -> Any:
-    """Every selected source row as a checked record, read in parallel partitions."""
+    """Every selected source row as a record frame (:data:`~duetime.bulk.frames.RECORD_SCHEMA`),
+    read in parallel partitions: key ranges of a database, or Spark's splits of files. Without
+    ``check`` the rows of a database are not checked (half the cost of an export)."""
+    from pyspark.sql import functions as F
+
     kind = file_kind(source_url)
     if kind is not None:
-        rdd = checked_rdd(spark, kind[1], kind[0], endpoint)
+        frame = checked_files(spark, kind[1], kind[0], endpoint)
         return (
-            rdd
+            frame
             if cutoff_us is None
-            else rdd.filter(lambda p: p[0].due_us is None or p[0].due_us >= cutoff_us)
+            else frame.where(F.col("due_us").isNull() | (F.col("due_us") >= cutoff_us))
         )
     source = DbSource(Database.from_url(source_url), in_flight=in_flight, renames=renames)
     now_us = to_micros(SYSTEM.now())
     batches = source.plan(endpoint, cutoff_us, now_us, batch_rows)
     url = source_url
 
-    def read(batch: Batch) -> Any:
+    def read(batch: Batch) -> Iterator[Checked]:
         from duetime.bulk.records import problem
 
         reader = DbSource(Database.from_url(url), in_flight=in_flight)
         for record in reader.read(batch, cutoff_us, now_us):
-            yield record, problem(record)
+            yield record, problem(record) if check else None
 
-    return spark.sparkContext.parallelize(batches, max(1, len(batches))).flatMap(read)
+    return record_frame(spark, batches, read)
 
 
 def preview(
@@ -94,35 +100,47 @@ def preview(
     cutoff_us = None if cutoff is None else to_micros(cutoff)
     now_us = to_micros(SYSTEM.now())
     soon_us = to_micros(SYSTEM.now() + SOON)
-    rdd = source_rdd(spark, source_url, endpoint, cutoff_us, renames=renames).cache()
+    from pyspark.sql import functions as F
+
+    # One read of the source: the columns the preview needs (never the bodies) are cached.
+    frame = (
+        source_frame(spark, source_url, endpoint, cutoff_us, renames=renames)
+        .select(
+            "endpoint",
+            "message_id",
+            F.coalesce("destination", F.lit("")).alias("destination"),
+            "due_us",
+            "problem",
+        )
+        .cache()
+    )
     try:
-        groups = (
-            rdd.map(lambda p: ((p[0].endpoint, p[0].destination or ""), (1, p[0].due_us, p[0].due_us)))
-            .reduceByKey(_merge)
+        groups = [
+            ((r[0], r[1]), (int(r[2]), r[3], r[4]))
+            for r in frame.groupBy("endpoint", "destination")
+            .agg(F.count(F.lit(1)), F.min("due_us"), F.max("due_us"))
             .collect()
-        )
-        problems = rdd.filter(lambda p: p[1] is not None).map(
-            lambda p: (p[0].endpoint, p[0].message_id, str(p[1]))
-        )
+        ]
+        problems = frame.where(F.col("problem").isNotNull()).select("endpoint", "message_id", "problem")
         dupes = (
-            rdd.map(lambda p: ((p[0].endpoint, p[0].message_id), 1))
-            .reduceByKey(lambda a, b: a + b)
-            .filter(lambda kv: kv[1] > 1)
-            .map(lambda kv: (kv[0][0], kv[0][1], f"duplicate id: {kv[1]} rows share it"))
+            frame.groupBy("endpoint", "message_id")
+            .count()
+            .where(F.col("count") > 1)
+            .select(
+                "endpoint",
+                "message_id",
+                F.concat(F.lit("duplicate id: "), F.col("count").cast("string"), F.lit(" rows share it")),
+            )
         )
         found = problems.union(dupes)
-        counts = Counter(
-            dict(found.map(lambda p: (_kind(p[2]), 1)).reduceByKey(lambda a, b: a + b).collect())
-        )
-        sample = found.take(limit)
-        due_soon = dict(
-            rdd.filter(lambda p: p[0].due_us is not None and p[0].due_us < soon_us)
-            .map(lambda p: (p[0].endpoint, 1))
-            .reduceByKey(lambda a, b: a + b)
-            .collect()
-        )
+        counts = Counter({r[0]: int(r[1]) for r in found.groupBy(_kind_column("problem")).count().collect()})
+        sample = [tuple(r) for r in found.limit(limit).collect()]
+        due_soon = {
+            r[0]: int(r[1])
+            for r in frame.where(F.col("due_us") < soon_us).groupBy("endpoint").count().collect()
+        }
     finally:
-        rdd.unpersist()
+        frame.unpersist()
     result = Preview(problem_counts=dict(counts), problems=sorted(sample))
     for name, count in sorted(due_soon.items()):
         result.warnings.append(
@@ -155,14 +173,6 @@ def _describe_tables(result: Preview, source: DbSource, endpoint: str | None) ->
             )
 
 
-def _merge(
-    a: tuple[int, int | None, int | None], b: tuple[int, int | None, int | None]
-) -> tuple[int, int | None, int | None]:
-    lows = [x for x in (a[1], b[1]) if x is not None]
-    highs = [x for x in (a[2], b[2]) if x is not None]
-    return a[0] + b[0], min(lows, default=None), max(highs, default=None)
-
-
 def _moment(micros: int | None) -> datetime | None:
     if micros is None:
         return None
@@ -172,18 +182,23 @@ def _moment(micros: int | None) -> datetime | None:
         return None
 
 
-def _kind(reason: str) -> str:
-    """A short name for a problem, to count them by kind."""
-    text = reason.lower()
-    for needle, name in (
-        ("destination", "invalid or missing destination"),
-        ("due time", "due time missing or out of range"),
-        ("due_at", "due time missing or out of range"),
-        ("duplicate", "duplicate id"),
-        ("header", "unreadable headers"),
-        ("message_id", "invalid id"),
-        ("endpoint", "no endpoint"),
-    ):
-        if needle in text:
-            return name
-    return "other"
+#: A short name for a problem, to count them by kind: the first needle its text contains.
+KINDS = (
+    ("destination", "invalid or missing destination"),
+    ("due time", "due time missing or out of range"),
+    ("due_at", "due time missing or out of range"),
+    ("duplicate", "duplicate id"),
+    ("header", "unreadable headers"),
+    ("message_id", "invalid id"),
+    ("endpoint", "no endpoint"),
+)
+
+
+def _kind_column(name: str) -> Any:
+    from pyspark.sql import functions as F
+
+    text = F.lower(F.col(name))
+    kind = F.lit("other")
+    for needle, label in reversed(KINDS):
+        kind = F.when(text.contains(needle), F.lit(label)).otherwise(kind)
+    return kind.alias("kind")

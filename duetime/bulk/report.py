@@ -10,13 +10,13 @@ import base64
 import csv
 import html
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from duetime.bulk.preview import source_rdd
+from duetime.bulk.preview import source_frame
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.sqldb import Database
 
@@ -54,44 +54,49 @@ class Report:
     lateness_period: str = "minute"
 
 
-def horizon_of(due_us: int | None, now_us: int) -> str:
-    if due_us is None:
-        return "later"
-    ahead = (due_us - now_us) / 1e6
-    for name, bound in HORIZONS:
-        if bound is not None and ahead <= bound:
-            return name
-    return "later"
-
-
 def backlog(
     spark: Any, store_url: str, endpoint: str | None = None, now: datetime | None = None, top: int = 10
 ) -> Report:
     moment = now or SYSTEM.now()
     now_us = to_micros(moment)
-    rdd = source_rdd(spark, store_url, endpoint, None, in_flight=True).map(lambda p: p[0]).cache()
+    from pyspark.sql import functions as F
+
+    frame = source_frame(spark, store_url, endpoint, None, in_flight=True, check=False)
+    ahead = (F.col("due_us") - F.lit(now_us)) / 1e6
+    horizon = F.lit("later")
+    for name, bound in reversed(HORIZONS):
+        if bound is not None:
+            horizon = F.when(F.col("due_us").isNotNull() & (ahead <= bound), F.lit(name)).otherwise(horizon)
+    # One read of the store: the few columns the report needs (never the bodies) are cached.
+    slim = frame.select(
+        F.coalesce("destination", F.lit("")).alias("destination"),
+        horizon.alias("horizon"),
+        "failure_count",
+        (F.length("body") + F.coalesce(F.length("headers"), F.lit(0))).alias("size"),
+        "endpoint",
+        "message_id",
+    ).cache()
     try:
         report = Report(moment)
         report.by_destination = sorted(
-            rdd.map(lambda r: (r.destination or "", 1)).reduceByKey(lambda a, b: a + b).collect(),
+            ((r[0], int(r[1])) for r in slim.groupBy("destination").count().collect()),
             key=lambda kv: (-kv[1], kv[0]),
         )
         report.total = sum(c for _, c in report.by_destination)
-        counted = dict(
-            rdd.map(lambda r: (horizon_of(r.due_us, now_us), 1)).reduceByKey(lambda a, b: a + b).collect()
-        )
-        report.horizons = [(name, int(counted.get(name, 0))) for name, _ in HORIZONS]
+        counted = {r[0]: int(r[1]) for r in slim.groupBy("horizon").count().collect()}
+        report.horizons = [(name, counted.get(name, 0)) for name, _ in HORIZONS]
         report.failures = sorted(
-            rdd.map(lambda r: (r.failure_count, 1)).reduceByKey(lambda a, b: a + b).collect()
+            (int(r[0]), int(r[1])) for r in slim.groupBy("failure_count").count().collect()
         )
         report.largest = [
-            (size, e, i, d)
-            for size, e, i, d in rdd.map(
-                lambda r: (len(r.body) + len(r.headers or ""), r.endpoint, r.message_id, r.destination or "")
-            ).takeOrdered(top, key=lambda t: (-t[0], t[2]))
+            (int(r[0]), r[1], r[2], r[3])
+            for r in slim.orderBy(F.col("size").desc(), "message_id")
+            .select("size", "endpoint", "message_id", "destination")
+            .limit(top)
+            .collect()
         ]
     finally:
-        rdd.unpersist()
+        slim.unpersist()
     return report
 
 
@@ -148,21 +153,27 @@ def _log_frame(spark: Any, log: str) -> Any:
             F.unix_micros(F.to_timestamp("dispatched_at")).alias("dispatched_us"),
             F.col("outcome"),
         )
-    db = Database.from_url(log)
+    Database.from_url(log)  # a bad URL fails here, on the driver, in one line
     url = log
-    buckets = 8
 
-    def read(bucket: int) -> Any:
-        d = Database.from_url(url)
-        with d.session(write=False) as conn:
-            cur = d.execute(conn, d.query("log_bucket", bucket=d.bucket("message_id", buckets)), [bucket])
-            while rows := cur.fetchmany(5000):
-                yield from ((int(a), int(b), str(c)) for a, b, c in rows)
+    def read(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
 
-    del db
-    return spark.createDataFrame(
-        spark.sparkContext.parallelize(range(buckets), buckets).flatMap(read), schema
-    )
+        for _ in batches:  # one task, one scan of the table, streamed in bounded chunks
+            d = Database.from_url(url)
+            with d.session(write=False) as conn:
+                for rows in d.stream(conn, d.query("log_rows"), (), size=50_000):
+                    columns = list(zip(*rows, strict=True))
+                    yield pa.RecordBatch.from_arrays(
+                        [
+                            pa.array(columns[0], pa.int64()),
+                            pa.array(columns[1], pa.int64()),
+                            pa.array(columns[2], pa.string()),
+                        ],
+                        names=["due_us", "dispatched_us", "outcome"],
+                    )
+
+    return spark.range(0, 1, 1, 1).mapInArrow(read, schema)
 
 
 # -- output ------------------------------------------------------------------------------------------

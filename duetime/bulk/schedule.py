@@ -7,14 +7,22 @@ validation are written, with the reason, to a rejects folder of JSON Lines.
 
 from __future__ import annotations
 
-import json
-import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from duetime.bulk.frames import Checked, checked_frame, checked_rdd, file_kind
-from duetime.bulk.targets import StoreTarget, record_to_json
+from duetime.bulk.filetarget import write_frame
+from duetime.bulk.frames import (
+    CHUNK_ROWS,
+    Checked,
+    checked_files,
+    checked_frame,
+    chunked,
+    file_kind,
+    per_partition,
+)
+from duetime.bulk.hadoopfs import Folder, check_writable
+from duetime.bulk.targets import StoreTarget
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
 
@@ -39,6 +47,8 @@ def schedule(
     rejects: str | None = None,
 ) -> Scheduled:
     """Schedule ``rows``: a DataFrame, or a ``parquet:``/``jsonl:`` path."""
+    from pyspark.sql import functions as F
+
     if not job or len(job) > 64:
         raise ConfigurationError(
             "Name the job (--job, at most 64 characters): a re-run with the same name never doubles a message."
@@ -47,42 +57,37 @@ def schedule(
         kind = file_kind(rows)
         if kind is None:
             raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
-        checked = checked_rdd(spark, kind[1], kind[0], endpoint)
+        frame = checked_files(spark, kind[1], kind[0], endpoint)
     else:
-        checked = checked_frame(rows, endpoint)
-    checked = checked.cache()
-    try:
-        target = StoreTarget(Database.from_url(store_url))
-        endpoints = sorted(
-            set(checked.filter(lambda p: p[1] is None).map(lambda p: p[0].endpoint).distinct().collect())
-        )
-        target.prepare(endpoints)
-        url = store_url
+        frame = checked_frame(rows, endpoint)
+    # Where the rejects go is checked before anything is stored: a folder the cluster cannot
+    # really write would otherwise lose the reasons after the valid rows were in.
+    there = Folder(spark, rejects or f"rejects-{job}").exists()
+    folder = check_writable(spark, rejects or f"rejects-{job}")
+    target = StoreTarget(Database.from_url(store_url))
+    valid = frame.where(F.col("problem").isNull())
+    target.prepare([r[0] for r in valid.select("endpoint").distinct().collect()])
+    url = store_url
 
-        def write(pairs: Any) -> list[tuple[int, int, int]]:
-            part = list(pairs)
-            valid = [r for r, why in part if why is None]
-            written = StoreTarget(Database.from_url(url)).write_once(job, valid) if valid else None
-            stored = 0 if written is None else written.inserted
-            return [(len(part), stored, len(valid) - stored)]
+    def write(_: int, pairs: Iterator[Checked]) -> list[tuple[int, int, int, int]]:
+        store = StoreTarget(Database.from_url(url))
+        seen = stored = good = 0
+        for chunk in chunked(pairs, CHUNK_ROWS):  # a partition of any size, in bounded memory
+            seen += len(chunk)
+            records = [r for r, why in chunk if why is None]
+            good += len(records)
+            if records:
+                stored += store.write_once(job, records).inserted
+        return [(seen, stored, good - stored, seen - good)]
 
-        counts = checked.mapPartitions(write).collect()
-        rejected_rows = checked.filter(lambda p: p[1] is not None)
-        rejected = int(rejected_rows.count())
-        path = None
-        if rejected:
-            path = rejects or f"rejects-{job}"
-            if Path(path).exists():
-                shutil.rmtree(path)
-            rejected_rows.map(_reject_line).coalesce(1).saveAsTextFile(path)
-    finally:
-        checked.unpersist()
-    total = sum(c[0] for c in counts)
-    return Scheduled(total, sum(c[1] for c in counts), sum(c[2] for c in counts), rejected, path)
-
-
-def _reject_line(pair: Checked) -> str:
-    record, reason = pair
-    data = record_to_json(record)
-    data["reason"] = reason
-    return json.dumps(data, ensure_ascii=False)
+    counts = per_partition(frame, write, "rows long, stored long, skipped long, rejected long")
+    rejected = sum(c[3] for c in counts)
+    path = None
+    if rejected:
+        write_frame(frame.where(F.col("problem").isNotNull()).coalesce(1), "jsonl", folder, reasons=True)
+        path = folder.uri
+    elif not there:
+        folder.delete()  # the probe's folder: no rejects, nothing left behind
+    return Scheduled(
+        sum(c[0] for c in counts), sum(c[1] for c in counts), sum(c[2] for c in counts), rejected, path
+    )

@@ -10,6 +10,13 @@ from typing import Any
 from duetime.errors import ConfigurationError
 
 DEFAULT_MASTER = "local[*]"
+#: What duetime prefers where nobody said otherwise (``--conf``, spark-submit, spark-defaults.conf).
+DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.driver.memory": "2g",
+}
 
 
 def spark_session(
@@ -25,23 +32,49 @@ def spark_session(
     # Executors must run this interpreter (with duetime and its drivers), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode needs no other interface
-    builder = SparkSession.builder.appName(app)
     # Under spark-submit the JVM gateway already runs, started with the --master it was given.
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if not submitted and (master or DEFAULT_MASTER).startswith("local"):
+        # Local mode needs no other interface; on a cluster the driver must advertise a real one.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(app)
     if master or not submitted:
         builder = builder.master(master or DEFAULT_MASTER)
-    defaults = {
-        "spark.ui.enabled": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.memory": "2g",
-    }
-    for key, value in {**defaults, **(conf or {})}.items():
+    given = _configured(submitted)
+    for key, value in DEFAULTS.items():
+        if key not in given:  # spark-submit --conf, spark-defaults.conf and the cluster win
+            builder = builder.config(key, value)
+    for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _configured(submitted: bool = False) -> set[str]:
+    """The settings Spark already has: spark-submit's ``--conf`` (in the gateway it started) and
+    spark-defaults.conf (which a gateway we start reads, under our settings otherwise)."""
+    from pyspark import SparkConf, SparkContext
+
+    if submitted:  # connect to spark-submit's gateway (starting ours here would lose driver memory)
+        SparkContext._ensure_initialized()
+    given = {key for key, _ in SparkConf().getAll()} if SparkContext._jvm is not None else set()
+    folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(_spark_home(), "conf")
+    try:
+        with open(os.path.join(folder, "spark-defaults.conf"), encoding="utf-8") as lines:
+            for line in lines:
+                words = line.split(None, 1)
+                if words and not words[0].startswith("#"):
+                    given.add(words[0].split("=", 1)[0])
+    except OSError:
+        pass  # no defaults file: nothing configured there
+    return given
+
+
+def _spark_home() -> str:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return str(os.environ.get("SPARK_HOME") or _find_spark_home())
 
 
 def parse_conf(pairs: list[str] | None) -> dict[str, str]:

@@ -134,12 +134,11 @@ class DbSource:
         """The batch's rows, untouched (preview, export, report)."""
         where, params = self._bucket_where(batch, cutoff_us, now_us)
         with self.db.session(write=False) as conn:
-            cur = self.db.execute(
+            for rows in self.db.stream(
                 conn,
                 f"SELECT {self.layout.select} FROM {self.db.qualified(batch.table)} WHERE {where}",
                 params,
-            )
-            while rows := cur.fetchmany(5000):
+            ):
                 for row in rows:
                     yield self.layout.to_record(batch.endpoint, row)
 
@@ -186,42 +185,37 @@ class DbSource:
                 staged = cur.rowcount
                 self._set_staged(conn, run_id, batch.number, staged)
                 return int(staged)
-            if d.dialect == "mysql":
-                # Lock by primary key only: a locking scan of the whole table deadlocks with its twins.
-                found = d.execute(
-                    conn, f"SELECT {d.quote(lay.key)} FROM {source} WHERE {where}", params
-                ).fetchall()
-                rows = []
-                for chunk in d.chunks([r[0] for r in found], 1000):
-                    rows += d.execute(
-                        conn,
-                        f"SELECT {lay.select} FROM {source} WHERE {d.quote(lay.key)} IN ({d.in_list(len(chunk))}) "
-                        f"AND {where} FOR UPDATE",
-                        [*chunk, *params],
-                    ).fetchall()
-            else:
-                lock = "" if d.dialect == "sqlite" else " FOR UPDATE"
+            # Keys first, then the rows a chunk of keys at a time: a batch of any size is staged
+            # in bounded memory. MariaDB locks by primary key only (a locking scan of the whole
+            # table deadlocks with its twins); SQLite's BEGIN IMMEDIATE already excludes writers.
+            key = d.quote(lay.key)
+            keys = [
+                r[0] for r in d.execute(conn, f"SELECT {key} FROM {source} WHERE {where}", params).fetchall()
+            ]
+            lock = "" if d.dialect == "sqlite" else " FOR UPDATE"
+            staged = removed = 0
+            for chunk in d.chunks(keys, 1000):
+                marks = d.in_list(len(chunk))
                 rows = d.execute(
-                    conn, f"SELECT {lay.select} FROM {source} WHERE {where}{lock}", params
+                    conn,
+                    f"SELECT {lay.select} FROM {source} WHERE {key} IN ({marks}) AND {where}{lock}",
+                    [*chunk, *params],
                 ).fetchall()
-            records = [lay.to_record(batch.endpoint, r) for r in rows]
-            self._insert_staged(conn, run_id, batch.number, records)
-            keyed = [lay.to_row(r)[0] for r in records]
-            removed = 0
-            if d.dialect == "postgres" and keyed:
-                cur = d.execute(conn, f"DELETE FROM {source} WHERE {d.quote(lay.key)} = ANY(%s)", [keyed])
-                removed, keyed = cur.rowcount, []
-            for chunk in d.chunks(keyed, 1000):
-                cur = d.execute(
-                    conn, f"DELETE FROM {source} WHERE {d.quote(lay.key)} IN ({d.in_list(len(chunk))})", chunk
-                )
-                removed += cur.rowcount
-            if removed != len(records):
+                records = [lay.to_record(batch.endpoint, r) for r in rows]
+                self._insert_staged(conn, run_id, batch.number, records)
+                taken = [lay.to_row(r)[0] for r in records]
+                if taken:
+                    cur = d.execute(
+                        conn, f"DELETE FROM {source} WHERE {key} IN ({d.in_list(len(taken))})", taken
+                    )
+                    removed += cur.rowcount
+                staged += len(records)
+            if removed != staged:
                 raise RuntimeError(
-                    f"batch {batch.number}: staged {len(records)} rows but removed {removed}; rolled back"
+                    f"batch {batch.number}: staged {staged} rows but removed {removed}; rolled back"
                 )
-            self._set_staged(conn, run_id, batch.number, len(records))
-            return len(records)
+            self._set_staged(conn, run_id, batch.number, staged)
+            return staged
 
     def _insert_staged(self, conn: Any, run_id: str, batch: int, records: Sequence[Record]) -> None:
         if self.db.dialect == "postgres":
@@ -230,6 +224,17 @@ class DbSource:
                     copy.write_row((run_id, batch, *r))
             return
         self.db.executemany(conn, self.db.query("insert_staged"), [(run_id, batch, *r) for r in records])
+
+    def staged_count(self, run_id: str, batch: int) -> int:
+        with self.db.session(write=False) as conn:
+            return int(self.db.execute(conn, self.db.query("staged_count"), [run_id, batch]).fetchone()[0])
+
+    def iter_staged(self, conn: Any, run_id: str, batch: int, *, bodies: bool = True) -> Iterator[Record]:
+        """The batch's staged records, streamed in bounded chunks on ``conn``."""
+        name = "staged_rows" if bodies else "staged_rows_without_bodies"
+        for rows in self.db.stream(conn, self.db.query(name), [run_id, batch]):
+            for r in rows:
+                yield Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5] or b""), int(r[6]), r[7])
 
     def staged(self, run_id: str, batch: int, *, bodies: bool = True) -> list[Record]:
         """The batch's staged records; without ``bodies`` (enough to validate) they read as b""."""

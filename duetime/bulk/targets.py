@@ -1,20 +1,21 @@
 """Where bulk jobs write: a duetime store (SQLite, PostgreSQL, MariaDB) or Parquet / JSON Lines files.
 
 Every write of a batch is idempotent and leaves a ledger entry in the same commit (a row in the
-target database, or a file renamed into place after the data), so a re-run never writes a batch
-twice, even when the target's own dispatcher has meanwhile delivered and removed its messages.
+target database), so a re-run never writes a batch twice, even when the target's own dispatcher
+has meanwhile delivered and removed its messages. Files are written by Spark for the whole cluster
+(:mod:`duetime.bulk.filetarget`).
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from duetime.bulk.filetarget import FileTarget
+from duetime.bulk.frames import CHUNK_ROWS, chunked
 from duetime.bulk.layouts import DuetimeLayout
 from duetime.bulk.records import Destination, Record, group_of, group_sql, store_headers
 from duetime.clock import from_micros
@@ -41,7 +42,7 @@ class Target(Protocol):
     def ledger(self, run_id: str, batch: int) -> Written | None:
         """What an earlier write of this batch did, or None if it never committed."""
 
-    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+    def write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
         """Write valid records; ids already present are conflicts, not overwritten."""
 
     def forget(self, run_id: str) -> None:
@@ -108,10 +109,15 @@ class StoreTarget(_TakesAll):
         row = self.db.execute(conn, self.db.query("ledger_row"), [run_id, batch]).fetchone()
         return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
 
-    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
-        return self.db.retrying(lambda: self._write(run_id, batch, records))
+    def write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
+        """One transaction, fed in bounded chunks. Records streamed from elsewhere cannot be read
+        twice, so a deadlock (MariaDB) retries only a list."""
+        if isinstance(records, Sequence):
+            rows = records
+            return self.db.retrying(lambda: self._write(run_id, batch, rows))
+        return self._write(run_id, batch, records)
 
-    def _write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+    def _write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
         with self.db.session() as conn:
             if self.db.dialect == "mysql":  # the ledger row first: a concurrent twin waits here
                 self.db.execute(conn, self.db.query("lock_ledger_row"), [run_id, batch])
@@ -120,19 +126,23 @@ class StoreTarget(_TakesAll):
                 return done
             conflicts: list[str] = []
             inserted = 0
-            by_table: dict[str, list[Record]] = {}
-            for record in records:
-                by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
-            for table, rows in by_table.items():
-                got, clash = self._insert(conn, table, rows)
-                inserted += got
-                conflicts += clash
+            earliest: dict[str, list[Record]] = {}
+            for chunk in chunked(records, CHUNK_ROWS):
+                by_table: dict[str, list[Record]] = {}
+                for record in chunk:
+                    by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
+                for table, rows in by_table.items():
+                    got, clash = self._insert(conn, table, rows)
+                    inserted += got
+                    conflicts += clash
+                    first = min(rows, key=lambda r: r.due_us if r.due_us is not None else 2**63)
+                    earliest[table] = [*earliest.get(table, []), first]
             written = Written(inserted, tuple(conflicts))
             self.db.execute(
                 conn, self.db.query("insert_ledger_row"), [run_id, batch, inserted, json.dumps(conflicts)]
             )
             if self.db.dialect == "postgres":
-                self._notify(conn, by_table)
+                self._notify(conn, earliest)
             return written
 
     def shares_database(self, other: Database) -> bool:
@@ -294,56 +304,6 @@ class StoreTarget(_TakesAll):
             self.db.execute(conn, self.db.query("forget_run"), [run_id])
 
 
-class FileTarget(_TakesAll):
-    """A folder of Parquet or JSON Lines files, one per batch; Spark reads the folder back."""
-
-    def __init__(self, path: str, fmt: str) -> None:
-        if fmt not in ("parquet", "jsonl"):
-            raise ConfigurationError(f"Unknown file format {fmt!r}; use parquet or jsonl.")
-        self.path = Path(path)
-        self.format = fmt
-        self.display = f"{fmt}:{path}"
-
-    def _ledger_path(self, run_id: str, batch: int) -> Path:
-        return self.path / "_duetime_ledger" / f"{run_id}-{batch}.json"
-
-    def prepare(self, endpoints: Sequence[str]) -> None:
-        (self.path / "_duetime_ledger").mkdir(parents=True, exist_ok=True)
-
-    def ledger(self, run_id: str, batch: int) -> Written | None:
-        path = self._ledger_path(run_id, batch)
-        if not path.exists():
-            return None
-        data = json.loads(path.read_text())
-        return Written(int(data["inserted"]), tuple(data["conflicts"]))
-
-    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
-        done = self.ledger(run_id, batch)
-        if done is not None:
-            return done
-        self.prepare(())
-        name = self.path / f"part-{run_id}-{batch:05d}.{self.format}"
-        temp = name.with_name("." + name.name + ".tmp")
-        if self.format == "parquet":
-            write_parquet(temp, records)
-        else:
-            with temp.open("w", encoding="utf-8") as out:
-                for record in records:
-                    out.write(json.dumps(record_to_json(record), ensure_ascii=False) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-        os.replace(temp, name)
-        written = Written(len(records))
-        _atomic_write(
-            self._ledger_path(run_id, batch), json.dumps({"inserted": written.inserted, "conflicts": []})
-        )
-        return written
-
-    def forget(self, run_id: str) -> None:
-        for path in (self.path / "_duetime_ledger").glob(f"{run_id}-*.json"):
-            path.unlink()
-
-
 class NativeDelayTarget:
     """RabbitMQ's native delay topology (``amqp://…?native=duetime``): each record is published
     with the delay left until its due time, rounded up to the second. A broker cannot share a
@@ -441,7 +401,7 @@ class NativeDelayTarget:
             conn.close()
         return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
 
-    def write(self, run_id: str, batch: int, records: Sequence[Record]) -> Written:
+    def write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
         import asyncio
 
         from duetime.bulk.records import to_message
@@ -487,60 +447,7 @@ class NativeDelayTarget:
             conn.close()
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    temp = path.with_name("." + path.name + ".tmp")
-    with temp.open("w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
-
-
-def record_to_json(record: Record) -> dict[str, Any]:
-    """One JSON Lines object: the due time as ISO 8601 (to the microsecond), the body in base64."""
-    return {
-        "endpoint": record.endpoint,
-        "message_id": record.message_id,
-        "destination": record.destination,
-        "due_at": None if record.due_us is None else from_micros(record.due_us).isoformat(),
-        "headers": record.headers,
-        "body_base64": base64.b64encode(record.body).decode(),
-        "failure_count": record.failure_count,
-        "group": group_of(record),
-    }
-
-
-def arrow_schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("endpoint", pa.string()),
-            ("message_id", pa.string()),
-            ("destination", pa.string()),
-            ("due_at", pa.timestamp("us", tz="UTC")),
-            ("headers", pa.string()),
-            ("body", pa.binary()),
-            ("failure_count", pa.int32()),
-            ("group", pa.string()),
-        ]
-    )
-
-
-def write_parquet(path: Path, records: Sequence[Record]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = [(*r[:7], group_of(r)) for r in records]
-    columns = list(zip(*rows, strict=True)) if records else [()] * 8
-    table = pa.Table.from_arrays(
-        [pa.array(list(col), type=field.type) for col, field in zip(columns, arrow_schema(), strict=True)],
-        schema=arrow_schema(),
-    )
-    pq.write_table(table, path)
-
-
-def open_target(url: str) -> Target:
+def open_target(url: str) -> Target | FileTarget | NativeDelayTarget:
     """``postgresql://…``, ``mysql://…``, ``sqlite:///…`` (a duetime store) or ``parquet:DIR`` /
     ``jsonl:DIR``."""
     scheme, _, rest = url.partition(":")

@@ -131,6 +131,7 @@ def migrate(
     """
 
     def go() -> None:
+        from duetime.bulk.frames import file_kind
         from duetime.bulk.migrate import MigrationSpec, abort, migrate
 
         renames = _renames(rename)
@@ -139,7 +140,11 @@ def migrate(
         )
         _check_urls(source, target)  # before Spark takes seconds to start
         if mode is Mode.abort:
-            result = abort(spec)
+            if file_kind(target) is None:
+                result = abort(spec)
+            else:  # what a run wrote to a folder is read through Spark
+                with _spark(master, conf) as spark:
+                    result = abort(spec, spark)
             _print_result(result, as_json)
             return
         with _spark(master, conf) as spark:

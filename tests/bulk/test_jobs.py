@@ -11,6 +11,7 @@ from typing import Any
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore
 from duetime.bulk.exchange import export, import_
+from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.report import backlog, lateness, write_csv, write_html
 from duetime.bulk.schedule import schedule
 from duetime.deliverylog import JsonLinesDeliveryLog, SqlDeliveryLog
@@ -65,6 +66,7 @@ def test_schedule_in_many_partitions_at_once_stores_every_row(spark: Any) -> Non
             done = schedule(spark, frame, pg, endpoint=f"race{attempt}", job="race")
             assert (done.rows, done.stored, done.rejected) == (400, 400, 0)
             assert len(store_rows(pg, f"race{attempt}")) == 400
+            assert done.rejects_path is None and not Folder(spark, "rejects-race").exists()
 
 
 def test_schedule_reads_jsonl_and_parquet_files(spark: Any, tmp_path: Path) -> None:

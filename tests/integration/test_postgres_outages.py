@@ -81,14 +81,17 @@ async def test_fetch_breaker_arms_and_recovers_without_losing_anything(pg: str, 
         await asyncio.sleep(0.1)
     proxy.restore()
     for _ in range(100):
-        if len(transport.messages("orders")) == 150:
+        if len({m.message_id for m in transport.messages("orders")}) == 150:
             break
         await asyncio.sleep(0.1)
     dispatcher.stop()
     await task
     assert armed_seen and not dispatcher.fetch_breaker.armed
     assert criticals == []
-    assert sorted(m.message_id for m in transport.messages("orders")) == sorted(f"m{i}" for i in range(150))
+    got = [m.message_id for m in transport.messages("orders")]
+    assert set(got) == {f"m{i}" for i in range(150)}  # nothing lost
+    # at-least-once: a batch sent just before the cut, whose delete the cut failed, may go again
+    assert len(got) - len(set(got)) <= settings.batch_size
     await store.close()
     direct.close()
 

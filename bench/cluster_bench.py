@@ -1,0 +1,173 @@
+"""Does Spark earn its place? The bulk jobs beside single-process floors, and one executor beside two.
+
+    .venv/bin/python -m bench.cluster_bench                     # 1,000,000 rows
+    .venv/bin/python -m bench.cluster_bench --rows 10000000
+
+In one run, on the same rows (NServiceBus ``TimeoutData`` in PostgreSQL, 200-byte bodies):
+
+(a) a same-database move: one SQL statement (``DELETE … RETURNING`` feeding ``INSERT``, the floor)
+    beside ``bulk migrate`` in local mode; an export to Parquet: one process (a server-side cursor
+    into pyarrow's writer) beside ``bulk export`` in local mode;
+(b) ``bulk export`` on a standalone cluster started here from the installed pyspark (a master and
+    workers of one core each on loopback, ``tests/bulk/standalone.py``): one executor, then two.
+
+Spark's start-up is timed apart from each job. Everything it creates is dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.bulk_bench import BASE, TABLE, fill, store_table
+from duetime.bulk.exchange import export
+from duetime.bulk.migrate import MigrationSpec, migrate
+from duetime.bulk.session import spark_session
+from tests.bulk.standalone import StandaloneCluster
+
+FLOOR, JOB, SOURCE = "cluster_bench_floor", "cluster_bench_job", "cluster_bench_src"
+
+
+def timed(action: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = action()
+    return time.perf_counter() - start, result
+
+
+def floor_move(conn: psycopg.Connection, rows: int) -> float:
+    """The same move as one statement in the server: no checks, no batches, no resume."""
+    store_table(FLOOR)
+    took, _ = timed(
+        lambda: conn.execute(
+            f'WITH moved AS (DELETE FROM "{SOURCE}"."{TABLE}" RETURNING "Id", "Destination", "State", "Time", '
+            f'"Headers") INSERT INTO "{FLOOR}"."Sales.delayed" (message_id, destination, due_at, headers, body) '
+            'SELECT "Id"::text, "Destination", "Time" AT TIME ZONE \'UTC\', "Headers"::json, "State" FROM moved'
+        )
+    )
+    count = conn.execute(f'SELECT COUNT(*) FROM "{FLOOR}"."Sales.delayed"').fetchone()
+    assert count is not None and count[0] == rows
+    return took
+
+
+def single_process_export(schema: str, folder: Path, rows: int) -> float:
+    """What one careful process does: stream the store table into Parquet in bounded chunks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def run() -> int:
+        written = 0
+        with psycopg.connect(BASE) as conn:
+            cur = conn.cursor(name="export")
+            cur.itersize = 50_000
+            cur.execute(
+                "SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key "
+                f'FROM "{schema}"."Sales.delayed"'
+            )
+            names = ["message_id", "destination", "due_at", "headers", "body", "failure_count", "group"]
+            writer = None
+            while chunk := cur.fetchmany(100_000):
+                columns = list(zip(*chunk, strict=True))
+                table = pa.table({n: pa.array(c) for n, c in zip(names, columns, strict=True)})
+                writer = writer or pq.ParquetWriter(folder / "part-0.parquet", table.schema)
+                writer.write_table(table)
+                written += len(chunk)
+            if writer is not None:
+                writer.close()
+        return written
+
+    took, written = timed(run)
+    assert written == rows
+    return took
+
+
+def export_on(
+    master: str, source: str, folder: Path, rows: int, conf: dict[str, str] | None = None
+) -> tuple[float, float]:
+    startup, spark = timed(lambda: spark_session(master, conf))
+    spark.range(1).count()
+    took, done = timed(lambda: export(spark, source, f"parquet:{folder}", "Sales"))
+    assert done.rows == rows, done
+    spark.stop()
+    return took, startup
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch-rows", type=int, default=100_000)
+    args = parser.parse_args()
+    rows = args.rows
+    scratch = Path(tempfile.mkdtemp(prefix="cluster_bench_"))
+    with psycopg.connect(BASE, autocommit=True) as conn:
+        try:
+            print(f"filling {rows:,} TimeoutData rows …", flush=True)
+            fill(conn, SOURCE, rows)
+            conn.execute(f'DROP SCHEMA IF EXISTS "{FLOOR}" CASCADE')
+            floor = floor_move(conn, rows)
+            print(
+                f"(a) same-database move, one SQL statement (floor) : {floor:6.1f} s  {rows / floor:10,.0f} rows/s",
+                flush=True,
+            )
+            fill(conn, SOURCE, rows)
+            conn.execute(f'DROP SCHEMA IF EXISTS "{JOB}" CASCADE')
+            startup, spark = timed(lambda: spark_session("local[*]"))
+            spark.range(1).count()
+            source = f"{BASE}?schema={SOURCE}&layout=timeoutdata&table={TABLE}"
+            took, result = timed(
+                lambda: migrate(
+                    spark, MigrationSpec(source, f"{BASE}?schema={JOB}", "Sales", batch_rows=args.batch_rows)
+                )
+            )
+            assert result.inserted == rows and result.remaining == 0, result
+            print(
+                f"    bulk migrate, local[*]                          : {took:6.1f} s  {rows / took:10,.0f} rows/s  "
+                f"= {took / floor:.2f}x the floor's time (target <= 1.5x); start-up {startup:.1f} s apart",
+                flush=True,
+            )
+            one = single_process_export(JOB, scratch / "single", rows)
+            print(
+                f"(a) export to Parquet, one process                  : {one:6.1f} s  {rows / one:10,.0f} rows/s",
+                flush=True,
+            )
+            job, _ = timed(
+                lambda: export(spark, f"{BASE}?schema={JOB}", f"parquet:{scratch / 'local'}", "Sales")
+            )
+            print(
+                f"    bulk export, local[*]                           : {job:6.1f} s  {rows / job:10,.0f} rows/s  "
+                f"= {one / job:.2f}x the single process's rate",
+                flush=True,
+            )
+            spark.stop()
+            cluster = StandaloneCluster(scratch)
+            try:
+                cluster.add_worker()
+                t1, s1 = export_on(cluster.master, f"{BASE}?schema={JOB}", scratch / "one", rows)
+                print(
+                    f"(b) bulk export, standalone, 1 executor             : {t1:6.1f} s  {rows / t1:10,.0f} rows/s  (start-up {s1:.1f} s)",
+                    flush=True,
+                )
+                cluster.add_worker()
+                t2, s2 = export_on(cluster.master, f"{BASE}?schema={JOB}", scratch / "two", rows)
+                print(
+                    f"    bulk export, standalone, 2 executors            : {t2:6.1f} s  {rows / t2:10,.0f} rows/s  "
+                    f"= {t1 / t2:.2f}x one executor (start-up {s2:.1f} s)",
+                    flush=True,
+                )
+            finally:
+                cluster.stop()
+        finally:
+            for schema in (SOURCE, FLOOR, JOB):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

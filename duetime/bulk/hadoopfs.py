@@ -1,0 +1,148 @@
+"""Files as the cluster sees them: through Hadoop filesystems (``file:``, ``hdfs:``, ``s3a:``, …).
+
+A Python ``open`` in a Spark task writes to the disk of whichever machine ran the task, and a
+driver's ``pathlib`` sees only the driver's disk: on a cluster both lose data quietly. So bulk jobs
+read and write files only with Spark's DataFrame readers and writers (whose output commits
+atomically: a folder is complete once ``_SUCCESS`` is in it), and the driver lists, checks and
+removes through the Hadoop API of the same session, for whichever filesystems the cluster has.
+A path without a scheme means what it means to Spark: the cluster's default filesystem.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+from duetime.errors import ConfigurationError
+
+#: Spark's writers mark a completely committed folder with this file.
+COMMITTED = "_SUCCESS"
+
+
+@dataclass(frozen=True)
+class Listed:
+    path: str
+    size: int
+    modified_ms: int
+
+
+class Folder:
+    """A path on one of the cluster's filesystems, seen from the driver."""
+
+    def __init__(self, spark: Any, path: str) -> None:
+        self.spark = spark
+        jvm = spark.sparkContext._jvm
+        self._jvm = jvm
+        try:
+            raw = jvm.org.apache.hadoop.fs.Path(path)
+            self._fs = raw.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+            self._path = self._fs.makeQualified(raw)
+        except Exception as error:
+            raise ConfigurationError(_why(path, error)) from None
+        #: The full URI, as the executors will resolve it (scheme, host, absolute path).
+        self.uri = str(self._path.toString())
+
+    def child(self, name: str) -> Folder:
+        return Folder(self.spark, f"{self.uri.rstrip('/')}/{name}")
+
+    def exists(self) -> bool:
+        return bool(self._call(lambda: self._fs.exists(self._path)))
+
+    def committed(self) -> bool:
+        """Spark's writer finished and committed this folder."""
+        return self.child(COMMITTED).exists()
+
+    def delete(self) -> None:
+        self._call(lambda: self._fs.delete(self._path, True))
+
+    def files(self) -> list[Listed]:
+        """Every data file under the folder (Spark's rule: names starting ``_`` or ``.`` are not
+        data), in path order; empty when the folder does not exist."""
+        if not self.exists():
+            return []
+
+        def walk() -> list[Listed]:
+            found: list[Listed] = []
+            it = self._fs.listFiles(self._path, True)
+            while it.hasNext():
+                status = it.next()
+                path = str(status.getPath().toString())
+                relative = path[len(self.uri) :].strip("/").split("/")
+                if any(part.startswith(("_", ".")) for part in relative if part):
+                    continue
+                found.append(Listed(path, int(status.getLen()), int(status.getModificationTime())))
+            return sorted(found, key=lambda f: f.path)
+
+        result: list[Listed] = self._call(walk)
+        return result
+
+    def _call(self, action: Any) -> Any:
+        try:
+            return action()
+        except Exception as error:
+            raise ConfigurationError(_why(self.uri, error)) from None
+
+
+def check_writable(spark: Any, path: str) -> Folder:
+    """Refuse, before anything is read or moved, a folder the job could not write for real.
+
+    The executors write a small probe through Spark's writer; the driver must then see every file
+    they wrote. A path on a disk only some machines have (the driver's own ``/tmp``, a worker's
+    scratch folder) fails here, as does a scheme the cluster has no filesystem for.
+    """
+    folder = Folder(spark, path)
+    existed = folder.exists()
+    probe = folder.child(f"_duetime_probe-{uuid.uuid4().hex[:12]}")
+    parts = max(2, int(spark.sparkContext.defaultParallelism))
+    try:
+        with quiet(spark):
+            spark.range(0, parts, 1, parts).write.mode("overwrite").parquet(probe.uri)
+    except Exception as error:
+        probe_cleanup(probe if existed else folder)
+        raise ConfigurationError(_why(folder.uri, error)) from None
+    try:
+        seen = len([f for f in probe.files() if f.path.endswith(".parquet")])
+    finally:
+        probe_cleanup(probe)
+    if seen < parts:
+        if not existed:  # leave no empty folder behind on the driver's disk
+            probe_cleanup(folder)
+        raise ConfigurationError(
+            f"{folder.uri}: the executors wrote {parts} files there but the driver sees {seen}, so it is "
+            "not a place every machine of the cluster shares. Write to a shared filesystem "
+            "(hdfs://…, s3a://…, a mount every machine has), or run in local mode."
+        )
+    return folder
+
+
+@contextmanager
+def quiet(spark: Any) -> Iterator[None]:
+    """Spark logs a failed task's Java stack on stderr; where we turn the failure into one line
+    ourselves, it would only bury that line."""
+    spark.sparkContext.setLogLevel("OFF")
+    try:
+        yield
+    finally:
+        spark.sparkContext.setLogLevel("ERROR")
+
+
+def probe_cleanup(probe: Folder) -> None:
+    with suppress(ConfigurationError):  # a probe we could not even create leaves nothing behind
+        probe.delete()
+
+
+def _why(path: str, error: Exception) -> str:
+    """One line from a JVM error: what failed, without the Java stack."""
+    text = str(getattr(error, "java_exception", None) or error)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    missing = "ClassNotFoundException" in first and "FileSystem" in first
+    if missing or "No FileSystem for scheme" in first or "UnsupportedFileSystemException" in first:
+        scheme = path.split(":", 1)[0]
+        return (
+            f"{path}: this Spark has no filesystem for {scheme!r} ({first.rsplit(':', 1)[-1].strip()}); "
+            "add its connector to the cluster (e.g. hadoop-aws for s3a:) or write elsewhere."
+        )
+    return f"{path}: cannot be written or read ({first[:300]}); check the path and its permissions."

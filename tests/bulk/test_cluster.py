@@ -1,0 +1,290 @@
+"""The bulk jobs on a real Spark standalone cluster: a master and two workers on loopback, started
+here from the installed pyspark and torn down by their process ids.
+
+The workers run in their own mount namespace where one folder of this machine is hidden behind an
+empty tmpfs: to them it is a disk the driver has and they do not, like a driver's /tmp on a real
+cluster. Every job runs through the CLI (and one through spark-submit), as users run them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.bulk.conftest import count, create_timeoutdata, timeout_rows
+from tests.bulk.standalone import StandaloneCluster
+from tests.bulk.test_migrate import seed_store, store_rows
+from tests.conftest import ROOT, run_cli
+from tests.services import postgres_schema
+
+pytestmark = pytest.mark.slow
+
+
+class Cluster:
+    def __init__(self, master: str, hidden: Path) -> None:
+        self.master = master
+        #: A folder the driver sees and the executors do not.
+        self.hidden = hidden
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return run_cli("bulk", *args, "--master", self.master, timeout=timeout)
+
+    def submit(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """spark-submit against this cluster, as a cluster's own tooling runs jobs. A local session
+        earlier in this test process set SPARK_LOCAL_IP for itself: not passed on to a cluster job."""
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+        env |= {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "COLUMNS": "200"}
+        command = [str(Path(sys.executable).parent / "spark-submit"), "--master", self.master, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    hidden = tmp_path_factory.mktemp("driver-only")
+    standalone = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        for _ in range(2):
+            standalone.add_worker(hidden)
+        yield Cluster(standalone.master, hidden)
+    finally:
+        standalone.stop()
+
+
+def _ok(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result.stdout
+
+
+@pytest.mark.timeout(420)
+def test_migrate_then_export_and_import_row_for_row(cluster: Cluster, tmp_path: Path) -> None:
+    with postgres_schema() as pg:
+        # a legacy TimeoutData table moves into a duetime store, batch by batch, on both executors
+        rows = timeout_rows(6_000)
+        legacy = create_timeoutdata(pg, "Orders_TimeoutData", rows)
+        out = _ok(
+            cluster.run(
+                "migrate",
+                "--from",
+                pg + "&layout=timeoutdata",
+                "--to",
+                pg,
+                "--endpoint",
+                "Orders",
+                "--mode",
+                "migrate",
+                "--batch-rows",
+                "1000",
+                "--json",
+            )
+        )
+        assert json.loads(out)["inserted"] == 6_000 and count(legacy, "Orders_TimeoutData") == 0
+        moved = store_rows(pg, "Orders")
+        assert {m.message_id: m.body for m in moved.values()} == {str(r[0]): r[3] for r in rows}
+
+        # export, then import into another store: row for row
+        exported = tmp_path / "export"
+        _ok(cluster.run("export", "--from", pg, "--to", f"parquet:{exported}", "--endpoint", "Orders"))
+        copy = f"sqlite:///{tmp_path / 'copy.db'}"
+        imported = json.loads(
+            _ok(cluster.run("import", "--from", f"parquet:{exported}", "--to", copy, "--json"))
+        )
+        assert imported["inserted"] == 6_000
+        assert store_rows(copy, "Orders") == moved
+
+
+@pytest.mark.timeout(420)
+def test_different_files_under_the_same_path_are_a_new_import(cluster: Cluster, tmp_path: Path) -> None:
+    with postgres_schema() as pg:
+        exported = tmp_path / "export"
+        copy = f"sqlite:///{tmp_path / 'copy.db'}"
+        first = seed_store(pg, "Orders", 300)
+        _ok(cluster.run("export", "--from", pg, "--to", f"parquet:{exported}"))
+        assert (
+            json.loads(_ok(cluster.run("import", "--from", f"parquet:{exported}", "--to", copy, "--json")))[
+                "inserted"
+            ]
+            == 300
+        )
+        # different files under the same path are a new import, not "written before"
+        others = seed_store(
+            f"sqlite:///{tmp_path / 'other.db'}", "Later", 500, start=datetime.now(UTC) + timedelta(days=3)
+        )
+        _ok(
+            cluster.run(
+                "export", "--from", f"sqlite:///{tmp_path / 'other.db'}", "--to", f"parquet:{exported}"
+            )
+        )
+        again = json.loads(
+            _ok(cluster.run("import", "--from", f"parquet:{exported}", "--to", copy, "--json"))
+        )
+        assert again["inserted"] == 500, again
+        assert set(store_rows(copy, "Orders")) == {m.message_id for m in first}
+        assert set(store_rows(copy, "Later")) == {m.message_id for m in others}
+
+
+@pytest.mark.timeout(420)
+def test_schedule_from_several_files_then_migrate_into_a_folder(cluster: Cluster, tmp_path: Path) -> None:
+    with postgres_schema() as pg:
+        # schedule from Parquet in several files (several tasks), with a reject
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        due = datetime(2031, 5, 1, tzinfo=UTC)
+        source = tmp_path / "reminders"
+        source.mkdir()
+        for part in range(4):
+            ids = [f"r{part}-{i}" for i in range(750)]
+            pq.write_table(
+                pa.table(
+                    {
+                        "id": ids,
+                        "destination": ["crm"] * 750,
+                        "due_at": [due] * 750,
+                        "body": [i.encode() for i in ids],
+                    }
+                ),
+                source / f"part-{part}.parquet",
+            )
+        pq.write_table(
+            pa.table({"id": ["bad"], "destination": [""], "due_at": [due], "body": [b""]}),
+            source / "part-9.parquet",
+        )
+        rejects = tmp_path / "rejects"
+        done = _ok(
+            cluster.run(
+                "schedule",
+                f"parquet:{source}",
+                "--to",
+                pg,
+                "--endpoint",
+                "crm",
+                "--job",
+                "rem",
+                "--rejects",
+                str(rejects),
+            )
+        )
+        assert "3,001 rows: 3,000 stored, 0 already scheduled, 1 rejected" in done
+        assert len(store_rows(pg, "crm")) == 3_000
+        assert [
+            json.loads(line)["message_id"]
+            for f in rejects.glob("part-*")
+            for line in f.read_text().splitlines()
+        ] == ["bad"]
+
+        # a migration into a folder: the source lets go only of what the committed files hold
+        folder = tmp_path / "moved"
+        out = _ok(
+            cluster.run(
+                "migrate",
+                "--from",
+                pg,
+                "--to",
+                f"jsonl:{folder}",
+                "--endpoint",
+                "crm",
+                "--mode",
+                "migrate",
+                "--batch-rows",
+                "1000",
+                "--json",
+            )
+        )
+        assert json.loads(out)["inserted"] == 3_000 and store_rows(pg, "crm") == {}
+        lines = [json.loads(x) for f in folder.glob("run=*/part-*") for x in f.read_text().splitlines()]
+        assert sorted(x["message_id"] for x in lines) == sorted(
+            f"r{p}-{i}" for p in range(4) for i in range(750)
+        )
+
+
+@pytest.mark.timeout(420)
+def test_report_through_spark_submit(cluster: Cluster) -> None:
+    with postgres_schema() as pg:
+        seed_store(pg, "Report", 2_000)
+        # through spark-submit with the job file, as a cluster's own tooling runs it
+        submit = cluster.submit(str(ROOT / "duetime" / "bulk" / "job.py"), "report", "--store", pg)
+        assert submit.returncode == 0, submit.stderr[-3000:]
+        assert "2,000 stored messages" in submit.stdout
+
+
+@pytest.mark.timeout(420)
+def test_a_folder_only_the_driver_has_is_refused_before_anything_moves(cluster: Cluster) -> None:
+    with postgres_schema() as pg:
+        seed_store(pg, "Keep", 300)
+        target = cluster.hidden / "out"
+        result = cluster.run(
+            "migrate", "--from", pg, "--to", f"parquet:{target}", "--endpoint", "Keep", "--mode", "migrate"
+        )
+        assert result.returncode == 1
+        line = result.stderr.strip().splitlines()[-1]
+        assert "not a place every machine of the cluster shares" in line and "Traceback" not in result.stderr
+        assert len(store_rows(pg, "Keep")) == 300  # nothing left the source
+        assert not target.exists()
+        export = cluster.run("export", "--from", pg, "--to", f"jsonl:{target}")
+        assert export.returncode == 1 and "every machine" in export.stderr
+
+
+SETTINGS_SCRIPT = """
+import json, os
+from duetime.bulk.session import spark_session
+s = spark_session()
+conf = s.sparkContext.getConf()
+print(json.dumps({"tz": s.conf.get("spark.sql.session.timeZone"), "ui": conf.get("spark.ui.enabled"),
+                  "local_ip": os.environ.get("SPARK_LOCAL_IP"), "master": s.sparkContext.master,
+                  "rows": s.range(1000).count()}))
+"""
+
+
+@pytest.mark.timeout(420)
+def test_the_clusters_settings_win_and_the_driver_is_not_bound_to_loopback(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "settings.py"
+    script.write_text(SETTINGS_SCRIPT)
+    result = cluster.submit(
+        "--conf",
+        "spark.sql.session.timeZone=America/New_York",
+        "--conf",
+        "spark.ui.enabled=true",
+        str(script),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    # duetime's defaults (UTC, no UI) gave way to what spark-submit was told
+    assert seen == {
+        "tz": "America/New_York",
+        "ui": "true",
+        "local_ip": None,
+        "master": cluster.master,
+        "rows": 1000,
+    }
+
+
+def test_spark_defaults_conf_wins_over_duetimes_defaults(tmp_path: Path) -> None:
+    """A session started by duetime (no spark-submit) keeps what the cluster's spark-defaults.conf
+    says, though duetime would pick UTC and no UI."""
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# the cluster's own settings\nspark.sql.session.timeZone   Asia/Tokyo\nspark.ui.enabled=true\n"
+    )
+    code = (
+        "from duetime.bulk.session import spark_session; s = spark_session('local[1]'); "
+        "print(s.conf.get('spark.sql.session.timeZone'), s.sparkContext.getConf().get('spark.ui.enabled'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SPARK_CONF_DIR": str(tmp_path)},
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["Asia/Tokyo", "true"]
