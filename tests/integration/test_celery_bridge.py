@@ -91,10 +91,11 @@ def test_a_worker_killed_while_thousands_wait_loses_none(tmp_path: Path) -> None
         tasks = a.load()
         start_worker(a, queue)
         a.dispatcher(store, f"celery+{url}")
-        first = time.time()
         for i in range(total):
-            tasks.record.apply_async((str(i),), countdown=15 + (i % 40) * 0.1)
-        assert time.time() - first < 14.5, "scheduling took longer than the shortest countdown"
+            tasks.record.apply_async((str(i),), countdown=20 + (i % 40) * 0.1)
+        # On a loaded machine scheduling can outlast the shortest countdown; the promise holds
+        # either way, but the kill must find thousands still waiting for the test to mean much.
+        assert stored(store) >= total // 2, "most tasks were already due before the worker died"
         a.kill(a.workers[0])
         start_worker(a, queue)
         a.wait_for(total, 90)

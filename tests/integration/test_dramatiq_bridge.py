@@ -93,10 +93,11 @@ def test_a_worker_killed_while_thousands_wait_loses_none(tmp_path: Path) -> None
         tasks = a.load()
         start_worker(a, queue)
         a.dispatcher(store, transport(url, queue))
-        first = time.time()
         for i in range(total):
-            tasks.record.send_with_options(args=(str(i),), delay=15000 + (i % 40) * 100)
-        assert time.time() - first < 14.5, "scheduling took longer than the shortest delay"
+            tasks.record.send_with_options(args=(str(i),), delay=20000 + (i % 40) * 100)
+        # On a loaded machine scheduling can outlast the shortest delay; the promise holds either
+        # way, but the kill must find thousands still waiting for the test to mean much.
+        assert stored(store) >= total // 2, "most messages were already due before the worker died"
         a.kill(a.workers[0])
         start_worker(a, queue)
         a.wait_for(total, 90)
