@@ -5,6 +5,8 @@
 
 Aims (issue 4): dispatch from PostgreSQL into RabbitMQ >= 0.8x the raw publish-with-confirms rate
 of the same client library; front-door ingestion likewise beside a raw consume-insert-ack loop.
+Issue 16 raised the bar: the raw limit is aiormq with the batch's frames written without waiting for
+each flush (aio-pika's publish waits), confirms awaited together; both baselines are printed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import aio_pika
+import aiormq
 import psycopg
+from pamqp.commands import Basic
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
 from duetime.backends.postgres import PostgresStore, SyncPostgresStore
@@ -67,6 +71,45 @@ async def raw_publish(n: int, queue: str, batch: int) -> float:
         )
     elapsed = time.perf_counter() - started
     await connection.close()
+    return n / elapsed
+
+
+async def raw_aiormq(n: int, queue: str, batch: int) -> float:
+    """aiormq publish with confirms and mandatory, a batch's frames written without waiting for
+    each flush and its confirms awaited together: the fastest this client can publish safely."""
+    connection = await aiormq.connect(AMQP)
+    channel = await connection.channel(publisher_confirms=True)
+    started = time.perf_counter()
+    for first in range(0, n, batch):
+        await asyncio.gather(
+            *(
+                channel.basic_publish(
+                    b"x" * 100,
+                    routing_key=queue,
+                    mandatory=True,
+                    wait=False,
+                    properties=Basic.Properties(delivery_mode=2, message_id=f"r{i}", headers={"k": "v"}),
+                )
+                for i in range(first, min(n, first + batch))
+            )
+        )
+    elapsed = time.perf_counter() - started
+    await connection.close()
+    return n / elapsed
+
+
+async def transport_publish(n: int, queue: str, batch: int) -> float:
+    """duetime's RabbitMQ transport alone: send_batch of ``batch`` messages, no store."""
+    every = messages(n, queue)
+    batches = [every[i : i + batch] for i in range(0, n, batch)]
+    transport = RabbitMqTransport.from_url(AMQP)
+    await transport.start()
+    started = time.perf_counter()
+    for each in batches:
+        results = await transport.send_batch(each)
+        assert results == [None] * len(each), results[:3]
+    elapsed = time.perf_counter() - started
+    await transport.close()
     return n / elapsed
 
 
@@ -177,13 +220,24 @@ async def main() -> None:
     print("dispatch PostgreSQL -> RabbitMQ (persistent, confirms, mandatory; batches of 100; best of 2)")
     raw = max([await raw_publish(n, queue, 100) for _ in range(2)])
     await purge(queue)
+    limit = max([await raw_aiormq(n, queue, 100) for _ in range(2)])
+    await purge(queue)
+    alone = max([await transport_publish(n, queue, 100) for _ in range(2)])
+    await purge(queue)
     ours = 0.0
     for _ in range(2):
         reset_pg()
         ours = max(ours, await duetime_dispatch(n, queue))
         await purge(queue)
     print(f"  raw aio-pika publish with confirms   {raw:10,.0f} msg/s")
-    print(f"  duetime dispatch                     {ours:10,.0f} msg/s   ratio {ours / raw:.2f}\n")
+    print(f"  raw aiormq, frames pipelined         {limit:10,.0f} msg/s")
+    print(
+        f"  duetime transport alone (send_batch) {alone:10,.0f} msg/s   ratio {alone / limit:.2f} to aiormq"
+    )
+    print(
+        f"  duetime dispatch                     {ours:10,.0f} msg/s   "
+        f"ratio {ours / raw:.2f} to aio-pika, {ours / limit:.2f} to aiormq\n"
+    )
     print("front door: <endpoint>.Timeouts -> PostgreSQL store, acknowledged after commit")
     reset_pg()
     await fill_front_door(n, "rawdoor")

@@ -11,7 +11,6 @@ go to its alternate exchange and wait in a catch-all queue instead of being drop
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import ChannelClosed, DeliveryError
 
 from duetime.backends.rabbitmq.arrival import DEATH_HEADERS, arrival_headers, early_by
-from duetime.backends.rabbitmq.transport import RabbitMqTransport, amqp_message
+from duetime.backends.rabbitmq.transport import Publish, RabbitMqTransport, amqp_properties_of
 from duetime.backends.rabbitmq.wire import Int32, Int64
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError
@@ -156,7 +155,6 @@ class NativeDelays:
         self.queue_type = queue_type
         self.bound: set[str] = set()
         self.notes: list[str] = []
-        self._exchanges: dict[str, Any] = {}
 
     # -- topology --------------------------------------------------------------------------------
 
@@ -405,21 +403,18 @@ class NativeDelays:
                 results[i] = error
                 continue
             level = first_level(seconds)
-            exchange_name = self.names.delivery if level is None else self.names.level(level)
-            exchange = self._exchanges.get(exchange_name)
-            if exchange is None or exchange.channel is not self.transport.channel:
-                exchange = await self.transport.channel.get_exchange(exchange_name, ensure=False)
-                self._exchanges[exchange_name] = exchange
             headers: dict[str, Any] = outgoing_headers(m)
             headers[DELAY_IN_SECONDS] = Int32(seconds)  # as NServiceBus's sender; stripped on arrival
-            message = amqp_message(m, headers)
             publishes.append(
-                exchange.publish(
-                    message, routing_key=routing_key(seconds, m.destination, self.levels), mandatory=True
+                Publish(
+                    self.names.delivery if level is None else self.names.level(level),
+                    routing_key(seconds, m.destination, self.levels),
+                    m.body,
+                    amqp_properties_of(m, headers),
                 )
             )
             slots.append(i)
-        outcomes = await asyncio.gather(*publishes, return_exceptions=True)
+        outcomes = await self.transport.publish_all(publishes) if publishes else []
         for i, outcome in zip(slots, outcomes, strict=True):
             if isinstance(outcome, DeliveryError):
                 results[i] = DestinationNotFound(f"{messages[i].destination!r}: returned unroutable")
@@ -427,6 +422,8 @@ class NativeDelays:
                 results[i] = TransportError(
                     f"native publish to {messages[i].destination!r} failed: {outcome!r}"
                 )
+            elif outcome is not None:  # cancelled: not sent, and not ours to swallow
+                raise outcome
         return results
 
     async def send(
