@@ -28,7 +28,8 @@ class Batch:
     number: int
     endpoint: str
     table: str
-    #: The batch is the key range [lower, upper); None is unbounded (the first and last batch).
+    #: The batch is the key range [lower, upper), or on PostgreSQL the block range (bounds
+    #: ``@block N``, see :func:`block_of`); None is unbounded (the first and last batch).
     lower: str | None
     upper: str | None
     planned: int
@@ -96,9 +97,13 @@ class DbSource:
         batches: list[Batch] = []
         tables = self.tables(endpoint)
         with self.db.session() as conn:
+            by_blocks = self.db.dialect == "postgres" and conn.info.server_version >= 140000
             for name, table in tables:
                 where, params = self.layout.selection(cutoff_us, now_us)
                 q = self.db.qualified(table)
+                if by_blocks:
+                    batches += self._plan_blocks(conn, name, table, where, params, batch_rows, len(batches))
+                    continue
                 key = self.db.quote(self.layout.key)
                 # Every batch_rows-th key in key order: each batch is one range of the primary
                 # key, read by an index range scan (a hash bucket would scan the table per batch).
@@ -121,8 +126,49 @@ class DbSource:
                     )
         return batches
 
+    def _plan_blocks(
+        self, conn: Any, name: str, table: str, where: str, params: list[Any], batch_rows: int, first: int
+    ) -> list[Batch]:
+        """PostgreSQL: batches as ranges of the table's blocks, about ``batch_rows`` rows each.
+
+        Rows sit in the heap in the order they were written, not in key order: a key range of
+        random ids (NServiceBus's uuids) touches nearly every block, so each batch read and dirtied
+        most of the table (a 100,000-row batch of 1,000,000: 42,448 of 47,620 blocks, 855 ms for
+        its delete, against 4,762 blocks and 118 ms for a block range). A block range is read by a
+        TID range scan and each block is written once in the whole run. A row moved to another
+        block while the run goes on (an UPDATE) is left for the next run, like a new row."""
+        rows = self.db.execute(
+            conn,
+            "WITH per AS (SELECT (ctid::text::point)[0]::bigint AS blk, COUNT(*) AS n "
+            f"FROM {self.db.qualified(table)} WHERE {where} GROUP BY 1), "
+            "cum AS (SELECT blk, n, (SUM(n) OVER (ORDER BY blk) - n)::bigint AS before FROM per) "
+            "SELECT MIN(blk), SUM(n) FROM cum GROUP BY before / %s ORDER BY 1",
+            [*params, batch_rows],
+        ).fetchall()
+        if not rows:
+            return [Batch(first, name, table, None, None, 0)]
+        starts = [f"{BLOCK}{int(r[0])}" for r in rows]
+        return [
+            Batch(
+                first + i,
+                name,
+                table,
+                None if i == 0 else starts[i],
+                starts[i + 1] if i + 1 < len(starts) else None,
+                int(r[1]),
+            )
+            for i, r in enumerate(rows)
+        ]
+
     def _bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
         where, params = self.layout.selection(cutoff_us, now_us)
+        if self.db.dialect == "postgres" and (block_of(batch.lower) or block_of(batch.upper)) is not None:
+            lower, upper = block_of(batch.lower), block_of(batch.upper)
+            if lower is not None:
+                where, params = f"{where} AND ctid >= %s::tid", [*params, f"({lower},0)"]
+            if upper is not None:
+                where, params = f"{where} AND ctid < %s::tid", [*params, f"({upper},0)"]
+            return where, params
         key = self.db.quote(self.layout.key)
         if batch.lower is not None:
             where, params = f"{where} AND {key} >= %s", [*params, batch.lower]
@@ -318,6 +364,18 @@ class DbSource:
                     ).fetchone()[0]
                 )
         return total
+
+
+#: How a block bound is written in the batches table (a run planned by key ranges, before block
+#: ranges, resumes by its key ranges).
+BLOCK = "@block "
+
+
+def block_of(bound: str | None) -> int | None:
+    """The block number of a block bound; None for a key bound or no bound."""
+    if bound is None or not bound.startswith(BLOCK) or not bound[len(BLOCK) :].isdigit():
+        return None
+    return int(bound[len(BLOCK) :])
 
 
 def batch_of(row: dict[str, Any]) -> Batch:
