@@ -306,7 +306,7 @@ def _move_checked(
             conn,
             # Joined to the ids, not ``key = ANY(ids)``: with a long array the planner scanned the
             # whole table for every batch (a migration's time grew with rows x batches); a join
-            # lets it read only the batch's key range through the index.
+            # lets it read only the batch's own range.
             f"WITH moved AS (DELETE FROM {table} USING unnest(%s::{lay.key_type}[]) AS duetime_wanted(duetime_key) "
             f"WHERE {key} = duetime_wanted.duetime_key AND {where} RETURNING {cols}), "
             f"ins AS (INSERT INTO {target_table} "

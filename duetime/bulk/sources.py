@@ -162,8 +162,8 @@ class DbSource:
 
     def _bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
         where, params = self.layout.selection(cutoff_us, now_us)
-        if self.db.dialect == "postgres" and (block_of(batch.lower) or block_of(batch.upper)) is not None:
-            lower, upper = block_of(batch.lower), block_of(batch.upper)
+        lower, upper = block_of(batch.lower), block_of(batch.upper)
+        if self.db.dialect == "postgres" and (lower is not None or upper is not None):
             if lower is not None:
                 where, params = f"{where} AND ctid >= %s::tid", [*params, f"({lower},0)"]
             if upper is not None:

@@ -1,9 +1,10 @@
 """RabbitMQ transport (aio-pika): persistent messages, publisher confirms, ``mandatory``.
 
 Each batch is written in one go on the connection's own aiormq channel and its confirms are
-awaited together, so a batch costs one wait, not one per message (aio-pika's publish waits for each
-frame to be flushed before the next is queued: 0.65x the pipelined rate on this machine). A message whose queue does not exist comes back unroutable and fails
-alone (DestinationNotFound), without delaying the others.
+awaited together, so a batch costs one wait, not one per message (aio-pika's publish waits for
+each frame to be flushed before the next is queued: 0.65x the pipelined rate on this machine). A
+message whose queue does not exist comes back unroutable and fails alone (DestinationNotFound),
+without delaying the others.
 
 A lost connection (a broker restart, a cut network) fails the batch with TransportUnavailable and
 drops the connection; the next call connects again. The dispatcher treats that as an outage:
