@@ -36,6 +36,7 @@ def _progress(db: Database) -> int:
         return 0
 
 
+@pytest.mark.timeout(420)  # four Spark starts and up to 2 x 180 s waiting for progress
 def test_preview_then_a_migration_killed_twice_then_resumed(tmp_path: Path) -> None:
     with postgres_schema() as pg:
         rows = timeout_rows(10_000)

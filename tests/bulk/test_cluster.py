@@ -62,7 +62,7 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)  # five cluster jobs: about 170 s alone, three times that in the full suite
 def test_migrate_then_export_and_import_row_for_row_and_new_files_are_a_new_import(
     cluster: Cluster, tmp_path: Path
 ) -> None:
