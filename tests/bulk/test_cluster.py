@@ -196,8 +196,9 @@ def test_a_folder_only_the_driver_has_is_refused_before_anything_moves(cluster: 
             "migrate", "--from", pg, "--to", f"parquet:{target}", "--endpoint", "Keep", "--mode", "migrate"
         )
         assert result.returncode == 1
-        line = result.stderr.strip().splitlines()[-1]
-        assert "not a place every machine of the cluster shares" in line and "Traceback" not in result.stderr
+        # the one-line error; on a loaded machine the JVM may log its own shutdown after it
+        assert "not a place every machine of the cluster shares" in result.stderr
+        assert "Traceback" not in result.stderr
         assert len(store_rows(pg, "Keep")) == 300  # nothing left the source
         assert not target.exists()  # export and schedule's rejects ask the same check_writable
 

@@ -100,7 +100,13 @@ def test_sqlite_sigstop_of_one_dispatcher_loses_and_doubles_nothing(tmp_path: Pa
             queue.acknowledge(items)
 
     try:
-        time.sleep(4)
+        for proc in procs:  # running, its signal handlers set, before it is frozen or stopped
+            assert proc.stderr is not None
+            line = "-"
+            while line and "dispatching" not in line:
+                line = proc.stderr.readline()
+            assert line, "the dispatcher exited before it started"
+        time.sleep(max(0.0, 4 - (datetime.now(UTC) - now).total_seconds()))
         os.kill(procs[0].pid, signal.SIGSTOP)
         # The freeze ends on a timer: a consumer (or anyone) may be waiting for the lock meanwhile.
         thaw = threading.Timer(6, os.kill, (procs[0].pid, signal.SIGCONT))
