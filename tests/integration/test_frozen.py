@@ -122,7 +122,7 @@ def test_sqlite_sigstop_of_one_dispatcher_loses_and_doubles_nothing(tmp_path: Pa
     counts = Counter(got)
     assert len(counts) == total, f"{total - len(counts)} lost"
     assert max(counts.values()) == 1  # exactly-once: never doubled
-    assert all(proc.returncode == 0 for proc in procs), errors
+    assert all(proc.returncode == 0 for proc in procs), ([p.returncode for p in procs], errors)
     assert not any("Traceback" in text for text in errors)
 
 
