@@ -22,7 +22,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """A test killed by its timeout never reaches its teardown: the kernel then stops the cluster
     (PR_SET_PDEATHSIG survives the exec chain down to the JVM)."""
     import ctypes
@@ -76,7 +76,7 @@ class StandaloneCluster:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         )
 

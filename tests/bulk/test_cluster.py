@@ -1,17 +1,21 @@
-"""The bulk jobs on a real Spark standalone cluster: a master and two workers on loopback, started
-here from the installed pyspark and torn down by their process ids.
+"""The bulk jobs on a real Spark standalone cluster: a master and two workers on loopback,
+started here from the installed pyspark and torn down by their process ids.
 
 The workers run in their own mount namespace where one folder of this machine is hidden behind an
 empty tmpfs: to them it is a disk the driver has and they do not, like a driver's /tmp on a real
-cluster. Every job runs through the CLI (and one through spark-submit), as users run them.
+cluster. The jobs run in one driver spark-submit started (``warm_driver.py``: the same ``duetime
+bulk`` commands job.py runs, on executors that stay warm between jobs, as a new application per job
+would cost 25 to 60 s here); one job runs through the ``duetime bulk --master spark://…`` command line.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,12 +23,14 @@ from pathlib import Path
 import pytest
 
 from tests.bulk.conftest import count, create_timeoutdata, timeout_rows
-from tests.bulk.standalone import StandaloneCluster
+from tests.bulk.standalone import StandaloneCluster, die_with_parent
 from tests.bulk.test_migrate import seed_store, store_rows
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 from tests.services import postgres_schema
 
 pytestmark = pytest.mark.slow
+
+WARM_DRIVER = Path(__file__).with_name("warm_driver.py")
 
 
 class Cluster:
@@ -34,15 +40,8 @@ class Cluster:
         self.hidden = hidden
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """``duetime bulk … --master spark://…``: a new application, as the command line starts one."""
         return run_cli("bulk", *args, "--master", self.master, timeout=timeout)
-
-    def submit(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        """spark-submit against this cluster, as a cluster's own tooling runs jobs. A local session
-        earlier in this test process set SPARK_LOCAL_IP for itself: not passed on to a cluster job."""
-        env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
-        env |= {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "COLUMNS": "200"}
-        command = [str(Path(sys.executable).parent / "spark-submit"), "--master", self.master, *args]
-        return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +56,125 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         standalone.stop()
 
 
+class Driver:
+    """One spark-submit driver on the cluster, told ``--conf`` settings that differ from duetime's
+    defaults (a time zone other than UTC, the UI on): every job below runs under them."""
+
+    def __init__(self, cluster: Cluster, work: Path) -> None:
+        self.log = work / "driver.log"
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+        env |= {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable, "COLUMNS": "200"}
+        command = [
+            str(Path(sys.executable).parent / "spark-submit"),
+            "--master", cluster.master,
+            "--conf", "spark.sql.session.timeZone=America/New_York",
+            "--conf", "spark.ui.enabled=true",
+            str(WARM_DRIVER),
+        ]  # fmt: skip
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work, preexec_fn=die_with_parent
+            )
+        self.settings: dict[str, object] = json.loads(self._line("settings "))
+        self.port = int(self._line("port "))
+
+    def _line(self, prefix: str, timeout: float = 240) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log.read_text(errors="replace").splitlines():
+                if line.startswith(prefix):
+                    return line.removeprefix(prefix)
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.3)
+        raise AssertionError(f"the driver did not print {prefix!r}:\n" + self.log.read_text()[-4000:])
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """``duetime bulk <args>`` in this driver, as spark-submit … job.py <args> would run it."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as connection:
+            stream = connection.makefile("rw", encoding="utf-8")
+            stream.write(json.dumps(list(args)) + "\n")
+            stream.flush()
+            answer = json.loads(stream.readline())
+        return subprocess.CompletedProcess(list(args), answer["code"], answer["stdout"], answer["stderr"])
+
+    def stop(self) -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=10) as connection:
+                connection.sendall(b'"stop"\n')
+            self.process.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+
+
+class WarmDriver:
+    """The driver of this module, started when a test first needs it. A standalone cluster gives a
+    running application every core, so a test that starts its own application stops it first."""
+
+    def __init__(self, cluster: Cluster, work: Path) -> None:
+        self.cluster, self.work = cluster, work
+        self.running: Driver | None = None
+
+    def get(self) -> Driver:
+        if self.running is None:
+            self.running = Driver(self.cluster, self.work)
+        return self.running
+
+    def stop(self) -> None:
+        if self.running is not None:
+            self.running.stop()
+            self.running = None
+
+
+@pytest.fixture(scope="module")
+def warm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmDriver]:
+    holder = WarmDriver(cluster, tmp_path_factory.mktemp("driver"))
+    try:
+        yield holder
+    finally:
+        holder.stop()
+
+
+@pytest.fixture
+def driver(warm: WarmDriver) -> Driver:
+    return warm.get()
+
+
 def _ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result.stdout
 
 
-@pytest.mark.timeout(900)  # five cluster jobs: about 170 s alone, three times that in the full suite
+@pytest.mark.timeout(420)
+def test_a_folder_only_the_driver_has_is_refused_before_anything_moves(
+    cluster: Cluster, warm: WarmDriver
+) -> None:
+    warm.stop()  # the command line starts an application of its own: it needs the cores
+    with postgres_schema() as pg:
+        seed_store(pg, "Keep", 300)
+        target = cluster.hidden / "out"
+        result = cluster.run(
+            "migrate", "--from", pg, "--to", f"parquet:{target}", "--endpoint", "Keep", "--mode", "migrate"
+        )
+        assert result.returncode == 1
+        # the one-line error; on a loaded machine the JVM may log its own shutdown after it
+        assert "not a place every machine of the cluster shares" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert len(store_rows(pg, "Keep")) == 300  # nothing left the source
+        assert not target.exists()  # export and schedule's rejects ask the same check_writable
+
+
+@pytest.mark.timeout(600)  # with the driver's start: five jobs
 def test_migrate_then_export_and_import_row_for_row_and_new_files_are_a_new_import(
-    cluster: Cluster, tmp_path: Path
+    driver: Driver, tmp_path: Path
 ) -> None:
     with postgres_schema() as pg:
         # a legacy TimeoutData table moves into a duetime store, batch by batch, on both executors
         rows = timeout_rows(6_000)
         legacy = create_timeoutdata(pg, "Orders_TimeoutData", rows)
         out = _ok(
-            cluster.run(
+            driver.run(
                 "migrate",
                 "--from",
                 pg + "&layout=timeoutdata",
@@ -92,10 +195,10 @@ def test_migrate_then_export_and_import_row_for_row_and_new_files_are_a_new_impo
 
         # export, then import into another store: row for row
         exported = tmp_path / "export"
-        _ok(cluster.run("export", "--from", pg, "--to", f"parquet:{exported}", "--endpoint", "Orders"))
+        _ok(driver.run("export", "--from", pg, "--to", f"parquet:{exported}", "--endpoint", "Orders"))
         copy = f"sqlite:///{tmp_path / 'copy.db'}"
         imported = json.loads(
-            _ok(cluster.run("import", "--from", f"parquet:{exported}", "--to", copy, "--json"))
+            _ok(driver.run("import", "--from", f"parquet:{exported}", "--to", copy, "--json"))
         )
         assert imported["inserted"] == 6_000
         assert store_rows(copy, "Orders") == moved
@@ -103,17 +206,15 @@ def test_migrate_then_export_and_import_row_for_row_and_new_files_are_a_new_impo
         # different files under the same path are a new import, not "written before"
         other = f"sqlite:///{tmp_path / 'other.db'}"
         others = seed_store(other, "Later", 500, start=datetime.now(UTC) + timedelta(days=3))
-        _ok(cluster.run("export", "--from", other, "--to", f"parquet:{exported}"))
-        again = json.loads(
-            _ok(cluster.run("import", "--from", f"parquet:{exported}", "--to", copy, "--json"))
-        )
+        _ok(driver.run("export", "--from", other, "--to", f"parquet:{exported}"))
+        again = json.loads(_ok(driver.run("import", "--from", f"parquet:{exported}", "--to", copy, "--json")))
         assert again["inserted"] == 500, again
         assert store_rows(copy, "Orders") == moved
         assert set(store_rows(copy, "Later")) == {m.message_id for m in others}
 
 
 @pytest.mark.timeout(420)
-def test_schedule_from_several_files_then_migrate_into_a_folder(cluster: Cluster, tmp_path: Path) -> None:
+def test_schedule_from_several_files_then_migrate_into_a_folder(driver: Driver, tmp_path: Path) -> None:
     with postgres_schema() as pg:
         # schedule from Parquet in several files (several tasks), with a reject
         import pyarrow as pa
@@ -141,7 +242,7 @@ def test_schedule_from_several_files_then_migrate_into_a_folder(cluster: Cluster
         )
         rejects = tmp_path / "rejects"
         done = _ok(
-            cluster.run(
+            driver.run(
                 "schedule",
                 f"parquet:{source}",
                 "--to",
@@ -165,7 +266,7 @@ def test_schedule_from_several_files_then_migrate_into_a_folder(cluster: Cluster
         # a migration into a folder: the source lets go only of what the committed files hold
         folder = tmp_path / "moved"
         out = _ok(
-            cluster.run(
+            driver.run(
                 "migrate",
                 "--from",
                 pg,
@@ -188,61 +289,19 @@ def test_schedule_from_several_files_then_migrate_into_a_folder(cluster: Cluster
 
 
 @pytest.mark.timeout(420)
-def test_a_folder_only_the_driver_has_is_refused_before_anything_moves(cluster: Cluster) -> None:
-    with postgres_schema() as pg:
-        seed_store(pg, "Keep", 300)
-        target = cluster.hidden / "out"
-        result = cluster.run(
-            "migrate", "--from", pg, "--to", f"parquet:{target}", "--endpoint", "Keep", "--mode", "migrate"
-        )
-        assert result.returncode == 1
-        # the one-line error; on a loaded machine the JVM may log its own shutdown after it
-        assert "not a place every machine of the cluster shares" in result.stderr
-        assert "Traceback" not in result.stderr
-        assert len(store_rows(pg, "Keep")) == 300  # nothing left the source
-        assert not target.exists()  # export and schedule's rejects ask the same check_writable
-
-
-SETTINGS_SCRIPT = """
-import json, os, runpy, sys
-from duetime.bulk.session import spark_session
-s = spark_session()
-conf = s.sparkContext.getConf()
-print(json.dumps({"tz": s.conf.get("spark.sql.session.timeZone"), "ui": conf.get("spark.ui.enabled"),
-                  "local_ip": os.environ.get("SPARK_LOCAL_IP"), "master": s.sparkContext.master}))
-# then the job file, as spark-submit would run it, in this same driver
-sys.argv = [sys.argv[1], "report", "--store", sys.argv[2]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
-@pytest.mark.timeout(420)
 def test_through_spark_submit_the_clusters_settings_win_and_the_driver_is_not_bound_to_loopback(
-    cluster: Cluster, tmp_path: Path
+    driver: Driver, cluster: Cluster
 ) -> None:
-    script = tmp_path / "settings.py"
-    script.write_text(SETTINGS_SCRIPT)
-    with postgres_schema() as pg:
-        seed_store(pg, "Report", 2_000)
-        result = cluster.submit(
-            "--conf",
-            "spark.sql.session.timeZone=America/New_York",
-            "--conf",
-            "spark.ui.enabled=true",
-            str(script),
-            str(ROOT / "duetime" / "bulk" / "job.py"),
-            pg,
-            cwd=tmp_path,
-        )
-    assert result.returncode == 0, result.stderr[-3000:]
-    settings, _, report = result.stdout.partition("\n")
     # duetime's defaults (UTC, no UI) gave way to what spark-submit was told
-    assert json.loads(settings) == {
+    assert driver.settings == {
         "tz": "America/New_York",
         "ui": "true",
         "local_ip": None,
         "master": cluster.master,
     }
+    with postgres_schema() as pg:
+        seed_store(pg, "Report", 2_000)
+        report = _ok(driver.run("report", "--store", pg))
     assert "2,000 stored messages" in report  # the report job ran on the cluster
 
 
