@@ -15,15 +15,20 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import aio_pika
 import aiormq
 import psycopg
-from pamqp.commands import Basic
 
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.raw_amqp import aio_pika_rate, aiormq_rate
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
 from duetime.backends.postgres import PostgresStore, SyncPostgresStore
 from duetime.backends.rabbitmq import RabbitMqTransport
@@ -52,50 +57,18 @@ async def raw_publish(n: int, queue: str, batch: int) -> float:
     """aio-pika publish with confirms and mandatory, a batch's confirms awaited together."""
     connection = await aio_pika.connect_robust(AMQP)
     channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-    started = time.perf_counter()
-    for first in range(0, n, batch):
-        await asyncio.gather(
-            *(
-                channel.default_exchange.publish(
-                    aio_pika.Message(
-                        b"x" * 100,
-                        headers={"k": "v"},
-                        message_id=f"r{i}",
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    ),
-                    routing_key=queue,
-                    mandatory=True,
-                )
-                for i in range(first, min(n, first + batch))
-            )
-        )
-    elapsed = time.perf_counter() - started
+    rate = await aio_pika_rate(channel, n, batch, queue, headers={"k": "v"})
     await connection.close()
-    return n / elapsed
+    return rate
 
 
 async def raw_aiormq(n: int, queue: str, batch: int) -> float:
-    """aiormq publish with confirms and mandatory, a batch's frames written without waiting for
-    each flush and its confirms awaited together: the fastest this client can publish safely."""
+    """aiormq, a batch's frames pipelined and its confirms awaited together."""
     connection = await aiormq.connect(AMQP)
     channel = await connection.channel(publisher_confirms=True)
-    started = time.perf_counter()
-    for first in range(0, n, batch):
-        await asyncio.gather(
-            *(
-                channel.basic_publish(
-                    b"x" * 100,
-                    routing_key=queue,
-                    mandatory=True,
-                    wait=False,
-                    properties=Basic.Properties(delivery_mode=2, message_id=f"r{i}", headers={"k": "v"}),
-                )
-                for i in range(first, min(n, first + batch))
-            )
-        )
-    elapsed = time.perf_counter() - started
+    rate = await aiormq_rate(channel, n, batch, queue, headers={"k": "v"})
     await connection.close()
-    return n / elapsed
+    return rate
 
 
 async def transport_publish(n: int, queue: str, batch: int) -> float:

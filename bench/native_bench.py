@@ -18,14 +18,18 @@ import asyncio
 import os
 import random
 import statistics
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-import aio_pika
 import aiormq
-from pamqp.commands import Basic
 
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.raw_amqp import aio_pika_rate, aiormq_rate
 from duetime import DelayedMessage
 from duetime.backends.rabbitmq.native import Names, NativeDelays, delay_seconds, first_level, routing_key
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
@@ -33,50 +37,11 @@ from duetime.backends.rabbitmq.transport import RabbitMqTransport
 URL = os.environ.get("DUETIME_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 
 
-async def raw_rate(transport: RabbitMqTransport, queue: str, total: int) -> float:
-    exchange = transport.channel.default_exchange
-    start = time.perf_counter()
-    for offset in range(0, total, 1000):
-        await asyncio.gather(
-            *(
-                exchange.publish(
-                    aio_pika.Message(
-                        b"x" * 100,
-                        message_id=f"raw{offset + i}",
-                        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                    ),
-                    routing_key=queue,
-                    mandatory=True,
-                )
-                for i in range(min(1000, total - offset))
-            )
-        )
-    return total / (time.perf_counter() - start)
-
-
-async def pipelined_rate(
-    transport: RabbitMqTransport, queue: str, total: int, exchange: str = "", key: str | None = None
-) -> float:
-    """Raw aiormq, frames pipelined; into ``queue`` through the default exchange, or through
-    ``exchange`` with routing ``key`` (the delay levels, as a native send routes)."""
+async def underlay(transport: RabbitMqTransport) -> aiormq.Channel:
+    """The transport's own aiormq channel, as duetime publishes on it."""
     channel = await transport.channel.get_underlay_channel()
     assert isinstance(channel, aiormq.Channel)
-    start = time.perf_counter()
-    for offset in range(0, total, 1000):
-        await asyncio.gather(
-            *(
-                channel.basic_publish(
-                    b"x" * 100,
-                    exchange=exchange,
-                    routing_key=queue if key is None else key,
-                    mandatory=True,
-                    wait=False,
-                    properties=Basic.Properties(delivery_mode=2, message_id=f"p{offset + i}"),
-                )
-                for i in range(min(1000, total - offset))
-            )
-        )
-    return total / (time.perf_counter() - start)
+    return channel
 
 
 async def native_rate(native: NativeDelays, queue: str, total: int) -> float:
@@ -128,16 +93,16 @@ async def main() -> None:
     quorum_q = f"bench-{tag}-quorum"
     await transport.channel.declare_queue(quorum_q, durable=True, arguments={"x-queue-type": "quorum"})
     try:
-        raw = await raw_rate(transport, raw_q, sends)
-        quorum = await raw_rate(transport, quorum_q, sends)
-        piped = await pipelined_rate(transport, raw_q, sends)
-        piped_quorum = await pipelined_rate(transport, quorum_q, sends)
+        raw = await aio_pika_rate(transport.channel, sends, 1000, raw_q)
+        quorum = await aio_pika_rate(transport.channel, sends, 1000, quorum_q)
+        piped = await aiormq_rate(await underlay(transport), sends, 1000, raw_q)
+        piped_quorum = await aiormq_rate(await underlay(transport), sends, 1000, quorum_q)
         seconds = delay_seconds(timedelta(hours=1))
         first = first_level(seconds)
         assert first is not None
         await native.bind_destination(native_q)
-        levels = await pipelined_rate(
-            transport, native_q, sends, native.names.level(first), routing_key(seconds, native_q)
+        levels = await aiormq_rate(
+            await underlay(transport), sends, 1000, routing_key(seconds, native_q), native.names.level(first)
         )
         ours = await native_rate(native, native_q, sends)
         print(f"raw aio-pika publish with confirms, classic queue   {raw:10,.0f} msg/s")

@@ -5,7 +5,10 @@ No Spark here: the plan and each batch's rows are read straight from the databas
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from itertools import pairwise
+from uuid import UUID
 
 from duetime.bulk.sources import Batch, DbSource, block_of
 from duetime.clock import SYSTEM, to_micros
@@ -16,29 +19,36 @@ from tests.services import mariadb_database, postgres_schema
 TABLE = "Orders_TimeoutData"
 
 
-def _source(url: str) -> DbSource:
-    return DbSource(Database.from_url(f"{url}{'&' if '?' in url else '?'}layout=timeoutdata&table={TABLE}"))
+@contextmanager
+def _legacy(database: AbstractContextManager[str], n: int) -> Iterator[tuple[DbSource, list[str]]]:
+    """A TimeoutData table of ``n`` rows in a fresh database: its source, and its ids in order."""
+    with database as url:
+        rows = timeout_rows(n)
+        create_timeoutdata(url, TABLE, rows)
+        sep = "&" if "?" in url else "?"
+        yield (
+            DbSource(Database.from_url(f"{url}{sep}layout=timeoutdata&table={TABLE}")),
+            sorted(str(r[0]) for r in rows),
+        )
 
 
 def _ids(source: DbSource, batch: Batch) -> list[str]:
     return [r.message_id for r in source.read(batch, None, to_micros(SYSTEM.now()))]
 
 
+def _sql(source: DbSource, sql: str, params: list[object]) -> list[tuple[object, ...]]:
+    with source.db.session() as conn:
+        cursor = source.db.execute(conn, sql.replace("{table}", source.db.qualified(TABLE)), params)
+        return list(cursor.fetchall()) if cursor.description else []
+
+
 def _blocks(source: DbSource, ids: list[str]) -> set[int]:
-    with source.db.session(write=False) as conn:
-        rows = source.db.execute(
-            conn,
-            f'SELECT DISTINCT (ctid::text::point)[0]::bigint FROM {source.db.qualified(TABLE)} WHERE "Id"::text = ANY(%s)',
-            [ids],
-        ).fetchall()
-    return {int(r[0]) for r in rows}
+    sql = 'SELECT DISTINCT (ctid::text::point)[0]::bigint FROM {table} WHERE "Id"::text = ANY(%s)'
+    return {int(str(r[0])) for r in _sql(source, sql, [ids])}
 
 
 def test_postgres_batches_are_block_ranges_covering_every_row_once() -> None:
-    with postgres_schema() as pg:
-        rows = timeout_rows(5_000)
-        create_timeoutdata(pg, TABLE, rows)
-        source = _source(pg)
+    with _legacy(postgres_schema(), 5_000) as (source, keys):
         batches = source.plan(None, None, to_micros(SYSTEM.now()), 1_000)
         assert len(batches) == 5 and sum(b.planned for b in batches) == 5_000
         assert batches[0].lower is None and batches[-1].upper is None
@@ -51,16 +61,42 @@ def test_postgres_batches_are_block_ranges_covering_every_row_once() -> None:
             # a batch reads its own few blocks, not a key range spread over the whole table
             assert len(_blocks(source, ids)) <= 1_000 // 10
             seen += ids
-        assert sorted(seen) == sorted(str(r[0]) for r in rows)
+        assert sorted(seen) == keys
+
+
+def test_a_row_updated_into_a_finished_block_range_is_left_for_the_next_run() -> None:
+    """The README's promise: a row an UPDATE moves into blocks the run has already done is not read
+    twice nor lost; it stays in the table, counted as remaining, and the next plan has it."""
+    with _legacy(postgres_schema(), 5_000) as (source, keys):
+        now = to_micros(SYSTEM.now())
+        first, *rest = source.plan(None, None, now, 1_000)
+        done = _ids(source, first)
+        # the first batch's rows leave the table, as staging moves them out; VACUUM offers their space
+        _sql(source, 'DELETE FROM {table} WHERE "Id"::text = ANY(%s)', [done])
+        with source.db.session() as conn:
+            conn.autocommit = True
+            conn.execute(f"VACUUM {source.db.qualified(TABLE)}")
+        # a row of a later batch is rewritten; its full block has no room, so it lands in the freed space
+        later = _ids(source, rest[2])[0]
+        moved = _sql(
+            source,
+            'UPDATE {table} SET "State" = %s WHERE "Id" = %s RETURNING (ctid::text::point)[0]::bigint',
+            [b"rewritten " * 4, UUID(later)],
+        )
+        done_below = block_of(rest[0].lower)
+        assert done_below is not None and int(str(moved[0][0])) < done_below, "the row did not move back"
+        read = [i for batch in rest for i in _ids(source, batch)]
+        assert later not in read and len(read) == len(set(read)) == 5_000 - len(done) - 1
+        assert source.remaining(source.tables(None), None, now) == 5_000 - len(done)  # with the moved row
+        _sql(source, 'DELETE FROM {table} WHERE "Id"::text = ANY(%s)', [read])
+        again = source.plan(None, None, to_micros(SYSTEM.now()), 1_000)
+        assert [i for batch in again for i in _ids(source, batch)] == [later]
+        assert sorted(done + read + [later]) == keys
 
 
 def test_a_run_planned_by_key_ranges_resumes_by_its_key_ranges() -> None:
     """Runs planned before block ranges kept key bounds in their batches table."""
-    with postgres_schema() as pg:
-        rows = timeout_rows(600)
-        create_timeoutdata(pg, TABLE, rows)
-        source = _source(pg)
-        keys = sorted(str(r[0]) for r in rows)
+    with _legacy(postgres_schema(), 600) as (source, keys):
         halves = [
             Batch(0, "Orders", TABLE, None, keys[300], 300),
             Batch(1, "Orders", TABLE, keys[300], None, 300),
@@ -69,10 +105,7 @@ def test_a_run_planned_by_key_ranges_resumes_by_its_key_ranges() -> None:
 
 
 def test_other_databases_keep_key_ranges() -> None:
-    with mariadb_database() as url:
-        rows = timeout_rows(300)
-        create_timeoutdata(url, TABLE, rows)
-        source = _source(url)
+    with _legacy(mariadb_database(), 300) as (source, keys):
         batches = source.plan(None, None, to_micros(SYSTEM.now()), 100)
         assert len(batches) == 3 and all(block_of(b.lower) is None for b in batches)
-        assert sorted(i for b in batches for i in _ids(source, b)) == sorted(str(r[0]) for r in rows)
+        assert sorted(i for b in batches for i in _ids(source, b)) == keys
