@@ -40,14 +40,17 @@ async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher
     dispatcher = Dispatcher(store, transport, endpoint="wake")
     task = asyncio.create_task(dispatcher.run())
     await asyncio.sleep(0.5)  # asleep, aiming at the message due in two minutes
-    due = datetime.now(UTC) + timedelta(seconds=1)
+    # due a second after the other process stores it (its start-up is slow on a loaded machine)
     script = (
-        "import sys; from datetime import datetime; from duetime.backends.sqlite import SyncSqliteStore;"
-        "from duetime import DelayedMessage, TransactionMode; s = SyncSqliteStore(sys.argv[1]);"
-        "s.initialize('wake', TransactionMode.AT_LEAST_ONCE);"
-        "s.store(DelayedMessage('near', 'orders', datetime.fromisoformat(sys.argv[2])))"
+        "import sys; from datetime import UTC, datetime, timedelta; from duetime.backends.sqlite import "
+        "SyncSqliteStore; from duetime import DelayedMessage, TransactionMode; s = SyncSqliteStore(sys.argv[1]);"
+        "s.initialize('wake', TransactionMode.AT_LEAST_ONCE); due = datetime.now(UTC) + timedelta(seconds=1);"
+        "s.store(DelayedMessage('near', 'orders', due)); print(due.isoformat())"
     )
-    subprocess.run([duetime_cmd()[0], "-c", script, str(db), due.isoformat()], check=True)
+    stored = subprocess.run(
+        [duetime_cmd()[0], "-c", script, str(db)], check=True, capture_output=True, text=True
+    )
+    due = datetime.fromisoformat(stored.stdout.strip())
     consumer = SyncSqliteQueue(db)
     got = await asyncio.to_thread(consumer.receive, "orders", 10, 5.0)
     arrived = datetime.now(UTC)
