@@ -109,6 +109,8 @@ class Dispatcher:
         self._claim_ahead = store.parallel_claims if isinstance(store, ClaimPolicy) else True
         #: How many messages the last transactional move took (for the batch observation).
         self._moved_last = 0
+        #: The last round took a whole batch, so more is probably due: go again without asking.
+        self._full_round = False
         #: Consecutive rounds the transport could not be reached: the reconnect back-off doubles.
         self._unreachable = 0
         #: For the periodic summary line: lateness since the last one, and where the counts stood.
@@ -310,7 +312,10 @@ class Dispatcher:
             while not self._stopping:
                 found = await self.dispatch_once()
                 await self._maybe_summarize()
-                if not found and not self._stopping:
+                if not self._stopping and not (found and self._full_round):
+                    # A round that took less than a batch left nothing due behind it: one question
+                    # (when is the next due?) instead of another round finding nothing. A message
+                    # due by then, or stored meanwhile, makes the wait zero.
                     await self._sleep_until_next_due()
         finally:
             await self._finish()
@@ -338,11 +343,13 @@ class Dispatcher:
     async def dispatch_once(self) -> bool:
         """One round: claim a batch and handle it. True if anything was due."""
         self._wake.clear()
+        self._full_round = False
         self.stats.rounds += 1
         self.turned_at = started = self._round_started = self.clock.monotonic()
         now = self.clock.now()
         if self.exactly_once:
             found = await self._move_once(now)
+            self._full_round = self._moved_last >= self.settings.batch_size
             if found:
                 self.observer.batch(self._moved_last, self.clock.monotonic() - started)
             return found
@@ -361,6 +368,7 @@ class Dispatcher:
         self.fetch_breaker.success()
         self.last_batch_at = self.clock.now()
         if batch:
+            self._full_round = len(batch) >= self.settings.batch_size
             self.observer.claimed(len(batch))
             self.in_flight = len(batch)
             self.claims_end_by = now + self.settings.claim_timeout

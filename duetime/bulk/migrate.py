@@ -330,6 +330,7 @@ def _move_checked(
         )
         if counts[1]:
             target._notify(conn, {target.layout.table_for(batch.endpoint): records})
+            target._refresh_stats(conn, {target.layout.table_for(batch.endpoint): int(counts[1])})
     return int(counts[0])
 
 

@@ -127,6 +127,7 @@ class StoreTarget(_TakesAll):
             conflicts: list[str] = []
             inserted = 0
             earliest: dict[str, list[Record]] = {}
+            added: dict[str, int] = {}
             for chunk in chunked(records, CHUNK_ROWS):
                 by_table: dict[str, list[Record]] = {}
                 for record in chunk:
@@ -134,6 +135,7 @@ class StoreTarget(_TakesAll):
                 for table, rows in by_table.items():
                     got, clash = self._insert(conn, table, rows)
                     inserted += got
+                    added[table] = added.get(table, 0) + got
                     conflicts += clash
                     first = min(rows, key=lambda r: r.due_us if r.due_us is not None else 2**63)
                     earliest[table] = [*earliest.get(table, []), first]
@@ -143,6 +145,7 @@ class StoreTarget(_TakesAll):
             )
             if self.db.dialect == "postgres":
                 self._notify(conn, earliest)
+                self._refresh_stats(conn, added)
             return written
 
     def shares_database(self, other: Database) -> bool:
@@ -171,6 +174,7 @@ class StoreTarget(_TakesAll):
                 if record.message_id not in skip:
                     by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
             new: set[str] = set()
+            added: dict[str, int] = {}
             for table, rows in by_table.items():
                 cur = self.db.execute(
                     conn,
@@ -182,7 +186,9 @@ class StoreTarget(_TakesAll):
                     ),
                     [run_id, batch, rows[0].endpoint, list(skip)],
                 )
-                new |= {r[0] for r in cur.fetchall()}
+                ids = {r[0] for r in cur.fetchall()}
+                new |= ids
+                added[table] = len(ids)
             wanted = [r.message_id for rows in by_table.values() for r in rows]
             written = Written(len(new), tuple(i for i in wanted if i not in new))
             self.db.execute(
@@ -191,7 +197,16 @@ class StoreTarget(_TakesAll):
                 [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
             )
             self._notify(conn, by_table)
+            self._refresh_stats(conn, added)
             return written
+
+    def _refresh_stats(self, conn: Any, added: dict[str, int]) -> None:
+        """PostgreSQL: a table this batch filled from (nearly) empty gets fresh planner statistics,
+        so live dispatchers use its due index at once (``refresh_planner_stats``)."""
+        from duetime.backends.postgres.common import refresh_planner_stats
+
+        for table, count in added.items():
+            refresh_planner_stats(conn, self.db.qualified(table), count)
 
     def _insert(self, conn: Any, table: str, rows: Sequence[Record]) -> tuple[int, list[str]]:
         d = self.db

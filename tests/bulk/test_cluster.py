@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from duetime.backends.postgres import SyncPostgresStore
 from tests.bulk.conftest import count, create_timeoutdata, timeout_rows
 from tests.bulk.standalone import StandaloneCluster, die_with_parent
 from tests.bulk.test_migrate import seed_store, store_rows
@@ -141,6 +142,17 @@ def driver(warm: WarmDriver) -> Driver:
     return warm.get()
 
 
+def planner_rows(url: str, endpoint: str) -> float:
+    """How many rows PostgreSQL's planner believes the endpoint's store table holds."""
+    store = SyncPostgresStore.from_url(url)
+    try:
+        with store.pool.connection() as conn:
+            sql = "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)"
+            return float(conn.execute(sql, [store.names_for(endpoint).qualified]).fetchone()[0])  # type: ignore[index]
+    finally:
+        store.close()
+
+
 def _ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result.stdout
@@ -192,6 +204,8 @@ def test_migrate_then_export_and_import_row_for_row_and_new_files_are_a_new_impo
         assert json.loads(out)["inserted"] == 6_000 and count(legacy, "Orders_TimeoutData") == 0
         moved = store_rows(pg, "Orders")
         assert {m.message_id: m.body for m in moved.values()} == {str(r[0]): r[3] for r in rows}
+        # the store's table was filled from empty: its planner statistics were refreshed on the way
+        assert planner_rows(pg, "Orders") >= 1_000
 
         # export, then import into another store: row for row
         exported = tmp_path / "export"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
@@ -16,13 +17,14 @@ from duetime.backends._store import (
     load_headers,
     table_name,
 )
-from duetime.errors import ConfigurationError, connection_failed
+from duetime.errors import ConfigurationError, connection_failed, one_line
 from duetime.message import DelayedMessage
 from duetime.names import check_name, quote_identifier
 from duetime.sqlfile import load_queries
 from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.postgres")
+log = logging.getLogger("duetime.postgres")
 __all__ = ["PgNames", "PgOptions", "copy_row", "decode", "dump_headers", "reach", "reach_async"]
 OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "pool_timeout", "claims"}
 #: How at-least-once dispatchers claim: row locks held while a batch is sent, or a lease column.
@@ -187,3 +189,35 @@ def copy_row(m: DelayedMessage) -> tuple[Any, ...]:
         m.failure_count,
         m.group,
     )
+
+
+#: A load of at least this many rows may leave the planner taking its table for nearly empty.
+ANALYZE_AFTER_ROWS = 1_000
+
+
+def refresh_planner_stats(conn: Any, qualified: str, added: int) -> None:
+    """After one load of ``added`` rows into ``qualified`` (committed), ANALYZE the table when
+    PostgreSQL's statistics know of fewer rows than that: a new or emptied table filled in one go.
+
+    Until autovacuum gets to it (a minute or more) the planner would take such a table for nearly
+    empty and answer the dispatcher's "when is the next one due?" with a scan and sort of the whole
+    table instead of one step down the due index: measured at 10,000 rows, 11 ms a question instead
+    of 1 ms (and lateness p50 up by as much), growing with the table. A role that may not ANALYZE
+    gets a warning from the server and the table waits for autovacuum, as before; any failure here
+    is logged and never fails the load, which has committed.
+    """
+    if added < ANALYZE_AFTER_ROWS:
+        return
+    import psycopg
+
+    try:
+        with conn.transaction():
+            found = conn.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [qualified]
+            ).fetchone()
+            if found is not None and found[0] < added:
+                conn.execute(f"ANALYZE {qualified}")
+    except psycopg.Error as error:
+        log.warning(
+            "refreshing the statistics of %s failed (autovacuum will): %s", qualified, one_line(error)
+        )

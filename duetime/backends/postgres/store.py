@@ -31,6 +31,7 @@ from duetime.backends.postgres.common import (
     decode,
     dump_headers,
     reach,
+    refresh_planner_stats,
     table_for,
 )
 from duetime.backends.postgres.held import HeldBatches
@@ -188,6 +189,7 @@ class SyncPostgresStore(StoreRules):
                                 for m in messages:
                                     copy.write_row(copy_row(m))
                     conn.execute(q["notify"], notify)
+                refresh_planner_stats(conn, names.qualified, len(messages))
         except pg_errors.UniqueViolation as error:
             raise _duplicate(error, messages) from None
 
