@@ -97,11 +97,6 @@ async def test_a_broker_restart_is_one_outage_nothing_dead_lettered(tmp_path: Pa
     for name in (queue, error_queue):
         await direct.declare(name)
     sync = sqlite_store(tmp_path / "s.db", "rel")
-    now = datetime.now(UTC)
-    total = 2000
-    sync.store_many(
-        [DelayedMessage(f"r{i:05d}", queue, now + timedelta(seconds=i / total * 3)) for i in range(total)]
-    )
     transport = RabbitMqTransport.from_url(rabbit.url(RABBITMQ))
     criticals: list[CriticalError] = []
     dispatcher = Dispatcher(
@@ -111,8 +106,21 @@ async def test_a_broker_restart_is_one_outage_nothing_dead_lettered(tmp_path: Pa
         endpoint="rel",
         on_critical_error=criticals.append,
     )
+    now = datetime.now(UTC)
+    total = 2000
+    sync.store_many(
+        [
+            DelayedMessage(f"r{i:05d}", queue, now + timedelta(seconds=0.5 + i / total * 6))
+            for i in range(total)
+        ]
+    )
     task = asyncio.create_task(dispatcher.run())
-    await asyncio.sleep(1.0)
+    # cut once delivery is under way (on a loaded machine the start may take a while), with most
+    # messages still waiting
+    deadline = time.monotonic() + 30
+    while dispatcher.stats.forwarded == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert dispatcher.stats.forwarded < total // 2, "the cut came too late to test anything"
     rabbit.cut()
     await asyncio.sleep(3.0)
     assert not task.done(), "the dispatcher stopped during a short broker outage"
