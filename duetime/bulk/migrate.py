@@ -329,8 +329,8 @@ def _move_checked(
             [int(counts[0]) + left, int(counts[1]), left, "\n".join(notes), run_id, batch.number],
         )
         if counts[1]:
-            target._notify(conn, {target.layout.table_for(batch.endpoint): records})
-            target._refresh_stats(conn, {target.layout.table_for(batch.endpoint): int(counts[1])})
+            store_table = target.layout.table_for(batch.endpoint)
+            target._written(conn, {store_table: records}, {store_table: int(counts[1])})
     return int(counts[0])
 
 

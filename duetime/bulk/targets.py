@@ -144,8 +144,7 @@ class StoreTarget(_TakesAll):
                 conn, self.db.query("insert_ledger_row"), [run_id, batch, inserted, json.dumps(conflicts)]
             )
             if self.db.dialect == "postgres":
-                self._notify(conn, earliest)
-                self._refresh_stats(conn, added)
+                self._written(conn, earliest, added)
             return written
 
     def shares_database(self, other: Database) -> bool:
@@ -196,17 +195,8 @@ class StoreTarget(_TakesAll):
                 self.db.query("insert_ledger_row"),
                 [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
             )
-            self._notify(conn, by_table)
-            self._refresh_stats(conn, added)
+            self._written(conn, by_table, added)
             return written
-
-    def _refresh_stats(self, conn: Any, added: dict[str, int]) -> None:
-        """PostgreSQL: a table this batch filled from (nearly) empty gets fresh planner statistics,
-        so live dispatchers use its due index at once (``refresh_planner_stats``)."""
-        from duetime.backends.postgres.common import refresh_planner_stats
-
-        for table, count in added.items():
-            refresh_planner_stats(conn, self.db.qualified(table), count)
 
     def _insert(self, conn: Any, table: str, rows: Sequence[Record]) -> tuple[int, list[str]]:
         d = self.db
@@ -252,16 +242,20 @@ class StoreTarget(_TakesAll):
             new = {r.message_id for r in fresh}
         return len(new), [i for i in ids if i not in new]
 
-    def _notify(self, conn: Any, by_table: dict[str, list[Record]]) -> None:
-        """Wake the target's dispatchers (they LISTEN) for the earliest message just written."""
-        from duetime.backends.postgres.common import PgNames
+    def _written(self, conn: Any, by_table: dict[str, list[Record]], added: dict[str, int]) -> None:
+        """PostgreSQL, in the transaction that wrote ``added`` rows per table (``by_table`` holds at
+        least each table's earliest): wake the target's dispatchers (they LISTEN) for the earliest
+        message, and give a table filled from (nearly) empty fresh planner statistics, so they use
+        its due index at once (``refresh_planner_stats``)."""
+        from duetime.backends.postgres.common import PgNames, refresh_planner_stats
 
         for table, rows in by_table.items():
             earliest = min((r.due_us for r in rows if r.due_us is not None), default=None)
-            if earliest is None:
-                continue
-            channel = PgNames(self.db.schema or "public", table).channel
-            conn.execute("SELECT pg_notify(%s, %s)", [channel, from_micros(earliest).isoformat()])
+            if earliest is not None:
+                channel = PgNames(self.db.schema or "public", table).channel
+                conn.execute("SELECT pg_notify(%s, %s)", [channel, from_micros(earliest).isoformat()])
+        for table, count in added.items():
+            refresh_planner_stats(conn, self.db.qualified(table), count)
 
     def write_once(self, job: str, records: Sequence[Record]) -> Written:
         return self.db.retrying(lambda: self._write_once(job, records))
@@ -281,12 +275,14 @@ class StoreTarget(_TakesAll):
             for record in unique:
                 by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
             inserted, conflicts = 0, []
+            added: dict[str, int] = {}
             for table, rows_ in by_table.items():
                 got, clash = self._insert(conn, table, rows_)
                 inserted += got
+                added[table] = got
                 conflicts += clash
             if d.dialect == "postgres":
-                self._notify(conn, by_table)
+                self._written(conn, by_table, added)
             return Written(inserted, tuple(conflicts))
 
     def _claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:

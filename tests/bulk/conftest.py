@@ -80,3 +80,17 @@ def table_rows(db: Database, table: str, order: str) -> list[tuple[Any, ...]]:
 def count(db: Database, table: str) -> int:
     with db.session() as conn:
         return int(db.execute(conn, f"SELECT COUNT(*) FROM {db.qualified(table)}").fetchone()[0])
+
+
+def store_planner_rows(url: str, endpoint: str) -> float:
+    """How many rows PostgreSQL's planner believes the endpoint's store table holds (-1: never
+    analyzed): a table a bulk job filled from empty must not look empty to it."""
+    from duetime.backends.postgres import SyncPostgresStore
+    from duetime.backends.postgres.common import planner_rows
+
+    store = SyncPostgresStore.from_url(url)
+    try:
+        with store.pool.connection() as conn:
+            return planner_rows(conn, store.names_for(endpoint).qualified) or 0.0
+    finally:
+        store.close()

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from duetime.backends.postgres import SyncPostgresStore
-from tests.bulk.conftest import count, create_timeoutdata, timeout_rows
+from tests.bulk.conftest import count, create_timeoutdata, store_planner_rows, timeout_rows
 from tests.bulk.standalone import StandaloneCluster, die_with_parent
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.conftest import run_cli
@@ -92,8 +91,10 @@ class Driver:
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """``duetime bulk <args>`` in this driver, as spark-submit … job.py <args> would run it."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as connection:
-            stream = connection.makefile("rw", encoding="utf-8")
+        with (
+            socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as connection,
+            connection.makefile("rw", encoding="utf-8") as stream,
+        ):
             stream.write(json.dumps(list(args)) + "\n")
             stream.flush()
             answer = json.loads(stream.readline())
@@ -140,17 +141,6 @@ def warm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 @pytest.fixture
 def driver(warm: WarmDriver) -> Driver:
     return warm.get()
-
-
-def planner_rows(url: str, endpoint: str) -> float:
-    """How many rows PostgreSQL's planner believes the endpoint's store table holds."""
-    store = SyncPostgresStore.from_url(url)
-    try:
-        with store.pool.connection() as conn:
-            sql = "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)"
-            return float(conn.execute(sql, [store.names_for(endpoint).qualified]).fetchone()[0])  # type: ignore[index]
-    finally:
-        store.close()
 
 
 def _ok(result: subprocess.CompletedProcess[str]) -> str:
@@ -205,7 +195,7 @@ def test_migrate_then_export_and_import_row_for_row_and_new_files_are_a_new_impo
         moved = store_rows(pg, "Orders")
         assert {m.message_id: m.body for m in moved.values()} == {str(r[0]): r[3] for r in rows}
         # the store's table was filled from empty: its planner statistics were refreshed on the way
-        assert planner_rows(pg, "Orders") >= 1_000
+        assert store_planner_rows(pg, "Orders") >= 1_000
 
         # export, then import into another store: row for row
         exported = tmp_path / "export"

@@ -17,6 +17,7 @@ from duetime.bulk.schedule import schedule
 from duetime.deliverylog import JsonLinesDeliveryLog, SqlDeliveryLog
 from duetime.registry import open_sync_store
 from duetime.sqldb import Database
+from tests.bulk.conftest import store_planner_rows
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.services import mariadb_database, postgres_schema
 
@@ -67,6 +68,19 @@ def test_schedule_in_many_partitions_at_once_stores_every_row(spark: Any) -> Non
             assert (done.rows, done.stored, done.rejected) == (400, 400, 0)
             assert len(store_rows(pg, f"race{attempt}")) == 400
             assert done.rejects_path is None and not Folder(spark, "rejects-race").exists()
+
+
+def test_a_store_scheduled_from_empty_gets_planner_statistics(spark: Any) -> None:
+    """Otherwise the store's dispatchers sort the whole table for every next-due question until
+    autovacuum looks (see refresh_planner_stats)."""
+    due = datetime(2031, 3, 1, 9, 0, tzinfo=UTC)
+    frame = spark.createDataFrame(
+        [(f"p{i}", "reminders", due, b"x", {}) for i in range(2_000)],
+        "id string, destination string, due_at timestamp, body binary, headers map<string,string>",
+    ).coalesce(1)
+    with postgres_schema() as pg:
+        assert schedule(spark, frame, pg, endpoint="planned", job="planned").stored == 2_000
+        assert store_planner_rows(pg, "planned") >= 2_000
 
 
 def test_schedule_reads_jsonl_and_parquet_files(spark: Any, tmp_path: Path) -> None:

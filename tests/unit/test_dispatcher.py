@@ -60,6 +60,21 @@ async def test_an_earlier_message_wakes_the_sleeping_dispatcher() -> None:
     await rig.task  # type: ignore[misc]
 
 
+async def test_a_round_short_of_a_batch_is_not_followed_by_an_empty_one() -> None:
+    """Full batches go again at once; a short one left nothing due, so the next question is when
+    the next message is due, not another round that finds nothing."""
+    rig = await Rig(batch_size=2).setup("orders")
+    await rig.store.store_many([rig.message(i, 0) for i in range(5)] + [rig.message(9, 10)])
+    await rig.start()
+    await rig.tick(0)
+    assert rig.delivered() == [f"m{i}" for i in range(5)]
+    assert rig.dispatcher.stats.rounds == 3  # 2 + 2 + 1, then asleep toward m9
+    await rig.tick(10)
+    assert rig.delivered()[-1] == "m9" and rig.dispatcher.stats.rounds == 4
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
 async def test_every_sleep_is_capped() -> None:
     rig = await Rig(max_sleep=timedelta(seconds=60)).setup("orders")
     await rig.store.store(rig.message(1, 3600))

@@ -191,6 +191,12 @@ def copy_row(m: DelayedMessage) -> tuple[Any, ...]:
     )
 
 
+def planner_rows(conn: Any, qualified: str) -> float | None:
+    """How many rows PostgreSQL's planner believes the table holds (-1: never analyzed)."""
+    found = conn.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [qualified]).fetchone()
+    return None if found is None else float(found[0])
+
+
 #: A load of at least this many rows may leave the planner taking its table for nearly empty.
 ANALYZE_AFTER_ROWS = 1_000
 
@@ -212,10 +218,8 @@ def refresh_planner_stats(conn: Any, qualified: str, added: int) -> None:
 
     try:
         with conn.transaction():
-            found = conn.execute(
-                "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [qualified]
-            ).fetchone()
-            if found is not None and found[0] < added:
+            known = planner_rows(conn, qualified)
+            if known is not None and known < added:
                 conn.execute(f"ANALYZE {qualified}")
     except psycopg.Error as error:
         log.warning(
