@@ -326,3 +326,29 @@ def test_a_table_filled_in_one_go_is_planned_with_its_due_index_at_once(pg: str)
         assert store.next_due() is not None
     finally:
         store.close()
+
+
+def test_a_queue_is_read_down_its_ready_index_whatever_the_statistics_say(pg: str) -> None:
+    """A queue table's statistics lag behind its traffic (a fresh table, a new queue name): the
+    planner then expects a handful of rows and would read and sort every waiting row to hand out
+    the oldest (54 ms a receive at 50,000 waiting, measured). The queue's connections never sort."""
+    from duetime.backends.postgres.common import planner_rows
+
+    now = datetime.now(UTC)
+    with SyncPostgresQueue.from_url(pg) as queue:
+        queue.declare("orders")
+        for start in range(0, 3_000, 100):
+            queue.send([DelayedMessage(f"m{start + i}", "orders", now) for i in range(100)])
+        params = queue._receive_params("orders", 500)
+        with queue.pool.connection() as conn:
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + queue.names.q["receive"], params))
+            conn.execute("SET enable_sort = on")
+            premise = "\n".join(r[0] for r in conn.execute("EXPLAIN " + queue.names.q["receive"], params))
+            conn.execute("SET enable_sort = off")
+            known = planner_rows(conn, f"{queue.names.quoted_schema}.duetime_queue_messages")
+        if known is not None and known < 1_000:  # autovacuum has not looked yet: the premise
+            assert "Sort" in premise, premise
+        assert "Index Scan using duetime_queue_messages_ready" in plan and "Sort" not in plan, plan
+        first = queue.receive("orders", 500)
+        assert [m.message_id for m in first] == [f"m{i}" for i in range(500)]
+        assert queue.acknowledge(first) == 500
