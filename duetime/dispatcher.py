@@ -101,6 +101,10 @@ class Dispatcher:
         self._critical: CriticalError | None = None
         self._critical_reported = False
         self._target: datetime | None = None
+        #: True while waiting for the next due time (``_target``, None: nothing stored).
+        self._asleep = False
+        #: The earliest due time told while not asleep: the next wait ends by it.
+        self._told: datetime | None = None
         self._started = False
         self._unsubscribe: Callable[[], None] | None = None
         #: The next batch, claimed while the current one is being sent (at-least-once only).
@@ -279,7 +283,17 @@ class Dispatcher:
         return self._started
 
     def _on_stored(self, due: datetime | None) -> None:
-        if due is None or self._target is None or due < self._target:
+        """A store's word that something changed: the earliest due time, or None (unknown).
+
+        Asleep, the dispatcher wakes if that is before the time it sleeps until. Mid-round, a
+        known due time is kept for the coming wait instead of waking it: waking made a second
+        round that found nothing whenever something was stored for later while a round ran — and
+        in a SQLite file shared with a consumer, every message's receipt and acknowledgement came
+        in as such a word.
+        """
+        if due is not None and not self._asleep:
+            self._told = due if self._told is None else min(self._told, due)
+        elif due is None or self._target is None or due < self._target:
             self._wake.set()
 
     def _trip(self, error: CriticalError) -> None:
@@ -674,6 +688,7 @@ class Dispatcher:
         log.info(summary_line(round(elapsed), done, lateness, backlog), extra={"fields": fields})
 
     async def _sleep_until_next_due(self) -> None:
+        self._told = None  # what was told before this question, its answer includes
         try:
             next_due = await within(
                 self.store.next_due(), self._deadline(self.fetch_breaker), "next due time"
@@ -681,6 +696,9 @@ class Dispatcher:
         except Exception as error:
             await self._fetch_failed(error)
             return
+        told, self._told = self._told, None
+        if told is not None and (next_due is None or told < next_due):
+            next_due = told
         cap = self.settings.max_sleep.total_seconds()
         if next_due is None:
             timeout = cap
@@ -689,12 +707,12 @@ class Dispatcher:
         owed = self._summary_due_in()
         if owed is not None:
             timeout = min(timeout, owed)
-        self._target = next_due
+        self._target, self._asleep = next_due, True
         self.turned_at = self.clock.monotonic()
         try:
             await self.clock.wait(self._wake, timeout)
         finally:
-            self._target = None
+            self._target, self._asleep = None, False
 
 
 async def run_until_signal(dispatcher: Dispatcher, *extra: Awaitable[None]) -> None:

@@ -65,6 +65,36 @@ async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher
 
 
 @pytest.mark.slow
+async def test_a_consumer_at_work_in_the_same_file_does_not_wake_the_dispatcher(tmp_path: Path) -> None:
+    """Every commit in the file by another connection reaches the dispatcher; a consumer's
+    receipts and acknowledgements do not change what is due next, so they must not cost it a
+    round (each was one: a write transaction in the consumer's way, measured a third of a core)."""
+    db = tmp_path / "busy.db"
+    other = prepare(db, "busy", "orders", "other")
+    other.store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
+    store, transport = SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db)
+    dispatcher = Dispatcher(store, transport, endpoint="busy")
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.sleep(0.5)
+    rounds = dispatcher.stats.rounds
+    consumer = SyncSqliteQueue(db)
+    for i in range(20):
+        consumer.send([DelayedMessage(f"w{i}", "other", datetime.now(UTC))])
+        consumer.acknowledge(consumer.receive("other", 10, 0.0))
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    idle_rounds = dispatcher.stats.rounds - rounds
+    other.store(DelayedMessage("near", "orders", datetime.now(UTC)))  # this one wakes it
+    got = await asyncio.to_thread(consumer.receive, "orders", 10, 5.0)
+    dispatcher.stop()
+    await task
+    consumer.close()
+    await store.close()
+    await transport.close()
+    assert idle_rounds == 0, f"{idle_rounds} rounds for 60 commits that stored nothing"
+    assert [m.message_id for m in got] == ["near"]
+
+
 def test_several_dispatcher_processes_share_one_store_without_duplicates(tmp_path: Path) -> None:
     db = tmp_path / "multi.db"
     store = prepare(db, "multi", "orders")

@@ -320,10 +320,27 @@ class SqliteStore(TransactionalBridge):
                     continue
                 if current != version:
                     version = current
-                    subscribers.notify(None)
+                    await self._tell(subscribers)
         finally:
             if watch is not None:
                 watch.close()
+
+    async def _tell(self, subscribers: Subscribers) -> None:
+        """Tell subscribers what another process's commit means: the earliest due time now, so a
+        sleeping dispatcher wakes only if that is before the time it sleeps until.
+
+        Most commits by others are not new messages — a consumer of a queue in the same file
+        commits twice for each message it takes — and each used to wake the dispatcher for a
+        round that found nothing: a write transaction in the consumer's way. Nothing stored: no
+        one to wake. The question failing: "unknown" (None), which wakes the dispatcher.
+        """
+        try:
+            due = await self._call(self.sync.next_due)
+        except Exception:
+            subscribers.notify(None)
+            return
+        if due is not None:
+            subscribers.notify(due)
 
     def shares_transaction_with(self, transport: object) -> bool:
         return isinstance(transport, SqliteQueueTransport) and _same_file(transport.path, self.path)
