@@ -221,3 +221,26 @@ def test_a_waiting_receiver_sleeps_until_another_process_writes(tmp_path: Path) 
     assert [m.message_id for m in got] == ["late"]
     assert woke - sent < 0.1, f"woke {woke - sent:.3f} s after the commit"
     receiver.close()
+
+
+def test_a_receiver_with_nothing_to_take_stays_out_of_the_writers_way(tmp_path: Path) -> None:
+    """A receiver looks on every commit to the file (the dispatcher's moves, other queues); it
+    takes the write lock only when its queue has something ready, so while another connection
+    writes it answers at once instead of queueing behind the writer (and holding up the next)."""
+    import sqlite3
+
+    db = tmp_path / "quiet.db"
+    prepare(db, "quiet", "orders").close()
+    queue = SyncSqliteQueue(db)
+    writer = sqlite3.connect(db, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process in the middle of a write
+    try:
+        started = time.monotonic()
+        assert queue.receive("orders", 10, 0.0) == []
+        assert time.monotonic() - started < 0.5
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    queue.send([DelayedMessage("m1", "orders", datetime.now(UTC))])
+    assert [m.message_id for m in queue.receive("orders", 10, 0.0)] == ["m1"]
+    queue.close()

@@ -383,6 +383,38 @@ async def test_exactly_once_with_memory_moves_and_dead_letters() -> None:
     assert [m.message_id for m in transport.messages("error")] == ["b"]
 
 
+async def test_exactly_once_moves_grow_while_a_backlog_lasts_and_start_small_again() -> None:
+    """Each move is one commit (a disk flush on SQLite): a backlog goes in doubling moves up to
+    four batches; the first move after it is a batch again."""
+    from datetime import UTC, datetime
+
+    from duetime import DelayedMessage
+    from duetime.dispatcher import MOVE_GROWTH
+    from duetime.observe import NoObserver
+
+    class Sizes(NoObserver):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def batch(self, size: int, seconds: float) -> None:
+            self.sizes.append(size)
+
+    store, transport, sizes = MemoryStore(), MemoryTransport(), Sizes()
+    await store.setup_infrastructure("duetime")
+    await transport.declare("orders")
+    settings = DelayedDeliverySettings(transaction_mode="exactly-once", batch_size=2)  # type: ignore[arg-type]
+    d = Dispatcher(store, transport, settings, observer=sizes)
+    await store.initialize("duetime", settings.transaction_mode)
+    now = datetime.now(UTC)
+    await store.store_many([DelayedMessage(f"a{i}", "orders", now) for i in range(40)])
+    await d.run_burst()
+    assert MOVE_GROWTH == 4 and sizes.sizes == [2, 4, 8, 8, 8, 8, 2]
+    await store.store_many([DelayedMessage(f"b{i}", "orders", now) for i in range(3)])
+    await d.run_burst()
+    assert sizes.sizes[7:] == [2, 1]
+    assert len(transport.messages("orders")) == 43
+
+
 async def test_dispatcher_rejects_urls_in_place_of_backends() -> None:
     from duetime import ConfigurationError
 

@@ -145,6 +145,12 @@ FROM duetime_queues q ORDER BY q.name;
 INSERT INTO duetime_queue_messages (queue, message_id, headers, body, enqueued_at, visible_at)
 VALUES (?, ?, ?, ?, ?, ?);
 
+-- Asked before a receive takes the write lock: a receiver wakes on every commit to the file
+-- (the dispatcher's, other queues'), and taking the lock each time to find nothing held up those
+-- writers (a reader never does, in WAL mode).
+-- name: any_ready
+SELECT EXISTS (SELECT 1 FROM duetime_queue_messages WHERE queue = :queue AND visible_at <= :now);
+
 -- name: receive
 UPDATE duetime_queue_messages
 SET visible_at = :until, receipt = :token, delivery_count = delivery_count + 1

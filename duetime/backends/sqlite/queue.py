@@ -119,6 +119,9 @@ class SyncSqliteQueue(Closing):
         token = uuid.uuid4().hex
         now = _now()
         until = now + int(self.visibility_timeout.total_seconds() * 1_000_000)
+        with self._lock:
+            if not self._conn.execute(QUERIES["any_ready"], {"queue": queue, "now": now}).fetchone()[0]:
+                return []
         with self._lock, write_transaction(self._conn):
             rows = self._conn.execute(
                 QUERIES["receive"],
