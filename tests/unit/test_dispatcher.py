@@ -138,6 +138,60 @@ async def test_a_due_time_told_mid_round_ends_the_wait_even_if_the_store_missed_
     await rig.task  # type: ignore[misc]
 
 
+class _HeldSend(FlakyTransport):
+    """Holds every send until ``go`` is set."""
+
+    def __init__(self, inner: MemoryTransport) -> None:
+        super().__init__(inner)
+        self.go = asyncio.Event()
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        await self.go.wait()
+        return await super().send_batch(messages)
+
+
+class _CountsQuestions(FailingStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def next_due(self) -> datetime | None:
+        self.asked += 1
+        return await super().next_due()
+
+
+async def test_the_next_due_time_is_asked_while_a_short_batch_is_sent() -> None:
+    """The question the wait needs runs beside the send and removal, not after them."""
+    rig = Rig()
+    store, transport = _CountsQuestions(), _HeldSend(rig.queues)
+    rig.store, rig.transport = store, transport
+    rig.dispatcher = Dispatcher(store, transport, rig.settings, endpoint="unit", clock=rig.clock)
+    await rig.setup("orders")
+    await store.store_many([rig.message(1, 0), rig.message(2, 10)])
+    await rig.start()
+    assert rig.delivered() == [] and store.asked == 1  # asked while m1 is being sent
+    transport.go.set()
+    await settle()
+    assert rig.delivered() == ["m1"] and store.asked == 1  # and not again after it
+    await rig.tick(10)
+    assert rig.delivered() == ["m1", "m2"]
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_a_message_that_fails_is_not_left_to_an_answer_asked_before_it_failed() -> None:
+    """Asked during the send, the next due time did not know m1 would be due again (a retry);
+    that answer is dropped and the wait asks afresh."""
+    rig = await Rig(number_of_retries=3, failure_backoff=timedelta(seconds=1)).setup("orders")
+    rig.transport.fail = lambda m: TimeoutError("slow") if rig.transport.attempts == 1 else None
+    await rig.store.store_many([rig.message(1, 0), rig.message(2, 3600)])
+    await rig.start()
+    await rig.tick(1, steps=3)
+    assert rig.delivered() == ["m1"]  # again within seconds, not at m2's hour
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
 async def test_every_sleep_is_capped() -> None:
     rig = await Rig(max_sleep=timedelta(seconds=60)).setup("orders")
     await rig.store.store(rig.message(1, 3600))

@@ -77,6 +77,12 @@ class HeldBatches:
         with self._guard:
             return len(self._by_id)
 
+    def held(self) -> tuple[list[str], float | None]:
+        """The messages claimed here and not yet settled, and when the oldest batch was claimed
+        (:meth:`settle_stale` frees it by its age)."""
+        with self._guard:
+            return list(self._by_id), min((b.since for b in self._by_id.values()), default=None)
+
     def split(self, message_ids: Sequence[str]) -> tuple[dict[int, tuple[_Batch, list[str]]], list[str]]:
         """The ids held here grouped by batch, and the ids that are not held here."""
         held: dict[int, tuple[_Batch, list[str]]] = {}

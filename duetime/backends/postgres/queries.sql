@@ -111,8 +111,11 @@ WHERE t.message_id IN (
 )
 RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count, t.group_key;
 
+-- The earliest unclaimed message, leaving out those this store holds locked itself (a batch
+-- being sent: the dispatcher asks while it sends).
 -- name: next_unclaimed
-SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at, message_id LIMIT 1;
+SELECT due_at FROM {table} WHERE claim_token IS NULL AND message_id <> ALL(%(ours)b::text[])
+ORDER BY due_at, message_id LIMIT 1;
 
 -- The earliest unclaimed message no transaction holds (KEY SHARE: the lightest lock that
 -- conflicts with a claim's FOR UPDATE).

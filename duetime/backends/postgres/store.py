@@ -208,14 +208,20 @@ class SyncPostgresStore(StoreRules):
     def _next_due(self) -> datetime | None:
         """The earliest unclaimed due time no one holds locked, or a lease's end. A due row some
         dispatcher holds locked is looked at again after HELD_RECHECK (a dispatcher that died frees
-        its rows at once), rather than at once and again (a spin while another one sends)."""
+        its rows at once), rather than at once and again (a spin while another one sends). Rows
+        this store holds itself (a batch being sent while the dispatcher asks) count from the
+        time they would be freed if never settled."""
         self._held.settle_stale(self._stale_after)
+        ours, oldest = self._held.held()
         q = self.names.q
         with self.pool.connection() as conn:
-            unclaimed = conn.execute(q["next_unclaimed"]).fetchone()
+            unclaimed = conn.execute(q["next_unclaimed"], {"ours": ours}).fetchone()
             unlocked = conn.execute(q["next_unlocked"]).fetchone()
             expiry = conn.execute(q["next_claim_expiry"]).fetchone()
         times = [r[0] for r in (unlocked, expiry) if r is not None and r[0] is not None]
+        if oldest is not None:
+            left = oldest + self._stale_after - self.clock.monotonic()
+            times.append(self.clock.now() + timedelta(seconds=max(left, 0.0)))
         first = unclaimed[0] if unclaimed is not None else None
         if first is not None and (not times or first < min(times)):  # held by a live transaction
             times.append(max(first, self.clock.now() + HELD_RECHECK))
