@@ -112,19 +112,21 @@ WHERE t.message_id IN (
 RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count, t.group_key;
 
 -- The earliest unclaimed message, leaving out those this store holds locked itself (a batch
--- being sent: the dispatcher asks while it sends).
--- name: next_unclaimed
-SELECT due_at FROM {table} WHERE claim_token IS NULL AND message_id <> ALL(%(ours)b::text[])
-ORDER BY due_at, message_id LIMIT 1;
+-- being sent: the dispatcher asks while it sends), and the earliest end of a lease; one round trip.
+-- name: next_times
+SELECT (
+    SELECT due_at FROM {table} WHERE claim_token IS NULL AND message_id <> ALL(%(ours)b::text[])
+    ORDER BY due_at, message_id LIMIT 1
+), (
+    SELECT min(claimed_until) FROM {table} WHERE claim_token IS NOT NULL
+);
 
 -- The earliest unclaimed message no transaction holds (KEY SHARE: the lightest lock that
--- conflicts with a claim's FOR UPDATE).
+-- conflicts with a claim's FOR UPDATE). Taking it writes WAL and commits with a flush, so it is
+-- asked only when the earliest message is due already (only a due row can be held).
 -- name: next_unlocked
 SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at, message_id LIMIT 1
 FOR KEY SHARE SKIP LOCKED;
-
--- name: next_claim_expiry
-SELECT min(claimed_until) FROM {table} WHERE claim_token IS NOT NULL;
 
 -- name: delete_many
 DELETE FROM {table} WHERE message_id = ANY(%(ids)b);

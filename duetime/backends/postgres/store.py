@@ -210,21 +210,33 @@ class SyncPostgresStore(StoreRules):
         dispatcher holds locked is looked at again after HELD_RECHECK (a dispatcher that died frees
         its rows at once), rather than at once and again (a spin while another one sends). Rows
         this store holds itself (a batch being sent while the dispatcher asks) count from the
-        time they would be freed if never settled."""
+        time they would be freed if never settled.
+
+        Whether the earliest row is held is asked only when it is due: claims take due rows only,
+        and the asking (a row lock) costs a WAL flush — measured 344 µs against 139 µs for the
+        plain question, on every turn of a dispatcher delivering messages a few ms apart.
+        """
         self._held.settle_stale(self._stale_after)
         ours, oldest = self._held.held()
-        q = self.names.q
+        now = self.clock.now()
         with self.pool.connection() as conn:
-            unclaimed = conn.execute(q["next_unclaimed"], {"ours": ours}).fetchone()
-            unlocked = conn.execute(q["next_unlocked"]).fetchone()
-            expiry = conn.execute(q["next_claim_expiry"]).fetchone()
-        times = [r[0] for r in (unlocked, expiry) if r is not None and r[0] is not None]
+            row = conn.execute(self.names.q["next_times"], {"ours": ours}).fetchone()
+            first, expiry = row if row is not None else (None, None)
+            unlocked = None
+            if first is not None and first <= now:
+                held = conn.execute(self.names.q["next_unlocked"]).fetchone()
+                unlocked = None if held is None else held[0]
+        times = [t for t in (expiry,) if t is not None]
         if oldest is not None:
             left = oldest + self._stale_after - self.clock.monotonic()
-            times.append(self.clock.now() + timedelta(seconds=max(left, 0.0)))
-        first = unclaimed[0] if unclaimed is not None else None
-        if first is not None and (not times or first < min(times)):  # held by a live transaction
-            times.append(max(first, self.clock.now() + HELD_RECHECK))
+            times.append(now + timedelta(seconds=max(left, 0.0)))
+        if first is not None and first > now:
+            times.append(first)  # not due yet, so no one holds it
+        elif first is not None:
+            if unlocked is not None:
+                times.append(unlocked)
+            if not times or first < min(times):  # held by a live transaction
+                times.append(max(first, now + HELD_RECHECK))
         return min(times).astimezone(UTC) if times else None
 
     def _delete(self, message_ids: Sequence[str]) -> int:
