@@ -18,6 +18,12 @@ DEFAULTS = {
     "spark.driver.memory": "2g",
 }
 
+#: Local mode needs no other interface; on a cluster the driver must advertise one the executors
+#: reach, so these apply to ``local[…]`` only. Settings of the session, not the process's
+#: environment (``SPARK_LOCAL_IP``), so a cluster session started later in the same process is
+#: not bound to loopback.
+LOCAL_DEFAULTS = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+
 
 def spark_session(
     master: str | None = None, conf: Mapping[str, str] | None = None, app: str = "duetime-bulk"
@@ -34,14 +40,12 @@ def spark_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Under spark-submit the JVM gateway already runs, started with the --master it was given.
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
-    if not submitted and (master or DEFAULT_MASTER).startswith("local"):
-        # Local mode needs no other interface; on a cluster the driver must advertise a real one.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = SparkSession.builder.appName(app)
     if master or not submitted:
         builder = builder.master(master or DEFAULT_MASTER)
-    given = _configured(submitted)
-    for key, value in DEFAULTS.items():
+    given = _configured(submitted) | set(conf or {})
+    local = not submitted and (master or DEFAULT_MASTER).startswith("local")
+    for key, value in (DEFAULTS | (LOCAL_DEFAULTS if local else {})).items():
         if key not in given:  # spark-submit --conf, spark-defaults.conf and the cluster win
             builder = builder.config(key, value)
     for key, value in (conf or {}).items():

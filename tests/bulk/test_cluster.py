@@ -297,16 +297,43 @@ def test_through_spark_submit_the_clusters_settings_win_and_the_driver_is_not_bo
     driver: Driver, cluster: Cluster
 ) -> None:
     # duetime's defaults (UTC, no UI) gave way to what spark-submit was told
+    host = driver.settings.pop("driver_host")
     assert driver.settings == {
         "tz": "America/New_York",
         "ui": "true",
         "local_ip": None,
         "master": cluster.master,
     }
+    assert host and not host.startswith("127."), host  # an address executors elsewhere reach
     with postgres_schema() as pg:
         seed_store(pg, "Report", 2_000)
         report = _ok(driver.run("report", "--store", pg))
     assert "2,000 stored messages" in report  # the report job ran on the cluster
+
+
+def test_local_mode_binds_the_session_to_loopback_and_leaves_the_environment_alone(tmp_path: Path) -> None:
+    """Loopback is a setting of the local session, not SPARK_LOCAL_IP in the process (a cluster
+    session started later would be bound to it); a host the user gives wins."""
+    code = (
+        "import os; from duetime.bulk.session import spark_session; import sys; "
+        "s = spark_session('local[1]', dict(a.split('=', 1) for a in sys.argv[1:])); c = s.sparkContext.getConf(); "
+        "print(c.get('spark.driver.host'), c.get('spark.driver.bindAddress'), os.environ.get('SPARK_LOCAL_IP'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    for extra, expected in (
+        ([], "127.0.0.1 127.0.0.1 None"),
+        (["spark.driver.host=localhost"], "localhost 127.0.0.1 None"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", code, *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.split() == expected.split()
 
 
 def test_spark_defaults_conf_wins_over_duetimes_defaults(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ def main() -> None:
         "tz": session.conf.get("spark.sql.session.timeZone"),
         "ui": conf.get("spark.ui.enabled"),
         "local_ip": os.environ.get("SPARK_LOCAL_IP"),
+        "driver_host": conf.get("spark.driver.host"),
         "master": session.sparkContext.master,
     }
     print("settings " + json.dumps(settings), flush=True)
