@@ -357,16 +357,19 @@ def test_a_queue_is_read_down_its_ready_index_whatever_the_statistics_say(pg: st
 def test_the_next_due_time_locks_nothing_while_the_earliest_message_is_not_due(pg: str) -> None:
     """Asking whether the earliest row is held by another dispatcher takes a row lock, and a row
     lock costs a WAL flush; claims take due rows only, so a row not due yet is never asked about.
-    (Shown here by a row someone else has locked: it is reported all the same.)"""
+    A row lock leaves its transaction in the row's xmax: none there after the question."""
     import psycopg
 
     store = prepare(pg, "quiet")
     try:
         later = datetime.now(UTC) + timedelta(hours=1)
         store.store(DelayedMessage("later", "orders", later))
+        assert store.next_due() == later
         with psycopg.connect(store.options.conninfo) as other:
-            other.execute(f"SELECT 1 FROM {store.names.qualified} FOR UPDATE")
-            assert store.next_due() == later
+            xmax = other.execute(f"SELECT xmax::text FROM {store.names.qualified}").fetchone()
+            assert xmax == ("0",), f"next_due locked the row (xmax {xmax})"
+            other.execute(f"SELECT 1 FROM {store.names.qualified} FOR UPDATE")  # held elsewhere:
+            assert store.next_due() == later  # reported all the same (not due, so not held)
         due = DelayedMessage("due", "orders", datetime.now(UTC) - timedelta(seconds=1))
         store.store(due)
         with psycopg.connect(store.options.conninfo) as other:  # a due row held elsewhere: looked
