@@ -224,9 +224,9 @@ class SyncPostgresStore(StoreRules):
             first, expiry = row if row is not None else (None, None)
             unlocked = None
             if first is not None and first <= now:
-                held = conn.execute(self.names.q["next_unlocked"]).fetchone()
-                unlocked = None if held is None else held[0]
-        times = [t for t in (expiry,) if t is not None]
+                free = conn.execute(self.names.q["next_unlocked"]).fetchone()
+                unlocked = None if free is None else free[0]
+        times = [] if expiry is None else [expiry]
         if oldest is not None:
             left = oldest + self._stale_after - self.clock.monotonic()
             times.append(now + timedelta(seconds=max(left, 0.0)))
