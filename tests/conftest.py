@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def duetime_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "duetime", *args]
+
+
+def spawn_run(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """A ``duetime run`` process (``args`` from :func:`duetime_cmd`) logging to a file of its own."""
+    with log.open("wb") as out:
+        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=out)
+
+
+def wait_until_serving(log: Path, seconds: float = 60) -> None:
+    """Until the process logging to ``log`` says it is dispatching: from then on a stop signal is a
+    graceful stop. Sent during its start-up (imports take seconds on a loaded machine), Python's
+    default ends it with -15 before it has claimed anything."""
+    deadline = time.monotonic() + seconds
+    while "dispatching endpoint" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"the dispatcher did not start: {log.read_text()[-2000:]}"
+        time.sleep(0.05)
 
 
 def run_cli(

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +30,7 @@ from duetime.backends.postgres import (
     SyncPostgresQueue,
     SyncPostgresStore,
 )
-from tests.conftest import duetime_cmd
+from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
 from tests.integration.consumer import RecordingConsumer
 from tests.services import postgres_schema
 
@@ -146,9 +149,9 @@ def run_with_kills(
         str(batch),
         "--no-front-door",
     )
-    procs = [
-        subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(processes)
-    ]
+    folder = Path(tempfile.mkdtemp(prefix="duetime-kills-"))
+    logs = [folder / f"run-{i}.log" for i in range(processes)]
+    procs = [spawn_run(args, log) for log in logs]
     made = 0
     deadline = time.monotonic() + 120
     try:
@@ -158,16 +161,20 @@ def run_with_kills(
             procs[victim].kill()
             procs[victim].wait()
             made += 1
-            procs[victim] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            logs[victim] = folder / f"run-{processes + made}.log"
+            procs[victim] = spawn_run(args, logs[victim])
         while len(set(consumer.ids())) < total and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.5)  # a lease that expired would be sent again now
     finally:
-        for p in procs:
+        for p, log in zip(procs, logs, strict=True):
+            if p.poll() is None:
+                wait_until_serving(log)  # a stop signal during start-up is not a graceful stop
             p.terminate()
         codes = [p.wait(timeout=30) for p in procs]
         consumer.halt.set()
         consumer.join()
+        shutil.rmtree(folder, ignore_errors=True)
     assert codes == [0] * processes, "graceful stop must exit 0"
     return Counter(consumer.ids()), consumer.early(), made
 

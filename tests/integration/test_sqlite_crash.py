@@ -4,7 +4,6 @@ and in exactly-once mode nothing doubled."""
 from __future__ import annotations
 
 import random
-import subprocess
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -14,7 +13,7 @@ import pytest
 
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.sqlite import SyncSqliteQueue, SyncSqliteStore
-from tests.conftest import duetime_cmd
+from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
 from tests.integration.consumer import RecordingConsumer
 
 TOTAL = 10_000
@@ -60,7 +59,8 @@ def test_sigkill_loses_nothing(tmp_path: Path, mode: TransactionMode) -> None:
     )
     try:
         while time.monotonic() < deadline:
-            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            log = tmp_path / f"run-{kills}.log"
+            proc = spawn_run(args, log)
             if kills < 10:
                 time.sleep(rng.uniform(0.3, 1.2))
                 proc.kill()
@@ -70,6 +70,7 @@ def test_sigkill_loses_nothing(tmp_path: Path, mode: TransactionMode) -> None:
             while time.monotonic() < deadline and len(set(consumer.ids())) < TOTAL:
                 time.sleep(0.1)
             time.sleep(1.5)  # long enough for an expired claim to be sent again
+            wait_until_serving(log)  # a stop signal during start-up is not a graceful stop
             proc.terminate()
             assert proc.wait(timeout=30) == 0, "graceful stop must exit 0"
             break
