@@ -49,11 +49,17 @@ def export(
 
 
 def import_(
-    spark: Any, source: str, store_url: str, endpoint: str | None = None, progress: Progress | None = None
+    spark: Any,
+    source: str,
+    store_url: str,
+    endpoint: str | None = None,
+    progress: Progress | None = None,
+    batch_rows: int = 100_000,
 ) -> MigrationResult:
-    """Files written by :func:`export` (or any rows with the accepted columns) into a store."""
+    """Files written by :func:`export` (or any rows with the accepted columns) into a store, in
+    ledgered batches of about ``batch_rows`` rows (one Spark task each)."""
     if file_kind(source) is None:
         raise ConfigurationError(
             f"Import reads files: --from parquet:/folder or jsonl:/folder, not {source.split('@')[-1]!r}."
         )
-    return migrate(spark, MigrationSpec(source, store_url, endpoint), progress)
+    return migrate(spark, MigrationSpec(source, store_url, endpoint, batch_rows=batch_rows), progress)

@@ -282,8 +282,51 @@ def _arrow(schema: str) -> Any:
     return pa.schema([(name, kinds[kind]) for name, kind in (f.split() for f in schema.split(", "))])
 
 
-def checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:
-    """A record frame read from Parquet or JSON Lines files, through Spark's readers."""
+def file_rows(spark: Any, path: str, fmt: str) -> int:
+    """How many records the files hold, without checking any: a Parquet count reads only the
+    files' footers; a JSON Lines file is one record a line."""
+    if fmt == "parquet":
+        return int(spark.read.parquet(path).count())
+    return int(spark.read.text(path).count())
+
+
+def check_batch_rows(rows: int) -> None:
+    """``--batch-rows``: small enough that a task's transaction stays short, large enough that
+    Spark's per-task cost does not dominate."""
+    if not 100 <= rows <= 5_000_000:
+        raise ConfigurationError("--batch-rows must be between 100 and 5,000,000.")
+
+
+def partitions_for(rows: int, partition_rows: int) -> int:
+    """How many tasks share ``rows``: about ``partition_rows`` each, at least one."""
+    return max(1, -(-rows // partition_rows))
+
+
+def by_row_count(frame: Any, partitions: int) -> Any:
+    """A record frame spread over ``partitions`` tasks by a hash of each message id.
+
+    Why not the reader's own splits: a Parquet file written as one large row group is one task
+    however many rows it holds, and where the reader splits files depends on the cluster's cores
+    and settings. A file migration ledgers what it wrote by partition number, so a run resumed
+    on another cluster must find the same rows under the same number: the hash of the id (derived
+    from the row's content when the files have none) and a count taken from the files are the
+    same wherever the run goes on.
+    """
+    if partitions == 1:  # every row in partition 0 wherever it runs, without a shuffle
+        return frame.coalesce(1)
+    return frame.repartition(partitions, "message_id")
+
+
+def checked_files(
+    spark: Any, path: str, fmt: str, endpoint: str | None, partitions: int | None = None
+) -> Any:
+    """A record frame read from Parquet or JSON Lines files, through Spark's readers; with
+    ``partitions``, spread over that many tasks by :func:`by_row_count`."""
+    frame = _checked_files(spark, path, fmt, endpoint)
+    return frame if partitions is None else by_row_count(frame, partitions)
+
+
+def _checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:
     if fmt == "parquet":
         return checked_frame(spark.read.parquet(path), endpoint)
     if fmt != "jsonl":

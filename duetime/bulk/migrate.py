@@ -25,7 +25,16 @@ from datetime import datetime
 from typing import Any
 
 from duetime.bulk.filetarget import FileTarget, rows_in
-from duetime.bulk.frames import Checked, checked_files, file_kind, per_partition, record_frame
+from duetime.bulk.frames import (
+    Checked,
+    check_batch_rows,
+    checked_files,
+    file_kind,
+    file_rows,
+    partitions_for,
+    per_partition,
+    record_frame,
+)
 from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.records import Record, group_sql, problem, store_ready
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
@@ -50,8 +59,7 @@ class MigrationSpec:
     def __post_init__(self) -> None:
         if self.cutoff is not None and self.cutoff.tzinfo is None:
             raise ConfigurationError("--cutoff needs a UTC offset, e.g. 2030-01-01T00:00:00+00:00.")
-        if not 100 <= self.batch_rows <= 5_000_000:
-            raise ConfigurationError("--batch-rows must be between 100 and 5,000,000.")
+        check_batch_rows(self.batch_rows)
 
     @property
     def cutoff_us(self) -> int | None:
@@ -591,11 +599,14 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
     target = open_target(spec.target)
     if isinstance(target, FileTarget):
         target.check(spark)
-    frame = checked_files(spark, kind[1], kind[0], spec.endpoint)
+    # The partition count is part of the run's name: a partition's number names the same rows in
+    # every run of the same files and batch size (its ledger entry says it was written).
+    partitions = partitions_for(file_rows(spark, kind[1], kind[0]), spec.batch_rows)
+    frame = checked_files(spark, kind[1], kind[0], spec.endpoint, partitions)
     cutoff = spec.cutoff_us
     if cutoff is not None:
         frame = frame.where(F.col("due_us").isNull() | (F.col("due_us") >= cutoff))
-    run_id = f"{spec.job}-{_fingerprint(spark, kind[1])}"
+    run_id = f"{spec.job}-{_fingerprint(spark, kind[1])}-{partitions}"
     bad = frame.where(F.col("problem").isNotNull())
     if isinstance(target, FileTarget):
         result = MigrationResult(run_id, batches=1)

@@ -15,10 +15,13 @@ from duetime.bulk.filetarget import write_frame
 from duetime.bulk.frames import (
     CHUNK_ROWS,
     Checked,
+    check_batch_rows,
     checked_files,
     checked_frame,
     chunked,
     file_kind,
+    file_rows,
+    partitions_for,
     per_partition,
 )
 from duetime.bulk.hadoopfs import Folder, check_writable
@@ -45,8 +48,10 @@ def schedule(
     endpoint: str | None = None,
     job: str,
     rejects: str | None = None,
+    batch_rows: int = 100_000,
 ) -> Scheduled:
-    """Schedule ``rows``: a DataFrame, or a ``parquet:``/``jsonl:`` path."""
+    """Schedule ``rows``: a DataFrame, or a ``parquet:``/``jsonl:`` path. Files are spread over
+    about one task per ``batch_rows`` rows (a DataFrame keeps the partitions it has)."""
     from pyspark.sql import functions as F
 
     if not job or len(job) > 64:
@@ -57,7 +62,9 @@ def schedule(
         kind = file_kind(rows)
         if kind is None:
             raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
-        frame = checked_files(spark, kind[1], kind[0], endpoint)
+        check_batch_rows(batch_rows)
+        partitions = partitions_for(file_rows(spark, kind[1], kind[0]), batch_rows)
+        frame = checked_files(spark, kind[1], kind[0], endpoint, partitions)
     else:
         frame = checked_frame(rows, endpoint)
     # Where the rejects go is checked before anything is stored: a folder the cluster cannot

@@ -47,6 +47,13 @@ ConfOpt = Annotated[
     list[str] | None,
     typer.Option("--conf", help="Spark setting key=value; repeat for more (as spark-submit takes them)."),
 ]
+BatchRowsOpt = Annotated[
+    int,
+    typer.Option(
+        help="About this many rows per batch: one Spark task, and one transaction in the target, each "
+        "(files are spread over batches by message id)."
+    ),
+]
 EndpointOpt = Annotated[
     str | None, typer.Option("--endpoint", help="Only this endpoint (default: every endpoint found).")
 ]
@@ -116,9 +123,7 @@ def migrate(
     mode: Annotated[
         Mode, typer.Option(help="preview changes nothing; migrate moves (resumable); abort puts back.")
     ] = Mode.preview,
-    batch_rows: Annotated[
-        int, typer.Option(help="About this many rows per staged batch (one Spark task each).")
-    ] = 100_000,
+    batch_rows: BatchRowsOpt = 100_000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     master: MasterOpt = None,
     conf: ConfOpt = None,
@@ -239,6 +244,7 @@ def schedule(
     rejects: Annotated[
         str | None, typer.Option(help="Folder for rejected rows with reasons (JSON Lines).")
     ] = None,
+    batch_rows: BatchRowsOpt = 100_000,
     master: MasterOpt = None,
     conf: ConfOpt = None,
 ) -> None:
@@ -251,7 +257,7 @@ def schedule(
         from duetime.bulk.schedule import schedule as run
 
         with _spark(master, conf) as spark, console.status("scheduling…"):
-            done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects)
+            done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects, batch_rows=batch_rows)
         console.print(
             f"{done.rows:,} rows: {done.stored:,} stored, {done.skipped:,} already scheduled, {done.rejected:,} rejected"
         )
@@ -286,6 +292,7 @@ def import_(
     files: Annotated[str, typer.Option("--from", help="parquet:/dir or jsonl:/dir, as export wrote it.")],
     store: Annotated[str, typer.Option("--to", help="The duetime store to fill.")],
     endpoint: EndpointOpt = None,
+    batch_rows: BatchRowsOpt = 100_000,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     master: MasterOpt = None,
     conf: ConfOpt = None,
@@ -296,7 +303,7 @@ def import_(
         from duetime.bulk.exchange import import_ as run
 
         with _spark(master, conf) as spark, console.status("importing…"):
-            result = run(spark, files, store, endpoint)
+            result = run(spark, files, store, endpoint, batch_rows=batch_rows)
         _print_result(result, as_json)
 
     _guard(go)

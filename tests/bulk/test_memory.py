@@ -118,7 +118,7 @@ def test_a_tasks_python_memory_stays_flat_from_100k_to_1m_rows_per_partition(
             assert spark.read.parquet(str(source)).rdd.getNumPartitions() == 1
             store = f"sqlite:///{tmp_path / f'store-{rows}.db'}"
             with peak_worker_rss() as peak:
-                done = schedule(spark, f"parquet:{source}", store, endpoint="mem", job="mem")
+                done = schedule(spark, f"parquet:{source}", store, endpoint="mem", job="mem", batch_rows=rows)
             assert (done.rows, done.stored) == (rows, rows)
             peaks[rows] = peak[0]
     finally:
