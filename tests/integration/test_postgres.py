@@ -264,6 +264,33 @@ def test_a_killed_lock_claimer_frees_its_batch_at_once(pg: str) -> None:
         store.close()
 
 
+def test_a_held_batch_ends_without_waiting_for_a_disk_flush_and_frees_its_connection(pg: str) -> None:
+    """At-least-once: losing the removal of a delivered batch to a server crash only sends it
+    again, which at-least-once allows, so the claim's transaction commits without waiting for the
+    flush (the send, in the destination's own transaction, still waits). The setting is the
+    transaction's own: the connection goes back to the pool as it was."""
+    store = prepare(pg, "flush")
+    try:
+        store.store_many([DelayedMessage(f"f{i}", "orders", datetime.now(UTC)) for i in range(3)])
+        claimed = store.fetch_due(datetime.now(UTC), 10)
+        assert len(claimed) == 3
+        held, rest = store._held.split([m.message_id for m in claimed])
+        assert not rest and len(held) == 1
+        (batch, _), *_ = held.values()
+        assert batch.conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        store.remove_many(["f0"])  # one settled: the transaction stays open
+        assert batch.conn.info.transaction_status == 2  # INTRANS
+        store.increment_failure_count("f1")  # settled too: its row stays, counted
+        store.remove_many(["f2"])  # the last: the delete and the commit go together
+        assert batch.conn.info.transaction_status == 0  # IDLE, back in the pool
+        assert batch.conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        left = store.fetch_due(datetime.now(UTC), 10)
+        assert [(m.message_id, m.failure_count) for m in left] == [("f1", 1)]
+        store.release(["f1"])
+    finally:
+        store.close()
+
+
 def test_a_pool_too_small_for_held_batches_claims_with_leases(pg: str) -> None:
     """pool_size=2 cannot hold a batch open and still serve the next call: leases instead, which
     another process sees as claimed."""

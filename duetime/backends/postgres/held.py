@@ -7,6 +7,11 @@ dispatchers skip locked rows exactly as they skip leased ones. If the process di
 the session and the rows are free at once (a lease waits out its time); a frozen process's session
 is ended by ``idle_in_transaction_session_timeout``, set to the claim time on every connection.
 
+The transaction commits without waiting for its WAL flush (``SET LOCAL synchronous_commit``): all
+it writes is removals and failure counts, and a server crash that undoes a few of them only makes
+those messages due again — a second send, which at-least-once allows. The last statement of a
+batch is pipelined with its ``COMMIT`` (one round trip). Measured: 0.66x -> 0.74x the raw loop.
+
 A batch's transaction commits when every message in it has been settled (removed, failed or
 released), so the caller must settle each message it was given; :meth:`HeldBatches.settle_stale`
 commits any batch left open longer than half the claim time (its unsettled messages are then simply
@@ -52,7 +57,7 @@ class HeldBatches:
         try:
             # Not in a pipeline: after one, the server did not end a session left idle in the
             # transaction (idle_in_transaction_session_timeout), which frees a frozen claimer's rows.
-            conn.execute("BEGIN")
+            conn.execute("BEGIN; SET LOCAL synchronous_commit TO off")
             rows = conn.execute(sql, params).fetchall()
             if not rows:
                 conn.execute("COMMIT")
@@ -100,16 +105,28 @@ class HeldBatches:
         """Run ``sql`` (if any) in the batch's transaction, settle ``ids``; commit once all are."""
         try:
             with batch.lock:
-                count = batch.conn.execute(sql, params).rowcount if sql else len(ids)
+                last = self._settles(batch, ids)
+                if sql and last:  # the statement and the commit in one round trip
+                    with batch.conn.pipeline():
+                        cursor = batch.conn.execute(sql, params)
+                        batch.conn.execute("COMMIT")
+                    count = cursor.rowcount
+                else:
+                    count = batch.conn.execute(sql, params).rowcount if sql else len(ids)
+                    if last:
+                        batch.conn.execute("COMMIT")
                 done = self._settle(batch, ids)
-                if done:
-                    batch.conn.execute("COMMIT")
         except BaseException:
             self._drop(batch)  # its transaction is gone; the rows are free again
             raise
         if done:
             self._pool().putconn(batch.conn)
         return int(count)
+
+    def _settles(self, batch: _Batch, ids: Sequence[str]) -> bool:
+        """Whether settling ``ids`` leaves nothing of ``batch`` unsettled."""
+        with self._guard:
+            return batch.unsettled.issubset(ids)
 
     def _settle(self, batch: _Batch, ids: Sequence[str]) -> bool:
         with self._guard:
