@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 
 from bench.bulk_bench import BASE, TABLE, fill, store_table
-from duetime.bulk.exchange import export
+from duetime.bulk.exchange import export, import_
 from duetime.bulk.migrate import MigrationSpec, migrate
 from duetime.bulk.session import spark_session
 from tests.bulk.standalone import StandaloneCluster
@@ -81,6 +81,38 @@ def single_process_export(schema: str, folder: Path, rows: int) -> float:
                 written += len(chunk)
             if writer is not None:
                 writer.close()
+        return written
+
+    took, written = timed(run)
+    assert written == rows
+    return took
+
+
+def single_process_import(folder: Path, schema: str, rows: int) -> float:
+    """What one careful process does: read the Parquet a record batch at a time, check each row's
+    headers parse (as duetime does), and COPY into the store table in one transaction."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    store_table(schema)
+
+    def run() -> int:
+        written = 0
+        with (
+            psycopg.connect(BASE) as conn,
+            conn.cursor() as cur,
+            cur.copy(
+                f'COPY "{schema}"."Sales.delayed" (message_id, destination, due_at, headers, body, '
+                "failure_count, group_key) FROM STDIN"
+            ) as copy,
+        ):
+            for path in sorted(folder.glob("*.parquet")):
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=50_000):
+                    for row in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+                        json.loads(row[3])
+                        copy.write_row(row)
+                        written += 1
         return written
 
     took, written = timed(run)
@@ -145,6 +177,32 @@ def main() -> None:
                 f"= {one / job:.2f}x the single process's rate",
                 flush=True,
             )
+            # Import the one-process export (a single file): Spark's reader makes a task of each
+            # 128 MB; the job spreads the rows over one task per --batch-rows.
+            conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp1" CASCADE')
+            single = single_process_import(scratch / "single", "cluster_bench_imp1", rows)
+            print(
+                f"(a) import from Parquet, one process               : {single:6.1f} s  {rows / single:10,.0f} rows/s",
+                flush=True,
+            )
+            conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp1" CASCADE')
+            conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp2" CASCADE')
+            took, imported = timed(
+                lambda: import_(
+                    spark,
+                    f"parquet:{scratch / 'single'}",
+                    f"{BASE}?schema=cluster_bench_imp2",
+                    "Sales",
+                    batch_rows=args.batch_rows,
+                )
+            )
+            assert imported.inserted == rows, imported
+            print(
+                f"    bulk import, local[*]                           : {took:6.1f} s  {rows / took:10,.0f} rows/s  "
+                f"= {single / took:.2f}x the single process's rate ({imported.batches} batches)",
+                flush=True,
+            )
+            conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp2" CASCADE')
             spark.stop()
             cluster = StandaloneCluster(scratch)
             try:

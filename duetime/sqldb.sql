@@ -190,10 +190,10 @@ TRUNCATE duetime_bulk_in
 -- name: copy_incoming.postgres
 COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)
 
--- µs since 1970 to timestamptz exactly (to_timestamp() goes through a double).
+-- The due time is records.timestamptz_sql("due_us"): µs since 1970 to timestamptz exactly.
 -- name: insert_from_incoming.postgres
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count,
+SELECT message_id, destination, {due}, headers::json, body, failure_count,
        group_key
 FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id
 
@@ -201,7 +201,7 @@ FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id
 -- is duetime's own or an NServiceBus SagaId (not the empty GUID), as records.group_of says.
 -- name: insert_from_staged.postgres
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-SELECT message_id, destination, timestamptz 'epoch' + due_us * interval '1 microsecond', headers::json, body, failure_count,
+SELECT message_id, destination, {due}, headers::json, body, failure_count,
        {group_of_extra}
 FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
 ON CONFLICT (message_id) DO NOTHING RETURNING message_id

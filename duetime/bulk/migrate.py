@@ -36,7 +36,14 @@ from duetime.bulk.frames import (
     record_frame,
 )
 from duetime.bulk.hadoopfs import Folder
-from duetime.bulk.records import Record, group_sql, problem, store_ready
+from duetime.bulk.records import (
+    Record,
+    group_sql,
+    problem,
+    store_ready,
+    sure_sql,
+    timestamptz_sql,
+)
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
 from duetime.clock import SYSTEM, to_micros
@@ -258,8 +265,9 @@ def _move_in_place(
     source: DbSource, target: StoreTarget, run_id: str, batch: Batch, spec: MigrationSpec
 ) -> int | None:
     """Source and target in one PostgreSQL database: the batch moves in one transaction, pending to
-    completed, with nothing staged in between (a crash rolls all of it back). Rows are checked in
-    Python first and only the checked ids move; None if the batch must take the staged path."""
+    completed, with nothing staged in between (a crash rolls all of it back). Rows the server can
+    vouch for (:func:`sure_sql`) never leave it; the others are checked in Python first and only
+    the good ones move. None if the batch must take the staged path."""
     d, lay = source.db, source.layout
     exprs = lay.record_sql()
     assert exprs is not None
@@ -268,17 +276,17 @@ def _move_in_place(
     table = d.qualified(batch.table)
     light = ", ".join(exprs[:4]) + f", {exprs[5]}"
     with d.session(write=False) as conn:
-        rows = d.execute(conn, f"SELECT {light} FROM {table} WHERE {where}", params).fetchall()
+        rows = d.execute(
+            conn, f"SELECT {light} FROM {table} WHERE {where} AND NOT {sure_sql(exprs)}", params
+        ).fetchall()
     records = [Record(batch.endpoint, r[0], r[1], r[2], r[3], b"", int(r[4])) for r in rows]
-    problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
     if not all(store_ready(r.headers) for r in records):
         return None  # headers the store cannot keep as they are: the staged path rewrites them
-    wanted = [r.message_id for r in records if r.message_id not in problems]
+    problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
+    checked = [r.message_id for r in records if r.message_id not in problems]
     target_table = target.db.qualified(target.layout.table_for(batch.endpoint))
     try:
-        return _move_checked(
-            source, target, run_id, batch, records, problems, wanted, target_table, where, params
-        )
+        return _move_checked(source, target, run_id, batch, problems, checked, target_table, where, params)
     except Exception as error:
         if getattr(error, "sqlstate", None) != "23505":
             raise
@@ -290,46 +298,52 @@ def _move_checked(
     target: StoreTarget,
     run_id: str,
     batch: Batch,
-    records: list[Record],
     problems: dict[str, str],
-    wanted: list[str],
+    checked: list[str],
     target_table: str,
     where: str,
     params: list[Any],
 ) -> int | None:
+    """Move the batch's sure rows and the ``checked`` ones, except ids the target holds."""
     d, lay = source.db, source.layout
     exprs = lay.record_sql()
     assert exprs is not None
     table = d.qualified(batch.table)
+    ident = exprs[0]
+    # The rows to move: those the server vouches for and those checked in Python.
+    chosen = f"{where} AND ({sure_sql(exprs)} OR ({ident}) = ANY(%s::text[]))"
     with d.session() as conn:
-        present = {
-            r[0] for r in d.execute(conn, d.query("existing_ids", table=target_table), [wanted]).fetchall()
-        }
-        movable = [i for i in wanted if i not in present]
         if not source._claim_status(conn, run_id, batch.number, "pending"):
             return None
+        # Ids the target holds already (a row with a problem stays for its problem): conflicts.
+        present = [
+            r[0]
+            for r in d.execute(
+                conn,
+                f"SELECT s.id FROM (SELECT {ident} AS id FROM {table} WHERE {where}) AS s "
+                f"JOIN {target_table} AS t ON t.message_id = s.id",
+                params,
+            ).fetchall()
+            if r[0] not in problems
+        ]
         cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
-        key = d.quote(lay.key)
         counts = d.execute(
             conn,
-            # Joined to the ids, not ``key = ANY(ids)``: with a long array the planner scanned the
-            # whole table for every batch (a migration's time grew with rows x batches); a join
-            # lets it read only the batch's own range.
-            f"WITH moved AS (DELETE FROM {table} USING unnest(%s::{lay.key_type}[]) AS duetime_wanted(duetime_key) "
-            f"WHERE {key} = duetime_wanted.duetime_key AND {where} RETURNING {cols}), "
+            f"WITH moved AS (DELETE FROM {table} WHERE {chosen} AND ({ident}) <> ALL(%s::text[]) "
+            f"RETURNING {cols}), "
             f"ins AS (INSERT INTO {target_table} "
             "(message_id, destination, due_at, headers, body, failure_count, group_key) "
-            "SELECT c0, c1, timestamptz 'epoch' + c2 * interval '1 microsecond', c3::json, c4, c5, "
+            f"SELECT c0, c1, {timestamptz_sql('c2')}, c3::json, c4, c5, "
             f"{group_sql('c6')} FROM moved "
             "RETURNING 1) "
-            "SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins)",
-            [movable, *params],
+            "SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2) FROM moved)",
+            [*params, checked, present],
         ).fetchone()
         if counts[0] != counts[1]:
             raise RuntimeError(f"batch {batch.number}: moved {counts[0]} rows but inserted {counts[1]}")
-        left = len(problems) + len(present) + (len(movable) - int(counts[0]))
+        left = len(problems) + len(present)
         notes = [f"{i}: {why}" for i, why in list(problems.items())[:20]] + [
-            f"{i}: already in the target" for i in list(present)[:20]
+            f"{i}: already in the target" for i in present[:20]
         ]
         d.execute(
             conn,
@@ -338,7 +352,8 @@ def _move_checked(
         )
         if counts[1]:
             store_table = target.layout.table_for(batch.endpoint)
-            target._written(conn, {store_table: records}, {store_table: int(counts[1])})
+            earliest = Record(batch.endpoint, "", None, int(counts[2]), None, b"", 0)
+            target._written(conn, {store_table: [earliest]}, {store_table: int(counts[1])})
     return int(counts[0])
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import CHUNK_ROWS, chunked
 from duetime.bulk.layouts import DuetimeLayout
-from duetime.bulk.records import Destination, Record, group_of, group_sql, store_headers
+from duetime.bulk.records import Destination, Record, group_of, group_sql, store_headers, timestamptz_sql
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
@@ -182,6 +182,7 @@ class StoreTarget(_TakesAll):
                         table=self.db.qualified(table),
                         staged=staged_table,
                         group_of_extra=group_sql("extra"),
+                        due=timestamptz_sql("due_us"),
                     ),
                     [run_id, batch, rows[0].endpoint, list(skip)],
                 )
@@ -220,7 +221,7 @@ class StoreTarget(_TakesAll):
                             group_of(r),
                         )
                     )
-            cur.execute(d.query("insert_from_incoming", table=target))
+            cur.execute(d.query("insert_from_incoming", table=target, due=timestamptz_sql("due_us")))
             new = {r[0] for r in cur.fetchall()}
         elif d.dialect == "mysql":
             new = set()

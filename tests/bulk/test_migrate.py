@@ -82,6 +82,36 @@ def test_timeoutdata_in_postgres_moves_into_the_duetime_store_with_problems_left
         assert again.inserted == 0 and len(store_rows(pg, "Sales")) == 2500
 
 
+def test_a_same_database_move_checks_in_python_only_what_the_server_cannot_vouch_for(spark: Any) -> None:
+    """Rows the server can vouch for never leave it; a valid row it cannot (a destination with a
+    space, pretty-printed headers) is checked in Python and moves too; an id the target already
+    holds stays in the source as a conflict; a due time in the year 9998 keeps its microsecond."""
+    with postgres_schema() as pg:
+        rows = timeout_rows(300)
+        rows[0] = (rows[0][0], "Sales Orders", *rows[0][2:])
+        rows[1] = (*rows[1][:5], json.dumps({"a": "1", "b": "2"}, indent=2), rows[1][6])
+        rows[2] = (*rows[2][:4], datetime(9998, 12, 31, 23, 59, 59, 999_999), *rows[2][5:])
+        rows[3] = (*rows[3][:5], '{"a":"1","empty":""}', rows[3][6])
+        legacy = create_timeoutdata(pg, "Sales_TimeoutData", rows)
+        store = open_sync_store(pg)
+        store.setup_infrastructure("Sales")
+        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
+        taken = DelayedMessage(str(rows[4][0]), "elsewhere", datetime(2031, 1, 1, tzinfo=UTC))
+        store.store(taken)
+        store.close()
+        result = migrate(spark, MigrationSpec(pg + "&layout=timeoutdata", pg, "Sales", batch_rows=100))
+        assert (result.staged, result.inserted, result.put_back) == (300, 299, 1), result.notes
+        assert any("already in the target" in n for n in result.notes)
+        moved = store_rows(pg, "Sales")
+        assert moved[str(rows[0][0])].destination == "Sales Orders"
+        assert moved[str(rows[1][0])].headers == {"a": "1", "b": "2"}
+        assert moved[str(rows[2][0])].due_at == datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+        assert moved[str(rows[3][0])].headers == {"a": "1", "empty": ""}
+        assert moved[str(rows[5][0])].group == str(rows[5][2])  # the saga id
+        assert moved[str(rows[4][0])].destination == "elsewhere"  # never overwritten
+        assert [r[0] for r in table_rows(legacy, "Sales_TimeoutData", "Id")] == [rows[4][0]]
+
+
 def test_mariadb_timeoutdata_and_msmq_layouts_move_into_a_mariadb_store(spark: Any) -> None:
     with mariadb_database() as db:
         create_timeoutdata(db, "Billing_TimeoutData", timeout_rows(300, destination="billing"))
