@@ -86,6 +86,12 @@ class Layout:
         so staging runs in the server without a round trip; None where only Python can convert."""
         return None
 
+    def group_sql(self) -> str:
+        """The PostgreSQL expression of a source row's group text (a saga id, duetime's group),
+        read without the round trip through ``extra``'s JSON that ``record_sql`` makes (it cost
+        a same-database move 40 % of its time); with ``record_sql`` wherever that is given."""
+        raise NotImplementedError
+
     def to_row(self, record: Record) -> tuple[Any, ...]:
         raise NotImplementedError
 
@@ -139,6 +145,9 @@ class DuetimeLayout(Layout):
         group = "CASE WHEN group_key IS NULL THEN NULL ELSE json_build_object('group', group_key)::text END"
         return ["message_id", "destination", micros, "headers::text", "body", "failure_count", group]
 
+    def group_sql(self) -> str:
+        return "group_key"
+
     def to_row(self, record: Record) -> tuple[Any, ...]:
         """The row a duetime store keeps: headers as its JSON, the group from the source's
         (duetime's group, NServiceBus's SagaId)."""
@@ -186,6 +195,9 @@ class TimeoutDataLayout(Layout):
             "0",
             """json_build_object('SagaId', "SagaId"::text, 'PersistenceVersion', "PersistenceVersion")::text""",
         ]
+
+    def group_sql(self) -> str:
+        return '"SagaId"::text'
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
         extra = json.loads(record.extra or "{}")

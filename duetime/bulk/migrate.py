@@ -38,7 +38,7 @@ from duetime.bulk.frames import (
 from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.records import (
     Record,
-    group_sql,
+    group_value_sql,
     problem,
     store_ready,
     sure_sql,
@@ -265,57 +265,41 @@ def _move_in_place(
     source: DbSource, target: StoreTarget, run_id: str, batch: Batch, spec: MigrationSpec
 ) -> int | None:
     """Source and target in one PostgreSQL database: the batch moves in one transaction, pending to
-    completed, with nothing staged in between (a crash rolls all of it back). Rows the server can
-    vouch for (:func:`sure_sql`) never leave it; the others are checked in Python first and only
-    the good ones move. None if the batch must take the staged path."""
-    d, lay = source.db, source.layout
-    exprs = lay.record_sql()
-    assert exprs is not None
+    completed, with nothing staged in between (a crash rolls all of it back). None if the batch
+    must take the staged path (an id reached the target meanwhile)."""
     now_us = to_micros(SYSTEM.now())
     where, params = source._bucket_where(batch, spec.cutoff_us, now_us)
-    table = d.qualified(batch.table)
-    light = ", ".join(exprs[:4]) + f", {exprs[5]}"
-    with d.session(write=False) as conn:
-        rows = d.execute(
-            conn, f"SELECT {light} FROM {table} WHERE {where} AND NOT {sure_sql(exprs)}", params
-        ).fetchall()
-    records = [Record(batch.endpoint, r[0], r[1], r[2], r[3], b"", int(r[4])) for r in rows]
-    if not all(store_ready(r.headers) for r in records):
-        return None  # headers the store cannot keep as they are: the staged path rewrites them
-    problems = {r.message_id: why for r in records if (why := problem(r)) is not None}
-    checked = [r.message_id for r in records if r.message_id not in problems]
-    target_table = target.db.qualified(target.layout.table_for(batch.endpoint))
     try:
-        return _move_checked(source, target, run_id, batch, problems, checked, target_table, where, params)
+        return _move_batch(source, target, run_id, batch, where, params)
+    except _Clash:
+        return None
     except Exception as error:
         if getattr(error, "sqlstate", None) != "23505":
             raise
-        return None  # an id reached the target between the check and the move: take the staged path
+        return None
 
 
-def _move_checked(
-    source: DbSource,
-    target: StoreTarget,
-    run_id: str,
-    batch: Batch,
-    problems: dict[str, str],
-    checked: list[str],
-    target_table: str,
-    where: str,
-    params: list[Any],
+class _Clash(Exception):
+    """An id the move was about to write reached the target after the batch looked."""
+
+
+def _move_batch(
+    source: DbSource, target: StoreTarget, run_id: str, batch: Batch, where: str, params: list[Any]
 ) -> int | None:
-    """Move the batch's sure rows and the ``checked`` ones, except ids the target holds."""
+    """The rows the server vouches for (:func:`sure_sql`) move in one statement and never leave it;
+    the few left are read, checked in Python by :func:`problem`, and the good ones written from
+    here (their headers rewritten where a store cannot keep them as they are). Ids the target
+    holds already stay in the source as conflicts; rows with a problem stay for their problem."""
     d, lay = source.db, source.layout
     exprs = lay.record_sql()
     assert exprs is not None
     table = d.qualified(batch.table)
+    store_table = target.layout.table_for(batch.endpoint)
+    target_table = target.db.qualified(store_table)
     ident = exprs[0]
-    # The rows to move: those the server vouches for and those checked in Python.
-    chosen = f"{where} AND ({sure_sql(exprs)} OR ({ident}) = ANY(%s::text[]))"
     with d.session() as conn:
         if not source._claim_status(conn, run_id, batch.number, "pending"):
             return None
-        # Ids the target holds already (a row with a problem stays for its problem): conflicts.
         present = [
             r[0]
             for r in d.execute(
@@ -324,23 +308,48 @@ def _move_checked(
                 f"JOIN {target_table} AS t ON t.message_id = s.id",
                 params,
             ).fetchall()
-            if r[0] not in problems
         ]
-        cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
+        cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], lay.group_sql()]))
         counts = d.execute(
             conn,
-            f"WITH moved AS (DELETE FROM {table} WHERE {chosen} AND ({ident}) <> ALL(%s::text[]) "
-            f"RETURNING {cols}), "
+            f"WITH moved AS (DELETE FROM {table} WHERE {where} AND {sure_sql(exprs)} "
+            f"AND ({ident}) <> ALL(%s::text[]) RETURNING {cols}), "
             f"ins AS (INSERT INTO {target_table} "
             "(message_id, destination, due_at, headers, body, failure_count, group_key) "
-            f"SELECT c0, c1, {timestamptz_sql('c2')}, c3::json, c4, c5, "
-            f"{group_sql('c6')} FROM moved "
-            "RETURNING 1) "
+            f"SELECT c0, c1, {timestamptz_sql('c2')}, c3::json, c4, c5, {group_value_sql('c6')} "
+            "FROM moved RETURNING 1) "
             "SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2) FROM moved)",
-            [*params, checked, present],
+            [*params, present],
         ).fetchone()
         if counts[0] != counts[1]:
             raise RuntimeError(f"batch {batch.number}: moved {counts[0]} rows but inserted {counts[1]}")
+        moved, earliest = int(counts[0]), [int(counts[2])] if counts[2] is not None else []
+        # What is left (the server could not vouch for it) is checked here, usually nothing.
+        rest = [
+            Record(batch.endpoint, r[0], r[1], r[2], r[3], bytes(r[4]), int(r[5]), r[6])
+            for r in d.execute(
+                conn,
+                f"SELECT {', '.join(exprs)} FROM {table} WHERE {where} AND ({ident}) <> ALL(%s::text[])",
+                [*params, present],
+            ).fetchall()
+        ]
+        problems = {r.message_id: why for r in rest if (why := problem(r)) is not None}
+        good = [r for r in rest if r.message_id not in problems]
+        if good:
+            taken = {
+                r[0]
+                for r in d.execute(
+                    conn,
+                    f"DELETE FROM {table} WHERE {where} AND ({ident}) = ANY(%s::text[]) RETURNING {ident}",
+                    [*params, [r.message_id for r in good]],
+                ).fetchall()
+            }
+            good = [r for r in good if r.message_id in taken]
+            got, clash = target._insert(conn, store_table, good)
+            if clash:
+                raise _Clash(clash[0])
+            moved += got
+            earliest += [r.due_us for r in good if r.due_us is not None]
         left = len(problems) + len(present)
         notes = [f"{i}: {why}" for i, why in list(problems.items())[:20]] + [
             f"{i}: already in the target" for i in present[:20]
@@ -348,13 +357,12 @@ def _move_checked(
         d.execute(
             conn,
             d.query("set_batch_moved"),
-            [int(counts[0]) + left, int(counts[1]), left, "\n".join(notes), run_id, batch.number],
+            [moved + left, moved, left, "\n".join(notes), run_id, batch.number],
         )
-        if counts[1]:
-            store_table = target.layout.table_for(batch.endpoint)
-            earliest = Record(batch.endpoint, "", None, int(counts[2]), None, b"", 0)
-            target._written(conn, {store_table: [earliest]}, {store_table: int(counts[1])})
-    return int(counts[0])
+        if moved:
+            first = Record(batch.endpoint, "", None, min(earliest), None, b"", 0)
+            target._written(conn, {store_table: [first]}, {store_table: moved})
+    return moved
 
 
 def _complete(

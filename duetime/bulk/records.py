@@ -143,7 +143,13 @@ def timestamptz_sql(micros: str) -> str:
 
 def group_sql(extra: str) -> str:
     """:func:`group_of` as a PostgreSQL expression over a record's ``extra`` text column."""
-    return f"NULLIF(coalesce(({extra})::json->>'group', ({extra})::json->>'SagaId'), '{EMPTY_GUID}')"
+    return group_value_sql(f"coalesce(({extra})::json->>'group', ({extra})::json->>'SagaId')")
+
+
+def group_value_sql(value: str) -> str:
+    """:func:`group_of` as a PostgreSQL expression over the group's text itself (a layout's
+    ``group_sql``): the empty GUID NServiceBus stores outside a saga is no group."""
+    return f"NULLIF({value}, '{EMPTY_GUID}')"
 
 
 def to_message(record: Record) -> DelayedMessage:

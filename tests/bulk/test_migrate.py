@@ -84,14 +84,16 @@ def test_timeoutdata_in_postgres_moves_into_the_duetime_store_with_problems_left
 
 def test_a_same_database_move_checks_in_python_only_what_the_server_cannot_vouch_for(spark: Any) -> None:
     """Rows the server can vouch for never leave it; a valid row it cannot (a destination with a
-    space, pretty-printed headers) is checked in Python and moves too; an id the target already
-    holds stays in the source as a conflict; a due time in the year 9998 keeps its microsecond."""
+    space, pretty-printed headers, a null header a store drops) is checked in Python and moves
+    too, in the same transaction; an id the target already holds stays in the source as a
+    conflict; a due time in the year 9998 keeps its microsecond."""
     with postgres_schema() as pg:
         rows = timeout_rows(300)
         rows[0] = (rows[0][0], "Sales Orders", *rows[0][2:])
         rows[1] = (*rows[1][:5], json.dumps({"a": "1", "b": "2"}, indent=2), rows[1][6])
         rows[2] = (*rows[2][:4], datetime(9998, 12, 31, 23, 59, 59, 999_999), *rows[2][5:])
         rows[3] = (*rows[3][:5], '{"a":"1","empty":""}', rows[3][6])
+        rows[6] = (*rows[6][:5], '{"a":"1","gone":null}', rows[6][6])  # rewritten on the way
         legacy = create_timeoutdata(pg, "Sales_TimeoutData", rows)
         store = open_sync_store(pg)
         store.setup_infrastructure("Sales")
@@ -107,6 +109,7 @@ def test_a_same_database_move_checks_in_python_only_what_the_server_cannot_vouch
         assert moved[str(rows[1][0])].headers == {"a": "1", "b": "2"}
         assert moved[str(rows[2][0])].due_at == datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
         assert moved[str(rows[3][0])].headers == {"a": "1", "empty": ""}
+        assert moved[str(rows[6][0])].headers == {"a": "1"}
         assert moved[str(rows[5][0])].group == str(rows[5][2])  # the saga id
         assert moved[str(rows[4][0])].destination == "elsewhere"  # never overwritten
         assert [r[0] for r in table_rows(legacy, "Sales_TimeoutData", "Id")] == [rows[4][0]]
