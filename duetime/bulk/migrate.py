@@ -624,7 +624,8 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
         target.check(spark)
     # The partition count is part of the run's name: a partition's number names the same rows in
     # every run of the same files and batch size (its ledger entry says it was written).
-    partitions = partitions_for(file_rows(spark, kind[1], kind[0]), spec.batch_rows)
+    rows = file_rows(spark, kind[1], kind[0])
+    partitions = partitions_for(rows, spec.batch_rows)
     frame = checked_files(spark, kind[1], kind[0], spec.endpoint, partitions)
     cutoff = spec.cutoff_us
     if cutoff is not None:
@@ -638,8 +639,10 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
             result.notes.append("these files were written to the target before: skipped.")
             return result
         result.inserted = target.write(spark, frame.where(F.col("problem").isNull()), folder)
-        rejected = bad.select("message_id", "problem").limit(5).collect()
-        result.put_back = int(bad.count())
+        # Without a cutoff every row read is written or rejected: the files' own count (their
+        # footers, for Parquet) says how many were rejected, with no second pass over the rows.
+        result.put_back = rows - result.inserted if cutoff is None else int(bad.count())
+        rejected = bad.select("message_id", "problem").limit(5).collect() if result.put_back else []
         result.staged = result.planned = result.inserted + result.put_back
         result.notes.extend(f"{r[0] or '?'}: {r[1]}" for r in rejected)
     else:

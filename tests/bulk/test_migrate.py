@@ -282,6 +282,35 @@ def test_files_are_a_source_and_a_target(spark: Any, tmp_path: Path) -> None:
             messages = seed_store(pg, "files", 150)
 
 
+def test_files_into_a_folder_count_what_they_reject_with_and_without_a_cutoff(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Without a cutoff the rejected count is the files' own count less what was written (no
+    second pass over the rows); with one, rows due before it are neither written nor rejected."""
+    lines = [
+        json.dumps(
+            {
+                "endpoint": "e",
+                "id": f"ok{i}",
+                "destination": "q",
+                "due_at": f"2031-01-0{i + 1}T00:00:00+00:00",
+            }
+        )
+        for i in range(4)
+    ] + [
+        json.dumps({"endpoint": "e", "id": "nodue", "destination": "q"}),
+        "not json",
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    every = migrate(spark, MigrationSpec(f"jsonl:{source}", f"parquet:{tmp_path / 'all'}"))
+    assert (every.inserted, every.put_back, every.staged) == (4, 2, 6)
+    assert any("not JSON" in n for n in every.notes) and any(n.startswith("nodue:") for n in every.notes)
+    cutoff = datetime(2031, 1, 3, tzinfo=UTC)
+    later = migrate(spark, MigrationSpec(f"jsonl:{source}", f"parquet:{tmp_path / 'later'}", cutoff=cutoff))
+    assert (later.inserted, later.put_back) == (2, 2)  # ok2, ok3; the two rows with no due time
+
+
 def test_preview_reports_duplicate_ids_in_files(spark: Any, tmp_path: Path) -> None:
     lines = [
         {"endpoint": "e", "message_id": "same", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"},
