@@ -14,6 +14,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from duetime.bulk.records import Record, due_us_of, dump_headers, problem
@@ -315,6 +316,23 @@ def by_row_count(frame: Any, partitions: int) -> Any:
     if partitions == 1:  # every row in partition 0 wherever it runs, without a shuffle
         return frame.coalesce(1)
     return frame.repartition(partitions, "message_id")
+
+
+@contextmanager
+def kept(frame: Any) -> Iterator[Any]:
+    """``frame`` computed once, kept on the executors' disks while the job reads it again.
+
+    A job asks a record frame more than once (the endpoints whose tables the driver creates
+    first, then the rows to write, then the rejects), and each ask ran every row through Python
+    again: the check, a shuffle, and for a caller's DataFrame its whole lineage. Disk, not
+    memory: a data set of any size fits, and a lost executor's share is computed again."""
+    from pyspark import StorageLevel
+
+    held = frame.persist(StorageLevel.DISK_ONLY)
+    try:
+        yield held
+    finally:
+        held.unpersist()
 
 
 def checked_files(

@@ -31,6 +31,7 @@ from duetime.bulk.frames import (
     checked_files,
     file_kind,
     file_rows,
+    kept,
     partitions_for,
     per_partition,
     record_frame,
@@ -646,15 +647,16 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
         result.staged = result.planned = result.inserted + result.put_back
         result.notes.extend(f"{r[0] or '?'}: {r[1]}" for r in rejected)
     else:
-        endpoints = [
-            r[0] for r in frame.where(F.col("problem").isNull()).select("endpoint").distinct().collect()
-        ]
-        target.prepare(sorted(set(endpoints) - {""}))
-        counted = per_partition(
-            frame,
-            lambda index, pairs: [_write_partition(target, run_id, index, pairs)],
-            "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
-        )
+        with kept(frame) as rows_of:  # checked once: for the endpoints, then for the writes
+            endpoints = [
+                r[0] for r in rows_of.where(F.col("problem").isNull()).select("endpoint").distinct().collect()
+            ]
+            target.prepare(sorted(set(endpoints) - {""}))
+            counted = per_partition(
+                rows_of,
+                lambda index, pairs: [_write_partition(target, run_id, index, pairs)],
+                "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
+            )
         result = MigrationResult(run_id, batches=len(counted))
         for seen, inserted, conflicts, rejected_count, notes, before in counted:
             result.planned += seen

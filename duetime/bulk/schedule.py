@@ -21,6 +21,7 @@ from duetime.bulk.frames import (
     chunked,
     file_kind,
     file_rows,
+    kept,
     partitions_for,
     per_partition,
 )
@@ -52,7 +53,6 @@ def schedule(
 ) -> Scheduled:
     """Schedule ``rows``: a DataFrame, or a ``parquet:``/``jsonl:`` path. Files are spread over
     about one task per ``batch_rows`` rows (a DataFrame keeps the partitions it has)."""
-    from pyspark.sql import functions as F
 
     if not job or len(job) > 64:
         raise ConfigurationError(
@@ -71,6 +71,13 @@ def schedule(
     # really write would otherwise lose the reasons after the valid rows were in.
     there = Folder(spark, rejects or f"rejects-{job}").exists()
     folder = check_writable(spark, rejects or f"rejects-{job}")
+    with kept(frame) as checked:  # checked once: endpoints, writes and rejects read it again
+        return _schedule(checked, store_url, job, folder, there)
+
+
+def _schedule(frame: Any, store_url: str, job: str, folder: Folder, there: bool) -> Scheduled:
+    from pyspark.sql import functions as F
+
     target = StoreTarget(Database.from_url(store_url))
     valid = frame.where(F.col("problem").isNull())
     target.prepare([r[0] for r in valid.select("endpoint").distinct().collect()])
