@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.cluster_bench                     # 1,000,000 rows
     .venv/bin/python -m bench.cluster_bench --rows 10000000
+    .venv/bin/python -m bench.cluster_bench --migrate-rounds 3    # only (floor, migrate) pairs
 
 In one run, on the same rows (NServiceBus ``TimeoutData`` in PostgreSQL, 200-byte bodies):
 
@@ -131,11 +132,44 @@ def export_on(
     return took, startup
 
 
+def migrate_rounds(rows: int, batch_rows: int, rounds: int) -> None:
+    """The floor and the job, one after the other on the same fresh rows, ``rounds`` times: the
+    pairs' ratios say more than one run on this noisy machine."""
+    spark = spark_session("local[*]")
+    spark.range(1).count()
+    source = f"{BASE}?schema={SOURCE}&layout=timeoutdata&table={TABLE}"
+    with psycopg.connect(BASE, autocommit=True) as conn:
+        try:
+            for _ in range(rounds):
+                fill(conn, SOURCE, rows)
+                conn.execute(f'DROP SCHEMA IF EXISTS "{FLOOR}" CASCADE')
+                floor = floor_move(conn, rows)
+                fill(conn, SOURCE, rows)
+                conn.execute(f'DROP SCHEMA IF EXISTS "{JOB}" CASCADE')
+                spec = MigrationSpec(source, f"{BASE}?schema={JOB}", "Sales", batch_rows=batch_rows)
+                took, result = timed(lambda: migrate(spark, spec))  # noqa: B023
+                assert result.inserted == rows and result.remaining == 0, result
+                print(f"floor {floor:5.1f} s   migrate {took:5.1f} s   = {took / floor:.2f}x", flush=True)
+        finally:
+            for schema in (SOURCE, FLOOR, JOB):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            spark.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch-rows", type=int, default=100_000)
+    parser.add_argument(
+        "--migrate-rounds",
+        type=int,
+        default=0,
+        help="only the same-database move: this many (floor, migrate) pairs on fresh rows, then stop",
+    )
     args = parser.parse_args()
+    if args.migrate_rounds:
+        migrate_rounds(args.rows, args.batch_rows, args.migrate_rounds)
+        return
     rows = args.rows
     scratch = Path(tempfile.mkdtemp(prefix="cluster_bench_"))
     with psycopg.connect(BASE, autocommit=True) as conn:
