@@ -206,7 +206,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--count", type=int, default=5000)
     parser.add_argument("--spread", type=float, default=20.0)
+    parser.add_argument(
+        "--only", default="sqlite,pg-queue,rabbitmq", help="comma-separated paths: sqlite, pg-queue, rabbitmq"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     print(
         f"{args.count:,} messages spread over {args.spread:g} s, then {args.count:,} due at once; lateness in ms"
     )
@@ -215,13 +219,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         base = Path(folder)
         db = f"sqlite:///{base / 'lateness.db'}"
-        run_path("SQLite exactly-once", db, None, "orders", args.count, args.spread, base)
+        if "sqlite" in only:
+            run_path("SQLite exactly-once", db, None, "orders", args.count, args.spread, base)
         schema = f"bench_{uuid.uuid4().hex[:8]}"
         pg = f"{POSTGRES}?schema={schema}"
         queue = f"bench_lateness_{uuid.uuid4().hex[:6]}"
         try:
-            run_path("PostgreSQL -> PG queue", pg, None, "orders", args.count, args.spread, base)
-            run_path("PostgreSQL -> RabbitMQ", pg, RABBITMQ, queue, args.count, args.spread, base)
+            if "pg-queue" in only:
+                run_path("PostgreSQL -> PG queue", pg, None, "orders", args.count, args.spread, base)
+            if "rabbitmq" in only:
+                run_path("PostgreSQL -> RabbitMQ", pg, RABBITMQ, queue, args.count, args.spread, base)
         finally:
             with psycopg.connect(POSTGRES, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
