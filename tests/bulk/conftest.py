@@ -6,6 +6,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,6 +30,22 @@ def spark() -> Iterator[Any]:
     session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+@contextmanager
+def spark_settings(spark: Any, settings: dict[str, str]) -> Iterator[None]:
+    """The shared session with ``settings`` for a while, then as it was (other tests share it)."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def timeout_rows(

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from duetime.bulk.schedule import schedule
+from tests.bulk.conftest import spark_settings
 
 pytestmark = pytest.mark.slow
 
@@ -107,10 +108,7 @@ def test_a_tasks_python_memory_stays_flat_from_100k_to_1m_rows_per_partition(
 ) -> None:
     # one file, one partition: no byte limit, and no splitting to give every core a share
     settings = {"spark.sql.files.maxPartitionBytes": str(4 << 30), "spark.sql.files.minPartitionNum": "1"}
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
+    with spark_settings(spark, settings):
         peaks = {}
         for rows in (100_000, 1_000_000):
             source = tmp_path / f"rows-{rows}.parquet"
@@ -121,12 +119,6 @@ def test_a_tasks_python_memory_stays_flat_from_100k_to_1m_rows_per_partition(
                 done = schedule(spark, f"parquet:{source}", store, endpoint="mem", job="mem", batch_rows=rows)
             assert (done.rows, done.stored) == (rows, rows)
             peaks[rows] = peak[0]
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
     print(f"peak Python worker RSS: 100k rows {peaks[100_000]:.0f} MB, 1M rows {peaks[1_000_000]:.0f} MB")
     assert peaks[100_000] > 0, "no Python worker was seen: the sampler looks for the wrong process"
     # 10x the rows: held in lists this is ~10x the memory (200 MB of bodies alone); streamed, flat

@@ -9,8 +9,7 @@ differently must find the same rows under the same number, or it skips rows it n
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from duetime.bulk.exchange import import_
 from duetime.bulk.frames import checked_files
 from duetime.bulk.schedule import schedule
+from tests.bulk.conftest import spark_settings
 from tests.bulk.test_migrate import store_rows
 
 ROWS = 5_000
@@ -42,21 +42,11 @@ def _parquet(path: Path, rows: int, row_group: int) -> None:
     )
 
 
-@contextmanager
-def reader_splits(spark: Any, max_bytes: int) -> Iterator[None]:
+def reader_splits(spark: Any, max_bytes: int) -> AbstractContextManager[None]:
     """Spark's Parquet reader with splits of at most ``max_bytes`` (a row group is never split)."""
-    keys = {"spark.sql.files.maxPartitionBytes": str(max_bytes), "spark.sql.files.openCostInBytes": "0"}
-    previous = {key: spark.conf.get(key, None) for key in keys}
-    for key, value in keys.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+    return spark_settings(
+        spark, {"spark.sql.files.maxPartitionBytes": str(max_bytes), "spark.sql.files.openCostInBytes": "0"}
+    )
 
 
 def _ids_by_partition(spark: Any, path: Path, partitions: int) -> dict[int, set[str]]:
