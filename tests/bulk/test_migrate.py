@@ -115,6 +115,26 @@ def test_a_same_database_move_checks_in_python_only_what_the_server_cannot_vouch
         assert [r[0] for r in table_rows(legacy, "Sales_TimeoutData", "Id")] == [rows[4][0]]
 
 
+def test_a_same_database_move_into_a_target_holding_most_ids_leaves_them_as_conflicts(spark: Any) -> None:
+    """More than a thousand conflicts in a batch take the anti-join (the id list, compared id by
+    id, grows with the square of the batch before PostgreSQL 15): the 1,500 ids the target holds
+    stay in the source untouched, the other 100 move."""
+    with postgres_schema() as pg:
+        rows = timeout_rows(1_600)
+        legacy = create_timeoutdata(pg, "Sales_TimeoutData", rows)
+        store = open_sync_store(pg)
+        store.setup_infrastructure("Sales")
+        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
+        due = datetime(2031, 1, 1, tzinfo=UTC)
+        store.store_many([DelayedMessage(str(r[0]), "elsewhere", due) for r in rows[100:]])
+        store.close()
+        result = migrate(spark, MigrationSpec(pg + "&layout=timeoutdata", pg, "Sales", batch_rows=5_000))
+        assert (result.batches, result.inserted, result.put_back) == (1, 100, 1_500), result.notes
+        assert {r[0] for r in table_rows(legacy, "Sales_TimeoutData", "Id")} == {r[0] for r in rows[100:]}
+        moved = store_rows(pg, "Sales")
+        assert sum(m.destination == "orders" for m in moved.values()) == 100
+
+
 def test_mariadb_timeoutdata_and_msmq_layouts_move_into_a_mariadb_store(spark: Any) -> None:
     with mariadb_database() as db:
         create_timeoutdata(db, "Billing_TimeoutData", timeout_rows(300, destination="billing"))
