@@ -211,6 +211,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
+    if unknown := only - {"sqlite", "pg-queue", "rabbitmq"}:
+        parser.error(f"--only takes sqlite, pg-queue and rabbitmq, not {', '.join(sorted(unknown))}")
     print(
         f"{args.count:,} messages spread over {args.spread:g} s, then {args.count:,} due at once; lateness in ms"
     )

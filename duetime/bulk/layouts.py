@@ -86,7 +86,7 @@ class Layout:
         so staging runs in the server without a round trip; None where only Python can convert."""
         return None
 
-    def group_sql(self) -> str:
+    def group_expr(self) -> str:
         """The PostgreSQL expression of a source row's group text (a saga id, duetime's group),
         read without the round trip through ``extra``'s JSON that ``record_sql`` makes (it cost
         a same-database move 40 % of its time); with ``record_sql`` wherever that is given."""
@@ -145,7 +145,7 @@ class DuetimeLayout(Layout):
         group = "CASE WHEN group_key IS NULL THEN NULL ELSE json_build_object('group', group_key)::text END"
         return ["message_id", "destination", micros, "headers::text", "body", "failure_count", group]
 
-    def group_sql(self) -> str:
+    def group_expr(self) -> str:
         return "group_key"
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
@@ -196,7 +196,7 @@ class TimeoutDataLayout(Layout):
             """json_build_object('SagaId', "SagaId"::text, 'PersistenceVersion', "PersistenceVersion")::text""",
         ]
 
-    def group_sql(self) -> str:
+    def group_expr(self) -> str:
         return '"SagaId"::text'
 
     def to_row(self, record: Record) -> tuple[Any, ...]:

@@ -319,7 +319,7 @@ def _move_batch(
             if len(present) > 1_000
             else f"({ident}) <> ALL(%s::text[])"
         )
-        cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], lay.group_sql()]))
+        cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], lay.group_expr()]))
         counts = d.execute(
             conn,
             f"WITH moved AS (DELETE FROM {table} WHERE {where} AND {sure_sql(exprs)} AND {not_present} "

@@ -148,7 +148,7 @@ def group_sql(extra: str) -> str:
 
 def group_value_sql(value: str) -> str:
     """:func:`group_of` as a PostgreSQL expression over the group's text itself (a layout's
-    ``group_sql``): the empty GUID NServiceBus stores outside a saga is no group."""
+    ``group_expr``): the empty GUID NServiceBus stores outside a saga is no group."""
     return f"NULLIF({value}, '{EMPTY_GUID}')"
 
 

@@ -58,11 +58,11 @@ def schedule(
         raise ConfigurationError(
             "Name the job (--job, at most 64 characters): a re-run with the same name never doubles a message."
         )
+    check_batch_rows(batch_rows)
     if isinstance(rows, str):
         kind = file_kind(rows)
         if kind is None:
             raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
-        check_batch_rows(batch_rows)
         partitions = partitions_for(file_rows(spark, kind[1], kind[0]), batch_rows)
         frame = checked_files(spark, kind[1], kind[0], endpoint, partitions)
     else:

@@ -254,8 +254,10 @@ def schedule(
     """
 
     def go() -> None:
+        from duetime.bulk.frames import check_batch_rows
         from duetime.bulk.schedule import schedule as run
 
+        check_batch_rows(batch_rows)  # before Spark takes seconds to start
         with _spark(master, conf) as spark, console.status("scheduling…"):
             done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects, batch_rows=batch_rows)
         console.print(
@@ -301,7 +303,9 @@ def import_(
 
     def go() -> None:
         from duetime.bulk.exchange import import_ as run
+        from duetime.bulk.frames import check_batch_rows
 
+        check_batch_rows(batch_rows)  # before Spark takes seconds to start
         with _spark(master, conf) as spark, console.status("importing…"):
             result = run(spark, files, store, endpoint, batch_rows=batch_rows)
         _print_result(result, as_json)

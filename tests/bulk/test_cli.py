@@ -129,3 +129,43 @@ def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
     assert "--master" in run_cli("bulk", "migrate", "--help", cwd=tmp_path).stdout
     period = run_cli("bulk", "report", "--store", "sqlite:///x.db", "--period", "week", cwd=tmp_path)
     assert period.returncode != 0 and "--period must be second, minute, hour or day" in period.stderr
+
+
+def test_batch_rows_on_import_and_schedule_as_a_user_runs_them(tmp_path: Path) -> None:
+    """One Parquet row group of 3,000 rows, imported with --batch-rows 1000, is three ledgered
+    batches; a --batch-rows out of range is one line, before Spark starts."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = 3_000
+    due = [1_924_992_000_000_000 + i for i in range(rows)]  # 2031-01-01, a µs apart
+    pq.write_table(
+        pa.table(
+            {
+                "id": [f"c{i}" for i in range(rows)],
+                "destination": ["orders"] * rows,
+                "due_at": pa.array(due, pa.timestamp("us", tz="UTC")),
+                "body": [b"x"] * rows,
+            }
+        ),
+        tmp_path / "rows.parquet",
+        row_group_size=rows,
+    )
+    for command in (
+        ["import", "--from", "parquet:rows.parquet", "--to", "sqlite:///in.db", "--endpoint", "cli"],
+        ["schedule", "parquet:rows.parquet", "--to", "sqlite:///in.db", "--endpoint", "cli", "--job", "j"],
+    ):
+        bad = run_cli("bulk", *command, "--batch-rows", "5", cwd=tmp_path, timeout=60)
+        assert bad.returncode == 1, bad.stderr
+        assert "--batch-rows must be between 100 and 5,000,000" in bad.stderr
+        assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    done = run_cli(
+        "bulk", "import", "--from", "parquet:rows.parquet", "--to", "sqlite:///in.db", "--endpoint", "cli",
+        "--batch-rows", "1000", "--json", cwd=tmp_path, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["inserted"], result["batches"]) == (rows, 3), result
+    assert len(store_rows(f"sqlite:///{tmp_path / 'in.db'}", "cli")) == rows

@@ -55,8 +55,10 @@ class HeldBatches:
         pool = self._pool()
         conn = pool.getconn()
         try:
-            # Not in a pipeline: after one, the server did not end a session left idle in the
-            # transaction (idle_in_transaction_session_timeout), which frees a frozen claimer's rows.
+            # Not in a pipeline: a transaction begun in one was not ended by the server when left
+            # idle (idle_in_transaction_session_timeout, which frees a frozen claimer's rows). The
+            # pipeline that ends a batch (run) leaves no such trace: a later claim on the same
+            # connection is still ended (checked by hand on PostgreSQL 15).
             conn.execute("BEGIN; SET LOCAL synchronous_commit TO off")
             rows = conn.execute(sql, params).fetchall()
             if not rows:
@@ -115,11 +117,11 @@ class HeldBatches:
                     count = batch.conn.execute(sql, params).rowcount if sql else len(ids)
                     if last:
                         batch.conn.execute("COMMIT")
-                done = self._settle(batch, ids)
+                self._settle(batch, ids)
         except BaseException:
             self._drop(batch)  # its transaction is gone; the rows are free again
             raise
-        if done:
+        if last:
             self._pool().putconn(batch.conn)
         return int(count)
 
@@ -128,13 +130,12 @@ class HeldBatches:
         with self._guard:
             return batch.unsettled.issubset(ids)
 
-    def _settle(self, batch: _Batch, ids: Sequence[str]) -> bool:
+    def _settle(self, batch: _Batch, ids: Sequence[str]) -> None:
         with self._guard:
             for message_id in ids:
                 batch.unsettled.discard(message_id)
                 if self._by_id.get(message_id) is batch:
                     del self._by_id[message_id]
-            return not batch.unsettled
 
     def _drop(self, batch: _Batch) -> None:
         with self._guard:
