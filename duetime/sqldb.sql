@@ -190,6 +190,9 @@ TRUNCATE duetime_bulk_in
 -- name: copy_incoming.postgres
 COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)
 
+-- name: copy_messages.postgres
+COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN (FORMAT BINARY)
+
 -- The due time is records.timestamptz_sql("due_us"): µs since 1970 to timestamptz exactly.
 -- name: insert_from_incoming.postgres
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)

@@ -14,6 +14,7 @@ from typing import Any
 from duetime.bulk.records import (
     Record,
     due_us_of,
+    group_extra,
     group_of,
     parse_headers,
     store_headers,
@@ -137,7 +138,7 @@ class DuetimeLayout(Layout):
         return from_micros(due_us) if self.db.dialect == "postgres" else due_us
 
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
-        extra = None if row[6] is None else json.dumps({"group": row[6]})
+        extra = None if row[6] is None else group_extra(row[6])
         return Record(endpoint, row[0], row[1], due_us_of(row[2]), row[3], bytes(row[4]), int(row[5]), extra)
 
     def record_sql(self) -> list[str] | None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from duetime.bulk.frames import Checked, checked_files, file_kind, record_frame
+from duetime.bulk.frames import Checked, batch_frame, checked_files, file_kind, record_frame
 from duetime.bulk.sources import Batch, DbSource
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, from_micros, to_micros
@@ -77,12 +77,21 @@ def source_frame(
     batches = source.plan(endpoint, cutoff_us, now_us, batch_rows)
     url = source_url
 
+    if not check:
+        return batch_frame(
+            spark,
+            batches,
+            lambda batch: DbSource(Database.from_url(url), in_flight=in_flight).read_batches(
+                batch, cutoff_us, now_us
+            ),
+        )
+
     def read(batch: Batch) -> Iterator[Checked]:
         from duetime.bulk.records import problem
 
         reader = DbSource(Database.from_url(url), in_flight=in_flight)
         for record in reader.read(batch, cutoff_us, now_us):
-            yield record, problem(record) if check else None
+            yield record, problem(record)
 
     return record_frame(spark, batches, read)
 

@@ -136,28 +136,56 @@ class DbSource:
         most of the table (a 100,000-row batch of 1,000,000: 42,448 of 47,620 blocks, 855 ms for
         its delete, against 4,762 blocks and 118 ms for a block range). A block range is read by a
         TID range scan and each block is written once in the whole run. A row moved to another
-        block while the run goes on (an UPDATE) is left for the next run, like a new row."""
-        rows = self.db.execute(
+        block while the run goes on (an UPDATE) is left for the next run, like a new row.
+
+        The rows are counted in slices of the table's blocks (:func:`block_slices`), each by its
+        own TID range scan, all in one round trip: one pass that never turns a row's address
+        into text (grouping rows by their block number that way took 0.34-0.9 s per million
+        rows; counting the slices 0.2 s). A batch starts at the slice where the rows before it
+        reach the next multiple of ``batch_rows``, so a batch is ``batch_rows`` give or take a
+        slice (exact to the block when the table has few blocks)."""
+        d = self.db
+        q = d.qualified(table)
+        blocks, tuples = d.execute(
             conn,
-            "WITH per AS (SELECT (ctid::text::point)[0]::bigint AS blk, COUNT(*) AS n "
-            f"FROM {self.db.qualified(table)} WHERE {where} GROUP BY 1), "
-            "cum AS (SELECT blk, n, (SUM(n) OVER (ORDER BY blk) - n)::bigint AS before FROM per) "
-            "SELECT MIN(blk), SUM(n) FROM cum GROUP BY before / %s ORDER BY 1",
-            [*params, batch_rows],
-        ).fetchall()
-        if not rows:
+            "SELECT (pg_relation_size(%s::regclass) / current_setting('block_size')::int)::bigint, "
+            "reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+            [q, q],
+        ).fetchone()
+        starts = block_slices(int(blocks), int(tuples), batch_rows)
+        counts: list[Any] = []
+        with conn.pipeline():
+            for i, start in enumerate(starts):
+                upper = f" AND ctid < '({starts[i + 1]},0)'::tid" if i + 1 < len(starts) else ""
+                counts.append(
+                    d.execute(
+                        conn,
+                        f"SELECT count(*) FROM {q} WHERE ({where}) AND ctid >= '({start},0)'::tid{upper}",
+                        params,
+                    )
+                )
+        batches: list[list[int]] = []  # [first block, rows, rows before it // batch_rows]
+        before = 0
+        for start, cursor in zip(starts, counts, strict=True):
+            n = int(cursor.fetchone()[0])
+            if n and (not batches or before // batch_rows != batches[-1][2]):
+                batches.append([start, 0, before // batch_rows])
+            if n:
+                batches[-1][1] += n
+                before += n
+        if not batches:
             return [Batch(first, name, table, None, None, 0)]
-        starts = [f"{BLOCK}{int(r[0])}" for r in rows]
+        bounds = [f"{BLOCK}{b[0]}" for b in batches]
         return [
             Batch(
                 first + i,
                 name,
                 table,
-                None if i == 0 else starts[i],
-                starts[i + 1] if i + 1 < len(starts) else None,
-                int(r[1]),
+                None if i == 0 else bounds[i],
+                bounds[i + 1] if i + 1 < len(bounds) else None,
+                rows,
             )
-            for i, r in enumerate(rows)
+            for i, (_, rows, _) in enumerate(batches)
         ]
 
     def _bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
@@ -188,6 +216,34 @@ class DbSource:
                 for row in rows:
                     yield self.layout.to_record(batch.endpoint, row)
 
+    def server_records(self, conn: Any) -> list[str] | None:
+        """The layout's record expressions (``record_sql``) where this server computes them
+        exactly, else None (the rows then go through Python). PostgreSQL 14 or later:
+        ``extract(epoch …)`` is numeric there; before, double precision, which can miss a
+        microsecond of a due time in this century."""
+        if self.db.dialect != "postgres" or conn.info.server_version < 140000:
+            return None
+        return self.layout.record_sql()
+
+    def read_batches(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Any]:
+        """The batch's rows, untouched and unchecked, as Arrow record batches (export). On
+        PostgreSQL 14 or later (``extract`` exact to the microsecond) the server computes each
+        record column and the rows go straight into Arrow; elsewhere, and for layouts only Python
+        can convert, from :meth:`read`'s records."""
+        from duetime.bulk.frames import CHUNK_ROWS, arrow_chunks, unchecked_batch
+        from duetime.bulk.records import group_value_sql
+
+        if self.db.dialect == "postgres" and self.layout.record_sql() is not None:
+            where, params = self._bucket_where(batch, cutoff_us, now_us)
+            with self.db.session(write=False) as conn:
+                if (exprs := self.server_records(conn)) is not None:
+                    columns = ", ".join([*exprs, group_value_sql(self.layout.group_expr())])
+                    text = f"SELECT {columns} FROM {self.db.qualified(batch.table)} WHERE {where}"
+                    for rows in self.db.stream(conn, text, params, CHUNK_ROWS):
+                        yield unchecked_batch(batch.endpoint, rows)
+                    return
+        yield from arrow_chunks((r, None) for r in self.read(batch, cutoff_us, now_us))
+
     # -- migration state ------------------------------------------------------------------------
 
     def ensure_state_tables(self) -> None:
@@ -217,7 +273,7 @@ class DbSource:
         with d.session() as conn:
             if not self._claim_status(conn, run_id, batch.number, "pending"):
                 return -1  # someone else took it: the caller reads the state again
-            exprs = lay.record_sql() if d.dialect == "postgres" else None
+            exprs = self.server_records(conn)
             if exprs is not None:
                 # One statement in the server: DELETE … RETURNING feeds the staging INSERT.
                 moved_cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
@@ -369,6 +425,21 @@ class DbSource:
 #: How a block bound is written in the batches table (a run planned by key ranges, before block
 #: ranges, resumes by its key ranges).
 BLOCK = "@block "
+
+
+#: Slices of a table's blocks a plan counts at least, and per batch it expects (when the table
+#: has more blocks): a batch is then ``batch_rows`` give or take a slice, about 1 % of it
+#: (1,000,000 rows in batches of 100,000: 99,584-100,605), counted in 0.19 s.
+MIN_SLICES, SLICES_PER_BATCH, MAX_SLICES = 1024, 64, 16_384
+
+
+def block_slices(blocks: int, tuples: int, batch_rows: int) -> list[int]:
+    """The first block of each slice a plan counts: every block when the table has few, else
+    evenly spaced, more of them the more batches the statistics expect (``tuples`` is -1 or 0
+    before the first ANALYZE)."""
+    expected = max(1, -(-max(tuples, 0) // batch_rows))
+    slices = max(1, min(blocks, max(MIN_SLICES, SLICES_PER_BATCH * expected), MAX_SLICES))
+    return sorted({blocks * i // slices for i in range(slices)})
 
 
 def block_of(bound: str | None) -> int | None:

@@ -169,3 +169,35 @@ def test_batch_rows_on_import_and_schedule_as_a_user_runs_them(tmp_path: Path) -
     result = json.loads(done.stdout)
     assert (result["inserted"], result["batches"]) == (rows, 3), result
     assert len(store_rows(f"sqlite:///{tmp_path / 'in.db'}", "cli")) == rows
+
+
+def test_import_counts_an_id_the_store_holds_and_an_id_given_twice_as_conflicts(tmp_path: Path) -> None:
+    """As the README says: an id the store holds already, or that the files hold twice, is
+    counted, never overwritten; what was written and what was left add up to the rows read."""
+    import json
+    from datetime import UTC, datetime
+
+    from duetime import DelayedMessage, TransactionMode
+    from duetime.registry import open_sync_store
+
+    lines = [
+        {"message_id": i, "destination": d, "due_at": "2031-01-01T00:00:00+00:00", "endpoint": "cli"}
+        for i, d in (("twice", "first"), ("twice", "second"), ("new", "orders"), ("held", "from-file"))
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with postgres_schema() as pg:
+        store = open_sync_store(pg)
+        store.setup_infrastructure("cli")
+        store.initialize("cli", TransactionMode.AT_LEAST_ONCE)
+        store.store(DelayedMessage("held", "kept", datetime(2032, 1, 1, tzinfo=UTC)))
+        store.close()
+        done = run_cli(
+            "bulk", "import", "--from", "jsonl:rows.jsonl", "--to", pg, "--json", cwd=tmp_path, timeout=240
+        )
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert (result["inserted"], result["put_back"]) == (2, 2), result
+        stored = store_rows(pg, "cli")
+        assert sorted(stored) == ["held", "new", "twice"]
+        assert stored["held"].destination == "kept"  # never overwritten
+        assert stored["twice"].destination in ("first", "second")

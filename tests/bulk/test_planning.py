@@ -10,6 +10,9 @@ from contextlib import AbstractContextManager, contextmanager
 from itertools import pairwise
 from uuid import UUID
 
+import pytest
+
+from duetime.bulk import sources
 from duetime.bulk.sources import Batch, DbSource, block_of
 from duetime.clock import SYSTEM, to_micros
 from duetime.sqldb import Database
@@ -62,6 +65,39 @@ def test_postgres_batches_are_block_ranges_covering_every_row_once() -> None:
             assert len(_blocks(source, ids)) <= 1_000 // 10
             seen += ids
         assert sorted(seen) == keys
+
+
+def test_slices_of_many_blocks_still_cover_every_row_once_and_count_each_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A big table is counted in slices of many blocks: batches are then within a slice of
+    ``batch_rows``, and each one's count is still exactly the rows it reads."""
+    monkeypatch.setattr(sources, "MIN_SLICES", 7)
+    monkeypatch.setattr(sources, "SLICES_PER_BATCH", 1)
+    with _legacy(postgres_schema(), 5_000) as (source, keys):
+        _sql(source, "ANALYZE {table}", [])
+        batches = source.plan(None, None, to_micros(SYSTEM.now()), 1_000)
+        assert 3 <= len(batches) <= 7 and sum(b.planned for b in batches) == 5_000
+        seen = [i for batch in batches for i in _ids(source, batch)]
+        assert [len(_ids(source, b)) for b in batches] == [b.planned for b in batches]
+        assert sorted(seen) == keys
+
+
+@pytest.mark.parametrize(
+    ("blocks", "tuples", "batch_rows", "slices"),
+    [
+        (0, -1, 1000, 1),  # an empty table: one slice, open-ended
+        (50, -1, 1000, 50),  # few blocks: each its own slice
+        (47_620, -1, 100_000, 1024),  # never analyzed: the least
+        (47_620, 1_000_000, 100_000, 1024),
+        (476_200, 10_000_000, 100_000, 6400),  # 64 per expected batch
+        (4_762_000, 100_000_000, 10_000, 16_384),  # at most
+    ],
+)
+def test_block_slices(blocks: int, tuples: int, batch_rows: int, slices: int) -> None:
+    starts = sources.block_slices(blocks, tuples, batch_rows)
+    assert len(starts) == slices and starts[0] == 0
+    assert starts == sorted(set(starts)) and all(s < max(blocks, 1) for s in starts)
 
 
 def test_a_row_updated_into_a_finished_block_range_is_left_for_the_next_run() -> None:

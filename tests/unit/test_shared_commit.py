@@ -134,3 +134,22 @@ def test_a_failing_round_on_threads_fails_each_of_its_callers() -> None:
     assert all(isinstance(o, ConnectionError) for o in outcomes)
     with pytest.raises(ConnectionError):
         commits.store(message(99))
+
+
+def test_many_threads_calling_again_and_again_all_return_each_stored_once() -> None:
+    """The committing is handed on before a round's callers are woken: a thousand calls from 16
+    threads that call again at once all return (none left waiting for a hand-off), each message
+    stored once, in rounds that gather the waiting crowd."""
+    recorder = Recorder(seconds=0.0005)
+    commits = SharedCommits(recorder.store_many)
+
+    def producer(first: int) -> None:
+        for i in range(first, first + 64):
+            commits.store(message(i))
+
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(producer, p * 1000) for p in range(16)]
+        assert [f.result(timeout=60) for f in futures] == [None] * 16
+    stored = [i for r in recorder.rounds for i in r]
+    assert sorted(stored) == sorted(f"m{p * 1000 + i}" for p in range(16) for i in range(64))
+    assert len(recorder.rounds) < len(stored) / 4

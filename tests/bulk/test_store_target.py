@@ -1,0 +1,74 @@
+"""Writing records into a PostgreSQL store: straight COPY into the store table while no id is
+there already; an id that is (or comes twice) undoes only that COPY, and the write goes on the
+careful way (a temporary table, then INSERT … ON CONFLICT), counting it as a conflict. No Spark."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from duetime import DelayedMessage, TransactionMode
+from duetime.bulk.frames import CHUNK_ROWS
+from duetime.bulk.records import Record, group_extra
+from duetime.bulk.targets import StoreTarget
+from duetime.clock import to_micros
+from duetime.registry import open_sync_store
+from duetime.sqldb import Database
+from tests.bulk.test_migrate import store_rows
+from tests.services import postgres_schema
+
+DUE = datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
+
+
+def _record(i: int, destination: str = "orders") -> Record:
+    return Record(
+        "Sales",
+        f"m{i}",
+        destination,
+        to_micros(DUE),
+        f'{{"n":"{i}"}}',
+        bytes([i % 256]),
+        i % 3,
+        group_extra(f"g{i}"),
+    )
+
+
+def test_straight_copy_until_an_id_is_there_then_conflicts_are_counted_and_nothing_is_doubled() -> None:
+    with postgres_schema() as pg:
+        store = open_sync_store(pg)
+        store.setup_infrastructure("Sales")
+        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
+        clash = CHUNK_ROWS + 5  # in the second chunk: the first went straight in
+        store.store(DelayedMessage(f"m{clash}", "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
+        store.close()
+        target = StoreTarget(Database.from_url(pg))
+        target.prepare(["Sales"])
+        count = 2 * CHUNK_ROWS + 100
+        written = target.write("run-1", 0, [_record(i) for i in range(count)])
+        assert (written.inserted, written.conflicts) == (count - 1, (f"m{clash}",))
+        stored = store_rows(pg, "Sales")
+        assert len(stored) == count
+        assert stored[f"m{clash}"].destination == "elsewhere"  # never overwritten
+        first = stored["m7"]
+        assert (first.due_at, first.headers, first.body, first.failure_count, first.group) == (
+            DUE,
+            {"n": "7"},
+            bytes([7]),
+            1,
+            "g7",
+        )
+        # the same id twice in one batch of a new run: one stored, one conflict
+        again = StoreTarget(Database.from_url(pg))
+        twice = again.write("run-2", 0, [_record(count), _record(count, "other"), _record(count + 1)])
+        assert (twice.inserted, twice.conflicts) == (2, (f"m{count}",))
+        assert store_rows(pg, "Sales")[f"m{count}"].destination == "orders"
+        assert len(store_rows(pg, "Sales")) == count + 2
+
+
+def test_an_id_given_twice_is_written_once_and_counted_as_a_conflict_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    target = StoreTarget(Database.from_url(url))
+    target.prepare(["Sales"])
+    written = target.write("run-1", 0, [_record(1), _record(1, "other"), _record(2)])
+    assert (written.inserted, written.conflicts) == (2, ("m1",))
+    assert store_rows(url, "Sales")["m1"].destination == "orders"
