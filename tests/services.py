@@ -52,6 +52,26 @@ def postgres_schema() -> Iterator[str]:
 
 
 @contextmanager
+def postgres_database() -> Iterator[str]:
+    """A PostgreSQL URL of a fresh database of this test's own, dropped afterwards.
+
+    For tests that need VACUUM to reclaim what they delete: VACUUM keeps every row an open
+    transaction of the same database might still see, and other tests' transactions run in the
+    shared database at any moment (a schema of one's own does not help)."""
+    import psycopg
+
+    require(POSTGRES)
+    name = unique("duetime_t")
+    with psycopg.connect(POSTGRES, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlsplit(POSTGRES)._replace(path=f"/{name}").geturl()
+    finally:
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
 def mariadb_database() -> Iterator[str]:
     """A MariaDB URL of a fresh database of this test's own, dropped afterwards."""
     import pymysql
