@@ -128,7 +128,8 @@ async def test_dispatch_breaker_trips_when_the_queue_database_stays_away(
     pg: str, proxy: TcpProxy, tmp_path: Path
 ) -> None:
     direct = setup_store(pg, "disp")
-    SyncPostgresQueue.from_url(pg).declare("orders")
+    with SyncPostgresQueue.from_url(pg) as queue:  # closed: a pool left to the collector warns
+        queue.declare("orders")
     direct.store_many([DelayedMessage(f"d{i}", "orders", datetime.now(UTC)) for i in range(20)])
     store = PostgresStore.from_url(pg)
     transport = PostgresQueueTransport.from_url(proxy.url(pg) + "&pool_timeout=0.5")
@@ -181,7 +182,8 @@ async def test_a_dropped_listen_connection_comes_back_and_wakes_the_dispatcher(
     pg: str, proxy: TcpProxy
 ) -> None:
     direct = setup_store(pg, "listen")
-    SyncPostgresQueue.from_url(pg).declare("orders")
+    with SyncPostgresQueue.from_url(pg) as queue:  # closed: a pool left to the collector warns
+        queue.declare("orders")
     direct.store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
     store = PostgresStore.from_url(proxy.url(pg))
     store.listen_check = 0.5
