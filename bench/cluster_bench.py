@@ -94,6 +94,63 @@ def single_process_export(schema: str, folder: Path, rows: int) -> float:
     return took
 
 
+def single_process_export_adbc(schema: str, folder: Path, rows: int) -> float:
+    """The same one process reading through the Arrow project's ADBC driver (COPY's binary
+    format into Arrow columns in C++), as the job itself does: the best one process can do."""
+    import adbc_driver_postgresql.dbapi as adbc
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def run() -> int:
+        written = 0
+        with adbc.connect(BASE) as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key "
+                f'FROM "{schema}"."Sales.delayed"'
+            )
+            reader = cur.fetch_record_batch()
+            with pq.ParquetWriter(folder / "part-0.parquet", reader.schema) as writer:
+                for batch in reader:
+                    writer.write_batch(batch)
+                    written += batch.num_rows
+        return written
+
+    took, written = timed(run)
+    assert written == rows
+    return took
+
+
+def export_rounds(rows: int, rounds: int) -> None:
+    """Fill a store once, then ``rounds`` times: the one process (cursor, then ADBC) and the job
+    in local mode (the first job pays the Spark session's warm-up)."""
+    scratch = Path(tempfile.mkdtemp(prefix="cluster_bench_"))
+    with psycopg.connect(BASE, autocommit=True) as conn:
+        try:
+            fill(conn, SOURCE, rows)
+            conn.execute(f'DROP SCHEMA IF EXISTS "{JOB}" CASCADE')
+            spark = spark_session("local[*]")
+            spark.range(1).count()
+            source = f"{BASE}?schema={SOURCE}&layout=timeoutdata&table={TABLE}"
+            migrate(spark, MigrationSpec(source, f"{BASE}?schema={JOB}", "Sales"))
+            for n in range(rounds):
+                one = single_process_export(JOB, scratch / f"single{n}", rows)
+                fast = single_process_export_adbc(JOB, scratch / f"adbc{n}", rows)
+                job, _ = timed(
+                    lambda: export(spark, f"{BASE}?schema={JOB}", f"parquet:{scratch / f'job{n}'}", "Sales")  # noqa: B023
+                )
+                print(
+                    f"export {rows:,}: one process {one:5.1f} s, one process with ADBC {fast:5.1f} s, "
+                    f"bulk export {job:5.1f} s = {one / job:.2f}x / {fast / job:.2f}x their rates",
+                    flush=True,
+                )
+            spark.stop()
+        finally:
+            for schema in (SOURCE, JOB):
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
 def single_process_import(folder: Path, schema: str, rows: int) -> float:
     """What one careful process does: read the Parquet a record batch at a time, check each row's
     headers parse (as duetime does), and COPY into the store table in one transaction."""
@@ -178,7 +235,16 @@ def main() -> None:
         default=0,
         help="only the same-database move: this many (floor, migrate) pairs on fresh rows, then stop",
     )
+    parser.add_argument(
+        "--export-rounds",
+        type=int,
+        default=0,
+        help="only exports: this many (one process, one process with ADBC, job) rounds, then stop",
+    )
     args = parser.parse_args()
+    if args.export_rounds:
+        export_rounds(args.rows, args.export_rounds)
+        return
     if args.migrate_rounds:
         migrate_rounds(args.rows, args.batch_rows, args.migrate_rounds)
         return
@@ -215,12 +281,17 @@ def main() -> None:
                 f"(a) export to Parquet, one process                  : {one:6.1f} s  {rows / one:10,.0f} rows/s",
                 flush=True,
             )
+            fast = single_process_export_adbc(JOB, scratch / "adbc", rows)
+            print(
+                f"    export to Parquet, one process with ADBC        : {fast:6.1f} s  {rows / fast:10,.0f} rows/s",
+                flush=True,
+            )
             job, _ = timed(
                 lambda: export(spark, f"{BASE}?schema={JOB}", f"parquet:{scratch / 'local'}", "Sales")
             )
             print(
                 f"    bulk export, local[*]                           : {job:6.1f} s  {rows / job:10,.0f} rows/s  "
-                f"= {one / job:.2f}x the single process's rate",
+                f"= {one / job:.2f}x the single process's rate, {fast / job:.2f}x with ADBC",
                 flush=True,
             )
             # Import the one-process export (a single file): Spark's reader makes a task of each
