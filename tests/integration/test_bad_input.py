@@ -300,6 +300,8 @@ async def test_receive_without_waiting_on_rabbitmq() -> None:
         (["stats", "--store", "postgresql://postgres@127.0.0.1:1/test"], "Connection refused"),
         (["stats", "--store", "mysql://root@127.0.0.1:3306/nosuchdb"], "Unknown database"),
         (["stats", "--store", "mysql://root@127.0.0.1:1/test"], "Can't connect"),
+        (["stats", "--store", "redis://127.0.0.1:1/0"], "Connection refused"),
+        (["setup", "--store", "redis://:wrong@127.0.0.1:1/0"], "Connection refused"),
         (["queues", "declare", "q", "--transport", "amqp://guest:wrong@127.0.0.1:5672/"], "ACCESS_REFUSED"),
         (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:5672/nosuchvhost"], "vhost"),
         (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:1/"], "Connect call failed"),

@@ -20,6 +20,8 @@ SECRET = "s3cret-pw-never-shown"
         f"postgresql://nobody:{SECRET}@127.0.0.1:1/test?pool_timeout=1",
         f"mysql://nobody:{SECRET}@127.0.0.1:3306/test",
         f"postgresql://nobody:{SECRET}@127.0.0.1:1/test?schema=bad%20name",
+        f"redis://:{SECRET}@127.0.0.1:1/0",
+        f"redis://:{SECRET}@127.0.0.1:6379/15?prefix=never-set-up:",  # answers: "no store at …"
     ],
 )
 def test_cli_errors_never_show_the_password(url: str) -> None:

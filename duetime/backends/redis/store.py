@@ -17,7 +17,7 @@ import contextlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -37,10 +37,12 @@ from duetime.backends._store import (
     split_options,
 )
 from duetime.clock import from_micros, to_micros
+from duetime.errors import ConfigurationError, connection_failed
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
 from duetime.names import check_name
 from duetime.presence import DispatcherInfo
+from duetime.urls import redact
 
 log = logging.getLogger("duetime.redis")
 
@@ -113,17 +115,30 @@ class SyncRedisStore(StoreRules):
 
     # --- primitives -----------------------------------------------------------------------
     def _location(self, endpoint: str) -> str:
-        return f"at {self.url}, prefix {self.prefix!r}"
+        return f"at {redact(self.url)}, prefix {self.prefix!r}"
+
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """redis-py connects at the first command: setting up or opening a store is where a Redis
+        that does not answer, or refuses the password, is first met; say so in one line."""
+        try:
+            yield
+        except redis.AuthenticationError as error:  # a kind of ConnectionError: first
+            raise ConfigurationError(f"cannot connect to {redact(self.url)}: {error}") from None
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise connection_failed(redact(self.url), error) from None
 
     def _create(self, endpoint: str) -> None:
         """Nothing to create but the version; version 1 keys need nothing to become version 2
         (their messages have no group)."""
         key = self.keys_for(endpoint)["schema"]
-        if int(self.client.get(key) or 0) < SCHEMA_VERSION:
-            self.client.set(key, SCHEMA_VERSION)
+        with self._reaching():
+            if int(self.client.get(key) or 0) < SCHEMA_VERSION:
+                self.client.set(key, SCHEMA_VERSION)
 
     def _schema_version(self, endpoint: str) -> int | None:
-        version = self.client.get(self.keys_for(endpoint)["schema"])
+        with self._reaching():
+            version = self.client.get(self.keys_for(endpoint)["schema"])
         return None if version is None else int(version)
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
