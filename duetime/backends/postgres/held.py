@@ -12,6 +12,11 @@ it writes is removals and failure counts, and a server crash that undoes a few o
 those messages due again — a second send, which at-least-once allows. The last statement of a
 batch is pipelined with its ``COMMIT`` (one round trip). Measured: 0.66x -> 0.74x the raw loop.
 
+The claim never sorts (``SET LOCAL enable_sort``, sent with the ``BEGIN``): it asks for the first
+due rows in the due index's own order, and a store's statistics lag behind its traffic, so the
+planner would otherwise read and sort every due row of a table it believes small (0.89 ms against
+0.47 ms a claim of 100 from 20,000 due; the dispatch 0.66-0.68x -> 0.83-1.11x the raw loop).
+
 A batch's transaction commits when every message in it has been settled (removed, failed or
 released), so the caller must settle each message it was given; :meth:`HeldBatches.settle_stale`
 commits any batch left open longer than half the claim time (its unsettled messages are then simply
@@ -59,7 +64,7 @@ class HeldBatches:
             # idle (idle_in_transaction_session_timeout, which frees a frozen claimer's rows). The
             # pipeline that ends a batch (run) leaves no such trace: a later claim on the same
             # connection is still ended (checked by hand on PostgreSQL 15).
-            conn.execute("BEGIN; SET LOCAL synchronous_commit TO off")
+            conn.execute("BEGIN; SET LOCAL synchronous_commit TO off; SET LOCAL enable_sort TO off")
             rows = conn.execute(sql, params).fetchall()
             if not rows:
                 conn.execute("COMMIT")
