@@ -29,9 +29,9 @@ from duetime.bulk.frames import (
     Checked,
     check_batch_rows,
     checked_files,
+    file_endpoints,
     file_kind,
     file_rows,
-    kept,
     partitions_for,
     per_partition,
     record_frame,
@@ -657,16 +657,14 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
         result.staged = result.planned = result.inserted + result.put_back
         result.notes.extend(f"{r[0] or '?'}: {r[1]}" for r in rejected)
     else:
-        with kept(frame) as rows_of:  # checked once: for the endpoints, then for the writes
-            endpoints = [
-                r[0] for r in rows_of.where(F.col("problem").isNull()).select("endpoint").distinct().collect()
-            ]
-            target.prepare(sorted(set(endpoints) - {""}))
-            counted = per_partition(
-                rows_of,
-                lambda index, pairs: [_write_partition(target, run_id, index, pairs)],
-                "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
-            )
+        # The store tables first, on the driver (tasks creating them at once would race); then
+        # one pass: each row is read, checked and written once.
+        target.prepare(file_endpoints(spark, kind[1], kind[0], spec.endpoint))
+        counted = per_partition(
+            frame,
+            lambda index, pairs: [_write_partition(target, run_id, index, pairs)],
+            "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
+        )
         result = MigrationResult(run_id, batches=len(counted))
         for seen, inserted, conflicts, rejected_count, notes, before in counted:
             result.planned += seen

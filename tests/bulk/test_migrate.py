@@ -302,6 +302,38 @@ def test_files_are_a_source_and_a_target(spark: Any, tmp_path: Path) -> None:
             messages = seed_store(pg, "files", 150)
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_files_naming_several_endpoints_fill_a_store_table_each(spark: Any, tmp_path: Path, fmt: str) -> None:
+    """The driver creates the store tables of the endpoints the files name (Spark reads that one
+    field) before the tasks start, in several partitions at once; then each row is checked and
+    written in one pass. A row naming no endpoint takes the option's; an endpoint whose only row is
+    rejected gets an empty table, and the row is counted as rejected."""
+    due = "2031-01-01T00:00:00+00:00"
+    rows = [{"endpoint": f"e{i % 3}", "id": f"m{i}", "destination": "q", "due_at": due} for i in range(300)]
+    rows += [
+        {"endpoint": "", "id": "plain", "destination": "q", "due_at": due},
+        {"endpoint": "bad", "id": "nodue", "destination": "q", "due_at": None},
+    ]
+    source = tmp_path / f"in.{fmt}"
+    if fmt == "jsonl":
+        source.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), source)
+    with postgres_schema() as pg:
+        result = migrate(spark, MigrationSpec(f"{fmt}:{source}", pg, "fallback", batch_rows=100))
+        assert (result.inserted, result.put_back) == (301, 1) and result.batches >= 3, result
+        for e in range(3):
+            assert set(store_rows(pg, f"e{e}")) == {f"m{i}" for i in range(300) if i % 3 == e}
+        assert set(store_rows(pg, "fallback")) == {"plain"}
+        db = Database.from_url(pg)
+        with db.session() as conn:
+            assert db.table_exists(conn, "bad.delayed")
+        assert store_rows(pg, "bad") == {}
+
+
 def test_files_into_a_folder_count_what_they_reject_with_and_without_a_cutoff(
     spark: Any, tmp_path: Path
 ) -> None:
