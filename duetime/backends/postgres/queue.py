@@ -20,7 +20,14 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from duetime.backends._bridge import AsyncQueueBridge
-from duetime.backends.postgres.common import QUEUE_TABLES, PgNames, PgOptions, dump_headers, reach
+from duetime.backends.postgres.common import (
+    QUEUE_TABLES,
+    PgNames,
+    PgOptions,
+    dump_headers,
+    enqueue_declared,
+    reach,
+)
 from duetime.clock import SYSTEM
 from duetime.closing import Closing
 from duetime.errors import ConnectionFailed, DestinationNotFound, TransportUnavailable
@@ -84,15 +91,6 @@ def _split(
     return rows, results
 
 
-def _arrays(messages: Sequence[DelayedMessage]) -> dict[str, list[Any]]:
-    return {
-        "queues": [m.destination for m in messages],
-        "ids": [m.message_id for m in messages],
-        "headers": [dump_headers(outgoing_headers(m)) for m in messages],
-        "bodies": [m.body for m in messages],
-    }
-
-
 def _not_found(message: DelayedMessage) -> DestinationNotFound:
     return DestinationNotFound(f"Queue {message.destination!r} does not exist.")
 
@@ -149,9 +147,11 @@ class SyncPostgresQueue(Closing):
     def send(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         """One statement, one round trip: insert what has a declared queue, report the rest."""
         if len({m.message_id for m in messages}) == len(messages):
+            entries = [
+                (m.destination, m.message_id, dump_headers(outgoing_headers(m)), m.body) for m in messages
+            ]
             with self.pool.connection() as conn:
-                params = _arrays(messages) | {"channel": self.names.queue_channel}
-                sent = {row[0] for row in conn.execute(self.names.q["enqueue_declared"], params).fetchall()}
+                sent = enqueue_declared(conn, self.names, entries)
             return [None if m.message_id in sent else _not_found(m) for m in messages]
         q = self.names.q
         with self.pool.connection() as conn, conn.transaction():

@@ -27,9 +27,11 @@ from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, sql_f
 from duetime.backends.postgres.common import (
     PgNames,
     PgOptions,
+    QueueEntry,
     copy_row,
     decode,
     dump_headers,
+    enqueue_declared,
     reach,
     refresh_planner_stats,
     table_for,
@@ -322,7 +324,9 @@ class SyncPostgresStore(StoreRules):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
     ) -> MoveOutcome:
-        """Take due rows (SKIP LOCKED), enqueue them, delete them: one transaction, exactly-once."""
+        """Take due rows (SKIP LOCKED), enqueue them, delete them: one transaction, exactly-once.
+        The batch goes into the queues in one statement that keeps what has a declared queue and
+        wakes its receivers (as the queue's own send); the rest go to the error queue."""
         q = self.names.q
         moved: list[Moved] = []
         dead: list[tuple[DelayedMessage, str]] = []
@@ -330,37 +334,28 @@ class SyncPostgresStore(StoreRules):
             rows = conn.execute(q["take_due"], {"at": check_due_time(at, "at"), "limit": limit}).fetchall()
             if not rows:
                 return MoveOutcome(moved, dead)
-            wanted = list({r[1] for r in rows})
-            known = {r[0] for r in conn.execute(q["existing_queues"], {"names": wanted}).fetchall()}
-            queued: list[tuple[Any, ...]] = []
+            sent = enqueue_declared(
+                conn,
+                self.names,
+                [(r[1], r[0], outgoing_headers_json(r[3], r[2].astimezone(UTC), r[0]), r[4]) for r in rows],
+            )
+            undeliverable: list[QueueEntry] = []
             for row in rows:
                 message_id, destination, due_at, headers_json, body = row[:5]
-                due_at = due_at.astimezone(UTC)
-                if destination in known:
-                    queued.append(
-                        (
-                            destination,
-                            message_id,
-                            outgoing_headers_json(headers_json, due_at, message_id),
-                            body,
-                        )
+                if message_id in sent:
+                    moved.append(
+                        Moved(message_id, destination, due_at.astimezone(UTC), traceparent_of(headers_json))
                     )
-                    moved.append(Moved(message_id, destination, due_at, traceparent_of(headers_json)))
-                else:
-                    message = decode(row)
-                    reason = f"Destination {destination!r} does not exist."
-                    queued.append(
-                        (error_queue, message_id, dump_headers(error_headers(message, reason)), body)
-                    )
-                    dead.append((message, reason))
-            with conn.cursor() as cur:
-                cur.executemany(q["enqueue"], queued)
-            if dead:
+                    continue
+                message = decode(row)
+                reason = f"Destination {destination!r} does not exist."
+                undeliverable.append(
+                    (error_queue, message_id, dump_headers(error_headers(message, reason)), body)
+                )
+                dead.append((message, reason))
+            if undeliverable:
                 conn.execute(q["declare_queue"], {"name": error_queue})
-            conn.execute(
-                q["notify_queues"],
-                {"channel": self.names.queue_channel, "queues": sorted({row[0] for row in queued})},
-            )
+                enqueue_declared(conn, self.names, undeliverable)
         return MoveOutcome(moved, dead)
 
     def _close(self) -> None:
