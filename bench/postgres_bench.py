@@ -90,9 +90,12 @@ def raw_copy(msgs: list[DelayedMessage], chunk: int) -> None:
                 copy_rows(conn, msgs[i : i + chunk])
 
 
-def raw_claim_move(batch: int) -> int:
-    """Baseline dispatcher: take a batch with SKIP LOCKED, enqueue it, delete it: one transaction."""
+def raw_claim_move(batch: int, *, one_insert: bool = False) -> int:
+    """Baseline dispatcher: take a batch with SKIP LOCKED, enqueue it, delete it: one transaction.
+    The queue insert is a statement per message, or with ``one_insert`` one statement from
+    arrays (as duetime's exactly-once move does): the stronger baseline."""
     moved = 0
+    queue_table = f'"{SCHEMA}".duetime_queue_messages'
     with psycopg.connect(BASE, autocommit=True) as conn:
         while True:
             with conn.transaction():
@@ -101,36 +104,19 @@ def raw_claim_move(batch: int) -> int:
                     "ORDER BY due_at, message_id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING message_id, headers::text, body",
                     (batch,),
                 ).fetchall()
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        f'INSERT INTO "{SCHEMA}".duetime_queue_messages (queue, message_id, headers, body) VALUES (%s, %s, %s, %s)',
-                        [(QUEUE, r[0], r[1], r[2]) for r in rows],
-                    )
-            if not rows:
-                return moved
-            moved += len(rows)
-
-
-def raw_claim_move_one_insert(batch: int) -> int:
-    """The same loop inserting the batch in one statement from arrays (as duetime's exactly-once
-    move now does): the stronger baseline."""
-    moved = 0
-    with psycopg.connect(BASE, autocommit=True) as conn:
-        while True:
-            with conn.transaction():
-                rows = conn.execute(
-                    f"DELETE FROM {TABLE} WHERE message_id IN (SELECT message_id FROM {TABLE} WHERE due_at <= now() "
-                    "ORDER BY due_at, message_id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING message_id, headers::text, body",
-                    (batch,),
-                ).fetchall()
-                if rows:
+                if rows and one_insert:
                     ids, headers, bodies = (list(c) for c in zip(*rows, strict=True))
                     conn.execute(
-                        f'INSERT INTO "{SCHEMA}".duetime_queue_messages (queue, message_id, headers, body) '
-                        "SELECT %(queue)s, u.i, u.h::json, u.b FROM unnest(%(ids)b::text[], %(headers)b::text[], "
-                        "%(bodies)b::bytea[]) AS u(i, h, b)",
+                        f"INSERT INTO {queue_table} (queue, message_id, headers, body) SELECT %(queue)s, u.i, "
+                        "u.h::json, u.b FROM unnest(%(ids)b::text[], %(headers)b::text[], %(bodies)b::bytea[]) AS u(i, h, b)",
                         {"queue": QUEUE, "ids": ids, "headers": headers, "bodies": bodies},
                     )
+                elif rows:
+                    with conn.cursor() as cur:
+                        cur.executemany(
+                            f"INSERT INTO {queue_table} (queue, message_id, headers, body) VALUES (%s, %s, %s, %s)",
+                            [(QUEUE, r[0], r[1], r[2]) for r in rows],
+                        )
             if not rows:
                 return moved
             moved += len(rows)
@@ -272,7 +258,7 @@ def dispatching(n_dispatch: int, past: datetime) -> None:
         return max(rates)
 
     raw_d = best(lambda: raw_claim_move(100))
-    raw_one = best(lambda: raw_claim_move_one_insert(100))
+    raw_one = best(lambda: raw_claim_move(100, one_insert=True))
     print(f"  raw SKIP LOCKED take-enqueue-delete  {raw_d:10,.0f} msg/s   (an INSERT per message)")
     print(f"  the same, one INSERT per batch       {raw_one:10,.0f} msg/s")
     for mode in (TransactionMode.EXACTLY_ONCE, TransactionMode.AT_LEAST_ONCE):

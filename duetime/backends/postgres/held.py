@@ -16,7 +16,7 @@ The claim never sorts (``SET LOCAL enable_sort``, sent with the ``BEGIN``): it a
 due rows in the due index's own order, and a store's statistics lag behind its traffic, so the
 planner would otherwise read and sort every due row of a table it believes small (0.89 ms against
 0.47 ms a claim of 100 from 20,000 due; the dispatch 0.66-0.68x -> a median of 0.96x the raw
-loop over seven runs).
+loop over eight runs).
 
 A batch's transaction commits when every message in it has been settled (removed, failed or
 released), so the caller must settle each message it was given; :meth:`HeldBatches.settle_stale`
