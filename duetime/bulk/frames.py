@@ -10,6 +10,7 @@ schedules the same ids and never doubles a message.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import uuid
@@ -19,6 +20,8 @@ from typing import Any, TypeVar
 
 from duetime.bulk.records import Record, due_us_of, dump_headers, group_extra, problem
 from duetime.errors import ConfigurationError, InvalidMessage
+from duetime.message import kind
+from duetime.names import check_name
 
 T = TypeVar("T")
 #: Pairs a bulk job carries: the record, and why it cannot be used (None when it can).
@@ -90,8 +93,11 @@ def checked_rows(rows: Iterable[Any], endpoint: str | None) -> Iterator[Checked]
 
 
 def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
+    """A row as a record and why it cannot be stored (None: it can). A JSON line's values may
+    be of any JSON type: one of the wrong type is a reason, never a crash of the task nor a
+    quiet conversion (a number as the body once became that many zero bytes)."""
+    reasons: list[str] = []
     due_text = data.get("due_at")
-    reason: str | None = None
     due_us: int | None = None
     try:
         due_us = (
@@ -100,29 +106,98 @@ def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
             else (int(due_text) if str(due_text).lstrip("-").isdigit() else due_us_of(str(due_text)))
         )
     except (InvalidMessage, ValueError) as error:
-        reason = f"due time {due_text!r} cannot be read: {error}"
+        reasons.append(f"due time {due_text!r} cannot be read: {error}")
     headers = data.get("headers")
     if isinstance(headers, dict):
         headers = dump_headers(headers)
-    body = data.get("body")
-    if body is None and data.get("body_base64") is not None:
-        body = base64.b64decode(data["body_base64"])
-    body = b"" if body is None else (body.encode() if isinstance(body, str) else bytes(body))
-    name = data.get("endpoint") or endpoint or ""
-    message_id = data.get("message_id") or derived_id(data.get("destination"), due_us, body, headers)
+    elif headers is not None and not isinstance(headers, str):
+        reasons.append(f"headers must be a JSON object of text, got {kind(headers)}.")
+        headers = None
+    body = _body(data, reasons)
+    name = _text_or_none(data, "endpoint", reasons) or endpoint or ""
+    destination = _text_or_none(data, "destination", reasons)
+    given_id = data.get("message_id")
+    if isinstance(given_id, int) and not isinstance(given_id, bool):
+        given_id = str(given_id)  # a numeric id in a JSON file is still that id
+    given_id = _text_or_none({"message id": given_id}, "message id", reasons)
+    message_id = given_id or derived_id(destination, due_us, body, headers)
+    failures = _whole(data.get("failure_count") or 0)
+    if failures is None:
+        reasons.append(f"failure_count must be a whole number, got {kind(data.get('failure_count'))}.")
+    group = _text_or_none(data, "group", reasons)
     record = Record(
         name,
-        str(message_id),
-        data.get("destination"),
+        message_id,
+        destination,
         due_us,
         headers,
         body,
-        int(data.get("failure_count") or 0),
-        group_extra(data["group"]) if isinstance(data.get("group"), str) else None,
+        failures or 0,
+        None if group is None else group_extra(group),
     )
-    if reason is None:
-        reason = "no endpoint: give --endpoint or an 'endpoint' column." if not name else problem(record)
-    return record, reason
+    if not reasons and (wrong := _endpoint_problem(name)):
+        reasons.append(wrong)
+    return record, reasons[0] if reasons else problem(record)
+
+
+@functools.lru_cache(maxsize=1024)
+def _endpoint_problem(name: str) -> str | None:
+    """Why rows cannot go to endpoint ``name`` (its store table is named after it); asked once
+    per name, as a data set names few."""
+    if not name:
+        return "no endpoint: give --endpoint or an 'endpoint' column."
+    try:
+        check_name("endpoint", name)
+    except ConfigurationError as error:
+        return str(error)
+    return None
+
+
+def _whole(value: object) -> int | None:
+    """A whole number as JSON or a table may give it (3, 3.0, "3"); None for anything else."""
+    if type(value) is int:  # the common case first: a check runs for every row
+        return value
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _text_or_none(data: dict[str, Any], key: str, reasons: list[str]) -> str | None:
+    """``data[key]`` when it is text or missing; anything else is a reason (and None)."""
+    value = data.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    reasons.append(f"{key} must be text, got {kind(value)}.")
+    return None
+
+
+def _body(data: dict[str, Any], reasons: list[str]) -> bytes:
+    """The body as bytes: given as bytes, as text (UTF-8), or as strict base64 in ``body_base64``."""
+    body = data.get("body")
+    if body is None and data.get("body_base64") is not None:
+        encoded = data["body_base64"]
+        try:
+            if not isinstance(encoded, str):
+                raise TypeError(kind(encoded))
+            # line breaks are allowed (Spark's base64 writes MIME lines of 76); nothing else
+            return base64.b64decode("".join(encoded.split()), validate=True)
+        except (TypeError, ValueError) as error:  # binascii.Error is a ValueError
+            reasons.append(f"body_base64 must be base64 text ({error}).")
+            return b""
+    if body is None:
+        return b""
+    if isinstance(body, str):
+        return body.encode()
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    reasons.append(f"body must be text or bytes, got {kind(body)}.")
+    return b""
 
 
 def derived_id(destination: object, due_us: int | None, body: bytes, headers: str | None) -> str:
@@ -371,9 +446,11 @@ def file_endpoints(spark: Any, path: str, fmt: str, endpoint: str | None) -> lis
     Every row's endpoint, not only those of rows that pass the check (which would need the
     checked rows, kept on disk between two passes: 5 s of a 1M-row import's 11 s of JVM time).
     An endpoint whose every row is rejected so gets an empty store table; its rows are still
-    rejected and counted."""
+    rejected and counted. A name no endpoint may have is left out: its rows' check rejects them."""
     from pyspark.sql import functions as F
 
+    if endpoint:
+        check_name("endpoint", endpoint)  # the option is wrong for every row: say so at once
     if fmt == "parquet":
         files = spark.read.parquet(path)
         if "endpoint" not in files.columns:
@@ -384,7 +461,7 @@ def file_endpoints(spark: Any, path: str, fmt: str, endpoint: str | None) -> lis
         named = F.get_json_object(F.col("value"), "$.endpoint")
     chosen = F.coalesce(F.when(named != "", named), F.lit(endpoint))
     found = files.select(chosen.alias("endpoint")).distinct().collect()
-    return sorted({str(r[0]) for r in found if r[0]})
+    return sorted({str(r[0]) for r in found if r[0] and _endpoint_problem(str(r[0])) is None})
 
 
 def _checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:

@@ -28,6 +28,7 @@ from duetime.bulk.frames import (
 from duetime.bulk.hadoopfs import Folder, check_writable
 from duetime.bulk.targets import StoreTarget
 from duetime.errors import ConfigurationError
+from duetime.names import check_name
 from duetime.sqldb import Database
 
 
@@ -59,6 +60,8 @@ def schedule(
             "Name the job (--job, at most 64 characters): a re-run with the same name never doubles a message."
         )
     check_batch_rows(batch_rows)
+    if endpoint:
+        check_name("endpoint", endpoint)  # wrong for every row: say so before Spark reads one
     if isinstance(rows, str):
         kind = file_kind(rows)
         if kind is None:

@@ -307,15 +307,18 @@ def test_files_naming_several_endpoints_fill_a_store_table_each(spark: Any, tmp_
     """The driver creates the store tables of the endpoints the files name (Spark reads that one
     field) before the tasks start, in several partitions at once; then each row is checked and
     written in one pass. A row naming no endpoint takes the option's; an endpoint whose only row is
-    rejected gets an empty table, and the row is counted as rejected."""
+    rejected gets an empty table, and the row is counted as rejected; a row naming an endpoint no
+    table may be named after (or, in JSON, a number) is rejected, the rest go in."""
     due = "2031-01-01T00:00:00+00:00"
     rows = [{"endpoint": f"e{i % 3}", "id": f"m{i}", "destination": "q", "due_at": due} for i in range(300)]
     rows += [
         {"endpoint": "", "id": "plain", "destination": "q", "due_at": due},
         {"endpoint": "bad", "id": "nodue", "destination": "q", "due_at": None},
+        {"endpoint": "no such name", "id": "spaced", "destination": "q", "due_at": due},  # rejected
     ]
     source = tmp_path / f"in.{fmt}"
     if fmt == "jsonl":
+        rows.append({"endpoint": 5, "id": "numbered", "destination": "q", "due_at": due})  # rejected
         source.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     else:
         import pyarrow as pa
@@ -324,7 +327,9 @@ def test_files_naming_several_endpoints_fill_a_store_table_each(spark: Any, tmp_
         pq.write_table(pa.Table.from_pylist(rows), source)
     with postgres_schema() as pg:
         result = migrate(spark, MigrationSpec(f"{fmt}:{source}", pg, "fallback", batch_rows=100))
-        assert (result.inserted, result.put_back) == (301, 1) and result.batches >= 3, result
+        rejected = 3 if fmt == "jsonl" else 2
+        assert (result.inserted, result.put_back) == (301, rejected) and result.batches >= 3, result
+        assert any(n.startswith("spaced: endpoint name 'no such name' is not allowed") for n in result.notes)
         for e in range(3):
             assert set(store_rows(pg, f"e{e}")) == {f"m{i}" for i in range(300) if i % 3 == e}
         assert set(store_rows(pg, "fallback")) == {"plain"}

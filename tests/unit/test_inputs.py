@@ -332,3 +332,59 @@ def test_a_negative_timedelta_reads_as_seconds() -> None:
     with pytest.raises(InvalidMessage, match="got -1 s") as caught:
         DelayedMessage.create("q", b"", delay=timedelta(seconds=-1))
     assert "day" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("endpoint", 5, "endpoint must be text, got a number (5)."),
+        ("endpoint", "two words", "endpoint name 'two words' is not allowed"),
+        ("destination", ["q"], "destination must be text, got a list."),
+        ("body", 5, "body must be text or bytes, got a number (5)."),
+        ("headers", [1], "headers must be a JSON object of text, got a list."),
+        ("failure_count", "x", "failure_count must be a whole number"),
+        ("failure_count", 1.5, "failure_count must be a whole number, got a number (1.5)."),
+        ("group", 7, "group must be text, got a number (7)."),
+        ("id", {"a": 1}, "message id must be text, got an object"),
+        ("body_base64", "!!!", "body_base64 must be base64 text"),
+    ],
+)
+def test_a_bulk_json_line_of_the_wrong_type_is_a_reason_not_a_crash_nor_a_conversion(
+    field: str, value: object, reason: str
+) -> None:
+    """bulk import and schedule read JSON Lines whose values may be of any JSON type: a wrong one
+    rejects that row with a reason (a number as the body once became that many zero bytes, and an
+    endpoint number failed the whole Spark task)."""
+    import json
+
+    from duetime.bulk.frames import _json_line, arrow_chunks, check_json
+
+    row = {"endpoint": "e", "id": "m1", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"}
+    checked = check_json(_json_line(json.dumps(row | {field: value})), None)
+    assert checked[1] is not None and reason in checked[1], checked[1]
+    assert next(arrow_chunks([checked])).num_rows == 1  # the rejects still go into Arrow
+
+
+@pytest.mark.parametrize(("value", "count"), [(3, 3), (3.0, 3), ("3", 3), (None, 0)])
+def test_a_bulk_json_line_takes_a_whole_failure_count_however_written(value: object, count: int) -> None:
+    import json
+
+    from duetime.bulk.frames import _json_line, check_json
+
+    row = {"endpoint": "e", "id": 42, "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"}
+    record, why = check_json(_json_line(json.dumps(row | {"failure_count": value})), None)
+    assert why is None and record.failure_count == count and record.message_id == "42"
+
+
+def test_a_bulk_json_body_in_base64_may_be_broken_into_lines() -> None:
+    """Spark's base64 (what an export writes) breaks long bodies into MIME lines of 76."""
+    import base64
+    import json
+
+    from duetime.bulk.frames import _json_line, check_json
+
+    body = bytes(range(256))
+    lines = base64.encodebytes(body).decode().replace("\n", "\r\n")
+    row = {"endpoint": "e", "id": "m", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"}
+    record, why = check_json(_json_line(json.dumps(row | {"body_base64": lines})), None)
+    assert why is None and record.body == body
