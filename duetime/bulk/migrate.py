@@ -49,6 +49,7 @@ from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
+from duetime.names import check_name
 from duetime.sqldb import Database
 
 Progress = Callable[[int, int], None]
@@ -630,6 +631,8 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
 
     kind = file_kind(spec.source)
     assert kind is not None
+    if spec.endpoint:
+        check_name("endpoint", spec.endpoint)  # wrong for every row: say so before Spark reads one
     target = open_target(spec.target)
     if isinstance(target, FileTarget):
         target.check(spark)

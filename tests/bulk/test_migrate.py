@@ -403,6 +403,11 @@ def test_bad_input_is_refused_with_the_fix() -> None:
 
     with pytest.raises(ConfigurationError, match="Name the job"):
         schedule(None, "jsonl:/x", "sqlite:///a.db", job="")
+    # a wrong --endpoint is wrong for every row: refused before Spark is asked anything (no session)
+    with pytest.raises(ConfigurationError, match="endpoint name 'two words' is not allowed"):
+        migrate(None, MigrationSpec("jsonl:/nowhere", "sqlite:///a.db", "two words"))
+    with pytest.raises(ConfigurationError, match="endpoint name 'two words' is not allowed"):
+        schedule(None, "jsonl:/nowhere", "sqlite:///a.db", endpoint="two words", job="j")
     assert from_micros(to_micros(datetime(2030, 1, 1, tzinfo=UTC))) == datetime(2030, 1, 1, tzinfo=UTC)
 
 

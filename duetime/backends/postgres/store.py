@@ -334,18 +334,20 @@ class SyncPostgresStore(StoreRules):
             rows = conn.execute(q["take_due"], {"at": check_due_time(at, "at"), "limit": limit}).fetchall()
             if not rows:
                 return MoveOutcome(moved, dead)
+            due = [r[2].astimezone(UTC) for r in rows]
             sent = enqueue_declared(
                 conn,
                 self.names,
-                [(r[1], r[0], outgoing_headers_json(r[3], r[2].astimezone(UTC), r[0]), r[4]) for r in rows],
+                [
+                    (r[1], r[0], outgoing_headers_json(r[3], when, r[0]), r[4])
+                    for r, when in zip(rows, due, strict=True)
+                ],
             )
             undeliverable: list[QueueEntry] = []
-            for row in rows:
-                message_id, destination, due_at, headers_json, body = row[:5]
+            for row, due_at in zip(rows, due, strict=True):
+                message_id, destination, _, headers_json, body = row[:5]
                 if message_id in sent:
-                    moved.append(
-                        Moved(message_id, destination, due_at.astimezone(UTC), traceparent_of(headers_json))
-                    )
+                    moved.append(Moved(message_id, destination, due_at, traceparent_of(headers_json)))
                     continue
                 message = decode(row)
                 reason = f"Destination {destination!r} does not exist."
