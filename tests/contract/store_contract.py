@@ -23,6 +23,7 @@ from duetime import (
     SyncDelayedMessageStore,
     TransactionMode,
 )
+from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.interfaces import DispatcherRegistry, DueCounter
 from duetime.presence import DispatcherInfo
 
@@ -118,6 +119,35 @@ class StoreContract:
             await store.store_many([msg(2, now()), msg(1, now())])
         assert await store.get("m-00002") is None  # all or nothing
         assert (await store.get("m-00001")) == first
+
+    async def test_a_round_and_a_bulk_load_keep_every_field_and_are_all_or_nothing(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """Stores write a shared commit's round (up to ROUND_LIMIT) in one statement and a larger
+        load another way: both keep every field, and one duplicate id stores none of either."""
+        due = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+
+        def varied(i: int) -> DelayedMessage:
+            return DelayedMessage(
+                f"r-{i:05d}/ü",
+                f"dest.{i % 3}",
+                due + timedelta(microseconds=i),
+                bytes([i % 256, 0, 255]) + b"\x00body",
+                {"k": f"v{i}", "ü": 'ß\n"quoted"'} if i % 2 else {},
+                failure_count=i % 4,
+                group=f"saga-{i % 7}" if i % 5 else None,
+            )
+
+        for size in (2, ROUND_LIMIT, ROUND_LIMIT + 1):
+            first = 100_000 * size
+            batch = [varied(first + i) for i in range(size)]
+            with pytest.raises(DuplicateMessageId):
+                await store.store_many([*batch, batch[0]])
+            assert await store.get(batch[0].message_id) is None, size  # none of it
+            await store.store_many(batch)
+            for m in (batch[0], batch[1], batch[-1]):
+                assert await store.get(m.message_id) == m, size
+        assert (await store.counts(now())).total == 2 + 2 * ROUND_LIMIT + 1
 
     async def test_ids_are_exact_strings(self, store: DelayedMessageStore) -> None:
         """No collation may fold case or trailing spaces: these are four different messages."""

@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
+from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends.postgres import PostgresQueueTransport, PostgresStore, SyncPostgresStore
 from duetime.backends.postgres.common import PgOptions
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
@@ -63,6 +64,41 @@ async def test_sqlite_writers_carry_on_the_moment_a_frozen_lock_holder_lets_go(t
     assert not task.done()  # a 4 s stall is well inside the breakers' 30 s
     dispatcher.stop()
     await task
+
+
+def test_sqlite_schedules_wait_for_a_held_write_lock_and_go_in_when_it_is_let_go(tmp_path: Path) -> None:
+    """One message, a round (one statement in autocommit) and a bulk load (a transaction) each
+    wait for the lock another process holds, without an error, and are all stored after it."""
+    db = tmp_path / "w.db"
+    sync = SyncSqliteStore(db)
+    sync.setup_infrastructure("held")
+    sync.initialize("held", TransactionMode.AT_LEAST_ONCE)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    loads = {
+        "one": [DelayedMessage("one", "orders", later)],
+        "round": [DelayedMessage(f"round{i}", "orders", later) for i in range(20)],
+        "bulk": [DelayedMessage(f"bulk{i}", "orders", later) for i in range(ROUND_LIMIT + 1)],
+    }
+    for name, messages in loads.items():
+        holder = sqlite3.connect(db, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        finished: list[float] = []
+
+        def write(m: list[DelayedMessage] = messages, done: list[float] = finished) -> None:
+            sync.store_many(m)
+            done.append(time.monotonic())
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        time.sleep(0.4)
+        assert not finished, name  # still waiting for the lock
+        let_go = time.monotonic()
+        holder.execute("COMMIT")
+        holder.close()
+        writer.join(10)
+        assert finished and finished[0] - let_go < 1.0, name
+    assert sync.counts(datetime.now(UTC)).total == 1 + 20 + ROUND_LIMIT + 1
+    sync.close()
 
 
 def test_sqlite_sigstop_of_one_dispatcher_loses_and_doubles_nothing(tmp_path: Path) -> None:

@@ -123,6 +123,27 @@ async def test_notify_from_another_process_wakes_the_sleeping_dispatcher(pg: str
     await transport.close()
 
 
+async def test_a_round_of_several_messages_wakes_the_sleeping_dispatcher(pg: str) -> None:
+    """A shared commit's round goes in one statement whose NOTIFY carries the earliest due time."""
+    sync = prepare(pg, "round", "orders")
+    sync.store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
+    store, transport = PostgresStore.from_url(pg), PostgresQueueTransport.from_url(pg)
+    dispatcher = Dispatcher(store, transport, endpoint="round")
+    task = asyncio.create_task(dispatcher.run())
+    await asyncio.sleep(0.5)
+    due = datetime.now(UTC) + timedelta(seconds=0.5)
+    sync.store_many([DelayedMessage(f"near{i}", "orders", due + timedelta(minutes=i)) for i in range(3)])
+    got = await transport.receive("orders", 10, 5.0)
+    arrived = datetime.now(UTC)
+    dispatcher.stop()
+    await task
+    assert [m.message_id for m in got] == ["near0"]
+    assert due <= arrived < due + timedelta(milliseconds=400), f"{(arrived - due).total_seconds():.3f} s late"
+    sync.close()
+    await store.close()
+    await transport.close()
+
+
 def run_with_kills(
     url: str,
     endpoint: str,

@@ -61,10 +61,6 @@ ON CONFLICT (component) DO UPDATE SET version = greatest({schema_table}.version,
 -- name: read_version
 SELECT version FROM {schema_table} WHERE component = %(component)s;
 
--- name: insert
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-VALUES (%(message_id)s, %(destination)s, %(due_at)s, %(headers)s, %(body)s, %(failure_count)s, %(group_key)s);
-
 -- name: insert_notify
 WITH stored AS (
     INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
@@ -73,6 +69,19 @@ WITH stored AS (
     RETURNING due_at
 )
 SELECT pg_notify(%(channel)s, %(payload)s) FROM stored;
+
+-- Several messages in one statement (one round trip, its own transaction), their NOTIFY with
+-- them: a shared commit's round of single schedules. Arrays go as binary parameters.
+-- name: insert_many_notify
+WITH stored AS (
+    INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+    SELECT u.message_id, u.destination, u.due_at, u.headers::json, u.body, u.failure_count, u.group_key
+    FROM unnest(%(ids)b::text[], %(destinations)b::text[], %(due)b::timestamptz[], %(headers)b::text[],
+                %(bodies)b::bytea[], %(failures)b::int[], %(groups)b::text[])
+         AS u(message_id, destination, due_at, headers, body, failure_count, group_key)
+    RETURNING 1
+)
+SELECT pg_notify(%(channel)s, %(payload)s) WHERE (SELECT count(*) FROM stored) > 0;
 
 -- name: copy_in
 COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN;

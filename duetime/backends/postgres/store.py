@@ -23,6 +23,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from duetime.backends._bridge import Subscribers, TransactionalBridge
+from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, sql_filters
 from duetime.backends.postgres.common import (
     PgNames,
@@ -48,6 +49,8 @@ EXACT_COUNT_LIMIT = 1_000_000
 #: How soon a sleeping dispatcher looks again at due messages another dispatcher holds locked.
 HELD_RECHECK = timedelta(milliseconds=500)
 _FIELDS = ("message_id", "destination", "due_at", "headers", "body", "failure_count", "group_key")
+#: The same columns as ``insert_many_notify``'s array parameters.
+_ARRAYS = ("ids", "destinations", "due", "headers", "bodies", "failures", "groups")
 
 
 def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
@@ -168,8 +171,9 @@ class SyncPostgresStore(StoreRules):
         self._names = self.names_for(endpoint)
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
-        """One message: one statement, whose NOTIFY commits with it. More: COPY, then NOTIFY the
-        earliest, in one transaction."""
+        """Up to a shared commit's round: one statement, whose NOTIFY commits with it (one round
+        trip, which is also one wait for the interpreter when many threads schedule at once). A
+        bulk load: COPY, then NOTIFY the earliest, in one transaction."""
         names = self.names
         q = names.q
         earliest = min(m.due_at for m in messages)
@@ -181,15 +185,15 @@ class SyncPostgresStore(StoreRules):
                         q["insert_notify"], dict(zip(_FIELDS, copy_row(messages[0]), strict=True)) | notify
                     )
                     return
+                if len(messages) <= ROUND_LIMIT:
+                    columns = zip(*(copy_row(m) for m in messages), strict=True)
+                    arrays = dict(zip(_ARRAYS, (list(c) for c in columns), strict=True))
+                    conn.execute(q["insert_many_notify"], arrays | notify)
+                    return
                 with conn.transaction():
-                    with conn.cursor() as cur:
-                        if len(messages) < 8:
-                            rows = [dict(zip(_FIELDS, copy_row(m), strict=True)) for m in messages]
-                            cur.executemany(q["insert"], rows)
-                        else:
-                            with cur.copy(q["copy_in"]) as copy:
-                                for m in messages:
-                                    copy.write_row(copy_row(m))
+                    with conn.cursor() as cur, cur.copy(q["copy_in"]) as copy:
+                        for m in messages:
+                            copy.write_row(copy_row(m))
                     conn.execute(q["notify"], notify)
                 refresh_planner_stats(conn, names.qualified, len(messages))
         except pg_errors.UniqueViolation as error:

@@ -144,8 +144,9 @@ class SyncRedisStore(StoreRules):
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
         args: list[Any] = []
         for m in messages:
-            args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or ""]
-        duplicate = self._store_script(keys=self._k("ready", "payload", "bydue", "due", "groups"), args=args)
+            args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
+        keys = self._k("ready", "payload", "bydue", "due", "groups", "failures")
+        duplicate = self._store_script(keys=keys, args=args)
         if duplicate:
             raise Duplicate(_text(duplicate))
         self._announce(min(m.due_at for m in messages))

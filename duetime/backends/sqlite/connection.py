@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from duetime.backends._store import dump_headers, load_headers
@@ -17,7 +19,16 @@ from duetime.sqlfile import load_queries
 
 QUERIES = load_queries("duetime.backends.sqlite")
 SYNCHRONOUS = {"off", "normal", "full", "extra"}
-__all__ = ["QUERIES", "connect", "dump_headers", "load_headers", "parse_sqlite_url", "write_transaction"]
+__all__ = [
+    "QUERIES",
+    "connect",
+    "dump_headers",
+    "load_headers",
+    "many_rows",
+    "parse_sqlite_url",
+    "write_statement",
+    "write_transaction",
+]
 
 
 def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
@@ -79,6 +90,23 @@ def _retry_locked(action: Callable[[], object], timeout: float) -> None:
                 ) from None
             time.sleep(pause + random.random() * pause)
             pause = min(pause * 2, 0.002)
+
+
+def write_statement(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
+    """One writing statement in a transaction of its own (autocommit), waiting for the write lock
+    as :func:`write_transaction` does: one call into SQLite where a transaction takes three, so a
+    thread gives up and takes back the interpreter once (a failed statement changed nothing, so
+    trying it again is safe)."""
+    done: list[sqlite3.Cursor] = []
+    _retry_locked(lambda: done.append(conn.execute(sql, params)), getattr(conn, "write_lock_timeout", 30.0))
+    return done[0]
+
+
+@functools.lru_cache(maxsize=256)
+def many_rows(insert: str, count: int) -> str:
+    """``insert`` (``INSERT … VALUES (?, …);``) for ``count`` rows in one statement."""
+    head, _, row = insert.strip().rstrip(";").rpartition("VALUES")
+    return f"{head}VALUES {', '.join([row.strip()] * count)}"
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from duetime.backends._bridge import Subscribers, TransactionalBridge
+from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -32,7 +33,9 @@ from duetime.backends.sqlite.connection import (
     QUERIES,
     connect,
     load_headers,
+    many_rows,
     parse_sqlite_url,
+    write_statement,
     write_transaction,
 )
 from duetime.backends.sqlite.filewatch import RECHECK, SETTLE, SETTLE_POLL
@@ -143,9 +146,15 @@ class SyncSqliteStore(StoreRules):
         self._q = self._queries(self.table_for(endpoint))
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
+        """Up to a shared commit's round: one statement (its own transaction); a bulk load: one
+        transaction of many."""
         rows = [micros_row(m) for m in messages]
         with self._lock:
             try:
+                if len(rows) <= ROUND_LIMIT:
+                    params = [value for row in rows for value in row]
+                    write_statement(self._conn, many_rows(self.q["insert"], len(rows)), params)
+                    return
                 with write_transaction(self._conn):
                     self._conn.executemany(self.q["insert"], rows)
             except sqlite3.IntegrityError:
