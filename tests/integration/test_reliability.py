@@ -37,6 +37,7 @@ from duetime.backends.postgres import PostgresQueueTransport, PostgresStore, Syn
 from duetime.backends.rabbitmq import RabbitMqTransport
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
 from duetime.errorqueue import ERROR_MESSAGE
+from duetime.errors import TransportUnavailable
 from duetime.frontdoor import front_door_queue
 from tests.integration.proxy import TcpProxy, proxy_for
 from tests.services import POSTGRES, RABBITMQ, postgres_schema, require
@@ -229,6 +230,30 @@ async def test_a_partitioned_broker_trips_the_dispatch_breaker(
     assert len(criticals) == 1
     assert sync.counts(datetime.now(UTC)).total == 30
     rabbit.restore()
+    await transport.close()
+
+
+async def test_publishes_not_confirmed_within_publish_timeout_come_back_unsent(
+    rabbit: TcpProxy, broker_queue: tuple[RabbitMqTransport, str]
+) -> None:
+    """A batch whose confirms do not come within ``publish_timeout`` answers each message as
+    unreachable (the dispatcher gives them back to the store) after about that long, not never;
+    a caller that gives up sooner leaves no publish behind."""
+    _, queue = broker_queue
+    transport = RabbitMqTransport.from_url(rabbit.url(RABBITMQ) + "?publish_timeout=1")
+    await transport.start()
+    due = datetime.now(UTC)
+    assert await transport.send_batch([DelayedMessage("ok", queue, due)]) == [None]
+    rabbit.blackhole()
+    started = time.monotonic()
+    results = await transport.send_batch([DelayedMessage(f"t{i}", queue, due) for i in range(20)])
+    assert 0.9 <= time.monotonic() - started < 5
+    assert all(isinstance(r, TransportUnavailable) for r in results), results
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(transport.send_batch([DelayedMessage("gave-up", queue, due)]), 0.2)
+    rabbit.restore()
+    others = {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+    assert not [t for t in others if "basic_publish" in repr(t)], others
     await transport.close()
 
 
