@@ -141,6 +141,16 @@ SELECT COUNT(*) FROM {staged} WHERE run_id=%s AND batch=%s
 SELECT endpoint, message_id, destination, due_us, headers, NULL, failure_count, extra
 FROM {staged} WHERE run_id=%s AND batch=%s
 
+-- PostgreSQL: the staged rows {sure} cannot vouch for (usually none), to be checked in Python.
+-- name: unsure_staged_rows.postgres
+SELECT endpoint, message_id, destination, due_us, headers, NULL, failure_count, extra
+FROM {staged} WHERE run_id=%s AND batch=%s AND NOT {sure}
+
+-- How many rows each endpoint's table gets from a batch (those not left out), the earliest due.
+-- name: staged_per_endpoint
+SELECT endpoint, COUNT(*), MIN(due_us) FROM {staged}
+WHERE run_id=%s AND batch=%s AND NOT (message_id = ANY(%s)) GROUP BY endpoint
+
 -- name: delete_staged
 DELETE FROM {staged} WHERE run_id=%s AND batch=%s
 
@@ -204,10 +214,22 @@ FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id
 -- is duetime's own or an NServiceBus SagaId (not the empty GUID), as records.group_of says.
 -- name: insert_from_staged.postgres
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-SELECT message_id, destination, {due}, headers::json, body, failure_count,
+SELECT message_id, destination, {due}, coalesce(headers, '{{}}')::json, body, failure_count,
        {group_of_extra}
 FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
 ON CONFLICT (message_id) DO NOTHING RETURNING message_id
+
+-- The same rows as insert_from_staged, for a store in another PostgreSQL database: one server's
+-- COPY feeds the other's, in binary, so the types are exactly the store table's columns.
+-- name: copy_staged_out.postgres
+COPY (
+    SELECT message_id::text, destination::text, {due}, coalesce(headers, '{{}}')::text, body, failure_count::int4,
+           ({group_of_extra})::text
+    FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
+) TO STDOUT (FORMAT BINARY)
+
+-- name: copy_store_in.postgres
+COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN (FORMAT BINARY)
 
 -- {values} is one "(%s, %s, %s, %s, %s, %s, %s)" per row.
 -- name: insert_messages_ignoring.mysql

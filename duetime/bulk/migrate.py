@@ -235,15 +235,23 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
         raise RuntimeError(f"batch {number}: {found} rows staged, the state table says {staged}")
     problems: dict[str, str] | None = None  # None until the batch's rows were checked
     written = target.ledger(run_id, number)
-    if written is None and local:  # the rows never leave the server: only ids and headers come here
-        light = source.staged(run_id, number, bodies=False)
+    piped = isinstance(target, StoreTarget) and not local and target.pipes_from(source.db)
+    if written is None and (local or piped):  # the rows never pass through Python
+        # Piped, only the rows the server cannot vouch for are read here (usually none); in one
+        # database, every row's id and headers (their table is chosen row by row)
+        light = source.unsure_staged(run_id, number) if piped else source.staged(run_id, number, bodies=False)
         if all(store_ready(r.headers) for r in light):
             problems = {r.message_id: why for r in light if (why := problem(r)) is not None}
             assert isinstance(target, StoreTarget)
-            written = target.write_from_staging(
-                run_id, number, source.db.qualified(STAGED), light, set(problems)
-            )
-        # else: headers a store cannot keep as they are (XML, nulls) are rewritten in Python below
+            if local:
+                written = target.write_from_staging(
+                    run_id, number, source.db.qualified(STAGED), light, set(problems)
+                )
+            else:
+                tables = source.staged_per_endpoint(run_id, number, list(problems))
+                written = target.write_piped(run_id, number, source.db, tables, set(problems))
+        # else: headers a store cannot keep as they are (XML, nulls) are rewritten in Python below,
+        # as are the rows of a piped batch whose ids the store holds already (conflicts)
     if written is None:
         problems = {}
         with source.db.session(write=False) as conn:

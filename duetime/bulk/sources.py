@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from duetime.bulk.layouts import Layout, layout_for
-from duetime.bulk.records import FIELDS, Destination, Record, due_us_of
+from duetime.bulk.records import FIELDS, Destination, Record, due_us_of, sure_sql
 from duetime.errors import ConfigurationError
 from duetime.sqldb import STATE_TABLES, Database
 
@@ -337,6 +337,26 @@ class DbSource:
         for rows in self.db.stream(conn, self.db.query(name), [run_id, batch]):
             for r in rows:
                 yield Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5] or b""), int(r[6]), r[7])
+
+    def unsure_staged(self, run_id: str, batch: int) -> list[Record]:
+        """PostgreSQL: the batch's staged records (without bodies) the server cannot vouch for
+        (:func:`sure_sql`); the rest need no look from Python."""
+        sure = sure_sql(["message_id", "destination", "due_us", "headers", "body", "failure_count", "extra"])
+        with self.db.session(write=False) as conn:
+            rows = self.db.execute(
+                conn, self.db.query("unsure_staged_rows", sure=sure), [run_id, batch]
+            ).fetchall()
+        return [Record(r[0], r[1], r[2], r[3], r[4], b"", int(r[6]), r[7]) for r in rows]
+
+    def staged_per_endpoint(
+        self, run_id: str, batch: int, leave_out: Sequence[str]
+    ) -> dict[str, tuple[int, int | None]]:
+        """Per endpoint, how many of the batch's staged rows (but ``leave_out``) and the earliest due."""
+        with self.db.session(write=False) as conn:
+            rows = self.db.execute(
+                conn, self.db.query("staged_per_endpoint"), [run_id, batch, list(leave_out)]
+            )
+            return {r[0]: (int(r[1]), None if r[2] is None else int(r[2])) for r in rows.fetchall()}
 
     def staged(self, run_id: str, batch: int, *, bodies: bool = True) -> list[Record]:
         """The batch's staged records; without ``bodies`` (enough to validate) they read as b""."""

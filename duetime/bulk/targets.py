@@ -9,7 +9,7 @@ has meanwhile delivered and removed its messages. Files are written by Spark for
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,6 +21,10 @@ from duetime.bulk.records import Destination, Record, group_of, group_sql, store
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
+
+
+class _IdTaken(Exception):
+    """An id a piped batch carried is in the store already."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,80 @@ class StoreTarget(_TakesAll):
                 [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
             )
             self._written(conn, by_table, added)
+            return written
+
+    def pipes_from(self, source: Database) -> bool:
+        """Both PostgreSQL (in two databases): staged rows can stream from one server's COPY into
+        the other's without being decoded here, while no id of this task has clashed."""
+        return self.db.dialect == "postgres" and source.dialect == "postgres" and self._straight
+
+    def write_piped(
+        self,
+        run_id: str,
+        batch: int,
+        source: Database,
+        endpoints: Mapping[str, tuple[int, int | None]],
+        skip: set[str],
+    ) -> Written | None:
+        """Like :meth:`write_from_staging`, from the staging table of another PostgreSQL database:
+        the rows pass from the source's COPY to this one's in binary, chunk by chunk (bounded
+        memory, no Python work per row: the one process's decode-check-encode is what held a
+        cross-database move to one core). ``endpoints``: how many rows each endpoint's table
+        gets and the earliest due; ``skip``: ids left out (their problems). None, with nothing
+        written, if an id is in the store already: the caller then writes through Python, which
+        tells conflicts apart."""
+        try:
+            return self.db.retrying(lambda: self._write_piped(run_id, batch, source, endpoints, skip))
+        except _IdTaken:
+            self._straight = False
+            return None
+
+    def _write_piped(
+        self,
+        run_id: str,
+        batch: int,
+        source: Database,
+        endpoints: Mapping[str, tuple[int, int | None]],
+        skip: set[str],
+    ) -> Written:
+        import psycopg
+
+        out = source.query(  # {staged}: the source's own staging table
+            "copy_staged_out", group_of_extra=group_sql("extra"), due=timestamptz_sql("due_us")
+        )
+        with self.db.session() as conn:
+            done = self._ledger(conn, run_id, batch)
+            if done is not None:
+                return done
+            added: dict[str, int] = {}
+            earliest: dict[str, list[Record]] = {}
+            with source.session(write=False) as reading:
+                for endpoint, (count, first_us) in endpoints.items():
+                    table = self.layout.table_for(endpoint)
+                    into = self.db.query("copy_store_in", table=self.db.qualified(table))
+                    try:
+                        with (
+                            reading.cursor() as src,
+                            src.copy(out, [run_id, batch, endpoint, list(skip)]) as rows_out,
+                            conn.cursor() as dst,
+                        ):
+                            with dst.copy(into) as rows_in:
+                                for chunk in rows_out:
+                                    rows_in.write(chunk)
+                            copied = dst.rowcount
+                    except psycopg.errors.UniqueViolation:
+                        raise _IdTaken() from None  # the session rolls back every table's rows
+                    if copied != count:
+                        raise RuntimeError(f"batch {batch}: {copied} rows piped into {table}, {count} staged")
+                    added[table] = count
+                    earliest[table] = [Record(endpoint, "", None, first_us, None, b"", 0)]
+            written = Written(sum(added.values()))
+            self.db.execute(
+                conn,
+                self.db.query("insert_ledger_row"),
+                [run_id, batch, written.inserted, json.dumps([])],
+            )
+            self._written(conn, earliest, added)
             return written
 
     def _insert(self, conn: Any, table: str, rows: Sequence[Record]) -> tuple[int, list[str]]:

@@ -20,7 +20,7 @@ from duetime.errors import ConfigurationError
 from duetime.registry import open_sync_store
 from duetime.sqldb import Database
 from tests.bulk.conftest import count, create_msmq, create_timeoutdata, table_rows, timeout_rows
-from tests.services import mariadb_database, postgres_schema
+from tests.services import mariadb_database, postgres_database, postgres_schema
 
 
 def store_rows(url: str, endpoint: str) -> dict[str, DelayedMessage]:
@@ -113,6 +113,73 @@ def test_a_same_database_move_checks_in_python_only_what_the_server_cannot_vouch
         assert moved[str(rows[5][0])].group == str(rows[5][2])  # the saga id
         assert moved[str(rows[4][0])].destination == "elsewhere"  # never overwritten
         assert [r[0] for r in table_rows(legacy, "Sales_TimeoutData", "Id")] == [rows[4][0]]
+
+
+def test_a_move_into_a_store_in_another_postgres_database_pipes_rows_exactly(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two PostgreSQL databases a batch's rows stream from the source server's COPY into
+    the target's (never decoded in Python) and arrive exactly: bodies, microseconds up to the year
+    9998, headers, the saga id as the group. A batch whose headers a store must rewrite (a null
+    value) or that carries an id the target holds goes through Python instead; problems stay
+    behind; a second run moves nothing; a batch is piped or written once, never both."""
+    with postgres_schema() as pg, postgres_database() as other:
+        rows = timeout_rows(1_000)
+        rows[3] = (*rows[3][:4], datetime(9998, 12, 31, 23, 59, 59, 999_999), *rows[3][5:])
+        rows[5] = (*rows[5][:5], None, rows[5][6])  # no headers at all: none
+        rows[450] = (*rows[450][:5], '{"a":"1","gone":null}', rows[450][6])  # rewritten in Python
+        rows[999] = (rows[999][0], None, *rows[999][2:])  # no destination: stays behind
+        legacy = create_timeoutdata(pg, "Sales_TimeoutData", rows)
+        before = {r[0]: r for r in table_rows(legacy, "Sales_TimeoutData", "Id")}
+        store = open_sync_store(other)
+        store.setup_infrastructure("Sales")
+        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
+        # in the last batch (by block): put back, it lands at the table's end, which no batch reads again
+        taken = DelayedMessage(str(rows[998][0]), "elsewhere", datetime(2031, 1, 1, tzinfo=UTC))
+        store.store(taken)
+        store.close()
+        spec = MigrationSpec(pg + "&layout=timeoutdata", other, "Sales", batch_rows=250)
+        src = DbSource(Database.from_url(spec.source))
+        src.ensure_state_tables()
+        m = sys.modules["duetime.bulk.migrate"]
+        run_id, _ = m._current_run(src, spec, to_micros(datetime.now(UTC)))
+        assert run_id is not None
+        StoreTarget(Database.from_url(other)).prepare(["Sales"])
+        ways: list[str] = []
+        for name in ("write_piped", "write"):
+            real = getattr(StoreTarget, name)
+
+            def spy(self: StoreTarget, *args: Any, _real: Any = real, _name: str = name) -> Any:
+                done = _real(self, *args)
+                ways.append(f"{_name}:{'none' if done is None else done.inserted}")
+                return done
+
+            monkeypatch.setattr(StoreTarget, name, spy)
+        moved_rows = sum(process_batch(spec, run_id, b["batch"]) for b in src.batches(run_id))
+        assert moved_rows == 1_000
+        # the first and third batches piped; the null header's (second) through Python; the last
+        # piped until the taken id clashed, rolled back, then through Python (which tells it apart)
+        assert [w.split(":")[0] for w in ways] == ["write_piped", "write", "write_piped"] + [
+            "write_piped",
+            "write",
+        ]
+        assert ways[3] == "write_piped:none"
+        assert sum(int(w.split(":")[1]) for w in ways if w[-1].isdigit()) == 998
+        moved = store_rows(other, "Sales")
+        assert len(moved) == 999 and moved[str(rows[998][0])] == taken  # 998 moved, and the one taken
+        for ident, row in before.items():
+            if str(ident) in moved and ident != rows[998][0]:
+                got = moved[str(ident)]
+                assert (got.destination, got.body) == (row[1], row[3])
+                assert got.due_at == row[4].replace(tzinfo=UTC)  # to the microsecond
+                assert got.group == str(row[2])
+                assert got.headers == {k: v for k, v in json.loads(row[5] or "{}").items() if v is not None}
+        assert {r[0] for r in table_rows(legacy, "Sales_TimeoutData", "Id")} == {rows[998][0], rows[999][0]}
+        monkeypatch.undo()
+        finished = migrate(spark, spec)  # the run the batches above belong to, summed up
+        assert (finished.inserted, finished.put_back) == (998, 2)
+        again = migrate(spark, spec)  # a new run: the two left behind stay behind
+        assert again.inserted == 0 and len(store_rows(other, "Sales")) == 999
 
 
 def test_a_same_database_move_into_a_target_holding_most_ids_leaves_them_as_conflicts(spark: Any) -> None:
