@@ -159,10 +159,8 @@ def test_a_move_into_a_store_in_another_postgres_database_pipes_rows_exactly(
         assert moved_rows == 1_000
         # the first and third batches piped; the null header's (second) through Python; the last
         # piped until the taken id clashed, rolled back, then through Python (which tells it apart)
-        assert [w.split(":")[0] for w in ways] == ["write_piped", "write", "write_piped"] + [
-            "write_piped",
-            "write",
-        ]
+        paths = ["write_piped", "write", "write_piped", "write_piped", "write"]
+        assert [w.split(":")[0] for w in ways] == paths
         assert ways[3] == "write_piped:none"
         assert sum(int(w.split(":")[1]) for w in ways if w[-1].isdigit()) == 998
         moved = store_rows(other, "Sales")

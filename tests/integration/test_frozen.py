@@ -101,6 +101,19 @@ def test_sqlite_schedules_wait_for_a_held_write_lock_and_go_in_when_it_is_let_go
     sync.close()
 
 
+def test_a_sqlite_round_too_big_for_one_statement_goes_in_a_transaction(tmp_path: Path) -> None:
+    """SQLite before 3.32 allows 999 parameters a statement: a round of 500 (3,500) still goes in."""
+    sync = SyncSqliteStore(tmp_path / "v.db")
+    sync.setup_infrastructure("old")
+    sync.initialize("old", TransactionMode.AT_LEAST_ONCE)
+    sync._conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    sync.store_many([DelayedMessage(f"v{i}", "orders", later) for i in range(500)])
+    sync.store_many([DelayedMessage(f"w{i}", "orders", later) for i in range(100)])  # 700 fit
+    assert sync.counts(datetime.now(UTC)).total == 600
+    sync.close()
+
+
 def test_sqlite_sigstop_of_one_dispatcher_loses_and_doubles_nothing(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     url = f"sqlite:///{db}"

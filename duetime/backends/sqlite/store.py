@@ -151,7 +151,9 @@ class SyncSqliteStore(StoreRules):
         rows = [micros_row(m) for m in messages]
         with self._lock:
             try:
-                if len(rows) <= ROUND_LIMIT:
+                # one statement if its parameters fit (999 at most before SQLite 3.32)
+                variables = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+                if len(rows) <= ROUND_LIMIT and len(rows) * len(rows[0]) <= variables:
                     params = [value for row in rows for value in row]
                     write_statement(self._conn, many_rows(self.q["insert"], len(rows)), params)
                     return
