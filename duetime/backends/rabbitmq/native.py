@@ -22,7 +22,8 @@ from aio_pika.abc import AbstractChannel
 from aio_pika.exceptions import ChannelClosed, DeliveryError
 
 from duetime.backends.rabbitmq.arrival import DEATH_HEADERS, arrival_headers, early_by
-from duetime.backends.rabbitmq.transport import Publish, RabbitMqTransport, amqp_properties_of
+from duetime.backends.rabbitmq.batchwrite import Publish
+from duetime.backends.rabbitmq.transport import RabbitMqTransport, amqp_properties_of
 from duetime.backends.rabbitmq.wire import Int32, Int64
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError

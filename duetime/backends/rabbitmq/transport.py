@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Collection, Container, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -39,6 +38,7 @@ from aiormq.exceptions import (
 from pamqp.commands import Basic
 
 from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
+from duetime.backends.rabbitmq.batchwrite import MAX_ROUTING_KEY, Publish, write_batch
 from duetime.clock import SYSTEM
 from duetime.closing import AsyncClosing
 from duetime.errors import (
@@ -221,33 +221,40 @@ class RabbitMqTransport(AsyncClosing):
     async def publish_all(self, publishes: Sequence[Publish]) -> list[BaseException | None]:
         """Write every publish at once (persistent, ``mandatory``) and await their confirms
         together; what each came to, in order: None, or the error it ended in (a publish not
-        confirmed within ``publish_timeout`` is a TimeoutError). One deadline for the batch, not
-        one per publish: a timer each cost as much as a tenth of the publish itself."""
+        confirmed within ``publish_timeout`` is a TimeoutError). One write and one deadline for
+        the batch, not one of each per publish (see ``batchwrite``)."""
         await self.start()
         channel = await self.channel.get_underlay_channel()
-        assert isinstance(channel, aiormq.Channel)  # its basic_publish takes ``wait``
-        sends = [
-            asyncio.ensure_future(
-                channel.basic_publish(
-                    p.body,
-                    exchange=p.exchange,
-                    routing_key=p.routing_key,
-                    properties=p.properties,
-                    mandatory=True,
-                    wait=False,  # queue the next frame without waiting for this one's flush
-                )
-            )
+        assert isinstance(channel, aiormq.Channel)
+        outcomes: list[BaseException | None] = [
+            None if len(p.routing_key.encode()) <= MAX_ROUTING_KEY else ValueError("routing key too long")
             for p in publishes
         ]
+        writable = [p for p, refused in zip(publishes, outcomes, strict=True) if refused is None]
+        if not writable:
+            return outcomes
+        deadline = asyncio.get_running_loop().time() + self.publish_timeout
         try:
-            _, late = await asyncio.wait(sends, timeout=self.publish_timeout)
-        finally:  # timed out, or the caller gave up: no publish outlives the batch
-            unfinished = [s for s in sends if not s.done()]
-            for send in unfinished:
-                send.cancel()
-            if unfinished:
-                await asyncio.wait(unfinished)
-        return [_outcome(send, late, self.publish_timeout) for send in sends]
+            async with asyncio.timeout_at(deadline):  # a blocked connection holds the write back
+                confirms = await write_batch(channel, writable)
+        except TimeoutError:
+            confirms = [_failed(TimeoutError(f"not written within {self.publish_timeout:g} s"))] * len(
+                writable
+            )
+        except LINK_ERRORS as error:
+            confirms = [_failed(error)] * len(writable)
+        try:
+            _, late = await asyncio.wait(
+                confirms, timeout=max(0.0, deadline - asyncio.get_running_loop().time())
+            )
+        finally:  # timed out, or the caller gave up: no confirm is awaited past the batch
+            for confirm in confirms:
+                confirm.cancel()
+        answers = iter(confirms)
+        return [
+            _outcome(next(answers), late, self.publish_timeout) if refused is None else refused
+            for refused in outcomes
+        ]
 
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         if not messages:
@@ -410,23 +417,22 @@ class RabbitMqTransport(AsyncClosing):
         await self._drop()
 
 
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """One message to publish: where to, and what."""
-
-    exchange: str
-    routing_key: str
-    body: bytes
-    properties: Basic.Properties
+def _failed(error: BaseException) -> asyncio.Future[object]:
+    """A publish that ended before it was written, as a settled future like the others'."""
+    future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future
 
 
-def _outcome(send: asyncio.Future[Any], late: Container[object], timeout: float) -> BaseException | None:
+def _outcome(
+    confirm: asyncio.Future[object], late: Container[object], timeout: float
+) -> BaseException | None:
     """What one publish of a batch came to: None (confirmed) or its error."""
-    if send.cancelled():  # by the batch's deadline, or by aiormq as its channel closed
-        if send in late:
+    if confirm.cancelled():  # by the batch's deadline, or as the caller gave up
+        if confirm in late:
             return TimeoutError(f"not confirmed within {timeout:g} s")
         return asyncio.CancelledError()
-    return send.exception()
+    return confirm.exception()
 
 
 def amqp_properties_of(m: DelayedMessage, headers: dict[str, Any]) -> Basic.Properties:
