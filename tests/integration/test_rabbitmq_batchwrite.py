@@ -18,7 +18,7 @@ from aio_pika.exceptions import DeliveryError
 from pamqp.commands import Basic
 
 from duetime.backends.rabbitmq import RabbitMqTransport
-from duetime.backends.rabbitmq.batchwrite import Publish, write_batch
+from duetime.backends.rabbitmq.batchwrite import PIECE_BYTES, Publish, write_batch
 from tests.services import RABBITMQ, require
 
 
@@ -106,3 +106,32 @@ async def test_a_write_that_never_reached_the_socket_gives_its_delivery_tags_bac
     channel.write_queue = real  # the fixture's close needs none of it if an assertion failed
     assert await transport.publish_all([publish(queue, f"after{i}".encode()) for i in range(3)]) == [None] * 3
     assert await bodies(transport, queue, 4) == [b"before", b"after0", b"after1", b"after2"]
+
+
+async def test_a_write_stopped_between_its_pieces_undoes_only_what_was_not_queued(
+    transport_and_queue: tuple[RabbitMqTransport, str],
+) -> None:
+    """A big batch goes in pieces of about PIECE_BYTES: stopped while the second piece waits for
+    room, the first piece's publishes stay queued and are confirmed; the rest are undone."""
+    transport, queue = transport_and_queue
+    channel = await underlay(transport)
+    tag = channel.delivery_tag
+    big = [bytes([i]) * (PIECE_BYTES * 6 // 10) for i in range(3)]  # two fill the first piece
+    real = channel.write_queue
+    room_for_one: asyncio.Queue[object] = asyncio.Queue(maxsize=2)
+    room_for_one.put_nowait(object())
+    channel.write_queue = room_for_one
+    task = asyncio.create_task(write_batch(channel, [publish(queue, body) for body in big]))
+    await asyncio.sleep(0.2)
+    assert not task.done() and room_for_one.full()
+    task.cancel()
+    assert isinstance((await asyncio.gather(task, return_exceptions=True))[0], asyncio.CancelledError)
+    assert channel.delivery_tag == tag + 2
+    first_two = [channel.confirmations[tag + 1], channel.confirmations[tag + 2]]
+    assert tag + 3 not in channel.confirmations
+    room_for_one.get_nowait()  # the stand-in; then the queued piece goes out for real
+    real.put_nowait(room_for_one.get_nowait())
+    channel.write_queue = real
+    assert [type(f) for f in await asyncio.wait_for(asyncio.gather(*first_two), 10)] == [Basic.Ack, Basic.Ack]
+    assert await transport.publish_all([publish(queue, b"after")]) == [None]
+    assert await bodies(transport, queue, 3) == [big[0], big[1], b"after"]

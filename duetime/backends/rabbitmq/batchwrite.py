@@ -6,7 +6,8 @@ duetime's send 0.72-0.85x the raw aiormq loop, the ceiling issue 16 measures aga
 takes the lock once, registers each message's confirm exactly as ``basic_publish`` does (the
 channel's delivery tag, its ``confirmations`` and ``message_id_delivery_tag`` maps, so aiormq's own
 reader resolves acks, nacks and returns and rejects everything when the channel closes), and puts
-every frame on the write queue in one piece: one write, one wake-up of the writer.
+every frame on the write queue in one piece (pieces of about a megabyte for big batches): one
+write, one wake-up of the writer.
 
 This leans on attributes of the concrete ``aiormq.Channel`` that ``basic_publish`` itself uses,
 not on its abstract interface: hence aiormq below 8 in ``pyproject.toml``, the exact version in
@@ -42,21 +43,29 @@ class Publish:
     properties: Basic.Properties
 
 
+#: A batch goes to the write queue in pieces of about this many body bytes: big messages are not
+#: all copied into one buffer, and the socket gets the first piece while the rest is marshalled.
+PIECE_BYTES = 1 << 20
+
+
 async def write_batch(channel: aiormq.Channel, publishes: Sequence[Publish]) -> list[asyncio.Future[object]]:
-    """Queue every publish (routing keys of at most MAX_ROUTING_KEY bytes) (persistent as its properties say, ``mandatory``) in one write; one
-    future per publish, in order, resolved by the broker's ack, or failed by its nack, by the
-    message coming back unroutable, or by the channel closing. If this is cancelled or fails
-    before the write is queued, the broker has seen none of it and the channel is as it was."""
+    """Queue every publish (persistent as its properties say, ``mandatory``; routing keys of at
+    most MAX_ROUTING_KEY bytes) in as few writes as its size allows: one below PIECE_BYTES. One
+    future per publish, in order, settled by the broker's ack, or failed by its nack, by the
+    message coming back unroutable, or by the channel closing. Cancelled or failed part way, the
+    publishes not yet queued are undone (their delivery tags given back, their futures
+    cancelled); those queued go out and are settled as usual."""
     if not channel.publisher_confirms:
         raise ValueError("write_batch needs a channel with publisher confirms")
     confirmations: list[asyncio.Future[object]] = []
     async with channel.lock:
         if channel.is_closed:
             raise ChannelInvalidStateError(f"{channel!r} is closed")
-        first = channel.delivery_tag
+        first = queued = channel.delivery_tag  # queued: the last tag whose frames are on the queue
         frames: list[object] = []
+        piece = 0
         try:
-            for p in publishes:
+            for number, p in enumerate(publishes, start=1):
                 channel.delivery_tag += 1
                 tag = channel.delivery_tag
                 message_id = p.properties.message_id or uuid.uuid4().hex
@@ -69,12 +78,17 @@ async def write_batch(channel: aiormq.Channel, publishes: Sequence[Publish]) -> 
                 frames.append(Basic.Publish(exchange=p.exchange, routing_key=p.routing_key, mandatory=True))
                 frames.append(ContentHeader(properties=p.properties, body_size=len(p.body)))
                 frames.extend(_body_frames(p.body, channel.max_content_size))
-            await channel.write_queue.put(ChannelFrame.marshall(channel_number=channel.number, frames=frames))  # type: ignore[arg-type]
-        except BaseException:  # nothing was queued: give the delivery tags back
-            channel.delivery_tag = first
-            for tag, confirmation in enumerate(confirmations, start=first + 1):
-                channel.confirmations.pop(tag, None)
-                confirmation.cancel()
+                piece += len(p.body)
+                if piece >= PIECE_BYTES or number == len(publishes):
+                    payload = ChannelFrame.marshall(channel_number=channel.number, frames=frames)  # type: ignore[arg-type]
+                    await channel.write_queue.put(payload)
+                    queued, frames, piece = tag, [], 0
+        except BaseException:  # the rest never reached the write queue: undo it
+            channel.delivery_tag = queued
+            for undone, confirmation in enumerate(confirmations, start=first + 1):
+                if undone > queued:
+                    channel.confirmations.pop(undone, None)
+                    confirmation.cancel()
             raise
     return confirmations
 
