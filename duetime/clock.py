@@ -17,16 +17,12 @@ from datetime import UTC, datetime, timedelta
 FINE_WAIT = 0.002
 
 
-def _timer_threads() -> ThreadPoolExecutor:
+@functools.cache
+def _timer_threads(pid: int) -> ThreadPoolExecutor:
     """Threads for the last stretch of waits, apart from the loop's default executor (which
     stores' blocking calls may fill): a wait stopped early leaves its thread asleep for at most
-    FINE_WAIT, so two are plenty. One pool per process (a forked child has none of the parent's
-    threads)."""
-    return _pool_of(os.getpid())
-
-
-@functools.cache
-def _pool_of(pid: int) -> ThreadPoolExecutor:
+    FINE_WAIT, so two are plenty. One pool per process id (a forked child has none of the
+    parent's threads)."""
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix="duetime-timer")
 
 
@@ -60,7 +56,7 @@ class SystemClock:
         left = deadline - time.monotonic()
         if left <= 0 or event.is_set():
             return event.is_set()
-        sleeper = asyncio.get_running_loop().run_in_executor(_timer_threads(), time.sleep, left)
+        sleeper = asyncio.get_running_loop().run_in_executor(_timer_threads(os.getpid()), time.sleep, left)
         woken = asyncio.ensure_future(event.wait())
         try:
             await asyncio.wait((sleeper, woken), return_when=asyncio.FIRST_COMPLETED)

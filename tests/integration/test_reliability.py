@@ -238,8 +238,8 @@ async def test_publishes_not_confirmed_within_publish_timeout_come_back_unsent(
     rabbit: TcpProxy, broker_queue: tuple[RabbitMqTransport, str]
 ) -> None:
     """A batch whose confirms do not come within ``publish_timeout`` answers each message as
-    unreachable (the dispatcher gives them back to the store) after about that long, not never;
-    a caller that gives up sooner leaves no publish behind."""
+    unreachable (the dispatcher gives them back to the store) after about that long, not never,
+    and leaves no confirm awaited; a caller that gives up sooner gets its TimeoutError."""
     _, queue = broker_queue
     transport = RabbitMqTransport.from_url(rabbit.url(RABBITMQ) + "?publish_timeout=1")
     await transport.start()

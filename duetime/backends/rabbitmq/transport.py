@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -244,15 +244,13 @@ class RabbitMqTransport(AsyncClosing):
         except LINK_ERRORS as error:
             confirms = [_failed(error)] * len(writable)
         try:
-            _, late = await asyncio.wait(
-                confirms, timeout=max(0.0, deadline - asyncio.get_running_loop().time())
-            )
+            await asyncio.wait(confirms, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
         finally:  # timed out, or the caller gave up: no confirm is awaited past the batch
             for confirm in confirms:
                 confirm.cancel()
         answers = iter(confirms)
         return [
-            _outcome(next(answers), late, self.publish_timeout) if refused is None else refused
+            _outcome(next(answers), self.publish_timeout) if refused is None else refused
             for refused in outcomes
         ]
 
@@ -424,14 +422,11 @@ def _failed(error: BaseException) -> asyncio.Future[object]:
     return future
 
 
-def _outcome(
-    confirm: asyncio.Future[object], late: Container[object], timeout: float
-) -> BaseException | None:
-    """What one publish of a batch came to: None (confirmed) or its error."""
-    if confirm.cancelled():  # by the batch's deadline, or as the caller gave up
-        if confirm in late:
-            return TimeoutError(f"not confirmed within {timeout:g} s")
-        return asyncio.CancelledError()
+def _outcome(confirm: asyncio.Future[object], timeout: float) -> BaseException | None:
+    """What one publish of a batch came to: None (confirmed) or its error. Only the batch's
+    deadline cancels a confirm (a closing channel fails it with its reason)."""
+    if confirm.cancelled():
+        return TimeoutError(f"not confirmed within {timeout:g} s")
     return confirm.exception()
 
 
