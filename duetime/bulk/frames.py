@@ -13,6 +13,7 @@ import base64
 import functools
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -139,6 +140,9 @@ def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
     if not reasons and (wrong := _endpoint_problem(name)):
         reasons.append(wrong)
     return record, reasons[0] if reasons else problem(record)
+
+
+_NUMBER_OR_BOOLEAN = re.compile(r"[-+.0-9eE]+|true|false")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -444,7 +448,9 @@ def file_endpoints(spark: Any, path: str, fmt: str, endpoint: str | None) -> lis
     Every row's endpoint, not only those of rows that pass the check (which would need the
     checked rows, kept on disk between two passes: 5 s of a 1M-row import's 11 s of JVM time).
     An endpoint whose every row is rejected so gets an empty store table; its rows are still
-    rejected and counted. A name no endpoint may have is left out: its rows' check rejects them."""
+    rejected and counted. A name no endpoint may have is left out: its rows' check rejects them,
+    and so is a JSON line's endpoint that is not text (``"endpoint": 5`` is a reason, not the
+    endpoint "5"): see :func:`_given_as_text`."""
     from pyspark.sql import functions as F
 
     if fmt == "parquet":
@@ -457,7 +463,27 @@ def file_endpoints(spark: Any, path: str, fmt: str, endpoint: str | None) -> lis
         named = F.get_json_object(F.col("value"), "$.endpoint")
     chosen = F.coalesce(F.when(named != "", named), F.lit(endpoint))
     found = files.select(chosen.alias("endpoint")).distinct().collect()
-    return sorted({str(r[0]) for r in found if r[0] and _endpoint_problem(str(r[0])) is None})
+    names = {str(r[0]) for r in found if r[0] and _endpoint_problem(str(r[0])) is None}
+    if fmt == "jsonl":  # the fallback endpoint is the caller's word, whatever the lines say
+        names = _given_as_text(files, named, names - {endpoint}) | names & {endpoint}
+    return sorted(names)
+
+
+def _given_as_text(lines: Any, named: Any, names: set[str]) -> set[str]:
+    """Those of ``names`` that some JSON line gives as text.
+
+    Spark's JSON functions turn any value into text, so ``"endpoint": 5`` reads as "5"; only a
+    name that reads as a number or a boolean can be such a value, and only the lines naming one
+    are parsed again, into a variant that knows the value's JSON type (parsing every line so
+    doubled the endpoints' pass)."""
+    from pyspark.sql import functions as F
+
+    doubtful = [name for name in names if _NUMBER_OR_BOOLEAN.fullmatch(name)]
+    if not doubtful:
+        return names
+    given = F.schema_of_variant(F.variant_get(F.try_parse_json(F.col("value")), "$.endpoint", "variant"))
+    texts = lines.where(named.isin(doubtful) & (given == "STRING")).select(named).distinct().collect()
+    return names - set(doubtful) | {str(r[0]) for r in texts}
 
 
 def _checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:

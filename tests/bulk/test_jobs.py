@@ -223,3 +223,25 @@ async def _deliver(url: str, log: Any) -> None:
     await dispatcher.run_burst()
     await store.close()
     await transport.close()
+
+
+def test_an_import_makes_no_table_for_an_endpoint_that_is_not_text(spark: Any, tmp_path: Path) -> None:
+    """A JSON line's ``"endpoint": 5`` rejects the row; Spark's JSON functions read it as the text
+    "5", which once gave the store an empty table named 5."""
+    rows = [
+        {"endpoint": "good", "id": "m1", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"},
+        {"endpoint": 5, "id": "m2", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"},
+        {"endpoint": {"name": "x"}, "id": "m3", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"},
+        {"endpoint": True, "id": "m4", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"},
+    ]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    result = import_(spark, f"jsonl:{tmp_path / 'in'}", url)
+    assert (result.inserted, result.put_back) == (1, 3)
+    assert any("endpoint must be text, got a number (5)" in note for note in result.notes), result.notes
+    db = Database.from_url(url)
+    with db.session(write=False) as conn:
+        tables = {r[0] for r in db.execute(conn, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert not {t for t in tables if t.startswith(("5", "{", "true"))}, tables
+    assert set(store_rows(url, "good")) == {"m1"}
