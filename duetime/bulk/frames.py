@@ -382,10 +382,15 @@ def _arrow(schema: str) -> Any:
 
 def file_rows(spark: Any, path: str, fmt: str) -> int:
     """How many records the files hold, without checking any: a Parquet count reads only the
-    files' footers; a JSON Lines file is one record a line."""
-    if fmt == "parquet":
-        return int(spark.read.parquet(path).count())
-    return int(spark.read.text(path).count())
+    files' footers; a JSON Lines file is one record a line. A path with no files is refused."""
+    from duetime.bulk.hadoopfs import input_files, quiet, unreadable
+
+    input_files(spark, path)
+    try:
+        with quiet(spark):
+            return int((spark.read.parquet(path) if fmt == "parquet" else spark.read.text(path)).count())
+    except Exception as error:  # Py4J's and Spark's errors alike: a file of another format
+        raise ConfigurationError(unreadable(path, fmt, error)) from None
 
 
 def check_batch_rows(rows: int) -> None:

@@ -10,6 +10,7 @@ A path without a scheme means what it means to Spark: the cluster's default file
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -59,21 +60,22 @@ class Folder:
         self._call(lambda: self._fs.delete(self._path, True))
 
     def files(self) -> list[Listed]:
-        """Every data file under the folder (Spark's rule: names starting ``_`` or ``.`` are not
-        data), in path order; empty when the folder does not exist."""
-        if not self.exists():
-            return []
+        """Every data file under the folder, or under each path a glob (``/in/*.parquet``, as
+        Spark's readers take them) matches, in path order; empty when nothing is there. Spark's
+        rule: names starting ``_`` or ``.`` are not data."""
 
         def walk() -> list[Listed]:
             found: list[Listed] = []
-            it = self._fs.listFiles(self._path, True)
-            while it.hasNext():
-                status = it.next()
-                path = str(status.getPath().toString())
-                relative = path[len(self.uri) :].strip("/").split("/")
-                if any(part.startswith(("_", ".")) for part in relative if part):
-                    continue
-                found.append(Listed(path, int(status.getLen()), int(status.getModificationTime())))
+            for match in self._fs.globStatus(self._path) or []:
+                top = str(match.getPath().toString())
+                it = self._fs.listFiles(match.getPath(), True)
+                while it.hasNext():
+                    status = it.next()
+                    path = str(status.getPath().toString())
+                    relative = path[len(top) :].strip("/").split("/")
+                    if any(part.startswith(("_", ".")) for part in relative if part):
+                        continue
+                    found.append(Listed(path, int(status.getLen()), int(status.getModificationTime())))
             return sorted(found, key=lambda f: f.path)
 
         result: list[Listed] = self._call(walk)
@@ -84,6 +86,20 @@ class Folder:
             return action()
         except Exception as error:
             raise ConfigurationError(_why(self.uri, error)) from None
+
+
+def input_files(spark: Any, path: str) -> list[Listed]:
+    """The data files a job is to read at ``path``; refused in one line when there are none (Spark
+    would fail on a missing path with its own error, and read an empty folder as no rows)."""
+    folder = Folder(spark, path)
+    found = folder.files()
+    if not found:
+        globbed = any(c in path for c in "*?[{")
+        what = (
+            "holds no data files" if folder.exists() else "matches no file" if globbed else "does not exist"
+        )
+        raise ConfigurationError(f"{folder.uri}: {what}, so there is nothing to read; check the path.")
+    return found
 
 
 def check_writable(spark: Any, path: str) -> Folder:
@@ -134,15 +150,26 @@ def probe_cleanup(probe: Folder) -> None:
         probe.delete()
 
 
-def _why(path: str, error: Exception) -> str:
-    """One line from a JVM error: what failed, without the Java stack."""
+def unreadable(path: str, fmt: str, error: Exception) -> str:
+    """Why Spark could not read ``path`` as ``fmt`` (a file of another format, a broken one), in
+    one line."""
+    said = re.sub(r"^[\w.$]+(Exception|Error): ", "", first_line(error))  # the Java class's name
+    return f"{path}: cannot be read as {fmt} ({said[:300]}); check the path and the format."
+
+
+def first_line(error: Exception) -> str:
+    """A JVM error's first line: what failed, without the Java stack."""
     text = str(getattr(error, "java_exception", None) or error)
-    first = next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
+
+
+def _why(path: str, error: Exception) -> str:
+    first = first_line(error)
     missing = "ClassNotFoundException" in first and "FileSystem" in first
     if missing or "No FileSystem for scheme" in first or "UnsupportedFileSystemException" in first:
         scheme = path.split(":", 1)[0]
         return (
             f"{path}: this Spark has no filesystem for {scheme!r} ({first.rsplit(':', 1)[-1].strip()}); "
-            "add its connector to the cluster (e.g. hadoop-aws for s3a:) or write elsewhere."
+            "add its connector to the cluster (e.g. hadoop-aws for s3a:) or use another filesystem."
         )
     return f"{path}: cannot be written or read ({first[:300]}); check the path and its permissions."

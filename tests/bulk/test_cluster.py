@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bulk import sftp_server
 from tests.bulk.conftest import count, create_timeoutdata, store_planner_rows, timeout_rows
 from tests.bulk.standalone import StandaloneCluster, die_with_parent
 from tests.bulk.test_migrate import seed_store, store_rows
@@ -69,6 +70,7 @@ class Driver:
             "--master", cluster.master,
             "--conf", "spark.sql.session.timeZone=America/New_York",
             "--conf", "spark.ui.enabled=true",
+            *(arg for key, value in sftp_server.spark_conf().items() for arg in ("--conf", f"{key}={value}")),
             str(WARM_DRIVER),
         ]  # fmt: skip
         with self.log.open("wb") as log:
@@ -143,6 +145,42 @@ def driver(warm: WarmDriver) -> Driver:
     return warm.get()
 
 
+class Sftp:
+    """An SFTP server (``tests/bulk/sftp_server.py``) serving a folder the executors' disks do
+    not have: files get there only through the filesystem, over the network."""
+
+    def __init__(self, root: Path, work: Path) -> None:
+        self.root = root
+        self.log = work / "sftp.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.bulk.sftp_server", str(root)],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=Path(__file__).parents[2],
+                preexec_fn=die_with_parent,
+            )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode()  # "port N", or nothing if it died
+        assert line.startswith("port "), self.log.read_text()
+        self.url = f"sftp://{sftp_server.USER}@127.0.0.1:{int(line.split()[1])}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def sftp(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sftp]:
+    root = cluster.hidden / "sftp"
+    root.mkdir()
+    server = Sftp(root, tmp_path_factory.mktemp("sftp"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def _ok(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     return result.stdout
@@ -215,6 +253,42 @@ def test_migrate_then_export_and_import_row_for_row_and_new_files_are_a_new_impo
         assert again["inserted"] == 500, again
         assert store_rows(copy, "Orders") == moved
         assert set(store_rows(copy, "Later")) == {m.message_id for m in others}
+
+
+@pytest.mark.timeout(420)
+def test_a_networked_filesystem_takes_a_migration_gives_it_back_and_takes_an_export(
+    driver: Driver, sftp: Sftp, tmp_path: Path
+) -> None:
+    """``sftp://`` stands for HDFS, S3 and the like: a Hadoop filesystem the cluster is configured
+    with (``--conf spark.hadoop.fs.sftp.impl=…``), reached over the network, whose files no local
+    path of an executor or of the driver names. Every file operation of the jobs (the probe, the
+    committed folder, the run's listing, the reads) goes through it."""
+    with postgres_schema() as pg:
+        messages = {m.message_id: m for m in seed_store(pg, "Net", 3_000)}
+        moved = json.loads(
+            _ok(
+                driver.run(
+                    "migrate", "--from", pg, "--to", f"parquet:{sftp.url}/timeouts", "--endpoint", "Net",
+                    "--mode", "migrate", "--json",
+                )
+            )
+        )  # fmt: skip
+        assert moved["inserted"] == 3_000 and store_rows(pg, "Net") == {}
+        assert len(list((sftp.root / "timeouts").glob("run=*/_SUCCESS"))) == 1
+        assert not list((sftp.root / "timeouts").glob("**/_duetime_probe-*"))  # the probe cleaned up
+        copy = f"sqlite:///{tmp_path / 'copy.db'}"
+        back = json.loads(
+            _ok(driver.run("import", "--from", f"parquet:{sftp.url}/timeouts", "--to", copy, "--json"))
+        )
+        assert back["inserted"] == 3_000 and store_rows(copy, "Net") == messages
+        _ok(driver.run("export", "--from", copy, "--to", f"jsonl:{sftp.url}/export"))
+        exported = [
+            json.loads(line)
+            for f in (sftp.root / "export").glob("part-*")
+            for line in f.read_text().splitlines()
+        ]
+        assert sorted(row["message_id"] for row in exported) == sorted(messages)
+        assert (sftp.root / "export" / "_SUCCESS").exists()
 
 
 @pytest.mark.timeout(420)

@@ -133,3 +133,47 @@ def test_a_folder_migration_killed_after_the_files_committed_is_aborted_as_it_wo
             len(store_rows(pg, "late")) == 0
             and DbSource(Database.from_url(spec.source)).staged(ended["run_id"], 0) == []
         )
+
+
+def test_an_input_that_is_missing_empty_or_of_another_format_is_refused_in_one_line(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Spark's own errors here were a Java stack behind "internal error"; an empty folder read as
+    no rows at all."""
+    from duetime.bulk.schedule import schedule
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "lines" / "rows.jsonl").write_text('{"destination": "q"}\n')
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    refused = {
+        f"parquet:{tmp_path / 'none'}": r"/none: does not exist, so there is nothing to read; check the path\.",
+        f"parquet:{tmp_path / 'empty'}": r"/empty: holds no data files",
+        f"jsonl:{tmp_path / 'lines'}/*.json": r"/lines/\*\.json: matches no file",
+        f"parquet:{tmp_path / 'lines'}": r"/lines: cannot be read as parquet \(\[FAILED_READ_FILE.*check the path and the format\.",
+    }
+    for path, why in refused.items():
+        with pytest.raises(ConfigurationError, match=why) as caught:
+            import_(spark, path, url)
+        assert "\n" not in str(caught.value) and "Exception" not in str(caught.value)
+        with pytest.raises(ConfigurationError, match=why):
+            schedule(spark, path, url, endpoint="e", job="j")
+    assert not (tmp_path / "store.db").exists() or not store_rows(url, "e")
+
+
+def test_a_glob_reads_what_it_matches_and_other_files_it_matches_later_are_a_new_import(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A run's identity lists what the glob matches: listing the glob itself as a folder found
+    nothing, so every glob import was the same run and the second was skipped as written before."""
+    first = seed_store(f"sqlite:///{tmp_path / 'a.db'}", "A", 40)
+    export(spark, f"sqlite:///{tmp_path / 'a.db'}", f"parquet:{tmp_path / 'out'}", "A")
+    target = f"sqlite:///{tmp_path / 'store.db'}"
+    glob = f"parquet:{tmp_path / 'out'}/part-*.parquet"
+    assert import_(spark, glob, target).inserted == 40
+    assert import_(spark, glob, target).inserted == 0  # the same files: written before
+    later = seed_store(f"sqlite:///{tmp_path / 'b.db'}", "B", 25)
+    export(spark, f"sqlite:///{tmp_path / 'b.db'}", f"parquet:{tmp_path / 'out'}", "B")
+    assert import_(spark, glob, target).inserted == 25
+    assert set(store_rows(target, "A")) == {m.message_id for m in first}
+    assert set(store_rows(target, "B")) == {m.message_id for m in later}
