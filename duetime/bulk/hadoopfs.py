@@ -122,10 +122,10 @@ def check_writable(spark: Any, path: str) -> Folder:
     try:
         seen = len([f for f in probe.files() if f.path.endswith(".parquet")])
     finally:
-        probe_cleanup(probe)
+        # a folder the probe made goes too: the job writes it again, and one that fails before
+        # (a source that is not there) leaves no empty folder behind
+        probe_cleanup(probe if existed else folder)
     if seen < parts:
-        if not existed:  # leave no empty folder behind on the driver's disk
-            probe_cleanup(folder)
         raise ConfigurationError(
             f"{folder.uri}: the executors wrote {parts} files there but the driver sees {seen}, so it is "
             "not a place every machine of the cluster shares. Write to a shared filesystem "

@@ -16,9 +16,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from duetime.bulk.hadoopfs import input_files
 from duetime.bulk.preview import source_frame
 from duetime.clock import SYSTEM, from_micros, to_micros
-from duetime.sqldb import Database
+from duetime.errors import ConfigurationError
+from duetime.sqldb import STATE_TABLES, Database
 
 #: Due-time buckets, from now: (name, upper bound in seconds from now; None = no bound)
 HORIZONS: tuple[tuple[str, float | None], ...] = (
@@ -146,14 +148,28 @@ def _log_frame(spark: Any, log: str) -> Any:
     )
     scheme, _, rest = log.partition(":")
     if scheme == "jsonl":
-        path = rest[2:] if rest.startswith("//") else rest
-        raw = spark.read.json(str(Path(path) / "*.jsonl"))
+        # a Hadoop path (jsonl:hdfs://nn/logs), never pathlib's, which folds the "//" of a URI
+        files = f"{rest.rstrip('/')}/*.jsonl"
+        input_files(spark, files)  # no log files there: one line, not Spark's missing-path error
+        raw = spark.read.json(files)
         return raw.select(
             F.unix_micros(F.to_timestamp("due_at")).alias("due_us"),
             F.unix_micros(F.to_timestamp("dispatched_at")).alias("dispatched_us"),
             F.col("outcome"),
         )
-    Database.from_url(log)  # a bad URL fails here, on the driver, in one line
+    try:
+        db = Database.from_url(log)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"--delivery-log takes jsonl:/folder (the dispatcher's JSON Lines files) or a database "
+            f"URL, not {log!r}."
+        ) from None
+    with db.session(write=False) as conn:  # unreachable or without a log: one line, on the driver
+        if not db.table_exists(conn, STATE_TABLES["log"]):
+            raise ConfigurationError(
+                f"{db.display} has no delivery log ({STATE_TABLES['log']}); run the dispatcher with "
+                "--delivery-log pointing there first."
+            )
     url = log
 
     def read(batches: Iterator[Any]) -> Iterator[Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +42,8 @@ def spark_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Under spark-submit the JVM gateway already runs, started with the --master it was given.
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master:
+        check_master(master)
     builder = SparkSession.builder.appName(app)
     if master or not submitted:
         builder = builder.master(master or DEFAULT_MASTER)
@@ -50,9 +54,44 @@ def spark_session(
             builder = builder.config(key, value)
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    try:
+        session = builder.getOrCreate()
+    except Exception as error:  # the JVM's reason is on stderr above; this is the one line after it
+        from duetime.bulk.hadoopfs import first_line
+
+        raise ConfigurationError(
+            f"Spark did not start ({first_line(error)[:300]}); check --master, --conf and Java 17."
+        ) from None
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+#: The masters Spark takes (spark-submit's own check, and the standalone master's URL form).
+_MASTER = re.compile(r"local(\[(\*|\d+)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|k8s://.+|spark://.+")
+
+
+def check_master(master: str) -> None:
+    """Refuse a master Spark would not take, and a standalone master that does not answer, in one
+    line and at once: Spark would print a Java stack, or retry for a minute before giving up."""
+    if not _MASTER.fullmatch(master):
+        raise ConfigurationError(
+            f"--master {master!r} is not a Spark master: use local[*], spark://host:7077, yarn or "
+            "k8s://https://host:port."
+        )
+    if not master.startswith("spark://"):
+        return
+    reasons = []
+    for address in master.removeprefix("spark://").split(","):  # several: a master and standbys
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]") or address, int(port or 7077)), timeout=5).close()
+            return
+        except (OSError, ValueError) as error:
+            reasons.append(f"{address}: {getattr(error, 'strerror', None) or error}")
+    raise ConfigurationError(
+        f"cannot connect to the Spark master {master} ({'; '.join(reasons)}); check that it runs "
+        "and that this machine reaches it."
+    )
 
 
 def _configured(submitted: bool = False) -> set[str]:

@@ -63,6 +63,9 @@ class DbSource:
                     )
                 return [(endpoint, table)]
             found = self.layout.discover(conn)
+            named = self.db.table
+            if named and not self.db.table_exists(conn, named):
+                raise ConfigurationError(f"{self.display} has no table {named!r}; check ?table=….")
         if not found:
             raise ConfigurationError(
                 f"{self.display} holds no {self.layout.name} tables; name one with --endpoint or ?table=…."

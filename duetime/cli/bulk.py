@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -73,6 +74,17 @@ def _guard(action: Callable[[], None]) -> None:
         action()
     except DuetimeError as error:
         raise fail(str(error)) from None
+    except Exception as error:
+        # One of our errors raised in a Spark task reaches the driver inside Spark's own (a
+        # PythonException holding the task's traceback): say it as the driver would have.
+        ours = _TASK_ERROR.findall(str(error))
+        if not ours:
+            raise
+        raise fail(ours[-1].strip()) from None
+
+
+#: The last line of a task's traceback when it ended in a duetime error.
+_TASK_ERROR = re.compile(r"^duetime\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
 def _progress(label: str) -> tuple[Progress, Callable[[int, int], None]]:

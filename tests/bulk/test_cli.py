@@ -131,6 +131,52 @@ def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
     assert period.returncode != 0 and "--period must be second, minute, hour or day" in period.stderr
 
 
+def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_path: Path) -> None:
+    """A wrong master, a database or table that is not there, a missing input: each once stopped
+    with "internal error" and a Java or Python stack (an unreachable master after a minute)."""
+    from tests.services import MARIADB, POSTGRES
+
+    no_db = POSTGRES.rsplit("/", 1)[0] + "/duetime_no_such_db"
+    cases = [
+        (
+            ("--master", "spark://127.0.0.1:1"),
+            "cannot connect to the Spark master spark://127.0.0.1:1 (127.0.0.1:1: ",
+        ),
+        (
+            ("--master", "spark-master:7077"),
+            "--master 'spark-master:7077' is not a Spark master: use local[*]",
+        ),
+        (
+            ("--from", no_db),
+            'cannot connect to postgresql://postgres@127.0.0.1:5432/duetime_no_such_db: database "',
+        ),
+        (
+            ("--from", MARIADB.rsplit("/", 1)[0] + "/duetime_no_such_db"),
+            "Unknown database 'duetime_no_such_db'",
+        ),
+        (
+            ("--from", f"{POSTGRES}?table=duetime_no_such_table"),
+            "has no table 'duetime_no_such_table'; check ?table=",
+        ),
+    ]
+    for args, message in cases:
+        given = dict(zip(args[::2], args[1::2], strict=True))
+        command = ["bulk", "export", "--from", given.get("--from", "sqlite:///x.db"), "--to", "parquet:out"]
+        if "--master" in given:
+            command += ["--master", given["--master"]]
+        started = time.monotonic()
+        result = run_cli(*command, cwd=tmp_path, timeout=180)
+        assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
+        assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+        if "--master" in given:
+            assert time.monotonic() - started < 20  # Spark itself retries for a minute
+    missing = run_cli("bulk", "import", "--from", "jsonl:in/*.jsonl", "--to", "sqlite:///x.db", cwd=tmp_path)
+    assert missing.returncode == 1 and "/in/*.jsonl: matches no file" in missing.stderr, missing.stderr[
+        -2000:
+    ]
+    assert not (tmp_path / "out").exists()
+
+
 def test_batch_rows_on_import_and_schedule_as_a_user_runs_them(tmp_path: Path) -> None:
     """One Parquet row group of 3,000 rows, imported with --batch-rows 1000, is three ledgered
     batches; a --batch-rows out of range is one line, before Spark starts."""

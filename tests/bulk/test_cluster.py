@@ -291,6 +291,25 @@ def test_a_networked_filesystem_takes_a_migration_gives_it_back_and_takes_an_exp
         assert (sftp.root / "export" / "_SUCCESS").exists()
 
 
+@pytest.mark.timeout(300)
+def test_an_error_of_ours_in_an_executor_is_the_one_line_it_says(
+    cluster: Cluster, driver: Driver, tmp_path: Path
+) -> None:
+    """A SQLite store on the driver's disk, which the executors do not have: the driver makes the
+    tables, then each task's connection fails. Spark hands the driver that failure inside its own
+    (a Python traceback in a Java exception), which came out as "internal error" and a stack."""
+    rows = tmp_path / "rows"
+    seed_store(f"sqlite:///{tmp_path / 'source.db'}", "Local", 200)
+    _ok(driver.run("export", "--from", f"sqlite:///{tmp_path / 'source.db'}", "--to", f"parquet:{rows}"))
+    stores = cluster.hidden / "stores"
+    stores.mkdir()
+    result = driver.run("import", "--from", f"parquet:{rows}", "--to", f"sqlite:///{stores}/store.db")
+    assert result.returncode == 1, result.stdout
+    assert result.stderr.startswith("error: Folder ") and "does not exist; create it" in result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 @pytest.mark.timeout(420)
 def test_schedule_from_several_files_then_migrate_into_a_folder(driver: Driver, tmp_path: Path) -> None:
     with postgres_schema() as pg:

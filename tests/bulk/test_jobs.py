@@ -193,6 +193,8 @@ def test_report_counts_match_a_hand_count_and_lateness_comes_from_the_delivery_l
     assert sum(len(f.read_text().splitlines()) for f in logs.glob("*.jsonl")) == 1
     late = lateness(spark, f"jsonl:{logs}")
     assert sum(x.deliveries for x in late) == 1 and late[0].p50_ms >= 0
+    # a Hadoop URI, as on a cluster (pathlib folded its "//" away)
+    assert sum(x.deliveries for x in lateness(spark, f"jsonl:file://{logs}/")) == 1
     table_log = f"sqlite:///{tmp_path / 'log.db'}"
     sql_log = SqlDeliveryLog(table_log)
     from duetime.deliverylog import Delivery
@@ -245,3 +247,22 @@ def test_an_import_makes_no_table_for_an_endpoint_that_is_not_text(spark: Any, t
         tables = {r[0] for r in db.execute(conn, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not {t for t in tables if t.startswith(("5", "{", "true"))}, tables
     assert set(store_rows(url, "good")) == {"m1"}
+
+
+def test_a_delivery_log_the_report_cannot_read_is_one_line(spark: Any, tmp_path: Path) -> None:
+    """Each stopped the report with "internal error": a folder without log files (Spark's missing
+    path), a database without the log table and one that does not answer (failing in a task)."""
+    import pytest
+
+    from duetime.errors import DuetimeError
+
+    (tmp_path / "empty").mkdir()
+    cases = {
+        f"jsonl:{tmp_path / 'empty'}": r"/empty/\*\.jsonl: matches no file",
+        f"sqlite:///{tmp_path / 'other.db'}": r"has no delivery log \(duetime_delivery_log\); run the dispatcher",
+        "postgresql://postgres@127.0.0.1:1/test": "cannot connect to postgresql://postgres@127.0.0.1:1/test",
+        str(tmp_path / "log"): r"--delivery-log takes jsonl:/folder .* or a database URL, not",
+    }
+    for log, why in cases.items():
+        with pytest.raises(DuetimeError, match=why):
+            lateness(spark, log)
