@@ -72,10 +72,23 @@ def schedule(
         frame = checked_frame(rows, endpoint)
     # Where the rejects go is checked before anything is stored: a folder the cluster cannot
     # really write would otherwise lose the reasons after the valid rows were in.
-    there = Folder(spark, rejects or f"rejects-{job}").exists()
-    folder = check_writable(spark, rejects or f"rejects-{job}")
+    rejects = _rejects_folder(rejects) or f"rejects-{job}"
+    there = Folder(spark, rejects).exists()
+    folder = check_writable(spark, rejects)
     with kept(frame) as checked:  # checked once: endpoints, writes and rejects read it again
         return _schedule(checked, store_url, job, folder, there)
+
+
+def _rejects_folder(given: str | None) -> str | None:
+    """Rejects are always JSON Lines: ``jsonl:PATH`` is PATH, as the inputs are written."""
+    kind = file_kind(given) if given else None
+    if kind is None:
+        return given
+    if kind[0] != "jsonl":
+        raise ConfigurationError(
+            f"--rejects is a folder of JSON Lines: give PATH or jsonl:PATH, not {given!r}."
+        )
+    return kind[1]
 
 
 def _schedule(frame: Any, store_url: str, job: str, folder: Folder, there: bool) -> Scheduled:

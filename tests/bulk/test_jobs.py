@@ -266,3 +266,16 @@ def test_a_delivery_log_the_report_cannot_read_is_one_line(spark: Any, tmp_path:
     for log, why in cases.items():
         with pytest.raises(DuetimeError, match=why):
             lateness(spark, log)
+
+
+def test_rejects_are_a_folder_written_plainly_or_as_jsonl() -> None:
+    import pytest
+
+    from duetime.bulk.schedule import _rejects_folder
+    from duetime.errors import ConfigurationError
+
+    assert _rejects_folder("jsonl:/data/rejects") == "/data/rejects"
+    assert _rejects_folder("hdfs://nn/rejects") == "hdfs://nn/rejects"
+    assert _rejects_folder(None) is None
+    with pytest.raises(ConfigurationError, match="--rejects is a folder of JSON Lines"):
+        _rejects_folder("parquet:/data/rejects")
