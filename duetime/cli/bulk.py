@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from duetime.durations import parse_time
-from duetime.errors import DuetimeError
+from duetime.errors import ConfigurationError, DuetimeError
 from duetime.names import check_name
 from duetime.terminal import console, err, fail, show
 
@@ -346,6 +347,12 @@ def report(
     def go() -> None:
         from duetime.bulk import report as r
 
+        # the report is small and written on this machine: a place it cannot go is said before
+        # Spark counts anything, not after
+        if html is not None:
+            _can_write(html.parent, html)
+        if csv_dir is not None:
+            _can_write(csv_dir, None)
         with _spark(master, conf) as spark, console.status("counting…"):
             found = r.backlog(spark, store, endpoint)
             if delivery_log:
@@ -359,6 +366,21 @@ def report(
             console.print(f"wrote {r.write_html(found, html)}")
 
     _guard(go)
+
+
+def _can_write(folder: Path, file: Path | None) -> None:
+    """``folder`` (made if missing) takes new files, and ``file`` is not a folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".duetime-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigurationError(
+            f"cannot write the report into {folder}: {error.strerror or error}."
+        ) from None
+    if file is not None and file.is_dir():
+        raise ConfigurationError(f"--html {file} is a folder; name the file, e.g. {file / 'report.html'}.")
 
 
 def _print_report(found: Any) -> None:

@@ -175,6 +175,12 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         -2000:
     ]
     assert not (tmp_path / "out").exists()
+    for flag, place, said in (
+        ("--html", ".", "--html . is a folder; name the file, e.g. report.html."),
+        ("--csv", "/proc/1/csv", "cannot write the report into /proc/1/csv: No such file or directory."),
+    ):
+        report = run_cli("bulk", "report", "--store", "sqlite:///x.db", flag, place, cwd=tmp_path)
+        assert report.returncode == 1 and said in report.stderr, report.stderr[-2000:]
 
 
 def test_batch_rows_on_import_and_schedule_as_a_user_runs_them(tmp_path: Path) -> None:
