@@ -75,6 +75,15 @@ def _guard(action: Callable[[], None]) -> None:
         action()
     except DuetimeError as error:
         raise fail(str(error)) from None
+    except KeyboardInterrupt:
+        # Every job commits batch by batch behind a ledger (files: only a complete folder counts),
+        # so a stopped job loses nothing and the same command goes on from where it stopped.
+        raise fail(
+            "what was committed stays; run the same command again to go on from there "
+            "(or undo a migration with --mode abort).",
+            code=130,
+            label="stopped:",
+        ) from None
     except Exception as error:
         # One of our errors raised in a Spark task reaches the driver inside Spark's own (a
         # PythonException holding the task's traceback): say it as the driver would have.

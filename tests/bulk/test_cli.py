@@ -49,20 +49,29 @@ def test_preview_then_a_migration_killed_twice_then_resumed(tmp_path: Path) -> N
         state = Database.from_url(pg)
         seen = 0
         rng = random.Random(7)
-        for _ in range(2):
+        # kill -9 (driver, JVM and Python workers at once), then Ctrl-C (SIGINT to the group, as
+        # a terminal sends it): each stops the run part way, and the next goes on
+        for stop in (signal.SIGKILL, signal.SIGINT):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "duetime", *args, "--mode", "migrate", "--batch-rows", "250"],
                 cwd=tmp_path,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
                 start_new_session=True,
             )
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and _progress(state) <= seen and proc.poll() is None:
                 time.sleep(0.05)
-            time.sleep(rng.uniform(0, 0.5))
-            os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and Python workers at once
-            proc.wait()
+            if stop == signal.SIGKILL:
+                time.sleep(rng.uniform(0, 0.5))
+            running = proc.poll() is None  # Ctrl-C at once: a fast machine may finish the run
+            os.killpg(proc.pid, stop)
+            _, said = proc.communicate(timeout=120)
+            if stop == signal.SIGINT and running:
+                assert proc.returncode == 130, said[-3000:]
+                assert "stopped: what was committed stays; run the same command again" in said
+                assert "Traceback" not in said and "internal error" not in said
             seen = _progress(state)
         done = run_cli(*args, "--mode", "migrate", "--batch-rows", "250", timeout=240)
         assert done.returncode == 0, done.stdout + done.stderr
