@@ -53,6 +53,13 @@ class DbSource:
     # -- reading --------------------------------------------------------------------------------
 
     def tables(self, endpoint: str | None) -> list[tuple[str, str]]:
+        if self.db.dialect == "sqlite":  # opening a file that is not there would make an empty one
+            from duetime.backends.sqlite.connection import parse_sqlite_url
+
+            if not parse_sqlite_url(self.db.url)[0].exists():
+                raise ConfigurationError(
+                    f"{self.display}: no such file, so there is nothing to read; check the path."
+                )
         with self.db.session(write=False) as conn:
             if endpoint is not None:
                 table = self.layout.table_for(endpoint)

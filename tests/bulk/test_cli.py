@@ -167,6 +167,7 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
             ("--from", f"{POSTGRES}?table=duetime_no_such_table"),
             "has no table 'duetime_no_such_table'; check ?table=",
         ),
+        (("--from", "sqlite:///typo.db"), "sqlite:///typo.db: no such file, so there is nothing to read"),
     ]
     for args, message in cases:
         given = dict(zip(args[::2], args[1::2], strict=True))
@@ -183,7 +184,7 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
     assert missing.returncode == 1 and "/in/*.jsonl: matches no file" in missing.stderr, missing.stderr[
         -2000:
     ]
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "typo.db").exists()
     for flag, place, said in (
         ("--html", ".", "--html . is a folder; name the file, e.g. report.html."),
         ("--csv", "/proc/1/csv", "cannot write the report into /proc/1/csv: No such file or directory."),
