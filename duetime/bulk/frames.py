@@ -211,9 +211,15 @@ def derived_id(destination: object, due_us: int | None, body: bytes, headers: st
     return str(uuid.uuid5(_NAMESPACE, digest.hexdigest()))
 
 
-def _json_line(line: str) -> dict[str, Any]:
+def _json_line(line: str | bytes) -> dict[str, Any]:
     try:
-        data = json.loads(line)
+        data = json.loads(line.decode() if isinstance(line, bytes) else line)
+    except UnicodeDecodeError as error:
+        return {
+            "destination": None,
+            "due_at": None,
+            "_error": f"line is not UTF-8 text (byte {error.object[error.start]:#04x} at {error.start})",
+        }
     except ValueError as error:
         return {
             "destination": None,
@@ -492,6 +498,8 @@ def _given_as_text(lines: Any, named: Any, names: set[str]) -> set[str]:
 
 
 def _checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any:
+    from pyspark.sql import functions as F
+
     if fmt == "parquet":
         return checked_frame(spark.read.parquet(path), endpoint)
     if fmt != "jsonl":
@@ -501,7 +509,13 @@ def _checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any
         lines = (line for b in batches for line in b.column("value").to_pylist())
         return arrow_chunks(check_json(_json_line(line), endpoint) for line in lines)
 
-    return spark.read.text(path).select("value").mapInArrow(run, RECORD_SCHEMA)
+    # Bytes, not text: Spark's reader passes a line that is not UTF-8 through as it is, and
+    # Arrow's text column would fail the whole task on it; here it is that line's reason.
+    return (
+        spark.read.text(path)
+        .select(F.col("value").cast("binary").alias("value"))
+        .mapInArrow(run, RECORD_SCHEMA)
+    )
 
 
 def checked_frame(df: Any, endpoint: str | None) -> Any:

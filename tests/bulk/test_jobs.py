@@ -279,3 +279,24 @@ def test_rejects_are_a_folder_written_plainly_or_as_jsonl() -> None:
     assert _rejects_folder(None) is None
     with pytest.raises(ConfigurationError, match="--rejects is a folder of JSON Lines"):
         _rejects_folder("parquet:/data/rejects")
+
+
+def test_a_json_line_that_is_not_utf8_is_that_lines_reason(spark: Any, tmp_path: Path) -> None:
+    """One byte that is not UTF-8 failed the whole import's task ("internal error" and a stack)."""
+    (tmp_path / "in").mkdir()
+    good = {"id": "ok", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00", "body": "fine"}
+    (tmp_path / "in" / "rows.jsonl").write_bytes(
+        b'{"id": "bad", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00", "body": "\xff"}\n'
+        + json.dumps(good).encode()
+        + b"\n"
+    )
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    result = import_(spark, f"jsonl:{tmp_path / 'in'}", url, "e")
+    assert (result.inserted, result.put_back) == (1, 1)
+    assert result.notes == ["?: line is not UTF-8 text (byte 0xff at 82)"], result.notes
+    assert set(store_rows(url, "e")) == {"ok"}
+    done = schedule(
+        spark, f"jsonl:{tmp_path / 'in'}", url, endpoint="s", job="utf8", rejects=str(tmp_path / "rej")
+    )
+    assert (done.stored, done.rejected) == (1, 1)
+    assert "line is not UTF-8 text" in next((tmp_path / "rej").glob("part-*")).read_text()
