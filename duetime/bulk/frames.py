@@ -31,59 +31,43 @@ _NAMESPACE = uuid.UUID("6f0c5c2e-8f55-4c1a-9d7e-2b1f3a9c6d10")
 
 
 def normalize(df: Any) -> Any:
-    """Turn a DataFrame with the accepted columns into JSON-safe columns Python can read exactly."""
+    """The accepted columns of a DataFrame, each as Python will read it in :func:`check_row`.
+
+    Values pass through as the table holds them, so a value of the wrong type is that row's reason
+    by the same rules as a JSON line's (a number as the destination or the body, a struct as the
+    id, 1.5 failures), never a cast that quietly makes it something else ("5", the text "2" as a
+    body, one failure). Only what has one faithful form is converted here: a timestamp becomes its
+    microseconds since 1970, headers given as a map or struct become their JSON object."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import BinaryType, MapType, StringType, StructType, TimestampNTZType, TimestampType
+    from pyspark.sql.types import MapType, StructType, TimestampNTZType, TimestampType
 
     fields = {f.name: f.dataType for f in df.schema.fields}
     if "destination" not in fields or "due_at" not in fields:
         raise ConfigurationError(
             f"Rows need at least 'destination' and 'due_at' columns; these have {sorted(fields)}."
         )
-    cols = [F.col("destination").cast("string").alias("destination")]
-    due = fields["due_at"]
-    if isinstance(due, TimestampType | TimestampNTZType):
-        cols.append(F.unix_micros(F.col("due_at").cast("timestamp")).cast("string").alias("due_at"))
-    else:
-        cols.append(F.col("due_at").cast("string").alias("due_at"))
-    ident = "message_id" if "message_id" in fields else "id" if "id" in fields else None
-    cols.append((F.col(ident).cast("string") if ident else F.lit(None).cast("string")).alias("message_id"))
-    if "body" in fields:
-        body = fields["body"]
-        cols.append(
-            (
-                F.col("body")
-                if isinstance(body, BinaryType)
-                else F.encode(F.col("body").cast("string"), "UTF-8")
-            ).alias("body")
-        )
-    elif "body_base64" in fields:
-        cols.append(F.unbase64(F.col("body_base64")).alias("body"))
-    else:
-        cols.append(F.lit(b"").cast("binary").alias("body"))
-    if "headers" in fields:
-        h = fields["headers"]
-        cols.append(
-            (
-                F.to_json(F.col("headers"))
-                if isinstance(h, MapType | StructType)
-                else F.col("headers").cast(StringType())
-            ).alias("headers")
-        )
-    else:
-        cols.append(F.lit(None).cast("string").alias("headers"))
-    cols.append(
-        (F.col("endpoint").cast("string") if "endpoint" in fields else F.lit(None).cast("string")).alias(
-            "endpoint"
-        )
+
+    def given(name: str, *others: str) -> Any:
+        found = next((n for n in (name, *others) if n in fields), None)
+        return (F.col(found) if found else F.lit(None)).alias(name)
+
+    due = F.col("due_at")
+    if isinstance(fields["due_at"], TimestampType | TimestampNTZType):
+        due = F.unix_micros(due.cast("timestamp"))
+    headers = F.col("headers") if "headers" in fields else F.lit(None)
+    if isinstance(fields.get("headers"), MapType | StructType):
+        headers = F.to_json(headers)
+    return df.select(
+        given("destination"),
+        due.alias("due_at"),
+        given("message_id", "id"),
+        given("body"),
+        given("body_base64"),
+        headers.alias("headers"),
+        given("endpoint"),
+        given("failure_count"),
+        given("group"),
     )
-    cols.append(
-        (F.col("failure_count").cast("int") if "failure_count" in fields else F.lit(0)).alias("failure_count")
-    )
-    cols.append(
-        (F.col("group").cast("string") if "group" in fields else F.lit(None).cast("string")).alias("group")
-    )
-    return df.select(*cols)
 
 
 def checked_rows(rows: Iterable[Any], endpoint: str | None) -> Iterator[Checked]:
@@ -101,11 +85,12 @@ def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
     due_text = data.get("due_at")
     due_us: int | None = None
     try:
-        due_us = (
-            None
-            if due_text is None
-            else (int(due_text) if str(due_text).lstrip("-").isdigit() else due_us_of(str(due_text)))
-        )
+        if due_text is None:
+            due_us = None
+        elif isinstance(due_text, int) and not isinstance(due_text, bool):  # a timestamp column's µs
+            due_us = due_text
+        else:
+            due_us = int(due_text) if str(due_text).lstrip("-").isdigit() else due_us_of(str(due_text))
     except (InvalidMessage, ValueError) as error:
         reasons.append(f"due time {due_text!r} cannot be read: {error}")
     headers = data.get("headers")
@@ -466,9 +451,9 @@ def file_endpoints(spark: Any, path: str, fmt: str, endpoint: str | None) -> lis
 
     if fmt == "parquet":
         files = spark.read.parquet(path)
-        if "endpoint" not in files.columns:
+        if dict(files.dtypes).get("endpoint") != "string":  # none, or every row's is a reason
             return [endpoint] if endpoint else []
-        named = F.col("endpoint").cast("string")
+        named = F.col("endpoint")
     else:
         files = spark.read.text(path)
         named = F.get_json_object(F.col("value"), "$.endpoint")

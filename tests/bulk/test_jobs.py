@@ -300,3 +300,45 @@ def test_a_json_line_that_is_not_utf8_is_that_lines_reason(spark: Any, tmp_path:
     )
     assert (done.stored, done.rejected) == (1, 1)
     assert "line is not UTF-8 text" in next((tmp_path / "rej").glob("part-*")).read_text()
+
+
+def test_a_parquet_column_of_the_wrong_type_is_each_rows_reason_not_a_cast(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The rules a JSON line meets, for typed columns: a cast to text or to a whole number once
+    stored a numeric destination as "6", a numeric body as the text "2" and 1.5 failures as 1."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    due = datetime(2031, 1, 1, tzinfo=UTC)
+    good = {"id": pa.array([7]), "destination": ["q"], "due_at": [due], "body": ["text body"]}
+    good |= {"headers": pa.array([[("k", "v")]], pa.map_(pa.string(), pa.string())), "failure_count": [2]}
+    wrong = {
+        "destination": ({"destination": [6]}, "destination must be text, got a number (6)."),
+        "body": ({"body": [2]}, "body must be text or bytes, got a number (2)."),
+        "failures": ({"failure_count": [1.5]}, "failure_count must be a whole number, got a number (1.5)."),
+        "id": ({"id": [1.0]}, "message id must be text, got a number (1.0)."),
+        "group": ({"group": [3]}, "group must be text, got a number (3)."),
+        "endpoint": ({"endpoint": [5]}, "endpoint must be text, got a number (5)."),
+    }
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    folder = tmp_path / "good"
+    folder.mkdir()
+    pq.write_table(pa.table(good), folder / "rows.parquet")
+    assert import_(spark, f"parquet:{folder}", url, "e").inserted == 1
+    stored = store_rows(url, "e")["7"]
+    assert (stored.destination, stored.body, stored.headers, stored.failure_count) == (
+        "q",
+        b"text body",
+        {"k": "v"},
+        2,
+    )
+    for name, (columns, reason) in wrong.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        row = {"id": ["x"], "destination": ["q"], "due_at": [due]} | columns
+        pq.write_table(pa.table(row), folder / "rows.parquet")
+        result = import_(spark, f"parquet:{folder}", url, "e")
+        assert (result.inserted, result.put_back) == (0, 1), name
+        assert reason in result.notes[0], result.notes
+    assert set(store_rows(url, "e")) == {"7"}
