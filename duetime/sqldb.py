@@ -81,6 +81,18 @@ class Database:
             display=redact(url),
         )
 
+    @property
+    def place(self) -> tuple[str, ...]:
+        """Where its tables are: two URLs of one place name the same tables (a host spelled two
+        ways is two places: this errs on the side of "different")."""
+        if self.dialect == "sqlite":
+            from duetime.backends.sqlite.connection import parse_sqlite_url
+
+            return ("sqlite", str(parse_sqlite_url(self.url)[0].resolve()))
+        parts = urlsplit(self.url)
+        host, port, name = (parts.hostname or "").lower(), str(parts.port or ""), parts.path.strip("/")
+        return (self.dialect, host, port, name, self.schema or "")
+
     def store_url(self, table: str | None = None) -> str:
         """The URL a duetime store for one table would be opened with."""
         extra = [("schema", self.schema)] if self.schema and self.dialect == "postgres" else []

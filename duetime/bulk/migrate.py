@@ -101,9 +101,9 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
     source = DbSource(Database.from_url(spec.source), renames=dict(spec.renames))
     target = open_target(spec.target)
     now_us = to_micros(SYSTEM.now())
-    refused = target.problems(
-        source.destinations(source.tables(spec.endpoint), spec.cutoff_us, now_us), now_us
-    )
+    tables = source.tables(spec.endpoint)
+    _refuse_moving_into_itself(source, target, tables)
+    refused = target.problems(source.destinations(tables, spec.cutoff_us, now_us), now_us)
     if refused:  # as the timeout migration tool: any target problem stops the run before it starts
         raise ConfigurationError(
             f"{target.display} cannot take every message, so nothing was moved: "
@@ -632,6 +632,23 @@ def _abort_files(
 
 
 # -- file sources: nothing to hide or put back; each Spark partition is a ledgered batch -----------
+
+
+def _refuse_moving_into_itself(source: DbSource, target: object, tables: Sequence[tuple[str, str]]) -> None:
+    """A store's table as its own target: every row would be taken out and put back, the run
+    would say it moved them and that they are still there, and a second run the same."""
+    if (
+        not isinstance(target, StoreTarget)
+        or source.layout.name != "duetime"
+        or source.db.place != target.db.place
+    ):
+        return
+    same = [table for endpoint, table in tables if target.layout.table_for(endpoint) == table]
+    if same:
+        raise ConfigurationError(
+            f"--from and --to are the same store table ({', '.join(same)}), so nothing would move; "
+            "give another --to, or --rename FOUND=REAL to move an endpoint's messages under another name."
+        )
 
 
 def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -> MigrationResult:

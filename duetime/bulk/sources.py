@@ -68,11 +68,12 @@ class DbSource:
                         f"{self.display} has no table {table!r} for endpoint {endpoint!r}; "
                         "check --endpoint, or name the table with ?table=…."
                     )
-                return [(endpoint, table)]
-            found = self.layout.discover(conn)
-            named = self.db.table
-            if named and not self.db.table_exists(conn, named):
-                raise ConfigurationError(f"{self.display} has no table {named!r}; check ?table=….")
+                found = [(endpoint, table)]  # renamed below as a found one is (it was ignored)
+            else:
+                found = self.layout.discover(conn)
+                named = self.db.table
+                if named and not self.db.table_exists(conn, named):
+                    raise ConfigurationError(f"{self.display} has no table {named!r}; check ?table=….")
         if not found:
             raise ConfigurationError(
                 f"{self.display} holds no {self.layout.name} tables; name one with --endpoint or ?table=…."

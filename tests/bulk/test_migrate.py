@@ -504,3 +504,30 @@ def test_msmq_layout_in_postgres_with_binary_headers_moves_and_aborts_back_exact
         assert table_rows(legacy, "pay_legacy", "Id") == [
             ("bad", "payments", b"", due, b"\xff\xfe not utf-8", 0)
         ]
+
+
+def test_a_store_table_as_its_own_target_is_refused_and_a_rename_within_it_moves(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Each row was taken out and put back: "300 moved" and "300 still in the source", forever.
+    And a --rename given with --endpoint was ignored: the messages kept the old name."""
+    url = f"sqlite:///{tmp_path / 'one.db'}"
+    messages = seed_store(url, "Orders", 120)
+    with pytest.raises(
+        ConfigurationError, match=r"--from and --to are the same store table \(Orders.delayed\)"
+    ):
+        migrate(spark, MigrationSpec(url, f"sqlite:///{tmp_path}/./one.db", "Orders"))
+    assert store_rows(url, "Orders") == {m.message_id: m for m in messages}
+    with postgres_schema() as pg:
+        seed_store(pg, "Orders", 10)
+        with pytest.raises(ConfigurationError, match="the same store table"):
+            migrate(spark, MigrationSpec(pg, pg, "Orders"))
+    moved = migrate(spark, MigrationSpec(url, url, "Orders", renames=(("Orders", "Sales"),)))
+    assert moved.inserted == 120 and store_rows(url, "Orders") == {}
+    assert set(store_rows(url, "Sales")) == {m.message_id for m in messages}
+    with pytest.raises(
+        ConfigurationError, match=r"--rename names \['Nope'\], but the source's endpoints are \['Sales'\]"
+    ):
+        migrate(
+            spark, MigrationSpec(url, f"sqlite:///{tmp_path / 'two.db'}", "Sales", renames=(("Nope", "X"),))
+        )
