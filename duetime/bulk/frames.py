@@ -94,6 +94,8 @@ def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
     except (InvalidMessage, ValueError) as error:
         reasons.append(f"due time {due_text!r} cannot be read: {error}")
     headers = data.get("headers")
+    if isinstance(headers, bytes):
+        headers = _text_or_none(headers, "headers", reasons)
     if isinstance(headers, dict):
         headers = dump_headers(headers)
     elif headers is not None and not isinstance(headers, str):
@@ -157,9 +159,16 @@ def _whole(value: object) -> int | None:
 
 
 def _text_or_none(value: object, name: str, reasons: list[str]) -> str | None:
-    """``value`` when it is text or missing; anything else is a reason (and None)."""
+    """``value`` when it is text or missing; anything else is a reason (and None). Text may come
+    as UTF-8 bytes: a Parquet column written without its string annotation reads as binary."""
     if value is None or isinstance(value, str):
         return value
+    if isinstance(value, bytes):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            reasons.append(f"{name} is not UTF-8 text.")
+            return None
     reasons.append(f"{name} must be text, got {kind(value)}.")
     return None
 
@@ -451,9 +460,9 @@ def file_endpoints(spark: Any, path: str, fmt: str, endpoint: str | None) -> lis
 
     if fmt == "parquet":
         files = spark.read.parquet(path)
-        if dict(files.dtypes).get("endpoint") != "string":  # none, or every row's is a reason
+        if dict(files.dtypes).get("endpoint") not in ("string", "binary"):  # none, or each a reason
             return [endpoint] if endpoint else []
-        named = F.col("endpoint")
+        named = F.col("endpoint").cast("string")  # binary: text without Parquet's annotation
     else:
         files = spark.read.text(path)
         named = F.get_json_object(F.col("value"), "$.endpoint")

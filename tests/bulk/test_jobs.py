@@ -333,6 +333,19 @@ def test_a_parquet_column_of_the_wrong_type_is_each_rows_reason_not_a_cast(
         {"k": "v"},
         2,
     )
+    # text written without Parquet's string annotation reads as binary: still text
+    folder = tmp_path / "binary"
+    folder.mkdir()
+    raw = {
+        "id": [b"8"],
+        "destination": [b"q"],
+        "due_at": [due],
+        "endpoint": [b"e"],
+        "headers": [b'{"k": "v"}'],
+    }
+    pq.write_table(pa.table(raw), folder / "rows.parquet")
+    assert import_(spark, f"parquet:{folder}", url).inserted == 1
+    assert store_rows(url, "e")["8"].headers == {"k": "v"}
     for name, (columns, reason) in wrong.items():
         folder = tmp_path / name
         folder.mkdir()
@@ -341,4 +354,4 @@ def test_a_parquet_column_of_the_wrong_type_is_each_rows_reason_not_a_cast(
         result = import_(spark, f"parquet:{folder}", url, "e")
         assert (result.inserted, result.put_back) == (0, 1), name
         assert reason in result.notes[0], result.notes
-    assert set(store_rows(url, "e")) == {"7"}
+    assert set(store_rows(url, "e")) == {"7", "8"}
