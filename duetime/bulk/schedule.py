@@ -68,8 +68,13 @@ def schedule(
             raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
         partitions = partitions_for(file_rows(spark, kind[1], kind[0]), batch_rows)
         frame = checked_files(spark, kind[1], kind[0], endpoint, partitions)
-    else:
+    elif hasattr(rows, "schema") and hasattr(rows, "mapInArrow"):
         frame = checked_frame(rows, endpoint)
+    else:
+        raise ConfigurationError(
+            f"schedule takes a Spark DataFrame or a 'parquet:'/'jsonl:' path, not {type(rows).__name__}; "
+            "for Python rows, spark.createDataFrame(rows) first."
+        )
     # Where the rejects go is checked before anything is stored: a folder the cluster cannot
     # really write would otherwise lose the reasons after the valid rows were in.
     rejects = _rejects_folder(rejects) or f"rejects-{job}"

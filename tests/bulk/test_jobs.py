@@ -279,6 +279,11 @@ def test_rejects_are_a_folder_written_plainly_or_as_jsonl() -> None:
     assert _rejects_folder(None) is None
     with pytest.raises(ConfigurationError, match="--rejects is a folder of JSON Lines"):
         _rejects_folder("parquet:/data/rejects")
+    # from Python: a list of rows is not a DataFrame (it was an AttributeError from deep inside)
+    with pytest.raises(
+        ConfigurationError, match=r"not list; for Python rows, spark.createDataFrame\(rows\) first"
+    ):
+        schedule(None, [{"destination": "q"}], "sqlite:///unused.db", endpoint="e", job="j")
 
 
 def test_a_json_line_that_is_not_utf8_is_that_lines_reason(spark: Any, tmp_path: Path) -> None:
