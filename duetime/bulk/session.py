@@ -67,7 +67,7 @@ def spark_session(
 
 
 #: The masters Spark takes (spark-submit's own check, and the standalone master's URL form).
-_MASTER = re.compile(r"local(\[(\*|\d+)(,\s*\d+)?\])?|local-cluster\[.+\]|yarn|k8s://.+|spark://.+")
+_MASTER = re.compile(r"local(\[\s*(\*|\d+)\s*(,\s*\d+\s*)?\])?|local-cluster\[.+\]|yarn|k8s://.+|spark://.+")
 
 
 def check_master(master: str) -> None:
@@ -82,9 +82,11 @@ def check_master(master: str) -> None:
         return
     reasons = []
     for address in master.removeprefix("spark://").split(","):  # several: a master and standbys
-        host, _, port = address.rpartition(":")
+        host, colon, port = address.rpartition(":")
+        if not colon or host.endswith(":"):  # no port (or a bare IPv6 address): Spark's default
+            host, port = address, "7077"
         try:
-            socket.create_connection((host.strip("[]") or address, int(port or 7077)), timeout=5).close()
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
             return
         except (OSError, ValueError) as error:
             reasons.append(f"{address}: {getattr(error, 'strerror', None) or error}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -360,3 +361,21 @@ def test_a_parquet_column_of_the_wrong_type_is_each_rows_reason_not_a_cast(
         assert (result.inserted, result.put_back) == (0, 1), name
         assert reason in result.notes[0], result.notes
     assert set(store_rows(url, "e")) == {"7", "8"}
+
+
+def test_a_master_is_checked_before_spark_starts() -> None:
+    import pytest
+
+    from duetime.bulk.session import check_master
+    from duetime.errors import ConfigurationError
+
+    for fine in ("local", "local[*]", "local[4, 2]", "local[*,3]", "yarn", "k8s://https://k8s:6443"):
+        check_master(fine)
+    for master, said in (
+        ("spark-master:7077", "is not a Spark master"),
+        ("spark://127.0.0.1:1", "(127.0.0.1:1: Connection refused)"),
+        ("spark://duetime-no-such-host.invalid", "(duetime-no-such-host.invalid: "),  # port 7077 assumed
+        ("spark://127.0.0.1:1,[::1]:1", "(127.0.0.1:1: Connection refused; [::1]:1: "),  # standbys
+    ):
+        with pytest.raises(ConfigurationError, match=re.escape(said)):
+            check_master(master)
