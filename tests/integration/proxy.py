@@ -28,8 +28,8 @@ class TcpProxy:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
 
@@ -92,9 +92,26 @@ class TcpProxy:
         self.delay = 0.0
 
     def close(self) -> None:
-        self.cut()
+        """Every connection's task ends here: a loop stopped with them pending left them to the
+        garbage collector, whose "Task was destroyed but it is pending!" then landed in whatever
+        test ran next (and failed one that checks asyncio logs nothing)."""
+
+        async def shutdown() -> None:
+            self.down = True
+            self._server.close()
+            for w in list(self._writers):
+                w.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 @contextlib.contextmanager
