@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from duetime.errors import ConfigurationError, connection_failed
+from duetime.errors import ConfigurationError
 from duetime.names import check_name
 from duetime.sqlfile import load_queries
 from duetime.urls import redact
@@ -153,32 +153,17 @@ class Database:
         """A new DB-API connection, not in autocommit; the caller commits. A server that cannot
         be reached, or a database that is not there, is one line (:class:`ConnectionFailed`)."""
         if self.dialect == "postgres":
-            import psycopg
+            from duetime.backends.postgres.common import PgOptions, connect
 
-            from duetime.backends.postgres.common import PgOptions
-
-            options = PgOptions.from_url(self.url)
-            try:
-                return psycopg.connect(options.conninfo)
-            except psycopg.OperationalError as error:
-                raise connection_failed(options.display, error) from None
+            return connect(PgOptions.from_url(self.url))
         if self.dialect == "mysql":
-            import pymysql
-
             from duetime.backends.mysql.store import MysqlOptions, mysql_connect
 
-            found = MysqlOptions.from_url(self.url)
-            try:
-                return mysql_connect(found, autocommit=False)
-            except pymysql.err.OperationalError as error:
-                raise connection_failed(found.display, error.args[-1] if error.args else error) from None
-        from duetime.backends.sqlite.connection import parse_sqlite_url
+            return mysql_connect(MysqlOptions.from_url(self.url), autocommit=False)
+        from duetime.backends.sqlite.connection import check_folder, parse_sqlite_url
 
         path, _ = parse_sqlite_url(self.url)
-        if not path.parent.exists():
-            raise ConfigurationError(
-                f"Folder {path.parent} does not exist; create it or choose another path."
-            )
+        check_folder(path)
         conn: Any = sqlite3.connect(str(path), timeout=30, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         # A writer takes the write lock up front, so status checks hold for the whole session.

@@ -382,10 +382,10 @@ def _arrow(schema: str) -> Any:
 
 def file_rows(spark: Any, path: str, fmt: str) -> int:
     """How many records the files hold, without checking any: a Parquet count reads only the
-    files' footers; a JSON Lines file is one record a line. A path with no files is refused."""
-    from duetime.bulk.hadoopfs import input_files, quiet, unreadable
+    files' footers; a JSON Lines file is one record a line. Call it after
+    :func:`~duetime.bulk.hadoopfs.input_files`, which refuses a path with no files."""
+    from duetime.bulk.hadoopfs import quiet, unreadable
 
-    input_files(spark, path)
     try:
         with quiet(spark):
             return int((spark.read.parquet(path) if fmt == "parquet" else spark.read.text(path)).count())

@@ -36,7 +36,7 @@ from duetime.bulk.frames import (
     per_partition,
     record_frame,
 )
-from duetime.bulk.hadoopfs import Folder
+from duetime.bulk.hadoopfs import Listed, input_files
 from duetime.bulk.records import (
     Record,
     group_value_sql,
@@ -663,13 +663,14 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
         target.check(spark)
     # The partition count is part of the run's name: a partition's number names the same rows in
     # every run of the same files and batch size (its ledger entry says it was written).
+    listed = input_files(spark, kind[1])  # listed once: refused if empty, then the run's identity
     rows = file_rows(spark, kind[1], kind[0])
     partitions = partitions_for(rows, spec.batch_rows)
     frame = checked_files(spark, kind[1], kind[0], spec.endpoint, partitions)
     cutoff = spec.cutoff_us
     if cutoff is not None:
         frame = frame.where(F.col("due_us").isNull() | (F.col("due_us") >= cutoff))
-    run_id = f"{spec.job}-{_fingerprint(spark, kind[1])}-{partitions}"
+    run_id = f"{spec.job}-{_fingerprint(listed)}-{partitions}"
     bad = frame.where(F.col("problem").isNotNull())
     if isinstance(target, FileTarget):
         result = MigrationResult(run_id, batches=1)
@@ -735,10 +736,10 @@ def _write_partition(
     return seen, written.inserted, len(written.conflicts), rejected, "\n".join(shown), False
 
 
-def _fingerprint(spark: Any, path: str) -> str:
+def _fingerprint(files: Sequence[Listed]) -> str:
     """What the run reads: every file's full path, size and modification time, listed through
     the cluster's filesystem. Different files under the same path are a new run."""
     digest = hashlib.sha1()
-    for item in Folder(spark, path).files():
+    for item in files:
         digest.update(f"{item.path}|{item.size}|{item.modified_ms}\n".encode())
     return digest.hexdigest()[:10]

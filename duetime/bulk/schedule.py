@@ -25,7 +25,7 @@ from duetime.bulk.frames import (
     partitions_for,
     per_partition,
 )
-from duetime.bulk.hadoopfs import Folder, check_writable
+from duetime.bulk.hadoopfs import Folder, check_writable, input_files
 from duetime.bulk.targets import StoreTarget
 from duetime.errors import ConfigurationError
 from duetime.names import check_name
@@ -66,6 +66,7 @@ def schedule(
         kind = file_kind(rows)
         if kind is None:
             raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
+        input_files(spark, kind[1])
         partitions = partitions_for(file_rows(spark, kind[1], kind[0]), batch_rows)
         frame = checked_files(spark, kind[1], kind[0], endpoint, partitions)
     elif hasattr(rows, "schema") and hasattr(rows, "mapInArrow"):

@@ -11,8 +11,10 @@ so a file reaches ROOT only through the protocol, never through a local path tha
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import asyncssh
 
@@ -26,6 +28,33 @@ def spark_conf(host: str = "127.0.0.1") -> dict[str, str]:
     """What a Spark session needs to reach this server: the filesystem class and the password
     (Hadoop reads it from ``fs.sftp.password.<host>.<user>``, keeping it out of the URL)."""
     return {"spark.hadoop.fs.sftp.impl": IMPL, f"spark.hadoop.fs.sftp.password.{host}.{USER}": PASSWORD}
+
+
+class Sftp:
+    """This server, started as a process of its own serving ``root``, torn down by :meth:`stop`
+    (and by the kernel if the test process dies first)."""
+
+    def __init__(self, root: Path, work: Path) -> None:
+        from tests.bulk.standalone import die_with_parent
+
+        self.root = root
+        self.log = work / "sftp.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.bulk.sftp_server", str(root)],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                cwd=Path(__file__).parents[2],
+                preexec_fn=die_with_parent,
+            )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode()  # "port N", or nothing if it died
+        assert line.startswith("port "), self.log.read_text()
+        self.url = f"sftp://{USER}@127.0.0.1:{int(line.split()[1])}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
 
 
 class _Server(asyncssh.SSHServer):

@@ -15,7 +15,7 @@ import pytest
 from duetime.bulk.sources import BATCHES
 from duetime.sqldb import Database
 from tests.bulk.conftest import count, create_timeoutdata, table_rows, timeout_rows
-from tests.bulk.test_migrate import store_rows
+from tests.bulk.test_migrate import seed_store, store_rows
 from tests.conftest import ROOT, run_cli
 from tests.services import postgres_schema
 
@@ -191,6 +191,36 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
     ):
         report = run_cli("bulk", "report", "--store", "sqlite:///x.db", flag, place, cwd=tmp_path)
         assert report.returncode == 1 and said in report.stderr, report.stderr[-2000:]
+
+
+def test_the_readmes_sftp_export_as_a_user_runs_it(tmp_path: Path) -> None:
+    """README, "Files": `duetime bulk export --to parquet:sftp://… --conf spark.hadoop.fs.sftp…`
+    in local mode, then an import back from there the same way."""
+    from tests.bulk.sftp_server import Sftp, spark_conf
+
+    root = tmp_path / "served"
+    root.mkdir()
+    server = Sftp(root, tmp_path)
+    try:
+        conf = [arg for key, value in spark_conf().items() for arg in ("--conf", f"{key}={value}")]
+        messages = seed_store(f"sqlite:///{tmp_path / 'duetime.db'}", "Orders", 300)
+        out = run_cli(
+            "bulk", "export", "--from", "sqlite:///duetime.db", "--to", f"parquet:{server.url}/duetime", *conf,
+            cwd=tmp_path, timeout=240,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"300 messages written to {server.url}/duetime" in out.stdout
+        assert (root / "duetime" / "_SUCCESS").exists()
+        back = run_cli(
+            "bulk", "import", "--from", f"parquet:{server.url}/duetime", "--to", "sqlite:///copy.db", *conf,
+            cwd=tmp_path, timeout=240,
+        )  # fmt: skip
+        assert back.returncode == 0, back.stderr[-3000:]
+        assert store_rows(f"sqlite:///{tmp_path / 'copy.db'}", "Orders") == {
+            m.message_id: m for m in messages
+        }
+    finally:
+        server.stop()
 
 
 def test_batch_rows_on_import_and_schedule_as_a_user_runs_them(tmp_path: Path) -> None:

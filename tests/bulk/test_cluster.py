@@ -24,6 +24,7 @@ import pytest
 
 from tests.bulk import sftp_server
 from tests.bulk.conftest import count, create_timeoutdata, store_planner_rows, timeout_rows
+from tests.bulk.sftp_server import Sftp
 from tests.bulk.standalone import StandaloneCluster, die_with_parent
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.conftest import run_cli
@@ -145,36 +146,11 @@ def driver(warm: WarmDriver) -> Driver:
     return warm.get()
 
 
-class Sftp:
-    """An SFTP server (``tests/bulk/sftp_server.py``) serving a folder the executors' disks do
-    not have: files get there only through the filesystem, over the network."""
-
-    def __init__(self, root: Path, work: Path) -> None:
-        self.root = root
-        self.log = work / "sftp.log"
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.bulk.sftp_server", str(root)],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                cwd=Path(__file__).parents[2],
-                preexec_fn=die_with_parent,
-            )
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline().decode()  # "port N", or nothing if it died
-        assert line.startswith("port "), self.log.read_text()
-        self.url = f"sftp://{sftp_server.USER}@127.0.0.1:{int(line.split()[1])}"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
-
-
 @pytest.fixture(scope="module")
 def sftp(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sftp]:
     root = cluster.hidden / "sftp"
     root.mkdir()
-    server = Sftp(root, tmp_path_factory.mktemp("sftp"))
+    server = Sftp(root, tmp_path_factory.mktemp("sftp"))  # executors reach it over the network
     try:
         yield server
     finally:

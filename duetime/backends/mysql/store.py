@@ -113,18 +113,21 @@ def _message(row: Sequence[Any]) -> DelayedMessage:
 
 def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.Connection[Any]:
     """A connection as duetime uses them: utf8mb4, READ COMMITTED (so SKIP LOCKED claims see
-    each other's commits at once)."""
-    return pymysql.connect(
-        host=o.host,
-        port=o.port,
-        user=o.user,
-        password=o.password,
-        database=o.database,
-        charset="utf8mb4",
-        autocommit=autocommit,
-        connect_timeout=int(o.connect_timeout),
-        init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-    )
+    each other's commits at once). A server that cannot be reached is one line."""
+    try:
+        return pymysql.connect(
+            host=o.host,
+            port=o.port,
+            user=o.user,
+            password=o.password,
+            database=o.database,
+            charset="utf8mb4",
+            autocommit=autocommit,
+            connect_timeout=int(o.connect_timeout),
+            init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        )
+    except pymysql.err.OperationalError as error:
+        raise connection_failed(o.display, error.args[-1] if error.args else error) from None
 
 
 class SyncMysqlStore(StoreRules):
@@ -144,10 +147,7 @@ class SyncMysqlStore(StoreRules):
     def _connection(self) -> pymysql.connections.Connection[Any]:
         if self._conn is None:
             o = self.options
-            try:
-                self._conn = mysql_connect(o, autocommit=True)
-            except pymysql.err.OperationalError as error:
-                raise connection_failed(o.display, error.args[-1] if error.args else error) from None
+            self._conn = mysql_connect(o, autocommit=True)
         return self._conn
 
     def _run(self, work: Callable[[Any], Any], transaction: bool = False) -> Any:

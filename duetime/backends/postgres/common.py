@@ -94,15 +94,21 @@ def _end_frozen_transactions(params: list[tuple[str, str]], seconds: float) -> l
     return [*others, ("options", f"{given} {setting}".strip())]
 
 
-def reach(options: PgOptions) -> None:
-    """Connect once, directly, before a pool does: a wrong database, role, password or port then
-    fails at once with the server's own words, not after the pool's timeout with its warnings."""
+def connect(options: PgOptions, *, autocommit: bool = False) -> Any:
+    """A direct connection; a wrong database, role, password or port is one line with the
+    server's own words (:class:`ConnectionFailed`)."""
     import psycopg
 
     try:
-        psycopg.connect(options.conninfo, autocommit=True).close()
+        return psycopg.connect(options.conninfo, autocommit=autocommit)
     except psycopg.OperationalError as error:
         raise connection_failed(options.display, error) from None
+
+
+def reach(options: PgOptions) -> None:
+    """Connect once, directly, before a pool does: a wrong database, role, password or port then
+    fails at once with the server's own words, not after the pool's timeout with its warnings."""
+    connect(options, autocommit=True).close()
 
 
 async def reach_async(options: PgOptions) -> None:

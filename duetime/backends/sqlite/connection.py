@@ -54,6 +54,12 @@ class Connection(sqlite3.Connection):
     write_lock_timeout: float = 30.0
 
 
+def check_folder(path: Path) -> None:
+    """SQLite makes a missing file, never a missing folder: say so in one line."""
+    if path.parent and not path.parent.exists():
+        raise ConfigurationError(f"Folder {path.parent} does not exist; create it or choose another path.")
+
+
 def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -> Connection:
     """A connection in autocommit mode; callers open ``BEGIN IMMEDIATE`` for every write.
 
@@ -63,8 +69,7 @@ def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -
     """
     if synchronous not in SYNCHRONOUS:
         raise ConfigurationError(f"synchronous must be one of {sorted(SYNCHRONOUS)}, got {synchronous!r}.")
-    if path.parent and not path.parent.exists():
-        raise ConfigurationError(f"Folder {path.parent} does not exist; create it or choose another path.")
+    check_folder(path)
     conn = sqlite3.connect(
         str(path), timeout=0.005, isolation_level=None, check_same_thread=False, factory=Connection
     )
