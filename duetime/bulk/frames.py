@@ -52,8 +52,17 @@ def normalize(df: Any) -> Any:
         return (F.col(found) if found else F.lit(None)).alias(name)
 
     due = F.col("due_at")
-    if isinstance(fields["due_at"], TimestampType | TimestampNTZType):
-        due = F.unix_micros(due.cast("timestamp"))
+    if isinstance(fields["due_at"], TimestampType):
+        due = F.unix_micros(due)
+    elif isinstance(fields["due_at"], TimestampNTZType):
+        # A timestamp without a time zone (pandas' naive datetimes in Parquet) is UTC, as a naive
+        # datetime is everywhere in duetime. A cast to TIMESTAMP would read it in the session's
+        # time zone and move every due time by that zone's offset, and so does Spark's
+        # timestampdiff; its fields (zone-free) put together again in UTC do not.
+        due = F.expr(
+            "unix_micros(make_timestamp(year(due_at), month(due_at), day(due_at), hour(due_at), "
+            "minute(due_at), extract(SECOND FROM due_at), 'UTC'))"
+        )
     headers = F.col("headers") if "headers" in fields else F.lit(None)
     if isinstance(fields.get("headers"), MapType | StructType):
         headers = F.to_json(headers)

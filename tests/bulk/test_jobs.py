@@ -379,3 +379,40 @@ def test_a_master_is_checked_before_spark_starts() -> None:
     ):
         with pytest.raises(ConfigurationError, match=re.escape(said)):
             check_master(master)
+
+
+def test_a_timestamp_without_a_time_zone_is_utc_whatever_the_sessions_zone(
+    spark: Any, tmp_path: Path
+) -> None:
+    """pandas writes naive datetimes as Parquet timestamps without a zone, which Spark reads as
+    TIMESTAMP_NTZ; a cast to TIMESTAMP read them in the session's time zone and moved every due
+    time by its offset (five hours in New York; 02:30 on a spring-forward night does not exist)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    naive = [datetime(2031, 1, 1, 9, 0), datetime(2031, 3, 9, 2, 30, 0, 123456)]
+    table = pa.table(
+        {
+            "id": ["winter", "gap"],
+            "destination": ["q", "q"],
+            "due_at": pa.array(naive, pa.timestamp("us")),
+        }
+    )
+    folder = tmp_path / "naive"
+    folder.mkdir()
+    pq.write_table(table, folder / "rows.parquet")
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        assert import_(spark, f"parquet:{folder}", url, "e").inserted == 2
+        frame = spark.sql(
+            "SELECT 'ntz' AS id, 'q' AS destination, TIMESTAMP_NTZ'2031-01-01 09:00:00' AS due_at"
+        )
+        assert schedule(spark, frame, url, endpoint="e", job="ntz").stored == 1
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    stored = store_rows(url, "e")
+    assert stored["winter"].due_at == datetime(2031, 1, 1, 9, 0, tzinfo=UTC)
+    assert stored["gap"].due_at == datetime(2031, 3, 9, 2, 30, 0, 123456, tzinfo=UTC)
+    assert stored["ntz"].due_at == datetime(2031, 1, 1, 9, 0, tzinfo=UTC)
