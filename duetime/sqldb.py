@@ -81,17 +81,18 @@ class Database:
             display=redact(url),
         )
 
-    @property
     def place(self) -> tuple[str, ...]:
-        """Where its tables are: two URLs of one place name the same tables (a host spelled two
-        ways is two places: this errs on the side of "different")."""
+        """Where its tables are, as the server itself says: two URLs naming one server two ways
+        (``localhost`` and ``127.0.0.1``, a socket and a port) are one place. Connects, except
+        for SQLite (a file's resolved path)."""
         if self.dialect == "sqlite":
             from duetime.backends.sqlite.connection import parse_sqlite_url
 
             return ("sqlite", str(parse_sqlite_url(self.url)[0].resolve()))
-        parts = urlsplit(self.url)
-        host, port, name = (parts.hostname or "").lower(), str(parts.port or ""), parts.path.strip("/")
-        return (self.dialect, host, port, name, self.schema or "")
+        with self.session(write=False) as conn:
+            server = [str(value) for value in self.execute(conn, self.query("server_identity")).fetchone()]
+        schema = (self.schema or "public") if self.dialect == "postgres" else ""
+        return (self.dialect, *server, schema)
 
     def store_url(self, table: str | None = None) -> str:
         """The URL a duetime store for one table would be opened with."""

@@ -22,6 +22,12 @@ SELECT 1 FROM information_schema.tables WHERE table_schema=%s AND table_name=%s
 -- name: table_exists.mysql
 SELECT 1 FROM information_schema.tables WHERE table_schema=DATABASE() AND table_name=%s
 
+-- name: server_identity.postgres
+SELECT system_identifier::text, current_database() FROM pg_control_system()
+
+-- name: server_identity.mysql
+SELECT @@hostname, @@port, @@datadir, DATABASE()
+
 -- name: tables.sqlite
 SELECT name FROM sqlite_master WHERE type='table'
 

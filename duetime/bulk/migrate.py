@@ -640,7 +640,7 @@ def _refuse_moving_into_itself(source: DbSource, target: object, tables: Sequenc
     if (
         not isinstance(target, StoreTarget)
         or source.layout.name != "duetime"
-        or source.db.place != target.db.place
+        or source.db.place() != target.db.place()
     ):
         return
     same = [table for endpoint, table in tables if target.layout.table_for(endpoint) == table]
