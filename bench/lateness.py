@@ -13,6 +13,9 @@ PostgreSQL into RabbitMQ), in one run:
 - **raw timer** (the baseline): one process holds the same messages in memory, sleeps until each
   is due and sends it straight into the queue (no store, no claim): what a perfect in-memory timer
   achieves on the same queue and consumer. Its drain is the same send for everything at once.
+- **raw move** (the SQL queues' drain baseline, as issue 16 defines it): the burst in a plain table
+  of the same database, moved into the same queue table by a hand-written claim-move-delete loop
+  (500 a transaction), read by the same consumer. Drain only: it has no timer.
 
 Issue 16's targets: p99 <= 5 ms for SQLite exactly-once and PostgreSQL -> RabbitMQ, <= 20 ms for
 PostgreSQL -> PostgreSQL queue; never early; drain >= 0.8x the raw path's rate.
@@ -38,6 +41,8 @@ import psycopg
 
 import duetime
 from duetime import DelayedMessage
+from duetime.clock import to_micros
+from duetime.message import DUE_AT_HEADER
 
 POSTGRES = os.environ.get("DUETIME_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 RABBITMQ = os.environ.get("DUETIME_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
@@ -90,6 +95,78 @@ async def main():
     await t.close()
 asyncio.run(main())
 """
+
+
+#: The raw claim-move-delete loop (issue 16's drain baseline for the SQL queues): the same messages
+#: in a plain table of the same database, moved into the same queue table by hand-written SQL,
+#: one transaction per batch, from their due time until none is left; read by the same consumer.
+RAW_MOVE_SQLITE = r"""
+import json, sqlite3, sys, time
+path, plan, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = json.load(open(plan))
+conn = sqlite3.connect(path, isolation_level=None)
+conn.execute("PRAGMA journal_mode=WAL")
+conn.execute("PRAGMA synchronous=FULL")
+conn.execute("CREATE TABLE raw_delayed (message_id TEXT PRIMARY KEY, destination TEXT, due_at INTEGER, headers TEXT, body BLOB)")
+conn.execute("CREATE INDEX raw_delayed_due ON raw_delayed (due_at, message_id)")
+conn.execute("BEGIN IMMEDIATE")
+conn.executemany("INSERT INTO raw_delayed VALUES (?, ?, ?, ?, x'')", rows)
+conn.execute("COMMIT")
+due = min(r[2] for r in rows) / 1e6
+time.sleep(max(0.0, due - time.time()))
+while True:
+    now = int(time.time() * 1e6)
+    conn.execute("BEGIN IMMEDIATE")
+    got = conn.execute(
+        "SELECT message_id, destination, headers, body FROM raw_delayed WHERE due_at <= ? "
+        "ORDER BY due_at, message_id LIMIT ?", (now, batch)).fetchall()
+    conn.executemany(
+        "INSERT INTO duetime_queue_messages (queue, message_id, headers, body, enqueued_at, visible_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)", [(r[1], r[0], r[2], r[3], now, now) for r in got])
+    conn.executemany("DELETE FROM raw_delayed WHERE message_id = ?", [(r[0],) for r in got])
+    conn.execute("COMMIT")
+    if not got:
+        break
+conn.execute("DROP TABLE raw_delayed")
+"""
+
+RAW_MOVE_POSTGRES = r"""
+import json, sys, time
+import psycopg
+from duetime.backends.postgres.common import QUEUE_TABLES, channel_of
+url, schema, plan, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+rows = json.load(open(plan))
+table = f'"{schema}".raw_delayed'
+conn = psycopg.connect(url)
+conn.execute(f"CREATE TABLE {table} (message_id varchar(250) PRIMARY KEY, destination varchar(200), "
+             "due_at timestamptz, headers json, body bytea)")
+conn.execute(f"CREATE INDEX ON {table} (due_at, message_id)")
+with conn.cursor() as cur:
+    cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, to_timestamp(%s / 1e6), %s, '')", rows)
+conn.commit()
+move = (
+    f"WITH moved AS (DELETE FROM {table} WHERE message_id IN ("
+    f"  SELECT message_id FROM {table} WHERE due_at <= clock_timestamp()"
+    "   ORDER BY due_at, message_id LIMIT %(batch)s FOR UPDATE SKIP LOCKED)"
+    "  RETURNING message_id, destination, headers, body"
+    f"), sent AS (INSERT INTO \"{schema}\".duetime_queue_messages (queue, message_id, headers, body)"
+    "  SELECT destination, message_id, headers, body FROM moved RETURNING queue) "
+    "SELECT count(*), (SELECT count(pg_notify(%(channel)s, q)) FROM (SELECT DISTINCT queue AS q FROM sent) AS d) FROM sent"
+)
+channel = channel_of(schema, QUEUE_TABLES)
+due = min(r[2] for r in rows) / 1e6
+time.sleep(max(0.0, due - time.time()))
+while True:
+    moved = conn.execute(move, {"batch": batch, "channel": channel}).fetchone()[0]
+    conn.commit()
+    if not moved:
+        break
+conn.execute(f"DROP TABLE {table}")
+conn.commit()
+"""
+#: Messages per transaction in the raw claim-move-delete loop: what the raw timer sends per batch
+#: and the consumer takes per receive (`duetime run` claims 100 by default).
+RAW_MOVE_BATCH = 500
 
 
 @dataclass
@@ -187,18 +264,50 @@ def run_path(
         finally:
             dispatcher.send_signal(signal.SIGTERM)
             dispatcher.wait(timeout=30)
+        if transport is None:  # a SQL queue: the raw claim-move-delete loop, drain only
+            burst_plan = plan(count, 0.0, queue, 3.0)
+            header = '{{"{}":"{}"}}'
+            path.write_text(
+                json.dumps(
+                    [
+                        (
+                            m.message_id,
+                            queue,
+                            to_micros(m.due_at),
+                            header.format(DUE_AT_HEADER, m.due_at.isoformat()),
+                        )
+                        for m in burst_plan
+                    ]
+                )
+            )
+            if store.startswith("sqlite:///"):
+                mover = python(
+                    RAW_MOVE_SQLITE, store.removeprefix("sqlite:///"), str(path), str(RAW_MOVE_BATCH)
+                )
+            else:
+                bare, schema = store.split("?schema=")
+                mover = python(RAW_MOVE_POSTGRES, bare, schema, str(path), str(RAW_MOVE_BATCH))
+            seen = arrivals(out, {m.message_id for m in burst_plan}, 120)
+            first_due = min(due for due, _ in seen.values())
+            results["raw move"] = Figures(0, 0, 0, 0, max(got for _, got in seen.values()) - first_due)
+            if mover.wait(timeout=60):
+                raise SystemExit("the raw claim-move-delete loop failed")
     finally:
         consumer.kill()
         consumer.wait()
     raw_f, ours = results["raw timer"], results["duetime"]
-    for label, f in (("raw timer", raw_f), ("duetime", ours)):
+    for label, f in results.items():
         rate = count / f.drain if f.drain > 0 else float("inf")
-        print(
-            f"| {name} | {label} | {f.p50:.1f} | {f.p99:.1f} | {f.worst:.1f} | {f.early} "
-            f"| {f.drain:.2f} s ({rate:,.0f}/s) |"
+        lateness = (
+            "| | | |" if label == "raw move" else f"| {f.p50:.1f} | {f.p99:.1f} | {f.worst:.1f} | {f.early}"
         )
+        print(f"| {name} | {label} {lateness} | {f.drain:.2f} s ({rate:,.0f}/s) |")
+    against_move = (
+        f", {results['raw move'].drain / ours.drain:.2f}x the raw move's" if "raw move" in results else ""
+    )
     print(
-        f"| {name} | duetime / raw | | {ours.p99 / max(raw_f.p99, 0.001):.1f}x | | | drain rate {raw_f.drain / ours.drain:.2f}x |"
+        f"| {name} | duetime / raw | | {ours.p99 / max(raw_f.p99, 0.001):.1f}x | | | "
+        f"drain rate {raw_f.drain / ours.drain:.2f}x the raw timer's{against_move} |"
     )
 
 
