@@ -51,8 +51,8 @@ class Destination(NamedTuple):
 FIELDS = Record._fields
 
 
-_EARLIEST_US = to_micros(EARLIEST_DUE)
-_LATEST_US = to_micros(LATEST_DUE)
+EARLIEST_US = to_micros(EARLIEST_DUE)
+LATEST_US = to_micros(LATEST_DUE)
 
 
 def problem(record: Record) -> str | None:
@@ -66,7 +66,7 @@ def problem(record: Record) -> str | None:
         check_text("destination", record.destination, MAX_DESTINATION_LENGTH)
         if record.due_us is None:
             raise InvalidMessage("the due time is missing.")
-        if not _EARLIEST_US <= record.due_us < _LATEST_US:
+        if not EARLIEST_US <= record.due_us < LATEST_US:
             raise InvalidMessage(f"due_at {_moment(record.due_us)} is outside the supported years 1970-9998.")
         if "" in parse_headers(record.headers):
             raise InvalidMessage("header names must not be empty.")
@@ -103,8 +103,8 @@ def sure_sql(exprs: Sequence[str]) -> str:
         f"length({ident}) <= {MAX_ID_LENGTH}",
         f"({destination}) ~ '^[!-~]+$'",
         f"length({destination}) <= {MAX_DESTINATION_LENGTH}",
-        f"({due}) >= {_EARLIEST_US}",
-        f"({due}) < {_LATEST_US}",
+        f"({due}) >= {EARLIEST_US}",
+        f"({due}) < {LATEST_US}",
         f"({headers}) ~ '{_SQL_OBJECT}'",
         f"position('null' in ({headers})) = 0",
         f"position('{MSMQ_PROPERTIES}' in ({headers})) = 0",
