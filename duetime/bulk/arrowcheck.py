@@ -6,7 +6,7 @@ plain: text ids and destinations, µs due times, compact JSON headers. :func:`sp
 those out with Arrow's vectorized functions and hands back the rest, which :func:`check_row`
 checks row by row as before. So :func:`check_row` stays the one rule: the Arrow test may be
 stricter than it, never looser (printable ASCII ids and destinations, headers a compact JSON
-object of strings without ``\\u`` escapes, no group, an id given), and a test holds it to
+object of strings without ``\\u`` escapes, a group of printable ASCII, an id given), and a test holds it to
 :func:`check_row` over generated rows, as :func:`duetime.bulk.records.sure_sql` is held to
 :func:`duetime.bulk.records.problem` for rows a database moves.
 """
@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from duetime.bulk.records import EARLIEST_US, LATEST_US
+from duetime.bulk.records import EARLIEST_US, GROUP_OPEN, LATEST_US
 from duetime.message import MAX_DESTINATION_LENGTH, MAX_ID_LENGTH
+from duetime.nservicebus import EMPTY_GUID
 
 #: A JSON string with no control character and no \u escape (RE2, as Arrow's regex functions
 #: read it); a key is not empty.
@@ -27,6 +28,9 @@ _PAIR = f"{_KEY}:{_STRING}"
 #: Compact JSON headers of strings to strings: what duetime and NServiceBus write.
 HEADERS_OBJECT = rf"^\{{(?:{_PAIR}(?:,{_PAIR})*)?\}}$"
 _INT32_MAX = 2**31 - 1
+#: A group JSON writes as it is (printable ASCII but the quote and the backslash), so its extra
+#: is ``{"group": "…"}`` as :func:`group_extra` writes it.
+_PLAIN_GROUP = r"^[!#-\[\]-~]+$"
 
 
 def split_sure(
@@ -34,7 +38,7 @@ def split_sure(
 ) -> tuple[list[Any] | None, Any]:
     """``batch`` (columns as :func:`duetime.bulk.frames.normalize` gives them) split into the
     rows that need no check in Python, as the columns of their records (in :class:`Record`'s
-    order; ``extra`` null: they have no group), and the other rows as they came. ``(None, batch)`` when a column's type rules the
+    order) and their groups, and the other rows as they came. ``(None, batch)`` when a column's type rules the
     test out (text ids as numbers, due times as text): every row is checked in Python.
     ``endpoint_ok(name)`` says whether rows may go to the endpoint ``name``."""
     import pyarrow as pa
@@ -49,7 +53,7 @@ def split_sure(
             return None, batch
     ident, destination, due = batch.column("message_id"), batch.column("destination"), batch.column("due_at")
     headers, body, encoded = batch.column("headers"), batch.column("body"), batch.column("body_base64")
-    failures = batch.column("failure_count")
+    failures, group = batch.column("failure_count"), batch.column("group")
     fallback = endpoint or ""
     named = batch.column("endpoint")
     if pa.types.is_null(named.type):
@@ -63,7 +67,10 @@ def split_sure(
         pc.greater_equal(due, EARLIEST_US),
         pc.less(due, LATEST_US),
         pc.is_in(chosen, value_set=pa.array(allowed, pa.string())),
-        pc.is_null(batch.column("group")),
+        pc.or_kleene(
+            pc.is_null(group),
+            pc.and_kleene(pc.match_substring_regex(group, _PLAIN_GROUP), pc.not_equal(group, EMPTY_GUID)),
+        ),
     ]
     if not pa.types.is_null(headers.type):
         checks.append(pc.or_kleene(pc.is_null(headers), pc.match_substring_regex(headers, HEADERS_OBJECT)))
@@ -86,7 +93,9 @@ def split_sure(
     body = pc.fill_null(pc.filter(body, sure).cast(pa.binary()), b"")
     failures = pc.fill_null(pc.filter(failures, sure).cast(pa.int32()), 0)
     kept = [pc.filter(column, sure) for column in (chosen, ident, destination, due, headers)]
-    return [*kept, body, failures, pa.nulls(len(body), pa.string())], rest
+    group = pc.filter(group, sure).cast(pa.string())
+    extra = pc.binary_join_element_wise(GROUP_OPEN, group, '"}', "")  # group_extra, nothing to escape
+    return [*kept, body, failures, extra, group], rest
 
 
 def _plain_text(column: Any, limit: int) -> Any:

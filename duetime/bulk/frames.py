@@ -543,7 +543,7 @@ def _endpoint_fine(name: str) -> bool:
 
 def sure_batch(columns: Sequence[Any]) -> Any:
     """A record frame's batch of records no check found a problem with, from their columns in
-    :class:`Record`'s order (their group and problem are none)."""
+    :class:`Record`'s order and their groups (their problem column is null)."""
     import pyarrow as pa
 
     types = _arrow_types()

@@ -126,20 +126,20 @@ def group_of(record: Record) -> str | None:
     if not record.extra or ("group" not in record.extra and "SagaId" not in record.extra):
         return None
     if (
-        record.extra.startswith(_GROUP_OPEN)
+        record.extra.startswith(GROUP_OPEN)
         and record.extra.endswith('"}')
         and record.extra.count('"') == 4
         and "\\" not in record.extra
     ):  # what group_extra writes, with nothing escaped: read without a JSON parser (bulk jobs
         # ask this of every row, twice)
-        group: object = record.extra[len(_GROUP_OPEN) : -2]
+        group: object = record.extra[len(GROUP_OPEN) : -2]
     else:
         extra = json.loads(record.extra)
         group = extra.get("group") or extra.get("SagaId")
     return group if isinstance(group, str) and group and group != EMPTY_GUID else None
 
 
-_GROUP_OPEN = '{"group": "'
+GROUP_OPEN = '{"group": "'
 
 
 def group_extra(group: str) -> str:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from duetime.bulk.arrowcheck import split_sure
 from duetime.bulk.frames import _endpoint_fine, check_row, checked_of, sure_batch
+from duetime.bulk.records import group_of
 
 _TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
 _ASCII = st.text(st.characters(min_codepoint=0x00, max_codepoint=0x7F), max_size=30)
@@ -63,7 +64,15 @@ _WILD = {
     "failure_count": _FAILURES,
     "body": _BODIES,
     "body_base64": st.one_of(st.none(), st.just("aGk="), st.just("not base64!")),
-    "group": st.one_of(st.none(), _PLAIN),
+    "group": st.one_of(
+        st.none(),
+        _PLAIN,
+        _TEXT,
+        st.just(""),
+        st.just('a"b'),
+        st.just("a\\b"),
+        st.just("00000000-0000-0000-0000-000000000000"),
+    ),
 }
 #: A row Arrow should take: each field plain.
 _TIDY = st.fixed_dictionaries(
@@ -81,7 +90,7 @@ _TIDY = st.fixed_dictionaries(
         "failure_count": st.one_of(st.none(), st.integers(0, 9)),
         "body": st.one_of(st.none(), st.binary(max_size=8)),
         "body_base64": st.none(),
-        "group": st.none(),
+        "group": st.one_of(st.none(), st.uuids().map(str)),
     }
 )
 #: Tidy rows, wild rows, and tidy rows with one wild field (the edges of what Arrow takes).
@@ -128,8 +137,11 @@ def test_arrow_takes_out_only_rows_python_finds_nothing_wrong_with_as_python_mak
 ) -> None:
     batch = _batch(rows, text_bodies)
     sure, rest = split_sure(batch, endpoint, _endpoint_fine)
-    took = [] if sure is None else list(checked_of([sure_batch(sure)]))
+    records = None if sure is None else sure_batch(sure)
+    took = [] if records is None else list(checked_of([records]))
     assert len(took) + rest.num_rows == len(rows)
+    if records is not None:  # the group column is the one the Python path derives from extra
+        assert records.column("group").to_pylist() == [group_of(record) for record, _ in took]
     expected = [check_row(row, endpoint) for row in batch.to_pylist()]
     left = [check_row(row, endpoint) for row in rest.to_pylist()]
     for pair in took:
@@ -151,7 +163,7 @@ def test_the_rows_of_an_export_all_skip_python() -> None:
             "failure_count": i % 3,
             "body": b"x" * 10,
             "body_base64": None,
-            "group": None,
+            "group": None if i % 2 else f"saga-{i}",
         }
         for i in range(100)
     ]
