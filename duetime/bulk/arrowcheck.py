@@ -67,11 +67,10 @@ def split_sure(
         pc.greater_equal(due, EARLIEST_US),
         pc.less(due, LATEST_US),
         pc.is_in(chosen, value_set=pa.array(allowed, pa.string())),
-        pc.or_kleene(
-            pc.is_null(group),
-            pc.and_kleene(pc.match_substring_regex(group, _PLAIN_GROUP), pc.not_equal(group, EMPTY_GUID)),
-        ),
     ]
+    if not pa.types.is_null(group.type):
+        plain = pc.and_kleene(pc.match_substring_regex(group, _PLAIN_GROUP), pc.not_equal(group, EMPTY_GUID))
+        checks.append(pc.or_kleene(pc.is_null(group), plain))
     if not pa.types.is_null(headers.type):
         checks.append(pc.or_kleene(pc.is_null(headers), pc.match_substring_regex(headers, HEADERS_OBJECT)))
     if not pa.types.is_null(encoded.type):  # base64 is decoded (strictly) in Python

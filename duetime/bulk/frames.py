@@ -367,6 +367,11 @@ def batch_frame(spark: Any, work: Sequence[Any], produce: Callable[[Any], Iterab
 def per_partition(frame: Any, action: Callable[[int, Iterator[Checked]], Any], schema: str) -> list[Any]:
     """Run ``action(partition number, its checked records)`` on every partition of a record frame;
     the rows it returns (tuples matching ``schema``) are collected on the driver."""
+    return per_partition_batches(frame, lambda number, batches: action(number, checked_of(batches)), schema)
+
+
+def per_partition_batches(frame: Any, action: Callable[[int, Iterator[Any]], Any], schema: str) -> list[Any]:
+    """:func:`per_partition` handing ``action`` the partition's Arrow batches as they come."""
     import pyarrow as pa
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
@@ -374,7 +379,7 @@ def per_partition(frame: Any, action: Callable[[int, Iterator[Checked]], Any], s
 
         context = TaskContext.get()
         number = 0 if context is None else context.partitionId()
-        rows = list(action(number, checked_of(batches)))
+        rows = list(action(number, batches))
         names = [f.split()[0] for f in schema.split(", ")]
         yield pa.RecordBatch.from_pylist(
             [dict(zip(names, r, strict=True)) for r in rows], schema=_arrow(schema)

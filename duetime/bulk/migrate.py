@@ -29,11 +29,12 @@ from duetime.bulk.frames import (
     Checked,
     check_batch_rows,
     checked_files,
+    checked_of,
     file_endpoints,
     file_kind,
     file_rows,
     partitions_for,
-    per_partition,
+    per_partition_batches,
     record_frame,
 )
 from duetime.bulk.hadoopfs import Listed, input_files
@@ -689,9 +690,9 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
         # The store tables first, on the driver (tasks creating them at once would race); then
         # one pass: each row is read, checked and written once.
         target.prepare(file_endpoints(spark, kind[1], kind[0], spec.endpoint))
-        counted = per_partition(
+        counted = per_partition_batches(
             frame,
-            lambda index, pairs: [_write_partition(target, run_id, index, pairs)],
+            lambda index, batches: [_write_partition(target, run_id, index, batches)],
             "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
         )
         result = MigrationResult(run_id, batches=len(counted))
@@ -714,25 +715,36 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
 
 
 def _write_partition(
-    target: Target, run_id: str, index: int, pairs: Iterator[Checked]
+    target: Target, run_id: str, index: int, batches: Iterator[Any]
 ) -> tuple[int, int, int, int, str, bool]:
+    """A partition of checked file rows into ``target``: its valid rows, as Arrow batches where
+    the target takes them (a PostgreSQL store COPYs them without a record per row)."""
+    import pyarrow.compute as pc
+
     if target.ledger(run_id, index) is not None:  # written by an earlier run of the same files
-        return sum(1 for _ in pairs), 0, 0, 0, "", True
+        return sum(b.num_rows for b in batches), 0, 0, 0, "", True
     seen = rejected = 0
     shown: list[str] = []
 
-    def valid() -> Iterator[Record]:
+    def valid() -> Iterator[Any]:
         nonlocal seen, rejected
-        for record, why in pairs:
-            seen += 1
-            if why is None:
-                yield record
-                continue
-            rejected += 1
-            if len(shown) < 5:
-                shown.append(f"{record.message_id or '?'}: {why}")
+        for batch in batches:
+            seen += batch.num_rows
+            wrong = pc.is_valid(batch.column("problem"))
+            bad = batch.filter(wrong)
+            rejected += bad.num_rows
+            for ident, why in zip(
+                bad.column("message_id").to_pylist()[: 5 - len(shown)],
+                bad.column("problem").to_pylist(),
+                strict=False,
+            ):
+                shown.append(f"{ident or '?'}: {why}")
+            yield batch.filter(pc.invert(wrong)) if bad.num_rows else batch
 
-    written = target.write(run_id, index, valid())
+    if isinstance(target, StoreTarget):
+        written = target.write_batches(run_id, index, valid())
+    else:
+        written = target.write(run_id, index, (record for record, _ in checked_of(valid())))
     return seen, written.inserted, len(written.conflicts), rejected, "\n".join(shown), False
 
 

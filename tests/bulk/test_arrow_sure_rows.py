@@ -172,6 +172,24 @@ def test_the_rows_of_an_export_all_skip_python() -> None:
     assert list(checked_of([sure_batch(sure)])) == [check_row(row, None) for row in rows]
 
 
+def test_columns_a_frame_lacks_are_nulls_of_no_type_and_their_rows_still_skip_python() -> None:
+    """normalize() gives a missing column as a NULL literal: Arrow's null type."""
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "destination": pa.array(["q", "q"]),
+            "due_at": pa.array([1_900_000_000_000_000, 0], pa.int64()),
+            "message_id": pa.array(["a", "b"]),
+        }
+        | {
+            name: pa.nulls(2)
+            for name in ("body", "body_base64", "headers", "endpoint", "failure_count", "group")
+        }
+    )
+    sure, rest = split_sure(batch, "crm", _endpoint_fine)
+    assert sure is not None and rest.num_rows == 0
+    assert list(checked_of([sure_batch(sure)])) == [check_row(row, "crm") for row in batch.to_pylist()]
+
+
 def test_a_column_of_another_type_leaves_every_row_to_python() -> None:
     rows = [{"message_id": 7, "destination": "q", "due_at": 1_900_000_000_000_000}]
     batch = pa.RecordBatch.from_pylist(

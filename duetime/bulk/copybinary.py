@@ -1,0 +1,103 @@
+"""Checked records in Arrow columns as PostgreSQL's binary COPY rows, encoded by Arrow, not per row.
+
+Why: writing an imported batch record by record (a :class:`Record` per row, its due time as a
+datetime, psycopg formatting each field) took 0.85-1 s of Python per 100,000 rows, the larger half
+of a file import's Python time; Arrow's vectorized functions encode the same rows in 0.03-0.2 s.
+The layout is COPY's binary format (a 16-bit field count, then each field as a 32-bit length and
+its bytes, -1 for NULL) for the store table's columns in ``copy_messages`` order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from duetime.bulk.records import MSMQ_PROPERTIES, store_headers
+
+#: What a binary COPY stream starts and ends with.
+HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
+TRAILER = b"\xff\xff"
+#: 2000-01-01 in µs since 1970: PostgreSQL's timestamps count from there.
+_PG_EPOCH_US = 946_684_800_000_000
+
+
+def copy_rows(batch: Any) -> memoryview:
+    """The rows of a record frame's batch (every row checked, none with a problem) as binary
+    COPY rows for ``message_id, destination, due_at, headers, body, failure_count, group_key``;
+    headers as :func:`store_headers` keeps them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    due = batch.column("due_us").to_numpy(zero_copy_only=False)
+    failures = batch.column("failure_count").to_numpy(zero_copy_only=False)
+    rows = pc.binary_join_element_wise(
+        _scalar(b"\x00\x07"),
+        _field(batch.column("message_id")),
+        _field(batch.column("destination")),
+        _fixed(b"\x00\x00\x00\x08", (due - _PG_EPOCH_US).astype(">i8").tobytes(), 8, len(due)),
+        _field(_store_headers(batch.column("headers"))),
+        _field(batch.column("body")),
+        _fixed(b"\x00\x00\x00\x04", failures.astype(">i4").tobytes(), 4, len(failures)),
+        _field(batch.column("group")),
+        _scalar(b""),
+    )
+    import numpy as np
+
+    assert isinstance(rows, pa.LargeBinaryArray)
+    _, offsets, data = rows.buffers()
+    bounds = np.frombuffer(offsets, dtype=np.int64)
+    return memoryview(data)[bounds[rows.offset] : bounds[rows.offset + len(rows)]]
+
+
+def _store_headers(headers: Any) -> Any:
+    """:func:`store_headers` over a column: the text as it is where it is plainly ready (a JSON
+    object from its first character, no ``null``, none of the MSMQ transport's properties), and
+    Python's own answer for the rare other rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    headers = pc.if_else(pc.fill_null(pc.equal(headers, ""), True), "{}", headers)
+    odd = pc.or_(
+        pc.invert(pc.starts_with(headers, "{")),  # XML (the MSMQ transport's), or space before it
+        pc.or_(pc.match_substring(headers, "null"), pc.match_substring(headers, MSMQ_PROPERTIES)),
+    )
+    if not pc.any(odd).as_py():
+        return headers
+    rewritten = [store_headers(text) for text in pc.filter(headers, odd).to_pylist()]
+    return pc.replace_with_mask(headers, odd, pa.array(rewritten, headers.type))
+
+
+def _scalar(value: bytes) -> Any:
+    import pyarrow as pa
+
+    return pa.scalar(value, pa.large_binary())
+
+
+def _lengths(values: Any) -> bytes:
+    import pyarrow.compute as pc
+
+    lengths: bytes = (
+        pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(">i4").tobytes()
+    )
+    return lengths
+
+
+def _fixed(prefix: bytes, data: bytes, width: int, count: int) -> Any:
+    """``count`` values of ``width`` bytes each (``data``), each after ``prefix``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), count, [None, pa.py_buffer(data)])
+    values = values.cast(pa.large_binary())
+    return pc.binary_join_element_wise(_scalar(prefix), values, _scalar(b"")) if prefix else values
+
+
+def _field(column: Any) -> Any:
+    """A text or binary column as COPY fields: each value's length and bytes, NULL as -1."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = column.cast(pa.large_binary())
+    fields = pc.binary_join_element_wise(_fixed(b"", _lengths(values), 4, len(values)), values, _scalar(b""))
+    if values.null_count:
+        fields = pc.if_else(pc.is_null(values), _scalar(b"\xff\xff\xff\xff"), fields)
+    return fields
