@@ -38,15 +38,15 @@ def split_sure(
 ) -> tuple[list[Any] | None, Any]:
     """``batch`` (columns as :func:`duetime.bulk.frames.normalize` gives them) split into the
     rows that need no check in Python, as the columns of their records (in :class:`Record`'s
-    order) and their groups, and the other rows as they came. ``(None, batch)`` when a column's type rules the
-    test out (text ids as numbers, due times as text): every row is checked in Python.
-    ``endpoint_ok(name)`` says whether rows may go to the endpoint ``name``."""
+    order) and their groups, and the other rows as they came. ``(None, batch)`` when a column's
+    type rules the test out (text ids as numbers, due times as text): every row is checked in
+    Python. ``endpoint_ok(name)`` says whether rows may go to the endpoint ``name``."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not _plain_types(batch.schema):
         return None, batch
-    for name in ("message_id", "destination", "headers", "endpoint"):
+    for name in ("message_id", "destination", "headers", "endpoint", "body", "group"):
         try:
             batch.column(name).validate(full=True)  # Arrow's text may hold bytes that are not UTF-8
         except pa.ArrowInvalid:
