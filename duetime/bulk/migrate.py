@@ -733,12 +733,9 @@ def _write_partition(
             wrong = pc.is_valid(batch.column("problem"))
             bad = batch.filter(wrong)
             rejected += bad.num_rows
-            for ident, why in zip(
-                bad.column("message_id").to_pylist()[: 5 - len(shown)],
-                bad.column("problem").to_pylist(),
-                strict=False,
-            ):
-                shown.append(f"{ident or '?'}: {why}")
+            first = bad.slice(0, max(0, 5 - len(shown)))  # the first five reasons are shown
+            ids, reasons = first.column("message_id").to_pylist(), first.column("problem").to_pylist()
+            shown.extend(f"{ident or '?'}: {why}" for ident, why in zip(ids, reasons, strict=True))
             yield batch.filter(pc.invert(wrong)) if bad.num_rows else batch
 
     if isinstance(target, StoreTarget):
