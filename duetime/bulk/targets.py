@@ -145,7 +145,7 @@ class StoreTarget(_TakesAll):
             earliest: dict[str, list[Record]] = {}
             added: dict[str, int] = {}
             for chunk in chunks:
-                for table, (rows, first) in self._by_table(chunk).items():
+                for table, rows, first in self._by_table(chunk):
                     got, clash = self._insert(conn, table, rows)
                     inserted += got
                     added[table] = added.get(table, 0) + got
@@ -286,23 +286,24 @@ class StoreTarget(_TakesAll):
             self._written(conn, earliest, added)
             return written
 
-    def _by_table(self, chunk: list[Record] | Any) -> dict[str, tuple[list[Record] | Any, Record]]:
-        """A chunk's rows per store table, each with a record holding the earliest due time."""
+    def _by_table(self, chunk: list[Record] | Any) -> list[tuple[str, list[Record] | Any, Record]]:
+        """A chunk's rows by store table (a table may take several endpoints' rows), each part
+        with a record holding its earliest due time."""
         if isinstance(chunk, list):
             by_table: dict[str, list[Record]] = {}
             for record in chunk:
                 by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
-            return {
-                table: (rows, min(rows, key=lambda r: r.due_us if r.due_us is not None else 2**63))
+            return [
+                (table, rows, min(rows, key=lambda r: r.due_us if r.due_us is not None else 2**63))
                 for table, rows in by_table.items()
-            }
+            ]
         import pyarrow.compute as pc
 
-        parts: dict[str, tuple[Any, Record]] = {}
+        parts = []
         for endpoint in pc.unique(chunk.column("endpoint")).to_pylist():
             rows = chunk.filter(pc.equal(chunk.column("endpoint"), endpoint))
             first = Record(endpoint, "", None, pc.min(rows.column("due_us")).as_py(), None, b"", 0)
-            parts[self.layout.table_for(endpoint)] = (rows, first)
+            parts.append((self.layout.table_for(endpoint), rows, first))
         return parts
 
     def _insert(self, conn: Any, table: str, rows: Sequence[Record] | Any) -> tuple[int, list[str]]:

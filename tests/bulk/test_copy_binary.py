@@ -77,3 +77,18 @@ def test_arrow_encoded_copy_writes_what_the_record_copy_writes() -> None:
             iter(list(arrow_chunks((r, None) for r in [records[0], records[0]._replace(message_id="new")]))),
         )
         assert (again.inserted, again.conflicts) == (1, (records[0].message_id,))
+
+
+def test_several_endpoints_into_one_table_all_go_in() -> None:
+    """``?table=`` puts every endpoint's rows into one table: each endpoint's part of a batch is
+    written, none in place of another."""
+    records = [r._replace(endpoint=f"e{i % 3}") for i, r in enumerate(_records())]
+    with postgres_schema() as url:
+        target = StoreTarget(Database.from_url(url + "&table=shared"))
+        target.prepare(["e0"])
+        batches = iter(list(arrow_chunks((r, None) for r in records)))
+        assert target.write_batches("run", 0, batches).inserted == len(records)
+        with psycopg.connect(url.split("?")[0]) as conn:
+            schema = url.split("schema=")[1]
+            count = conn.execute(f'SELECT count(*) FROM "{schema}".shared').fetchone()
+        assert count == (len(records),)
