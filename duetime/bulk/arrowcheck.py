@@ -16,17 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from duetime.bulk.records import EARLIEST_US, GROUP_OPEN, LATEST_US
+from duetime.bulk.records import COMPACT_HEADERS, EARLIEST_US, GROUP_OPEN, LATEST_US, PLAIN_TEXT
 from duetime.message import MAX_DESTINATION_LENGTH, MAX_ID_LENGTH
 from duetime.nservicebus import EMPTY_GUID
 
-#: A JSON string with no control character and no \u escape (RE2, as Arrow's regex functions
-#: read it); a key is not empty.
-_STRING = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])*"'
-_KEY = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])+"'
-_PAIR = f"{_KEY}:{_STRING}"
-#: Compact JSON headers of strings to strings: what duetime and NServiceBus write.
-HEADERS_OBJECT = rf"^\{{(?:{_PAIR}(?:,{_PAIR})*)?\}}$"
 _INT32_MAX = 2**31 - 1
 #: A group JSON writes as it is (printable ASCII but the quote and the backslash), so its extra
 #: is ``{"group": "…"}`` as :func:`group_extra` writes it.
@@ -72,7 +65,7 @@ def split_sure(
         plain = pc.and_kleene(pc.match_substring_regex(group, _PLAIN_GROUP), pc.not_equal(group, EMPTY_GUID))
         checks.append(pc.or_kleene(pc.is_null(group), plain))
     if not pa.types.is_null(headers.type):
-        checks.append(pc.or_kleene(pc.is_null(headers), pc.match_substring_regex(headers, HEADERS_OBJECT)))
+        checks.append(pc.or_kleene(pc.is_null(headers), pc.match_substring_regex(headers, COMPACT_HEADERS)))
     if not pa.types.is_null(encoded.type):  # base64 is decoded (strictly) in Python
         checks.append(pc.or_kleene(pc.is_valid(body), pc.is_null(encoded)))
     if not pa.types.is_null(failures.type):
@@ -102,7 +95,7 @@ def _plain_text(column: Any, limit: int) -> Any:
     import pyarrow.compute as pc
 
     return pc.and_kleene(
-        pc.match_substring_regex(column, r"^[!-~]+$"), pc.less_equal(pc.utf8_length(column), limit)
+        pc.match_substring_regex(column, PLAIN_TEXT), pc.less_equal(pc.utf8_length(column), limit)
     )
 
 

@@ -77,13 +77,17 @@ def problem(record: Record) -> str | None:
     return None
 
 
-# A JSON string with no control character and no \u escape, as PostgreSQL regular expressions
-# read it (in AREs a backslash stays special inside brackets: [^"\\] is neither " nor \).
-_SQL_STRING = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])*"'
-_SQL_KEY = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])+"'
-_SQL_PAIR = f"{_SQL_KEY}:{_SQL_STRING}"
+# The regular expressions below read the same in PostgreSQL's AREs (sure_sql) and in RE2, which
+# Arrow's regex functions use (duetime.bulk.arrowcheck): in both a backslash stays special inside
+# brackets ([^"\\] is neither " nor \) and [:cntrl:] is the control characters.
+# A JSON string with no control character and no \u escape.
+_JSON_STRING = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])*"'
+_JSON_KEY = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])+"'
+_JSON_PAIR = f"{_JSON_KEY}:{_JSON_STRING}"
 #: A compact JSON object of strings to strings: what NServiceBus and duetime write.
-_SQL_OBJECT = rf"^\{{(?:{_SQL_PAIR}(?:,{_SQL_PAIR})*)?\}}$"
+COMPACT_HEADERS = rf"^\{{(?:{_JSON_PAIR}(?:,{_JSON_PAIR})*)?\}}$"
+#: Printable ASCII without spaces: an id or destination no check refuses.
+PLAIN_TEXT = "^[!-~]+$"
 
 
 def sure_sql(exprs: Sequence[str]) -> str:
@@ -99,13 +103,13 @@ def sure_sql(exprs: Sequence[str]) -> str:
     """
     ident, destination, due, headers, _, failures, _ = exprs
     checks = [
-        f"({ident}) ~ '^[!-~]+$'",
+        f"({ident}) ~ '{PLAIN_TEXT}'",
         f"length({ident}) <= {MAX_ID_LENGTH}",
-        f"({destination}) ~ '^[!-~]+$'",
+        f"({destination}) ~ '{PLAIN_TEXT}'",
         f"length({destination}) <= {MAX_DESTINATION_LENGTH}",
         f"({due}) >= {EARLIEST_US}",
         f"({due}) < {LATEST_US}",
-        f"({headers}) ~ '{_SQL_OBJECT}'",
+        f"({headers}) ~ '{COMPACT_HEADERS}'",
         f"position('null' in ({headers})) = 0",
         f"position('{MSMQ_PROPERTIES}' in ({headers})) = 0",
         f"({failures}) >= 0",

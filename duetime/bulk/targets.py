@@ -164,6 +164,10 @@ class StoreTarget(_TakesAll):
         staged rows inside the server."""
         if self.db.dialect != "postgres" or other.dialect != "postgres":
             return False
+        from duetime.backends.postgres.common import PgOptions
+
+        if PgOptions.from_url(self.db.url).conninfo == PgOptions.from_url(other.url).conninfo:
+            return True  # spelled alike (the usual case; this is asked once per batch): no round trip
         if urlsplit(self.db.url).username != urlsplit(other.url).username:
             return False
         return self.db.place()[:-1] == other.place()[:-1]  # the schema aside: one database
