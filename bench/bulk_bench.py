@@ -1,13 +1,14 @@
 """Spark migration of NServiceBus ``TimeoutData`` rows into the duetime PostgreSQL store.
 
-    .venv/bin/python bench/bulk_bench.py                     # 1,000,000 rows (issue 6's aim: under 60 s)
-    .venv/bin/python bench/bulk_bench.py --rows 100000
-    .venv/bin/python bench/bulk_bench.py --other-database    # into a store in another database
+    .venv/bin/python -m bench.bulk_bench                     # 1,000,000 rows (issue 6's aim: under 60 s)
+    .venv/bin/python -m bench.bulk_bench --rows 100000
+    .venv/bin/python -m bench.bulk_bench --other-database    # into a store in another database
 
 Prints, for the same rows in the same run: a single-process Python migration (server-side cursor,
 convert, COPY into the store table, delete the source) and ``duetime bulk migrate`` (verified,
 resumable batches as Spark tasks in local mode), each with rows/s, and the ratio. Spark's start-up
 is timed apart from the job. Both write the same rows: the saga id becomes each message's group.
+Under each: the cores it kept busy, and how many of them were PostgreSQL's (``bench/cpu.py``).
 
 Within one database the job moves each batch inside the server; with ``--other-database`` (a
 database the bench creates and drops) it takes the cross-database path: each batch is staged in
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
+from bench.cpu import CpuWatch
 from duetime.bulk.migrate import MigrationSpec, migrate
 from duetime.bulk.session import spark_session
 from duetime.registry import open_sync_store
@@ -119,8 +121,10 @@ def run(conn: psycopg.Connection, args: argparse.Namespace, target: str) -> None
     drop_schemas(target)
     print(f"filling {args.rows:,} TimeoutData rows …", flush=True)
     fill(conn, SOURCE_SCHEMA, args.rows)
-    base = baseline(args.rows, target)
+    with CpuWatch() as cpu:
+        base = baseline(args.rows, target)
     print(f"single-process Python : {base:6.1f} s  {args.rows / base:10,.0f} rows/s", flush=True)
+    print(f"    {cpu.usage.line()}", flush=True)
     fill(conn, SOURCE_SCHEMA, args.rows)
     start = time.perf_counter()
     spark = spark_session(args.master)
@@ -128,10 +132,11 @@ def run(conn: psycopg.Connection, args: argparse.Namespace, target: str) -> None
     startup = time.perf_counter() - start
     source = f"{BASE}?schema={SOURCE_SCHEMA}&layout=timeoutdata&table={TABLE}"
     start = time.perf_counter()
-    result = migrate(
-        spark,
-        MigrationSpec(source, f"{target}?schema={TARGET_SCHEMA}", "Sales", batch_rows=args.batch_rows),
-    )
+    with CpuWatch() as cpu:
+        result = migrate(
+            spark,
+            MigrationSpec(source, f"{target}?schema={TARGET_SCHEMA}", "Sales", batch_rows=args.batch_rows),
+        )
     took = time.perf_counter() - start
     assert result.inserted == args.rows and result.remaining == 0, result
     with psycopg.connect(target) as other:
@@ -141,6 +146,7 @@ def run(conn: psycopg.Connection, args: argparse.Namespace, target: str) -> None
         f"duetime bulk migrate  : {took:6.1f} s  {args.rows / took:10,.0f} rows/s  ({result.batches} batches, "
         f"Spark start-up {startup:.1f} s apart)"
     )
+    print(f"    {cpu.usage.line()}")
     print(
         f"ratio (duetime / single-process rows/s): {base / took:.2f}x; aim: under 60 s -> "
         f"{'met' if took + startup < 60 else 'NOT met'} ({took + startup:.1f} s with start-up)"

@@ -12,7 +12,9 @@ In one run, on the same rows (NServiceBus ``TimeoutData`` in PostgreSQL, 200-byt
 (b) ``bulk export`` on a standalone cluster started here from the installed pyspark (a master and
     workers of one core each on loopback, ``tests/bulk/standalone.py``): one executor, then two.
 
-Spark's start-up is timed apart from each job. Everything it creates is dropped at the end.
+Spark's start-up is timed apart from each job. Under each figure: how many of the machine's cores
+the step kept busy, and how much of that was the database server (``bench/cpu.py``), which says
+where the bottleneck is. Everything it creates is dropped at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import psycopg
 
 from bench.bulk_bench import BASE, TABLE, fill, store_table
+from bench.cpu import CpuWatch
 from duetime.bulk.exchange import export, import_
 from duetime.bulk.migrate import MigrationSpec, migrate
 from duetime.bulk.session import spark_session
@@ -35,10 +38,21 @@ from tests.bulk.standalone import StandaloneCluster
 FLOOR, JOB, SOURCE = "cluster_bench_floor", "cluster_bench_job", "cluster_bench_src"
 
 
+#: What the servers and the rest used during the last step :func:`timed` ran (printed under it).
+LAST_CPU: list[str] = [""]
+
+
 def timed(action: Any) -> tuple[float, Any]:
     start = time.perf_counter()
-    result = action()
+    with CpuWatch() as cpu:
+        result = action()
+    LAST_CPU[0] = cpu.usage.line()
     return time.perf_counter() - start, result
+
+
+def cpu_line() -> str:
+    """The cores the step just timed kept busy, and who: where the bottleneck is (issue 14)."""
+    return f"      {LAST_CPU[0]}"
 
 
 def floor_move(conn: psycopg.Connection, rows: int, *, group: bool = True) -> float:
@@ -260,6 +274,7 @@ def main() -> None:
                 f"(a) same-database move, one SQL statement (floor) : {floor:6.1f} s  {rows / floor:10,.0f} rows/s",
                 flush=True,
             )
+            print(cpu_line(), flush=True)
             fill(conn, SOURCE, rows)
             conn.execute(f'DROP SCHEMA IF EXISTS "{JOB}" CASCADE')
             startup, spark = timed(lambda: spark_session("local[*]"))
@@ -276,16 +291,19 @@ def main() -> None:
                 f"= {took / floor:.2f}x the floor's time (target <= 1.5x); start-up {startup:.1f} s apart",
                 flush=True,
             )
+            print(cpu_line(), flush=True)
             one = single_process_export(JOB, scratch / "single", rows)
             print(
                 f"(a) export to Parquet, one process                  : {one:6.1f} s  {rows / one:10,.0f} rows/s",
                 flush=True,
             )
+            print(cpu_line(), flush=True)
             fast = single_process_export_adbc(JOB, scratch / "adbc", rows)
             print(
                 f"    export to Parquet, one process with ADBC        : {fast:6.1f} s  {rows / fast:10,.0f} rows/s",
                 flush=True,
             )
+            print(cpu_line(), flush=True)
             job, _ = timed(
                 lambda: export(spark, f"{BASE}?schema={JOB}", f"parquet:{scratch / 'local'}", "Sales")
             )
@@ -294,6 +312,7 @@ def main() -> None:
                 f"= {one / job:.2f}x the single process's rate, {fast / job:.2f}x with ADBC",
                 flush=True,
             )
+            print(cpu_line(), flush=True)
             # Import the one-process export (a single file): Spark's reader makes a task of each
             # 128 MB; the job spreads the rows over one task per --batch-rows.
             conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp1" CASCADE')
@@ -302,6 +321,7 @@ def main() -> None:
                 f"(a) import from Parquet, one process               : {single:6.1f} s  {rows / single:10,.0f} rows/s",
                 flush=True,
             )
+            print(cpu_line(), flush=True)
             conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp1" CASCADE')
             conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp2" CASCADE')
             took, imported = timed(
@@ -319,6 +339,7 @@ def main() -> None:
                 f"= {single / took:.2f}x the single process's rate ({imported.batches} batches)",
                 flush=True,
             )
+            print(cpu_line(), flush=True)
             conn.execute('DROP SCHEMA IF EXISTS "cluster_bench_imp2" CASCADE')
             spark.stop()
             cluster = StandaloneCluster(scratch)
@@ -329,6 +350,7 @@ def main() -> None:
                     f"(b) bulk export, standalone, 1 executor             : {t1:6.1f} s  {rows / t1:10,.0f} rows/s  (start-up {s1:.1f} s)",
                     flush=True,
                 )
+                print(cpu_line(), flush=True)
                 cluster.add_worker()
                 t2, s2 = export_on(cluster.master, f"{BASE}?schema={JOB}", scratch / "two", rows)
                 print(
@@ -336,6 +358,7 @@ def main() -> None:
                     f"= {t1 / t2:.2f}x one executor (start-up {s2:.1f} s)",
                     flush=True,
                 )
+                print(cpu_line(), flush=True)
             finally:
                 cluster.stop()
         finally:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from duetime.bulk.records import MSMQ_PROPERTIES, store_headers
+from duetime.bulk.arrowrows import store_headers_column
 
 #: What a binary COPY stream starts and ends with.
 HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
@@ -34,7 +34,7 @@ def copy_rows(batch: Any) -> memoryview:
         _field(batch.column("message_id")),
         _field(batch.column("destination")),
         _fixed(b"\x00\x00\x00\x08", (due - _PG_EPOCH_US).astype(">i8").tobytes(), 8, len(due)),
-        _field(_store_headers(batch.column("headers"))),
+        _field(store_headers_column(batch.column("headers"))),
         _field(batch.column("body")),
         _fixed(b"\x00\x00\x00\x04", failures.astype(">i4").tobytes(), 4, len(failures)),
         _field(batch.column("group")),
@@ -46,24 +46,6 @@ def copy_rows(batch: Any) -> memoryview:
     _, offsets, data = rows.buffers()
     bounds = np.frombuffer(offsets, dtype=np.int64)
     return memoryview(data)[bounds[rows.offset] : bounds[rows.offset + len(rows)]]
-
-
-def _store_headers(headers: Any) -> Any:
-    """:func:`store_headers` over a column: the text as it is where it is plainly ready (a JSON
-    object from its first character, no ``null``, none of the MSMQ transport's properties), and
-    Python's own answer for the rare other rows."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    headers = pc.if_else(pc.fill_null(pc.equal(headers, ""), True), "{}", headers)
-    odd = pc.or_(
-        pc.invert(pc.starts_with(headers, "{")),  # XML (the MSMQ transport's), or space before it
-        pc.or_(pc.match_substring(headers, "null"), pc.match_substring(headers, MSMQ_PROPERTIES)),
-    )
-    if not pc.any(odd).as_py():
-        return headers
-    rewritten = [store_headers(text) for text in pc.filter(headers, odd).to_pylist()]
-    return pc.replace_with_mask(headers, odd, pa.array(rewritten, headers.type))
 
 
 def _scalar(value: bytes) -> Any:

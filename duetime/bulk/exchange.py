@@ -13,7 +13,7 @@ from typing import Any
 
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import file_kind
-from duetime.bulk.migrate import MigrationResult, MigrationSpec, Progress, migrate
+from duetime.bulk.migrate import MigrationResult, MigrationSpec, Progress, check_urls, migrate
 from duetime.bulk.preview import source_frame
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
@@ -28,12 +28,7 @@ class Exported:
 def export(
     spark: Any, source_url: str, to: str, endpoint: str | None = None, cutoff: datetime | None = None
 ) -> Exported:
-    kind = file_kind(to)
-    if kind is None:
-        raise ConfigurationError(
-            f"Export writes files: --to parquet:/folder or jsonl:/folder, not {to.split('@')[-1]!r}."
-        )
-    fmt, path = kind
+    fmt, path = check_export(source_url, to)
     target = FileTarget(path, fmt)
     folder = target.check(spark)  # before a row is read
     frame = source_frame(
@@ -58,8 +53,26 @@ def import_(
 ) -> MigrationResult:
     """Files written by :func:`export` (or any rows with the accepted columns) into a store, in
     ledgered batches of about ``batch_rows`` rows (one Spark task each)."""
+    check_import(source, store_url)
+    return migrate(spark, MigrationSpec(source, store_url, endpoint, batch_rows=batch_rows), progress)
+
+
+def check_export(source_url: str, to: str) -> tuple[str, str]:
+    """An export's ``--from`` and ``--to`` as far as they can be checked without Spark or a
+    connection (the CLI asks before Spark takes seconds to start): the files' format and path."""
+    kind = file_kind(to)
+    if kind is None:
+        raise ConfigurationError(
+            f"Export writes files: --to parquet:/folder or jsonl:/folder, not {to.split('@')[-1]!r}."
+        )
+    check_urls(source_url, None)
+    return kind
+
+
+def check_import(source: str, store_url: str) -> None:
+    """An import's ``--from`` and ``--to``, checked as :func:`check_export` checks an export's."""
     if file_kind(source) is None:
         raise ConfigurationError(
             f"Import reads files: --from parquet:/folder or jsonl:/folder, not {source.split('@')[-1]!r}."
         )
-    return migrate(spark, MigrationSpec(source, store_url, endpoint, batch_rows=batch_rows), progress)
+    check_urls(source, store_url)

@@ -537,9 +537,42 @@ def checked_frame(df: Any, endpoint: str | None) -> Any:
             if sure is not None:
                 yield sure_batch(sure)
             if rest.num_rows:
-                yield from arrow_chunks(checked_rows(rest.to_pylist(), endpoint))
+                yield from arrow_chunks(checked_rows(python_rows(rest), endpoint))
 
     return normalize(df).mapInArrow(run, RECORD_SCHEMA)
+
+
+def python_rows(batch: Any) -> list[dict[str, Any]]:
+    """An Arrow batch's rows as dicts for :func:`check_row`.
+
+    Parquet does not check that a string column holds UTF-8, and Arrow decoding such a value
+    failed the whole task (a stack trace, the import stopped). A column like that is read as
+    bytes instead, each value that is UTF-8 as its text: a value that is not is then its row's
+    reason ("message id is not UTF-8 text."), by the rule for binary columns."""
+    try:
+        return list(batch.to_pylist())
+    except UnicodeDecodeError:
+        columns = [_text_or_bytes(column) for column in batch.columns]
+        return [dict(zip(batch.schema.names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def _text_or_bytes(column: Any) -> list[Any]:
+    import pyarrow as pa
+
+    try:
+        return list(column.to_pylist())
+    except UnicodeDecodeError:
+        raw = column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
+        return [_decoded(value) for value in raw.to_pylist()]
+
+
+def _decoded(value: bytes | None) -> str | bytes | None:
+    if value is None:
+        return None
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return value
 
 
 def _endpoint_fine(name: str) -> bool:

@@ -96,6 +96,16 @@ class MigrationResult:
     status: str = "completed"
 
 
+def check_urls(source: str, target: str | None) -> None:
+    """A job's source and target URLs as far as they can be checked without Spark or a
+    connection (the CLI asks before Spark takes seconds to start): a database URL is parsed, a
+    ``parquet:``/``jsonl:`` path is left to Spark, a target is opened (no I/O)."""
+    if file_kind(source) is None:
+        Database.from_url(source)
+    if target is not None:
+        open_target(target)
+
+
 def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -> MigrationResult:
     if file_kind(spec.source):
         return _migrate_files(spark, spec, progress)

@@ -55,17 +55,10 @@ def schedule(
     """Schedule ``rows``: a DataFrame, or a ``parquet:``/``jsonl:`` path. Files are spread over
     about one task per ``batch_rows`` rows (a DataFrame keeps the partitions it has)."""
 
-    if not job or len(job) > 64:
-        raise ConfigurationError(
-            "Name the job (--job, at most 64 characters): a re-run with the same name never doubles a message."
-        )
-    check_batch_rows(batch_rows)
-    if endpoint:
-        check_name("endpoint", endpoint)  # wrong for every row: say so before Spark reads one
+    check_schedule(rows, store_url, job=job, endpoint=endpoint, batch_rows=batch_rows)
     if isinstance(rows, str):
         kind = file_kind(rows)
-        if kind is None:
-            raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
+        assert kind is not None  # checked
         input_files(spark, kind[1])
         partitions = partitions_for(file_rows(spark, kind[1], kind[0]), batch_rows)
         frame = checked_files(spark, kind[1], kind[0], endpoint, partitions)
@@ -95,6 +88,23 @@ def _rejects_folder(given: str | None) -> str | None:
             f"--rejects is a folder of JSON Lines: give PATH or jsonl:PATH, not {given!r}."
         )
     return kind[1]
+
+
+def check_schedule(
+    rows: Any, store_url: str, *, job: str, endpoint: str | None = None, batch_rows: int = 100_000
+) -> None:
+    """What a schedule job is told, as far as it can be checked without Spark or a connection (the
+    CLI asks before Spark takes seconds to start): wrong for every row, so said before one is read."""
+    if not job or len(job) > 64:
+        raise ConfigurationError(
+            "Name the job (--job, at most 64 characters): a re-run with the same name never doubles a message."
+        )
+    check_batch_rows(batch_rows)
+    if endpoint:
+        check_name("endpoint", endpoint)
+    if isinstance(rows, str) and file_kind(rows) is None:
+        raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
+    StoreTarget(Database.from_url(store_url))
 
 
 def _schedule(frame: Any, store_url: str, job: str, folder: Folder, there: bool) -> Scheduled:

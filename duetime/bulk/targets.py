@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from duetime.bulk.arrowrows import store_rows
 from duetime.bulk.copybinary import HEADER, TRAILER, copy_rows
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import CHUNK_ROWS, checked_of, chunked
@@ -126,10 +127,9 @@ class StoreTarget(_TakesAll):
         return self._write(run_id, batch, chunked(records, CHUNK_ROWS))
 
     def write_batches(self, run_id: str, batch: int, batches: Iterable[Any]) -> Written:
-        """:meth:`write` for a record frame's Arrow batches of valid rows: on PostgreSQL they are
-        COPYed as Arrow encodes them (:func:`copy_rows`), never a :class:`Record` per row."""
-        if self.db.dialect != "postgres":
-            return self.write(run_id, batch, (record for record, _ in checked_of(batches)))
+        """:meth:`write` for a record frame's Arrow batches of valid rows, never a :class:`Record`
+        per row: PostgreSQL COPYs them as Arrow encodes them (:func:`copy_rows`), SQLite and
+        MariaDB insert the rows zipped from their columns (:func:`store_rows`)."""
         return self._write(run_id, batch, batches)
 
     def _write(self, run_id: str, batch: int, chunks: Iterable[list[Record] | Any]) -> Written:
@@ -312,7 +312,8 @@ class StoreTarget(_TakesAll):
 
     def _insert(self, conn: Any, table: str, rows: Sequence[Record] | Any) -> tuple[int, list[str]]:
         """Rows (records, or an Arrow batch of them) into ``table``: how many went in, and the
-        ids that were there already."""
+        ids that were there already. PostgreSQL COPYs them; an id already in the table makes this
+        task insert through a temporary table from then on (``ON CONFLICT`` tells them apart)."""
         d = self.db
         target = d.qualified(table)
         if d.dialect == "postgres" and self._straight:
@@ -329,52 +330,64 @@ class StoreTarget(_TakesAll):
             else:
                 conn.execute("RELEASE SAVEPOINT duetime_copy")
                 return len(rows), []
+        if d.dialect != "postgres":
+            return self._insert_rows(conn, target, self._store_rows(rows))
         if not isinstance(rows, Sequence):
             rows = [record for record, _ in checked_of([rows])]
         ids = [r.message_id for r in rows]
-        if d.dialect == "postgres":
-            cur = conn.cursor()
-            cur.execute(d.query("create_incoming"))
-            cur.execute(d.query("empty_incoming"))
-            with cur.copy(d.query("copy_incoming")) as copy:
-                copy.set_types(["text", "text", "int8", "text", "bytea", "int4", "text"])
-                for r in rows:
-                    copy.write_row(
-                        (
-                            r.message_id,
-                            r.destination,
-                            r.due_us,
-                            store_headers(r.headers),
-                            r.body,
-                            r.failure_count,
-                            group_of(r),
-                        )
+        cur = conn.cursor()
+        cur.execute(d.query("create_incoming"))
+        cur.execute(d.query("empty_incoming"))
+        with cur.copy(d.query("copy_incoming")) as copy:
+            copy.set_types(["text", "text", "int8", "text", "bytea", "int4", "text"])
+            for r in rows:
+                copy.write_row(
+                    (
+                        r.message_id,
+                        r.destination,
+                        r.due_us,
+                        store_headers(r.headers),
+                        r.body,
+                        r.failure_count,
+                        group_of(r),
                     )
-            cur.execute(d.query("insert_from_incoming", table=target, due=timestamptz_sql("due_us")))
-            new = {r[0] for r in cur.fetchall()}
-        elif d.dialect == "mysql":
-            new = set()
+                )
+        cur.execute(d.query("insert_from_incoming", table=target, due=timestamptz_sql("due_us")))
+        new = {r[0] for r in cur.fetchall()}
+        return len(new), _not_written(ids, new)
+
+    def _store_rows(self, rows: Sequence[Record] | Any) -> list[tuple[Any, ...]]:
+        """SQLite, MariaDB: the store table's rows for records, or for an Arrow batch of them
+        (column by column, :func:`store_rows`)."""
+        if isinstance(rows, Sequence):
+            return [self.layout.to_row(r) for r in rows]
+        return store_rows(rows)
+
+    def _insert_rows(self, conn: Any, target: str, rows: Sequence[tuple[Any, ...]]) -> tuple[int, list[str]]:
+        """SQLite, MariaDB: store rows into ``target``, an id there already (or given twice: the
+        first wins) left out; how many went in, and the ids left out."""
+        d = self.db
+        ids = [r[0] for r in rows]
+        if d.dialect == "mysql":
+            new: set[str] = set()
             for chunk in d.chunks(rows, 500):
                 values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
-                flat = [v for r in chunk for v in self.layout.to_row(r)]
+                flat = [v for r in chunk for v in r]
                 cur = d.execute(conn, d.query("insert_messages_ignoring", table=target, values=values), flat)
                 new |= {r[0] for r in cur.fetchall()}
-        else:
-            present: set[str] = set()
-            for chunk in d.chunks(ids, 500):
-                marks = d.in_list(len(chunk))
-                found = d.execute(conn, d.query("existing_ids", table=target, marks=marks), chunk).fetchall()
-                present |= {r[0] for r in found}
-            fresh = []
-            for r in rows:  # the first of an id given twice; the second is a conflict
-                if r.message_id not in present:
-                    present.add(r.message_id)
-                    fresh.append(r)
-            d.executemany(
-                conn, d.query("insert_message", table=target), [self.layout.to_row(r) for r in fresh]
-            )
-            new = {r.message_id for r in fresh}
-        return len(new), _not_written(ids, new)
+            return len(new), _not_written(ids, new)
+        present: set[str] = set()
+        for chunk in d.chunks(ids, 500):
+            marks = d.in_list(len(chunk))
+            found = d.execute(conn, d.query("existing_ids", table=target, marks=marks), chunk).fetchall()
+            present |= {r[0] for r in found}
+        fresh = []
+        for r in rows:  # the first of an id given twice; the second is a conflict
+            if r[0] not in present:
+                present.add(r[0])
+                fresh.append(r)
+        d.executemany(conn, d.query("insert_message", table=target), fresh)
+        return len(fresh), _not_written(ids, {r[0] for r in fresh})
 
     def _copy_straight(self, conn: Any, target: str, rows: Sequence[Record] | Any) -> None:
         """Rows into the store table by one COPY: a third less of the server's time than COPY

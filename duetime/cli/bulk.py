@@ -159,13 +159,13 @@ def migrate(
 
     def go() -> None:
         from duetime.bulk.frames import file_kind
-        from duetime.bulk.migrate import MigrationSpec, abort, migrate
+        from duetime.bulk.migrate import MigrationSpec, abort, check_urls, migrate
 
         renames = _renames(rename)
         spec = MigrationSpec(
             source, target, endpoint, _cutoff(cutoff), batch_rows, tuple(sorted(renames.items()))
         )
-        _check_urls(source, target)  # before Spark takes seconds to start
+        check_urls(source, target)  # before Spark takes seconds to start
         if mode is Mode.abort:
             if file_kind(target) is None:
                 result = abort(spec)
@@ -200,17 +200,6 @@ def _renames(pairs: list[str]) -> dict[str, str]:
             )
         renames[found.strip()] = check_name("endpoint", real.strip())
     return renames
-
-
-def _check_urls(source: str, target: str | None) -> None:
-    from duetime.bulk.frames import file_kind
-    from duetime.bulk.targets import open_target
-    from duetime.sqldb import Database
-
-    if file_kind(source) is None:
-        Database.from_url(source)
-    if target is not None:
-        open_target(target)
 
 
 def _print_preview(found: Any, as_json: bool) -> None:
@@ -276,10 +265,10 @@ def schedule(
     """
 
     def go() -> None:
-        from duetime.bulk.frames import check_batch_rows
+        from duetime.bulk.schedule import check_schedule
         from duetime.bulk.schedule import schedule as run
 
-        check_batch_rows(batch_rows)  # before Spark takes seconds to start
+        check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
         with _spark(master, conf) as spark, console.status("scheduling…"):
             done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects, batch_rows=batch_rows)
         console.print(
@@ -302,8 +291,9 @@ def export_(
     """Write every stored message (ids, due times, headers, bodies, failure counts) to files."""
 
     def go() -> None:
-        from duetime.bulk.exchange import export
+        from duetime.bulk.exchange import check_export, export
 
+        check_export(store, to)  # before Spark takes seconds to start
         with _spark(master, conf) as spark, console.status("exporting…"):
             done = export(spark, store, to, endpoint)
         console.print(f"{done.rows:,} messages written to {done.path}")
@@ -324,10 +314,12 @@ def import_(
     """Load exported files into a store; importing the same files twice changes nothing."""
 
     def go() -> None:
+        from duetime.bulk.exchange import check_import
         from duetime.bulk.exchange import import_ as run
         from duetime.bulk.frames import check_batch_rows
 
         check_batch_rows(batch_rows)  # before Spark takes seconds to start
+        check_import(files, store)
         with _spark(master, conf) as spark, console.status("importing…"):
             result = run(spark, files, store, endpoint, batch_rows=batch_rows)
         _print_result(result, as_json)
@@ -355,6 +347,7 @@ def report(
 
     def go() -> None:
         from duetime.bulk import report as r
+        from duetime.bulk.migrate import check_urls
 
         # the report is small and written on this machine: a place it cannot go is said before
         # Spark counts anything, not after
@@ -362,6 +355,7 @@ def report(
             _can_write(html.parent, html)
         if csv_dir is not None:
             _can_write(csv_dir, None)
+        check_urls(store, None)
         with _spark(master, conf) as spark, console.status("counting…"):
             found = r.backlog(spark, store, endpoint)
             if delivery_log:

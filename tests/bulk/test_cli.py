@@ -138,6 +138,28 @@ def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
     assert "--master" in run_cli("bulk", "migrate", "--help", cwd=tmp_path).stdout
     period = run_cli("bulk", "report", "--store", "sqlite:///x.db", "--period", "week", cwd=tmp_path)
     assert period.returncode != 0 and "--period must be second, minute, hour or day" in period.stderr
+    # what is wrong before a row is read is said before Spark starts (seconds, and its log lines)
+    for command, said in (
+        (["export", "--from", "redis://localhost/0", "--to", "parquet:out"], "not a database URL"),
+        (
+            ["export", "--from", "sqlite:///x.db", "--to", "csv:out"],
+            "Export writes files: --to parquet:/folder",
+        ),
+        (["import", "--from", "out", "--to", "sqlite:///x.db"], "Import reads files: --from parquet:/folder"),
+        (["import", "--from", "parquet:out", "--to", "redis://localhost/0"], "not a database URL"),
+        (["report", "--store", "redis://localhost/0"], "not a database URL"),
+        (
+            ["schedule", "rows.csv", "--to", "sqlite:///x.db", "--job", "j"],
+            "'rows.csv' is not a parquet: or jsonl:",
+        ),
+        (
+            ["schedule", "parquet:in", "--to", "sqlite:///x.db?layout=msmq", "--job", "j"],
+            "duetime stores only",
+        ),
+    ):
+        early = run_cli("bulk", *command, cwd=tmp_path, timeout=60)
+        assert early.returncode == 1 and said in early.stderr, early.stderr[-2000:]
+        assert len(early.stderr.strip().splitlines()) == 1, early.stderr[-2000:]  # no Spark log line
 
 
 def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_path: Path) -> None:

@@ -308,6 +308,47 @@ def test_a_json_line_that_is_not_utf8_is_that_lines_reason(spark: Any, tmp_path:
     assert "line is not UTF-8 text" in next((tmp_path / "rej").glob("part-*")).read_text()
 
 
+def test_a_parquet_text_value_that_is_not_utf8_is_that_rows_reason(spark: Any, tmp_path: Path) -> None:
+    """Parquet does not check that a string column holds UTF-8; one such value failed the task
+    (Arrow decoding it in Python): the import stopped with a stack trace. Now only its row is
+    put back, with why; the other rows of the batch go in, a body's bytes as they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def text(values: list[bytes]) -> Any:
+        return pa.array(values, pa.binary()).view(pa.string())  # a view is not validated
+
+    due = datetime(2031, 1, 1, tzinfo=UTC)
+    rows = {
+        "id": text([b"ok", b"bad\xff", b"body", b"named"]),
+        "destination": text([b"q", b"q", b"q", b"q"]),
+        "due_at": [due, due, due, due],
+        "body": text([b"fine", b"fine", b"caf\xe9", b"fine"]),
+        "endpoint": text([b"e", b"e", b"e", b"\xfe"]),
+    }
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.table(rows), folder / "rows.parquet")
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    result = import_(spark, f"parquet:{folder}", url, "e")
+    assert (result.inserted, result.put_back) == (2, 2), result.notes
+    assert any("message id is not UTF-8 text." in note for note in result.notes), result.notes
+    assert any("endpoint is not UTF-8 text." in note for note in result.notes), result.notes
+    stored = store_rows(url, "e")
+    assert set(stored) == {"ok", "body"}
+    assert (stored["ok"].body, stored["body"].body) == (b"fine", b"caf\xe9")
+    other = f"sqlite:///{tmp_path / 'scheduled.db'}"
+    done = schedule(
+        spark,
+        spark.read.parquet(str(folder)),
+        other,
+        endpoint="s",
+        job="utf8-parquet",
+        rejects=str(tmp_path / "rej"),
+    )
+    assert (done.stored, done.rejected) == (2, 2)
+
+
 def test_a_parquet_column_of_the_wrong_type_is_each_rows_reason_not_a_cast(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -20,10 +20,13 @@ from tests.conftest import duetime_cmd
 from tests.integration.consumer import RecordingConsumer
 
 
-def prepare(db: Path, endpoint: str, *queues: str) -> SyncSqliteStore:
+def prepare(
+    db: Path, endpoint: str, *queues: str, mode: TransactionMode = TransactionMode.AT_LEAST_ONCE
+) -> SyncSqliteStore:
+    """A store and the queues in one file, set up as ``duetime run`` would."""
     store = SyncSqliteStore(db)
     store.setup_infrastructure(endpoint)
-    store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+    store.initialize(endpoint, mode)
     q = SyncSqliteQueue(db)
     for name in queues:
         q.declare(name)

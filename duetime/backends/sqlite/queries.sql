@@ -69,6 +69,43 @@ WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
 ORDER BY due_at, message_id
 LIMIT :limit;
 
+-- The exactly-once move into a queue in the same file, done by SQLite without a Python object per
+-- message: first the rows' identities (for the outcome) and whether any needs Python (an
+-- NServiceBus timeout, headers not stored as a JSON object, a due time before 1970), then, when
+-- none does, the same rows copied into the queue with `duetime-due-at` spliced into their headers
+-- exactly as message.outgoing_headers_json does, then deleted. In one write transaction the three
+-- statements see the same rows. (Braces are doubled: {table} is filled in by str.format.)
+-- name: move_due_look
+SELECT message_id, destination, due_at,
+       CASE WHEN instr(headers, '"traceparent"') THEN headers END,
+       due_at < 0 OR substr(headers, 1, 1) <> '{{' OR substr(headers, -1, 1) <> '}}'
+           OR instr(headers, '"NServiceBus.Timeout.Expire"') > 0
+FROM {table}
+WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+ORDER BY due_at, message_id
+LIMIT :limit;
+
+-- name: move_due_enqueue
+INSERT INTO duetime_queue_messages (queue, message_id, headers, body, enqueued_at, visible_at)
+SELECT destination, message_id,
+       CASE headers WHEN '{{}}' THEN '{{' ELSE substr(headers, 1, length(headers) - 1) || ',' END
+       || '"duetime-due-at":"' || strftime('%Y-%m-%dT%H:%M:%S', due_at / 1000000, 'unixepoch')
+       || CASE WHEN due_at % 1000000 THEN printf('.%06d', due_at % 1000000) ELSE '' END
+       || '+00:00"}}',
+       body, :now, :now
+FROM {table}
+WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+ORDER BY due_at, message_id
+LIMIT :limit;
+
+-- name: move_due_delete
+DELETE FROM {table} WHERE message_id IN (
+    SELECT message_id FROM {table}
+    WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+    ORDER BY due_at, message_id
+    LIMIT :limit
+);
+
 -- name: next_unclaimed
 SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at LIMIT 1;
 
