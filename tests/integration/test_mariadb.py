@@ -10,12 +10,14 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from duetime import DelayedMessage, Dispatcher, TransactionMode
 from duetime.backends.mysql import MysqlStore, SyncMysqlStore
 from duetime.backends.sqlite import SqliteQueueTransport, SyncSqliteQueue
+from duetime.clock import to_micros
 from tests.conftest import duetime_cmd
 from tests.integration.consumer import RecordingConsumer
 from tests.services import mariadb_database
@@ -102,3 +104,33 @@ async def test_poller_wakes_the_dispatcher_for_a_message_from_another_process(
     await transport.close()
     other.close()
     consumer.close()
+
+
+def test_a_claim_in_progress_locks_only_its_own_rows(maria: str) -> None:
+    """A backlog where every row is due is where MariaDB's optimizer would rather scan the
+    table and sort: ``FOR UPDATE`` then locked every due row, not the batch's few, and every
+    other dispatcher's claim skipped them all and came back empty (dispatchers took turns; the
+    contract's four-claimer test caught it once in CI). With one claim held open in its
+    transaction, a second claimer must still get a full batch of the rest."""
+    store = prepare(maria, "backlog")
+    now = datetime.now(UTC)
+    store.store_many([DelayedMessage(f"m{i:03d}", "orders", now - timedelta(seconds=1)) for i in range(400)])
+    holder = SyncMysqlStore.from_url(maria)
+    holder.initialize("backlog", TransactionMode.AT_LEAST_ONCE)
+    at = to_micros(now)
+
+    def hold(cur: Any) -> list[Any]:
+        cur.connection.begin()
+        cur.execute(holder.q["select_due_for_claim"], (at, at, 7))
+        held = list(cur.fetchall())
+        try:
+            other = [m.message_id for m in store.fetch_due(now, 7)]
+        finally:
+            cur.connection.rollback()
+        return [[r[0] for r in held], other]
+
+    held, other = holder._run(hold)
+    assert held == [f"m{i:03d}" for i in range(7)]
+    assert other == [f"m{i:03d}" for i in range(7, 14)]
+    holder.close()
+    store.close()

@@ -51,8 +51,12 @@ SELECT version FROM duetime_schema WHERE component = %s;
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
 VALUES (%s, %s, %s, %s, %s, %s, %s);
 
+-- The index is forced: when most rows are due (a backlog, a fresh table) the optimizer would
+-- rather scan the table and sort, and FOR UPDATE then locks every due row, not the LIMIT's
+-- few, so every other claimer skips them all and finds nothing: dispatchers take turns.
 -- name: select_due_for_claim
-SELECT message_id, destination, due_at, headers, body, failure_count, group_key FROM {table}
+SELECT message_id, destination, due_at, headers, body, failure_count, group_key
+FROM {table} FORCE INDEX (duetime_due)
 WHERE due_at <= %s AND (claim_token IS NULL OR claimed_until <= %s)
 ORDER BY due_at, message_id
 LIMIT %s
