@@ -241,6 +241,7 @@ def test_run_logs_a_summary_line_while_it_works(cli, tmp_path) -> None:  # type:
     import os
     import signal
     import subprocess
+    import threading
     import time
 
     cli("setup", "--queue", "orders")
@@ -252,10 +253,21 @@ def test_run_logs_a_summary_line_while_it_works(cli, tmp_path) -> None:  # type:
     proc = subprocess.Popen(
         duetime_cmd("run", "--log-format", "json"), cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env
     )
-    time.sleep(5)
+    # Read as it comes: on a loaded machine the start alone can take seconds, so a fixed sleep
+    # would stop it before its first interval ended. Once the summary is there, two more
+    # intervals of idling must add none.
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while not any('"last ' in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(4.5)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=30)
-    records = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    proc.wait(timeout=30)
+    reader.join(timeout=10)
+    stderr = "".join(lines)
+    records = [json.loads(line) for line in lines if line.strip()]
     summaries = [r for r in records if r["message"].startswith("last ")]
     assert len(summaries) == 1, stderr  # the work, once; nothing while idle afterwards
     summary = summaries[0]
