@@ -190,7 +190,8 @@ def arrivals(out: Path, ids: set[str], seconds: float) -> dict[str, tuple[float,
     seen: dict[str, tuple[float, float]] = {}
     while time.time() < deadline:
         seen = {}
-        for line in out.read_text().splitlines():
+        text = out.read_text()
+        for line in text[: text.rfind("\n") + 1].splitlines():  # a line being written waits
             mid, due, got = line.split()
             if mid in ids:
                 seen[mid] = (float(due), float(got))
