@@ -135,6 +135,20 @@ def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
     ]
 
 
+def check_log(log: str) -> Database | None:
+    """The ``--delivery-log`` URL as far as it can be checked without Spark or a connection (the
+    CLI asks before Spark starts): a ``jsonl:`` folder is left to Spark (None), else the database."""
+    if log.partition(":")[0] == "jsonl":
+        return None
+    try:
+        return Database.from_url(log)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"--delivery-log takes jsonl:/folder (the dispatcher's JSON Lines files) or a database "
+            f"URL, not {log!r}."
+        ) from None
+
+
 def _log_frame(spark: Any, log: str) -> Any:
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -146,8 +160,9 @@ def _log_frame(spark: Any, log: str) -> Any:
             StructField("outcome", StringType()),
         ]
     )
-    scheme, _, rest = log.partition(":")
-    if scheme == "jsonl":
+    db = check_log(log)
+    if db is None:  # jsonl:
+        rest = log.partition(":")[2]
         # a Hadoop path (jsonl:hdfs://nn/logs), never pathlib's, which folds the "//" of a URI
         files = f"{rest.rstrip('/')}/*.jsonl"
         input_files(spark, files)  # no log files there: one line, not Spark's missing-path error
@@ -157,13 +172,6 @@ def _log_frame(spark: Any, log: str) -> Any:
             F.unix_micros(F.to_timestamp("dispatched_at")).alias("dispatched_us"),
             F.col("outcome"),
         )
-    try:
-        db = Database.from_url(log)
-    except ConfigurationError:
-        raise ConfigurationError(
-            f"--delivery-log takes jsonl:/folder (the dispatcher's JSON Lines files) or a database "
-            f"URL, not {log!r}."
-        ) from None
     with db.session(write=False) as conn:  # unreachable or without a log: one line, on the driver
         if not db.table_exists(conn, STATE_TABLES["log"]):
             raise ConfigurationError(

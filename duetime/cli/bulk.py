@@ -356,6 +356,8 @@ def report(
         if csv_dir is not None:
             _can_write(csv_dir, None)
         check_urls(store, None)
+        if delivery_log:
+            r.check_log(delivery_log)
         with _spark(master, conf) as spark, console.status("counting…"):
             found = r.backlog(spark, store, endpoint)
             if delivery_log:

@@ -1,10 +1,9 @@
-"""The bulk commands as users run them: the CLI, kill -9 in the middle, spark-submit."""
+"""The bulk commands as users run them: the CLI, spark-submit, the errors a newcomer meets
+(kill -9 in the middle of a migration: test_cli_resume.py)."""
 
 from __future__ import annotations
 
 import os
-import random
-import signal
 import subprocess
 import sys
 import time
@@ -12,74 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from duetime.bulk.sources import BATCHES
-from duetime.sqldb import Database
-from tests.bulk.conftest import count, create_timeoutdata, table_rows, timeout_rows
+from tests.bulk.conftest import create_timeoutdata, timeout_rows
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.conftest import ROOT, run_cli
 from tests.services import postgres_schema
 
 pytestmark = pytest.mark.slow
-
-
-def _progress(db: Database) -> int:
-    """Batches past 'pending' in the state table (0 before the run is planned)."""
-    try:
-        with db.session(write=False) as conn:
-            if not db.table_exists(conn, BATCHES):
-                return 0
-            row = db.execute(
-                conn, f"SELECT COUNT(*) FROM {db.qualified(BATCHES)} WHERE status <> 'pending'"
-            ).fetchone()
-            return int(row[0])
-    except Exception:
-        return 0
-
-
-@pytest.mark.timeout(420)  # four Spark starts and up to 2 x 180 s waiting for progress
-def test_preview_then_a_migration_killed_twice_then_resumed(tmp_path: Path) -> None:
-    with postgres_schema() as pg:
-        rows = timeout_rows(10_000)
-        legacy = create_timeoutdata(pg, "Big_TimeoutData", rows)
-        source = pg + "&layout=timeoutdata"
-        args = ["bulk", "migrate", "--from", source, "--to", pg, "--endpoint", "Big", "--master", "local[2]"]
-        preview = run_cli(*args, "--mode", "preview", timeout=240)
-        assert preview.returncode == 0, preview.stderr
-        assert "10,000 messages would move" in preview.stdout and "no problems found" in preview.stdout
-        state = Database.from_url(pg)
-        seen = 0
-        rng = random.Random(7)
-        # kill -9 (driver, JVM and Python workers at once), then Ctrl-C (SIGINT to the group, as
-        # a terminal sends it): each stops the run part way, and the next goes on
-        for stop in (signal.SIGKILL, signal.SIGINT):
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "duetime", *args, "--mode", "migrate", "--batch-rows", "250"],
-                cwd=tmp_path,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and _progress(state) <= seen and proc.poll() is None:
-                time.sleep(0.05)
-            if stop == signal.SIGKILL:
-                time.sleep(rng.uniform(0, 0.5))
-            running = proc.poll() is None  # Ctrl-C at once: a fast machine may finish the run
-            os.killpg(proc.pid, stop)
-            _, said = proc.communicate(timeout=120)
-            if stop == signal.SIGINT and running:
-                assert proc.returncode == 130, said[-3000:]
-                assert "stopped: what was committed stays; run the same command again" in said
-                assert "Traceback" not in said and "internal error" not in said
-            seen = _progress(state)
-        done = run_cli(*args, "--mode", "migrate", "--batch-rows", "250", timeout=240)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "completed" in done.stdout
-        moved = store_rows(pg, "Big")
-        assert len(moved) == 10_000 and count(legacy, "Big_TimeoutData") == 0
-        assert {m.message_id for m in moved.values()} == {str(r[0]) for r in rows}
-        assert table_rows(legacy, "Big_TimeoutData", "Id") == []
 
 
 def test_spark_submit_runs_the_job_file(tmp_path: Path) -> None:
@@ -148,6 +85,10 @@ def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
         (["import", "--from", "out", "--to", "sqlite:///x.db"], "Import reads files: --from parquet:/folder"),
         (["import", "--from", "parquet:out", "--to", "redis://localhost/0"], "not a database URL"),
         (["report", "--store", "redis://localhost/0"], "not a database URL"),
+        (
+            ["report", "--store", "sqlite:///x.db", "--delivery-log", "logs/"],
+            "--delivery-log takes jsonl:/folder",
+        ),
         (
             ["schedule", "rows.csv", "--to", "sqlite:///x.db", "--job", "j"],
             "'rows.csv' is not a parquet: or jsonl:",
