@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
-
-import pymysql
 
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.mysql import SyncMysqlStore
-from tests.services import MARIADB
+from tests.services import mariadb_database
 
 
 def fill(url: str, endpoint: str, count: int) -> None:
@@ -80,11 +77,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    database = f"duetime_claims_bench_{uuid.uuid4().hex[:8]}"
-    admin = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
-    admin.cursor().execute(f"CREATE DATABASE {database}")
-    url = MARIADB.rsplit("/", 1)[0] + "/" + database
-    try:
+    with mariadb_database() as url:  # a database of its own, dropped afterwards
         for r in range(args.rounds):
             rates: dict[int, float] = {}
             for claimers in (1, 2, 4):
@@ -98,9 +91,6 @@ def main() -> None:
                     f"({rates[claimers] / rates[1]:.2f}x one claimer), {empty} empty claims",
                     flush=True,
                 )
-    finally:
-        admin.cursor().execute(f"DROP DATABASE {database}")
-        admin.close()
 
 
 if __name__ == "__main__":
