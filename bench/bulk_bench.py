@@ -20,10 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cpu import CpuWatch
 from duetime.bulk.migrate import MigrationSpec, migrate

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bulk_bench import BASE, TABLE, fill, store_table
 from bench.cpu import CpuWatch

@@ -14,9 +14,14 @@ round, and how many claims came back empty while messages were left (a claimer l
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench` and `tests`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.mysql import SyncMysqlStore
