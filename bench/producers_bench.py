@@ -8,9 +8,13 @@ its message is durable. Per store (SQLite file, PostgreSQL), in one run:
 
 - **raw**: the driver alone, one ``INSERT`` and one commit per message into a table of the same
   shape: what one durable write costs on this disk and server;
-- **sequential**: ``await client.schedule(...)``, one call after another;
-- **16 coroutines**: 16 producers on one event loop, each scheduling its share one at a time;
-- **16 threads**: 16 blocking producers (``duetime.connect_sync``) on threads.
+- **sequential**: one call after another, with each client: ``await client.schedule(...)`` on the
+  async client, ``client.schedule(...)`` on the blocking one (``duetime.connect_sync``), which
+  skips the hop to a store thread and back and so runs faster;
+- **16 coroutines**: 16 producers on one event loop, each scheduling its share one at a time,
+  against the async client's sequential rate;
+- **16 threads**: 16 blocking producers on threads, against the blocking client's sequential rate
+  (each against the rate its own producers would have one at a time).
 
 Concurrent callers share commits (``duetime/backends/_shared_commit.py``); the target is 16
 producers >= 5x the sequential rate.
@@ -79,6 +83,14 @@ def raw_postgres(schema: str, count: int) -> float:
         return rate(count, work)
 
 
+def sequential_blocking(url: str, count: int) -> float:
+    with duetime.connect_sync(url, endpoint="bench") as client:
+        started = time.perf_counter()
+        for _ in range(count):
+            client.schedule("orders", b"x" * 100, delay="1h")
+        return count / (time.perf_counter() - started)
+
+
 async def sequential(url: str, count: int) -> float:
     async with duetime.connect(url, endpoint="bench") as client:
         started = time.perf_counter()
@@ -113,10 +125,10 @@ def threads(url: str, count: int) -> float:
         return count // PRODUCERS * PRODUCERS / (time.perf_counter() - started)
 
 
-def report(name: str, raw: float, seq: float, co: float, th: float) -> None:
+def report(name: str, raw: float, seq: float, co: float, seq_blocking: float, th: float) -> None:
     print(
         f"| {name} | {raw:,.0f} | {seq:,.0f} ({seq / raw:.2f}x raw) | {co:,.0f} (**{co / seq:.1f}x**) "
-        f"| {th:,.0f} (**{th / seq:.1f}x**) |"
+        f"| {seq_blocking:,.0f} ({seq_blocking / raw:.2f}x raw) | {th:,.0f} (**{th / seq_blocking:.1f}x**) |"
     )
 
 
@@ -127,16 +139,18 @@ def main() -> None:
     n = args.count
     print(f"{n:,} messages per figure, {PRODUCERS} producers for the concurrent ones; rates in messages/s")
     print(
-        "| store | raw insert+commit | sequential schedule | 16 coroutines (x sequential) | 16 threads (x sequential) |"
+        "| store | raw insert+commit | async: sequential | 16 coroutines (x sequential) "
+        "| blocking: sequential | 16 threads (x sequential) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         base = Path(folder)
         raw = raw_sqlite(base / "raw.db", n)
         seq = asyncio.run(sequential(f"sqlite:///{base / 'seq.db'}", n))
         co = asyncio.run(coroutines(f"sqlite:///{base / 'co.db'}", n))
+        seq_blocking = sequential_blocking(f"sqlite:///{base / 'seqb.db'}", n)
         th = threads(f"sqlite:///{base / 'th.db'}", n)
-        report("SQLite (synchronous=FULL)", raw, seq, co, th)
+        report("SQLite (synchronous=FULL)", raw, seq, co, seq_blocking, th)
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(POSTGRES, autocommit=True) as conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
@@ -145,8 +159,9 @@ def main() -> None:
         raw = raw_postgres(schema, n)
         seq = asyncio.run(sequential(url, n))
         co = asyncio.run(coroutines(url, n))
+        seq_blocking = sequential_blocking(url, n)
         th = threads(url, n)
-        report("PostgreSQL", raw, seq, co, th)
+        report("PostgreSQL", raw, seq, co, seq_blocking, th)
     finally:
         with psycopg.connect(POSTGRES, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')

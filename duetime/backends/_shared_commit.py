@@ -14,6 +14,7 @@ One producer at a time sees no change: its round holds just its own message.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -52,7 +53,7 @@ class _Waiting:
     message or hands it the committing: the cheapest wake-up a thread has (an Event is a condition,
     a lock and a list of waiters: a third of a round's hand-off cost with 16 threads)."""
 
-    __slots__ = ("done", "leads", "message", "outcome", "wake")
+    __slots__ = ("abandoned", "done", "leads", "message", "next", "outcome", "wake")
 
     def __init__(self, message: DelayedMessage) -> None:
         self.message = message
@@ -62,13 +63,22 @@ class _Waiting:
         #: Set when the caller before it hands over the committing (its own round is done).
         self.leads = False
         self.outcome: Outcome = None
+        #: Set when its round is stored: the round's caller it wakes once it is woken itself.
+        self.next: _Waiting | None = None
+        #: Its caller stopped waiting (interrupted): nobody is there to wake or to commit.
+        self.abandoned = False
 
 
 class SharedCommits:
     """For blocking callers on many threads: one caller at a time commits, for itself and every
     caller waiting; when its own message is stored it hands the committing to the next waiting
-    caller, then wakes those of its round (each thread is woken once, not once per round; the next
-    round's flush starts before the woken callers compete for the interpreter)."""
+    caller, then wakes those of its round.
+
+    The round's callers are woken one after another, each waking the next as it runs (a chain),
+    not all at once: all at once, a dozen threads queue for Python's interpreter lock, and the
+    thread committing the next round waits behind all of them each time its flush returns (a
+    round's insert took twice as long as alone). The chain keeps one or two in the queue: 16
+    threads store 4-20 % more a second on SQLite (bench/RESULTS.md, session 24)."""
 
     def __init__(self, store_many: StoreMany) -> None:
         self.store_many = store_many
@@ -78,16 +88,50 @@ class SharedCommits:
 
     def store(self, message: DelayedMessage) -> None:
         me = _Waiting(message)
-        with self._lock:
-            self._pending.append(me)
-            me.leads = not self._committing
-            self._committing = True
+        try:
+            with self._lock:
+                self._pending.append(me)
+                me.leads = not self._committing
+                self._committing = True
+            if not me.leads:
+                me.wake.acquire()
+        except BaseException:  # interrupted (Ctrl-C): what was coming to this caller goes on
+            self._abandon(me)
+            raise
         if not me.leads:
-            me.wake.acquire()
+            self._pass_on(me)
         if not me.done:
             self._commit_until(me)
         if me.outcome is not None:
             raise me.outcome
+
+    def _pass_on(self, me: _Waiting) -> None:
+        """Woken with its round stored: wake the next caller of the round."""
+        with self._lock:
+            after, me.next = me.next, None
+        if after is not None:
+            after.wake.release()
+
+    def _abandon(self, me: _Waiting) -> None:
+        """Its caller stopped waiting: the round's next caller, or the committing handed to it,
+        goes to someone else, so no caller waits forever for a wake-up that has nowhere to go."""
+        with self._lock:
+            me.abandoned = True
+            after, me.next = me.next, None
+            leader = self._next_leader() if me.leads else None
+        for waiting in (after, leader):
+            if waiting is not None:
+                waiting.wake.release()
+
+    def _next_leader(self) -> _Waiting | None:
+        """The first waiting caller still there, now committing; None (and nobody committing)
+        if there is none. Under ``_lock``."""
+        leader = next((w for w in self._pending if not w.abandoned), None)
+        if leader is None:
+            self._committing = False
+        else:
+            leader.leads = True
+        return leader
 
     def _commit_until(self, me: _Waiting) -> None:
         while True:
@@ -100,19 +144,14 @@ class SharedCommits:
             for waiting, outcome in zip(batch, outcomes, strict=True):
                 waiting.done, waiting.outcome = True, outcome
             with self._lock:
-                successor: _Waiting | None = None
-                if not self._pending:
-                    self._committing = False
-                elif me.done:
-                    successor = self._pending[0]
-                    successor.leads = True
-                else:
-                    successor = me  # its message is still waiting: another round, by itself
+                woken = [w for w in batch if w is not me and not w.abandoned]
+                for waiting, after in itertools.pairwise(woken):
+                    waiting.next = after
+                successor = self._next_leader() if me.done else me
             if successor is not None and successor is not me:
                 successor.wake.release()
-            for waiting in batch:
-                if waiting is not me:
-                    waiting.wake.release()
+            if woken:
+                woken[0].wake.release()
             if successor is not me:
                 return
 

@@ -106,6 +106,30 @@ def check_urls(source: str, target: str | None) -> None:
         open_target(target)
 
 
+def reach_source(url: str, endpoint: str | None, renames: dict[str, str] | None = None) -> None:
+    """Connect to a database source and find the tables a job would read, as the job's first
+    step does: the CLI asks before Spark starts, so a database, table or file that is not there
+    is said in a second, not after Spark's start-up. Files are left to Spark."""
+    if file_kind(url) is None:
+        DbSource(Database.from_url(url), renames=renames).tables(endpoint)
+
+
+def reach_target(url: str) -> None:
+    """Connect to a store on a database server before Spark starts, as :func:`reach_source` looks
+    at a source: a server or database that is not there is said at once. A SQLite target is a file
+    the job makes (its folder must be there); folders and RabbitMQ are checked by the job."""
+    target = open_target(url)
+    if not isinstance(target, StoreTarget):
+        return
+    if target.db.dialect == "sqlite":
+        from duetime.backends.sqlite.connection import check_folder, parse_sqlite_url
+
+        check_folder(parse_sqlite_url(target.db.url)[0])
+        return
+    with target.db.session():
+        pass
+
+
 def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -> MigrationResult:
     if file_kind(spec.source):
         return _migrate_files(spark, spec, progress)

@@ -159,7 +159,7 @@ def migrate(
 
     def go() -> None:
         from duetime.bulk.frames import file_kind
-        from duetime.bulk.migrate import MigrationSpec, abort, check_urls, migrate
+        from duetime.bulk.migrate import MigrationSpec, abort, check_urls, migrate, reach_source, reach_target
 
         renames = _renames(rename)
         spec = MigrationSpec(
@@ -174,6 +174,8 @@ def migrate(
                     result = abort(spec, spark)
             _print_result(result, as_json)
             return
+        reach_source(source, endpoint, renames)
+        reach_target(target)
         with _spark(master, conf) as spark:
             if mode is Mode.preview:
                 from duetime.bulk.preview import preview
@@ -265,10 +267,12 @@ def schedule(
     """
 
     def go() -> None:
+        from duetime.bulk.migrate import reach_target
         from duetime.bulk.schedule import check_schedule
         from duetime.bulk.schedule import schedule as run
 
         check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
+        reach_target(store)
         with _spark(master, conf) as spark, console.status("scheduling…"):
             done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects, batch_rows=batch_rows)
         console.print(
@@ -292,8 +296,10 @@ def export_(
 
     def go() -> None:
         from duetime.bulk.exchange import check_export, export
+        from duetime.bulk.migrate import reach_source
 
         check_export(store, to)  # before Spark takes seconds to start
+        reach_source(store, endpoint)
         with _spark(master, conf) as spark, console.status("exporting…"):
             done = export(spark, store, to, endpoint)
         console.print(f"{done.rows:,} messages written to {done.path}")
@@ -317,9 +323,11 @@ def import_(
         from duetime.bulk.exchange import check_import
         from duetime.bulk.exchange import import_ as run
         from duetime.bulk.frames import check_batch_rows
+        from duetime.bulk.migrate import reach_target
 
         check_batch_rows(batch_rows)  # before Spark takes seconds to start
         check_import(files, store)
+        reach_target(store)
         with _spark(master, conf) as spark, console.status("importing…"):
             result = run(spark, files, store, endpoint, batch_rows=batch_rows)
         _print_result(result, as_json)
@@ -347,7 +355,7 @@ def report(
 
     def go() -> None:
         from duetime.bulk import report as r
-        from duetime.bulk.migrate import check_urls
+        from duetime.bulk.migrate import check_urls, reach_source
 
         # the report is small and written on this machine: a place it cannot go is said before
         # Spark counts anything, not after
@@ -358,6 +366,7 @@ def report(
         check_urls(store, None)
         if delivery_log:
             r.check_log(delivery_log)
+        reach_source(store, endpoint)
         with _spark(master, conf) as spark, console.status("counting…"):
             found = r.backlog(spark, store, endpoint)
             if delivery_log:

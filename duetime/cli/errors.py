@@ -67,17 +67,27 @@ async def _pick(
     ids = await chosen(t, queue, ids, every, destination)
     if not ids:
         return []
+    missing: list[str] = []
+    if ask and not yes and not every:  # look before asking: no question about what is not there
+        there = {m.message_id for m in await t.peek(queue, EVERYTHING)}
+        missing = [i for i in ids if i not in there]
+        if not (ids := [i for i in ids if i in there]):
+            raise ConfigurationError(_not_there(queue, missing))
     if ask:
         where = f" that were going to {destination!r}" if destination else ""
         _confirm(ask.format(n=len(ids), s="" if len(ids) == 1 else "s", where=where, queue=queue), yes)
-    taken, missing = await take(t, queue, ids)
+    taken, gone = await take(t, queue, ids)
+    missing += gone
     if missing and not every:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        text = f"not in error queue {queue!r} (handled already? see `duetime errors list`): {shown}"
         if not taken:
-            raise ConfigurationError(text)
-        say("warning:", "yellow", text, to=err)
+            raise ConfigurationError(_not_there(queue, missing))
+        say("warning:", "yellow", _not_there(queue, missing), to=err)
     return taken
+
+
+def _not_there(queue: str, missing: Sequence[str]) -> str:
+    shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+    return f"not in error queue {queue!r} (handled already? see `duetime errors list`): {shown}"
 
 
 @errors_app.command("list")

@@ -106,6 +106,12 @@ def test_error_queue_on_a_broker_lists_retries_and_discards(cli, broker) -> None
     assert not any(k.startswith("duetime-error-") for k in got[0]["headers"])
 
     assert "discarded 1" in cli("errors", "discard", "d", "--yes", *on).stdout
+    # looked up before the question: nothing there is an answer, not a question
+    nowhere = cli("errors", "discard", "d", "zz", *on, ok=False)
+    assert nowhere.returncode == 1 and "not in error queue" in nowhere.stderr, nowhere.stderr
+    assert "d, zz" in nowhere.stderr and "Add --yes" not in nowhere.stderr
+    partly = cli("errors", "discard", "c", "zz", *on, ok=False)  # asked about what is there only
+    assert partly.returncode == 1 and "Discard 1 message from error queue" in partly.stderr, partly.stderr
     unasked = cli("errors", "discard", "--all", "--destination", other, *on, ok=False)
     assert unasked.returncode == 1 and "Discard 1 message that were going to" in unasked.stderr
     assert "discarded 1" in cli("errors", "discard", "--all", "--destination", other, "--yes", *on).stdout

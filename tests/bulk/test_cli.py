@@ -132,6 +132,7 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         ),
         (("--from", "sqlite:///typo.db"), "sqlite:///typo.db: no such file, so there is nothing to read"),
     ]
+    assert run_cli("setup", "--store", "sqlite:///x.db", cwd=tmp_path).returncode == 0  # the masters' source
     for args, message in cases:
         given = dict(zip(args[::2], args[1::2], strict=True))
         command = ["bulk", "export", "--from", given.get("--from", "sqlite:///x.db"), "--to", "parquet:out"]
@@ -141,8 +142,25 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         result = run_cli(*command, cwd=tmp_path, timeout=180)
         assert result.returncode == 1 and message in result.stderr, result.stderr[-2000:]
         assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+        # said before Spark starts: the one line, none of Spark's start-up log
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr[-2000:]
         if "--master" in given:
             assert time.monotonic() - started < 20  # Spark itself retries for a minute
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a.jsonl").write_text(
+        '{"destination": "orders", "due_at": "2030-01-01T00:00:00Z"}\n'
+    )
+    for command, said in (
+        (["migrate", "--from", "sqlite:///typo.db", "--to", "sqlite:///y.db"], "no such file"),
+        (["report", "--store", f"{POSTGRES}?table=duetime_no_such_table"], "has no table 'duetime_no_such_table'"),
+        (["import", "--from", "jsonl:rows", "--to", no_db], 'database "duetime_no_such_db" does not exist'),
+        (["import", "--from", "jsonl:rows", "--to", "sqlite:///no/x.db"], "Folder no does not exist"),
+        (["schedule", "jsonl:rows", "--to", MARIADB.rsplit("/", 1)[0] + "/duetime_no_such_db", "--job", "j"],
+         "Unknown database 'duetime_no_such_db'"),
+    ):  # fmt: skip
+        early = run_cli("bulk", *command, cwd=tmp_path)
+        assert early.returncode == 1 and said in early.stderr, early.stderr[-2000:]
+        assert len(early.stderr.strip().splitlines()) == 1, early.stderr[-2000:]  # before Spark
     missing = run_cli("bulk", "import", "--from", "jsonl:in/*.jsonl", "--to", "sqlite:///x.db", cwd=tmp_path)
     assert missing.returncode == 1 and "/in/*.jsonl: matches no file" in missing.stderr, missing.stderr[
         -2000:

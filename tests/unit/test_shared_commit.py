@@ -4,6 +4,7 @@ answer, an outage reaches everyone of its round, and a caller that gives up does
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from duetime import DelayedMessage, DuplicateMessageId
-from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, SharedCommits, store_round
+from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, SharedCommits, _Waiting, store_round
 
 DUE = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -153,3 +154,54 @@ def test_many_threads_calling_again_and_again_all_return_each_stored_once() -> N
     stored = [i for r in recorder.rounds for i in r]
     assert sorted(stored) == sorted(f"m{p * 1000 + i}" for p in range(16) for i in range(64))
     assert len(recorder.rounds) < len(stored) / 4
+
+
+def test_a_caller_interrupted_while_waiting_strands_nobody() -> None:
+    """Ctrl-C reaches the main thread while it waits for the round under way: the committing that
+    would have been handed to it, and its round's wake-ups, go on to the callers still there (it
+    was once handed the committing, and the callers after it waited forever)."""
+    gate, inside = threading.Event(), threading.Event()
+    recorder = Recorder()
+
+    def store_many(messages: Sequence[DelayedMessage]) -> int:
+        inside.set()
+        gate.wait(10)
+        return recorder.store_many(messages)
+
+    commits = SharedCommits(store_many)
+    leader = threading.Thread(target=commits.store, args=(message(0),), daemon=True)
+    leader.start()
+    assert inside.wait(10)
+
+    def interrupt_once_waiting() -> None:
+        while len(commits._pending) < 1:
+            time.sleep(0.001)
+        time.sleep(0.2)  # asleep on its wake-up by now
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_waiting, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        commits.store(message(1))
+    later = [threading.Thread(target=commits.store, args=(message(i),), daemon=True) for i in range(2, 6)]
+    for thread in later:
+        thread.start()
+    while len(commits._pending) < 5:
+        time.sleep(0.001)
+    gate.set()
+    for thread in [leader, *later]:
+        thread.join(10)
+        assert not thread.is_alive(), "a caller still waits"
+    assert recorder.stored == {f"m{i}" for i in range(6)}  # the interrupted call's message too
+    commits.store(message(6))  # and the next caller commits at once
+    assert "m6" in recorder.stored
+
+
+def test_a_chained_caller_interrupted_before_it_woke_the_next_passes_the_wake_up_on() -> None:
+    """A round's callers wake one another in turn; one interrupted before it woke the next (its
+    own wake-up may come later or never) still wakes it, so the rest of the chain returns."""
+    commits = SharedCommits(Recorder().store_many)
+    interrupted, after = _Waiting(message(1)), _Waiting(message(2))
+    interrupted.next = after
+    commits._abandon(interrupted)
+    assert after.wake.acquire(blocking=False), "the next caller of the round was never woken"
+    assert interrupted.abandoned and interrupted.next is None
