@@ -195,10 +195,13 @@ class Backlog:
         seconds = min(d.settings.operation_timeout.total_seconds(), max(self.interval, 1.0))
         try:
             now = d.clock.now()
-            self.counts = await within(d.store.counts(now), seconds, "counting the backlog")
-            self.counted_at = now
+            counts = await within(d.store.counts(now), seconds, "counting the backlog")
+            dispatchers = self.dispatchers
             if isinstance(d.store, DispatcherRegistry):
-                self.dispatchers = await within(d.store.dispatchers(), seconds, "listing dispatchers")
+                dispatchers = await within(d.store.dispatchers(), seconds, "listing dispatchers")
+            # All at once, after both reads: a scrape while the list is being read must not show
+            # the new backlog beside the previous list (say, an empty backlog and no dispatcher).
+            self.counts, self.counted_at, self.dispatchers = counts, now, dispatchers
             self.error = None
         except Exception as error:  # the gauges keep their last values; readiness says why
             self.error = one_line(error)

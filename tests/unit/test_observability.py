@@ -137,3 +137,34 @@ async def test_the_grafana_dashboard_asks_only_for_metrics_duetime_exports() -> 
     }
     assert len(asked) >= 12
     assert asked <= names, asked - names
+
+
+async def test_a_scrape_during_a_refresh_shows_the_last_whole_reading() -> None:
+    """The backlog and the dispatcher list change together: a scrape between the two reads once
+    showed an empty backlog beside the previous (empty) list, as if no dispatcher ran."""
+    import asyncio
+
+    from prometheus_client import generate_latest
+
+    rig = await Rig().setup("orders")
+    registry, backlog = instrument(rig.dispatcher)
+    await rig.store.store(rig.message(1, 100))
+    await Heartbeat(rig.dispatcher, "memory://").beat()
+    listed = rig.store.dispatchers
+    gate = asyncio.Event()
+
+    async def slow_list() -> list[DispatcherInfo]:
+        await gate.wait()
+        return await listed()
+
+    rig.store.dispatchers = slow_list  # type: ignore[method-assign]
+    refreshing = asyncio.create_task(backlog.refresh())
+    await asyncio.sleep(0.01)  # counted; the list is still being read
+    assert ("duetime_backlog_stored", frozenset({("endpoint", "unit")})) not in samples(
+        generate_latest(registry)
+    )
+    gate.set()
+    await refreshing
+    found = samples(generate_latest(registry))
+    assert value(found, "duetime_backlog_stored", endpoint="unit") == 1
+    assert value(found, "duetime_dispatchers", endpoint="unit", status="live") == 1
