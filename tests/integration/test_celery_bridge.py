@@ -51,8 +51,8 @@ def test_countdown_and_eta_tasks_run_once_when_due_and_revoke_cancels(tmp_path: 
         tasks.record.apply_async(("eta",), eta=eta)
         not_before["eta"] = eta.timestamp()
         moved = tasks.record.apply_async(("moved",), countdown=3600)
+        not_before["moved"] = time.time() + 1.5  # before the call: it reads its clock later
         assert tasks.bridge.reschedule(moved.id, countdown=1.5) == 1
-        not_before["moved"] = time.time() + 1.5
         tasks.app.AsyncResult(f"{queue}-0").revoke()
         tasks.app.control.revoke([f"{queue}-1"])
         assert stored(store) == 30  # 32 sent, 2 revoked: all in the store, none on the broker

@@ -56,8 +56,8 @@ def test_delayed_messages_run_once_when_due_and_cancel_works(tmp_path: Path, bro
         tasks.record.send_with_options(args=("eta",), eta=eta_ms)
         not_before["eta"] = eta_ms / 1000
         moved = tasks.record.send_with_options(args=("moved",), delay=3_600_000)
+        not_before["moved"] = time.time() + 1.5  # before the call: it reads its clock later
         assert tasks.bridge.reschedule(moved.message_id, delay=1.5) == 1
-        not_before["moved"] = time.time() + 1.5
         assert tasks.bridge.cancel(ids["0"]) == 1
         assert tasks.bridge.cancel(ids["1"]) == 1
         assert stored(store) == 30  # 32 sent, 2 cancelled: all in the store, none on the broker
