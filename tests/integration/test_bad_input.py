@@ -317,3 +317,42 @@ def test_a_server_that_cannot_be_reached_is_one_line(args: list[str], reason: st
     assert line.startswith("error: cannot connect to ") and reason in line, line
     assert "wrong" not in line  # the password is never shown
     assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats", "--store", "{redis}/99"],
+        ["setup", "--store", "{redis}/99"],
+        ["queues", "declare", "q", "--transport", "{redis}/99"],
+        ["queues", "declare", "q", "--transport", "celery+{redis}/99"],
+        ["queues", "declare", "q", "--transport", "dramatiq+{redis}/99"],
+        ["run", "--burst", "--no-front-door", "--transport", "celery+{redis}/99"],
+        ["run", "--burst", "--no-front-door", "--transport", "dramatiq+{redis}/99"],
+    ],
+)
+def test_a_redis_database_the_server_does_not_have_is_one_line(tmp_path: Path, args: list[str]) -> None:
+    """redis-py answers a database number past the server's with a bare ResponseError; a
+    dispatcher used to retry it as an outage for ever. It is a wrong URL: said once, at once."""
+    from urllib.parse import urlsplit
+
+    from tests.services import REDIS, require
+
+    require(REDIS)
+    server = urlsplit(REDIS)._replace(path="").geturl()
+    store = f"sqlite:///{tmp_path / 'd.db'}"
+    assert cli("setup", "--store", store).returncode == 0
+    done = cli(*(a.format(redis=server) for a in args), env={"DUETIME_STORE": store})
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot connect to ") and "no such database" in last, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("scheme", ["redis", "celery+redis", "dramatiq+redis"])
+def test_a_redis_database_that_is_not_a_number_is_refused(scheme: str) -> None:
+    """redis-py would quietly use database 0 for ``/orders``."""
+    done = cli("queues", "declare", "q", "--transport", f"{scheme}://127.0.0.1:6379/orders")
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert "names database 'orders'" in line and "is a number" in line, line

@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kombu import Connection, Exchange, Producer, Queue
 
+from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
 from duetime.closing import AsyncClosing
 from duetime.errorqueue import ERROR_TYPE
@@ -98,7 +99,7 @@ class CeleryTransport(AsyncClosing):
         options = {k: _option(v) for k, v in parse_qsl(parts.query)}
         if scheme.startswith("amqp"):
             options.setdefault("confirm_publish", True)
-        return cls(urlunsplit(parts._replace(scheme=scheme, query="")), options)
+        return cls(check_database(urlunsplit(parts._replace(scheme=scheme, query=""))), options)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -111,6 +112,8 @@ class CeleryTransport(AsyncClosing):
             connection.ensure_connection(max_retries=1, timeout=10)
         except Exception as error:
             connection.release()
+            if (refused := no_such_database(self.broker_url, error)) is not None:
+                raise refused from None
             raise TransportUnavailable(
                 f"cannot connect to the Celery broker {redact(self.broker_url)}: {server_reason(error)}"
             ) from None

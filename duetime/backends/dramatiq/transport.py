@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 from dramatiq import Broker, Message
 from dramatiq.errors import BrokerConnectionError, DecodeError
 
+from duetime.backends._redis_database import check_database, no_such_database
 from duetime.closing import AsyncClosing
 from duetime.errorqueue import ERROR_TYPE
 from duetime.errors import (
@@ -96,7 +97,7 @@ class DramatiqTransport(AsyncClosing):
         if priority is not None and not (priority.isdigit() and 0 < int(priority) <= 255):
             raise ConfigurationError(f"max_priority must be a whole number from 1 to 255, got {priority!r}.")
         return cls(
-            urlunsplit(parts._replace(scheme=scheme, query="")),
+            check_database(urlunsplit(parts._replace(scheme=scheme, query=""))),
             max_priority=int(priority) if priority else None,
             namespace=options.get("namespace", "dramatiq"),
         )
@@ -125,6 +126,10 @@ class DramatiqTransport(AsyncClosing):
             raise TransportUnavailable(
                 f"cannot connect to the Dramatiq broker {redact(self.broker_url)}: {server_reason(error)}"
             ) from None
+        except Exception as error:  # a Redis database the server does not have: it never will
+            if (refused := no_such_database(self.broker_url, error)) is not None:
+                raise refused from None
+            raise
         self._broker = broker
         return broker
 

@@ -26,6 +26,7 @@ import redis
 import redis.asyncio as aioredis
 
 from duetime.backends._bridge import AsyncStoreBridge, Subscribers
+from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -78,7 +79,7 @@ class SyncRedisStore(StoreRules):
         self, url: str, *, prefix: str = "duetime:", claim_timeout: timedelta = DEFAULT_CLAIM_TIMEOUT
     ) -> None:
         super().__init__(claim_timeout=claim_timeout)
-        self.url, self.prefix = url, prefix
+        self.url, self.prefix = check_database(url), prefix
         # Any: redis-py types every answer as one union of its sync and async forms (bytes | str |
         # Awaitable ...); the sync client's real answers are used as such below.
         self.client: Any = redis.Redis.from_url(url)
@@ -127,6 +128,8 @@ class SyncRedisStore(StoreRules):
             raise ConfigurationError(f"cannot connect to {redact(self.url)}: {error}") from None
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise connection_failed(redact(self.url), error) from None
+        except redis.ResponseError as error:
+            raise no_such_database(self.url, error) or error from None
 
     def _create(self, endpoint: str) -> None:
         """Nothing to create but the version; version 1 keys need nothing to become version 2

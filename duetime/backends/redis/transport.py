@@ -24,6 +24,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from duetime.backends._redis_database import check_database, no_such_database
 from duetime.closing import AsyncClosing
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
 from duetime.interfaces import ReceivedMessage
@@ -77,7 +78,7 @@ class RedisTransport(AsyncClosing):
     ) -> None:
         if mode not in MODES:
             raise ConfigurationError(f"mode must be one of {sorted(MODES)}, got {mode!r}.")
-        self.url, self.mode, self.prefix, self.group = url, mode, prefix, group
+        self.url, self.mode, self.prefix, self.group = check_database(url), mode, prefix, group
         self.visibility_ms = int(visibility_timeout * 1000)
         self.consumer = f"duetime-{uuid.uuid4().hex[:12]}"
         self._redis: aioredis.Redis | None = None
@@ -123,6 +124,9 @@ class RedisTransport(AsyncClosing):
                 raise TransportUnavailable(
                     f"cannot connect to {redact(self.url)}: {server_reason(error)}"
                 ) from None
+            except ResponseError as error:
+                await client.aclose()
+                raise no_such_database(self.url, error) or error from None
             self._redis = client
 
     async def declare(self, queue: str) -> None:
