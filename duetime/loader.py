@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,8 +39,10 @@ class LoadReport:
     destinations: set[str] = field(default_factory=set)
 
 
-def parse_line(text: str, number: int, now: datetime) -> DelayedMessage:
+def parse_line(text: str | bytes, number: int, now: datetime) -> DelayedMessage:
     """One JSON line -> a message; InvalidMessage names the line, the field and the fix."""
+    if isinstance(text, bytes):
+        text = _decoded(text, number)
     try:
         row = json.loads(text)
     except json.JSONDecodeError as error:
@@ -88,11 +91,26 @@ def _body(row: dict[str, Any]) -> bytes:
     return body.encode()
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, 1):
-            if text.strip():
-                yield number, text
+def _decoded(line: bytes, number: int) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidMessage(
+            f"line {number}: not UTF-8 text (byte {line[error.start]:#04x} at column {error.start + 1}); "
+            "save the file as UTF-8."
+        ) from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """The file's lines that are not blank, as bytes: each is decoded on its own, so a byte that
+    is not UTF-8 is that line's problem, listed with the others, not the end of the check. A
+    byte-order mark some editors put first is dropped."""
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if number == 1:
+                line = line.removeprefix(codecs.BOM_UTF8)
+            if line.strip():
+                yield number, line
 
 
 def validate(path: Path, now: datetime, max_problems: int = 20) -> LoadReport:

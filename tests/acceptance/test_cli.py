@@ -162,6 +162,24 @@ def test_load_a_file_all_or_nothing(cli, tmp_path) -> None:  # type: ignore[no-u
         "line 2" in err and "no UTC offset" in err and "line 3" in err and "line 4" in err and "colour" in err
     )
     assert cli("list", "--json").stdout.strip() == ""
+    # a byte that is not UTF-8 is its line's problem, listed with the others (it was an internal error)
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes(
+        b'{"destination": "orders", "delay": "1h", "body": "caf\xe9"}\n{"destination": 1, "delay": "1h"}\n'
+    )
+    result = cli("load", str(latin), ok=False)
+    err = " ".join(result.stderr.split())
+    assert result.returncode == 1 and "Traceback" not in result.stderr and "internal error" not in err
+    assert "line 1: not UTF-8 text (byte 0xe9 at column 54); save the file as UTF-8." in err
+    assert "line 2: destination must be text" in err
+    assert cli("list", "--json").stdout.strip() == ""
+    # a byte-order mark (as some editors save UTF-8) is not a problem
+    marked = tmp_path / "bom.jsonl"
+    marked.write_bytes(
+        b"\xef\xbb\xbf" + json.dumps({"destination": "orders", "delay": "1h", "id": "B"}).encode()
+    )
+    assert "stored 1 of 1" in cli("load", str(marked)).stdout
+    assert cli("cancel", "B").returncode == 0
     out = cli("load", str(good), "--chunk", "100").stdout
     assert "stored 301 of 301" in out
     again = cli("load", str(good), ok=False)
