@@ -15,13 +15,12 @@ from duetime.cli.common import (
     _transport_url,
     queues_app,
 )
-from duetime.errors import ConfigurationError
-from duetime.interfaces import (
-    ReceivingTransport,
-)
+from duetime.errors import ConfigurationError, DestinationNotFound
+from duetime.interfaces import InspectableQueue, ReceivingTransport
 from duetime.registry import open_transport
 from duetime.terminal import console, err
 from duetime.terminal import run_async as _run
+from duetime.urls import redact
 
 
 @queues_app.command("declare")
@@ -49,8 +48,8 @@ def queues_declare(
 @queues_app.command("receive")
 def queues_receive(
     name: Annotated[str, typer.Argument(help="The queue to consume.")],
-    count: Annotated[int, typer.Option(help="Stop after this many messages.")] = 10,
-    wait: Annotated[float, typer.Option(help="Seconds to wait for messages.")] = 5.0,
+    count: Annotated[int, typer.Option(min=1, help="Stop after this many messages.")] = 10,
+    wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for messages.")] = 5.0,
     store: StoreOpt = DEFAULT_STORE,
     transport: TransportOpt = None,
     endpoint: EndpointOpt = "duetime",  # accepted like everywhere; queues are shared by endpoints
@@ -58,12 +57,17 @@ def queues_receive(
     """Consume messages from a queue: print each as a JSON line, then acknowledge it."""
 
     async def go() -> int:
-        t = open_transport(_transport_url(store, transport))
+        t_url = _transport_url(store, transport)
+        t = open_transport(t_url)
         if not isinstance(t, ReceivingTransport):
             raise ConfigurationError(f"{type(t).__name__} cannot be consumed from here.")
         await t.start()
         got = 0
         try:
+            if isinstance(t, InspectableQueue) and not await t.has_queue(name):  # a typo waits for nothing
+                raise DestinationNotFound(
+                    f"Queue {name!r} does not exist on {redact(t_url)}; declare it first (duetime queues declare {name})."
+                )
             while got < count:
                 items = await t.receive(name, count - got, wait)
                 if not items:

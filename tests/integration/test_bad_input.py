@@ -356,3 +356,39 @@ def test_a_redis_database_that_is_not_a_number_is_refused(scheme: str) -> None:
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "names database 'orders'" in line and "is a number" in line, line
+
+
+@pytest.mark.parametrize("where", ["sqlite", "POSTGRES", "REDIS", "NATS", "RABBITMQ"])
+def test_receiving_from_a_queue_nobody_declared_is_one_line(tmp_path: Path, where: str) -> None:
+    """A typo in the queue's name waited and said "0 received" (SQL queues), or was an internal
+    error (Redis: NOGROUP; NATS: stream not found)."""
+    from tests import services
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    if where == "sqlite":
+        assert cli("setup", "--store", url).returncode == 0
+    else:
+        url = getattr(services, where)
+        services.require(url)
+    queue = f"nobody.declared.{os.getpid()}"
+    done = cli("queues", "receive", queue, "--wait", "0", "--transport", url)
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert f"Queue '{queue}' does not exist on " in line and f"duetime queues declare {queue}" in line, line
+
+
+@pytest.mark.parametrize("where", ["REDIS", "NATS"])
+async def test_a_consumer_of_an_undeclared_queue_is_told_so(where: str) -> None:
+    """The transports themselves, for code that consumes without the CLI."""
+    from duetime import DestinationNotFound, open_transport
+    from tests import services
+
+    url = getattr(services, where)
+    services.require(url)
+    transport = open_transport(url)
+    await transport.start()
+    try:
+        with pytest.raises(DestinationNotFound, match="declare it first"):
+            await transport.receive(f"nobody.declared.{os.getpid()}", 1, 0)  # type: ignore[attr-defined]
+    finally:
+        await transport.close()

@@ -139,9 +139,15 @@ class NatsTransport(AsyncClosing):
     async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         sub = self._subs.get(queue)
         if sub is None:
-            sub = await self.js.pull_subscribe(
-                self.subject(queue), durable=self.durable, stream=stream_name(queue)
-            )
+            try:
+                sub = await self.js.pull_subscribe(
+                    self.subject(queue), durable=self.durable, stream=stream_name(queue)
+                )
+            except NotFoundError:
+                raise DestinationNotFound(
+                    f"Queue {queue!r} has no JetStream stream on {redact(self.url)}; declare it first "
+                    f"(duetime queues declare {queue})."
+                ) from None
             self._subs[queue] = sub
         try:
             msgs = await sub.fetch(batch=max_messages, timeout=max(wait, 0.05))

@@ -165,18 +165,26 @@ class RedisTransport(AsyncClosing):
         if self.mode == "list":
             return await self._receive_list(queue, max_messages, wait)
         key = self.key(queue)
-        # redis-py's stubs are one union for the sync and async clients; the async answers are these.
-        claimed: Any = await self.redis.xautoclaim(
-            key, self.group, self.consumer, self.visibility_ms, "0-0", count=max_messages
-        )
-        entries: list[Any] = list(claimed[1])
-        if len(entries) < max_messages:
-            block = int(wait * 1000) if wait > 0 and not entries else None
-            answer: Any = await self.redis.xreadgroup(
-                self.group, self.consumer, {key: ">"}, count=max_messages - len(entries), block=block
+        try:
+            # redis-py's stubs are one union for the sync and async clients; the async answers are these.
+            claimed: Any = await self.redis.xautoclaim(
+                key, self.group, self.consumer, self.visibility_ms, "0-0", count=max_messages
             )
-            for _, rows in answer or []:
-                entries += rows
+            entries: list[Any] = list(claimed[1])
+            if len(entries) < max_messages:
+                block = int(wait * 1000) if wait > 0 and not entries else None
+                answer: Any = await self.redis.xreadgroup(
+                    self.group, self.consumer, {key: ">"}, count=max_messages - len(entries), block=block
+                )
+                for _, rows in answer or []:
+                    entries += rows
+        except ResponseError as error:
+            if "NOGROUP" in str(error):  # no stream or no consumer group: never declared
+                raise DestinationNotFound(
+                    f"Queue {queue!r} is not declared on {redact(self.url)}; declare it first "
+                    f"(duetime queues declare {queue})."
+                ) from None
+            raise
         return [
             self._entry(queue, entry_id, fields) for entry_id, fields in entries if fields
         ]  # none: deleted
