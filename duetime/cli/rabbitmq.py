@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, TypeVar
+from urllib.parse import urlsplit
 
 import typer
 
 from duetime.clock import SYSTEM
 from duetime.durations import parse_duration
-from duetime.errors import DuetimeError
+from duetime.errors import ConfigurationError, DuetimeError
 from duetime.terminal import console, err, say, show, table
 from duetime.terminal import run_async as _run
+from duetime.urls import redact
 
 T = TypeVar("T")
 rabbitmq_app = typer.Typer(
@@ -46,13 +50,25 @@ QueueTypeOpt = Annotated[
 ]
 
 
-async def _native(url: str, names: str, queue_type: str = "quorum") -> Any:
+@contextlib.asynccontextmanager
+async def _native(url: str, names: str, queue_type: str = "quorum") -> AsyncIterator[Any]:
+    """The topology on a connected broker, closed afterwards. The URL and the names are checked
+    before connecting: a wrong one is then one line, with nothing left open behind it."""
     from duetime.backends.rabbitmq.native import NativeDelays
     from duetime.backends.rabbitmq.transport import RabbitMqTransport
 
+    if urlsplit(url).scheme.lower() not in ("amqp", "amqps"):
+        raise ConfigurationError(
+            f"{redact(url)} is not a RabbitMQ URL: the rabbitmq commands need "
+            "amqp://user:password@host:5672/vhost (--transport, or DUETIME_TRANSPORT)."
+        )
     transport = RabbitMqTransport(url)
+    native = NativeDelays(transport, names, queue_type=queue_type)
     await transport.start()
-    return NativeDelays(transport, names, queue_type=queue_type)
+    try:
+        yield native
+    finally:
+        await transport.close()
 
 
 @rabbitmq_app.command()
@@ -64,14 +80,11 @@ def setup(
     """Declare the 28 levels, their bindings, TTLs and dead-letter chain, and the delivery exchange. Idempotent."""
 
     async def go() -> None:
-        native = await _native(url, names, queue_type)
-        try:
+        async with _native(url, names, queue_type) as native:
             version = ".".join(map(str, await native.broker_version()))
             for line in await native.setup():
                 console.print(f"declared {line}")
             console.print(f"RabbitMQ {version}; queues: {(await native.queue_arguments(0))['x-queue-type']}")
-        finally:
-            await native.transport.close()
 
     _run(go)
 
@@ -85,11 +98,8 @@ def verify(
     """Check every exchange and queue exists with the right arguments (exit 1 if not)."""
 
     async def go() -> list[str]:
-        native = await _native(url, names, queue_type)
-        try:
+        async with _native(url, names, queue_type) as native:
             return list(await native.verify())
-        finally:
-            await native.transport.close()
 
     problems = _run(go)
     for problem in problems:
@@ -110,12 +120,9 @@ def teardown(
     """Delete the topology; refused while delayed messages are still waiting in it."""
 
     async def go() -> None:
-        native = await _native(url, names)
-        try:
+        async with _native(url, names) as native:
             for line in await native.teardown(force=force):
                 console.print(f"deleted {line}")
-        finally:
-            await native.transport.close()
 
     _run(go)
 
@@ -129,11 +136,8 @@ def status(
     """How many messages wait in each level, and in the catch-all."""
 
     async def go() -> dict[str, int]:
-        native = await _native(url, names)
-        try:
+        async with _native(url, names) as native:
             return dict(await native.waiting())
-        finally:
-            await native.transport.close()
 
     waiting = _run(go)
     if as_json:
@@ -160,12 +164,9 @@ def send(
     """Send one message with a native delay."""
 
     async def go() -> str:
-        native = await _native(url, names)
-        try:
+        async with _native(url, names) as native:
             sent = await native.send(destination, body.encode(), delay=parse_duration(in_))
             return str(sent.message_id)
-        finally:
-            await native.transport.close()
 
     console.print(f"sent {_run(go)}")
 
@@ -184,11 +185,8 @@ def catchall(
     from duetime.backends.rabbitmq.catchall import inspect_catchall
 
     async def go() -> list[tuple[str, str, str]]:
-        native = await _native(url, "duetime")
-        try:
+        async with _native(url, "duetime") as native:
             return await inspect_catchall(native, limit=limit, send_back=send_back, to=to)
-        finally:
-            await native.transport.close()
 
     rows = _run(go)
     if as_json:
@@ -229,8 +227,7 @@ def retire_store(
                 f"{endpoint}'s store still holds {counts.total} delayed messages (next due {counts.next_due}); "
                 "keep its dispatcher running until they are delivered."
             )
-        native = await _native(url, "duetime")
-        try:
+        async with _native(url, "duetime") as native:
             queues = {
                 q: await native.depth(q)
                 for q in (front_door_queue(endpoint), legacy_front_door_queue(endpoint))
@@ -245,8 +242,6 @@ def retire_store(
                     native.transport.addresses.add(queue)  # its NServiceBus exchange goes with it
                     await native.transport.delete(queue)
                     console.print(f"deleted the empty front-door queue {queue}")
-        finally:
-            await native.transport.close()
         say(
             f"{endpoint}'s store is empty and can be retired:",
             "green",

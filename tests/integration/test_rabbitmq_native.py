@@ -234,6 +234,19 @@ def test_the_rabbitmq_commands(tmp_path: Path) -> None:
     )
     too_long = run_cli("rabbitmq", "send", "nowhere", "x", "--in", "3200d", "--url", RABBITMQ, cwd=tmp_path)
     assert too_long.returncode == 1 and "8.5 years" in too_long.stderr
+    # wrong names (was a stack of aio-pika's "Event loop is closed" after the line) and a URL that
+    # is not RabbitMQ's (was an internal error): one line each, before connecting
+    for args, said in [
+        (["verify", "--url", RABBITMQ, "--names", "bogus"], "names must be one of"),
+        (["setup", "--url", f"sqlite:///{tmp_path / 'x.db'}"], "is not a RabbitMQ URL"),
+        (["status"], "is not a RabbitMQ URL"),
+    ]:
+        wrong = run_cli(
+            "rabbitmq", *args, cwd=tmp_path, env={"DUETIME_TRANSPORT": "redis://127.0.0.1:6379/0"}
+        )
+        assert wrong.returncode == 1, wrong.stderr
+        [line] = wrong.stderr.strip().splitlines()
+        assert said in line, line
     store = f"sqlite:///{tmp_path / 'r.db'}"
     assert run_cli("setup", "--store", store, "--endpoint", "shop", cwd=tmp_path).returncode == 0
     assert (
