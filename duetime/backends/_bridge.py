@@ -20,9 +20,9 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
-from duetime.backends._store import StoreRules
+from duetime.backends._store import StoreRules, closed
 from duetime.closing import AsyncClosing
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, TransportUnavailable
 from duetime.interfaces import (
     ListQuery,
     MoveOutcome,
@@ -65,17 +65,28 @@ WatchHook = Callable[[Subscribers], Coroutine[Any, Any, None]]
 
 
 class _Threads:
-    """Runs blocking calls off the event loop (inline when ``threads`` is 0, for the memory fake)."""
+    """Runs blocking calls off the event loop (inline when ``threads`` is 0, for the memory fake).
+    After :meth:`shutdown` a call raises ``closed()``: what its owner says of itself once closed,
+    not the executor's "cannot schedule new futures after shutdown"."""
 
-    def __init__(self, threads: int, name: str) -> None:
+    def __init__(self, threads: int, name: str, closed: Callable[[], Exception]) -> None:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix=name) if threads else None
+        self._closed = closed
+        self._shut = False
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._shut:
+            raise self._closed()
         if self._executor is None:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    @property
+    def shut(self) -> bool:
+        return self._shut
+
     def shutdown(self) -> None:
+        self._shut = True
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
@@ -87,7 +98,7 @@ class AsyncStoreBridge(AsyncClosing):
         self, sync: StoreRules, *, threads: int = 1, name: str, watch: WatchHook | None = None
     ) -> None:
         self.sync = sync
-        self._threads = _Threads(threads, name)
+        self._threads = _Threads(threads, name, closed)
         self._call = self._threads.call
         self.subscribers = Subscribers()
         self._watch = watch
@@ -178,6 +189,8 @@ class AsyncStoreBridge(AsyncClosing):
         return unsubscribe
 
     async def close(self) -> None:
+        if self._threads.shut:  # closed already: a second close does nothing
+            return
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -244,6 +257,10 @@ class SyncQueue(Protocol):
     def close(self) -> None: ...
 
 
+def _queue_closed() -> TransportUnavailable:
+    return TransportUnavailable("The transport is closed (it was closed after use); open a new one.")
+
+
 class AsyncQueueBridge(AsyncClosing):
     """The async transport over a blocking queue, opened on first use.
 
@@ -255,8 +272,8 @@ class AsyncQueueBridge(AsyncClosing):
         self._open = open_queue
         self._queue: SyncQueue | None = None
         self._opening = threading.Lock()
-        self._threads = _Threads(1, name)
-        self._waits = _Threads(1, f"{name}-wait")
+        self._threads = _Threads(1, name, _queue_closed)
+        self._waits = _Threads(1, f"{name}-wait", _queue_closed)
 
     def _sync(self) -> SyncQueue:
         with self._opening:
@@ -305,6 +322,8 @@ class AsyncQueueBridge(AsyncClosing):
         return queue in await self.queues()
 
     async def close(self) -> None:
+        if self._threads.shut:  # closed already: a second close does nothing
+            return
         if self._queue is not None:
             await self._call(lambda q: q.close())
         self._threads.shutdown()

@@ -56,6 +56,10 @@ def in_flight(message_id: str) -> MessageInFlight:
     return MessageInFlight(f"Message {message_id!r} is being forwarded right now; it cannot be changed.")
 
 
+def closed() -> StoreNotReady:
+    return StoreNotReady("The store is closed (it, or the client holding it, was closed); open a new one.")
+
+
 def not_initialized() -> StoreNotReady:
     return StoreNotReady("The store is not initialized: call initialize(endpoint, mode) first.")
 
@@ -267,9 +271,13 @@ class StoreRules(Closing, ABC):
 
     # --- the rules ---------------------------------------------------------------------------
     def setup_infrastructure(self, endpoint: str) -> None:
+        if self._closed:
+            raise closed()
         self._create(check_name("endpoint", endpoint))
 
     def initialize(self, endpoint: str, mode: TransactionMode) -> None:
+        if self._closed:
+            raise closed()
         TransactionMode(mode)
         version = self._schema_version(check_name("endpoint", endpoint))
         if version is None:
@@ -292,9 +300,15 @@ class StoreRules(Closing, ABC):
         self.endpoint = endpoint
 
     def _ready(self) -> str:
+        if self._closed:
+            raise closed()
         if self.endpoint is None:
             raise not_initialized()
         return self.endpoint
+
+    #: Set by :meth:`close`: a call afterwards is told so, not the driver's own words about a
+    #: closed connection or pool (or, on Redis, a silent reconnect).
+    _closed = False
 
     #: A SQL store's named queries with the endpoint's table in them, set by its ``_bind``.
     _q: dict[str, str] | None = None
@@ -424,4 +438,5 @@ class StoreRules(Closing, ABC):
         return self._count_due(at)
 
     def close(self) -> None:
+        self._closed = True
         self._close()

@@ -101,6 +101,25 @@ class StoreContract:
             await s.initialize("never-set-up", TransactionMode.AT_LEAST_ONCE)
         await s.close()
 
+    async def test_a_closed_store_says_so_and_closing_twice_is_harmless(
+        self, make_either: Callable[[], DelayedMessageStore]
+    ) -> None:
+        """Not the driver's words about a closed pool or connection, nor the executor's "cannot
+        schedule new futures after shutdown" (nor, on Redis, a silent reconnect)."""
+        s = make_either()
+        await s.setup_infrastructure(ENDPOINT)
+        await s.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+        await s.close()
+        for call in (
+            lambda: s.store(msg(1, now())),
+            lambda: s.get("m-00001"),
+            lambda: s.fetch_due(now(), 10),
+            lambda: s.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE),
+        ):
+            with pytest.raises(StoreNotReady, match="The store is closed"):
+                await call()
+        await s.close()
+
     async def test_round_trip_keeps_every_field_exactly(self, store: DelayedMessageStore) -> None:
         due = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
         original = DelayedMessage("id/ü", "dest.é", due, b"\x00\x01\xffbody", {"k": "v", "ü": "ß"})
