@@ -181,9 +181,13 @@ def run(
                 stats = await dispatcher.run_burst()
                 console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
                 return
+            # the probes' port first: one in use is an error before any companion coroutine exists
+            probes = (
+                None if metrics_port is None else _probes(dispatcher, metrics_host, metrics_port, ready_after)
+            )
             extra = [Heartbeat(dispatcher, redact(_transport_url(store, transport))).run()]
-            if metrics_port is not None:
-                extra.append(_probes(dispatcher, metrics_host, metrics_port, ready_after).run())
+            if probes is not None:
+                extra.append(probes.run())
             if front_door and isinstance(t, ReceivingTransport):
                 extra.append(FrontDoor(dispatcher, t).run())
             logging.getLogger("duetime").info(
