@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +31,22 @@ class JsonLinesDeliveryLog:
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise ConfigurationError(
+                f"Cannot keep the delivery log in {self.folder}: it is a file; name a folder (jsonl:/var/log/duetime)."
+            ) from None
+        except OSError as error:
+            raise ConfigurationError(
+                f"Cannot keep the delivery log in {self.folder}: {error.strerror or error}; name a folder "
+                "duetime can create and write to."
+            ) from None
+        if not os.access(self.folder, os.W_OK):  # said now, not at the first delivery
+            raise ConfigurationError(
+                f"Cannot keep the delivery log in {self.folder}: this user may not write there; name a "
+                "folder duetime can write to."
+            )
         self._lock = threading.Lock()
 
     def write(self, entries: Sequence[Delivery]) -> None:

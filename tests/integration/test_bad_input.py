@@ -392,3 +392,22 @@ async def test_a_consumer_of_an_undeclared_queue_is_told_so(where: str) -> None:
             await transport.receive(f"nobody.declared.{os.getpid()}", 1, 0)  # type: ignore[attr-defined]
     finally:
         await transport.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "said"),
+    [
+        ("garbage", "Cannot write a delivery log to 'garbage'; use jsonl:/folder"),
+        ("jsonl:", "Name a folder for the delivery log"),
+        ("jsonl:{file}", "it is a file; name a folder"),
+        ("jsonl:{file}/sub", "Not a directory; name a folder duetime can create and write to"),
+    ],
+)
+def test_a_delivery_log_that_cannot_be_kept_is_one_line(tmp_path: Path, spec: str, said: str) -> None:
+    """A file where the folder should be was an internal error (FileExistsError)."""
+    store = f"sqlite:///{tmp_path / 'd.db'}"
+    (tmp_path / "afile").write_text("")
+    done = cli("run", "--burst", "--store", store, "--delivery-log", spec.format(file=tmp_path / "afile"))
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: ") and said in line, line
