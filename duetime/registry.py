@@ -106,6 +106,14 @@ def store_url(url: str | None) -> str:
     return url or os.environ.get("DUETIME_STORE") or DEFAULT_STORE_URL
 
 
+def check_store_url(url: str) -> str:
+    """``url`` if it names a kind of store duetime has; else the one-line error :func:`open_store`
+    would give. No connection and no driver import: for what opens its store later (the bridges,
+    once per worker process)."""
+    _pick("store", url, STORES)
+    return url
+
+
 def open_store(url: str, *, claim_timeout: timedelta | None = None) -> DelayedMessageStore:
     """The async store for ``url`` (e.g. ``sqlite:///duetime.db``), not yet initialized.
 

@@ -30,6 +30,7 @@ from kombu.serialization import dumps
 
 from duetime.backends.celery.envelope import PUBLISH_HEADER, TASK_HEADER, CeleryPublish, unprefixed
 from duetime.bridges.store import ProcessClient, as_timedelta
+from duetime.errors import ConfigurationError
 from duetime.message import Delay
 
 #: ``Producer.publish`` arguments that say how to publish, not what: not kept.
@@ -125,6 +126,10 @@ class CeleryBridge:
     def __init__(
         self, app: Any, store: str | None = None, *, endpoint: str = "duetime", min_delay: Delay = 0
     ) -> None:
+        if not (hasattr(app, "amqp") and hasattr(app, "control")):
+            raise ConfigurationError(
+                f"install() takes a Celery app (celery.Celery(...)), got {type(app).__name__}."
+            )
         self.app = app
         self.client = ProcessClient(store, endpoint)
         self.min_delay = as_timedelta(min_delay)

@@ -30,6 +30,7 @@ from dramatiq import Broker, Message
 from dramatiq.common import current_millis, q_name
 
 from duetime.bridges.store import ProcessClient, as_timedelta
+from duetime.errors import ConfigurationError
 from duetime.message import Delay
 
 ACTOR_HEADER = "dramatiq-actor"
@@ -60,6 +61,10 @@ class DramatiqBridge:
     def __init__(
         self, broker: Broker, store: str | None = None, *, endpoint: str = "duetime", min_delay: Delay = 0
     ) -> None:
+        if not isinstance(broker, Broker):
+            raise ConfigurationError(
+                f"install() takes a Dramatiq broker (e.g. RabbitmqBroker(...)), got {type(broker).__name__}."
+            )
         self.broker = broker
         self.client = ProcessClient(store, endpoint)
         self.min_delay_ms = int(as_timedelta(min_delay) / timedelta(milliseconds=1))

@@ -14,15 +14,17 @@ from datetime import UTC, datetime, timedelta
 
 from duetime.client import SyncDelayedMessageClient
 from duetime.message import Delay, resolve_due_time
-from duetime.registry import connect_sync, store_url
+from duetime.names import check_name
+from duetime.registry import check_store_url, connect_sync, store_url
 
 
 class ProcessClient:
     """``get()`` gives this process's client for ``url`` and ``endpoint``."""
 
     def __init__(self, url: str | None, endpoint: str) -> None:
-        self.url = store_url(url)
-        self.endpoint = endpoint
+        # checked now, where the application installs the bridge, not at its first delayed task
+        self.url = check_store_url(store_url(url))
+        self.endpoint = check_name("endpoint", endpoint)
         self._lock = threading.Lock()
         self._client: SyncDelayedMessageClient | None = None
         self._pid = 0

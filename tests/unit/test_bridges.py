@@ -4,6 +4,7 @@ and which Dramatiq enqueues the bridge keeps (Dramatiq's StubBroker, the memory 
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -128,3 +129,40 @@ def test_the_dramatiq_transport_sends_error_copies_to_the_error_queue_as_they_ar
     copy = DramatiqTransport._message_of(error)
     assert copy.queue_name == "duetime.errors" and copy.options["duetime_error"]["duetime-error-type"] == "x"
     assert PUBLISH_HEADER == "celery-publish"
+
+
+@pytest.mark.parametrize(
+    ("target", "store", "said"),
+    [
+        ("celery", "postgress://db/app", "Did you mean postgres://?"),
+        ("celery", 5, "is not a backend URL"),
+        ("celery", "duetime.db", "is not a backend URL"),
+        ("dramatiq", "garbage://x", "No store for URL scheme 'garbage'"),
+    ],
+)
+def test_a_wrong_store_is_said_when_the_bridge_is_installed(target: str, store: object, said: str) -> None:
+    """Not at the first delayed task, deep in a worker (the client opens lazily, once per process)."""
+    from celery import Celery
+
+    from duetime.bridges import celery as celery_bridge
+    from duetime.bridges import dramatiq as dramatiq_bridge
+
+    with pytest.raises(ConfigurationError, match=re.escape(said)):
+        if target == "celery":
+            celery_bridge.install(Celery("t", broker="memory://"), store=store)  # type: ignore[arg-type]
+        else:
+            dramatiq_bridge.install(StubBroker(), store=store)  # type: ignore[arg-type]
+
+
+def test_install_says_what_it_takes() -> None:
+    from duetime.bridges import celery as celery_bridge
+    from duetime.bridges import dramatiq as dramatiq_bridge
+
+    with pytest.raises(ConfigurationError, match=r"takes a Celery app \(celery.Celery\(...\)\), got str"):
+        celery_bridge.install("app", store="sqlite:///x.db")
+    with pytest.raises(ConfigurationError, match=r"takes a Dramatiq broker .*, got Celery"):
+        from celery import Celery
+
+        dramatiq_bridge.install(Celery("t"), store="sqlite:///x.db")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="endpoint name 'a b' is not allowed"):
+        dramatiq_bridge.install(StubBroker(), store="sqlite:///x.db", endpoint="a b")
