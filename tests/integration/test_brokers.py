@@ -5,6 +5,7 @@ error queue with its reason."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -176,3 +177,39 @@ async def test_redis_store_wakes_a_sleeping_dispatcher_from_another_process() ->
     client.close()
     await transport.close()
     other.close()
+
+
+async def test_nats_environments_with_their_own_subject_prefix_share_a_server() -> None:
+    """Streams were named by the queue alone: a second prefix's declare found the first one's
+    stream, took it for its own, and every send failed as "not declared". A stream named the old
+    way for another prefix does not block the default prefix either."""
+    from duetime.backends.nats import NatsTransport
+
+    require(NATS)
+    tag = uuid.uuid4().hex[:8]
+    queue = f"shared.{tag}"
+    staging = NatsTransport.from_url(f"{NATS}?subject_prefix=staging-{tag}.")
+    prod = NatsTransport.from_url(f"{NATS}?subject_prefix=prod-{tag}.")
+    default = NatsTransport.from_url(NATS)
+    for t in (staging, prod, default):
+        await t.start()
+    old_style = f"DUETIME_shared_{tag}_x"
+    try:
+        # what a duetime of before left: a stream for another prefix under the queue's plain name
+        await staging.js.add_stream(name=old_style, subjects=[staging.subject(queue)])
+        for t in (staging, prod, default):
+            await t.declare(queue)
+            await t.declare(queue)  # idempotent: found by its subject
+        now = datetime.now(UTC)
+        for t, body in ((staging, b"s"), (prod, b"p"), (default, b"d")):
+            assert await t.send_batch([DelayedMessage(f"{body.decode()}-{tag}", queue, now, body)]) == [None]
+        for t, body in ((staging, b"s"), (prod, b"p"), (default, b"d")):
+            got = await t.receive(queue, 10, 1.0)
+            assert [m.body for m in got] == [body]
+            await t.acknowledge(got)
+            assert await t.has_queue(queue)
+    finally:
+        for t in (staging, prod, default):
+            with contextlib.suppress(Exception):
+                await t.delete(queue)
+            await t.close()

@@ -2,7 +2,8 @@
 
 Each declared queue is a stream of its own whose only subject is ``<subject_prefix><queue>``, so a
 message for an undeclared queue finds no stream and fails alone (DestinationNotFound) instead of
-vanishing. ``Nats-Msg-Id`` carries the message id: JetStream drops a re-publish of the same id
+vanishing. A queue's stream is found by that subject, whatever its name: two subject prefixes on
+one server (two environments) never share or block each other's streams. ``Nats-Msg-Id`` carries the message id: JetStream drops a re-publish of the same id
 within its duplicate window, which absorbs most at-least-once re-sends at the broker.
 """
 
@@ -21,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 import nats
 from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import NoStreamResponseError, NotFoundError
+from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from duetime.closing import AsyncClosing
 from duetime.errors import (
@@ -37,18 +38,27 @@ from duetime.names import check_name
 from duetime.received import first, those
 from duetime.urls import redact
 
+#: The subject prefix unless the URL gives ``subject_prefix``.
+DEFAULT_SUBJECT_PREFIX = "duetime.q."
 
-def stream_name(queue: str) -> str:
-    """Stream names allow no dots: a readable part plus a hash, so distinct queues never collide."""
+
+def stream_name(queue: str, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> str:
+    """The name a new stream for ``queue`` gets. Stream names allow no dots: a readable part plus
+    a hash. The hash covers a prefix other than the default, so the same queue under two prefixes
+    gets two names; under the default prefix it is the queue's alone, as it always was, so a
+    duetime of before finds the streams made now by their names."""
     readable = re.sub(r"[^A-Za-z0-9_-]", "_", queue)[:40]
-    return f"DUETIME_{readable}_{hashlib.sha1(queue.encode()).hexdigest()[:8]}"
+    key = queue if subject_prefix == DEFAULT_SUBJECT_PREFIX else subject_prefix + queue
+    return f"DUETIME_{readable}_{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 log = logging.getLogger("duetime.nats")
 
 
 class NatsTransport(AsyncClosing):
-    def __init__(self, url: str, *, subject_prefix: str = "duetime.q.", durable: str = "duetime") -> None:
+    def __init__(
+        self, url: str, *, subject_prefix: str = DEFAULT_SUBJECT_PREFIX, durable: str = "duetime"
+    ) -> None:
         self.url, self.subject_prefix, self.durable = url, subject_prefix, durable
         self._nc: Any = None
         self._last_error = "no answer"
@@ -56,6 +66,7 @@ class NatsTransport(AsyncClosing):
         self._subs: dict[str, Any] = {}
         self._in_flight: dict[str, Any] = {}
         self._taken: dict[str, tuple[str, int]] = {}  # receipt -> (stream, sequence), taken by id
+        self._streams: dict[str, str] = {}  # queue -> its stream's name, as found by its subject
         self.declared: set[str] = set()
 
     @classmethod
@@ -65,7 +76,7 @@ class NatsTransport(AsyncClosing):
         plain = urlunsplit(parts._replace(query=""))
         return cls(
             plain,
-            subject_prefix=options.get("subject_prefix", "duetime.q."),
+            subject_prefix=options.get("subject_prefix", DEFAULT_SUBJECT_PREFIX),
             durable=options.get("durable", "duetime"),
         )
 
@@ -98,16 +109,47 @@ class NatsTransport(AsyncClosing):
 
     async def declare(self, queue: str) -> None:
         await self.start()
-        name = stream_name(check_name("queue", queue))
-        try:
-            await self.js.stream_info(name)
-        except NotFoundError:
-            await self.js.add_stream(name=name, subjects=[self.subject(queue)])
+        check_name("queue", queue)
+        if await self._find(queue) is None:
+            name = stream_name(queue, self.subject_prefix)
+            try:
+                await self.js.add_stream(name=name, subjects=[self.subject(queue)])
+            except BadRequestError:
+                # the name is a stream's of another subject (a duetime of before named streams by
+                # the queue alone, whatever the prefix): this queue's stream gets its subject's hash
+                name = f"DUETIME_{hashlib.sha1(self.subject(queue).encode()).hexdigest()[:16]}"
+                await self.js.add_stream(name=name, subjects=[self.subject(queue)])
+            self._streams[queue] = name
         self.declared.add(queue)
 
     async def delete(self, queue: str) -> None:
-        await self.js.delete_stream(stream_name(queue))
+        name = await self._find(queue)
+        if name is not None:
+            await self.js.delete_stream(name)
+        self._streams.pop(queue, None)
         self.declared.discard(queue)
+
+    async def _find(self, queue: str, *, again: bool = False) -> str | None:
+        """The name of the stream that holds the queue's subject; None if there is none (not
+        declared). Remembered once found; ``again`` asks the server anyway."""
+        if not again and (known := self._streams.get(queue)) is not None:
+            return known
+        try:
+            name = str(await self.js.find_stream_name_by_subject(self.subject(queue)))
+        except NotFoundError:
+            self._streams.pop(queue, None)
+            return None
+        self._streams[queue] = name
+        return name
+
+    async def _stream_of(self, queue: str) -> str:
+        name = await self._find(queue)
+        if name is None:
+            raise DestinationNotFound(
+                f"Queue {queue!r} has no JetStream stream on {redact(self.url)}; declare it first "
+                f"(duetime queues declare {queue})."
+            )
+        return name
 
     async def _on_error(self, error: Exception) -> None:
         """nats-py's own handler prints a traceback per failed attempt; one line is enough."""
@@ -139,15 +181,8 @@ class NatsTransport(AsyncClosing):
     async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         sub = self._subs.get(queue)
         if sub is None:
-            try:
-                sub = await self.js.pull_subscribe(
-                    self.subject(queue), durable=self.durable, stream=stream_name(queue)
-                )
-            except NotFoundError:
-                raise DestinationNotFound(
-                    f"Queue {queue!r} has no JetStream stream on {redact(self.url)}; declare it first "
-                    f"(duetime queues declare {queue})."
-                ) from None
+            stream = await self._stream_of(queue)
+            sub = await self.js.pull_subscribe(self.subject(queue), durable=self.durable, stream=stream)
             self._subs[queue] = sub
         try:
             msgs = await sub.fetch(batch=max_messages, timeout=max(wait, 0.05))
@@ -187,14 +222,8 @@ class NatsTransport(AsyncClosing):
     async def _stream(self, queue: str) -> AsyncIterator[ReceivedMessage]:
         """What the queue's consumer has yet to acknowledge, oldest first, left where it is (read
         from the stream: a stream keeps acknowledged messages too, up to its limits)."""
-        name = stream_name(queue)
-        try:
-            info = await self.js.stream_info(name)
-        except NotFoundError:
-            raise DestinationNotFound(
-                f"Queue {queue!r} has no JetStream stream on {redact(self.url)}; declare it first "
-                f"(duetime queues declare {queue})."
-            ) from None
+        name = await self._stream_of(queue)
+        info = await self.js.stream_info(name)
         seq = info.state.first_seq
         with contextlib.suppress(NotFoundError):
             consumer = await self.js.consumer_info(name, self.durable)
@@ -213,19 +242,16 @@ class NatsTransport(AsyncClosing):
     async def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
         """Find them by reading the stream through; acknowledging one deletes it from the stream."""
         found = await those(self._stream(queue), message_ids)
+        name = await self._stream_of(queue)
         for item in found:
-            self._taken[item.receipt] = (stream_name(queue), int(item.receipt.rpartition("@")[2]))
+            self._taken[item.receipt] = (name, int(item.receipt.rpartition("@")[2]))
         return found
 
     async def has_queue(self, queue: str) -> bool:
-        try:
-            await self.js.stream_info(stream_name(queue))
-        except NotFoundError:
-            return False
-        return True
+        return await self._find(queue, again=True) is not None
 
     async def depth(self, queue: str) -> int:
-        name = stream_name(queue)
+        name = await self._stream_of(queue)
         try:
             consumer = await self.js.consumer_info(name, self.durable)
         except NotFoundError:
