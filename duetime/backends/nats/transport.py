@@ -3,8 +3,9 @@
 Each declared queue is a stream of its own whose only subject is ``<subject_prefix><queue>``, so a
 message for an undeclared queue finds no stream and fails alone (DestinationNotFound) instead of
 vanishing. A queue's stream is found by that subject, whatever its name: two subject prefixes on
-one server (two environments) never share or block each other's streams. ``Nats-Msg-Id`` carries the message id: JetStream drops a re-publish of the same id
-within its duplicate window, which absorbs most at-least-once re-sends at the broker.
+one server (two environments) never share or block each other's streams. ``Nats-Msg-Id``
+carries the message id: JetStream drops a re-publish of the same id within its duplicate window,
+which absorbs most at-least-once re-sends at the broker.
 """
 
 from __future__ import annotations
