@@ -64,8 +64,20 @@ def quiet_drivers(verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
+#: The format :func:`configure` set last; None before (a command that keeps no log).
+_configured: LogFormat | None = None
+
+
+def logging_json() -> bool:
+    """Whether this process logs JSON: then its last word (an error it stops on) is a record too,
+    not a line of text among the JSON that a collector would have to guess at."""
+    return _configured is LogFormat.JSON
+
+
 def configure(level: int, fmt: LogFormat = LogFormat.TEXT) -> None:
     """Send duetime's records (and its drivers' warnings) to stderr, one line each."""
+    global _configured
+    _configured = fmt
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt is LogFormat.JSON else TextFormatter())
     root = logging.getLogger()

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from duetime.errors import CriticalError, DuetimeError, one_line
+from duetime.logs import logging_json
 
 T = TypeVar("T")
 
@@ -78,8 +79,13 @@ def say(label: str, style: str, text: str, *, to: Console = console) -> None:
 
 
 def fail(text: str, *, code: int = 1, label: str = "error:") -> typer.Exit:
-    """Print one red line and return the exit to raise (``raise fail(...)``)."""
-    say(label, "bold red" if code == EXIT_CRITICAL else "red", text, to=err)
+    """Print one red line and return the exit to raise (``raise fail(...)``); a JSON record with
+    the exit code instead when the command logs JSON (``--log-format json``)."""
+    if logging_json():
+        level = logging.CRITICAL if code == EXIT_CRITICAL else logging.ERROR
+        logging.getLogger("duetime").log(level, "%s", text, extra={"fields": {"exit_code": code}})
+    else:
+        say(label, "bold red" if code == EXIT_CRITICAL else "red", text, to=err)
     return typer.Exit(code)
 
 

@@ -253,6 +253,17 @@ def test_run_on_the_default_store_is_exactly_once_and_logs_one_line_records(cli,
     started = [r for r in records if "dispatching endpoint" in r["message"]]
     assert started and "exactly-once" in started[0]["message"]
     assert all(r["time"].endswith("Z") and "T" in r["time"] for r in records)
+    # the error it stops on is a record as well, with the exit code (it was a line of text)
+    stopped = subprocess.run(
+        duetime_cmd("run", "--log-format", "json", "--store", "sqlite:///no/such/folder/d.db"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert stopped.returncode == 1
+    [last] = [json.loads(line) for line in stopped.stderr.splitlines()]
+    assert (last["level"], last["exit_code"]) == ("ERROR", 1) and "does not exist" in last["message"], last
 
 
 def test_run_logs_a_summary_line_while_it_works(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
