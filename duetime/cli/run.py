@@ -280,6 +280,12 @@ def _probes(dispatcher: Dispatcher, host: str, port: int, ready_after: float) ->
     return server
 
 
+#: The demo keeps every id it scheduled to check each arrives once: bounded, so a typo of a few
+#: zeros is an error, not a machine out of memory.
+DEMO_MOST = 1_000_000
+DEMO_LONGEST = 3_600.0
+
+
 @app.command()
 def demo(
     messages: Annotated[int, typer.Option(help="How many delayed messages to schedule.")] = 5000,
@@ -294,7 +300,10 @@ def demo(
     """Schedule thousands of messages, deliver them, and prove none is lost, doubled or early."""
     from duetime.demo import run_demo
 
-    if messages < 1 or spread < 0:
-        raise typer.BadParameter("--messages must be at least 1 and --spread not negative")
+    if not 1 <= messages <= DEMO_MOST or not 0 <= spread <= DEMO_LONGEST:
+        raise typer.BadParameter(
+            f"--messages must be from 1 to {DEMO_MOST:,} and --spread from 0 to {DEMO_LONGEST:,.0f} seconds "
+            "(a demonstration: it keeps every id in memory to check each arrives once)"
+        )
     ok = guarded(lambda: run_demo(messages, timedelta(seconds=spread), mode, db, console))
     raise typer.Exit(0 if ok else 2)

@@ -411,3 +411,34 @@ def test_a_delivery_log_that_cannot_be_kept_is_one_line(tmp_path: Path, spec: st
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("error: ") and said in line, line
+
+
+@pytest.mark.parametrize("what", ["folder", "not sqlite"])
+@pytest.mark.parametrize(
+    "command", [["setup", "--store"], ["stats", "--store"], ["run", "--burst", "--transport"]]
+)
+def test_a_sqlite_url_naming_a_folder_or_another_kind_of_file_is_one_line(
+    tmp_path: Path, what: str, command: list[str]
+) -> None:
+    """Both were internal errors ("unable to open database file", "file is not a database"), and a
+    dispatcher retried such a transport for 30 s as an outage before stopping as critical."""
+    target = tmp_path
+    if what == "not sqlite":
+        target = tmp_path / "notes.txt"
+        target.write_text("not a database, but some text long enough to fill SQLite's header " * 3)
+    store = f"sqlite:///{tmp_path / 'ok.db'}"
+    assert cli("setup", "--store", store).returncode == 0
+    started = time.monotonic()
+    done = cli(*command, f"sqlite:///{target}", env={"DUETIME_STORE": store})
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    said = "is a folder, not a SQLite file" if what == "folder" else "is not a SQLite database"
+    assert said in line, line
+    assert time.monotonic() - started < 20
+    if what == "not sqlite":
+        assert target.read_text().startswith("not a database")  # left as it was
+
+
+def test_the_demo_refuses_sizes_it_cannot_check() -> None:
+    done = cli("demo", "--messages", "10000000000")
+    assert done.returncode == 2 and "from 1 to 1,000,000" in " ".join(done.stderr.split())

@@ -55,9 +55,14 @@ class Connection(sqlite3.Connection):
 
 
 def check_folder(path: Path) -> None:
-    """SQLite makes a missing file, never a missing folder: say so in one line."""
+    """SQLite makes a missing file, never a missing folder, and cannot open a folder as a file:
+    say so in one line (its own words are "unable to open database file")."""
     if path.parent and not path.parent.exists():
         raise ConfigurationError(f"Folder {path.parent} does not exist; create it or choose another path.")
+    if path.is_dir():
+        raise ConfigurationError(
+            f"{path} is a folder, not a SQLite file; name a file in it, e.g. sqlite:///{path / 'duetime.db'}."
+        )
 
 
 def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -> Connection:
@@ -74,7 +79,20 @@ def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -
         str(path), timeout=0.005, isolation_level=None, check_same_thread=False, factory=Connection
     )
     conn.write_lock_timeout = busy_timeout
-    _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), busy_timeout)
+    try:  # the file's first read: where a file that is not SQLite's, or not ours to open, shows
+        _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), busy_timeout)
+    except sqlite3.DatabaseError as error:
+        conn.close()
+        if "file is not a database" in str(error):
+            raise ConfigurationError(
+                f"{path} is not a SQLite database (it holds something else); name another file."
+            ) from None
+        if "unable to open" in str(error) or "readonly" in str(error):
+            raise ConfigurationError(
+                f"Cannot open the SQLite file {path} ({error}); check that this user may read and "
+                "write it and its folder."
+            ) from None
+        raise
     conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
     return conn
 
