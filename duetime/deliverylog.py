@@ -77,6 +77,13 @@ class SqlDeliveryLog:
         self._conn: Any = None
         self._lock = threading.Lock()
 
+    def reach(self) -> None:
+        """Connect and make the table now: a URL that cannot work is said when the dispatcher
+        starts, not as a warning at every batch (later failures stay warnings: the log never
+        holds up a delivery)."""
+        with self._lock:
+            self._connect()
+
     def _connect(self) -> Any:
         if self._conn is None:
             conn = self.db.connect()

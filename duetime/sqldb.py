@@ -161,12 +161,16 @@ class Database:
             from duetime.backends.mysql.store import MysqlOptions, mysql_connect
 
             return mysql_connect(MysqlOptions.from_url(self.url), autocommit=False)
-        from duetime.backends.sqlite.connection import check_folder, parse_sqlite_url
+        from duetime.backends.sqlite.connection import cannot_open, check_folder, parse_sqlite_url
 
         path, _ = parse_sqlite_url(self.url)
         check_folder(path)
         conn: Any = sqlite3.connect(str(path), timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as error:
+            conn.close()
+            raise cannot_open(path, error) or error from None
         # A writer takes the write lock up front, so status checks hold for the whole session.
         conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         return conn

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -24,7 +25,7 @@ from duetime.cli.common import (
 )
 from duetime.clock import SYSTEM
 from duetime.deadline import within
-from duetime.deliverylog import open_delivery_log
+from duetime.deliverylog import SqlDeliveryLog, open_delivery_log
 from duetime.dispatcher import Dispatcher, run_until_signal
 from duetime.errors import one_line
 from duetime.frontdoor import FrontDoor
@@ -169,6 +170,8 @@ def run(
         if auto_setup:
             await s.setup_infrastructure(endpoint)
         log = None if delivery_log is None else open_delivery_log(delivery_log)
+        if isinstance(log, SqlDeliveryLog):
+            await asyncio.to_thread(log.reach)
         dispatcher = Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log)
         try:
             if burst:

@@ -401,12 +401,20 @@ async def test_a_consumer_of_an_undeclared_queue_is_told_so(where: str) -> None:
         ("jsonl:", "Name a folder for the delivery log"),
         ("jsonl:{file}", "it is a file; name a folder"),
         ("jsonl:{file}/sub", "Not a directory; name a folder duetime can create and write to"),
+        ("sqlite:///{file}", "is not a SQLite database"),
+        ("postgresql://postgres@127.0.0.1:5432/test?foo=1", 'invalid URI query parameter: "foo"'),
+        ("postgresql://postgres@127.0.0.1:5432/nosuchdb", 'database "nosuchdb" does not exist'),
     ],
 )
 def test_a_delivery_log_that_cannot_be_kept_is_one_line(tmp_path: Path, spec: str, said: str) -> None:
-    """A file where the folder should be was an internal error (FileExistsError)."""
+    """A file where the folder should be was an internal error (FileExistsError); a database log
+    was reached only at the first delivery, then a warning at every batch."""
+    if spec.startswith("postgresql"):
+        from tests.services import POSTGRES, require
+
+        require(POSTGRES)
     store = f"sqlite:///{tmp_path / 'd.db'}"
-    (tmp_path / "afile").write_text("")
+    (tmp_path / "afile").write_text("some text, not a database " * 5)
     done = cli("run", "--burst", "--store", store, "--delivery-log", spec.format(file=tmp_path / "afile"))
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
@@ -60,7 +60,9 @@ class PgOptions:
             theirs.append(("connect_timeout", "5"))  # an unreachable server fails fast, not in minutes
         claim = claim_timeout_option(ours, claim_timeout)
         theirs = _end_frozen_transactions(theirs, claim.total_seconds())
-        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(theirs, quote_via=quote)))
+        # by hand, not urlunsplit: that drops the empty host of postgresql:///db (the local socket)
+        conninfo = f"postgresql://{parts.netloc}{parts.path}?{urlencode(theirs, quote_via=quote)}"
+        _check_conninfo(conninfo, url)
         pool = int(number_option(ours, "pool_size", 4, whole=True))
         pool_timeout = number_option(ours, "pool_timeout", 5.0)
         claims = ours.get("claims", "lock")
@@ -79,6 +81,26 @@ class PgOptions:
             claims=claims,
             display=redact(url),
         )
+
+
+def _check_conninfo(conninfo: str, url: str) -> None:
+    """Options duetime does not know go to libpq, which refuses a name it does not know either:
+    said in one line, before any connection is tried."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(conninfo)
+    except ProgrammingError as error:
+        raise bad_option(url, error) from None
+
+
+def bad_option(url: str, error: Exception) -> ConfigurationError:
+    """libpq's refusal of a URL option (a name, or a value such as ``connect_timeout=abc``)."""
+    return ConfigurationError(
+        f"{redact(url)}: {str(error).strip().splitlines()[0]}; duetime's own options are {', '.join(sorted(OPTIONS))}, "
+        "the rest go to PostgreSQL's client library (e.g. sslmode, connect_timeout, application_name)."
+    )
 
 
 def _end_frozen_transactions(params: list[tuple[str, str]], seconds: float) -> list[tuple[str, str]]:
@@ -103,6 +125,8 @@ def connect(options: PgOptions, *, autocommit: bool = False) -> Any:
         return psycopg.connect(options.conninfo, autocommit=autocommit)
     except psycopg.OperationalError as error:
         raise connection_failed(options.display, error) from None
+    except psycopg.ProgrammingError as error:  # an option's value libpq cannot read
+        raise bad_option(options.display, error) from None
 
 
 def reach(options: PgOptions) -> None:
@@ -119,6 +143,8 @@ async def reach_async(options: PgOptions) -> None:
         await (await psycopg.AsyncConnection.connect(options.conninfo, autocommit=True)).close()
     except psycopg.OperationalError as error:
         raise connection_failed(options.display, error) from None
+    except psycopg.ProgrammingError as error:  # an option's value libpq cannot read
+        raise bad_option(options.display, error) from None
 
 
 #: The "table" the queue tables are named after (``duetime_queues``, ``duetime_queue_messages``).

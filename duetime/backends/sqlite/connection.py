@@ -65,6 +65,21 @@ def check_folder(path: Path) -> None:
         )
 
 
+def cannot_open(path: Path, error: sqlite3.DatabaseError) -> ConfigurationError | None:
+    """The one line for a first read that failed because of the file itself (not SQLite's, or not
+    this user's to open); None for any other error."""
+    if "file is not a database" in str(error):
+        return ConfigurationError(
+            f"{path} is not a SQLite database (it holds something else); name another file."
+        )
+    if "unable to open" in str(error) or "readonly" in str(error):
+        return ConfigurationError(
+            f"Cannot open the SQLite file {path} ({error}); check that this user may read and write it "
+            "and its folder."
+        )
+    return None
+
+
 def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -> Connection:
     """A connection in autocommit mode; callers open ``BEGIN IMMEDIATE`` for every write.
 
@@ -83,16 +98,7 @@ def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -
         _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), busy_timeout)
     except sqlite3.DatabaseError as error:
         conn.close()
-        if "file is not a database" in str(error):
-            raise ConfigurationError(
-                f"{path} is not a SQLite database (it holds something else); name another file."
-            ) from None
-        if "unable to open" in str(error) or "readonly" in str(error):
-            raise ConfigurationError(
-                f"Cannot open the SQLite file {path} ({error}); check that this user may read and "
-                "write it and its folder."
-            ) from None
-        raise
+        raise cannot_open(path, error) or error from None
     conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
     return conn
 
