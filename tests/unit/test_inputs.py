@@ -388,3 +388,18 @@ def test_a_bulk_json_body_in_base64_may_be_broken_into_lines() -> None:
     row = {"endpoint": "e", "id": "m", "destination": "q", "due_at": "2031-01-01T00:00:00+00:00"}
     record, why = check_json(_json_line(json.dumps(row | {"body_base64": lines})), None)
     assert why is None and record.body == body
+
+
+def test_postgresql_urls_reach_libpq_whole_or_are_refused_in_one_line() -> None:
+    """``postgresql:///db`` (the local socket) lost its ``//`` (urlunsplit drops an empty host);
+    an option libpq does not know was an "internal error" at the first connection."""
+    from duetime.backends.postgres.common import PgOptions
+
+    local = PgOptions.from_url("postgresql:///app?schema=shop&sslmode=disable")
+    assert local.conninfo.startswith("postgresql:///app?sslmode=disable&connect_timeout=5")
+    assert local.schema == "shop"
+    with pytest.raises(ConfigurationError, match=r'invalid URI query parameter: "colour".*sslmode'):
+        PgOptions.from_url("postgresql://u:secret@db/app?colour=red")
+    with pytest.raises(ConfigurationError) as caught:
+        PgOptions.from_url("postgresql://u:secret@db/app?colour=red")
+    assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
