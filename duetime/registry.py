@@ -194,6 +194,16 @@ class _Connecting:
         if self._client is not None:
             await self._client.close()
 
+    def __getattr__(self, name: str) -> Any:
+        """Used as the client itself (``duetime.connect(url).schedule(...)``): say how to get one,
+        rather than Python's "'_Connecting' object has no attribute"."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ConfigurationError(
+            f"duetime.connect() gives something to await, not the client: write `client = await "
+            f"duetime.connect(url)` or `async with duetime.connect(url) as client:`, then client.{name}(...)."
+        )
+
 
 def connect(url: str | None = None, *, endpoint: str = "duetime", setup: bool = True) -> _Connecting:
     """A ready async client for the store at ``url`` (default: ``DUETIME_STORE``, else the embedded

@@ -403,3 +403,13 @@ def test_postgresql_urls_reach_libpq_whole_or_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigurationError) as caught:
         PgOptions.from_url("postgresql://u:secret@db/app?colour=red")
     assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
+
+
+async def test_connect_used_as_the_client_says_how_to_get_one() -> None:
+    import duetime
+
+    pending = duetime.connect("memory://")
+    with pytest.raises(ConfigurationError, match=r"`client = await duetime.connect\(url\)`.*client.schedule"):
+        await pending.schedule("orders", b"x", delay=1)  # type: ignore[attr-defined]
+    async with pending as client:  # and it still works as meant
+        assert (await client.schedule("orders", b"x", delay=1)).destination == "orders"
