@@ -450,3 +450,22 @@ def test_a_sqlite_url_naming_a_folder_or_another_kind_of_file_is_one_line(
 def test_the_demo_refuses_sizes_it_cannot_check() -> None:
     done = cli("demo", "--messages", "10000000000")
     assert done.returncode == 2 and "from 1 to 1,000,000" in " ".join(done.stderr.split())
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("redis://127.0.0.1:6379/0?colour=red", "has an option the Redis client does not take"),
+        ("nats://127.0.0.1:4222?colour=red", "Unknown NATS URL option(s) ['colour']"),
+    ],
+)
+def test_a_transport_url_option_nobody_takes_is_one_line(url: str, said: str) -> None:
+    """Redis: redis-py passed it to its connection, a TypeError ("internal error"); NATS: dropped
+    without a word."""
+    from tests.services import NATS, REDIS, require
+
+    require(REDIS if url.startswith("redis") else NATS)
+    done = cli("queues", "declare", "q", "--transport", url)
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert said in line, line

@@ -74,6 +74,11 @@ class NatsTransport(AsyncClosing):
     def from_url(cls, url: str) -> NatsTransport:
         parts = urlsplit(url)
         options = dict(parse_qsl(parts.query))
+        unknown = set(options) - {"subject_prefix", "durable"}
+        if unknown:  # nats-py takes no options in the URL: one would be dropped without a word
+            raise ConfigurationError(
+                f"Unknown NATS URL option(s) {sorted(unknown)} in {redact(url)}; known: durable, subject_prefix."
+            )
         plain = urlunsplit(parts._replace(query=""))
         return cls(
             plain,

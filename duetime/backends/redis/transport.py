@@ -127,6 +127,12 @@ class RedisTransport(AsyncClosing):
             except ResponseError as error:
                 await client.aclose()
                 raise no_such_database(self.url, error) or error from None
+            except TypeError as error:  # redis-py hands URL options it does not know to its connection
+                await client.aclose()
+                raise ConfigurationError(
+                    f"{redact(self.url)} has an option the Redis client does not take ({error}); duetime's "
+                    "own are mode, prefix, group and visibility_timeout."
+                ) from None
             self._redis = client
 
     async def declare(self, queue: str) -> None:
