@@ -117,6 +117,10 @@ def _headers(pairs: list[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"header {pair!r} must look like name=value")
+        if key in headers and headers[key] != value:  # one would be dropped without a word
+            raise typer.BadParameter(
+                f"header {key!r} is given twice ({headers[key]!r} and {value!r}); give it once"
+            )
         headers[key] = value
     return headers
 

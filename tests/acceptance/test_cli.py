@@ -28,6 +28,10 @@ def test_help_teaches_every_command(cli) -> None:  # type: ignore[no-untyped-def
 
 def test_schedule_list_show_reschedule_cancel(cli) -> None:  # type: ignore[no-untyped-def]
     cli("setup", "--queue", "orders")
+    twice = cli(
+        "schedule", "orders", "hello", "--in", "1h", "-H", "tenant=acme", "-H", "tenant=other", ok=False
+    )
+    assert twice.returncode == 2 and "given twice" in twice.stderr  # one would have been dropped
     mid = cli("schedule", "orders", "hello", "--in", "1h", "-H", "tenant=acme").stdout.strip()
     listed = [json.loads(line) for line in cli("list", "--json").stdout.splitlines()]
     assert [m["id"] for m in listed] == [mid]
