@@ -17,17 +17,30 @@ from duetime.cli.common import (
     _confirm,
     _open,
     _transport_url,
+    _warn_undeclared,
     errors_app,
 )
 from duetime.durations import parse_duration
 from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME
 from duetime.errors import ConfigurationError
 from duetime.interfaces import InspectableQueue, ReceivedMessage
+from duetime.names import check_name
 from duetime.sendback import EVERYTHING, chosen, goes_to, open_error_transport, send_back, take
 from duetime.terminal import console, err, fail, say, show, table
 from duetime.terminal import run_async as _run
+from duetime.urls import redact
 
-ErrorQueueOpt = Annotated[str, typer.Option("--error-queue", help="The error queue's name.")]
+
+def _queue_name(name: str) -> str:
+    try:
+        return check_name("error queue", name)
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+ErrorQueueOpt = Annotated[
+    str, typer.Option("--error-queue", callback=_queue_name, help="The error queue's name.")
+]
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Ids of messages in the error queue.")]
 AllOpt = Annotated[bool, typer.Option("--all", help="Every message in the error queue (see --destination).")]
 ForOpt = Annotated[
@@ -93,7 +106,7 @@ def _not_there(queue: str, missing: Sequence[str]) -> str:
 @errors_app.command("list")
 def errors_list(
     destination: ForOpt = None,
-    limit: Annotated[int, typer.Option(help="Show at most this many.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="Show at most this many.")] = 50,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object per line, headers included.")
     ] = False,
@@ -107,17 +120,26 @@ def errors_list(
     Nothing is taken: on a broker the messages are read and put back in their order.
     """
 
-    async def go() -> tuple[list[ReceivedMessage], int]:
+    async def go() -> tuple[list[ReceivedMessage], int, bool]:
         t = _error_transport(store, transport)
         await t.start()
         try:
             depth = await t.depth(error_queue)
             seen = await t.peek(error_queue, EVERYTHING if destination else limit)
-            return [m for m in seen if destination is None or goes_to(m) == destination][:limit], depth
+            shown = [m for m in seen if destination is None or goes_to(m) == destination][:limit]
+            return shown, depth, depth > 0 or await t.has_queue(error_queue)
         finally:
             await t.close()
 
-    items, depth = _run(go)
+    items, depth, there = _run(go)
+    if not there:  # a typo in --error-queue would otherwise look like an empty error queue
+        say(
+            "note:",
+            "yellow",
+            f"there is no queue {error_queue!r} on {redact(_transport_url(store, transport))} (yet): nothing "
+            "was sent there. A dispatcher's error queue is 'error' unless its --error-queue says otherwise.",
+            to=err,
+        )
     if as_json:
         for item in items:
             print(json.dumps(_row(item)))
@@ -158,6 +180,9 @@ def errors_retry(
     half-way loses nothing; running it again finishes it (ids already stored are skipped).
     """
     delay = parse_duration(in_)
+    if to is not None:
+        check_name("queue", to)
+        _run(lambda: _warn_undeclared(store, transport, [to]))  # as schedule does: stored, then dead-lettered
 
     async def go() -> tuple[int, int, list[str]]:
         t = _error_transport(store, transport)

@@ -64,7 +64,12 @@ def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: i
     assert errors[0]["headers"]["duetime-error-original-destination"] == "typo-queue"
     old = cli("errors", "retry", "b", "--destination", "orders", ok=False)  # the option before --to
     assert old.returncode == 1 and "use --to QUEUE" in old.stderr
-    cli("errors", "retry", "b", "--to", "orders")
+    # a typo in --error-queue is said (it looked like an empty error queue); so is an empty name
+    typo = cli("errors", "list", "--error-queue", "eror")
+    assert "there is no queue 'eror'" in typo.stderr and "0 shown of 0" in typo.stdout
+    assert cli("errors", "list", "--error-queue", "", ok=False).returncode == 2
+    retried = cli("errors", "retry", "b", "--to", "orders")
+    assert "warning" not in retried.stderr  # a declared queue: nothing to say
     assert cli("errors", "list", "--json").stdout.strip() == ""
     cli("run", "--burst")
     received = [
@@ -419,3 +424,15 @@ def test_the_readme_quickstart_works_as_written(tmp_path) -> None:  # type: igno
     finally:
         service.send_signal(signal.SIGTERM)
         assert service.wait(timeout=30) == 0
+
+
+def test_errors_retry_to_a_queue_nobody_declared_warns_as_schedule_does(cli) -> None:  # type: ignore[no-untyped-def]
+    cli("setup", "--queue", "orders")
+    cli("schedule", "typo-queue", "lost?", "--in", "0s", "--id", "t")
+    assert "to the error queue 1" in cli("run", "--burst").stdout
+    retried = cli("errors", "retry", "t", "--to", "ordres", "--in", "1h")
+    assert "sent 1 back" in retried.stdout
+    assert (
+        "no queue 'ordres' is declared" in retried.stderr
+        and "duetime queues declare ordres" in retried.stderr
+    )
