@@ -196,13 +196,18 @@ class _Connecting:
 
     def __getattr__(self, name: str) -> Any:
         """Used as the client itself (``duetime.connect(url).schedule(...)``): say how to get one,
-        rather than Python's "'_Connecting' object has no attribute"."""
-        if name.startswith("__"):
+        rather than Python's "'_Connecting' object has no attribute". Still an AttributeError, so
+        ``hasattr`` and ``getattr(..., default)`` (tools, notebooks) answer as they expect."""
+        if name.startswith("_"):
             raise AttributeError(name)
-        raise ConfigurationError(
+        raise _NotAClient(
             f"duetime.connect() gives something to await, not the client: write `client = await "
             f"duetime.connect(url)` or `async with duetime.connect(url) as client:`, then client.{name}(...)."
         )
+
+
+class _NotAClient(ConfigurationError, AttributeError):
+    """A one-line duetime error that is also the AttributeError Python expects there."""
 
 
 def connect(url: str | None = None, *, endpoint: str = "duetime", setup: bool = True) -> _Connecting:

@@ -411,5 +411,8 @@ async def test_connect_used_as_the_client_says_how_to_get_one() -> None:
     pending = duetime.connect("memory://")
     with pytest.raises(ConfigurationError, match=r"`client = await duetime.connect\(url\)`.*client.schedule"):
         await pending.schedule("orders", b"x", delay=1)  # type: ignore[attr-defined]
+    assert (
+        not hasattr(pending, "schedule") and getattr(pending, "_repr_html_", None) is None
+    )  # tools still ask
     async with pending as client:  # and it still works as meant
         assert (await client.schedule("orders", b"x", delay=1)).destination == "orders"
