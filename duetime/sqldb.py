@@ -165,7 +165,10 @@ class Database:
 
         path, _ = parse_sqlite_url(self.url)
         check_folder(path)
-        conn: Any = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+        try:
+            conn: Any = sqlite3.connect(str(path), timeout=30, isolation_level=None)
+        except sqlite3.DatabaseError as error:
+            raise cannot_open(path, error) or error from None
         try:
             conn.execute("PRAGMA journal_mode=WAL")
         except sqlite3.DatabaseError as error:

@@ -117,15 +117,19 @@ def reach_source(url: str, endpoint: str | None, renames: dict[str, str] | None 
 def reach_target(url: str) -> None:
     """Connect to a store on a database server before Spark starts, as :func:`reach_source` looks
     at a source: a server or database that is not there is said at once. A SQLite target is a file
-    the job makes (its folder must be there); folders and RabbitMQ are checked by the job."""
+    the job makes if it is not there (its folder must be), and one that is there is opened (a file
+    that is not SQLite's is said now, not by a Spark task); folders and RabbitMQ are checked by
+    the job."""
     target = open_target(url)
     if not isinstance(target, StoreTarget):
         return
     if target.db.dialect == "sqlite":
         from duetime.backends.sqlite.connection import check_folder, parse_sqlite_url
 
-        check_folder(parse_sqlite_url(target.db.url)[0])
-        return
+        path = parse_sqlite_url(target.db.url)[0]
+        check_folder(path)
+        if not path.exists():
+            return
     with target.db.session():
         pass
 

@@ -68,6 +68,9 @@ def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: i
     typo = cli("errors", "list", "--error-queue", "eror")
     assert "there is no queue 'eror'" in typo.stderr and "0 shown of 0" in typo.stdout
     assert cli("errors", "list", "--error-queue", "", ok=False).returncode == 2
+    assert cli("errors", "list", "--limit", "0", ok=False).returncode == 2
+    assert cli("queues", "receive", "orders", "--wait", "-1", ok=False).returncode == 2
+    assert cli("queues", "receive", "orders", "--count", "0", ok=False).returncode == 2
     retried = cli("errors", "retry", "b", "--to", "orders")
     assert "warning" not in retried.stderr  # a declared queue: nothing to say
     assert cli("errors", "list", "--json").stdout.strip() == ""

@@ -155,6 +155,7 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         (["report", "--store", f"{POSTGRES}?table=duetime_no_such_table"], "has no table 'duetime_no_such_table'"),
         (["import", "--from", "jsonl:rows", "--to", no_db], 'database "duetime_no_such_db" does not exist'),
         (["import", "--from", "jsonl:rows", "--to", "sqlite:///no/x.db"], "Folder no does not exist"),
+        (["import", "--from", "jsonl:rows", "--to", "sqlite:///rows/a.jsonl"], "is not a SQLite database"),
         (["schedule", "jsonl:rows", "--to", MARIADB.rsplit("/", 1)[0] + "/duetime_no_such_db", "--job", "j"],
          "Unknown database 'duetime_no_such_db'"),
     ):  # fmt: skip

@@ -421,7 +421,7 @@ def test_a_delivery_log_that_cannot_be_kept_is_one_line(tmp_path: Path, spec: st
     assert line.startswith("error: ") and said in line, line
 
 
-@pytest.mark.parametrize("what", ["folder", "not sqlite"])
+@pytest.mark.parametrize("what", ["folder", "not sqlite", "cannot be made"])
 @pytest.mark.parametrize(
     "command", [["setup", "--store"], ["stats", "--store"], ["run", "--burst", "--transport"]]
 )
@@ -430,7 +430,7 @@ def test_a_sqlite_url_naming_a_folder_or_another_kind_of_file_is_one_line(
 ) -> None:
     """Both were internal errors ("unable to open database file", "file is not a database"), and a
     dispatcher retried such a transport for 30 s as an outage before stopping as critical."""
-    target = tmp_path
+    target = tmp_path if what != "cannot be made" else Path("/proc/duetime.db")  # a folder no one can write
     if what == "not sqlite":
         target = tmp_path / "notes.txt"
         target.write_text("not a database, but some text long enough to fill SQLite's header " * 3)
@@ -440,7 +440,13 @@ def test_a_sqlite_url_naming_a_folder_or_another_kind_of_file_is_one_line(
     done = cli(*command, f"sqlite:///{target}", env={"DUETIME_STORE": store})
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
-    said = "is a folder, not a SQLite file" if what == "folder" else "is not a SQLite database"
+    said = {
+        "folder": "is a folder, not a SQLite file",
+        "not sqlite": "is not a SQLite database",
+        "cannot be made": "Cannot open the SQLite file /proc/duetime.db"
+        if command[0] != "stats"
+        else "There is no SQLite store at /proc/duetime.db",  # stats looks for the file first
+    }[what]
     assert said in line, line
     assert time.monotonic() - started < 20
     if what == "not sqlite":

@@ -90,9 +90,12 @@ def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -
     if synchronous not in SYNCHRONOUS:
         raise ConfigurationError(f"synchronous must be one of {sorted(SYNCHRONOUS)}, got {synchronous!r}.")
     check_folder(path)
-    conn = sqlite3.connect(
-        str(path), timeout=0.005, isolation_level=None, check_same_thread=False, factory=Connection
-    )
+    try:  # a file this user may not create or open fails here, one that is not SQLite's below
+        conn = sqlite3.connect(
+            str(path), timeout=0.005, isolation_level=None, check_same_thread=False, factory=Connection
+        )
+    except sqlite3.DatabaseError as error:
+        raise cannot_open(path, error) or error from None
     conn.write_lock_timeout = busy_timeout
     try:  # the file's first read: where a file that is not SQLite's, or not ours to open, shows
         _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), busy_timeout)
