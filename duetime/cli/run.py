@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -27,7 +28,7 @@ from duetime.clock import SYSTEM
 from duetime.deadline import within
 from duetime.deliverylog import SqlDeliveryLog, open_delivery_log
 from duetime.dispatcher import Dispatcher, run_until_signal
-from duetime.errors import one_line
+from duetime.errors import DuetimeError, one_line
 from duetime.frontdoor import FrontDoor
 from duetime.heartbeat import Heartbeat
 from duetime.interfaces import (
@@ -163,53 +164,62 @@ def run(
 
     async def go() -> None:
         settings = DelayedDeliverySettings.from_env().with_changes(**changes)
-        s = open_store(store, claim_timeout=settings.claim_timeout)
-        t = open_transport(_transport_url(store, transport))
-        if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
-            settings = settings.with_changes(transaction_mode=_safest_mode(s, t))
-        if auto_setup:
-            await s.setup_infrastructure(endpoint)
-        log = None if delivery_log is None else open_delivery_log(delivery_log)
-        if isinstance(log, SqlDeliveryLog):
-            await asyncio.to_thread(log.reach)
-        dispatcher = Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log)
-        try:
-            if burst:
-                if front_door and isinstance(t, ReceivingTransport):
-                    await dispatcher.start()
-                    door = FrontDoor(dispatcher, t, wait=0.5)
-                    await door.start()
-                    while await door.process_once():  # take in what waits at the front door first
-                        pass
-                stats = await dispatcher.run_burst()
-                console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
-                return
-            # the probes' port first: one in use is an error before any companion coroutine exists
-            probes = (
-                None if metrics_port is None else _probes(dispatcher, metrics_host, metrics_port, ready_after)
-            )
-            extra = [Heartbeat(dispatcher, redact(_transport_url(store, transport))).run()]
-            if probes is not None:
-                extra.append(probes.run())
+        async with contextlib.AsyncExitStack() as opened:
+            # whatever was opened is closed, also when a later step of the start fails
+            s = open_store(store, claim_timeout=settings.claim_timeout)
+            opened.push_async_callback(_close, s.close)
+            t = open_transport(_transport_url(store, transport))
+            opened.push_async_callback(_close, t.close)
+            if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
+                settings = settings.with_changes(transaction_mode=_safest_mode(s, t))
+            if auto_setup:
+                await s.setup_infrastructure(endpoint)
+            log = None if delivery_log is None else open_delivery_log(delivery_log)
+            if log is not None:
+                opened.push_async_callback(_close, log.close)
+            if isinstance(log, SqlDeliveryLog):
+                await asyncio.to_thread(log.reach)
+            await _dispatch(Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log), t, settings)
+
+    async def _dispatch(dispatcher: Dispatcher, t: object, settings: DelayedDeliverySettings) -> None:
+        if burst:
             if front_door and isinstance(t, ReceivingTransport):
-                extra.append(FrontDoor(dispatcher, t).run())
-            logging.getLogger("duetime").info(
-                "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
-                endpoint,
-                redact(store),
-                redact(_transport_url(store, transport)),
-                settings.transaction_mode.value,
-            )
-            await run_until_signal(dispatcher, *extra)
-        finally:
-            # A partitioned server may not answer a polite goodbye either: never hang on it.
-            for closing in (t.close(), s.close(), *([log.close()] if log is not None else [])):
-                try:
-                    await within(closing, 10.0, "closing")
-                except Exception as error:
-                    logging.getLogger("duetime").warning("closing failed: %s", one_line(error))
+                await dispatcher.start()
+                door = FrontDoor(dispatcher, t, wait=0.5)
+                await door.start()
+                while await door.process_once():  # take in what waits at the front door first
+                    pass
+            stats = await dispatcher.run_burst()
+            console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
+            return
+        # the probes' port first: one in use is an error before any companion coroutine exists
+        probes = (
+            None if metrics_port is None else _probes(dispatcher, metrics_host, metrics_port, ready_after)
+        )
+        extra = [Heartbeat(dispatcher, redact(_transport_url(store, transport))).run()]
+        if probes is not None:
+            extra.append(probes.run())
+        if front_door and isinstance(t, ReceivingTransport):
+            extra.append(FrontDoor(dispatcher, t).run())
+        logging.getLogger("duetime").info(
+            "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
+            endpoint,
+            redact(store),
+            redact(_transport_url(store, transport)),
+            settings.transaction_mode.value,
+        )
+        await run_until_signal(dispatcher, *extra)
 
     _run(go)
+
+
+async def _close(close: Callable[[], Awaitable[None]]) -> None:
+    """Close one part of a run; a partitioned server may not answer a polite goodbye either:
+    never hang on it, and never let it hide why the run ended."""
+    try:
+        await within(close(), 10.0, "closing")
+    except Exception as error:
+        logging.getLogger("duetime").warning("closing failed: %s", one_line(error))
 
 
 @app.command()
@@ -232,18 +242,18 @@ def check(
         try:
             s = await within(_open(store, endpoint), timeout, "opening the store")
         except Exception as error:
-            raise _NotOk(f"store {redact(store)}: {one_line(error)}") from None
+            raise _NotOk(_said("store", store, error)) from None
         try:
             counts = await within(s.counts(SYSTEM.now()), timeout, "counting")
         except Exception as error:
-            raise _NotOk(f"store {redact(store)}: {one_line(error)}") from None
+            raise _NotOk(_said("store", store, error)) from None
         finally:
             await _quietly(s.close())
         try:
             t = open_transport(transport_url)
             await within(t.start(), timeout, "connecting")
         except Exception as error:
-            raise _NotOk(f"transport {redact(transport_url)}: {one_line(error)}") from None
+            raise _NotOk(_said("transport", transport_url, error)) from None
         await _quietly(t.close())
         return (
             f"store {redact(store)} answers ({counts.total:,} stored, {counts.due:,} due); "
@@ -255,6 +265,16 @@ def check(
     except _NotOk as problem:
         print(f"not ok: {problem}", file=sys.stderr)
         raise typer.Exit(1) from None
+
+
+def _said(side: str, url: str, error: Exception) -> str:
+    """What ``check`` says of a failing side: duetime's own words as they are (they name the URL
+    where it matters, and the error's class means nothing to the reader); a library's error with
+    its class, after the URL."""
+    if isinstance(error, DuetimeError):
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return f"{side}: {text}" if redact(url) in text else f"{side} {redact(url)}: {text}"
+    return f"{side} {redact(url)}: {one_line(error)}"
 
 
 class _NotOk(Exception):

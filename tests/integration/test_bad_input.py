@@ -463,15 +463,53 @@ def test_the_demo_refuses_sizes_it_cannot_check() -> None:
     [
         ("redis://127.0.0.1:6379/0?colour=red", "has an option the Redis client does not take"),
         ("nats://127.0.0.1:4222?colour=red", "Unknown NATS URL option(s) ['colour']"),
+        ("amqp://guest:guest@127.0.0.1:5672/?colour=red", "Unknown RabbitMQ URL option(s) ['colour']"),
+        # aiormq read both as 0: heartbeats off (a partition unnoticed), a connect that never waits
+        ("amqp://guest:guest@127.0.0.1:5672/?heartbeat=1O", "heartbeat='1O' must be a whole number"),
+        ("amqp://guest:guest@127.0.0.1:5672/?timeout=soon", "timeout='soon' must be a whole number"),
+        (
+            "amqp://guest:guest@127.0.0.1:5672/?auth=kerberos",
+            "auth='kerberos' must be one of plain, external",
+        ),
     ],
 )
 def test_a_transport_url_option_nobody_takes_is_one_line(url: str, said: str) -> None:
-    """Redis: redis-py passed it to its connection, a TypeError ("internal error"); NATS: dropped
-    without a word."""
-    from tests.services import NATS, REDIS, require
+    """Redis: redis-py passed it to its connection, a TypeError ("internal error"); NATS and
+    RabbitMQ: dropped without a word (or, for RabbitMQ, a value read as 0)."""
+    from tests.services import NATS, RABBITMQ, REDIS, require
 
-    require(REDIS if url.startswith("redis") else NATS)
+    require({"redis": REDIS, "nats": NATS, "amqp": RABBITMQ}[url.split(":")[0]])
     done = cli("queues", "declare", "q", "--transport", url)
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert said in line, line
+
+
+def test_a_run_that_fails_to_start_closes_what_it_opened(tmp_path: Path, monkeypatch: Any) -> None:
+    """The delivery log is refused after the store and transport are open: both are closed (a
+    store's thread and connection were left to the process's exit)."""
+    import duetime.cli.run as run_command
+
+    closed: list[str] = []
+    real_store, real_transport = run_command.open_store, run_command.open_transport
+
+    def closing(kind: str, opened: Any) -> Any:
+        close = opened.close
+
+        async def recorded() -> None:
+            closed.append(kind)
+            await close()
+
+        opened.close = recorded
+        return opened
+
+    monkeypatch.setattr(run_command, "open_store", lambda *a, **k: closing("store", real_store(*a, **k)))
+    monkeypatch.setattr(
+        run_command, "open_transport", lambda *a, **k: closing("transport", real_transport(*a, **k))
+    )
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert cli("setup", "--store", url).returncode == 0
+    (tmp_path / "a-file").write_text("")
+    result = runner.invoke(app, ["run", "--store", url, "--delivery-log", f"jsonl:{tmp_path / 'a-file'}"])
+    assert result.exit_code == 1 and "Cannot keep the delivery log" in result.stderr, result.stderr
+    assert sorted(closed) == ["store", "transport"]

@@ -252,7 +252,7 @@ def test_check_exits_0_or_1_with_one_line(pg: str) -> None:
         "3",
     )
     assert dead.returncode == 1 and dead.stderr.startswith(
-        "not ok: transport amqp://guest:***@127.0.0.1:1/"
+        "not ok: transport: cannot connect to amqp://guest:***@127.0.0.1:1/"
     ), dead.stderr
     assert dead.stderr.count("\n") == 1
 

@@ -39,6 +39,7 @@ from pamqp.commands import Basic
 
 from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
 from duetime.backends.rabbitmq.batchwrite import MAX_ROUTING_KEY, Publish, write_batch
+from duetime.backends.rabbitmq.urloptions import OWN, check_broker_options
 from duetime.clock import SYSTEM
 from duetime.closing import AsyncClosing
 from duetime.errors import (
@@ -102,9 +103,9 @@ class RabbitMqTransport(AsyncClosing):
     @classmethod
     def from_url(cls, url: str) -> RabbitMqTransport:
         parts = urlsplit(url)
-        own = ("queue_type", "prefetch", "connect_timeout", "publish_timeout", "topology")
         ours = dict(parse_qsl(parts.query))
-        kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in own]
+        check_broker_options(ours, url)
+        kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in OWN]
         plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in kept)))
         return cls(
             plain,
