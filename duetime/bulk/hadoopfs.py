@@ -10,13 +10,15 @@ A path without a scheme means what it means to Spark: the cluster's default file
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
+from duetime.bulk.session import local_path
 from duetime.errors import ConfigurationError
 
 #: Spark's writers mark a completely committed folder with this file.
@@ -100,6 +102,17 @@ def input_files(spark: Any, path: str) -> list[Listed]:
         )
         raise ConfigurationError(f"{folder.uri}: {what}, so there is nothing to read; check the path.")
     return found
+
+
+def check_readable_here(path: str, master: str | None, conf: Mapping[str, str]) -> None:
+    """Refuse a path with nothing to read where this machine's disk can tell, before Spark takes
+    seconds to start (:func:`input_files` says the same later for any filesystem)."""
+    local = local_path(path, master, conf)
+    if local is None or any(c in local for c in "*?[{") or os.path.exists(local):
+        return
+    raise ConfigurationError(
+        f"file:{os.path.abspath(local)}: does not exist, so there is nothing to read; check the path."
+    )
 
 
 def check_writable(spark: Any, path: str) -> Folder:

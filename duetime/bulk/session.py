@@ -40,15 +40,14 @@ def spark_session(
     # Executors must run this interpreter (with duetime and its drivers), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # Under spark-submit the JVM gateway already runs, started with the --master it was given.
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    submitted = _submitted()
     if master:
         check_master(master)
     builder = SparkSession.builder.appName(app)
     if master or not submitted:
         builder = builder.master(master or DEFAULT_MASTER)
     given = _configured(submitted) | set(conf or {})
-    local = not submitted and (master or DEFAULT_MASTER).startswith("local")
+    local = runs_here(master)
     for key, value in (DEFAULTS | (LOCAL_DEFAULTS if local else {})).items():
         if key not in given:  # spark-submit --conf, spark-defaults.conf and the cluster win
             builder = builder.config(key, value)
@@ -64,6 +63,38 @@ def spark_session(
         ) from None
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _submitted() -> bool:
+    """Under spark-submit the JVM gateway already runs, started with the --master it was given."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def runs_here(master: str | None) -> bool:
+    """Whether a job started with ``master`` runs in local mode in this process (driver and
+    executors on this machine), not under spark-submit or on a cluster."""
+    return not _submitted() and (master or DEFAULT_MASTER).startswith("local")
+
+
+def local_path(path: str, master: str | None, conf: Mapping[str, str]) -> str | None:
+    """The path on this machine's disk that a job's ``path`` names, where that is certain before
+    Spark starts: a ``file:`` path, or one without a scheme in local mode with no other default
+    filesystem configured (``fs.defaultFS`` in ``--conf``, spark-defaults.conf or a Hadoop
+    configuration folder). None where only Spark can tell (``hdfs:``, ``s3a:``, a cluster)."""
+    scheme = re.match(r"([A-Za-z][\w+.-]+):", path)
+    if scheme is not None:
+        return (
+            re.sub(r"^file:(//[^/]*)?", "", path, flags=re.IGNORECASE)
+            if scheme[1].lower() == "file"
+            else None
+        )
+    if not runs_here(master) or any(os.environ.get(v) for v in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")):
+        return None
+    try:
+        configured = _configured()
+    except ModuleNotFoundError:  # no PySpark: starting Spark says so
+        return None
+    return None if "spark.hadoop.fs.defaultFS" in set(conf) | configured else path
 
 
 #: The masters Spark takes (spark-submit's own check, and the standalone master's URL form).

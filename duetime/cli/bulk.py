@@ -62,11 +62,19 @@ EndpointOpt = Annotated[
 
 
 @contextmanager
-def _spark(master: str | None, conf: list[str] | None) -> Iterator[Any]:
+def _spark(master: str | None, conf: list[str] | None, reads: str | None = None) -> Iterator[Any]:
+    """A Spark session; ``reads``: the files the job reads, refused first if this machine's disk
+    can already tell they are not there (Spark takes seconds to start)."""
+    from duetime.bulk.frames import file_kind
+    from duetime.bulk.hadoopfs import check_readable_here
     from duetime.bulk.session import parse_conf, spark_session
 
+    settings = parse_conf(conf)
+    kind = None if reads is None else file_kind(reads)
+    if kind is not None:
+        check_readable_here(kind[1], master, settings)
     with console.status("starting Spark…"):
-        session = spark_session(master, parse_conf(conf))
+        session = spark_session(master, settings)
     yield session
 
 
@@ -176,7 +184,7 @@ def migrate(
             return
         reach_source(source, endpoint, renames)
         reach_target(target)
-        with _spark(master, conf) as spark:
+        with _spark(master, conf, reads=source) as spark:
             if mode is Mode.preview:
                 from duetime.bulk.preview import preview
 
@@ -273,7 +281,7 @@ def schedule(
 
         check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
         reach_target(store)
-        with _spark(master, conf) as spark, console.status("scheduling…"):
+        with _spark(master, conf, reads=rows) as spark, console.status("scheduling…"):
             done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects, batch_rows=batch_rows)
         console.print(
             f"{done.rows:,} rows: {done.stored:,} stored, {done.skipped:,} already scheduled, {done.rejected:,} rejected"
@@ -328,7 +336,7 @@ def import_(
         check_batch_rows(batch_rows)  # before Spark takes seconds to start
         check_import(files, store)
         reach_target(store)
-        with _spark(master, conf) as spark, console.status("importing…"):
+        with _spark(master, conf, reads=files) as spark, console.status("importing…"):
             result = run(spark, files, store, endpoint, batch_rows=batch_rows)
         _print_result(result, as_json)
 
@@ -367,7 +375,7 @@ def report(
         if delivery_log:
             r.check_log(delivery_log)
         reach_source(store, endpoint)
-        with _spark(master, conf) as spark, console.status("counting…"):
+        with _spark(master, conf, reads=delivery_log) as spark, console.status("counting…"):
             found = r.backlog(spark, store, endpoint)
             if delivery_log:
                 found.lateness = r.lateness(spark, delivery_log, period)

@@ -158,6 +158,14 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         (["import", "--from", "jsonl:rows", "--to", "sqlite:///rows/a.jsonl"], "is not a SQLite database"),
         (["schedule", "jsonl:rows", "--to", MARIADB.rsplit("/", 1)[0] + "/duetime_no_such_db", "--job", "j"],
          "Unknown database 'duetime_no_such_db'"),
+        # files this machine's disk can rule out (local mode, no other default filesystem): before
+        # Spark, not after seconds of its start and its log
+        (["import", "--from", "jsonl:nothing-here", "--to", "sqlite:///x.db"],
+         f"file:{tmp_path}/nothing-here: does not exist, so there is nothing to read"),
+        (["import", "--from", "parquet:file:///nothing/here", "--to", "sqlite:///x.db"], "file:/nothing/here: does not exist"),
+        (["schedule", "jsonl:nothing-here", "--to", "sqlite:///x.db", "--job", "j"], "nothing-here: does not exist"),
+        (["migrate", "--from", "jsonl:nothing-here", "--to", "sqlite:///x.db"], "nothing-here: does not exist"),
+        (["report", "--store", "sqlite:///x.db", "--delivery-log", "jsonl:nothing-here"], "nothing-here: does not exist"),
     ):  # fmt: skip
         early = run_cli("bulk", *command, cwd=tmp_path)
         assert early.returncode == 1 and said in early.stderr, early.stderr[-2000:]
