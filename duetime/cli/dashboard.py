@@ -17,7 +17,9 @@ from duetime.urls import redact
 log = logging.getLogger("duetime.dashboard")
 
 
-@app.command()
+@app.command(
+    short_help="Serve the web dashboard: backlog, lateness, dispatchers, stored messages and the error queue."
+)
 def dashboard(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: Annotated[

@@ -199,7 +199,10 @@ def catchall(
     show(grid)
 
 
-@rabbitmq_app.command("retire-store")
+@rabbitmq_app.command(
+    "retire-store",
+    short_help="Switch an endpoint's store off; refused while it still holds delayed messages.",
+)
 def retire_store(
     store: Annotated[str, typer.Option("--store", help="The endpoint's duetime store.")],
     endpoint: Annotated[str, typer.Option("--endpoint", help="The endpoint whose store is retired.")],

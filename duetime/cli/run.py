@@ -222,7 +222,9 @@ async def _close(close: Callable[[], Awaitable[None]]) -> None:
         logging.getLogger("duetime").warning("closing failed: %s", one_line(error))
 
 
-@app.command()
+@app.command(
+    short_help="Exit 0 if the store answers and the transport connects, else 1 with the reason (for probes)."
+)
 def check(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",

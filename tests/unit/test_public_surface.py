@@ -63,3 +63,20 @@ def test_every_command_takes_the_flags_it_can_mean() -> None:
     for name, opts in commands.items():
         if name.startswith("rabbitmq") or name in ("run", "send-delayed", "stats", "queues receive"):
             assert "--transport" in opts, name
+
+
+def test_every_commands_line_in_a_listing_is_one_sentence_on_one_line() -> None:
+    """A listing (``duetime --help``) shows a command's first paragraph with its line breaks kept:
+    a docstring wrapped there showed as a ragged line. Such a command names a ``short_help``."""
+    import typer
+
+    from duetime.cli import app
+
+    def walk(cmd: Any, path: list[str]) -> Iterator[tuple[str, Any]]:
+        for name, sub in (getattr(cmd, "commands", None) or {}).items():
+            yield " ".join([*path, name]), sub
+            yield from walk(sub, [*path, name])
+
+    for name, command in walk(typer.main.get_command(app), []):
+        listed = command.short_help or (command.help or "").strip().split("\n\n")[0]
+        assert "\n" not in listed.strip(), f"duetime {name}: {listed!r}"
