@@ -29,8 +29,17 @@ def bind(host: str, port: int, *, what: str, option: str) -> socket.socket:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        reason = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be opened ({error.strerror})"
-        raise ConfigurationError(f"{what} {host}:{port} {reason}; pick another with {option}.") from None
+        host_option = option.replace("port", "host")  # --port/--host, --metrics-port/--metrics-host
+        if error.errno == errno.EADDRINUSE:
+            fix = f"is in use; pick another with {option}"
+        elif error.errno == errno.EACCES:
+            fix = f"may not be opened by this user (ports below 1024 need root); pick another with {option}"
+        else:  # a name that does not resolve, an address this machine does not have
+            fix = (
+                f"cannot be opened ({error.strerror}); give {host_option} an address of this machine "
+                "(127.0.0.1 for this machine only, 0.0.0.0 for every interface)"
+            )
+        raise ConfigurationError(f"{what} {host}:{port} {fix}.") from None
     sock.listen(128)
     sock.setblocking(False)
     return sock

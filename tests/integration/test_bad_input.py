@@ -303,7 +303,10 @@ async def test_receive_without_waiting_on_rabbitmq() -> None:
         (["stats", "--store", "redis://127.0.0.1:1/0"], "Connection refused"),
         (["setup", "--store", "redis://:wrong@127.0.0.1:1/0"], "Connection refused"),
         (["queues", "declare", "q", "--transport", "amqp://guest:wrong@127.0.0.1:5672/"], "ACCESS_REFUSED"),
-        (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:5672/nosuchvhost"], "vhost"),
+        (
+            ["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:5672/nosuchvhost"],
+            "the vhost 'nosuchvhost' exists",
+        ),
         (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:1/"], "Connect call failed"),
         (["queues", "declare", "q", "--transport", "redis://127.0.0.1:1/0"], "Connect call failed"),
         (["queues", "declare", "q", "--transport", "nats://127.0.0.1:1"], "Connect call failed"),
@@ -316,6 +319,7 @@ def test_a_server_that_cannot_be_reached_is_one_line(args: list[str], reason: st
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("error: cannot connect to ") and reason in line, line
     assert "wrong" not in line  # the password is never shown
+    assert " object at 0x" not in line  # a library's repr of a protocol frame means nothing here
     assert time.monotonic() - started < 20
 
 

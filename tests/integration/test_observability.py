@@ -269,3 +269,15 @@ def test_a_metrics_port_in_use_is_a_one_line_error(tmp_path: Any) -> None:
         done.stderr.strip()
         == f"error: The metrics port 127.0.0.1:{port} is in use; pick another with --metrics-port."
     )
+
+
+def test_a_listening_address_this_machine_lacks_names_the_host_option(tmp_path: Any) -> None:
+    """Said "pick another with --port" for a host that does not resolve: the wrong fix."""
+    for command, option in (
+        (("dashboard", "--host", "256.1.1.1", "--port", "8099"), "--host"),
+        (("run", "--metrics-host", "256.1.1.1", "--metrics-port", "9999"), "--metrics-host"),
+    ):
+        done = run_cli(*command, "--store", f"sqlite:///{tmp_path}/x.db")
+        assert done.returncode == 1, done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert "256.1.1.1" in line and f"give {option} an address of this machine" in line, line

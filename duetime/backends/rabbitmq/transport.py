@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -133,9 +133,10 @@ class RabbitMqTransport(AsyncClosing):
             except LINK_ERRORS as error:
                 raise TransportUnavailable(f"cannot connect to {self.display}: {one_line(error)}") from None
             except AMQPError as error:  # e.g. the broker closing the handshake for a missing vhost
+                said = "" if " object at 0x" in str(error) else f" ({one_line(error)})"  # a frame's repr
                 raise ConfigurationError(
-                    f"cannot connect to {self.display}: the broker closed the connection while opening it "
-                    f"({one_line(error)}); check that the vhost exists and the user may use it."
+                    f"cannot connect to {self.display}: the broker closed the connection while opening it"
+                    f"{said}; check that the vhost {_vhost(self.url)!r} exists and the user may use it."
                 ) from None
             try:
                 self._channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -444,6 +445,12 @@ def amqp_properties_of(m: DelayedMessage, headers: dict[str, Any]) -> Basic.Prop
         message_type=named.get("type"),
         reply_to=named.get("reply_to"),
     )
+
+
+def _vhost(url: str) -> str:
+    """The virtual host an ``amqp://`` URL names (``/`` when its path is empty)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
 
 
 def _with_heartbeat(url: str) -> str:
