@@ -35,3 +35,13 @@ def no_such_database(url: str, error: BaseException) -> ConfigurationError | Non
             "0-15, unless its `databases` setting says otherwise); use a lower number in the URL."
         )
     return None
+
+
+def not_redis(url: str, error: BaseException) -> ConfigurationError:
+    """A server that answered in another protocol (redis-py's ``InvalidResponse``: another kind
+    of server on that port), said in one line rather than as the bytes it sent."""
+    parts = urlsplit(url)
+    return ConfigurationError(
+        f"cannot connect to {redact(url)}: the server at {parts.hostname}:{parts.port or 6379} does not "
+        "answer as Redis does; check the host and port."
+    )

@@ -517,3 +517,30 @@ def test_a_run_that_fails_to_start_closes_what_it_opened(tmp_path: Path, monkeyp
     result = runner.invoke(app, ["run", "--store", url, "--delivery-log", f"jsonl:{tmp_path / 'a-file'}"])
     assert result.exit_code == 1 and "Cannot keep the delivery log" in result.stderr, result.stderr
     assert sorted(closed) == ["store", "transport"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # MariaDB's client waited for ever for a greeting PostgreSQL never sends
+        (["stats", "--store", "mysql://root@127.0.0.1:5432/test"], "is 127.0.0.1:5432 a MariaDB or MySQL server?"),
+        # Redis read NATS's greeting as a protocol error: "internal error" with the server's bytes
+        (["stats", "--store", "redis://127.0.0.1:4222/0"], "127.0.0.1:4222 does not answer as Redis does"),
+        (["queues", "declare", "q", "--transport", "redis://127.0.0.1:4222/0"], "does not answer as Redis does"),
+        # said "TimeoutError"
+        (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:6379/?timeout=2"],
+         "is 127.0.0.1:6379 a RabbitMQ server?"),
+        (["queues", "declare", "q", "--transport", "nats://127.0.0.1:5672"], "is 127.0.0.1:5672 a NATS server?"),
+    ],
+)  # fmt: skip
+def test_a_url_at_another_kind_of_server_is_one_line(args: list[str], said: str) -> None:
+    from tests.services import MARIADB, NATS, POSTGRES, RABBITMQ, REDIS, require
+
+    for service in (POSTGRES, NATS, REDIS, RABBITMQ, MARIADB):
+        require(service)
+    started = time.monotonic()
+    done = cli(*args)
+    assert done.returncode == 1, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: cannot connect to ") and said in line, line
+    assert time.monotonic() - started < 20

@@ -115,7 +115,7 @@ def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.C
     """A connection as duetime uses them: utf8mb4, READ COMMITTED (so SKIP LOCKED claims see
     each other's commits at once). A server that cannot be reached is one line."""
     try:
-        return pymysql.connect(
+        conn = pymysql.connect(
             host=o.host,
             port=o.port,
             user=o.user,
@@ -124,10 +124,20 @@ def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.C
             charset="utf8mb4",
             autocommit=autocommit,
             connect_timeout=int(o.connect_timeout),
+            # connect_timeout bounds the TCP connect only: a server that accepts and never greets
+            # (another kind of server on that port) kept the handshake waiting for ever
+            read_timeout=o.connect_timeout,
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
     except pymysql.err.OperationalError as error:
+        if "timed out" in str(error):  # pymysql: "Lost connection to MySQL server ... (timed out)"
+            raise connection_failed(
+                o.display,
+                f"no answer within {o.connect_timeout:g} s; is {o.host}:{o.port} a MariaDB or MySQL server?",
+            ) from None
         raise connection_failed(o.display, error.args[-1] if error.args else error) from None
+    conn._read_timeout = None  # type: ignore[attr-defined]  # queries take as long as they take; no setter
+    return conn
 
 
 class SyncMysqlStore(StoreRules):

@@ -110,6 +110,9 @@ class NatsTransport(AsyncClosing):
                 )
             except Exception as error:  # nats-py raises several kinds for a server it cannot reach
                 reason = self._last_error if isinstance(error, TimeoutError) else server_reason(error)
+                if reason in ("TimeoutError", "no answer"):  # a port that took the connection, then silence
+                    host = urlsplit(self.url)
+                    reason = f"no answer within 5 s; is {host.hostname}:{host.port or 4222} a NATS server?"
                 raise TransportUnavailable(f"cannot connect to {redact(self.url)}: {reason}") from None
             self._js = self._nc.jetstream()
 

@@ -131,7 +131,14 @@ class RabbitMqTransport(AsyncClosing):
                     f"({one_line(error)}); check the user, password and vhost."
                 ) from None
             except LINK_ERRORS as error:
-                raise TransportUnavailable(f"cannot connect to {self.display}: {one_line(error)}") from None
+                reason = one_line(error)
+                if isinstance(error, TimeoutError):  # the port took the connection, then silence
+                    where = urlsplit(self.url)
+                    reason = (
+                        f"no answer within {self.connect_timeout:g} s; is {where.hostname}:{where.port or 5672} "
+                        "a RabbitMQ server?"
+                    )
+                raise TransportUnavailable(f"cannot connect to {self.display}: {reason}") from None
             except AMQPError as error:  # e.g. the broker closing the handshake for a missing vhost
                 said = "" if " object at 0x" in str(error) else f" ({one_line(error)})"  # a frame's repr
                 raise ConfigurationError(

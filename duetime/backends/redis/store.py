@@ -26,7 +26,7 @@ import redis
 import redis.asyncio as aioredis
 
 from duetime.backends._bridge import AsyncStoreBridge, Subscribers
-from duetime.backends._redis_database import check_database, no_such_database
+from duetime.backends._redis_database import check_database, no_such_database, not_redis
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -130,6 +130,8 @@ class SyncRedisStore(StoreRules):
             raise connection_failed(redact(self.url), error) from None
         except redis.ResponseError as error:
             raise no_such_database(self.url, error) or error from None
+        except redis.exceptions.InvalidResponse as error:
+            raise not_redis(self.url, error) from None
 
     def _create(self, endpoint: str) -> None:
         """Nothing to create but the version; version 1 keys need nothing to become version 2

@@ -20,11 +20,11 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import AuthenticationError, InvalidResponse, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from duetime.backends._redis_database import check_database, no_such_database
+from duetime.backends._redis_database import check_database, no_such_database, not_redis
 from duetime.closing import AsyncClosing
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
 from duetime.interfaces import ReceivedMessage
@@ -127,6 +127,9 @@ class RedisTransport(AsyncClosing):
             except ResponseError as error:
                 await client.aclose()
                 raise no_such_database(self.url, error) or error from None
+            except InvalidResponse as error:
+                await client.aclose()
+                raise not_redis(self.url, error) from None
             except TypeError as error:  # redis-py hands URL options it does not know to its connection
                 await client.aclose()
                 raise ConfigurationError(
