@@ -294,6 +294,11 @@ class Dispatcher:
         return self._stopping
 
     @property
+    def critical_error(self) -> CriticalError | None:
+        """The critical error that stopped it (a tripped breaker), if one did."""
+        return self._critical
+
+    @property
     def started(self) -> bool:
         """Whether the store is initialized and the transport connected (and still are)."""
         return self._started

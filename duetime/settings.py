@@ -58,6 +58,10 @@ class DelayedDeliverySettings:
     #: While it works, ``duetime run`` logs one summary line this often (forwarded, dead-lettered,
     #: retried, lateness p50/p99, backlog); zero turns it off.
     summary_interval: timedelta = timedelta(minutes=1)
+    #: How long a stopping ``duetime run`` (a stop signal, a critical error) may take to close its
+    #: connections before it leaves anyway: a partitioned server can hold a driver's read for many
+    #: minutes, and a supervisor can only restart a process that has ended.
+    stop_timeout: timedelta = timedelta(seconds=30)
 
     def __post_init__(self) -> None:
         if self.number_of_retries < 0:
@@ -74,6 +78,7 @@ class DelayedDeliverySettings:
             "max_sleep",
             "claim_timeout",
             "operation_timeout",
+            "stop_timeout",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ConfigurationError(f"{name} must be longer than zero.")

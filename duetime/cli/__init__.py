@@ -10,6 +10,7 @@ import importlib
 import os
 import sys
 
+from duetime import lastresort
 from duetime.cli.bulk import bulk_app
 from duetime.cli.common import app
 from duetime.cli.rabbitmq import rabbitmq_app
@@ -32,6 +33,7 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
+    lastresort.enable()  # this process is ours: a stop that hangs on a dead server may end it
     try:
         app()
     except DuetimeError as error:  # bad input found before any async work started

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from duetime import lastresort
 from duetime.cli.common import (
     DEFAULT_STORE,
     EndpointOpt,
@@ -37,7 +38,7 @@ from duetime.interfaces import (
 from duetime.logs import LogFormat
 from duetime.registry import open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
-from duetime.terminal import console, guarded, say
+from duetime.terminal import EXIT_CRITICAL, console, fail, guarded, say
 from duetime.terminal import run_async as _run
 from duetime.urls import redact
 
@@ -182,6 +183,14 @@ def run(
             await _dispatch(Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log), t, settings)
 
     async def _dispatch(dispatcher: Dispatcher, t: object, settings: DelayedDeliverySettings) -> None:
+        try:
+            await _dispatch_until_stopped(dispatcher, t, settings)
+        finally:
+            _leave_if_stuck(dispatcher, settings)
+
+    async def _dispatch_until_stopped(
+        dispatcher: Dispatcher, t: object, settings: DelayedDeliverySettings
+    ) -> None:
         if burst:
             if front_door and isinstance(t, ReceivingTransport):
                 await dispatcher.start()
@@ -196,7 +205,10 @@ def run(
         probes = (
             None if metrics_port is None else _probes(dispatcher, metrics_host, metrics_port, ready_after)
         )
-        extra = [Heartbeat(dispatcher, redact(_transport_url(store, transport))).run()]
+        extra = [
+            Heartbeat(dispatcher, redact(_transport_url(store, transport))).run(),
+            _on_stop(dispatcher, lambda: _leave_if_stuck(dispatcher, settings)),
+        ]
         if probes is not None:
             extra.append(probes.run())
         if front_door and isinstance(t, ReceivingTransport):
@@ -211,6 +223,28 @@ def run(
         await run_until_signal(dispatcher, *extra)
 
     _run(go)
+
+
+async def _on_stop(dispatcher: Dispatcher, then: Callable[[], None]) -> None:
+    """Call ``then`` once a stop is asked for (a signal, or a breaker that tripped)."""
+    while not await dispatcher.wait_for_stop(3600):
+        pass
+    then()
+
+
+def _leave_if_stuck(dispatcher: Dispatcher, settings: DelayedDeliverySettings) -> None:
+    """From the moment a run stops, it has ``stop_timeout`` to end (see duetime.lastresort)."""
+
+    def last_words() -> None:
+        critical = dispatcher.critical_error
+        if critical is not None:  # what the way out would have said (exit code 3)
+            fail(str(critical), code=EXIT_CRITICAL, label="critical:")
+
+    lastresort.arm(
+        settings.stop_timeout.total_seconds(),
+        lambda: EXIT_CRITICAL if dispatcher.critical_error is not None else 1,
+        last_words,
+    )
 
 
 async def _close(close: Callable[[], Awaitable[None]]) -> None:

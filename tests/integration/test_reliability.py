@@ -284,6 +284,52 @@ async def test_a_partitioned_database_trips_the_fetch_breaker() -> None:
         direct.close()
 
 
+@pytest.mark.parametrize("database", ["postgresql", "mariadb"])
+def test_a_run_stopped_by_a_partition_leaves_for_its_supervisor(database: str, tmp_path: Path) -> None:
+    """A driver blocked in a read on a partitioned connection never returns, and Python waited for
+    its thread at exit: the dispatcher logged its critical error and then hung for ever instead of
+    exiting with code 3 for its supervisor to restart it (MariaDB and PostgreSQL alike)."""
+    from tests.conftest import duetime_cmd
+    from tests.services import mariadb_database
+
+    endpoint = "partitioned"
+    place = postgres_schema() if database == "postgresql" else mariadb_database()
+    with place as url, proxy_for(url) as proxy:
+        through = proxy.url(url)
+        setup = subprocess.run(
+            duetime_cmd("setup", "--store", through, "--endpoint", endpoint), capture_output=True, text=True
+        )
+        assert setup.returncode == 0, setup.stderr
+        env = {
+            **os.environ,
+            "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER": "2",
+            "DUETIME_MAX_SLEEP": "0.5",
+            "DUETIME_STOP_TIMEOUT": "3",
+        }
+        run = subprocess.Popen(
+            duetime_cmd(
+                "run", "--store", through, "--endpoint", endpoint, "--transport", f"sqlite:///{tmp_path}/q.db"
+            ),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            time.sleep(2)
+            proxy.blackhole()
+            started = time.monotonic()
+            code = run.wait(60)
+        finally:
+            run.kill()
+            proxy.restore()
+        said = run.stderr.read() if run.stderr else ""
+    assert code == 3, said[-3000:]
+    assert time.monotonic() - started < 30
+    assert "stopping did not finish within 3 s" in said, said[-3000:]
+    assert said.strip().splitlines()[-1].startswith("critical: Failed to fetch"), said[-3000:]
+
+
 # --- poison ------------------------------------------------------------------------------------
 
 GOOD_DUE = "2030-01-01T00:00:00+00:00"

@@ -1,0 +1,67 @@
+"""The last resort of a stopping ``duetime run``: leave, even while a thread waits on a server.
+
+A network partition does not reset connections; it stops answering. A database driver blocked
+in a read on such a connection returns only when the kernel gives up on it (many minutes), and
+Python waits for that thread at exit (asyncio for its executor's threads, the interpreter for the
+rest). So a dispatcher whose breaker tripped logged its critical error and then hung instead of
+exiting with code 3 for its supervisor to restart it (seen with MariaDB and PostgreSQL behind a
+partition). Once a stop has begun, a timer that is not stopped by the process's own exit ends it
+``stop_timeout`` later. Nothing is lost by leaving: a claimed batch goes back when its claim times
+out, and a transaction left open is rolled back by its server.
+
+Only the ``duetime`` command arms it (:func:`enable`): a library caller's process is its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("duetime")
+
+_enabled = False
+_armed: threading.Timer | None = None
+_lock = threading.Lock()
+
+
+def enable() -> None:
+    """Let :func:`arm` end the process (the command line's entry point calls this)."""
+    global _enabled
+    _enabled = True
+
+
+def arm(seconds: float, exit_code: Callable[[], int], last_words: Callable[[], None]) -> None:
+    """From now, leave the process ``seconds`` later with ``exit_code()`` unless it has left by
+    itself; ``last_words`` prints what the process would have said on its way out. Arming twice
+    keeps the first timer."""
+    global _armed
+    with _lock:
+        if not _enabled or _armed is not None:
+            return
+        _armed = threading.Timer(seconds, _leave, (seconds, exit_code, last_words))
+        _armed.daemon = True  # never what keeps the process alive
+        _armed.start()
+
+
+def _leave(seconds: float, exit_code: Callable[[], int], last_words: Callable[[], None]) -> None:
+    waiting = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+    log.error(
+        "stopping did not finish within %g s: a server that does not answer holds a connection "
+        "(threads still waiting: %s); leaving without waiting for it. Nothing is lost: claimed "
+        "messages go back when their claim times out, open transactions roll back.",
+        seconds,
+        ", ".join(waiting) or "none",
+    )
+    code = exit_code()
+    try:
+        last_words()
+    finally:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):  # a closed pipe must not keep the process here either
+                stream.flush()
+        os._exit(code)
