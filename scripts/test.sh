@@ -3,15 +3,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard,otel
-# The dashboard tests drive Debian's Chromium (Playwright never downloads a browser here).
-if ! command -v chromium >/dev/null; then
+# System programs the tests use, from Debian's packages: Chromium drives the dashboard's browser
+# tests (Playwright never downloads a browser here); chattr (e2fsprogs) makes files nobody may
+# change, root included, for the tests of files a user may only read.
+for need in "chromium chromium the dashboard's browser tests" "chattr e2fsprogs the read-only file tests"; do
+  read -r program package why <<<"$need"
+  command -v "$program" >/dev/null && continue
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing chromium (for the dashboard's browser tests)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    echo "== installing $package (for $why)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
   else
-    echo "the dashboard tests need Chromium: sudo apt-get install chromium" >&2
+    echo "$why need $program: sudo apt-get install $package" >&2
   fi
-fi
+done
 echo "== ruff"
 .venv/bin/ruff check duetime tests bench
 .venv/bin/ruff format --check duetime tests bench

@@ -5,6 +5,7 @@ users found) and the Python client, on SQLite and PostgreSQL, driven by hypothes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -544,3 +545,54 @@ def test_a_url_at_another_kind_of_server_is_one_line(args: list[str], said: str)
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("error: cannot connect to ") and said in line, line
     assert time.monotonic() - started < 20
+
+
+@contextlib.contextmanager
+def immutable(*paths: Path) -> Iterator[None]:
+    """Files and folders nobody may change, root included (``chattr +i``): how a root test
+    meets what a user meets with a file or folder another user owns."""
+    subprocess.run(["chattr", "+i", *map(str, paths)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
+
+
+def test_a_sqlite_file_this_user_may_only_read_is_one_line_on_writes(tmp_path: Path) -> None:
+    """It opened and read fine, then every write was "internal error (OperationalError: attempt
+    to write a readonly database)"."""
+    url = f"sqlite:///{tmp_path / 'ro.db'}"
+    assert cli("setup", "--store", url).returncode == 0
+    assert cli("schedule", "orders", "x", "--in", "1h", "--id", "kept", "--store", url).returncode == 0
+    with immutable(tmp_path / "ro.db"):
+        listed = cli("list", "--store", url)  # reading is still fine
+        assert listed.returncode == 0 and "kept" in listed.stdout, listed.stderr
+        for args in (
+            ["schedule", "orders", "x", "--in", "1h"],
+            ["cancel", "kept"],
+            ["reschedule", "kept", "--in", "2h"],
+            ["setup"],
+            ["run", "--burst"],
+        ):
+            done = cli(*args, "--store", url)
+            assert done.returncode == 1, (args, done.stderr)
+            [line] = done.stderr.strip().splitlines()
+            assert line == (
+                f"error: Cannot write the SQLite file {tmp_path / 'ro.db'} (attempt to write a readonly "
+                "database); check that this user may write it and its folder (SQLite keeps -wal and -shm "
+                "files beside it)."
+            ), (args, line)
+    assert "kept" in cli("list", "--store", url).stdout  # nothing lost
+
+
+def test_a_delivery_log_folder_this_user_may_not_write_is_one_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    assert cli("setup", "--store", url).returncode == 0
+    (tmp_path / "log").mkdir()
+    with immutable(tmp_path / "log"):
+        done = cli("run", "--burst", "--store", url, "--delivery-log", f"jsonl:{tmp_path / 'log'}")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"error: Cannot keep the delivery log in {tmp_path / 'log'}: this user may not write there; "
+        "name a folder duetime can write to."
+    )

@@ -52,6 +52,8 @@ class Connection(sqlite3.Connection):
     """A connection that knows how long a writer may wait for the write lock."""
 
     write_lock_timeout: float = 30.0
+    #: The file, for the one line that says it cannot be written.
+    path: Path | None = None
 
 
 def check_folder(path: Path) -> None:
@@ -97,6 +99,7 @@ def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -
     except sqlite3.DatabaseError as error:
         raise cannot_open(path, error) or error from None
     conn.write_lock_timeout = busy_timeout
+    conn.path = path
     try:  # the file's first read: where a file that is not SQLite's, or not ours to open, shows
         _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"), busy_timeout)
     except sqlite3.DatabaseError as error:
@@ -124,13 +127,32 @@ def _retry_locked(action: Callable[[], object], timeout: float) -> None:
             pause = min(pause * 2, 0.002)
 
 
+@contextlib.contextmanager
+def _writable(conn: sqlite3.Connection) -> Iterator[None]:
+    """A file this user may only read (or whose folder it may not write: SQLite keeps -wal and
+    -shm files beside it) opens and reads fine, then refuses the first write with "attempt to
+    write a readonly database": said in one line, naming the file."""
+    try:
+        yield
+    except sqlite3.OperationalError as error:
+        if "readonly" not in str(error):
+            raise
+        raise ConfigurationError(
+            f"Cannot write the SQLite file {getattr(conn, 'path', None) or ''} ({error}); check that this "
+            "user may write it and its folder (SQLite keeps -wal and -shm files beside it)."
+        ) from None
+
+
 def write_statement(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
     """One writing statement in a transaction of its own (autocommit), waiting for the write lock
     as :func:`write_transaction` does: one call into SQLite where a transaction takes three, so a
     thread gives up and takes back the interpreter once (a failed statement changed nothing, so
     trying it again is safe)."""
     done: list[sqlite3.Cursor] = []
-    _retry_locked(lambda: done.append(conn.execute(sql, params)), getattr(conn, "write_lock_timeout", 30.0))
+    with _writable(conn):
+        _retry_locked(
+            lambda: done.append(conn.execute(sql, params)), getattr(conn, "write_lock_timeout", 30.0)
+        )
     return done[0]
 
 
@@ -144,10 +166,11 @@ def many_rows(insert: str, count: int) -> str:
 @contextlib.contextmanager
 def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE``: take the write lock up front, so readers never deadlock upgrading."""
-    _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), getattr(conn, "write_lock_timeout", 30.0))
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+    with _writable(conn):
+        _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), getattr(conn, "write_lock_timeout", 30.0))
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
