@@ -293,6 +293,7 @@ def test_a_run_stopped_by_a_partition_leaves_for_its_supervisor(database: str, t
     from tests.services import mariadb_database
 
     endpoint = "partitioned"
+    log = tmp_path / "run.log"
     place = postgres_schema() if database == "postgresql" else mariadb_database()
     with place as url, proxy_for(url) as proxy:
         through = proxy.url(url)
@@ -306,24 +307,33 @@ def test_a_run_stopped_by_a_partition_leaves_for_its_supervisor(database: str, t
             "DUETIME_MAX_SLEEP": "0.5",
             "DUETIME_STOP_TIMEOUT": "3",
         }
-        run = subprocess.Popen(
-            duetime_cmd(
-                "run", "--store", through, "--endpoint", endpoint, "--transport", f"sqlite:///{tmp_path}/q.db"
-            ),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        with log.open("w") as out:  # the process keeps its own copy of the file
+            run = subprocess.Popen(
+                duetime_cmd(
+                    "run",
+                    "--store",
+                    through,
+                    "--endpoint",
+                    endpoint,
+                    "--transport",
+                    f"sqlite:///{tmp_path}/q.db",
+                ),
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
         try:
-            time.sleep(2)
+            waited = time.monotonic()  # dispatching, its connections open: then the partition
+            while "dispatching endpoint" not in log.read_text() and time.monotonic() - waited < 30:
+                time.sleep(0.1)
+            time.sleep(1)
             proxy.blackhole()
             started = time.monotonic()
             code = run.wait(60)
         finally:
             run.kill()
             proxy.restore()
-        said = run.stderr.read() if run.stderr else ""
+        said = log.read_text()
     assert code == 3, said[-3000:]
     assert time.monotonic() - started < 30
     assert "stopping did not finish within 3 s" in said, said[-3000:]
