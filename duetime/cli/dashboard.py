@@ -47,6 +47,13 @@ def dashboard(
     sample_every: Annotated[
         str, typer.Option(help="How often to look at the store for the charts: 10s, 1m, ...")
     ] = "10s",
+    timeout: Annotated[
+        str,
+        typer.Option(
+            help="How long a page or an action waits for the store or broker before answering 503 "
+            "(a partitioned server never answers): 10s, 30s, ..."
+        ),
+    ] = "10s",
     log_format: Annotated[
         LogFormat, typer.Option("--log-format", envvar="DUETIME_LOG_FORMAT", help="text or json.")
     ] = LogFormat.TEXT,
@@ -67,6 +74,9 @@ def dashboard(
     every = parse_duration(sample_every).total_seconds()
     if every < 1:
         raise typer.BadParameter("--sample-every must be at least 1s")
+    answer_within = parse_duration(timeout).total_seconds()
+    if not 0 < answer_within <= 3600:
+        raise typer.BadParameter("--timeout must be more than 0s and at most 1h")
     credentials = Credentials.from_env()
     sock = bind(host, port, what="The dashboard port", option="--port")
 
@@ -89,6 +99,7 @@ def dashboard(
             read_only=read_only,
             credentials=credentials,
             sample_every=every,
+            answer_within=answer_within,
         )
         address, bound = sock.getsockname()[:2]
         log.info(

@@ -24,9 +24,10 @@ from duetime.clock import SYSTEM
 from duetime.dashboard.charts import Series, line_chart
 from duetime.dashboard.security import Credentials, RequireLogin, protect
 from duetime.dashboard.timeline import Timeline
+from duetime.deadline import within
 from duetime.durations import parse_duration, parse_time
 from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_STACKTRACE, ERROR_TIME, ERROR_TYPE
-from duetime.errors import ConfigurationError, DuetimeError, MessageInFlight, one_line
+from duetime.errors import ConfigurationError, DeadlineExceeded, DuetimeError, MessageInFlight, one_line
 from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
@@ -83,6 +84,9 @@ class Dashboard:
     read_only: bool = False
     credentials: Credentials | None = None
     sample_every: float = 10.0
+    #: Seconds a page, an action or a sample waits for the store or broker: a partitioned server
+    #: never answers, and a page that never answers tells the operator nothing.
+    answer_within: float = 10.0
     timelines: dict[str, Timeline] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -98,12 +102,17 @@ class Dashboard:
         for endpoint, store in self.stores.items():
             now = SYSTEM.now()
             try:
-                counts = await store.counts(now)
-                found = await store.dispatchers() if isinstance(store, DispatcherRegistry) else []
+                counts, found = await within(self._look(store, now), self.answer_within, "sampling")
             except Exception as error:
                 log.warning("could not sample endpoint %s: %s", endpoint, one_line(error))
                 continue
             self.timelines[endpoint].add(now, counts, [d for d in found if d.status(now) == "live"])
+
+    @staticmethod
+    async def _look(store: DelayedMessageStore, now: datetime) -> tuple[StoreCounts, list[DispatcherInfo]]:
+        counts = await store.counts(now)
+        found = await store.dispatchers() if isinstance(store, DispatcherRegistry) else []
+        return counts, found
 
     async def sample_forever(self) -> None:
         while True:
@@ -560,8 +569,22 @@ def answering(handler: Handler) -> Handler:
 
     @functools.wraps(handler)
     async def guarded(request: Request) -> Response:
+        seconds = request.app.state.dashboard.answer_within
         try:
-            return await handler(request)
+            return await within(handler(request), seconds, f"{request.method} {request.url.path}")
+        except DeadlineExceeded as error:
+            log.warning("dashboard: %s", error)
+            changing = request.method != "GET"
+            return PlainTextResponse(
+                f"The store or the transport did not answer within {seconds:g} s (a network partition, "
+                "or an overload?).\n"
+                + (
+                    "This request may or may not have been carried out: look before trying it again.\n"
+                    if changing
+                    else "Nothing was changed by this request; try again in a moment.\n"
+                ),
+                503,
+            )
         except Exception as error:
             reason = one_line(error)
             log.warning("dashboard: %s %s failed: %s", request.method, request.url.path, reason)

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -327,7 +328,7 @@ def test_a_database_outage_is_a_one_line_answer_and_it_recovers() -> None:
     with postgres_schema() as url, proxy_for(url) as proxy:
         ok("setup", "--store", url, "--endpoint", ENDPOINT)
         port = free_port()
-        board = dashboard(proxy.url(url), port)
+        board = dashboard(proxy.url(url), port, "--timeout", "2s")
         auth = basic("duetime", PASSWORD)
         try:
             assert request(port, "/", auth=auth)[0] == 200
@@ -338,11 +339,20 @@ def test_a_database_outage_is_a_one_line_answer_and_it_recovers() -> None:
             assert request(port, "/healthz")[0] == 200  # the dashboard itself is fine
             proxy.restore()
             until(lambda: request(port, "/", auth=auth)[0] == 200, 30, "the dashboard to answer again")
+            # a partition: nothing answers; the page said nothing at all until the browser gave up
+            proxy.blackhole()
+            started = time.monotonic()
+            status, text = request(port, "/", auth=auth)
+            assert status == 503 and "did not answer within 2 s" in text, text
+            assert "Nothing was changed" in text and time.monotonic() - started < 10
+            proxy.restore()
+            until(lambda: request(port, "/", auth=auth)[0] == 200, 30, "the dashboard to answer again")
         finally:
             stop(board)
         stderr = board.stderr.read() if board.stderr else ""
         assert "Traceback" not in stderr, stderr
         assert "dashboard: GET / failed: " in stderr  # the operator's log says why, on one line
+        assert "dashboard: GET / did not answer within 2 s" in stderr
 
 
 def test_several_endpoints_a_bearer_token_and_bad_options(world: dict[str, Any]) -> None:
