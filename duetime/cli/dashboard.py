@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from duetime import lastresort
 from duetime.cli.common import DEFAULT_STORE, StoreOpt, TransportOpt, _logging, _open, _transport_url, app
 from duetime.durations import parse_duration
 from duetime.interfaces import DelayedMessageStore
@@ -119,6 +120,9 @@ def dashboard(
         try:
             await uvicorn.Server(config).serve(sockets=[sock])
         finally:
+            # a store behind a partition answers no goodbye, and Python waits at exit for the
+            # thread still waiting on it: leave after --timeout, as `duetime run` does
+            lastresort.arm(answer_within + 5, lambda: 0, lambda: None)
             await board.close()
             sock.close()
 

@@ -122,7 +122,7 @@ class Dashboard:
     async def close(self) -> None:
         for store in self.stores.values():
             with contextlib.suppress(Exception):
-                await store.close()
+                await within(store.close(), self.answer_within, "closing the store")
 
 
 def _endpoint(request: Request, dashboard: Dashboard) -> str:

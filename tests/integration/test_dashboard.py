@@ -355,6 +355,32 @@ def test_a_database_outage_is_a_one_line_answer_and_it_recovers() -> None:
         assert "dashboard: GET / did not answer within 2 s" in stderr
 
 
+def test_ctrl_c_while_the_store_is_partitioned_still_ends_the_dashboard() -> None:
+    """Ctrl-C closed the stores without a deadline, and Python then waited at exit for the thread
+    stuck on the dead MariaDB connection: the dashboard never ended."""
+    from tests.services import REDIS, mariadb_database
+
+    with mariadb_database() as url, proxy_for(url) as proxy:
+        ok("setup", "--store", url, "--endpoint", ENDPOINT)
+        port = free_port()
+        board = dashboard(proxy.url(url), port, "--transport", REDIS, "--timeout", "2s")
+        auth = basic("duetime", PASSWORD)
+        try:
+            assert request(port, "/", auth=auth)[0] == 200
+            proxy.blackhole()
+            assert request(port, "/", auth=auth)[0] == 503  # a store call is now stuck in a thread
+            stopping = time.monotonic()
+            board.send_signal(signal.SIGINT)
+            board.wait(timeout=30)
+            assert time.monotonic() - stopping < 15
+        finally:
+            if board.poll() is None:
+                board.kill()
+            proxy.restore()
+        stderr = board.stderr.read() if board.stderr else ""
+        assert "stopping did not finish within 7 s" in stderr, stderr[-2000:]
+
+
 def test_several_endpoints_a_bearer_token_and_bad_options(world: dict[str, Any]) -> None:
     ok("setup", "--store", world["url"], "--endpoint", "billing")
     port = free_port()
