@@ -24,6 +24,7 @@ from collections.abc import Callable
 log = logging.getLogger("duetime")
 
 _enabled = False
+_exit_code = 1
 _armed: threading.Timer | None = None
 _lock = threading.Lock()
 
@@ -32,6 +33,21 @@ def enable() -> None:
     """Let :func:`arm` end the process (the command line's entry point calls this)."""
     global _enabled
     _enabled = True
+
+
+def at_exit(seconds: float) -> None:
+    """Once the interpreter starts to exit, give it ``seconds``: it then waits for every thread
+    still running (a command stopped with Ctrl-C while a thread waits on a dead connection hung
+    there), before anything registered with ``atexit`` runs."""
+    register = getattr(threading, "_register_atexit", None)  # runs before those threads are joined
+    if register is not None:
+        register(lambda: arm(seconds, lambda: _exit_code, lambda: None))
+
+
+def exiting(code: object) -> None:
+    """The code the process is leaving with (``SystemExit.code``), for :func:`at_exit`."""
+    global _exit_code
+    _exit_code = code if isinstance(code, int) else 0 if code is None else 1
 
 
 def arm(seconds: float, exit_code: Callable[[], int], last_words: Callable[[], None]) -> None:

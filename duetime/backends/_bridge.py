@@ -86,9 +86,12 @@ class _Threads:
         return self._shut
 
     def shutdown(self) -> None:
+        """No new calls; the threads end once their call returns. Not waited for here: this runs
+        on the event loop, and a call blocked on a partitioned server never returns (closing a
+        queue whose consumer waited there hung the command for good)."""
         self._shut = True
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            self._executor.shutdown(wait=False)
 
 
 class AsyncStoreBridge(AsyncClosing):

@@ -31,9 +31,22 @@ app.add_typer(rabbitmq_app, name="rabbitmq")
 __all__ = ["app", "main"]
 
 
+#: Seconds the process may take to exit once its command is over (see duetime.lastresort).
+EXIT_GRACE = 15.0
+
+
 def main() -> None:
-    quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
     lastresort.enable()  # this process is ours: a stop that hangs on a dead server may end it
+    lastresort.at_exit(EXIT_GRACE)
+    try:
+        _main()
+    except SystemExit as leaving:  # the code to leave with, should the exit itself hang
+        lastresort.exiting(leaving.code)
+        raise
+
+
+def _main() -> None:
+    quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
     try:
         app()
     except DuetimeError as error:  # bad input found before any async work started

@@ -340,6 +340,44 @@ def test_a_run_stopped_by_a_partition_leaves_for_its_supervisor(database: str, t
     assert said.strip().splitlines()[-1].startswith("critical: Failed to fetch"), said[-3000:]
 
 
+def test_ctrl_c_on_a_command_waiting_on_a_partitioned_server_still_ends_it(tmp_path: Path) -> None:
+    """`queues receive` waited on a PostgreSQL queue when the partition came; Ctrl-C then hung for
+    good: closing the queue waited on the event loop for the thread stuck on the dead connection,
+    and past that the interpreter waits for it at exit. It now leaves 15 s after it starts to."""
+    from tests.conftest import duetime_cmd
+
+    log = tmp_path / "receive.log"
+    with postgres_schema() as url, proxy_for(url) as proxy:
+        through = proxy.url(url)
+        declared = subprocess.run(
+            duetime_cmd("queues", "declare", "orders", "--transport", through), capture_output=True, text=True
+        )
+        assert declared.returncode == 0, declared.stderr
+        with log.open("w") as out:
+            receive = subprocess.Popen(
+                duetime_cmd("queues", "receive", "orders", "--wait", "120", "--transport", through),
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        try:
+            waited = time.monotonic()  # connected (however slow the start), then waiting in the server
+            while not proxy._writers and time.monotonic() - waited < 30:
+                time.sleep(0.1)
+            time.sleep(2)
+            proxy.blackhole()
+            time.sleep(1)
+            receive.send_signal(signal.SIGINT)
+            stopping = time.monotonic()
+            code = receive.wait(60)
+        finally:
+            receive.kill()
+            proxy.restore()
+    said = log.read_text()
+    assert code == 130, said[-2000:]
+    assert time.monotonic() - stopping < 30
+    assert "did not finish within 15 s" in said and "pg-queue-wait" in said, said[-2000:]
+
+
 # --- poison ------------------------------------------------------------------------------------
 
 GOOD_DUE = "2030-01-01T00:00:00+00:00"
