@@ -9,6 +9,9 @@ partition). Once a stop has begun, a timer that is not stopped by the process's 
 ``stop_timeout`` later. Nothing is lost by leaving: a claimed batch goes back when its claim times
 out, and a transaction left open is rolled back by its server.
 
+The same wait hangs any command that is leaving while a thread waits on a dead connection
+(Ctrl-C on ``queues receive``, say): :func:`at_exit` gives every exit a bound too.
+
 Only the ``duetime`` command arms it (:func:`enable`): a library caller's process is its own.
 """
 
