@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -284,6 +284,37 @@ async def test_a_partitioned_database_trips_the_fetch_breaker() -> None:
         direct.close()
 
 
+def partitioned(
+    proxy: TcpProxy,
+    process: subprocess.Popen[bytes],
+    ready: Callable[[], bool],
+    *,
+    settle: float,
+    then: Callable[[], None] | None = None,
+) -> tuple[int, float]:
+    """Once ``ready()`` (and ``settle`` seconds more), partition ``process`` from its server and
+    do ``then``: its exit code, and the seconds it took to end from there."""
+    waited = time.monotonic()
+    while not ready() and time.monotonic() - waited < 30:
+        time.sleep(0.1)
+    time.sleep(settle)
+    try:
+        proxy.blackhole()
+        started = time.monotonic()
+        if then is not None:
+            then()
+        return process.wait(60), time.monotonic() - started
+    finally:
+        process.kill()
+        proxy.restore()
+
+
+def interrupt(process: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C a second after the partition: a call is under way on the dead connection."""
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+
+
 @pytest.mark.parametrize("database", ["postgresql", "mariadb"])
 def test_a_run_stopped_by_a_partition_leaves_for_its_supervisor(database: str, tmp_path: Path) -> None:
     """A driver blocked in a read on a partitioned connection never returns, and Python waited for
@@ -322,20 +353,11 @@ def test_a_run_stopped_by_a_partition_leaves_for_its_supervisor(database: str, t
                 stdout=subprocess.DEVNULL,
                 stderr=out,
             )
-        try:
-            waited = time.monotonic()  # dispatching, its connections open: then the partition
-            while "dispatching endpoint" not in log.read_text() and time.monotonic() - waited < 30:
-                time.sleep(0.1)
-            time.sleep(1)
-            proxy.blackhole()
-            started = time.monotonic()
-            code = run.wait(60)
-        finally:
-            run.kill()
-            proxy.restore()
+        # dispatching, its connections open: then the partition
+        code, took = partitioned(proxy, run, lambda: "dispatching endpoint" in log.read_text(), settle=1)
         said = log.read_text()
     assert code == 3, said[-3000:]
-    assert time.monotonic() - started < 30
+    assert took < 30
     assert "stopping did not finish within 3 s" in said, said[-3000:]
     assert said.strip().splitlines()[-1].startswith("critical: Failed to fetch"), said[-3000:]
 
@@ -359,22 +381,13 @@ def test_ctrl_c_on_a_command_waiting_on_a_partitioned_server_still_ends_it(tmp_p
                 stdout=subprocess.DEVNULL,
                 stderr=out,
             )
-        try:
-            waited = time.monotonic()  # connected (however slow the start), then waiting in the server
-            while not proxy._writers and time.monotonic() - waited < 30:
-                time.sleep(0.1)
-            time.sleep(2)
-            proxy.blackhole()
-            time.sleep(1)
-            receive.send_signal(signal.SIGINT)
-            stopping = time.monotonic()
-            code = receive.wait(60)
-        finally:
-            receive.kill()
-            proxy.restore()
+        # connected (however slow the start), waiting in the server: the partition, then Ctrl-C
+        code, took = partitioned(
+            proxy, receive, lambda: bool(proxy._writers), settle=2, then=lambda: interrupt(receive)
+        )
     said = log.read_text()
     assert code == 130, said[-2000:]
-    assert time.monotonic() - stopping < 30
+    assert took < 30
     assert "did not finish within 15 s" in said and "pg-queue-wait" in said, said[-2000:]
 
 
