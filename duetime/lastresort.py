@@ -44,7 +44,12 @@ def at_exit(seconds: float) -> None:
     there), before anything registered with ``atexit`` runs."""
     register = getattr(threading, "_register_atexit", None)  # runs before those threads are joined
     if register is not None:
-        register(lambda: arm(seconds, lambda: _exit_code, lambda: None))
+        register(lambda: _arm_leaving(seconds))
+
+
+def _arm_leaving(seconds: float) -> None:
+    with contextlib.suppress(RuntimeError):  # a Python that refuses new threads this late
+        arm(seconds, lambda: _exit_code, lambda: None)
 
 
 def exiting(code: object) -> None:
