@@ -398,6 +398,8 @@ def test_several_endpoints_a_bearer_token_and_bad_options(world: dict[str, Any])
     for option, value, said in (
         ("--sample-every", "soon", "Cannot read the duration 'soon'"),
         ("--sample-every", "0.1s", "--sample-every must be at least 1s"),
+        ("--timeout", "soon", "Cannot read the duration 'soon'"),
+        ("--timeout", "0s", "--timeout must be more than 0s and at most 1h"),
         ("--port", "99999", "65535"),
     ):
         result = run_cli("dashboard", "--store", world["url"], option, value)
