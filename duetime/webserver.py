@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import socket
 from collections.abc import Iterator
 
@@ -17,6 +18,17 @@ except ImportError as missing:  # pragma: no cover - depends on what is installe
     raise ConfigurationError(
         "The web server needs the metrics or dashboard extra: pip install 'duetime[dashboard]'."
     ) from missing
+
+
+def loopback(host: str) -> bool:
+    """Whether every address ``host`` names is this machine's own (nobody else can connect)."""
+    try:
+        found = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False  # bind() will say why in one line
+    return bool(found) and all(
+        ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in found
+    )
 
 
 def bind(host: str, port: int, *, what: str, option: str) -> socket.socket:

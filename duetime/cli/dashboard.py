@@ -45,6 +45,22 @@ def dashboard(
     read_only: Annotated[
         bool, typer.Option("--read-only", help="Serve the pages only: no cancel, reschedule or retry.")
     ] = False,
+    show_contents: Annotated[
+        bool,
+        typer.Option(
+            "--show-contents",
+            help="Without a password, show message bodies and headers anyway (hidden by default: "
+            "anyone who reaches the port would read them). With a password they are always shown.",
+        ),
+    ] = False,
+    allow_no_password: Annotated[
+        bool,
+        typer.Option(
+            "--allow-no-password",
+            help="Listen on an address other machines reach although no DUETIME_DASHBOARD_PASSWORD "
+            "is set (refused by default: the read-only pages would be open to the network).",
+        ),
+    ] = False,
     sample_every: Annotated[
         str, typer.Option(help="How often to look at the store for the charts: 10s, 1m, ...")
     ] = "10s",
@@ -69,7 +85,7 @@ def dashboard(
     """
     from duetime.dashboard.app import Dashboard, create_app
     from duetime.dashboard.security import Credentials, secret
-    from duetime.webserver import bind
+    from duetime.webserver import bind, loopback
 
     _logging(False, log_format)
     every = parse_duration(sample_every).total_seconds()
@@ -79,6 +95,11 @@ def dashboard(
     if not 0 < answer_within <= 3600:
         raise typer.BadParameter("--timeout must be more than 0s and at most 1h")
     credentials = Credentials.from_env()
+    if credentials is None and not allow_no_password and not loopback(host):
+        raise typer.BadParameter(
+            f"--host {host} lets other machines in, and no DUETIME_DASHBOARD_PASSWORD is set: set "
+            "one, or pass --allow-no-password to open the read-only pages to anyone who reaches the port"
+        )
     sock = bind(host, port, what="The dashboard port", option="--port")
 
     async def serve() -> None:
@@ -99,6 +120,7 @@ def dashboard(
             error_queue=error_queue,
             read_only=read_only,
             credentials=credentials,
+            show_contents=show_contents,
             sample_every=every,
             answer_within=answer_within,
         )

@@ -22,7 +22,14 @@ from urllib.parse import urlencode
 
 from duetime.clock import SYSTEM
 from duetime.dashboard.charts import Series, line_chart
-from duetime.dashboard.security import Credentials, RequireLogin, protect
+from duetime.dashboard.security import (
+    CSRF_FIELD,
+    BodyTooLarge,
+    Credentials,
+    Guard,
+    RequireLogin,
+    token_matches,
+)
 from duetime.dashboard.timeline import Timeline
 from duetime.deadline import within
 from duetime.durations import parse_duration, parse_time
@@ -45,11 +52,14 @@ from duetime.urls import redact
 try:
     from starlette.applications import Starlette
     from starlette.datastructures import FormData
+    from starlette.exceptions import HTTPException
+    from starlette.formparsers import MultiPartException
     from starlette.middleware import Middleware
     from starlette.middleware.sessions import SessionMiddleware
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse, RedirectResponse, Response
-    from starlette.routing import Route
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
     from starlette.templating import Jinja2Templates
 except ImportError as missing:  # pragma: no cover - depends on what is installed
     raise ConfigurationError("The dashboard needs its extra: pip install 'duetime[dashboard]'.") from missing
@@ -61,15 +71,18 @@ CHANGING_PATHS = frozenset(
 )
 #: Messages per page of the message list, unless the page asks for another number (at most MAX).
 PAGE, MAX_PAGE = 50, 500
-#: Bodies longer than this are cut in the message page.
+#: Bodies longer than this are cut in the message page; so are header values, and headers past
+#: the first HEADERS_SHOWN (a message may carry a million: the page says how many it left out).
 BODY_SHOWN = 64 * 1024
+HEADER_VALUE_SHOWN, HEADERS_SHOWN = 2000, 200
 WINDOWS = {"15m": 900, "1h": 3600, "6h": 21600}
 HORIZONS = (
     ("next minute", timedelta(minutes=1)),
     ("next hour", timedelta(hours=1)),
     ("next day", timedelta(days=1)),
 )
-templates = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
 
 
 @dataclass
@@ -83,6 +96,9 @@ class Dashboard:
     error_queue: str = "error"
     read_only: bool = False
     credentials: Credentials | None = None
+    #: Show message bodies and headers although no password is set (anyone who reaches the port
+    #: reads them). With a password they are always shown: whoever logged in may see them.
+    show_contents: bool = False
     sample_every: float = 10.0
     #: Seconds a page, an action or a sample waits for the store or broker: a partitioned server
     #: never answers, and a page that never answers tells the operator nothing.
@@ -96,6 +112,10 @@ class Dashboard:
     @property
     def can_change(self) -> bool:
         return not self.read_only and self.credentials is not None
+
+    @property
+    def shows_contents(self) -> bool:
+        return self.credentials is not None or self.show_contents
 
     async def sample(self) -> None:
         """One look at every endpoint, for the charts; a store that does not answer is skipped."""
@@ -372,6 +392,8 @@ async def message(request: Request) -> Response:
         shown, kind = body.decode(), "text"
     except UnicodeDecodeError:
         shown, kind = body.hex(" ", 16), "hex"
+    headers = sorted(found.headers.items())
+    headers_cut = len(headers) > HEADERS_SHOWN
     return _page(
         request,
         "message.html",
@@ -383,12 +405,38 @@ async def message(request: Request) -> Response:
         body_kind=kind,
         body_cut=len(found.body) > BODY_SHOWN,
         size=len(found.body),
+        headers=[(k, _cut(v)) for k, v in headers[:HEADERS_SHOWN]],
+        headers_cut=len(headers) - HEADERS_SHOWN if headers_cut else 0,
     )
 
 
+class Refused(Exception):
+    """A change request that is not carried out, with the status and the line it answers."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
 async def _form(request: Request) -> tuple[Dashboard, FormData, str, str]:
+    """The change's form, once its CSRF token is checked; a form that cannot be read, or one
+    without this browser's token, is :class:`Refused` before anything is looked at."""
     dashboard: Dashboard = request.app.state.dashboard
-    form = await request.form()
+    try:
+        form = await request.form(max_files=0, max_fields=2000)
+    except BodyTooLarge as error:
+        raise Refused(413, str(error)) from None
+    except (MultiPartException, HTTPException, ValueError) as error:
+        detail = getattr(error, "detail", None) or getattr(error, "message", None) or str(error)
+        raise Refused(400, "Could not read the form: " + " ".join(str(detail).split())[:200]) from None
+    given = form.get(CSRF_FIELD)
+    if not isinstance(given, str) or not token_matches(request.scope, given):
+        raise Refused(
+            403,
+            "Refused: the form's CSRF token did not match this browser's. Reload the page and try "
+            "again (a form from another site, or from before the dashboard restarted without "
+            "DUETIME_DASHBOARD_SECRET, has no valid token).",
+        )
     endpoint = str(form.get("endpoint") or "")
     if endpoint not in dashboard.stores:
         endpoint = next(iter(dashboard.stores))
@@ -460,6 +508,10 @@ async def _move(
     return _done(request, back, f"rescheduled {message_id}: {what}")
 
 
+def _cut(value: str, limit: int = HEADER_VALUE_SHOWN) -> str:
+    return value if len(value) <= limit else f"{value[:limit]}… ({len(value) - limit:,} more characters)"
+
+
 def _error_row(item: ReceivedMessage) -> dict[str, Any]:
     h = item.headers
     return {
@@ -467,10 +519,10 @@ def _error_row(item: ReceivedMessage) -> dict[str, Any]:
         "destination": goes_to(item) or "",
         "error": h.get(ERROR_MESSAGE, ""),
         "type": h.get(ERROR_TYPE, ""),
-        "stack": h.get(ERROR_STACKTRACE, ""),
+        "stack": _cut(h.get(ERROR_STACKTRACE, ""), BODY_SHOWN),
         "attempts": h.get(ERROR_ATTEMPTS, ""),
         "failed_at": h.get(ERROR_TIME, ""),
-        "headers": sorted(h.items()),
+        "headers": [(k, _cut(v, 300)) for k, v in sorted(h.items())[:HEADERS_SHOWN]],
         "size": len(item.body),
     }
 
@@ -572,6 +624,9 @@ def answering(handler: Handler) -> Handler:
         seconds = request.app.state.dashboard.answer_within
         try:
             return await within(handler(request), seconds, f"{request.method} {request.url.path}")
+        except Refused as refused:
+            log.warning("dashboard: %s %s refused: %s", request.method, request.url.path, refused)
+            return PlainTextResponse(f"{refused}\n", refused.status)
         except DeadlineExceeded as error:
             log.warning("dashboard: %s", error)
             changing = request.method != "GET"
@@ -621,6 +676,7 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
         Route("/actions/send-now", answering(send_now), methods=["POST"]),
         Route("/errors/retry", answering(errors_retry), methods=["POST"]),
         Route("/errors/discard", answering(errors_discard), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(
         routes=routes,
@@ -632,5 +688,5 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
         lifespan=lifespan,
     )
     app.state.dashboard = dashboard
-    wrapped = protect(app, CHANGING_PATHS, secret)
-    return RequireLogin(wrapped, dashboard.credentials) if dashboard.credentials else wrapped
+    inner = RequireLogin(app, dashboard.credentials) if dashboard.credentials else app
+    return Guard(inner, secret)

@@ -1,13 +1,18 @@
-"""Who may use the dashboard, and proof that a change came from its own pages.
+"""Who may use the dashboard, proof that a change came from its own pages, and what a browser is
+told about the pages.
 
 - **Login**: HTTP basic auth (the browser asks) with the user and password from
   ``DUETIME_DASHBOARD_USER`` (default ``duetime``) and ``DUETIME_DASHBOARD_PASSWORD``, or
-  ``Authorization: Bearer <password>`` for scripts. With a password set every page asks for it
-  (messages can hold personal data); without one the dashboard shows but never changes anything.
-- **CSRF**: a browser sends basic-auth credentials with any request to the site, a forged form
-  on another site included; so every change must also carry a token only the dashboard's own
-  pages know (asgi-csrf: a signed cookie and the same value in the form). The paths that change
-  data are protected even when the request carries no cookie at all.
+  ``Authorization: Bearer <password>`` for scripts and reverse proxies. With a password set every
+  page asks for it (messages can hold personal data); without one the dashboard shows but never
+  changes anything, and hides message bodies and headers unless told to show them.
+- **CSRF**: a browser sends basic-auth credentials with any request to the site, and a reverse
+  proxy adds its bearer token to every request, a forged form from another site included. So
+  every change must also carry a token only the dashboard's own pages know (an HMAC of a random
+  cookie, checked whatever else the request carries), and the browser's own word on where the
+  request comes from (``Sec-Fetch-Site``, ``Origin``) must not name another site.
+- **What the browser may do**: a Content-Security-Policy without inline script or style (no data
+  from a message can ever run as code), no framing, no sniffing, no referrer, and a bounded body.
 """
 
 from __future__ import annotations
@@ -16,18 +21,14 @@ import base64
 import binascii
 import hmac
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from hashlib import sha256
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import urlsplit
 
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-try:
-    from asgi_csrf import asgi_csrf  # type: ignore[import-untyped]
-except ImportError as missing:  # pragma: no cover - depends on what is installed
-    from duetime.errors import ConfigurationError
-
-    raise ConfigurationError("The dashboard needs its extra: pip install 'duetime[dashboard]'.") from missing
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 USER_ENV, PASSWORD_ENV, SECRET_ENV = (
     "DUETIME_DASHBOARD_USER",
@@ -36,6 +37,24 @@ USER_ENV, PASSWORD_ENV, SECRET_ENV = (
 )
 #: Paths anyone may reach: what a load balancer or a reverse proxy probes.
 OPEN_PATHS = frozenset({"/healthz"})
+#: The largest request body accepted: a form of the error queue's page with every id selected is
+#: a few KB; anything near this is not a form of ours.
+MAX_BODY = 256 * 1024
+#: The cookie whose HMAC is the pages' CSRF token, and the form field that carries the token.
+CSRF_COOKIE, CSRF_FIELD = "duetime_csrf", "csrftoken"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Sent with every answer. No inline script or style anywhere: a message's text can never run.
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    # same-origin, not no-referrer: with no-referrer a browser sends `Origin: null` on our own forms
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +84,13 @@ class Credentials:
         )
 
 
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope.get("headers") or ():
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return ""
+
+
 class RequireLogin:
     """ASGI middleware: every request but :data:`OPEN_PATHS` needs the credentials."""
 
@@ -73,17 +99,19 @@ class RequireLogin:
         self.credentials = credentials
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            headers = dict(scope.get("headers") or [])
-            if not self.credentials.accept(headers.get(b"authorization", b"").decode("latin-1")):
-                refusal = PlainTextResponse(
-                    "Log in: this dashboard asks for the user and password set in "
-                    f"{USER_ENV} and {PASSWORD_ENV}.\n",
-                    401,
-                    headers={"WWW-Authenticate": 'Basic realm="duetime dashboard", charset="UTF-8"'},
-                )
-                await refusal(scope, receive, send)
-                return
+        if (
+            scope["type"] == "http"
+            and scope["path"] not in OPEN_PATHS
+            and not self.credentials.accept(_header(scope, b"authorization"))
+        ):
+            refusal = PlainTextResponse(
+                "Log in: this dashboard asks for the user and password set in "
+                f"{USER_ENV} and {PASSWORD_ENV}.\n",
+                401,
+                headers={"WWW-Authenticate": 'Basic realm="duetime dashboard", charset="UTF-8"'},
+            )
+            await refusal(scope, receive, send)
+            return
         await self.app(scope, receive, send)
 
 
@@ -93,7 +121,128 @@ def secret(env: Mapping[str, str] = os.environ) -> str:
     return env.get(SECRET_ENV) or os.urandom(32).hex()
 
 
-def protect(app: ASGIApp, changing_paths: Collection[str], secret: str) -> ASGIApp:
-    """``app`` behind CSRF protection for ``changing_paths``."""
-    wrapped: ASGIApp = asgi_csrf(app, signing_secret=secret, always_protect=set(changing_paths))
-    return wrapped
+class BodyTooLarge(Exception):
+    """A request body over the limit, raised by the body it was read from."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"A request body is at most {limit // 1024} KB here.")
+
+
+class Guard:
+    """ASGI middleware, outermost: the browser headers on every answer, the body limit, the CSRF
+    cookie, and the refusal of a change another site asks for.
+
+    The token check itself needs the form, so the pages' change handlers make it
+    (:func:`token_matches`); this middleware gives them the expected token as
+    ``scope["csrftoken"]()`` and refuses, before any body is read, what the browser itself says
+    comes from elsewhere.
+    """
+
+    def __init__(self, app: ASGIApp, secret: str, *, max_body: int = MAX_BODY) -> None:
+        self.app = app
+        self.key = secret.encode()
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cookie = _cookie(_header(scope, b"cookie"), CSRF_COOKIE)
+        new_cookie = None
+        if not cookie:
+            cookie = new_cookie = os.urandom(18).hex()
+        scope["csrftoken"] = lambda: token_for(self.key, cookie)
+        scope["csrfcookie"] = cookie
+        started = False
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = list(message.get("headers") or [])
+                present = {bytes(k).lower() for k, _ in headers}
+                headers += [
+                    (k.lower().encode(), v.encode())
+                    for k, v in HEADERS.items()
+                    if k.lower().encode() not in present
+                ]
+                if new_cookie:
+                    headers.append(
+                        (
+                            b"set-cookie",
+                            f"{CSRF_COOKIE}={new_cookie}; Path=/; HttpOnly; SameSite=Strict".encode(),
+                        )
+                    )
+                message = {**message, "headers": headers}
+            await send(message)
+
+        length = _header(scope, b"content-length")
+        if length.isdigit() and int(length) > self.max_body:
+            await _refuse(
+                413,
+                f"A request body is at most {self.max_body // 1024} KB here.",
+                scope,
+                receive,
+                send_with_headers,
+            )
+            return
+        if scope["method"] not in SAFE_METHODS:
+            elsewhere = _from_elsewhere(scope)
+            if elsewhere:
+                await _refuse(403, f"Refused: {elsewhere}", scope, receive, send_with_headers)
+                return
+        read = 0
+
+        async def bounded_receive() -> Message:
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.max_body:
+                    raise BodyTooLarge(self.max_body)
+            return message
+
+        try:
+            await self.app(scope, bounded_receive, send_with_headers)
+        except BodyTooLarge as error:
+            if not started:
+                await _refuse(413, str(error), scope, receive, send_with_headers)
+
+
+async def _refuse(status: int, text: str, scope: Scope, receive: Receive, send: Send) -> None:
+    await PlainTextResponse(text + "\n", status)(scope, receive, send)
+
+
+def _cookie(header: str, name: str) -> str:
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(header)
+    except CookieError:
+        return ""
+    morsel = jar.get(name)
+    value = morsel.value if morsel else ""
+    return value if len(value) == 36 and all(c in "0123456789abcdef" for c in value) else ""
+
+
+def _from_elsewhere(scope: Scope) -> str:
+    """Why a change request comes from another site by the browser's own word, or ''."""
+    site = _header(scope, b"sec-fetch-site")
+    if site and site not in ("same-origin", "none"):
+        return f"this change was sent from another site (Sec-Fetch-Site: {site[:20]})."
+    origin = _header(scope, b"origin")
+    if origin:
+        ours = {h for h in (_header(scope, b"host"), _header(scope, b"x-forwarded-host")) if h}
+        theirs = urlsplit(origin).netloc if origin != "null" else "null"
+        if theirs not in ours:
+            return "this change was sent from a page of another site (its Origin is not this dashboard)."
+    return ""
+
+
+def token_for(key: bytes, cookie: str) -> str:
+    return hmac.new(key, cookie.encode(), sha256).hexdigest()
+
+
+def token_matches(scope: Scope, given: str) -> bool:
+    """Whether a form's token is the one this browser's cookie was given (constant time)."""
+    expected = scope["csrftoken"]() if "csrftoken" in scope else ""
+    return bool(expected) and hmac.compare_digest(given.encode(), expected.encode())

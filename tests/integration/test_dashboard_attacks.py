@@ -1,0 +1,324 @@
+"""The dashboard attacked as producers and other sites would attack it, in Debian's Chromium.
+
+Markup and script go into every field a producer controls (destination, id, header names and
+values, body, group, and through the destination the error text); every page is opened and every
+confirmation answered "Cancel". Nothing may run, nothing may change. Then the forms of another
+site (also through a reverse proxy that adds a bearer token to every request), oversized and
+malformed bodies, and a dashboard without a password.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from duetime import DelayedMessage, TransactionMode
+from duetime.backends.postgres import SyncPostgresStore
+from tests.conftest import run_cli
+from tests.integration.test_dashboard import (
+    CHROMIUM,
+    FLAGS,
+    PASSWORD,
+    basic,
+    dashboard,
+    errors_in_queue,
+    ok,
+    request,
+    stop,
+)
+from tests.services import free_port, postgres_schema
+
+playwright = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.slow
+
+ENDPOINT = "shop"
+RUN = "alert('pwned')"
+#: One string that breaks out of a JavaScript string, an HTML attribute, an element and a <pre>.
+EVIL = f'x\'+{RUN}+\'"><img src=x onerror="{RUN}"></pre></td><script>{RUN}</script>'
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[dict[str, Any]]:
+    """A store holding hostile messages (one due later in each field) and an error queue holding
+    two whose destinations are the attack (dead-lettered by a real `duetime run --burst`)."""
+    with postgres_schema() as url:
+        ok("setup", "--store", url, "--endpoint", ENDPOINT)
+        store = SyncPostgresStore.from_url(url)
+        store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+        later = [
+            DelayedMessage.create(
+                EVIL,
+                EVIL.encode(),
+                delay=timedelta(hours=1),
+                headers={f"h{EVIL}": EVIL, "plain": EVIL},
+                group=EVIL,
+                message_id=f"id{EVIL}",
+            ),
+            DelayedMessage.create("orders", b"ok", delay=timedelta(hours=2)),
+        ]
+        lost = [
+            DelayedMessage.create(EVIL, EVIL.encode(), delay=0, headers={EVIL: EVIL}),
+            DelayedMessage.create(f"two{EVIL}", b"\xff\x00 binary", delay=0),
+        ]
+        store.store_many([*later, *lost])
+        burst = run_cli("run", "--store", url, "--endpoint", ENDPOINT, "--burst", timeout=120)
+        assert burst.returncode == 0, burst.stderr
+        assert len(errors_in_queue(url)) == 2
+        yield {"url": url, "store": store, "later": later, "lost": lost}
+        store.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Chromium is not installed: apt-get install chromium (scripts/test.sh does)")
+    with playwright.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield launched
+        launched.close()
+
+
+class Watched:
+    """A page whose dialogs are recorded and answered "Cancel"."""
+
+    def __init__(self, browser: Any, **context: Any) -> None:
+        self.page = browser.new_context(viewport={"width": 1280, "height": 900}, **context).new_page()
+        self.dialogs: list[tuple[str, str]] = []
+        self.page.on("dialog", self._answer)
+
+    def _answer(self, dialog: Any) -> None:
+        self.dialogs.append((dialog.type, dialog.message))
+        dialog.dismiss()
+
+    def ran(self) -> list[str]:
+        """What the attack managed to run: alerts, and its marker on the page's window."""
+        alerts = [message for kind, message in self.dialogs if kind != "confirm"]
+        marker = self.page.evaluate("() => typeof window.pwned === 'undefined' ? '' : 'window.pwned'")
+        return alerts + ([marker] if marker else [])
+
+
+def test_markup_and_script_in_every_field_never_run_and_a_cancelled_confirmation_changes_nothing(
+    hostile: dict[str, Any], browser: Any
+) -> None:
+    port = free_port()
+    board = dashboard(hostile["url"], port)
+    try:
+        watched = Watched(browser, http_credentials={"username": "duetime", "password": PASSWORD})
+        page = watched.page
+        base = f"http://127.0.0.1:{port}"
+        evil_id = hostile["later"][0].message_id
+        answer = page.goto(f"{base}/")
+        csp = answer.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["x-frame-options"] == "DENY" and answer.headers["referrer-policy"]
+        pages = [
+            "/",
+            "/messages",
+            f"/messages?destination={quote(EVIL)}",
+            f"/messages?group={quote(EVIL)}&due_after={quote(EVIL)}",
+            f"/message?id={quote(evil_id)}",
+            "/errors",
+            f"/errors?destination={quote(EVIL)}",
+        ]
+        for path in pages:
+            page.goto(base + path)
+            page.wait_for_load_state("load")
+            assert watched.ran() == [], path
+        # the message page shows the attack as text, every character of it
+        page.goto(f"{base}/message?id={quote(evil_id)}")
+        assert page.inner_text("#body") == EVIL
+        assert EVIL in page.inner_text("#headers") and EVIL in page.inner_text("#fields")
+
+        # every button that asks first, answered "Cancel": nothing changes, nothing runs
+        page.goto(f"{base}/errors")
+        for i in range(page.locator("#by-destination button.danger").count()):
+            page.goto(f"{base}/errors")
+            page.locator("#by-destination button.danger").nth(i).click()
+        page.goto(f"{base}/errors")
+        page.locator("#errors input[type=checkbox]").first.check()
+        page.click("button[name=discard-selected]")
+        page.goto(f"{base}/messages")
+        for i in range(page.locator("#messages button[name=cancel]").count()):
+            page.goto(f"{base}/messages")
+            page.locator("#messages button[name=cancel]").nth(i).click()
+        confirmations = [message for kind, message in watched.dialogs if kind == "confirm"]
+        assert len(confirmations) == 5, watched.dialogs
+        assert any(EVIL in message for message in confirmations)  # shown as text, whole
+        assert watched.ran() == []
+        assert len(errors_in_queue(hostile["url"])) == 2
+        assert all(hostile["store"].get(m.message_id) is not None for m in hostile["later"])
+
+        # and answered "OK", the same button does what it says, for that destination alone
+        page.goto(f"{base}/errors")
+        page.once("dialog", lambda dialog: dialog.accept())
+        watched.page.remove_listener("dialog", watched._answer)
+        row = page.locator("#by-destination tr").filter(has_text="two")
+        row.locator("button.danger").click()
+        page.wait_for_load_state("load")
+        assert "discarded 1" in page.inner_text("#note")
+        left = errors_in_queue(hostile["url"])
+        assert [e["id"] for e in left] == [hostile["lost"][0].message_id]
+    finally:
+        stop(board)
+    stderr = board.stderr.read() if board.stderr else ""
+    assert "Traceback" not in stderr, stderr
+
+
+def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_another_sites_form_is_refused_also_through_a_proxy_that_adds_a_bearer_token(
+    hostile: dict[str, Any], browser: Any
+) -> None:
+    """asgi-csrf, used before, skipped its check for any request with ``Authorization: Bearer``:
+    exactly what the README's reverse proxy adds to every request."""
+    store = hostile["store"]
+    victim = hostile["later"][1]
+    port = free_port()
+    board = dashboard(hostile["url"], port)
+    try:
+        for context in (
+            {"extra_http_headers": {"Authorization": f"Bearer {PASSWORD}"}},  # the proxy's way
+            {"http_credentials": {"username": "duetime", "password": PASSWORD}},  # basic auth
+        ):
+            forger = browser.new_context(**context).new_page()
+            forger.set_content(
+                f'<form method="post" action="http://127.0.0.1:{port}/actions/cancel">'
+                f'<input name="endpoint" value="{ENDPOINT}"><input name="id" value="{victim.message_id}">'
+                '<input name="csrftoken" value="guess"><button id="go">win a prize</button></form>'
+            )
+            with forger.expect_navigation():
+                forger.click("#go")
+            assert "another site" in forger.content()
+            assert store.get(victim.message_id) is not None
+        # a script with the bearer token but without a page's token: refused too
+        bearer = {"Authorization": f"Bearer {PASSWORD}", "Content-Type": "application/x-www-form-urlencoded"}
+        form = f"endpoint={ENDPOINT}&id={quote(victim.message_id)}".encode()
+        status, text = _post(port, "/actions/cancel", form, bearer)
+        assert status == 403 and "did not match" in text
+        status, text = _post(port, "/actions/cancel", form, {**bearer, "Origin": "https://evil.example"})
+        assert status == 403 and "another site" in text
+        assert store.get(victim.message_id) is not None
+    finally:
+        stop(board)
+
+
+def _send_endlessly(port: int, framing: str) -> str:
+    """POST a body that never ends (as 1 MB pieces, up to 400 MB) and return the answer, which
+    must come before the end."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(
+            f"POST /actions/cancel HTTP/1.1\r\nHost: 127.0.0.1\r\n{framing}\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\n\r\n".encode()
+        )
+        piece = b"x" * (1024 * 1024)
+        chunked = framing.startswith("Transfer")
+        try:
+            for _ in range(400):
+                sock.sendall(b"100000\r\n" + piece + b"\r\n" if chunked else piece)
+        except OSError:
+            pass  # refused and closed while we still sent: what we want
+        try:
+            return sock.recv(4096).decode(errors="replace")
+        except OSError as error:
+            return str(error)
+
+
+def test_oversized_and_malformed_bodies_are_short_answers_and_one_log_line(hostile: dict[str, Any]) -> None:
+    port = free_port()
+    board = dashboard(hostile["url"], port, password=None)  # no login: anyone may send these
+    try:
+        started = time.monotonic()
+        for framing in ("Content-Length: 419430400", "Transfer-Encoding: chunked"):  # 400 MB, or unsaid
+            answer = _send_endlessly(port, framing)
+            assert answer.startswith("HTTP/1.1 413") and "at most 256 KB" in answer, answer
+        assert time.monotonic() - started < 10
+        for content_type, body in (
+            ("multipart/form-data", b"--x\r\n\r\nv\r\n--x--"),  # no boundary
+            ("multipart/form-data; boundary=x", b"--x\r\nX-Nothing: 1\r\n\r\nv\r\n--x--\r\n"),
+        ):
+            status, text = _post(port, "/actions/cancel", body, {"Content-Type": content_type})
+            assert status == 400 and text.startswith("Could not read the form"), (status, text)
+        status, text = _post(
+            port,
+            "/actions/cancel",
+            b"id=%ff%fe&endpoint=\xff\xfe",
+            {"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        assert status in (400, 403), (status, text)  # never a 500
+        assert request(port, "/healthz")[0] == 200
+    finally:
+        stop(board)
+    stderr = board.stderr.read() if board.stderr else ""
+    assert "Traceback" not in stderr and "refused: Could not read the form" in stderr, stderr
+
+
+def test_without_a_password_contents_stay_hidden_and_the_network_is_refused(hostile: dict[str, Any]) -> None:
+    evil_id = quote(hostile["later"][0].message_id)
+    port = free_port()
+    board = dashboard(hostile["url"], port, password=None)
+    try:
+        status, html = request(port, f"/message?id={evil_id}")
+        assert status == 200 and 'id="hidden"' in html and 'id="body"' not in html
+        assert "onerror" not in html.replace("onerror=&#34;", "")  # the id is shown, escaped
+        status, html = request(port, "/errors")
+        assert status == 200 and "stack and headers" not in html
+    finally:
+        stop(board)
+    port = free_port()
+    board = dashboard(hostile["url"], port, "--show-contents", password=None)
+    try:
+        status, html = request(port, f"/message?id={evil_id}")
+        assert status == 200 and 'id="body"' in html
+    finally:
+        stop(board)
+    refused = run_cli("dashboard", "--store", hostile["url"], "--host", "0.0.0.0", "--port", str(free_port()))
+    assert refused.returncode == 2 and "no DUETIME_DASHBOARD_PASSWORD is set" in refused.stderr
+    assert "--allow-no-password" in refused.stderr and "Traceback" not in refused.stderr
+    port = free_port()
+    board = subprocess.Popen(
+        [*dashboard_cmd(hostile["url"], port), "--host", "0.0.0.0", "--allow-no-password"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        from tests.services import until
+
+        until(lambda: request(port, "/healthz")[0] == 200, 30, "the dashboard on 0.0.0.0")
+    finally:
+        stop(board)
+
+
+def dashboard_cmd(url: str, port: int) -> list[str]:
+    from tests.conftest import duetime_cmd
+
+    return duetime_cmd("dashboard", "--store", url, "--endpoint", ENDPOINT, "--port", str(port))
+
+
+def test_a_bearer_token_still_logs_a_script_in(hostile: dict[str, Any]) -> None:
+    port = free_port()
+    board = dashboard(hostile["url"], port)
+    try:
+        assert request(port, "/", auth=f"Bearer {PASSWORD}")[0] == 200
+        assert request(port, "/", auth=basic("duetime", "wrong"))[0] == 401
+    finally:
+        stop(board)
