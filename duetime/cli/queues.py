@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import sys
 from typing import Annotated
 
 import typer
@@ -16,7 +18,7 @@ from duetime.cli.common import (
     queues_app,
 )
 from duetime.errors import ConfigurationError, DestinationNotFound
-from duetime.interfaces import InspectableQueue, ReceivingTransport
+from duetime.interfaces import InspectableQueue, ReceivedMessage, ReceivingTransport
 from duetime.registry import open_transport
 from duetime.terminal import console, err
 from duetime.terminal import run_async as _run
@@ -45,16 +47,46 @@ def queues_declare(
     console.print(f"declared {', '.join(names)}")
 
 
+def json_line(item: ReceivedMessage) -> str:
+    """One received message as a JSON line that keeps every byte: the body as text where it is
+    UTF-8 (``"encoding": "text"``), else base64 (``"encoding": "base64"``)."""
+    try:
+        body, encoding = item.body.decode(), "text"
+    except UnicodeDecodeError:
+        body, encoding = base64.b64encode(item.body).decode("ascii"), "base64"
+    return json.dumps(
+        {"id": item.message_id, "headers": dict(item.headers), "body": body, "encoding": encoding}
+    )
+
+
 @queues_app.command("receive")
 def queues_receive(
     name: Annotated[str, typer.Argument(help="The queue to consume.")],
-    count: Annotated[int, typer.Option(min=1, help="Stop after this many messages.")] = 10,
+    count: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many messages (10; 1 with --raw).")
+    ] = None,
     wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for messages.")] = 5.0,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw", help="Write one message's body alone, byte for byte (e.g. > body.bin), and nothing else."
+        ),
+    ] = False,
     store: StoreOpt = DEFAULT_STORE,
     transport: TransportOpt = None,
     endpoint: EndpointOpt = "duetime",  # accepted like everywhere; queues are shared by endpoints
 ) -> None:
-    """Consume messages from a queue: print each as a JSON line, then acknowledge it."""
+    """Consume messages from a queue: print each as a JSON line, then acknowledge it.
+
+    Each line holds the id, the headers and the body: as text where the body is UTF-8
+    ("encoding": "text"), else base64 ("encoding": "base64"), so no byte is lost. A message is
+    acknowledged only once its line is written out.
+    """
+    if raw and count not in (None, 1):
+        raise typer.BadParameter(
+            "--raw writes one body alone; leave out --count (or give 1)", param_hint="--count"
+        )
+    wanted = count or (1 if raw else 10)
 
     async def go() -> int:
         t_url = _transport_url(store, transport)
@@ -68,20 +100,16 @@ def queues_receive(
                 raise DestinationNotFound(
                     f"Queue {name!r} does not exist on {redact(t_url)}; declare it first (duetime queues declare {name})."
                 )
-            while got < count:
-                items = await t.receive(name, count - got, wait)
+            while got < wanted:
+                items = await t.receive(name, wanted - got, wait)
                 if not items:
                     break
                 for item in items:
-                    print(
-                        json.dumps(
-                            {
-                                "id": item.message_id,
-                                "headers": dict(item.headers),
-                                "body": item.body.decode(errors="replace"),
-                            }
-                        )
-                    )
+                    if raw:
+                        sys.stdout.buffer.write(item.body)
+                    else:
+                        sys.stdout.write(json_line(item) + "\n")
+                sys.stdout.flush()  # written out before the broker forgets them
                 await t.acknowledge(items)
                 got += len(items)
         finally:
