@@ -12,7 +12,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from duetime import tracing
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
@@ -23,6 +23,7 @@ from duetime.errors import (
     ConfigurationError,
     CriticalError,
     DestinationNotFound,
+    MessageRefused,
     TransportError,
     TransportUnavailable,
     UnsupportedTransactionMode,
@@ -45,6 +46,11 @@ from duetime.settings import DelayedDeliverySettings, TransactionMode
 from duetime.summary import LatenessHistogram, Tally, summary_fields, summary_line
 
 log = logging.getLogger("duetime.dispatcher")
+
+#: Failures another try cannot mend: straight to the error queue, without retries.
+NOT_RETRIED = (DestinationNotFound, MessageRefused)
+#: How long a message that no queue of its transport can carry waits before it is tried again.
+PARKED_FOR = timedelta(hours=1)
 
 #: While a backlog lasts, a transactional move (exactly-once) takes up to this many times
 #: ``batch_size`` at once. Each move is one commit, and a commit is one disk flush: 5,000 due at
@@ -560,7 +566,7 @@ class Dispatcher:
                 await self._log_deliveries(done, "delivered", sent_at)
         if len(delivered) < len(batch):
             self._forget_ahead()
-        transport_failures = [(m, e) for m, e in failed if not isinstance(e, DestinationNotFound)]
+        transport_failures = [(m, e) for m, e in failed if not isinstance(e, NOT_RETRIED)]
         if unreachable:
             first = next(r for r in results if isinstance(r, TransportUnavailable))
             assert first is not None
@@ -610,7 +616,7 @@ class Dispatcher:
         """Count each failure; dead-letter what is out of retries or has nowhere to go."""
         dead: list[tuple[DelayedMessage, Exception]] = []
         for message, error in failed:
-            if isinstance(error, DestinationNotFound):
+            if isinstance(error, NOT_RETRIED):  # another try cannot go otherwise
                 dead.append((message, error))
                 continue
             attempts = message.failure_count + 1
@@ -674,6 +680,10 @@ class Dispatcher:
             first = next(r for r in results if isinstance(r, TransportUnavailable))
             assert first is not None
             await self._give_back(unreachable, first, "sending to the error queue", pause=False)
+        uncarriable = [(m, r) for m, r in refused if isinstance(r, MessageRefused)]
+        if uncarriable:  # the error queue is on the same server, with the same limits
+            await self._park(uncarriable)
+        refused = [(m, r) for m, r in refused if not isinstance(r, MessageRefused)]
         for _, result in refused:  # the error queue refused these: error handling failed for them
             self.recovery_breaker.failure(result)
         if refused:
@@ -684,6 +694,36 @@ class Dispatcher:
                     "releasing claims",
                 )
             except Exception as error:
+                self.store_breaker.failure(error)
+
+    async def _park(self, parked: Sequence[tuple[DelayedMessage, Exception]]) -> None:
+        """Messages that neither their destination nor the error queue can carry stay in the store,
+        their failure counted and their due time :data:`PARKED_FOR` ahead, each logged once as an
+        error with the reason: visible in ``duetime list --failing``, tried again later (after a
+        fix of the server's limit, or of the message), never an outage and never a busy loop."""
+        until = self.clock.now() + PARKED_FOR
+        for message, reason in parked:
+            log.error(
+                "message %s can be carried neither to %s nor to the error queue: %s; it stays stored "
+                "and is tried again at %s (fix the server's limit, or cancel it: duetime cancel %s)",
+                message.message_id,
+                message.destination,
+                one_line(reason),
+                until.isoformat(timespec="seconds"),
+                message.message_id,
+            )
+            try:
+                await within(
+                    self.store.increment_failure_count(message.message_id),
+                    self._deadline(self.store_breaker),
+                    "counting a failure",
+                )
+                await within(
+                    self.store.reschedule(message.message_id, until),
+                    self._deadline(self.store_breaker),
+                    "putting an undeliverable message aside",
+                )
+            except Exception as error:  # its claim expires; it is tried again then
                 self.store_breaker.failure(error)
 
     async def _log_deliveries(

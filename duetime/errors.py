@@ -54,6 +54,12 @@ class TransportError(DuetimeError):
     """The transport could not send the message."""
 
 
+class MessageRefused(TransportError):
+    """The transport can never carry this message as it is (too large for the server, or a
+    header it would refuse or change): a failure of this message alone, never an outage. It
+    goes to the error queue with the reason, without retries."""
+
+
 class TransportUnavailable(TransportError):
     """The transport cannot be reached (connection lost, broker restarting, network partition).
 

@@ -13,7 +13,7 @@ SURFACE = {
     "ConfigurationError", "CriticalError", "DeadlineExceeded", "DelayedDeliverySettings",
     "DelayedMessage", "DelayedMessageClient", "DelayedMessageStore", "DestinationNotFound",
     "DispatchStats", "Dispatcher", "DuetimeError", "DuplicateMessageId", "FrontDoor",
-    "InvalidMessage", "ListQuery", "MessageInFlight", "MessageNotFound", "MissingExtra", "Page",
+    "InvalidMessage", "ListQuery", "MessageInFlight", "MessageNotFound", "MessageRefused", "MissingExtra", "Page",
     "ReceivedMessage", "ReceivingTransport", "StoreCounts", "StoreNotReady",
     "SyncDelayedMessageClient", "SyncDelayedMessageStore", "SystemClock", "TransactionMode",
     "Transport", "TransportError", "TransportUnavailable", "UnknownScheme",

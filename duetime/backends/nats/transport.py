@@ -26,9 +26,11 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from duetime.closing import AsyncClosing
+from duetime.errorqueue import PREFIX as ERROR_PREFIX
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
+    MessageRefused,
     TransportError,
     TransportUnavailable,
     server_reason,
@@ -54,6 +56,11 @@ def stream_name(queue: str, subject_prefix: str = DEFAULT_SUBJECT_PREFIX) -> str
 
 
 log = logging.getLogger("duetime.nats")
+
+
+#: What a NATS header name may be (printable ASCII, no space, no ':'), and what no value may hold.
+HEADER_NAME = re.compile(r"[!-9;-~]+")
+BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
 class NatsTransport(AsyncClosing):
@@ -168,8 +175,38 @@ class NatsTransport(AsyncClosing):
     def _connected(self) -> bool:
         return self._nc is not None and bool(self._nc.is_connected)
 
+    def _refusal(self, m: DelayedMessage, headers: dict[str, str]) -> MessageRefused | None:
+        """Why NATS could never carry this message unchanged, found before it is sent: the server
+        refuses a bad header or an oversized message on every try (and the error queue's copy
+        with it), and turns CR/LF into spaces, trims values and keeps its own ``Nats-*`` headers."""
+        for name, value in m.headers.items():
+            if name.startswith(ERROR_PREFIX):  # duetime's own reasons: a stack trace has lines
+                continue
+            if not HEADER_NAME.fullmatch(name):
+                return MessageRefused(
+                    f"header name {name[:40]!r} is not allowed on NATS (printable ASCII without "
+                    "spaces or ':' only)"
+                )
+            if name.lower().startswith("nats-") or name == "duetime-message-id":
+                return MessageRefused(f"header {name!r} is NATS's own (or duetime's): give it another name")
+            if BAD_VALUE.search(value) or value != value.strip(" \t"):
+                return MessageRefused(
+                    f"header {name[:40]!r} has CR, LF or NUL in its value, or spaces around it, which "
+                    "NATS would change"
+                )
+        size = len(m.body) + sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()) + 12
+        limit = self._nc.max_payload if self._nc is not None else 0
+        if limit and size > limit:
+            return MessageRefused(
+                f"it takes {size:,} bytes with its headers, over the server's max_payload of {limit:,}"
+            )
+        return None
+
     async def _publish(self, m: DelayedMessage) -> Exception | None:
         headers = outgoing_headers(m) | {"Nats-Msg-Id": m.message_id, "duetime-message-id": m.message_id}
+        refused = self._refusal(m, headers)
+        if refused is not None:
+            return MessageRefused(f"NATS cannot carry message {m.message_id}: {refused}")
         try:
             await self.js.publish(self.subject(m.destination), m.body, headers=headers, timeout=10)
         except (NoRespondersError, NoStreamResponseError) as error:

@@ -36,6 +36,8 @@ from aiormq.exceptions import (
     ProbableAuthenticationError,
 )
 from pamqp.commands import Basic
+from pamqp.frame import marshal
+from pamqp.header import ContentHeader
 
 from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
 from duetime.backends.rabbitmq.batchwrite import MAX_ROUTING_KEY, Publish, write_batch
@@ -45,6 +47,7 @@ from duetime.closing import AsyncClosing
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
+    MessageRefused,
     TransportError,
     TransportUnavailable,
     one_line,
@@ -62,6 +65,15 @@ TOPOLOGIES = {"direct", "conventional"}
 #: Failures that mean the connection, not the message, is the problem (aiormq's connection
 #: errors, ConnectionError and TimeoutError are all OSErrors).
 LINK_ERRORS = (ChannelInvalidStateError, OSError)
+#: RabbitMQ's default ``max_message_size`` (128 MiB up to 3.13; 4.0 lowered it to 16 MiB: give
+#: ``?max_message_size=`` then). A broker never tells its client, so the URL says it.
+DEFAULT_MAX_MESSAGE_SIZE = 128 * 1024 * 1024
+#: AMQP's limit on a header's name (pamqp cuts longer ones, with a warning only), and the frame
+#: size assumed before a broker says its own in the handshake.
+MAX_HEADER_NAME, DEFAULT_FRAME_MAX = 128, 131_072
+#: Room for a content header's properties besides its headers: a header table this much under the
+#: frame size is not measured exactly.
+HEADER_FRAME_SLACK = 4096
 
 
 def _text(value: Any) -> str:
@@ -80,12 +92,14 @@ class RabbitMqTransport(AsyncClosing):
         connect_timeout: float = 10.0,
         publish_timeout: float = 10.0,
         topology: str = "direct",
+        max_message_size: int = 0,
     ) -> None:
         if queue_type not in QUEUE_TYPES:
             raise ConfigurationError(f"queue_type must be one of {sorted(QUEUE_TYPES)}, got {queue_type!r}.")
         if topology not in TOPOLOGIES:
             raise ConfigurationError(f"topology must be one of {sorted(TOPOLOGIES)}, got {topology!r}.")
         self.topology = topology
+        self.max_message_size = max_message_size or DEFAULT_MAX_MESSAGE_SIZE
         self.url, self.queue_type, self.prefetch = _with_heartbeat(url), queue_type, prefetch
         self.connect_timeout, self.publish_timeout = connect_timeout, publish_timeout
         self.display = redact(url)
@@ -114,6 +128,7 @@ class RabbitMqTransport(AsyncClosing):
             connect_timeout=number_option(ours, "connect_timeout", 10.0),
             publish_timeout=number_option(ours, "publish_timeout", 10.0),
             topology=ours.get("topology", "direct"),
+            max_message_size=int(ours.get("max_message_size", DEFAULT_MAX_MESSAGE_SIZE)),
         )
 
     async def start(self) -> None:
@@ -235,10 +250,8 @@ class RabbitMqTransport(AsyncClosing):
         await self.start()
         channel = await self.channel.get_underlay_channel()
         assert isinstance(channel, aiormq.Channel)
-        outcomes: list[BaseException | None] = [
-            None if len(p.routing_key.encode()) <= MAX_ROUTING_KEY else ValueError("routing key too long")
-            for p in publishes
-        ]
+        frame_max = channel.connection.connection_tune.frame_max or DEFAULT_FRAME_MAX
+        outcomes: list[BaseException | None] = [self._refusal(p, frame_max) for p in publishes]
         writable = [p for p, refused in zip(publishes, outcomes, strict=True) if refused is None]
         if not writable:
             return outcomes
@@ -263,6 +276,34 @@ class RabbitMqTransport(AsyncClosing):
             for refused in outcomes
         ]
 
+    def _refusal(self, p: Publish, frame_max: int) -> MessageRefused | None:
+        """Why the broker could never take this publish, found before it is written: a publish
+        the broker refuses closes the connection (a header table over the frame size) or the
+        channel (a body over ``max_message_size``), which would look like an outage and take
+        every other message of the batch down with it."""
+        if len(p.routing_key.encode()) > MAX_ROUTING_KEY:
+            return MessageRefused(f"the queue name is over AMQP's {MAX_ROUTING_KEY} bytes")
+        if len(p.body) > self.max_message_size:
+            return MessageRefused(
+                f"its body is {len(p.body):,} bytes, over the broker's max_message_size of "
+                f"{self.max_message_size:,} (the URL's ?max_message_size= if the broker allows more)"
+            )
+        headers = p.properties.headers or {}
+        for name in headers:
+            if len(name.encode()) > MAX_HEADER_NAME:
+                return MessageRefused(
+                    f"header name {name[:40]!r}... is over AMQP's {MAX_HEADER_NAME} bytes (it would be cut)"
+                )
+        rough = sum(len(k) + len(str(v)) * 4 + 16 for k, v in headers.items())  # UTF-8 at worst
+        if rough + HEADER_FRAME_SLACK > frame_max:  # near the limit: measure it exactly
+            size = len(marshal(ContentHeader(properties=p.properties, body_size=len(p.body)), 1))
+            if size > frame_max:
+                return MessageRefused(
+                    f"its headers take {size:,} bytes, over the broker's frame size of {frame_max:,} "
+                    "(RabbitMQ's frame_max; a header table must fit one frame): make them smaller"
+                )
+        return None
+
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         if not messages:
             return []
@@ -274,6 +315,8 @@ class RabbitMqTransport(AsyncClosing):
         for m, outcome in zip(messages, outcomes, strict=True):
             if outcome is None:
                 results.append(None)
+            elif isinstance(outcome, MessageRefused):
+                results.append(MessageRefused(f"RabbitMQ cannot carry message {m.message_id}: {outcome}"))
             elif isinstance(outcome, DeliveryError) and outcome.message is not None:
                 results.append(
                     DestinationNotFound(f"Queue {m.destination!r} does not exist (returned unroutable).")

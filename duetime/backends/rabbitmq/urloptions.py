@@ -15,10 +15,15 @@ from duetime.errors import ConfigurationError
 from duetime.urls import redact
 
 #: duetime's own options (read by RabbitMqTransport.from_url and taken off the URL).
-OWN = ("queue_type", "prefetch", "connect_timeout", "publish_timeout", "topology")
+OWN = ("queue_type", "prefetch", "connect_timeout", "publish_timeout", "topology", "max_message_size")
 
 #: Options the client libraries read, with what each value must be.
-_WHOLE = {"heartbeat": (0, 65_534), "timeout": (1, 86_400), "interleave": (0, 1_000)}
+_WHOLE = {
+    "heartbeat": (0, 65_534),
+    "timeout": (1, 86_400),
+    "interleave": (0, 1_000),
+    "max_message_size": (1, 536_870_912),  # RabbitMQ's own ceiling is 512 MiB
+}
 _SECONDS = ("happy_eyeballs_delay",)
 _CHOICES = {"auth": ("plain", "external"), "no_verify_ssl": ("0", "1")}
 _TEXT = ("name", "cafile", "capath", "cadata", "keyfile", "certfile")

@@ -1,0 +1,103 @@
+"""A message its broker can never carry is that message's failure, never an outage.
+
+On RabbitMQ a header table over the frame size made the broker close the connection: duetime took
+it for an outage, the other messages of the batch went again and again, and after the breaker the
+process exited 3, on every restart. On NATS a header it refuses (or would change) failed the
+publish and the dead-letter publish the same way, for ever. Now each is refused before it is
+sent; the rest of its batch is delivered once; the error queue takes it where it can, and where
+it cannot (the same limits) it stays stored, its failure counted and tried again an hour later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode, open_store
+from duetime.clock import SYSTEM
+from tests.integration.test_brokers import cleanup, open_broker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["rabbitmq", "nats"])
+async def broker(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Any]]:
+    t = await open_broker(request.param)
+    yield request.param, t
+    await cleanup(request.param, t)
+
+
+def refused_on(kind: str) -> dict[str, dict[str, str] | bytes]:
+    """Per broker, messages it can never carry: headers (or a body) by what is wrong with them."""
+    if kind == "rabbitmq":
+        return {
+            "a 200 KB header (over the frame size)": {"big": "x" * 200_000},
+            "a header name over 128 bytes (cut by the client)": {"n" * 200: "v"},
+            "a body over the broker's max_message_size": b"y" * 5000,
+        }
+    return {
+        "a header name with a space": {"bad name": "v"},
+        "a header name with a colon": {"a:b": "v"},
+        "a header name that is not ASCII": {"ünï": "v"},
+        "a header value with CR/LF": {"x": "a\r\nInjected: 1"},
+        "a header value with spaces around it": {"x": " padded "},
+        "JetStream's own header": {"Nats-Msg-Id": "mine"},
+        "JetStream's expectations": {"Nats-Expected-Stream": "other"},
+        "a body over the server's max_payload": b"z" * (1024 * 1024 + 10),
+    }
+
+
+async def test_a_message_the_broker_can_never_carry_fails_alone(
+    broker: tuple[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    kind, transport = broker
+    if kind == "rabbitmq":
+        transport.max_message_size = 4096  # as `?max_message_size=4096` would
+    tag = f"{kind}{id(transport) % 100000}"
+    queue, error_queue = f"uncarried.{tag}", f"uncarried.error.{tag}"
+    await transport.declare(queue)
+    await transport.declare(error_queue)
+    store = open_store(f"sqlite:///{tmp_path}/u.db")
+    await store.setup_infrastructure("u")
+    await store.initialize("u", TransactionMode.AT_LEAST_ONCE)
+    settings = DelayedDeliverySettings(
+        error_queue=error_queue, transaction_mode=TransactionMode.AT_LEAST_ONCE, number_of_retries=3
+    )
+    try:
+        good = [
+            DelayedMessage.create(queue, f"good {i}".encode(), delay=0, headers={"i": str(i)})
+            for i in range(3)
+        ]
+        bad = {
+            why: DelayedMessage.create(
+                queue,
+                what if isinstance(what, bytes) else b"bad",
+                delay=0,
+                headers=what if isinstance(what, dict) else {},
+            )
+            for why, what in refused_on(kind).items()
+        }
+        await store.store_many([good[0], *bad.values(), good[1], good[2]])
+        dispatcher = Dispatcher(store, transport, settings, endpoint="u")
+        before = SYSTEM.now()
+        stats = await dispatcher.run_burst()
+        assert stats.forwarded == 3
+        got = await transport.receive(queue, 20, 2.0)
+        assert sorted(m.body for m in got) == [b"good 0", b"good 1", b"good 2"]  # once each
+        assert await transport.receive(queue, 20, 0.5) == []
+        await transport.acknowledge(got)
+        for why, message in bad.items():
+            kept = await store.get(message.message_id)
+            assert kept is not None, why
+            assert kept.failure_count == 1, why
+            assert kept.due_at > before + timedelta(minutes=59), why  # put aside, not retried at once
+            assert kept.body == message.body and dict(kept.headers) == dict(message.headers), why
+        said = [r.getMessage() for r in caplog.records if "can be carried neither" in r.getMessage()]
+        assert len(said) == len(bad), said
+        assert stats.dead_lettered == 0
+    finally:
+        await store.close()
