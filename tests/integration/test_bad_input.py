@@ -642,3 +642,62 @@ async def test_queues_receive_keeps_every_byte_of_a_body(tmp_path: Path, where: 
     assert raw.returncode == 0 and raw.stdout == binary[:5000], raw.stderr
     refused = cli("queues", "receive", queue, "--raw", "--count", "3", "--transport", url)
     assert refused.returncode == 2 and "--raw writes one body alone" in refused.stderr
+
+
+def test_a_redis_that_may_evict_what_the_store_keeps_is_refused(tmp_path: Path) -> None:
+    """On a Redis with ``maxmemory 3mb`` and ``allkeys-lru``, 4,000 schedules answered OK and 773
+    messages were left, the schema key evicted too. A private redis-server, never the shared one."""
+    import shutil
+
+    from tests.services import free_port, until
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not installed (Debian's redis-server package)")
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+            "--maxmemory",
+            "3mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        until(lambda: _answers(client), 20, "the private redis-server")
+        for args in (["setup"], ["check"], ["run", "--burst"], ["stats"]):
+            done = cli(*args, "--store", url, *([] if args == ["setup"] else ["--transport", url]))
+            assert done.returncode == 1, (args, done.stdout, done.stderr)
+            [line] = done.stderr.strip().splitlines()
+            assert "maxmemory-policy allkeys-lru" in line and "noeviction" in line, line
+        client.config_set("maxmemory-policy", "noeviction")
+        assert cli("setup", "--store", url).returncode == 0
+        assert cli("check", "--store", url, "--transport", url).returncode == 0
+        client.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _answers(client: Any) -> bool:
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False

@@ -87,6 +87,7 @@ class SyncRedisStore(StoreRules):
         self._store_script = self.client.register_script(_script("store_many.lua"))
         self._change_script = self.client.register_script(_script("change.lua"))
         self._cancel_group_script = self.client.register_script(_script("cancel_group.lua"))
+        self._policy_checked = False
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncRedisStore:
@@ -133,15 +134,33 @@ class SyncRedisStore(StoreRules):
         except redis.exceptions.InvalidResponse as error:
             raise not_redis(self.url, error) from None
 
+    def _keeps_everything(self) -> None:
+        """ConfigurationError if the server may evict what the store keeps: under an ``allkeys-*``
+        ``maxmemory-policy`` a full Redis drops stored messages (and the schema key) silently,
+        after answering OK to their writes. Read from ``INFO``, which managed services allow."""
+        if self._policy_checked:
+            return
+        with self._reaching():
+            policy = _text(self.client.info("memory").get("maxmemory_policy", ""))
+        if policy.startswith("allkeys-"):
+            raise ConfigurationError(
+                f"Redis at {redact(self.url)} has maxmemory-policy {policy}: when full it evicts "
+                "stored messages without a word. Set maxmemory-policy noeviction (CONFIG SET "
+                "maxmemory-policy noeviction, and in redis.conf) or give duetime a Redis of its own."
+            )
+        self._policy_checked = True
+
     def _create(self, endpoint: str) -> None:
         """Nothing to create but the version; version 1 keys need nothing to become version 2
         (their messages have no group)."""
+        self._keeps_everything()
         key = self.keys_for(endpoint)["schema"]
         with self._reaching():
             if int(self.client.get(key) or 0) < SCHEMA_VERSION:
                 self.client.set(key, SCHEMA_VERSION)
 
     def _schema_version(self, endpoint: str) -> int | None:
+        self._keeps_everything()
         with self._reaching():
             version = self.client.get(self.keys_for(endpoint)["schema"])
         return None if version is None else int(version)
