@@ -14,6 +14,7 @@ from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
 from duetime.names import check_name
+from duetime.urls import redact
 
 #: scheme -> (async store, sync store)
 STORES: dict[str, tuple[str, str]] = {
@@ -68,7 +69,9 @@ EXTRAS: dict[str, str] = {
 def scheme_of(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(
-            f"{url!r} is not a backend URL; write scheme://..., e.g. sqlite:///duetime.db."
+            f"{redact(url)!r} is not a backend URL; write scheme://..., e.g. sqlite:///duetime.db."
+            if isinstance(url, str)
+            else f"{url!r} is not a backend URL; write scheme://..., e.g. sqlite:///duetime.db."
         )
     return urlsplit(url).scheme.lower()
 

@@ -3,19 +3,52 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from duetime.errors import ConfigurationError
 
+#: Schemes whose URL may carry a token as its only user part (``nats://TOKEN@host``).
+TOKEN_SCHEMES = frozenset({"nats", "tls", "nats+tls"})
+#: Query options whose value is a secret: any name holding one of these words.
+SECRET_WORDS = ("password", "passwd", "secret", "token", "apikey", "api_key", "credential")
+HIDDEN = "***"
+_USERINFO = re.compile(r"(?<=//)[^/?#@\s]*(?=@)")
+_PASSWORD_LIKE = re.compile(r"(?<=:)[^:/?#@\s]*(?=@)")
+
 
 def redact(url: str) -> str:
-    """The URL with its password replaced by ``***``: the only form that goes into logs and errors."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with every secret in it replaced by ``***``: the only form that goes into logs,
+    errors, pages, metrics and records. One rule for every form a secret takes: a password
+    (``user:PW@``), a token as the only user part (``nats://TOKEN@host``), a query option named
+    like a secret (``?password=``, ``?sslpassword=``, ``?token=``), and a URL too malformed to
+    parse (``postgresql:/user:PW@host``: whatever sits before an ``@`` is hidden)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an IPv6 address not closed: hide whatever sits before an @
+        return _PASSWORD_LIKE.sub(HIDDEN, _USERINFO.sub(HIDDEN, url))
+    if not parts.netloc and "//" not in url:  # ``scheme:/user:PW@host``: a slash short
+        return _PASSWORD_LIKE.sub(HIDDEN, url)
+    hidden, netloc = url, parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        if colon:
+            userinfo = f"{user}:{HIDDEN}"
+        elif parts.scheme.lower() in TOKEN_SCHEMES:
+            userinfo = HIDDEN
+        hidden = hidden.replace(f"//{netloc}", f"//{userinfo}@{host}", 1)
+    if parts.query:  # every other character stays as it was written
+        query = "&".join(_hide_option(option) for option in parts.query.split("&"))
+        hidden = hidden.replace(f"?{parts.query}", f"?{query}", 1)
+    return hidden
+
+
+def _hide_option(option: str) -> str:
+    name, equals, _value = option.partition("=")
+    secret = any(word in name.lower().replace("-", "_") for word in SECRET_WORDS)
+    return f"{name}={HIDDEN}" if equals and secret else option
 
 
 #: Bounds for numeric URL options: seconds from a millisecond to a day, counts up to a million.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -104,3 +105,61 @@ def test_cli_on_postgres_end_to_end() -> None:
         ] == ["p2"]
         stats = json.loads(cli("stats", "--json"))
         assert stats["stored"] == 0 and stats["queues"] == {"duetime.Timeouts": 0, "error": 0, "orders": 0}
+
+
+def test_a_token_or_a_password_option_appears_in_no_output(tmp_path: Any) -> None:
+    """A NATS token URL was printed whole by `run`'s start line, `schedule`'s warning, `check`,
+    `stats --json` and the live-dispatchers table; a `?password=` by `check`; a URL a slash short
+    whole in its error."""
+    from tests.services import NATS
+
+    require(NATS)
+    require(POSTGRES)
+    token = "tok3n-never-shown"
+    nats = NATS.replace("nats://", f"nats://{token}@")
+    store = f"sqlite:///{tmp_path}/s.db"
+    outputs = []
+    for args in (
+        ["setup", "--store", store],
+        ["schedule", "orders", "hello", "--in", "1h", "--store", store, "--transport", nats],
+        ["check", "--store", store, "--transport", nats],
+        ["run", "--burst", "--store", store, "--transport", nats],
+        ["stats", "--json", "--store", store, "--transport", nats],
+        ["stats", "--store", store, "--transport", nats],
+        ["check", "--store", f"{POSTGRES}?password={SECRET}"],
+        ["check", "--store", f"postgresql:/nobody:{SECRET}@127.0.0.1:1/test"],
+        ["list", "--store", f"postgresql://nobody:{SECRET}@[::1/test"],
+    ):
+        done = run_cli(*args, timeout=60)
+        outputs.append((args[0], done.returncode, done.stdout + done.stderr))
+    for command, _, said in outputs:
+        assert token not in said and SECRET not in said, (command, said)
+        assert "Traceback" not in said, (command, said)
+    assert outputs[2][1] == 0 and "***@" in outputs[2][2]  # check still names the server
+    # the live-dispatchers table shows where a running dispatcher delivers: without the token
+    import subprocess
+
+    from tests.conftest import duetime_cmd
+    from tests.services import until
+
+    running = subprocess.Popen(
+        duetime_cmd("run", "--store", store, "--transport", nats),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        shown = until(
+            lambda: (lambda out: out if '"status": "live"' in out else None)(
+                run_cli("stats", "--json", "--store", store, "--transport", nats).stdout
+            ),
+            30,
+            "a live dispatcher in stats",
+        )
+        assert token not in shown and "***@" in shown, shown
+        table = run_cli("stats", "--store", store, "--transport", nats).stdout
+        assert token not in table, table
+    finally:
+        running.terminate()
+        log, _ = running.communicate(timeout=30)
+    assert token not in log and "***@" in log, log  # its start line
