@@ -472,7 +472,7 @@ class Dispatcher:
                     limit,
                     self.transport,
                     self.settings.error_queue,
-                    lambda m, reason: error_headers(m, reason, now, m.failure_count),
+                    lambda m, reason: error_headers(m, reason, now, m.failure_count, endpoint=self.endpoint),
                 ),
                 self._deadline(self.fetch_breaker),
                 "moving due messages",
@@ -646,7 +646,7 @@ class Dispatcher:
         copies = [
             m.with_changes(
                 destination=self.settings.error_queue,
-                headers=error_headers(m, e, now, max(m.failure_count, 1)),
+                headers=error_headers(m, e, now, max(m.failure_count, 1), endpoint=self.endpoint),
             )
             for m, e in dead
         ]

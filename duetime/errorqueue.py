@@ -16,10 +16,18 @@ ERROR_TIME = PREFIX + "time"
 ERROR_ATTEMPTS = PREFIX + "attempts"
 ORIGINAL_DESTINATION = PREFIX + "original-destination"
 ORIGINAL_DUE_AT = PREFIX + "original-due-at"
+#: The endpoint whose dispatcher (or front door) the message failed in: its error-queue commands
+#: and dashboard act on its own failures only.
+ERROR_ENDPOINT = PREFIX + "endpoint"
 
 
 def error_headers(
-    message: DelayedMessage, error: BaseException | str, at: datetime, attempts: int
+    message: DelayedMessage,
+    error: BaseException | str,
+    at: datetime,
+    attempts: int,
+    *,
+    endpoint: str | None = None,
 ) -> dict[str, str]:
     """The message's headers plus the reason; a str error is a reason without an exception."""
     headers = dict(message.headers)
@@ -35,7 +43,15 @@ def error_headers(
     headers[ERROR_ATTEMPTS] = str(attempts)
     headers[ORIGINAL_DESTINATION] = message.destination
     headers[ORIGINAL_DUE_AT] = message.due_at.isoformat()
+    if endpoint is not None:
+        headers[ERROR_ENDPOINT] = endpoint
     return headers
+
+
+def failed_in(headers: Mapping[str, str], endpoint: str) -> bool:
+    """Whether a failure is ``endpoint``'s: it says so, or it says no endpoint at all (a failure
+    recorded before failures named their endpoint belongs to whoever looks)."""
+    return headers.get(ERROR_ENDPOINT, endpoint) == endpoint
 
 
 def without_error_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -356,7 +356,7 @@ class FrontDoor:
         queue = self.dispatcher.settings.error_queue
         copies = []
         for item, error in bad:
-            copies.append(_rejected(item, source, queue, error, now))
+            copies.append(_rejected(item, source, queue, error, now, self.dispatcher.endpoint))
             log.warning("front door: %r rejected: %s", item.message_id, error)
         try:
             results = await within(self.dispatcher.transport.send_batch(copies), self._deadline, "rejecting")
@@ -377,7 +377,7 @@ class FrontDoor:
 
 
 def _rejected(
-    item: ReceivedMessage, source: str, error_queue: str, error: InvalidMessage, now: datetime
+    item: ReceivedMessage, source: str, error_queue: str, error: InvalidMessage, now: datetime, endpoint: str
 ) -> DelayedMessage:
     """The error-queue copy of a malformed envelope. Its own id may be what is wrong with it
     (missing, too long): then the copy gets a new id and keeps the original in a header."""
@@ -389,7 +389,9 @@ def _rejected(
             item.message_id[:1000].encode("utf-8", "replace").decode()
         )
         shell = DelayedMessage(new_message_id(), source, now, item.body, headers)
-    return shell.with_changes(destination=error_queue, headers=error_headers(shell, error, now, 1))
+    return shell.with_changes(
+        destination=error_queue, headers=error_headers(shell, error, now, 1, endpoint=endpoint)
+    )
 
 
 def _own_fault(error: Exception) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from duetime.errorqueue import ORIGINAL_DESTINATION, without_error_headers
+from duetime.errorqueue import ERROR_ENDPOINT, ORIGINAL_DESTINATION, failed_in, without_error_headers
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore, InspectableQueue, ReceivedMessage
 from duetime.loader import store_new
@@ -43,9 +43,16 @@ def goes_to(item: ReceivedMessage) -> str:
 
 
 async def chosen(
-    t: InspectableQueue, queue: str, ids: Sequence[str], every: bool, destination: str | None
+    t: InspectableQueue,
+    queue: str,
+    ids: Sequence[str],
+    every: bool,
+    destination: str | None,
+    endpoint: str,
 ) -> list[str]:
-    """The ids a request names: the ones given, or every message (for one destination or all)."""
+    """The ids a request names: the ones given, or every message (for one destination or all),
+    of ``endpoint``'s failures only. An id given that failed in another endpoint is refused,
+    naming it: one endpoint never retries or discards another's failures."""
     if bool(ids) == every:
         raise ConfigurationError(
             "give the ids of messages in the error queue, or --all (with --destination Q for one "
@@ -55,10 +62,35 @@ async def chosen(
         raise ConfigurationError(
             "--destination picks which messages --all takes; to send messages somewhere else, use --to QUEUE."
         )
-    if not every:
-        return list(ids)
     seen = await t.peek(queue, EVERYTHING)
-    return [m.message_id for m in seen if destination is None or goes_to(m) == destination]
+    if every:
+        return [
+            m.message_id
+            for m in seen
+            if failed_in(m.headers, endpoint) and (destination is None or goes_to(m) == destination)
+        ]
+    theirs = {
+        m.message_id: m.headers.get(ERROR_ENDPOINT, "") for m in seen if not failed_in(m.headers, endpoint)
+    }
+    elsewhere = [i for i in ids if i in theirs]
+    if elsewhere:
+        first = elsewhere[0]
+        raise ConfigurationError(
+            f"{first} failed in endpoint {theirs[first]!r}, not {endpoint!r}: give --endpoint "
+            f"{theirs[first]} to act on it"
+            + (
+                f" ({len(elsewhere) - 1} more of the ids given are other endpoints')"
+                if len(elsewhere) > 1
+                else ""
+            )
+            + "; nothing was done."
+        )
+    return list(ids)
+
+
+def mine(seen: Sequence[ReceivedMessage], endpoint: str) -> list[ReceivedMessage]:
+    """Of what an error queue holds, ``endpoint``'s failures."""
+    return [m for m in seen if failed_in(m.headers, endpoint)]
 
 
 async def take(

@@ -25,7 +25,7 @@ from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME
 from duetime.errors import ConfigurationError
 from duetime.interfaces import InspectableQueue, ReceivedMessage
 from duetime.names import check_name
-from duetime.sendback import EVERYTHING, chosen, goes_to, open_error_transport, send_back, take
+from duetime.sendback import EVERYTHING, chosen, goes_to, mine, open_error_transport, send_back, take
 from duetime.terminal import console, err, fail, say, show, table
 from duetime.terminal import run_async as _run
 from duetime.urls import redact
@@ -72,12 +72,13 @@ async def _pick(
     ids: Sequence[str],
     every: bool,
     destination: str | None,
+    endpoint: str,
     ask: str | None,
     yes: bool,
 ) -> list[ReceivedMessage]:
     """Take the messages named (by id, or every one, for one destination or all); ask first if
     ``ask`` (a question with {n}, {s}, {where} and {queue} in it) is given."""
-    ids = await chosen(t, queue, ids, every, destination)
+    ids = await chosen(t, queue, ids, every, destination, endpoint)
     if not ids:
         return []
     missing: list[str] = []
@@ -111,13 +112,14 @@ def errors_list(
         bool, typer.Option("--json", help="One JSON object per line, headers included.")
     ] = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; the error queue is the transport's
+    endpoint: EndpointOpt = "duetime",
     transport: TransportOpt = None,
     error_queue: ErrorQueueOpt = "error",
 ) -> None:
-    """What is in the error queue, and why each message is there (oldest first).
+    """What is in the error queue for this endpoint, and why each message is there (oldest first).
 
-    Nothing is taken: on a broker the messages are read and put back in their order.
+    Nothing is taken: on a broker the messages are read and put back in their order. Endpoints
+    that share an error queue each see their own failures.
     """
 
     async def go() -> tuple[list[ReceivedMessage], int, bool]:
@@ -125,9 +127,9 @@ def errors_list(
         await t.start()
         try:
             depth = await t.depth(error_queue)
-            seen = await t.peek(error_queue, EVERYTHING if destination else limit)
+            seen = mine(await t.peek(error_queue, EVERYTHING), endpoint)
             shown = [m for m in seen if destination is None or goes_to(m) == destination][:limit]
-            return shown, depth, depth > 0 or await t.has_queue(error_queue)
+            return shown, len(seen), depth > 0 or await t.has_queue(error_queue)
         finally:
             await t.close()
 
@@ -156,7 +158,7 @@ def errors_list(
         )
     show(grid)
     console.print(
-        f"{len(items)} shown of {depth} in error queue {error_queue!r}. Send back with "
+        f"{len(items)} shown of {depth} failed in endpoint {endpoint!r} in error queue {error_queue!r}. Send back with "
         "`duetime errors retry ID` (or --all), drop with `duetime errors discard ID`."
     )
 
@@ -190,7 +192,7 @@ def errors_retry(
         s = await _open(store, endpoint)
         try:
             taken = await _pick(
-                t, error_queue, ids or [], every, destination,
+                t, error_queue, ids or [], every, destination, endpoint,
                 "Send {n} message{s}{where} from error queue {queue!r} back for another try?" if every else None,
                 yes,
             )  # fmt: skip
@@ -221,18 +223,18 @@ def errors_discard(
     destination: ForOpt = None,
     yes: YesOpt = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; the error queue is the transport's
+    endpoint: EndpointOpt = "duetime",
     transport: TransportOpt = None,
     error_queue: ErrorQueueOpt = "error",
 ) -> None:
-    """Remove messages from the error queue for good (asks first; --yes does not)."""
+    """Remove this endpoint's messages from the error queue for good (asks first; --yes does not)."""
 
     async def go() -> int:
         t = _error_transport(store, transport)
         await t.start()
         try:
             taken = await _pick(
-                t, error_queue, ids or [], every, destination,
+                t, error_queue, ids or [], every, destination, endpoint,
                 "Discard {n} message{s}{where} from error queue {queue!r} for good?", yes,
             )  # fmt: skip
             return await t.acknowledge(taken)

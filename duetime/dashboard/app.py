@@ -46,7 +46,7 @@ from duetime.interfaces import (
 )
 from duetime.message import DelayedMessage, check_due_time
 from duetime.presence import DispatcherInfo, describe_claims
-from duetime.sendback import EVERYTHING, chosen, goes_to, open_error_transport, send_back, take
+from duetime.sendback import EVERYTHING, chosen, goes_to, mine, open_error_transport, send_back, take
 from duetime.urls import redact
 
 try:
@@ -549,8 +549,8 @@ async def errors(request: Request) -> Response:
     problem = None
     try:
         async with _error_transport(dashboard) as t:
-            depth = await t.depth(dashboard.error_queue)
-            seen = await t.peek(dashboard.error_queue, EVERYTHING if destination else limit)
+            seen = mine(await t.peek(dashboard.error_queue, EVERYTHING), endpoint)
+            depth = len(seen)
             rows = [_error_row(m) for m in seen if not destination or goes_to(m) == destination][:limit]
     except ConfigurationError as error:  # a transport that cannot show its queues
         problem = str(error)
@@ -581,7 +581,7 @@ async def _error_action(request: Request, retry: bool) -> Response:
     try:
         delay = parse_duration(str(form.get("in") or "0"))
         async with _error_transport(dashboard) as t:
-            wanted = await chosen(t, dashboard.error_queue, ids, every, destination)
+            wanted = await chosen(t, dashboard.error_queue, ids, every, destination, endpoint)
             taken, missing = await take(t, dashboard.error_queue, wanted)
             if retry:
                 done = await send_back(dashboard.stores[endpoint], t, taken, delay=delay)

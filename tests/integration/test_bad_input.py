@@ -701,3 +701,40 @@ def _answers(client: Any) -> bool:
         return bool(client.ping())
     except Exception:
         return False
+
+
+def test_an_error_queue_shared_by_endpoints_belongs_to_each_for_its_own_failures(tmp_path: Path) -> None:
+    """Endpoint A listed, retried and discarded B's failures, and `errors retry --endpoint A` moved
+    B's message into A's store."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    for endpoint in ("a", "b"):
+        assert cli("setup", "--store", url, "--endpoint", endpoint).returncode == 0
+        done = cli(
+            "schedule", "nowhere", f"from {endpoint}", "--in", "0", "--store", url, "--endpoint", endpoint
+        )
+        assert done.returncode == 0, done.stderr
+        burst = cli("run", "--burst", "--store", url, "--endpoint", endpoint)
+        assert burst.returncode == 0, burst.stderr
+
+    def listed(endpoint: str) -> list[dict[str, Any]]:
+        done = cli("errors", "list", "--json", "--store", url, "--endpoint", endpoint)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    a, b = listed("a"), listed("b")
+    assert [m["headers"]["duetime-error-endpoint"] for m in a] == ["a"]
+    assert [m["headers"]["duetime-error-endpoint"] for m in b] == ["b"]
+    theirs = b[0]["id"]
+    refused = cli("errors", "retry", theirs, "--store", url, "--endpoint", "a")
+    assert refused.returncode == 1
+    assert f"{theirs} failed in endpoint 'b', not 'a': give --endpoint b" in refused.stderr
+    refused = cli("errors", "discard", theirs, "--yes", "--store", url, "--endpoint", "a")
+    assert refused.returncode == 1 and "nothing was done" in refused.stderr
+    assert cli("errors", "discard", "--all", "--yes", "--store", url, "--endpoint", "a").returncode == 0
+    assert listed("a") == [] and [m["id"] for m in listed("b")] == [theirs]
+    shown = cli("show", theirs, "--store", url, "--endpoint", "a")
+    assert shown.returncode != 0  # never moved into A's store
+    back = cli("errors", "retry", "--all", "--yes", "--in", "1h", "--store", url, "--endpoint", "b")
+    assert back.returncode == 0 and "sent 1 back" in back.stdout, back.stderr
+    assert cli("show", theirs, "--store", url, "--endpoint", "b").returncode == 0
+    assert listed("b") == []
