@@ -69,6 +69,18 @@ class SystemClock:
         await asyncio.sleep(max(0.0, seconds))
 
 
+class ServerAlignedClock(SystemClock):
+    """The system clock moved by ``offset`` onto a store server's time: a dispatcher on a host
+    whose clock is wrong still sees the time the store sees (never early; no claim taken from a
+    dispatcher whose host is right). Waits and monotonic time are the host's own."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
 def to_micros(moment: datetime) -> int:
     """Microseconds since the epoch: the exact integer form every store keeps."""
     delta = moment - EPOCH

@@ -12,11 +12,11 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from duetime import tracing
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
-from duetime.clock import SystemClock
+from duetime.clock import ServerAlignedClock, SystemClock
 from duetime.deadline import within
 from duetime.errorqueue import error_headers
 from duetime.errors import (
@@ -35,6 +35,7 @@ from duetime.interfaces import (
     DelayedMessageStore,
     Delivery,
     DeliveryLog,
+    ServerClock,
     StoreCounts,
     TransactionalStore,
     Transport,
@@ -47,6 +48,9 @@ from duetime.summary import LatenessHistogram, Tally, summary_fields, summary_li
 
 log = logging.getLogger("duetime.dispatcher")
 
+#: A host clock further than this from the store server's is logged; the server's is looked at
+#: again every SKEW_RECHECK seconds (a host clock can be stepped while it runs).
+SKEW_WARNING, SKEW_RECHECK = 1.0, 60.0
 #: Failures another try cannot mend: straight to the error queue, without retries.
 NOT_RETRIED = (DestinationNotFound, MessageRefused)
 #: How long a message that no queue of its transport can carry waits before it is tried again.
@@ -106,7 +110,11 @@ class Dispatcher:
         self.transport = transport
         self.settings = settings or DelayedDeliverySettings()
         self.endpoint = check_name("endpoint", endpoint)
-        self.clock: Clock = clock or SystemClock()
+        #: Without a clock of the caller's, the system clock, moved onto the store server's time
+        #: where the store has one (measured at start and every SKEW_RECHECK seconds).
+        self._aligned = ServerAlignedClock() if clock is None else None
+        self.clock: Clock = clock or self._aligned or SystemClock()
+        self._skew_checked_at: float | None = None
         self._on_critical_error = on_critical_error
         self.stats = DispatchStats()
         self._wake = asyncio.Event()
@@ -203,9 +211,40 @@ class Dispatcher:
                 "deduplicate by message id at the receiver."
             )
         await self.store.initialize(self.endpoint, self.settings.transaction_mode)
+        await self._align_clock(starting=True)
         await self._connect()
         self._unsubscribe = self.store.subscribe(self._on_stored)
         self._started = True
+
+    async def _align_clock(self, *, starting: bool = False) -> None:
+        """Follow the store server's clock: measure how far this host's is from it (half a round
+        trip's error) and say so at start if it is over SKEW_WARNING. A failed look keeps the
+        last offset: the claim that follows meets the same outage and counts it."""
+        if self._aligned is None or not isinstance(self.store, ServerClock):
+            return
+        self._skew_checked_at = self.clock.monotonic()
+        before, started = datetime.now(UTC), self.clock.monotonic()
+        try:
+            server = await within(
+                self.store.server_time(), self._deadline(self.fetch_breaker), "reading the store's clock"
+            )
+        except Exception as error:
+            log.debug("could not read the store's clock: %s", one_line(error))
+            return
+        if server is None:
+            return
+        trip = self.clock.monotonic() - started
+        offset = server - (before + timedelta(seconds=trip / 2))
+        changed = abs((offset - self._aligned.offset).total_seconds()) > SKEW_WARNING
+        self._aligned.offset = offset
+        if abs(offset.total_seconds()) > SKEW_WARNING and (starting or changed):
+            seconds = offset.total_seconds()
+            log.warning(
+                "this host's clock is %.1f s %s the store's; due times and claims follow the store's "
+                "clock (set this host's clock right: NTP)",
+                abs(seconds),
+                "behind" if seconds > 0 else "ahead of",
+            )
 
     async def _connect(self) -> None:
         """Connect the transport. A transport that is down (a broker restarting) is an outage like
@@ -388,6 +427,8 @@ class Dispatcher:
         self._full_round = False
         self.stats.rounds += 1
         self.turned_at = started = self._round_started = self.clock.monotonic()
+        if self._skew_checked_at is not None and started - self._skew_checked_at > SKEW_RECHECK:
+            await self._align_clock()
         now = self.clock.now()
         if self.exactly_once:
             limit = self._move_limit

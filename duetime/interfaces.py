@@ -250,6 +250,15 @@ class DueCounter(Protocol):
 
 
 @runtime_checkable
+class ServerClock(Protocol):
+    """A store whose server keeps its own time (PostgreSQL, MariaDB, Redis)."""
+
+    async def server_time(self) -> datetime | None:
+        """The server's time now, in UTC (None: no server; the host's clock rules). A dispatcher
+        compares due times and claims with it, never with its host's clock alone."""
+
+
+@runtime_checkable
 class ClaimPolicy(Protocol):
     """A store that says whether a dispatcher may claim its next batch while the last one is
     still being sent (a store without it is assumed to allow that)."""

@@ -185,6 +185,9 @@ class AsyncStoreBridge(AsyncClosing):
     async def count_due(self, at: datetime) -> int:
         return await self._call(self.sync.count_due, at)
 
+    async def server_time(self) -> datetime | None:
+        return await self._call(self.sync.server_time)
+
     def subscribe(self, callback: WakeupCallback) -> Callable[[], None]:
         unsubscribe = self.subscribers.add(callback)
         if self._watch is not None and self._watcher is None:

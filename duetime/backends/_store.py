@@ -250,6 +250,10 @@ class StoreRules(Closing, ABC):
         index range) overrides it."""
         return self._count(at).due
 
+    def _server_time(self) -> datetime | None:
+        """The store server's own time (UTC), for a store that has a server; None otherwise."""
+        return None
+
     @abstractmethod
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
         """Write (insert or replace) a dispatcher's presence record, ``info`` its JSON."""
@@ -431,6 +435,12 @@ class StoreRules(Closing, ABC):
         at = check_due_time(at, "at")
         self._ready()
         return replace(self._count(at), next_due=self._next_due())
+
+    def server_time(self) -> datetime | None:
+        """What time the store's server says it is (None: no server, the host's clock rules).
+        Dispatchers compare due times and claims with it, so a host clock that is wrong never
+        delivers early and never takes another dispatcher's claim."""
+        return self._server_time()
 
     def count_due(self, at: datetime) -> int:
         at = check_due_time(at, "at")

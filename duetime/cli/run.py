@@ -28,13 +28,11 @@ from duetime.cli.common import (
 from duetime.clock import SYSTEM
 from duetime.deadline import within
 from duetime.deliverylog import SqlDeliveryLog, open_delivery_log
-from duetime.dispatcher import Dispatcher, run_until_signal
+from duetime.dispatcher import SKEW_WARNING, Dispatcher, run_until_signal
 from duetime.errors import DuetimeError, one_line
 from duetime.frontdoor import FrontDoor
 from duetime.heartbeat import Heartbeat
-from duetime.interfaces import (
-    ReceivingTransport,
-)
+from duetime.interfaces import ReceivingTransport, ServerClock
 from duetime.logs import LogFormat
 from duetime.registry import open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
@@ -279,8 +277,17 @@ def check(
             s = await within(_open(store, endpoint), timeout, "opening the store")
         except Exception as error:
             raise _NotOk(_said("store", store, error)) from None
+        skew = ""
         try:
             counts = await within(s.counts(SYSTEM.now()), timeout, "counting")
+            if isinstance(s, ServerClock):
+                before = SYSTEM.now()
+                server = await within(s.server_time(), timeout, "reading the store's clock")
+                if server is not None:
+                    seconds = (server - before).total_seconds()
+                    skew = f"; this host's clock is {abs(seconds):.1f} s {'behind' if seconds > 0 else 'ahead of'} the store's"
+                    if abs(seconds) > SKEW_WARNING:
+                        skew += " (due times and claims follow the store's; set this host's clock right: NTP)"
         except Exception as error:
             raise _NotOk(_said("store", store, error)) from None
         finally:
@@ -293,7 +300,7 @@ def check(
         await _quietly(t.close())
         return (
             f"store {redact(store)} answers ({counts.total:,} stored, {counts.due:,} due); "
-            f"transport {redact(transport_url)} connects"
+            f"transport {redact(transport_url)} connects{skew}"
         )
 
     try:

@@ -94,6 +94,10 @@ SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()
 -- name: count_total
 SELECT COUNT(*) FROM {table};
 
+-- The server's own time: due times and claims are compared with it, not the host's clock.
+-- name: server_time
+SELECT UTC_TIMESTAMP(6);
+
 -- name: count_due
 SELECT COUNT(*) FROM {table} WHERE due_at <= %s;
 

@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -262,6 +262,13 @@ class SyncMysqlStore(StoreRules):
             return rows
 
         return [_message(r) for r in self._run(work, transaction=True)]
+
+    def _server_time(self) -> datetime | None:
+        def work(cur: Any) -> Any:
+            cur.execute(self.q["server_time"])
+            return cur.fetchone()[0]
+
+        return self._run(work).replace(tzinfo=UTC)  # type: ignore[no-any-return]
 
     def _next_due(self) -> datetime | None:
         q = self.q

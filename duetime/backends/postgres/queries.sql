@@ -167,6 +167,10 @@ SELECT reltuples::bigint FROM pg_class WHERE oid = %(regclass)s::regclass;
 -- name: count_total
 SELECT count(*) FROM {table};
 
+-- The server's own time: due times and claims are compared with it, not the host's clock.
+-- name: server_time
+SELECT clock_timestamp();
+
 -- name: count_due
 SELECT count(*) FROM {table} WHERE due_at <= %(at)s;
 

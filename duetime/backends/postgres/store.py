@@ -296,6 +296,9 @@ class SyncPostgresStore(StoreRules):
         )
         return [decode(r) for r in self._rows(sql, params | {"limit": limit})]
 
+    def _server_time(self) -> datetime | None:
+        return self._rows(self.names.q["server_time"])[0][0]  # type: ignore[no-any-return]
+
     def _count_due(self, at: datetime) -> int:
         return int(self._rows(self.names.q["count_due"], {"at": at})[0][0])
 

@@ -265,6 +265,10 @@ class SyncRedisStore(StoreRules):
                         break
         return picked
 
+    def _server_time(self) -> datetime | None:
+        seconds, micros = self.client.time()
+        return from_micros(int(seconds) * 1_000_000 + int(micros))
+
     def _count_due(self, at: datetime) -> int:
         return int(self.client.zcount(self.keys["bydue"], "-inf", to_micros(at)))
 
