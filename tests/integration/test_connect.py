@@ -3,6 +3,7 @@ embedded default and on PostgreSQL."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -70,3 +71,53 @@ def test_bad_delay_text_is_a_clear_error() -> None:
         duetime.DelayedMessage.create("orders", b"", delay="-5m")
     with pytest.raises(duetime.InvalidMessage):
         duetime.DelayedMessage.create("orders", b"", delay="soon")
+
+
+def _probes(sock: socket.socket) -> tuple[int, int, int, int, int]:
+    return (
+        sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+    )
+
+
+#: What every connection's socket must carry: a silent peer is found dead in ~25-30 s, not hours.
+PROBES = (1, 10, 5, 3, 30_000)
+
+
+def test_every_server_connection_finds_a_silent_peer_dead_within_seconds() -> None:
+    """A partition resets nothing; without keepalives a read waits for the kernel's two hours, and
+    a stopping process waits for that thread (libpq, PyMySQL and redis-py all default to none)."""
+    import os
+    import socket
+
+    from duetime import open_sync_store
+    from tests.services import REDIS, mariadb_database, require
+
+    with postgres_schema() as pg:
+        store = open_sync_store(pg)
+        store.setup_infrastructure("k")
+        with store.pool.connection() as conn:  # type: ignore[attr-defined]
+            sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+            try:
+                assert _probes(sock) == PROBES
+            finally:
+                sock.close()
+        store.close()
+        assert open_sync_store(f"{pg}&keepalives_idle=60").options.conninfo.count("keepalives_idle=60") == 1  # type: ignore[attr-defined]
+    with mariadb_database() as my:
+        store = open_sync_store(my)
+        store.setup_infrastructure("k")
+        assert _probes(store._connection()._sock) == PROBES  # type: ignore[attr-defined]
+        store.close()
+    require(REDIS)
+    store = open_sync_store(REDIS)
+    store.setup_infrastructure("k")
+    connection = store.client.connection_pool.get_connection()  # type: ignore[attr-defined]
+    try:
+        assert _probes(connection._sock) == PROBES
+    finally:
+        store.client.connection_pool.release(connection)  # type: ignore[attr-defined]
+        store.close()

@@ -27,6 +27,7 @@ import pymysql
 from pymysql.err import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
 from duetime.backends._bridge import AsyncStoreBridge, Subscribers
+from duetime.backends._keepalive import keep_alive
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -137,6 +138,7 @@ def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.C
             ) from None
         raise connection_failed(o.display, error.args[-1] if error.args else error) from None
     conn._read_timeout = None  # type: ignore[attr-defined]  # queries take as long as they take; no setter
+    keep_alive(conn._sock)  # type: ignore[attr-defined]  # PyMySQL has no option for it: its socket
     return conn
 
 

@@ -110,6 +110,9 @@ class NatsTransport(AsyncClosing):
                     nats.connect(
                         servers=[self.url],
                         connect_timeout=5,
+                        # a silent server is found dead in ~30 s (nats-py's default: 4 minutes)
+                        ping_interval=10,
+                        max_outstanding_pings=3,
                         max_reconnect_attempts=-1,
                         error_cb=self._on_error,
                     ),

@@ -10,6 +10,7 @@ from datetime import UTC, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
+from duetime.backends._keepalive import LIBPQ
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     claim_timeout_option,
@@ -58,6 +59,8 @@ class PgOptions:
             (ours.__setitem__(key, value) if key in OPTIONS else theirs.append((key, value)))
         if not any(key == "connect_timeout" for key, _ in theirs):
             theirs.append(("connect_timeout", "5"))  # an unreachable server fails fast, not in minutes
+        given = {key for key, _ in theirs}
+        theirs += [(key, value) for key, value in LIBPQ.items() if key not in given]  # partitions end
         claim = claim_timeout_option(ours, claim_timeout)
         theirs = _end_frozen_transactions(theirs, claim.total_seconds())
         # by hand, not urlunsplit: that drops the empty host of postgresql:///db (the local socket)

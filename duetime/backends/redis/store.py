@@ -26,6 +26,7 @@ import redis
 import redis.asyncio as aioredis
 
 from duetime.backends._bridge import AsyncStoreBridge, Subscribers
+from duetime.backends._keepalive import socket_options
 from duetime.backends._redis_database import check_database, no_such_database, not_redis
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
@@ -82,7 +83,9 @@ class SyncRedisStore(StoreRules):
         self.url, self.prefix = check_database(url), prefix
         # Any: redis-py types every answer as one union of its sync and async forms (bytes | str |
         # Awaitable ...); the sync client's real answers are used as such below.
-        self.client: Any = redis.Redis.from_url(url)
+        self.client: Any = redis.Redis.from_url(
+            url, socket_keepalive=True, socket_keepalive_options=socket_options()
+        )
         self._claim_script = self.client.register_script(_script("claim.lua"))
         self._store_script = self.client.register_script(_script("store_many.lua"))
         self._change_script = self.client.register_script(_script("change.lua"))
@@ -312,7 +315,9 @@ class RedisStore(AsyncStoreBridge):
         the dispatcher to look again, since a wake-up may have been missed meanwhile."""
         channel = self.sync.keys["channel"]
         while True:
-            client = aioredis.Redis.from_url(self.sync.url)
+            client = aioredis.Redis.from_url(
+                self.sync.url, socket_keepalive=True, socket_keepalive_options=socket_options()
+            )
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.subscribe(channel)

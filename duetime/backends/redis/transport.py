@@ -24,6 +24,7 @@ from redis.exceptions import AuthenticationError, InvalidResponse, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from duetime.backends._keepalive import socket_options
 from duetime.backends._redis_database import check_database, no_such_database, not_redis
 from duetime.closing import AsyncClosing
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
@@ -113,7 +114,9 @@ class RedisTransport(AsyncClosing):
 
     async def start(self) -> None:
         if self._redis is None:
-            client = aioredis.from_url(self.url)
+            client = aioredis.from_url(
+                self.url, socket_keepalive=True, socket_keepalive_options=socket_options()
+            )
             try:
                 await client.ping()
             except AuthenticationError as error:
