@@ -134,3 +134,54 @@ def test_a_claim_in_progress_locks_only_its_own_rows(maria: str) -> None:
     assert other == [f"m{i:03d}" for i in range(7, 14)]
     holder.close()
     store.close()
+
+
+def test_a_body_over_max_allowed_packet_fails_alone_in_one_line(tmp_path: Path) -> None:
+    """It was "internal error ... this is a duetime bug" on the command line, and from Python it
+    also failed the other schedules sharing its commit round."""
+    import threading
+
+    from duetime import InvalidMessage, open_sync_store
+    from tests.conftest import run_cli
+    from tests.services import mariadb_database
+
+    with mariadb_database() as url:
+        assert run_cli("setup", "--store", url).returncode == 0
+        big = tmp_path / "big.bin"
+        big.write_bytes(b"\x00'" * (9 * 1024 * 1024))  # 18 MB, 36 MB escaped; the server allows 16 MB
+        done = run_cli("schedule", "orders", "--body-file", str(big), "--in", "1h", "--store", url)
+        assert done.returncode == 1, done.stderr
+        [line] = done.stderr.strip().splitlines()
+        assert "max_allowed_packet of 16,777,216" in line and "internal error" not in line, line
+        assert "needs about" in line
+
+        store = open_sync_store(url)
+        store.initialize("duetime", TransactionMode.AT_LEAST_ONCE)
+        try:
+            outcomes: dict[str, BaseException | None] = {}
+            small = [
+                DelayedMessage.create("orders", f"m{i}".encode(), delay=timedelta(hours=1)) for i in range(20)
+            ]
+            huge = DelayedMessage.create("orders", b"y" * (17 * 1024 * 1024), delay=timedelta(hours=1))
+
+            def one(m: DelayedMessage) -> None:
+                try:
+                    store.store(m)
+                    outcomes[m.message_id] = None
+                except BaseException as error:
+                    outcomes[m.message_id] = error
+
+            threads = [threading.Thread(target=one, args=(m,)) for m in [*small[:10], huge, *small[10:]]]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert isinstance(outcomes[huge.message_id], InvalidMessage)
+            assert "max_allowed_packet" in str(outcomes[huge.message_id])
+            assert all(outcomes[m.message_id] is None for m in small), outcomes
+            assert all(store.get(m.message_id) is not None for m in small)
+            fits = DelayedMessage.create("orders", b"z" * (7 * 1024 * 1024), delay=timedelta(hours=1))
+            store.store(fits)  # 7 MB, counted twice, fits in 16
+            assert store.get(fits.message_id).body == fits.body  # type: ignore[union-attr]
+        finally:
+            store.close()

@@ -43,6 +43,7 @@ from duetime.backends._store import (
 from duetime.clock import from_micros, to_micros
 from duetime.errors import (
     ConfigurationError,
+    InvalidMessage,
     connection_failed,
 )
 from duetime.interfaces import ListQuery, StoreCounts
@@ -129,6 +130,8 @@ def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.C
             # (another kind of server on that port) kept the handshake waiting for ever
             read_timeout=o.connect_timeout,
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+            # PyMySQL's own cap is 16 MiB whatever the server allows: the server's rules
+            max_allowed_packet=1 << 30,
         )
     except pymysql.err.OperationalError as error:
         if "timed out" in str(error):  # pymysql: "Lost connection to MySQL server ... (timed out)"
@@ -142,6 +145,16 @@ def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.C
     return conn
 
 
+#: Bytes of an INSERT besides a message's body and headers (its statement, id, destination, group).
+PACKET_SLACK = 4096
+_ESCAPED = b"\x00\n\r\x1a'\"\\"
+
+
+def _escaped_size(body: bytes) -> int:
+    """A body's size as PyMySQL sends it: each of the seven bytes it escapes takes two."""
+    return len(body) + sum(body.count(bytes([c])) for c in _ESCAPED)
+
+
 class SyncMysqlStore(StoreRules):
     """Blocking MariaDB/MySQL store; one connection behind a lock, re-opened after it breaks."""
 
@@ -151,6 +164,7 @@ class SyncMysqlStore(StoreRules):
         self._lock = threading.RLock()
         self._conn: pymysql.connections.Connection[Any] | None = None
         self._table: str | None = None
+        self._max_packet: int | None = None
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncMysqlStore:
@@ -242,8 +256,27 @@ class SyncMysqlStore(StoreRules):
         self._table = self.table_for(endpoint)
         self._q = self._queries(self._table, "")
 
+    def _packet_limit(self) -> int:
+        """The server's ``max_allowed_packet`` (bytes), read once per store."""
+        if self._max_packet is None:
+            self._max_packet = int(self._fetch("SELECT @@max_allowed_packet")[0][0])
+        return self._max_packet
+
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
         rows = [micros_row(m) for m in messages]
+        limit = self._packet_limit()
+        for m, row in zip(messages, rows, strict=True):
+            if (len(m.body) + len(row[3]) * 2) * 2 > limit // 2:  # near the limit: measure it
+                # the server holds a value twice while it reads it: measured, a body of half the
+                # limit is refused with "Got a packet bigger than 'max_allowed_packet' bytes"
+                size = 2 * (_escaped_size(m.body) + len(row[3].encode()) * 2) + PACKET_SLACK
+                if size > limit:
+                    raise InvalidMessage(
+                        f"message {m.message_id} needs about {size:,} bytes of this MariaDB/MySQL "
+                        f"server's max_allowed_packet of {limit:,} (a value counts twice): raise it "
+                        "(SET GLOBAL max_allowed_packet, and in the server's configuration) or send "
+                        "a smaller body."
+                    )
         q = self.q
         try:
             self._run(lambda cur: cur.executemany(q["insert"], rows), transaction=True)
