@@ -50,6 +50,11 @@ class DestinationNotFound(DuetimeError):
     """The destination does not exist; the message goes to the error queue instead."""
 
 
+class StorageFull(DuetimeError):
+    """The disk or the server holding the store is full: free some space (or raise its memory
+    limit); the call that says so stored nothing."""
+
+
 class TransportError(DuetimeError):
     """The transport could not send the message."""
 

@@ -738,3 +738,82 @@ def test_an_error_queue_shared_by_endpoints_belongs_to_each_for_its_own_failures
     assert back.returncode == 0 and "sent 1 back" in back.stdout, back.stderr
     assert cli("show", theirs, "--store", url, "--endpoint", "b").returncode == 0
     assert listed("b") == []
+
+
+def test_a_full_disk_under_a_sqlite_store_is_one_line_naming_the_file(tmp_path: Path) -> None:
+    """It was "internal error (OperationalError: database or disk is full) … a duetime bug"."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(folder)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.fail(f"this test mounts a small tmpfs (as root): {mounted.stderr!r}")
+    try:
+        url = f"sqlite:///{folder / 'd.db'}"
+        assert cli("setup", "--store", url).returncode == 0
+        small = cli("schedule", "orders", "fits", "--in", "1h", "--store", url)
+        assert small.returncode == 0, small.stderr
+        body = tmp_path / "body.bin"
+        body.write_bytes(os.urandom(300_000))
+        done = cli("schedule", "orders", "--body-file", str(body), "--in", "1h", "--store", url)
+        assert done.returncode == 1
+        [line] = done.stderr.strip().splitlines()
+        assert f"The disk holding the SQLite file {folder / 'd.db'} is full" in line, line
+        assert "internal error" not in line and "bytes free" in line
+        listed = cli("list", "--json", "--store", url)  # what was stored before is all there
+        assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 1, listed.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_redis_out_of_memory_is_one_line(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.services import free_port, until
+
+    server = shutil.which("redis-server")
+    assert server is not None, "redis-server is not installed (Debian's redis-server package)"
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+            "--maxmemory",
+            "2mb",
+            "--maxmemory-policy",
+            "noeviction",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        until(lambda: _answers(client), 20, "the private redis-server")
+        client.close()
+        assert cli("setup", "--store", url).returncode == 0
+        body = tmp_path / "body.bin"
+        body.write_bytes(os.urandom(600_000))
+        said = ""
+        for _ in range(10):
+            done = cli("schedule", "orders", "--body-file", str(body), "--in", "1h", "--store", url)
+            if done.returncode != 0:
+                said = done.stderr
+                break
+        [line] = said.strip().splitlines()
+        assert "is out of memory" in line and "maxmemory" in line and "internal error" not in line, line
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

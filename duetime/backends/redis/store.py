@@ -39,7 +39,7 @@ from duetime.backends._store import (
     split_options,
 )
 from duetime.clock import from_micros, to_micros
-from duetime.errors import ConfigurationError, connection_failed
+from duetime.errors import ConfigurationError, StorageFull, connection_failed
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
 from duetime.names import check_name
@@ -132,6 +132,8 @@ class SyncRedisStore(StoreRules):
             raise ConfigurationError(f"cannot connect to {redact(self.url)}: {error}") from None
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise connection_failed(redact(self.url), error) from None
+        except redis.exceptions.OutOfMemoryError:
+            raise self._full() from None
         except redis.ResponseError as error:
             raise no_such_database(self.url, error) or error from None
         except redis.exceptions.InvalidResponse as error:
@@ -168,12 +170,21 @@ class SyncRedisStore(StoreRules):
             version = self.client.get(self.keys_for(endpoint)["schema"])
         return None if version is None else int(version)
 
+    def _full(self) -> StorageFull:
+        return StorageFull(
+            f"Redis at {redact(self.url)} is out of memory (its maxmemory is reached); free some, "
+            "or raise maxmemory, then try again. Nothing was stored by this call."
+        )
+
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
         args: list[Any] = []
         for m in messages:
             args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
         keys = self._k("ready", "payload", "bydue", "due", "groups", "failures")
-        duplicate = self._store_script(keys=keys, args=args)
+        try:
+            duplicate = self._store_script(keys=keys, args=args)
+        except redis.exceptions.OutOfMemoryError:
+            raise self._full() from None
         if duplicate:
             raise Duplicate(_text(duplicate))
         self._announce(min(m.due_at for m in messages))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import random
 import sqlite3
 import time
@@ -14,7 +15,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from duetime.backends._store import dump_headers, load_headers
 from duetime.clock import SYSTEM
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, StorageFull
 from duetime.sqlfile import load_queries
 
 QUERIES = load_queries("duetime.backends.sqlite")
@@ -135,12 +136,28 @@ def _writable(conn: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except sqlite3.OperationalError as error:
+        if "disk is full" in str(error) or getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            raise _full(getattr(conn, "path", None) or "") from None
         if "readonly" not in str(error):
             raise
         raise ConfigurationError(
             f"Cannot write the SQLite file {getattr(conn, 'path', None) or ''} ({error}); check that this "
             "user may write it and its folder (SQLite keeps -wal and -shm files beside it)."
         ) from None
+
+
+def _full(path: str) -> StorageFull:
+    """A full disk under a SQLite file, said with the file, its filesystem and what is free."""
+    where = os.path.dirname(os.path.abspath(path)) if path else "."
+    try:
+        stats = os.statvfs(where)
+        free = f"{stats.f_bavail * stats.f_frsize:,} of {stats.f_blocks * stats.f_frsize:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return StorageFull(
+        f"The disk holding the SQLite file {path} is full (the filesystem of {where}: {free}); "
+        "free some space there, then try again. Nothing was written by this call."
+    )
 
 
 def write_statement(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> sqlite3.Cursor:
