@@ -50,12 +50,18 @@ class Page:
 
 @dataclass(frozen=True, slots=True)
 class StoreCounts:
+    """What a store holds at a moment."""
+
     total: int
     due: int
     claimed: int
     failing: int
     next_due: datetime | None
+    #: The destinations holding the most, at most DESTINATIONS_SHOWN of them; the rest are
+    #: summed up in ``more_destinations`` (how many) and ``more_messages`` (what they hold).
     by_destination: Mapping[str, int] = field(default_factory=dict)
+    more_destinations: int = 0
+    more_messages: int = 0
 
 
 class Moved(NamedTuple):

@@ -264,6 +264,16 @@ class DispatcherCollector:
                 per.add_metric([endpoint, label], count)
             yield per
             yield gauge(
+                "duetime_backlog_other_destinations",
+                "Destinations left out of duetime_backlog_by_destination (it shows the 1,000 holding the most).",
+                counts.more_destinations,
+            )
+            yield gauge(
+                "duetime_backlog_other_destinations_messages",
+                "Messages stored for the destinations left out of duetime_backlog_by_destination.",
+                counts.more_messages,
+            )
+            yield gauge(
                 "duetime_backlog_counted_timestamp_seconds",
                 "When the backlog gauges were last counted (Unix time).",
                 self.backlog.counted_at.timestamp(),

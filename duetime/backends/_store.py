@@ -34,6 +34,8 @@ from duetime.urls import number_option
 SCHEMA_VERSION = 2
 #: How long a claim keeps a message from other dispatchers unless a URL or the settings say otherwise.
 DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
+#: Destinations counted one by one in ``counts`` (the queries stop there); the rest are summed.
+DESTINATIONS_SHOWN = 1000
 
 
 class Duplicate(Exception):
@@ -434,7 +436,34 @@ class StoreRules(Closing, ABC):
     def counts(self, at: datetime) -> StoreCounts:
         at = check_due_time(at, "at")
         self._ready()
-        return replace(self._count(at), next_due=self._next_due())
+        return replace(self._summed_up(self._count(at)), next_due=self._next_due())
+
+    def _summed_up(self, counts: StoreCounts) -> StoreCounts:
+        """Per destination, the DESTINATIONS_SHOWN holding the most, and the rest said in two
+        numbers (how many more destinations, holding how many): never cut without a word."""
+        by = counts.by_destination
+        if len(by) > DESTINATIONS_SHOWN:  # a store that counted every destination
+            ranked = sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))
+            rest = ranked[DESTINATIONS_SHOWN:]
+            return replace(
+                counts,
+                by_destination=dict(ranked[:DESTINATIONS_SHOWN]),
+                more_destinations=len(rest),
+                more_messages=sum(n for _, n in rest),
+            )
+        shown = sum(by.values())
+        if len(by) == DESTINATIONS_SHOWN and shown < counts.total:  # a query that stopped there
+            return replace(
+                counts,
+                more_destinations=max(self._count_destinations() - DESTINATIONS_SHOWN, 1),
+                more_messages=counts.total - shown,
+            )
+        return counts
+
+    def _count_destinations(self) -> int:
+        """How many destinations hold messages, asked only when their list came back full; a
+        store that cannot say answers "at least one more"."""
+        return DESTINATIONS_SHOWN + 1
 
     def server_time(self) -> datetime | None:
         """What time the store's server says it is (None: no server, the host's clock rules).

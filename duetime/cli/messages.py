@@ -266,24 +266,32 @@ def list_(
     """
     start = _cursor(after) if after else None
 
-    async def go() -> tuple[list[DelayedMessage], tuple[datetime, str] | None]:
+    async def go() -> tuple[int, tuple[datetime, str] | None]:
+        """Each page is printed as it comes (a table a page, or JSON lines): constant memory,
+        however much is stored."""
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
-        shown: list[DelayedMessage] = []
+        shown = 0
         try:
             async for page in _pages(client, destination, due_before, limit, start, group):
                 if as_json:
                     sys.stdout.writelines(json.dumps(_message_row(m)) + "\n" for m in page.messages)
-                else:
-                    shown += page.messages
+                elif page.messages:
+                    show_table(_page_table(page.messages))
+                shown += len(page.messages)
                 if not every:
                     return shown, page.next_cursor
             return shown, None
         finally:
             await client.close()
 
-    messages, more = _run(go)
+    count, more = _run(go)
     if as_json:
         return
+    nxt = f"; next page: duetime list --after '{_cursor_text(more)}'" if more else ""
+    console.print(f"{count:,} shown{nxt}")
+
+
+def _page_table(messages: list[DelayedMessage]) -> Any:
     grouped = any(m.group for m in messages)
     grid = table("id", "destination", "due (UTC)", "failures", "bytes", *(["group"] if grouped else []))
     for m in messages:
@@ -295,9 +303,11 @@ def list_(
             str(len(m.body)),
             *([m.group or ""] if grouped else []),
         )
-    show_table(grid)
-    nxt = f"; next page: duetime list --after '{_cursor_text(more)}'" if more else ""
-    console.print(f"{len(messages)} shown{nxt}")
+    return grid
+
+
+#: What ``show`` renders on a terminal at most (``--json`` prints everything).
+SHOWN_HEADERS, SHOWN_BODY = 200, 64 * 1024
 
 
 @app.command()
@@ -320,14 +330,30 @@ def show(
     if m is None:
         raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
     row = _message_row(m)
-    try:
-        row["body"] = m.body.decode()
-    except UnicodeDecodeError:
-        row["body_hex"] = m.body.hex()
     if as_json:
+        try:
+            row["body"] = m.body.decode()
+        except UnicodeDecodeError:
+            row["body_hex"] = m.body.hex()
         print(json.dumps(row))
-    else:
-        console.print_json(json.dumps(row))
+        return
+    # a terminal gets what a person can read: a message may carry a million headers
+    headers = sorted(m.headers.items())
+    row["headers"] = dict(headers[:SHOWN_HEADERS])
+    try:
+        text = m.body.decode()[:SHOWN_BODY]
+        row["body"], shown_bytes = text, len(text.encode())
+    except UnicodeDecodeError:
+        row["body_hex"], shown_bytes = m.body[:SHOWN_BODY].hex(), min(len(m.body), SHOWN_BODY)
+    console.print_json(json.dumps(row))
+    left_out = [
+        f"{len(headers) - SHOWN_HEADERS:,} more headers" if len(headers) > SHOWN_HEADERS else "",
+        f"{len(m.body) - shown_bytes:,} more bytes of the body" if len(m.body) > shown_bytes else "",
+    ]
+    if any(left_out):
+        err.print(
+            f"not shown: {' and '.join(x for x in left_out if x)}; `duetime show {message_id} --json` prints everything"
+        )
 
 
 @app.command()
@@ -485,6 +511,8 @@ def stats(
             "failing": counts.failing,
             "next_due": counts.next_due.isoformat() if counts.next_due else None,
             "by_destination": dict(counts.by_destination),
+            "more_destinations": counts.more_destinations,
+            "more_messages": counts.more_messages,
             "dispatchers": [d.as_dict(SYSTEM.now()) for d in present],
         }
         try:
@@ -512,6 +540,10 @@ def stats(
         per = table("destination", "stored")
         for name, count in result["by_destination"].items():
             per.add_row(name, str(count))
+        if result["more_destinations"]:
+            per.add_row(
+                f"and {result['more_destinations']:,} more destinations", str(result["more_messages"])
+            )
         show_table(per)
     _show_dispatchers(result["dispatchers"])
     if result.get("queues"):

@@ -345,6 +345,19 @@ class StoreContract:
         assert (counts.total, counts.due, counts.claimed) == (3, 2, 1)
         assert counts.by_destination == {"orders": 2, "x": 1}
 
+    async def test_counts_by_destination_sum_up_the_rest_never_cut_silently(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """The backlog by destination stopped at 1,000 destinations without a word."""
+        t = now() + timedelta(hours=1)
+        many = [DelayedMessage(f"d-{i:05}", f"q{i:04}", t, b"") for i in range(1003)]
+        big = [DelayedMessage(f"b-{i:05}", "big", t, b"") for i in range(3)]
+        await store.store_many([*many, *big])
+        counts = await store.counts(now())
+        assert len(counts.by_destination) == 1000 and counts.by_destination["big"] == 3
+        assert counts.more_destinations == 4 and counts.more_messages == 4
+        assert sum(counts.by_destination.values()) + counts.more_messages == counts.total == 1006
+
     async def test_stores_made_at_once_share_commits_and_each_hears_its_own_answer(
         self, store: DelayedMessageStore
     ) -> None:

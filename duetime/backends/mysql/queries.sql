@@ -110,6 +110,10 @@ SELECT COUNT(*) FROM {table} WHERE failure_count > 0;
 -- name: count_by_destination
 SELECT destination, COUNT(*) FROM {table} GROUP BY destination ORDER BY COUNT(*) DESC LIMIT 1000;
 
+-- Asked only when count_by_destination came back full: how many destinations there are.
+-- name: count_destinations
+SELECT COUNT(DISTINCT destination) FROM {table};
+
 -- name: mark_claimed
 UPDATE {table} SET claim_token = %s, claimed_until = %s WHERE message_id IN %s;
 

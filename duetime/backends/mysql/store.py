@@ -360,6 +360,9 @@ class SyncMysqlStore(StoreRules):
     def _count_due(self, at: datetime) -> int:
         return int(self._fetch(self.q["count_due"], (to_micros(at),))[0][0])
 
+    def _count_destinations(self) -> int:
+        return int(self._fetch(self.q["count_destinations"])[0][0])
+
     def _count(self, at: datetime) -> StoreCounts:
         now, q = to_micros(at), self.q
 

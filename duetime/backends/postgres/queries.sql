@@ -183,6 +183,10 @@ SELECT count(*) FROM {table} WHERE failure_count > 0;
 -- name: count_by_destination
 SELECT destination, count(*) FROM {table} GROUP BY destination ORDER BY count(*) DESC LIMIT 1000;
 
+-- Asked only when count_by_destination came back full: how many destinations there are.
+-- name: count_destinations
+SELECT count(DISTINCT destination) FROM {table};
+
 -- name: create_queues_table
 CREATE TABLE IF NOT EXISTS {queues} (
     name varchar(200) PRIMARY KEY,

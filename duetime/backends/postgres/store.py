@@ -302,6 +302,9 @@ class SyncPostgresStore(StoreRules):
     def _count_due(self, at: datetime) -> int:
         return int(self._rows(self.names.q["count_due"], {"at": at})[0][0])
 
+    def _count_destinations(self) -> int:
+        return int(self._rows(self.names.q["count_destinations"])[0][0])
+
     def _count(self, at: datetime) -> StoreCounts:
         """Exact while the table is small; past EXACT_COUNT_LIMIT rows (the planner's estimate) the
         total is that estimate and per-destination counts are left out: `stats` never scans millions."""

@@ -146,6 +146,10 @@ FROM {table};
 -- name: count_by_destination
 SELECT destination, count(*) FROM {table} GROUP BY destination ORDER BY count(*) DESC LIMIT 1000;
 
+-- Asked only when count_by_destination came back full: how many destinations there are.
+-- name: count_destinations
+SELECT count(DISTINCT destination) FROM {table};
+
 -- name: create_queues_table
 CREATE TABLE IF NOT EXISTS duetime_queues (
     name TEXT NOT NULL PRIMARY KEY,

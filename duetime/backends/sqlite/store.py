@@ -227,6 +227,9 @@ class SyncSqliteStore(StoreRules):
         with self._lock:
             return int(self._conn.execute(self.q["count_due"], {"at": to_micros(at)}).fetchone()[0])
 
+    def _count_destinations(self) -> int:
+        return int(self._conn.execute(self.q["count_destinations"]).fetchone()[0])
+
     def _count(self, at: datetime) -> StoreCounts:
         q = self.q
         with self._lock:
