@@ -256,6 +256,16 @@ class DueCounter(Protocol):
 
 
 @runtime_checkable
+class CarryCheck(Protocol):
+    """A transport that knows, before sending, what it could never carry unchanged."""
+
+    def cannot_carry(self, message: DelayedMessage) -> str | None:
+        """Why this transport could never carry ``message`` byte for byte (too large for the
+        server, a header it refuses or would change), or None. Limits the server tells are known
+        once the transport is started."""
+
+
+@runtime_checkable
 class ServerClock(Protocol):
     """A store whose server keeps its own time (PostgreSQL, MariaDB, Redis)."""
 

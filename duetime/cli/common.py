@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 from collections.abc import Iterable
@@ -12,15 +13,16 @@ import typer
 
 from duetime.clock import SYSTEM
 from duetime.durations import parse_duration, parse_time
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, MessageRefused
 from duetime.interfaces import (
+    CarryCheck,
     DelayedMessageStore,
     InspectableQueue,
     TransactionalStore,
     Transport,
 )
 from duetime.logs import LogFormat, configure
-from duetime.message import check_due_time
+from duetime.message import DelayedMessage, check_due_time
 from duetime.registry import (
     DEFAULT_STORE_URL,
     check_store_exists,
@@ -163,6 +165,29 @@ def _confirm(question: str, yes: bool) -> None:
         raise ConfigurationError(f"{question} Add --yes to go ahead (no terminal to ask on).")
     if not typer.confirm(question, default=False):
         raise typer.Exit(1)
+
+
+async def refuse_uncarriable(store_url: str, transport: str | None, message: DelayedMessage) -> None:
+    """Refuse, before storing it, a message the transport could never carry unchanged (too large,
+    a header it refuses or would change): stored, it would only fail when due. A transport that
+    cannot be reached now is checked by its own rules alone (the server's limits then wait for
+    the dispatcher)."""
+    try:
+        url = _transport_url(store_url, transport)
+        t = open_transport(url)
+    except ConfigurationError:
+        return
+    try:
+        if not isinstance(t, CarryCheck):
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(t.start(), 5)
+        reason = t.cannot_carry(message)
+    finally:
+        with contextlib.suppress(Exception):
+            await t.close()
+    if reason:
+        raise MessageRefused(f"{redact(url)} could never carry this message: {reason}. Nothing was stored.")
 
 
 async def _warn_undeclared(store_url: str, transport: str | None, destinations: Iterable[str]) -> None:

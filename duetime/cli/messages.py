@@ -28,6 +28,7 @@ from duetime.cli.common import (
     _transport_url,
     _warn_undeclared,
     app,
+    refuse_uncarriable,
 )
 from duetime.client import DelayedMessageClient
 from duetime.clock import SYSTEM
@@ -71,6 +72,10 @@ def schedule(
     """
     payload = body_file.read() if body_file is not None else body.encode()
     due = _due(in_, at)
+    shape = DelayedMessage.create(
+        destination, payload, delay=0, headers=_headers(header), message_id=message_id
+    )
+    _run(lambda: refuse_uncarriable(store, transport, shape))
 
     async def go() -> DelayedMessage:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()

@@ -101,3 +101,31 @@ async def test_a_message_the_broker_can_never_carry_fails_alone(
         assert stats.dead_lettered == 0
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    ("transport", "header", "said"),
+    [
+        ("NATS", "Nats-Expected-Stream=other", "header 'Nats-Expected-Stream' is NATS's own"),
+        ("NATS", "bad name=v", "header name 'bad name' is not allowed on NATS"),
+        ("RABBITMQ", "n" * 200 + "=v", "is over AMQP's 128 bytes (it would be cut)"),
+    ],
+)
+def test_schedule_refuses_what_its_transport_could_never_carry(
+    tmp_path: Path, transport: str, header: str, said: str
+) -> None:
+    """Stored, such a message would only fail when due: `schedule` says so at once."""
+    from tests import services
+    from tests.conftest import run_cli
+
+    url = getattr(services, transport)
+    services.require(url)
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    assert run_cli("setup", "--store", store).returncode == 0
+    done = run_cli(
+        "schedule", "orders", "hi", "--in", "1h", "--header", header, "--store", store, "--transport", url
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert said in line and "Nothing was stored" in line, line
+    assert run_cli("list", "--json", "--store", store).stdout == ""

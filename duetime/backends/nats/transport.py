@@ -205,8 +205,16 @@ class NatsTransport(AsyncClosing):
             )
         return None
 
+    def cannot_carry(self, message: DelayedMessage) -> str | None:
+        refused = self._refusal(message, self._headers_of(message))
+        return None if refused is None else str(refused)
+
+    @staticmethod
+    def _headers_of(m: DelayedMessage) -> dict[str, str]:
+        return outgoing_headers(m) | {"Nats-Msg-Id": m.message_id, "duetime-message-id": m.message_id}
+
     async def _publish(self, m: DelayedMessage) -> Exception | None:
-        headers = outgoing_headers(m) | {"Nats-Msg-Id": m.message_id, "duetime-message-id": m.message_id}
+        headers = self._headers_of(m)
         refused = self._refusal(m, headers)
         if refused is not None:
             return MessageRefused(f"NATS cannot carry message {m.message_id}: {refused}")

@@ -304,12 +304,22 @@ class RabbitMqTransport(AsyncClosing):
                 )
         return None
 
+    def cannot_carry(self, message: DelayedMessage) -> str | None:
+        frame_max = DEFAULT_FRAME_MAX  # until started: then the broker's own
+        underlay = self._connection.transport if self._connection is not None else None
+        if underlay is not None:
+            frame_max = underlay.connection.connection_tune.frame_max or DEFAULT_FRAME_MAX
+        refused = self._refusal(self._publish_of(message), frame_max)
+        return None if refused is None else str(refused)
+
+    @staticmethod
+    def _publish_of(m: DelayedMessage) -> Publish:
+        return Publish("", m.destination, m.body, amqp_properties_of(m, outgoing_headers(m)))
+
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         if not messages:
             return []
-        outcomes = await self.publish_all(
-            [Publish("", m.destination, m.body, amqp_properties_of(m, outgoing_headers(m))) for m in messages]
-        )
+        outcomes = await self.publish_all([self._publish_of(m) for m in messages])
         results: list[Exception | None] = []
         lost = False
         for m, outcome in zip(messages, outcomes, strict=True):
