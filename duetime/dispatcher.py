@@ -51,6 +51,9 @@ log = logging.getLogger("duetime.dispatcher")
 #: A host clock further than this from the store server's is logged; the server's is looked at
 #: again every SKEW_RECHECK seconds (a host clock can be stepped while it runs).
 SKEW_WARNING, SKEW_RECHECK = 1.0, 60.0
+#: A skew this small (plus half the round trip that measured it) is measuring noise, not a wrong
+#: clock: the host's clock is kept as it is, so its own readings and the dispatcher's agree.
+SKEW_IGNORED = 0.05
 #: Failures another try cannot mend: straight to the error queue, without retries.
 NOT_RETRIED = (DestinationNotFound, MessageRefused)
 #: How long a message that no queue of its transport can carry waits before it is tried again.
@@ -235,6 +238,8 @@ class Dispatcher:
             return
         trip = self.clock.monotonic() - started
         offset = server - (before + timedelta(seconds=trip / 2))
+        if abs(offset.total_seconds()) <= SKEW_IGNORED + trip / 2:
+            offset = timedelta(0)  # agreement within what can be measured: the host's clock is right
         changed = abs((offset - self._aligned.offset).total_seconds()) > SKEW_WARNING
         self._aligned.offset = offset
         if abs(offset.total_seconds()) > SKEW_WARNING and (starting or changed):

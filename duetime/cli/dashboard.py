@@ -95,12 +95,13 @@ def dashboard(
     if not 0 < answer_within <= 3600:
         raise typer.BadParameter("--timeout must be more than 0s and at most 1h")
     credentials = Credentials.from_env()
+    sock = bind(host, port, what="The dashboard port", option="--port")  # an address it lacks: first
     if credentials is None and not allow_no_password and not loopback(host):
+        sock.close()
         raise typer.BadParameter(
             f"--host {host} lets other machines in, and no DUETIME_DASHBOARD_PASSWORD is set: set "
             "one, or pass --allow-no-password to open the read-only pages to anyone who reaches the port"
         )
-    sock = bind(host, port, what="The dashboard port", option="--port")
 
     async def serve() -> None:
         import uvicorn
