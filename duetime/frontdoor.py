@@ -39,7 +39,17 @@ from duetime.interfaces import (
 )
 from duetime.message import DUE_AT_HEADER, Delay, DelayedMessage, check_headers, new_message_id
 from duetime.names import check_name
-from duetime.nservicebus import CLEAR_TIMEOUTS, EXPIRE, REPLY_TO, ROUTE_TO, from_wire, saga_group
+from duetime.nservicebus import (
+    CLEAR_TIMEOUTS,
+    DUE_ON_ARRIVAL,
+    DUE_ON_ARRIVAL_WITHIN,
+    EXPIRE,
+    REPLY_TO,
+    ROUTE_TO,
+    from_wire,
+    is_timeout,
+    saga_group,
+)
 
 log = logging.getLogger("duetime.frontdoor")
 
@@ -101,6 +111,14 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTime
         raise
     except Exception as error:
         raise InvalidMessage(f"the message cannot be read ({type(error).__name__}: {error}).") from None
+
+
+def _mark_due_on_arrival(message: DelayedMessage, now: datetime) -> DelayedMessage:
+    """An NServiceBus timeout already due on arrival is forwarded with its headers as they came,
+    as NServiceBus does (see :data:`~duetime.nservicebus.DUE_ON_ARRIVAL`)."""
+    if not is_timeout(message.headers) or message.due_at - DUE_ON_ARRIVAL_WITHIN > now:
+        return message
+    return message.with_changes(headers={**message.headers, DUE_ON_ARRIVAL: "true"})
 
 
 def _envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTimeouts:
@@ -263,7 +281,7 @@ class FrontDoor:
             if isinstance(parsed, ClearTimeouts):
                 clears.append((item, parsed))
             else:
-                good.append((item, parsed))
+                good.append((item, _mark_due_on_arrival(parsed, self.dispatcher.clock.now())))
         refused: list[tuple[ReceivedMessage, InvalidMessage]] = []
         before = (self.duplicates, self.rejected)
         while good:

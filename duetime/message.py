@@ -255,8 +255,10 @@ def outgoing_headers_json(stored_json: str, due_at: datetime, message_id: str) -
     """
     if f'"{nservicebus.EXPIRE}"' in stored_json:
         headers = json.loads(stored_json)
-        if nservicebus.is_timeout(headers):
-            headers = nservicebus.dispatch_headers(headers, message_id, SYSTEM.now())
+        as_sent = headers.pop(nservicebus.DUE_ON_ARRIVAL, None) is not None
+        if as_sent or nservicebus.is_timeout(headers):
+            if not as_sent:
+                headers = nservicebus.dispatch_headers(headers, message_id, SYSTEM.now())
             headers[DUE_AT_HEADER] = due_at.isoformat()
             return json.dumps(headers, separators=(",", ":"), ensure_ascii=False)
     text = stored_json.strip()
@@ -272,11 +274,14 @@ def traceparent_of(stored_json: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def outgoing_headers(message: DelayedMessage) -> dict[str, str]:
+def outgoing_headers(message: DelayedMessage, *, dispatching: bool = True) -> dict[str, str]:
     """The headers a destination receives: the message's own plus its due time, and for an
-    NServiceBus timeout what the timeout manager adds when it dispatches one."""
+    NServiceBus timeout that is ``dispatching`` (sent because it is due, as the timeout manager
+    sends stored timeouts) what the timeout manager adds then. A timeout handed on before it is
+    due (to RabbitMQ's native delays, as the migration tool does) keeps its headers as stored."""
     headers = dict(message.headers)
-    if nservicebus.is_timeout(headers):
+    as_sent = headers.pop(nservicebus.DUE_ON_ARRIVAL, None) is not None
+    if dispatching and not as_sent and nservicebus.is_timeout(headers):
         headers = nservicebus.dispatch_headers(headers, message.message_id, SYSTEM.now())
     headers[DUE_AT_HEADER] = message.due_at.isoformat()
     return headers

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 #: The timeout manager's headers (NServiceBus 7: TimeoutManagerHeaders).
 EXPIRE = "NServiceBus.Timeout.Expire"
@@ -47,6 +47,16 @@ def from_wire(value: str) -> datetime | None:
         return None
     day, clock, fraction = match.groups()
     return datetime.fromisoformat(f"{day}T{clock}.{fraction.ljust(6, '0')}+00:00")
+
+
+#: Marks a timeout that was already due when it reached the front door. NServiceBus's timeout
+#: manager forwards such a message at once with its id and headers as they came
+#: (``StoreTimeoutBehavior``: ``Time - 1 s <= UtcNow``): no TimeSent of its own, no
+#: RelatedToTimeoutId, since no timeout was stored. duetime stores it (nothing is lost if the
+#: forward fails) and delivers it at once the same way; the mark itself is never sent.
+DUE_ON_ARRIVAL = "duetime-nsb-due-on-arrival"
+#: How close to its due time an arriving timeout counts as due (NServiceBus's one second).
+DUE_ON_ARRIVAL_WITHIN = timedelta(seconds=1)
 
 
 def is_timeout(headers: Mapping[str, str]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from duetime.bulk.records import (
@@ -20,7 +21,7 @@ from duetime.bulk.records import (
     store_headers,
     to_header_infos,
 )
-from duetime.clock import from_micros
+from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError
 from duetime.sqldb import Database
 
@@ -164,6 +165,13 @@ class DuetimeLayout(Layout):
         )
 
 
+#: The timeout migration tool's cutoff when none is given: ``DateTime.Parse("2012-01-01")`` in its
+#: Program.cs, for preview and migrate alike. The endpoint never sends older timeouts either (its
+#: poller starts ten years back and SQL persistence asks for ``Time > start``).
+TOOL_CUTOFF = datetime(2012, 1, 1, tzinfo=UTC)
+TOOL_CUTOFF_US = to_micros(TOOL_CUTOFF)
+
+
 class TimeoutDataLayout(Layout):
     """NServiceBus SQL persistence's ``TimeoutData``: Id, Destination, SagaId, State, Time,
     Headers (JSON), PersistenceVersion. ``Time`` is UTC without a zone; ``State`` is the body."""
@@ -177,6 +185,11 @@ class TimeoutDataLayout(Layout):
 
     def table_for(self, endpoint: str) -> str:
         return self.db.table or f"{endpoint.replace('.', '_')}{self.suffix}"
+
+    def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
+        """Without a cutoff, the timeout migration tool's own: timeouts due before 2012 stay where
+        they are, as the tool leaves them (and as the endpoint never sent them)."""
+        return super().selection(TOOL_CUTOFF_US if cutoff_us is None else cutoff_us, now_us)
 
     def due_param(self, due_us: int) -> Any:
         return from_micros(due_us).replace(tzinfo=None)

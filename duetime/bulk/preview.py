@@ -9,7 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from duetime.bulk.frames import Checked, batch_frame, checked_files, file_kind, record_frame
-from duetime.bulk.sources import Batch, DbSource
+from duetime.bulk.layouts import TOOL_CUTOFF, TOOL_CUTOFF_US, TimeoutDataLayout
+from duetime.bulk.sources import Batch, DbSource, left_before
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.sqldb import Database
@@ -157,7 +158,16 @@ def preview(
             "fire on the old endpoint while the migration runs; migrate them later (a --cutoff) or accept it."
         )
     if file_kind(source_url) is None:
-        _describe_tables(result, DbSource(Database.from_url(source_url), renames=renames), endpoint)
+        described = DbSource(Database.from_url(source_url), renames=renames)
+        _describe_tables(result, described, endpoint)
+        if cutoff_us is None and isinstance(described.layout, TimeoutDataLayout):
+            older = left_before(described, described.tables(endpoint), TOOL_CUTOFF_US)
+            if older:
+                result.warnings.append(
+                    f"{older:,} timeouts are due before {TOOL_CUTOFF.date()} and stay where they are: "
+                    "without --cutoff that is the timeout migration tool's cutoff, and NServiceBus "
+                    "never sends them either. Give --cutoff to choose another."
+                )
         if target_url is not None:
             source = DbSource(Database.from_url(source_url), renames=renames)
             wanted = source.destinations(source.tables(endpoint), cutoff_us, now_us)

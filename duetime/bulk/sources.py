@@ -453,6 +453,22 @@ class DbSource:
         return total
 
 
+def left_before(source: DbSource, endpoints: Sequence[tuple[str, str]], before_us: int) -> int:
+    """Rows of the source tables due before ``before_us``: what a cutoff leaves where it is."""
+    layout = source.layout
+    total = 0
+    with source.db.session(write=False) as conn:
+        for _, table in endpoints:
+            total += int(
+                source.db.execute(
+                    conn,
+                    f"SELECT COUNT(*) FROM {source.db.qualified(table)} WHERE {source.db.quote(layout.due)} < %s",
+                    [layout.due_param(before_us)],
+                ).fetchone()[0]
+            )
+    return total
+
+
 #: How a block bound is written in the batches table (a run planned by key ranges, before block
 #: ranges, resumes by its key ranges).
 BLOCK = "@block "

@@ -600,7 +600,7 @@ class NativeDelayTarget:
                 sent, conflicts = 0, []
                 for start in range(0, len(messages), 1000):
                     chunk = messages[start : start + 1000]
-                    results = await native.send_batch(chunk)
+                    results = await native.send_batch(chunk, dispatching=False)  # as the tool does
                     for message, result in zip(chunk, results, strict=True):
                         if result is None:
                             sent += 1

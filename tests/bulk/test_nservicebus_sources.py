@@ -244,7 +244,22 @@ def test_the_native_target_refuses_before_anything_moves_and_sends_what_nservice
         assert props.message_type == "Shipping.PolicyTimeout" and props.reply_to == ENDPOINT
         assert props.content_type == "application/octet-stream" and props.delivery_mode == 2
         assert isinstance(props.headers["NServiceBus.Transport.RabbitMQ.DelayInSeconds"], int)
-        assert props.headers["NServiceBus.RelatedToTimeoutId"]  # the TimeoutData Id
+        # T4: the stored headers untouched, plus DelayInSeconds (which the receiving transport
+        # strips): no TimeSent of the migration, no RelatedToTimeoutId (the tool adds neither)
+        stored = {
+            k: v
+            for k, v in json.loads(persister_row("ok", now, destination=dest)[5]).items()
+            if v is not None
+        }
+        arrived = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in props.headers.items()}
+        assert "NServiceBus.RelatedToTimeoutId" not in arrived and "NServiceBus.TimeSent" not in arrived
+        assert {k: arrived[k] for k in stored if k != "NServiceBus.Timeout.Expire"} == {
+            k: v for k, v in stored.items() if k != "NServiceBus.Timeout.Expire"
+        }
+        assert set(arrived) - set(stored) == {
+            "NServiceBus.Transport.RabbitMQ.DelayInSeconds",
+            "duetime-due-at",
+        }
         asyncio.run(_delete(dest))
 
 
@@ -280,3 +295,27 @@ async def _delete(queue: str) -> None:
     await channel.queue_delete(queue)
     await channel.exchange_delete(queue)
     await connection.close()
+
+
+def test_without_a_cutoff_timeouts_before_2012_stay_as_the_migration_tool_leaves_them(
+    spark: Any, legacy: tuple[str, str]
+) -> None:
+    """The tool's Program.cs takes ``Time >= 2012-01-01`` when no --cutoffTime is given (T3); the
+    endpoint never sends older ones either. duetime moved them all, and delivered 2011's at once."""
+    source, store = legacy
+    db = Database.from_url(source)
+    create_timeoutdata_as_nservicebus(db)
+    old = persister_row("from-2011", datetime(2011, 6, 1, tzinfo=UTC))
+    new = persister_row("next-week", (datetime.now(UTC) + timedelta(days=7)).replace(microsecond=0))
+    insert(db, [old, new])
+    renames = {"Shipping_Policy": ENDPOINT}
+    found = preview(spark, source, renames=renames)
+    assert found.total == 1
+    assert any(
+        w.startswith("1 timeouts are due before 2012-01-01 and stay where they are") for w in found.warnings
+    )
+    result = migrate(spark, MigrationSpec(source, store, batch_rows=100, renames=tuple(renames.items())))
+    assert result.inserted == 1, result.notes
+    moved = store_rows(store, ENDPOINT)
+    assert [m.headers["NServiceBus.MessageId"] for m in moved.values()] == ["next-week"]
+    assert count(db, TABLE) == 1  # 2011's stays with NServiceBus, as the tool leaves it

@@ -140,7 +140,7 @@ async def test_an_nservicebus_sender_reaches_the_front_door_and_its_timeout_come
     transport = RabbitMqTransport.from_url(RABBITMQ)  # queue_type=classic: the quorum queue is accepted
     dispatcher, door, store = await running(tmp_path, endpoint, transport)
     saga = str(uuid.uuid4())
-    soon = datetime.now(UTC) + timedelta(seconds=1)
+    soon = datetime.now(UTC) + timedelta(seconds=3)  # stored: more than NServiceBus's 1 s away (N6)
     routed = timeout_headers(
         "t-routed", expire=soon, saga=saga, **{"NServiceBus.Timeout.RouteExpiredTimeoutTo": destination}
     )
@@ -176,6 +176,45 @@ async def test_an_nservicebus_sender_reaches_the_front_door_and_its_timeout_come
     assert props.delivery_mode == 2
     assert by_id["t-reply"].header.properties.headers["NServiceBus.RelatedToTimeoutId"] == "t-reply"
     assert door.stored == 2
+    await store.close()
+    await transport.close()
+
+
+async def test_a_timeout_already_due_on_arrival_is_forwarded_with_its_headers_as_they_came(
+    nsb: Endpoint, tmp_path: Path
+) -> None:
+    """N6: when ``Time - 1 s <= UtcNow`` the timeout manager forwards the message at once with its
+    incoming id and headers unchanged: the sender's TimeSent, no RelatedToTimeoutId (no timeout
+    was stored). duetime gave such envelopes the headers of a stored timeout (20 of 20 differed)."""
+    endpoint = f"Sales-{uuid.uuid4().hex[:6]}"
+    await nsb.conventional_queue(front_door_queue(endpoint), quorum=True)
+    destination = f"Sales.Orders-{uuid.uuid4().hex[:6]}"
+    await nsb.conventional_queue(destination)
+    transport = RabbitMqTransport.from_url(RABBITMQ)
+    dispatcher, door, store = await running(tmp_path, endpoint, transport)
+    now = datetime.now(UTC)
+    sent = {
+        f"due-{i}": timeout_headers(
+            f"due-{i}",
+            expire=now + timedelta(milliseconds=500) if i % 2 else now - timedelta(minutes=i),
+            saga=str(uuid.uuid4()),
+            **{"NServiceBus.Timeout.RouteExpiredTimeoutTo": destination},
+        )
+        for i in range(20)
+    }
+    for headers in sent.values():
+        await nsb.send(front_door_queue(endpoint), b"{}", headers)
+    task = asyncio.gather(dispatcher.run(), door.run())
+    got = [await nsb.get(destination) for _ in sent]
+    dispatcher.stop()
+    await task
+    assert all(m is not None for m in got)
+    for m in got:
+        props, headers = m.header.properties, m.header.properties.headers
+        came = sent[props.message_id]  # its incoming id
+        assert "NServiceBus.RelatedToTimeoutId" not in headers
+        assert {k: v.decode() if isinstance(v, bytes) else v for k, v in headers.items() if k in came} == came
+        assert set(headers) - set(came) == {"duetime-due-at"}  # duetime's own, said in the README
     await store.close()
     await transport.close()
 

@@ -388,10 +388,12 @@ class NativeDelays:
     # -- sending -------------------------------------------------------------------------------------
 
     async def send_batch(
-        self, messages: Sequence[DelayedMessage], now: datetime | None = None
+        self, messages: Sequence[DelayedMessage], now: datetime | None = None, *, dispatching: bool = True
     ) -> list[Exception | None]:
         """Publish each message with the delay left until its ``due_at`` (rounded up to seconds),
-        with confirms and ``mandatory``; per-message results like any transport."""
+        with confirms and ``mandatory``; per-message results like any transport. Not
+        ``dispatching`` (a migration hands stored timeouts on), an NServiceBus timeout keeps its
+        stored headers, plus only ``DelayInSeconds``, as the timeout migration tool publishes it."""
         moment = now or SYSTEM.now()
         results: list[Exception | None] = [None] * len(messages)
         publishes = []
@@ -404,7 +406,7 @@ class NativeDelays:
                 results[i] = error
                 continue
             level = first_level(seconds)
-            headers: dict[str, Any] = outgoing_headers(m)
+            headers: dict[str, Any] = outgoing_headers(m, dispatching=dispatching)
             headers[DELAY_IN_SECONDS] = Int32(seconds)  # as NServiceBus's sender; stripped on arrival
             publishes.append(
                 Publish(
