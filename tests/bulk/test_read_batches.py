@@ -29,12 +29,14 @@ from tests.bulk.test_nservicebus_sources import create_timeoutdata_as_nservicebu
 from tests.services import mariadb_database, postgres_schema
 
 
-def _both_ways(url: str, endpoint: str, *, in_the_server: bool = True) -> tuple[pa.Table, pa.Table]:
+def _both_ways(
+    url: str, endpoint: str, *, in_the_server: bool = True, cutoff: int | None = None
+) -> tuple[pa.Table, pa.Table]:
     source = DbSource(Database.from_url(url), in_flight=True)
     now = to_micros(SYSTEM.now())
-    batches = source.plan(endpoint, None, now, 1000)
+    batches = source.plan(endpoint, cutoff, now, 1000)
     records = pa.Table.from_batches(
-        [b for batch in batches for b in arrow_chunks((r, None) for r in source.read(batch, None, now))]
+        [b for batch in batches for b in arrow_chunks((r, None) for r in source.read(batch, cutoff, now))]
     )
     if in_the_server:  # proof that the columns did not come through records
 
@@ -42,7 +44,7 @@ def _both_ways(url: str, endpoint: str, *, in_the_server: bool = True) -> tuple[
             raise AssertionError("read through records")
 
         source.read = no_records  # type: ignore[method-assign,assignment]
-    columns = pa.Table.from_batches([b for batch in batches for b in source.read_batches(batch, None, now)])
+    columns = pa.Table.from_batches([b for batch in batches for b in source.read_batches(batch, cutoff, now)])
     return records.sort_by("message_id"), columns.sort_by("message_id")
 
 
@@ -120,7 +122,8 @@ def test_timeoutdata_reads_the_same_both_ways() -> None:
         rows.append((str(uuid.uuid4()), rows[0][1], None, None, *rows[0][4:]))  # no SagaId, no State
         assert rows[0][2] == EMPTY_GUID
         insert(db, rows)
-        _assert_same(*_both_ways(url + "&layout=timeoutdata", "Shipping.Policy"), 6)
+        every = to_micros(datetime(1, 1, 1, tzinfo=UTC))  # not the tool's 2012: the edge rows too
+        _assert_same(*_both_ways(url + "&layout=timeoutdata", "Shipping.Policy", cutoff=every), 6)
 
 
 @pytest.mark.parametrize("timeoutdata", [False, True])

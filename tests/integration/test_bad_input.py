@@ -647,7 +647,28 @@ async def test_queues_receive_keeps_every_byte_of_a_body(tmp_path: Path, where: 
 def test_a_redis_that_may_evict_what_the_store_keeps_is_refused(tmp_path: Path) -> None:
     """On a Redis with ``maxmemory 3mb`` and ``allkeys-lru``, 4,000 schedules answered OK and 773
     messages were left, the schema key evicted too. A private redis-server, never the shared one."""
+    import redis
+
+    with private_redis(tmp_path, "3mb", "allkeys-lru") as url:
+        for args in (["setup"], ["check"], ["run", "--burst"], ["stats"]):
+            done = cli(*args, "--store", url, *([] if args == ["setup"] else ["--transport", url]))
+            assert done.returncode == 1, (args, done.stdout, done.stderr)
+            [line] = done.stderr.strip().splitlines()
+            assert "maxmemory-policy allkeys-lru" in line and "noeviction" in line, line
+        client = redis.Redis.from_url(url)
+        client.config_set("maxmemory-policy", "noeviction")
+        client.close()
+        assert cli("setup", "--store", url).returncode == 0
+        assert cli("check", "--store", url, "--transport", url).returncode == 0
+
+
+@contextlib.contextmanager
+def private_redis(folder: Path, maxmemory: str, policy: str) -> Iterator[str]:
+    """A redis-server of the test's own on a free port (never the shared one), with a memory
+    limit and an eviction policy; its URL."""
     import shutil
+
+    import redis
 
     from tests.services import free_port, until
 
@@ -655,43 +676,20 @@ def test_a_redis_that_may_evict_what_the_store_keeps_is_refused(tmp_path: Path) 
     if server is None:
         pytest.fail("redis-server is not installed (Debian's redis-server package)")
     port = free_port()
+    settings = {"port": str(port), "bind": "127.0.0.1", "save": "", "appendonly": "no", "dir": str(folder)}
+    settings |= {"maxmemory": maxmemory, "maxmemory-policy": policy}
     process = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-            "--maxmemory",
-            "3mb",
-            "--maxmemory-policy",
-            "allkeys-lru",
-        ],
+        [server, *(part for name, value in settings.items() for part in (f"--{name}", value))],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
     try:
-        import redis
-
-        client = redis.Redis.from_url(url)
         until(lambda: _answers(client), 20, "the private redis-server")
-        for args in (["setup"], ["check"], ["run", "--burst"], ["stats"]):
-            done = cli(*args, "--store", url, *([] if args == ["setup"] else ["--transport", url]))
-            assert done.returncode == 1, (args, done.stdout, done.stderr)
-            [line] = done.stderr.strip().splitlines()
-            assert "maxmemory-policy allkeys-lru" in line and "noeviction" in line, line
-        client.config_set("maxmemory-policy", "noeviction")
-        assert cli("setup", "--store", url).returncode == 0
-        assert cli("check", "--store", url, "--transport", url).returncode == 0
-        client.close()
+        yield url
     finally:
+        client.close()
         process.terminate()
         process.wait(timeout=10)
 
@@ -768,41 +766,7 @@ def test_a_full_disk_under_a_sqlite_store_is_one_line_naming_the_file(tmp_path: 
 
 
 def test_redis_out_of_memory_is_one_line(tmp_path: Path) -> None:
-    import shutil
-
-    from tests.services import free_port, until
-
-    server = shutil.which("redis-server")
-    assert server is not None, "redis-server is not installed (Debian's redis-server package)"
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-            "--maxmemory",
-            "2mb",
-            "--maxmemory-policy",
-            "noeviction",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        import redis
-
-        client = redis.Redis.from_url(url)
-        until(lambda: _answers(client), 20, "the private redis-server")
-        client.close()
+    with private_redis(tmp_path, "2mb", "noeviction") as url:
         assert cli("setup", "--store", url).returncode == 0
         body = tmp_path / "body.bin"
         body.write_bytes(os.urandom(600_000))
@@ -814,9 +778,6 @@ def test_redis_out_of_memory_is_one_line(tmp_path: Path) -> None:
                 break
         [line] = said.strip().splitlines()
         assert "is out of memory" in line and "maxmemory" in line and "internal error" not in line, line
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def test_list_all_streams_page_by_page_and_show_caps_what_a_terminal_gets(tmp_path: Path) -> None:

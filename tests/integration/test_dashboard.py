@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -32,18 +31,6 @@ from tests.services import free_port, postgres_schema, until
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.slow
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-#: Chromium on a closed network: no background connections, no sandbox (tests run as root here).
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 PASSWORD = "correct horse"
 ENDPOINT = "shop"
 
@@ -143,16 +130,6 @@ def store_now() -> Any:
     from duetime.clock import SYSTEM
 
     return SYSTEM.now()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is not installed: apt-get install chromium (scripts/test.sh does)")
-    with playwright.sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield launched
-        launched.close()
 
 
 def page_for(browser: Any, *, login: bool = True) -> Any:

@@ -15,7 +15,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -25,8 +24,6 @@ from duetime import DelayedMessage, TransactionMode
 from duetime.backends.postgres import SyncPostgresStore
 from tests.conftest import run_cli
 from tests.integration.test_dashboard import (
-    CHROMIUM,
-    FLAGS,
     PASSWORD,
     basic,
     dashboard,
@@ -75,16 +72,6 @@ def hostile() -> Iterator[dict[str, Any]]:
         assert len(errors_in_queue(url)) == 2
         yield {"url": url, "store": store, "later": later, "lost": lost}
         store.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is not installed: apt-get install chromium (scripts/test.sh does)")
-    with playwright.sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield launched
-        launched.close()
 
 
 class Watched:
