@@ -113,13 +113,23 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield number, line
 
 
-def validate(path: Path, now: datetime, max_problems: int = 20) -> LoadReport:
-    """First pass: count the lines and collect problems, storing nothing."""
+def validate(
+    path: Path,
+    now: datetime,
+    max_problems: int = 20,
+    carry: Callable[[DelayedMessage], str | None] | None = None,
+) -> LoadReport:
+    """First pass: count the lines and collect problems, storing nothing. ``carry`` says why the
+    transport could never carry a message (too large, a header it refuses): that line's problem."""
     report = LoadReport()
     for number, text in _lines(path):
         report.lines += 1
         try:
-            report.destinations.add(parse_line(text, number, now).destination)
+            message = parse_line(text, number, now)
+            refused = carry(message) if carry is not None else None
+            if refused:
+                raise InvalidMessage(f"line {number}: {refused}.")
+            report.destinations.add(message.destination)
         except InvalidMessage as error:
             if len(report.problems) < max_problems:
                 report.problems.append(str(error))

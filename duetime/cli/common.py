@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -167,27 +167,46 @@ def _confirm(question: str, yes: bool) -> None:
         raise typer.Exit(1)
 
 
-async def refuse_uncarriable(store_url: str, transport: str | None, message: DelayedMessage) -> None:
-    """Refuse, before storing it, a message the transport could never carry unchanged (too large,
-    a header it refuses or would change): stored, it would only fail when due. A transport that
-    cannot be reached now is checked by its own rules alone (the server's limits then wait for
-    the dispatcher)."""
+#: Why a transport could never carry a message (None: it can), with the transport named.
+CarryRule = Callable[[DelayedMessage], "str | None"]
+
+
+@contextlib.asynccontextmanager
+async def carry_rule(store_url: str, transport: str | None) -> AsyncIterator[CarryRule | None]:
+    """The rule a message must meet to be carried by the transport it will go to (too large, a
+    header it refuses or would change), for checking before storing: stored, such a message
+    would only fail when due. None when the transport has no such rules. A transport that cannot
+    be reached now is checked by its own rules alone (the server's limits wait for the dispatcher)."""
     try:
         url = _transport_url(store_url, transport)
         t = open_transport(url)
     except ConfigurationError:
+        yield None
         return
     try:
         if not isinstance(t, CarryCheck):
+            yield None
             return
         with contextlib.suppress(Exception):
             await asyncio.wait_for(t.start(), 5)
-        reason = t.cannot_carry(message)
+        checker = t
+
+        def rule(message: DelayedMessage) -> str | None:
+            reason = checker.cannot_carry(message)
+            return None if reason is None else f"{redact(url)} could never carry this message: {reason}"
+
+        yield rule
     finally:
         with contextlib.suppress(Exception):
             await t.close()
+
+
+async def refuse_uncarriable(store_url: str, transport: str | None, message: DelayedMessage) -> None:
+    """MessageRefused, before storing, for a message its transport could never carry."""
+    async with carry_rule(store_url, transport) as rule:
+        reason = rule(message) if rule is not None else None
     if reason:
-        raise MessageRefused(f"{redact(url)} could never carry this message: {reason}. Nothing was stored.")
+        raise MessageRefused(f"{reason}. Nothing was stored.")
 
 
 async def _warn_undeclared(store_url: str, transport: str | None, destinations: Iterable[str]) -> None:

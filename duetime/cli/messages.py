@@ -28,6 +28,7 @@ from duetime.cli.common import (
     _transport_url,
     _warn_undeclared,
     app,
+    carry_rule,
     refuse_uncarriable,
 )
 from duetime.client import DelayedMessageClient
@@ -109,7 +110,8 @@ def load(
 
     Each line: {"destination": "orders", "due_at": "2030-01-01T09:00:00Z" or "delay": "10m",
     "body": "text" or "body_base64": "...", "headers": {...}, "id": "optional"}. The whole file is
-    checked first; if any line is wrong nothing is stored and every problem is listed. Give every
+    checked first (also against what the transport could never carry: too large, a header it
+    refuses); if any line is wrong nothing is stored and every problem is listed. Give every
     line an "id" if the load may need re-running (--skip-duplicates recognises stored ids; a line
     without one gets a new id each run).
     """
@@ -131,7 +133,8 @@ def load(
                 console=err,
             ) as bar:
                 checking = bar.add_task("checking", total=None)
-                checked = validate(file, now)
+                async with carry_rule(store, transport) as rule:  # what the transport could never carry
+                    checked = validate(file, now, carry=rule)
                 bar.update(checking, total=checked.lines, completed=checked.lines)
                 task = bar.add_task("storing", total=checked.lines)
                 return await load_file(

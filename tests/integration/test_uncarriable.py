@@ -129,3 +129,25 @@ def test_schedule_refuses_what_its_transport_could_never_carry(
     [line] = done.stderr.strip().splitlines()
     assert said in line and "Nothing was stored" in line, line
     assert run_cli("list", "--json", "--store", store).stdout == ""
+
+
+def test_load_lists_what_its_transport_could_never_carry_and_stores_nothing(tmp_path: Path) -> None:
+    import json
+
+    from tests import services
+    from tests.conftest import run_cli
+
+    services.require(services.NATS)
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    assert run_cli("setup", "--store", store).returncode == 0
+    lines = [
+        {"destination": "orders", "delay": "1h", "body": "fine"},
+        {"destination": "orders", "delay": "1h", "body": "bad", "headers": {"a:b": "v"}},
+    ]
+    file = tmp_path / "in.jsonl"
+    file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = run_cli("load", str(file), "--store", store, "--transport", services.NATS)
+    assert done.returncode == 1
+    assert "line 2: nats://" in done.stderr and "header name 'a:b' is not allowed on NATS" in done.stderr
+    assert "nothing was stored" in done.stderr
+    assert run_cli("list", "--json", "--store", store).stdout == ""
