@@ -18,7 +18,7 @@ from duetime import tracing
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.clock import ServerAlignedClock, SystemClock
 from duetime.deadline import within
-from duetime.errorqueue import error_headers
+from duetime.errorqueue import KEPT_IN_STORE, error_headers
 from duetime.errors import (
     ConfigurationError,
     CriticalError,
@@ -771,6 +771,40 @@ class Dispatcher:
                 )
             except Exception as error:  # its claim expires; it is tried again then
                 self.store_breaker.failure(error)
+        await self._notice_kept([(m, r) for m, r in parked if m.failure_count == 0])
+
+    async def _notice_kept(self, kept: Sequence[tuple[DelayedMessage, Exception]]) -> None:
+        """Put a notice of each message kept in the store (the first time it is put aside) into
+        the error queue: the reason and where it was going, without its body and its own headers
+        (what could not be carried), so ``errors list`` and the dashboard show it; retrying the
+        notice reschedules the stored message, discarding it cancels the message."""
+        if not kept:
+            return
+        now = self.clock.now()
+        notices = [
+            DelayedMessage(
+                m.message_id,
+                self.settings.error_queue,
+                now,
+                b"",
+                {
+                    **error_headers(m.with_changes(headers={}), e, now, 1, endpoint=self.endpoint),
+                    KEPT_IN_STORE: "true",
+                },
+            )
+            for m, e in kept
+        ]
+        try:
+            results = await within(
+                self.transport.send_batch(notices),
+                self._deadline(self.dispatch_breaker),
+                "noting kept messages in the error queue",
+            )
+        except Exception as error:
+            results = [error] * len(notices)
+        for (m, _), result in zip(kept, results, strict=True):
+            if result is not None:
+                log.warning("could not note %s in the error queue: %s", m.message_id, one_line(result))
 
     async def _log_deliveries(
         self, done: Sequence[tuple[DelayedMessage, int]], outcome: str, at: datetime

@@ -16,6 +16,9 @@ ERROR_TIME = PREFIX + "time"
 ERROR_ATTEMPTS = PREFIX + "attempts"
 ORIGINAL_DESTINATION = PREFIX + "original-destination"
 ORIGINAL_DUE_AT = PREFIX + "original-due-at"
+#: On a notice of a message its transport could never carry, not even into the error queue: the
+#: message itself stays in the store (retry reschedules it there; discard cancels it there).
+KEPT_IN_STORE = PREFIX + "kept-in-store"
 #: The endpoint whose dispatcher (or front door) the message failed in: its error-queue commands
 #: and dashboard act on its own failures only.
 ERROR_ENDPOINT = PREFIX + "endpoint"
@@ -57,3 +60,8 @@ def failed_in(headers: Mapping[str, str], endpoint: str) -> bool:
 def without_error_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The headers as they were before the message failed (for sending it back)."""
     return {k: v for k, v in headers.items() if not k.startswith(PREFIX) and k != "duetime-due-at"}
+
+
+def kept_in_store(headers: Mapping[str, str]) -> bool:
+    """Whether an error-queue entry is a notice for a message kept in the store (see KEPT_IN_STORE)."""
+    return headers.get(KEPT_IN_STORE) == "true"

@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from duetime.errorqueue import ERROR_ENDPOINT, ORIGINAL_DESTINATION, failed_in, without_error_headers
+from duetime.clock import SYSTEM
+from duetime.errorqueue import (
+    ERROR_ENDPOINT,
+    ORIGINAL_DESTINATION,
+    failed_in,
+    kept_in_store,
+    without_error_headers,
+)
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore, InspectableQueue, ReceivedMessage
 from duetime.loader import store_new
@@ -121,7 +128,17 @@ async def send_back(
     delay: timedelta = timedelta(0),
 ) -> SentBack:
     """Store each taken message again (due after ``delay``, to ``to`` or where it was going), then
-    acknowledge it off the error queue, a round at a time."""
+    acknowledge it off the error queue, a round at a time. A notice of a message kept in the store
+    reschedules that message instead (it cannot be sent elsewhere: it never left)."""
+    kept = [m for m in taken if kept_in_store(m.headers)]
+    if kept and to:
+        raise ConfigurationError(
+            f"{kept[0].message_id} was kept in the store (its transport could never carry it); --to "
+            "cannot send it elsewhere: fix what the notice says, then retry it without --to, or cancel it."
+        )
+    again = sum([await store.reschedule(m.message_id, SYSTEM.now() + delay) for m in kept])
+    await t.acknowledge(kept)
+    taken = [m for m in taken if not kept_in_store(m.headers)]
     nowhere = [m.message_id for m in taken if not (to or goes_to(m))]
     ready = [m for m in taken if to or goes_to(m)]
     sent = stored = 0
@@ -140,4 +157,13 @@ async def send_back(
         stored += await store_new(store, messages)
         await t.acknowledge(batch)
         sent += len(batch)
-    return SentBack(sent, sent - stored, nowhere)
+    return SentBack(sent + again, sent - stored, nowhere)
+
+
+async def discard(store: DelayedMessageStore, t: InspectableQueue, taken: Sequence[ReceivedMessage]) -> int:
+    """Acknowledge the taken messages off the error queue for good; a notice of a message kept in
+    the store cancels that message too (discarding it means giving it up)."""
+    for m in taken:
+        if kept_in_store(m.headers):
+            await store.cancel(m.message_id)
+    return await t.acknowledge(taken)

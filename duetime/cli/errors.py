@@ -21,11 +21,11 @@ from duetime.cli.common import (
     errors_app,
 )
 from duetime.durations import parse_duration
-from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME
+from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME, kept_in_store
 from duetime.errors import ConfigurationError
 from duetime.interfaces import InspectableQueue, ReceivedMessage
 from duetime.names import check_name
-from duetime.sendback import EVERYTHING, chosen, goes_to, mine, open_error_transport, send_back, take
+from duetime.sendback import EVERYTHING, chosen, discard, goes_to, mine, open_error_transport, send_back, take
 from duetime.terminal import console, err, fail, say, show, table
 from duetime.terminal import run_async as _run
 from duetime.urls import redact
@@ -63,6 +63,7 @@ def _row(item: ReceivedMessage) -> dict[str, Any]:
         "failed_at": h.get(ERROR_TIME),
         "headers": dict(h),
         "size": len(item.body),
+        "kept_in_store": kept_in_store(h),
     }
 
 
@@ -152,7 +153,12 @@ def errors_list(
         grid.add_row(
             row["id"],
             row["destination"] or "?",
-            row["error"] or "?",
+            (row["error"] or "?")
+            + (
+                " (kept in the store: retry reschedules it, discard cancels it)"
+                if row["kept_in_store"]
+                else ""
+            ),
             str(row["attempts"] or "?"),
             row["failed_at"] or "?",
         )
@@ -232,13 +238,15 @@ def errors_discard(
     async def go() -> int:
         t = _error_transport(store, transport)
         await t.start()
+        s = await _open(store, endpoint)
         try:
             taken = await _pick(
                 t, error_queue, ids or [], every, destination, endpoint,
                 "Discard {n} message{s}{where} from error queue {queue!r} for good?", yes,
             )  # fmt: skip
-            return await t.acknowledge(taken)
+            return await discard(s, t, taken)
         finally:
+            await s.close()
             await t.close()
 
     console.print(f"discarded {_run(go)}")

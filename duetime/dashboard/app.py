@@ -33,7 +33,14 @@ from duetime.dashboard.security import (
 from duetime.dashboard.timeline import Timeline
 from duetime.deadline import within
 from duetime.durations import parse_duration, parse_time
-from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_STACKTRACE, ERROR_TIME, ERROR_TYPE
+from duetime.errorqueue import (
+    ERROR_ATTEMPTS,
+    ERROR_MESSAGE,
+    ERROR_STACKTRACE,
+    ERROR_TIME,
+    ERROR_TYPE,
+    kept_in_store,
+)
 from duetime.errors import ConfigurationError, DeadlineExceeded, DuetimeError, MessageInFlight, one_line
 from duetime.interfaces import (
     DelayedMessageStore,
@@ -46,7 +53,7 @@ from duetime.interfaces import (
 )
 from duetime.message import DelayedMessage, check_due_time
 from duetime.presence import DispatcherInfo, describe_claims
-from duetime.sendback import EVERYTHING, chosen, goes_to, mine, open_error_transport, send_back, take
+from duetime.sendback import EVERYTHING, chosen, discard, goes_to, mine, open_error_transport, send_back, take
 from duetime.urls import redact
 
 try:
@@ -524,6 +531,7 @@ def _error_row(item: ReceivedMessage) -> dict[str, Any]:
         "failed_at": h.get(ERROR_TIME, ""),
         "headers": [(k, _cut(v, 300)) for k, v in sorted(h.items())[:HEADERS_SHOWN]],
         "size": len(item.body),
+        "kept": kept_in_store(h),
     }
 
 
@@ -591,7 +599,7 @@ async def _error_action(request: Request, retry: bool) -> Response:
                 if done.nowhere:
                     note += f"; {len(done.nowhere)} do not say where they were going and stay (retry them with `duetime errors retry --to`)"
             else:
-                note = f"discarded {await t.acknowledge(taken)}"
+                note = f"discarded {await discard(dashboard.stores[endpoint], t, taken)}"
     except (DuetimeError, ValueError) as error:
         return _done(request, back, f"nothing done: {one_line(error)}", error=True)
     if missing:

@@ -19,6 +19,8 @@ import pytest
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode, open_store
 from duetime.clock import SYSTEM
+from duetime.errorqueue import ERROR_MESSAGE, kept_in_store
+from duetime.sendback import discard, goes_to, send_back, take
 from tests.integration.test_brokers import cleanup, open_broker
 
 pytestmark = pytest.mark.slow
@@ -99,6 +101,22 @@ async def test_a_message_the_broker_can_never_carry_fails_alone(
         said = [r.getMessage() for r in caplog.records if "can be carried neither" in r.getMessage()]
         assert len(said) == len(bad), said
         assert stats.dead_lettered == 0
+        # the error queue holds a notice of each (reason, where it was going; no body, none of its
+        # headers): what `errors list` and the dashboard show; retry reschedules, discard cancels
+        notices = await transport.peek(error_queue, 50)
+        assert sorted(n.message_id for n in notices) == sorted(m.message_id for m in bad.values())
+        for n in notices:
+            assert kept_in_store(n.headers) and n.body == b""
+            assert "cannot carry message" in n.headers[ERROR_MESSAGE]
+            assert goes_to(n) == queue
+        first, second = (m.message_id for m in list(bad.values())[:2])
+        taken, _ = await take(transport, error_queue, [first])
+        done = await send_back(store, transport, taken)
+        assert done.sent == 1 and (await store.get(first)).due_at <= SYSTEM.now()  # type: ignore[union-attr]
+        taken, _ = await take(transport, error_queue, [second])
+        assert await discard(store, transport, taken) == 1
+        assert await store.get(second) is None
+        assert len(await transport.peek(error_queue, 50)) == len(bad) - 2
     finally:
         await store.close()
 
@@ -151,3 +169,20 @@ def test_load_lists_what_its_transport_could_never_carry_and_stores_nothing(tmp_
     assert "line 2: nats://" in done.stderr and "header name 'a:b' is not allowed on NATS" in done.stderr
     assert "nothing was stored" in done.stderr
     assert run_cli("list", "--json", "--store", store).stdout == ""
+
+
+async def test_nats_gives_back_non_ascii_header_values_as_the_text_they_were(tmp_path: Path) -> None:
+    """nats-py parses headers with the email parser, which handed a value with non-ASCII bytes
+    back as an ``email.header.Header`` object, on receive and on a look at the stream."""
+    t = await open_broker("nats")
+    try:
+        await t.declare("texts")
+        m = DelayedMessage.create("texts", b"x", delay=0, headers={"greeting": "héllo 'ünï' ✓"})
+        assert await t.send_batch([m]) == [None]
+        [seen] = await t.peek("texts", 10)
+        [got] = await t.receive("texts", 10, 2.0)
+        for headers in (seen.headers, got.headers):
+            assert headers["greeting"] == "héllo 'ünï' ✓"
+        await t.acknowledge([got])
+    finally:
+        await cleanup("nats", t)

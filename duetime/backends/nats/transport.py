@@ -17,6 +17,7 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
+from email.header import decode_header
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -61,6 +62,18 @@ log = logging.getLogger("duetime.nats")
 #: What a NATS header name may be (printable ASCII, no space, no ':'), and what no value may hold.
 HEADER_NAME = re.compile(r"[!-9;-~]+")
 BAD_VALUE = re.compile(r"[\r\n\x00]")
+
+
+def _header_text(value: Any) -> str:
+    """A header value read back from the stream, as the text it was: nats-py parses stored
+    messages' headers with the email parser, which hands a value holding non-ASCII bytes over as
+    an ``email.header.Header``, not text."""
+    if isinstance(value, str):
+        return value
+    parts = decode_header(value)
+    return b"".join(part if isinstance(part, bytes) else part.encode() for part, _ in parts).decode(
+        "utf-8", "replace"
+    )
 
 
 class NatsTransport(AsyncClosing):
@@ -250,7 +263,9 @@ class NatsTransport(AsyncClosing):
             receipt = uuid.uuid4().hex
             self._in_flight[receipt] = msg
             headers = {
-                k: v for k, v in (msg.headers or {}).items() if k not in ("Nats-Msg-Id", "duetime-message-id")
+                k: _header_text(v)
+                for k, v in (msg.headers or {}).items()
+                if k not in ("Nats-Msg-Id", "duetime-message-id")
             }
             message_id = (msg.headers or {}).get("duetime-message-id", "")
             received.append(
@@ -271,7 +286,7 @@ class NatsTransport(AsyncClosing):
         return done
 
     def _stored(self, queue: str, raw: Any) -> ReceivedMessage:
-        headers = dict(raw.headers or {})
+        headers = {k: _header_text(v) for k, v in (raw.headers or {}).items()}
         message_id = headers.pop("duetime-message-id", "")
         headers.pop("Nats-Msg-Id", None)
         return ReceivedMessage(queue, message_id, headers, raw.data or b"", f"{queue}@{raw.seq}", 1)
