@@ -1,9 +1,9 @@
 """The dashboard's pages and actions: a Starlette app with Jinja2 templates.
 
-Pages (GET) only read. Actions (POST, under :data:`CHANGING_PATHS`) change the store or the error
-queue; each needs a login and a CSRF token (:mod:`duetime.dashboard.security`), answers with a
-redirect back to the page it came from and a one-line note of what it did, and is refused with
-403 when the dashboard is read-only.
+Pages (GET) only read. Actions (POST, the only method they answer) change the store or the error
+queue; each needs a login and its page's CSRF token, checked in :func:`_form` before anything else
+(:mod:`duetime.dashboard.security`), answers with a redirect back to the page it came from and a
+one-line note of what it did, and is refused with 403 when the dashboard is read-only.
 """
 
 from __future__ import annotations
@@ -73,9 +73,6 @@ except ImportError as missing:  # pragma: no cover - depends on what is installe
 
 log = logging.getLogger("duetime.dashboard")
 
-CHANGING_PATHS = frozenset(
-    {"/actions/cancel", "/actions/reschedule", "/actions/send-now", "/errors/retry", "/errors/discard"}
-)
 #: Messages per page of the message list, unless the page asks for another number (at most MAX).
 PAGE, MAX_PAGE = 50, 500
 #: Bodies longer than this are cut in the message page; so are header values, and headers past

@@ -152,7 +152,6 @@ class Guard:
         if not cookie:
             cookie = new_cookie = os.urandom(18).hex()
         scope["csrftoken"] = lambda: token_for(self.key, cookie)
-        scope["csrfcookie"] = cookie
         started = False
 
         async def send_with_headers(message: Message) -> None:
@@ -178,13 +177,7 @@ class Guard:
 
         length = _header(scope, b"content-length")
         if length.isdigit() and int(length) > self.max_body:
-            await _refuse(
-                413,
-                f"A request body is at most {self.max_body // 1024} KB here.",
-                scope,
-                receive,
-                send_with_headers,
-            )
+            await _refuse(413, str(BodyTooLarge(self.max_body)), scope, receive, send_with_headers)
             return
         if scope["method"] not in SAFE_METHODS:
             elsewhere = _from_elsewhere(scope)
