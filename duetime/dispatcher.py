@@ -24,6 +24,7 @@ from duetime.errors import (
     CriticalError,
     DestinationNotFound,
     MessageRefused,
+    StorageFull,
     TransportError,
     TransportUnavailable,
     UnsupportedTransactionMode,
@@ -283,7 +284,8 @@ class Dispatcher:
         self._unreachable += 1
         self.stats.outages += 1
         log.warning(
-            "transport unreachable while %s (%s); messages stay stored, retrying (critical after %g s)",
+            "transport %s while %s (%s); messages stay stored, retrying (critical after %g s)",
+            "full (it cannot write)" if isinstance(error, StorageFull) else "unreachable",
             doing,
             one_line(error),
             self.dispatch_breaker.time_to_trigger,

@@ -600,6 +600,26 @@ async def test_a_transport_down_is_one_outage_nothing_counted_nothing_dead_lette
     assert rig.queues.messages("error") == []
 
 
+async def test_a_transport_whose_disk_is_full_is_said_so_not_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`run` said "transport unreachable" for a SQLite queue on a full disk."""
+    from duetime.errors import StorageFull
+
+    rig = await Rig().setup("orders", "error")
+    rig.transport.down = StorageFull("The disk holding the SQLite file q.db is full")
+    await rig.store.store_many([rig.message(1, 0)])
+    await rig.start()
+    await rig.tick(1, steps=2)
+    said = [r.getMessage() for r in caplog.records if r.name == "duetime.dispatcher"]
+    assert any(
+        m.startswith("transport full (it cannot write) while sending (The disk holding") for m in said
+    ), said
+    assert not any("unreachable" in m for m in said)
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
 async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue() -> None:
     """A store refusing one message for what it holds costs that message, not the batch, and is
     not an outage; the rest is stored and acknowledged."""
