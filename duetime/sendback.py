@@ -28,6 +28,9 @@ from duetime.registry import open_transport
 
 #: How many messages a look through the whole error queue reads at most.
 EVERYTHING = 1_000_000
+#: How many messages a listing (`errors list`, the dashboard's page) looks at to find an
+#: endpoint's failures: a page view must not read a million messages off a broker.
+LOOKED_AT = 10_000
 #: Messages stored, then acknowledged, per round (a crash repeats at most one round, and a
 #: message stored twice is recognised by its id).
 ROUND = 1_000

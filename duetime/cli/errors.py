@@ -25,7 +25,17 @@ from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME, kept_i
 from duetime.errors import ConfigurationError
 from duetime.interfaces import InspectableQueue, ReceivedMessage
 from duetime.names import check_name
-from duetime.sendback import EVERYTHING, chosen, discard, goes_to, mine, open_error_transport, send_back, take
+from duetime.sendback import (
+    EVERYTHING,
+    LOOKED_AT,
+    chosen,
+    discard,
+    goes_to,
+    mine,
+    open_error_transport,
+    send_back,
+    take,
+)
 from duetime.terminal import console, err, fail, say, show, table
 from duetime.terminal import run_async as _run
 from duetime.urls import redact
@@ -123,18 +133,18 @@ def errors_list(
     that share an error queue each see their own failures.
     """
 
-    async def go() -> tuple[list[ReceivedMessage], int, bool]:
+    async def go() -> tuple[list[ReceivedMessage], int, int, bool]:
         t = _error_transport(store, transport)
         await t.start()
         try:
             depth = await t.depth(error_queue)
-            seen = mine(await t.peek(error_queue, EVERYTHING), endpoint)
+            seen = mine(await t.peek(error_queue, LOOKED_AT), endpoint)
             shown = [m for m in seen if destination is None or goes_to(m) == destination][:limit]
-            return shown, len(seen), depth > 0 or await t.has_queue(error_queue)
+            return shown, len(seen), depth, depth > 0 or await t.has_queue(error_queue)
         finally:
             await t.close()
 
-    items, depth, there = _run(go)
+    items, found, depth, there = _run(go)
     if not there:  # a typo in --error-queue would otherwise look like an empty error queue
         say(
             "note:",
@@ -163,9 +173,10 @@ def errors_list(
             row["failed_at"] or "?",
         )
     show(grid)
+    among = f" among the first {LOOKED_AT:,} of its {depth:,}" if depth > LOOKED_AT else ""
     console.print(
-        f"{len(items)} shown of {depth} failed in endpoint {endpoint!r} in error queue {error_queue!r}. Send back with "
-        "`duetime errors retry ID` (or --all), drop with `duetime errors discard ID`."
+        f"{len(items)} shown of {found:,} failed in endpoint {endpoint!r} in error queue {error_queue!r}{among}. "
+        "Send back with `duetime errors retry ID` (or --all), drop with `duetime errors discard ID`."
     )
 
 

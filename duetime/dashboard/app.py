@@ -53,7 +53,7 @@ from duetime.interfaces import (
 )
 from duetime.message import DelayedMessage, check_due_time
 from duetime.presence import DispatcherInfo, describe_claims
-from duetime.sendback import EVERYTHING, chosen, discard, goes_to, mine, open_error_transport, send_back, take
+from duetime.sendback import LOOKED_AT, chosen, discard, goes_to, mine, open_error_transport, send_back, take
 from duetime.urls import redact
 
 try:
@@ -550,11 +550,12 @@ async def errors(request: Request) -> Response:
     destination = request.query_params.get("destination", "").strip()
     limit = PAGE * 4
     rows: list[dict[str, Any]] = []
-    depth = 0
+    depth = whole = 0
     problem = None
     try:
         async with _error_transport(dashboard) as t:
-            seen = mine(await t.peek(dashboard.error_queue, EVERYTHING), endpoint)
+            whole = await t.depth(dashboard.error_queue)
+            seen = mine(await t.peek(dashboard.error_queue, LOOKED_AT), endpoint)
             depth = len(seen)
             rows = [_error_row(m) for m in seen if not destination or goes_to(m) == destination][:limit]
     except ConfigurationError as error:  # a transport that cannot show its queues
@@ -569,6 +570,7 @@ async def errors(request: Request) -> Response:
         endpoint,
         rows=rows,
         depth=depth,
+        among=f" among the first {LOOKED_AT:,} of its {whole:,}" if whole > LOOKED_AT else "",
         destination=destination,
         destinations=destinations,
         problem=problem,

@@ -810,3 +810,31 @@ def test_list_all_streams_page_by_page_and_show_caps_what_a_terminal_gets(tmp_pa
     whole = cli("show", heavy.message_id, "--json", "--store", url)
     row = json.loads(whole.stdout)
     assert len(row["headers"]) == 300 and row["body"].encode() == heavy.body
+
+
+async def test_errors_list_looks_at_a_bounded_part_of_a_huge_error_queue_and_says_so(tmp_path: Path) -> None:
+    """A listing read every message of the error queue (on a broker: read and put back) to find
+    one endpoint's failures; it looks at the first 10,000 and says so."""
+    from duetime import DelayedMessage, open_transport
+    from duetime.errorqueue import ERROR_ENDPOINT
+
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    assert cli("setup", "--store", url).returncode == 0
+    transport = open_transport(url)
+    await transport.start()
+    try:
+        await transport.declare("error")
+        failures = [
+            DelayedMessage.create("error", b"", delay=0, headers={ERROR_ENDPOINT: "duetime"})
+            for _ in range(10_003)
+        ]
+        assert await transport.send_batch(failures) == [None] * len(failures)
+    finally:
+        await transport.close()
+    done = await asyncio.to_thread(cli, "errors", "list", "--limit", "3", "--store", url)
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert (
+        "3 shown of 10,000 failed in endpoint 'duetime' in error queue 'error' among the first 10,000 of its 10,003"
+        in said
+    )
