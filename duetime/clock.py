@@ -78,7 +78,11 @@ class ServerAlignedClock(SystemClock):
         self.offset = timedelta(0)
 
     def now(self) -> datetime:
-        return datetime.now(UTC) + self.offset
+        return self.host_now() + self.offset
+
+    def host_now(self) -> datetime:
+        """This host's own clock, which the offset is measured against."""
+        return super().now()
 
 
 def to_micros(moment: datetime) -> int:

@@ -12,7 +12,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from duetime import tracing
 from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
@@ -23,6 +23,7 @@ from duetime.errors import (
     ConfigurationError,
     CriticalError,
     DestinationNotFound,
+    MessageInFlight,
     MessageRefused,
     StorageFull,
     TransportError,
@@ -227,7 +228,7 @@ class Dispatcher:
         if self._aligned is None or not isinstance(self.store, ServerClock):
             return
         self._skew_checked_at = self.clock.monotonic()
-        before, started = datetime.now(UTC), self.clock.monotonic()
+        before, started = self._aligned.host_now(), self.clock.monotonic()
         try:
             server = await within(
                 self.store.server_time(), self._deadline(self.fetch_breaker), "reading the store's clock"
@@ -771,6 +772,8 @@ class Dispatcher:
                     self._deadline(self.store_breaker),
                     "putting an undeliverable message aside",
                 )
+            except MessageInFlight:
+                pass  # claimed again by a dispatcher between the two calls: it puts it aside
             except Exception as error:  # its claim expires; it is tried again then
                 self.store_breaker.failure(error)
         await self._notice_kept([(m, r) for m, r in parked if m.failure_count == 0])

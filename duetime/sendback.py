@@ -59,10 +59,11 @@ async def chosen(
     every: bool,
     destination: str | None,
     endpoint: str,
-) -> list[str]:
-    """The ids a request names: the ones given, or every message (for one destination or all),
-    of ``endpoint``'s failures only. An id given that failed in another endpoint is refused,
-    naming it: one endpoint never retries or discards another's failures."""
+) -> tuple[list[str], list[str]]:
+    """The ids a request names that are in the queue: the ones given, or every message (for one
+    destination or all), of ``endpoint``'s failures only; and the ids given that are not there
+    (handled already). An id given that failed in another endpoint is refused, naming it: one
+    endpoint never retries or discards another's failures. The queue is read once."""
     if bool(ids) == every:
         raise ConfigurationError(
             "give the ids of messages in the error queue, or --all (with --destination Q for one "
@@ -78,7 +79,7 @@ async def chosen(
             m.message_id
             for m in seen
             if failed_in(m.headers, endpoint) and (destination is None or goes_to(m) == destination)
-        ]
+        ], []
     theirs = {
         m.message_id: m.headers.get(ERROR_ENDPOINT, "") for m in seen if not failed_in(m.headers, endpoint)
     }
@@ -95,7 +96,8 @@ async def chosen(
             )
             + "; nothing was done."
         )
-    return list(ids)
+    there = {m.message_id for m in seen}
+    return [i for i in ids if i in there], [i for i in ids if i not in there]
 
 
 def mine(seen: Sequence[ReceivedMessage], endpoint: str) -> list[ReceivedMessage]:

@@ -26,7 +26,6 @@ from duetime.errors import ConfigurationError
 from duetime.interfaces import InspectableQueue, ReceivedMessage
 from duetime.names import check_name
 from duetime.sendback import (
-    EVERYTHING,
     LOOKED_AT,
     chosen,
     discard,
@@ -89,15 +88,11 @@ async def _pick(
 ) -> list[ReceivedMessage]:
     """Take the messages named (by id, or every one, for one destination or all); ask first if
     ``ask`` (a question with {n}, {s}, {where} and {queue} in it) is given."""
-    ids = await chosen(t, queue, ids, every, destination, endpoint)
+    ids, missing = await chosen(t, queue, ids, every, destination, endpoint)
     if not ids:
-        return []
-    missing: list[str] = []
-    if ask and not yes and not every:  # look before asking: no question about what is not there
-        there = {m.message_id for m in await t.peek(queue, EVERYTHING)}
-        missing = [i for i in ids if i not in there]
-        if not (ids := [i for i in ids if i in there]):
+        if missing:
             raise ConfigurationError(_not_there(queue, missing))
+        return []
     if ask:
         where = f" that were going to {destination!r}" if destination else ""
         _confirm(ask.format(n=len(ids), s="" if len(ids) == 1 else "s", where=where, queue=queue), yes)

@@ -588,8 +588,9 @@ async def _error_action(request: Request, retry: bool) -> Response:
     try:
         delay = parse_duration(str(form.get("in") or "0"))
         async with _error_transport(dashboard) as t:
-            wanted = await chosen(t, dashboard.error_queue, ids, every, destination, endpoint)
-            taken, missing = await take(t, dashboard.error_queue, wanted)
+            wanted, absent = await chosen(t, dashboard.error_queue, ids, every, destination, endpoint)
+            taken, gone = await take(t, dashboard.error_queue, wanted)
+            missing = absent + gone
             if retry:
                 done = await send_back(dashboard.stores[endpoint], t, taken, delay=delay)
                 note = f"sent {done.sent} back for another try" + (
