@@ -478,6 +478,10 @@ def test_the_demo_refuses_sizes_it_cannot_check() -> None:
             "amqp://guest:guest@127.0.0.1:5672/?auth=kerberos",
             "auth='kerberos' must be one of plain, external",
         ),
+        (
+            "amqp://guest:guest@127.0.0.1:5672/?max_message_size=16MB",
+            "max_message_size='16MB' must be a whole number from 1 to 536870912",
+        ),
     ],
 )
 def test_a_transport_url_option_nobody_takes_is_one_line(url: str, said: str) -> None:
@@ -838,3 +842,24 @@ async def test_errors_list_looks_at_a_bounded_part_of_a_huge_error_queue_and_say
         "3 shown of 10,000 failed in endpoint 'duetime' in error queue 'error' among the first 10,000 of its 10,003"
         in said
     )
+
+
+def test_the_rabbitmq_max_message_size_option_is_the_limit_schedule_checks(tmp_path: Path) -> None:
+    """``?max_message_size=`` (RabbitMQ 4 allows 16 MiB by default): a body over it is refused
+    by `schedule` before it is stored."""
+    from tests import services
+
+    services.require(services.RABBITMQ)
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    assert cli("setup", "--store", store).returncode == 0
+    body = tmp_path / "body.bin"
+    body.write_bytes(b"x" * 5000)
+    url = services.RABBITMQ + ("&" if "?" in services.RABBITMQ else "?") + "max_message_size=4096"
+    done = cli(
+        "schedule", "orders", "--body-file", str(body), "--in", "1h", "--store", store, "--transport", url
+    )
+    assert done.returncode == 1
+    assert "its body is 5,000 bytes, over the broker's max_message_size of 4,096" in " ".join(
+        done.stderr.split()
+    )
+    assert cli("list", "--json", "--store", store).stdout == ""
