@@ -45,6 +45,7 @@ from duetime.interfaces import (
 from duetime.message import DelayedMessage
 from duetime.names import check_name
 from duetime.observe import DispatchObserver, NoObserver
+from duetime.pinpoint import send_pinpointing
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 from duetime.summary import LatenessHistogram, Tally, summary_fields, summary_line
 
@@ -571,11 +572,7 @@ class Dispatcher:
 
     async def _forward(self, batch: Sequence[DelayedMessage]) -> None:
         try:
-            results = await within(
-                self.transport.send_batch(batch), self._deadline(self.dispatch_breaker), "sending a batch"
-            )
-            if len(results) != len(batch):
-                raise TransportError(f"transport answered {len(results)} results for {len(batch)} messages")
+            results = await self._send(batch, "sending a batch")
         except Exception as error:
             # The transport failed as a whole (its contract answers per message otherwise): an
             # outage, not a failure of these messages. They go back to the store untouched.
@@ -629,6 +626,25 @@ class Dispatcher:
             await self._handle_failures(failed)
         if (transport_failures or unreachable) and not self._stopping:
             await (self._reconnect_pause() if unreachable else self._pause())
+
+    async def _send(self, batch: Sequence[DelayedMessage], doing: str) -> list[Exception | None]:
+        """One result per message, a connection lost mid-batch traced to the message that loses it
+        (:mod:`duetime.pinpoint`); raises when the transport fails as a whole."""
+        seconds = self._deadline(self.dispatch_breaker)
+
+        async def send(part: Sequence[DelayedMessage]) -> list[Exception | None]:
+            results = await within(self.transport.send_batch(part), seconds, doing)
+            if len(results) != len(part):
+                raise TransportError(f"transport answered {len(results)} results for {len(part)} messages")
+            return results
+
+        async def probe() -> None:
+            await within(self.transport.start(), seconds, "connecting the transport")
+            await within(
+                self.transport.declare(self.settings.error_queue), seconds, "declaring the error queue"
+            )
+
+        return await send_pinpointing(batch, send, probe)
 
     async def _remove(self, message_ids: Sequence[str]) -> bool:
         """Remove forwarded messages; a failure is the store's (their claims expire, they go again)."""
@@ -700,11 +716,7 @@ class Dispatcher:
             for m, e in dead
         ]
         try:
-            results = await within(
-                self.transport.send_batch(copies),
-                self._deadline(self.dispatch_breaker),
-                "sending to the error queue",
-            )
+            results = await self._send(copies, "sending to the error queue")
         except Exception as error:  # the transport as a whole is down: an outage, not these messages'
             await self._give_back([m for m, _ in dead], error, "sending to the error queue", pause=False)
             return

@@ -186,3 +186,59 @@ async def test_nats_gives_back_non_ascii_header_values_as_the_text_they_were(tmp
         await t.acknowledge([got])
     finally:
         await cleanup("nats", t)
+
+
+@pytest.mark.parametrize(
+    "unforeseen", ["a body over the broker's real limit", "a header over the frame size"]
+)
+async def test_a_message_that_breaks_the_connection_fails_alone_and_the_rest_is_delivered(
+    unforeseen: str, tmp_path: Path
+) -> None:
+    """What the checks do not foresee. A URL that says the broker takes 512 MiB (it takes 128):
+    the broker closes the channel on a 129 MiB body, naming it. With the header check missing:
+    the broker closes the whole connection on a 200 KB header, naming nothing. Either way the
+    messages after it in the batch came back "unavailable" with it: before, that was an outage,
+    the batch went again and again until the dispatch breaker ended the process. Now what was lost
+    goes again one at a time until the one that breaks the connection alone is found (or the
+    broker named it):
+    it stays stored aside with a notice in the error queue (which cannot carry it either), every
+    other message is delivered (again only if it was in flight when the connection broke), and no
+    breaker counts anything."""
+    transport = await open_broker("rabbitmq")
+    if unforeseen.startswith("a body"):
+        transport.max_message_size = 512 * 1024 * 1024  # as a wrong `?max_message_size=` would
+        body, headers, said = b"h" * (129 * 1024 * 1024), {}, "PRECONDITION_FAILED - message size"
+    else:
+        transport._refusal = lambda publish, frame_max: None  # a check that did not see it coming
+        body, headers, said = b"x", {"big": "x" * 200_000}, "dropped its connection each time"
+    tag = f"split{id(transport) % 100000}"
+    queue, error_queue = f"uncarried.{tag}", f"uncarried.error.{tag}"
+    await transport.declare(queue)
+    await transport.declare(error_queue)
+    store = open_store(f"sqlite:///{tmp_path}/s.db")
+    await store.setup_infrastructure("s")
+    await store.initialize("s", TransactionMode.AT_LEAST_ONCE)
+    settings = DelayedDeliverySettings(error_queue=error_queue)
+    try:
+        good = [DelayedMessage.create(queue, f"good {i}".encode(), delay=0) for i in range(5)]
+        bad = DelayedMessage.create(queue, body, delay=0, headers=headers)
+        await store.store_many([good[0], bad, *good[1:]])
+        dispatcher = Dispatcher(store, transport, settings, endpoint="s")
+        stats = await dispatcher.run_burst()
+        got = await transport.receive(queue, 20, 2.0)
+        got += await transport.receive(queue, 20, 0.5)
+        await transport.acknowledge(got)
+        bodies = [m.body for m in got]
+        # each at least once; at most once more, and only what the broker took but had not yet
+        # confirmed when it closed the connection (as after any dropped connection)
+        assert sorted(set(bodies)) == [f"good {i}".encode() for i in range(5)]
+        assert all(bodies.count(b) <= 2 for b in bodies), bodies
+        assert stats.forwarded == 5 and stats.outages == 0 and not dispatcher.dispatch_breaker.armed
+        kept = await store.get(bad.message_id)
+        assert kept is not None and kept.failure_count == 1 and len(kept.body) == len(body)
+        (notice,) = await transport.peek(error_queue, 50)
+        assert notice.message_id == bad.message_id and kept_in_store(notice.headers)
+        assert said in notice.headers[ERROR_MESSAGE]
+    finally:
+        await store.close()
+        await cleanup("rabbitmq", transport)

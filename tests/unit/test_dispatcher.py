@@ -748,3 +748,89 @@ async def test_front_door_speaks_the_timeout_managers_headers() -> None:
     assert await door.process_once() == 1
     assert await rig.store.get("m2") is None and await rig.store.get("m1") is not None
     assert door.cleared == 1 and rig.queues.messages("unit.Timeouts") == []
+
+
+class _DropsOn(FlakyTransport):
+    """A broker that closes the connection on a poison body: that message and every one after it
+    in the batch come back "unavailable", and the connection stays dead until ``start()``; with
+    ``outage`` set, ``start()`` fails too (the broker went away for good)."""
+
+    def __init__(self, inner: MemoryTransport) -> None:
+        super().__init__(inner)
+        self.connected = True
+        self.outage = False
+        self.sent: dict[str, int] = {}
+
+    async def start(self) -> None:
+        if self.outage:
+            raise ConnectionError("connection refused")
+        self.connected = True
+
+    async def declare(self, queue: str) -> None:
+        await self.start()
+        await self.inner.declare(queue)
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        from duetime.errors import TransportUnavailable
+
+        if not self.connected:
+            raise TransportUnavailable("the connection was lost; reconnecting")
+        results: list[Exception | None] = []
+        for m in messages:
+            self.sent[m.message_id] = self.sent.get(m.message_id, 0) + 1
+            if m.body == b"poison" or self.outage:
+                self.connected = False
+            if not self.connected:
+                results.append(TransportUnavailable("connection closed by the broker"))
+            else:
+                results.extend(await self.inner.send_batch([m]))
+        return results
+
+
+def _with_body(m: DelayedMessage, body: bytes) -> DelayedMessage:
+    return m.with_changes(body=body)
+
+
+@pytest.mark.parametrize("size", [1, 2, 7])
+async def test_a_message_that_drops_the_connection_is_found_and_fails_alone(size: int) -> None:
+    """No check saw it coming: the broker closes the connection on one message. What the batch
+    lost goes again one at a time until that message has dropped it twice alone; every other message is delivered once,
+    no breaker counts anything, and the message stays stored aside with a notice in the error
+    queue (the error queue, on the same broker, cannot carry it either)."""
+    rig = await Rig().setup("orders", "error")
+    rig.dispatcher.transport = dropping = _DropsOn(rig.queues)
+    poison = size // 2
+    await rig.store.store_many(
+        [_with_body(rig.message(i, 0), b"poison" if i == poison else b"b") for i in range(size)]
+    )
+    stats = await rig.dispatcher.run_burst()
+    others = [f"m{i}" for i in range(size) if i != poison]
+    assert sorted(rig.delivered()) == others and stats.forwarded == size - 1  # once each
+    assert all(dropping.sent[i] <= 2 for i in others), dropping.sent  # once more at most
+    kept = await rig.store.get(f"m{poison}")
+    assert kept is not None and kept.failure_count == 1 and kept.body == b"poison"
+    assert kept.due_at >= rig.clock.now() + timedelta(minutes=59)
+    (notice,) = rig.queues.messages("error")
+    assert notice.message_id == f"m{poison}" and eq.kept_in_store(notice.headers)
+    assert "dropped its connection each time" in notice.headers[eq.ERROR_MESSAGE]
+    assert stats.outages == 0 and not rig.dispatcher.dispatch_breaker.armed
+
+
+async def test_a_connection_lost_mid_batch_to_an_outage_blames_no_message() -> None:
+    """The broker goes away mid-batch and does not come back: an outage, nothing split or blamed."""
+    rig = await Rig().setup("orders", "error")
+    rig.dispatcher.transport = dropping = _DropsOn(rig.queues)
+    await rig.store.store_many([rig.message(i, 0) for i in range(4)])
+
+    async def goes_away(messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        dropping.outage = True
+        return await _DropsOn.send_batch(dropping, messages)
+
+    dropping.send_batch = goes_away  # type: ignore[method-assign]
+    await rig.start()
+    stats = rig.dispatcher.stats
+    assert stats.forwarded == 0 and stats.outages == 1 and rig.queues.messages("error") == []
+    assert [(await rig.store.get(f"m{i}")).failure_count for i in range(4)] == [0] * 4  # type: ignore[union-attr]
+    assert sum(dropping.sent.values()) == 4  # sent once, not split: the broker did not answer again
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]

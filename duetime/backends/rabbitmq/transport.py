@@ -327,6 +327,11 @@ class RabbitMqTransport(AsyncClosing):
                 results.append(None)
             elif isinstance(outcome, MessageRefused):
                 results.append(MessageRefused(f"RabbitMQ cannot carry message {m.message_id}: {outcome}"))
+            elif isinstance(outcome, ChannelPreconditionFailed):  # the broker names this publish
+                lost = True  # it closed the channel: what follows in the batch is lost with it
+                results.append(
+                    MessageRefused(f"RabbitMQ refused message {m.message_id}: {one_line(outcome)}")
+                )
             elif isinstance(outcome, DeliveryError) and outcome.message is not None:
                 results.append(
                     DestinationNotFound(f"Queue {m.destination!r} does not exist (returned unroutable).")
