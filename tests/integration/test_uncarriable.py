@@ -10,6 +10,7 @@ it cannot (the same limits) it stays stored, its failure counted and tried again
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +22,9 @@ from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, Transac
 from duetime.clock import SYSTEM
 from duetime.errorqueue import ERROR_MESSAGE, kept_in_store
 from duetime.sendback import discard, goes_to, send_back, take
+from tests.conftest import run_cli
 from tests.integration.test_brokers import cleanup, open_broker
+from tests.services import RABBITMQ
 
 pytestmark = pytest.mark.slow
 
@@ -239,6 +242,16 @@ async def test_a_message_that_breaks_the_connection_fails_alone_and_the_rest_is_
         (notice,) = await transport.peek(error_queue, 50)
         assert notice.message_id == bad.message_id and kept_in_store(notice.headers)
         assert said in notice.headers[ERROR_MESSAGE]
+        listed = await asyncio.to_thread(
+            run_cli,
+            *("errors", "list", "--store", f"sqlite:///{tmp_path}/s.db", "--endpoint", "s"),
+            *("--transport", RABBITMQ, "--error-queue", error_queue),
+        )
+        assert listed.returncode == 0, listed.stderr
+        error_column = " ".join(
+            line.split("│")[3].strip() for line in listed.stdout.splitlines() if line.count("│") > 3
+        )
+        assert "(kept in the store: retry reschedules it, discard cancels it)" in error_column
     finally:
         await store.close()
         await cleanup("rabbitmq", transport)
