@@ -32,7 +32,7 @@ from bench.raw_amqp import aio_pika_rate, aiormq_rate
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
 from duetime.backends.postgres import PostgresStore, SyncPostgresStore
 from duetime.backends.rabbitmq import RabbitMqTransport
-from duetime.frontdoor import envelope_headers, front_door_queue
+from duetime.nservicebus.frontdoor import envelope_headers, front_door_queue
 
 PG = os.environ.get("DUETIME_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 AMQP = os.environ.get("DUETIME_BENCH_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")

@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a file: the repository's root, for `benc
 
 from bench.cpu import CpuWatch
 from duetime.bulk.migrate import MigrationSpec, migrate
-from duetime.bulk.session import spark_session
+from duetime.bulk.spark_session import spark_session
 from duetime.registry import open_sync_store
 
 BASE = os.environ.get("DUETIME_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")

@@ -34,9 +34,9 @@ if __package__ in (None, ""):  # run as a file: the repository's root, for `benc
 
 from bench.bulk_bench import BASE, TABLE, fill, store_table
 from bench.cpu import CpuWatch
-from duetime.bulk.exchange import export, import_
+from duetime.bulk.export_import import export, import_
 from duetime.bulk.migrate import MigrationSpec, migrate
-from duetime.bulk.session import spark_session
+from duetime.bulk.spark_session import spark_session
 from tests.bulk.standalone import StandaloneCluster
 
 FLOOR, JOB, SOURCE = "cluster_bench_floor", "cluster_bench_job", "cluster_bench_src"

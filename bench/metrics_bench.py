@@ -24,7 +24,7 @@ from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, Transac
 from duetime.backends.memory import MemoryStore, MemoryTransport
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore
 from duetime.interfaces import DelayedMessageStore, Transport
-from duetime.metrics import instrument
+from duetime.observability.metrics import instrument
 
 ENDPOINT = "bench"
 QUEUE = "bench.orders"

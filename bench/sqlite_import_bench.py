@@ -20,8 +20,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from duetime.bulk.exchange import import_
-from duetime.bulk.session import spark_session
+from duetime.bulk.export_import import import_
+from duetime.bulk.spark_session import spark_session
 from duetime.registry import open_sync_store
 
 

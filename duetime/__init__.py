@@ -6,7 +6,7 @@ destination when it is due.
 
 from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.clock import SystemClock
-from duetime.dispatcher import Dispatcher, DispatchStats
+from duetime.engine.dispatcher import Dispatcher, DispatchStats
 from duetime.errors import (
     ConfigurationError,
     CriticalError,
@@ -25,7 +25,6 @@ from duetime.errors import (
     UnknownScheme,
     UnsupportedTransactionMode,
 )
-from duetime.frontdoor import FrontDoor, send_delayed
 from duetime.interfaces import (
     DelayedMessageStore,
     ListQuery,
@@ -37,6 +36,7 @@ from duetime.interfaces import (
     Transport,
 )
 from duetime.message import DelayedMessage, new_message_id
+from duetime.nservicebus.frontdoor import FrontDoor, send_delayed
 from duetime.registry import connect, connect_sync, open_store, open_sync_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 from duetime.version import __version__ as __version__

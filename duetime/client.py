@@ -7,9 +7,17 @@ from datetime import datetime
 
 from duetime import tracing
 from duetime.clock import SystemClock
-from duetime.closing import AsyncClosing, Closing
 from duetime.errors import ConfigurationError, InvalidMessage
-from duetime.interfaces import Clock, DelayedMessageStore, ListQuery, Page, SyncDelayedMessageStore
+from duetime.inputs.identifiers import check_name
+from duetime.interfaces import (
+    AsyncClosing,
+    Clock,
+    Closing,
+    DelayedMessageStore,
+    ListQuery,
+    Page,
+    SyncDelayedMessageStore,
+)
 from duetime.message import (
     MAX_DESTINATION_LENGTH,
     MAX_GROUP_LENGTH,
@@ -20,7 +28,6 @@ from duetime.message import (
     check_text,
     resolve_due_time,
 )
-from duetime.names import check_name
 from duetime.settings import TransactionMode
 
 

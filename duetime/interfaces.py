@@ -10,15 +10,50 @@ import asyncio
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
-from duetime.presence import DispatcherInfo
 from duetime.settings import TransactionMode
 
 #: Called by a store when something may now be due earlier than before; ``None`` means "another
 #: process changed the store, look again".
 WakeupCallback = Callable[[datetime | None], None]
+
+
+# ``with`` / ``async with`` for everything that has a ``close()``: stores, transports, clients.
+
+
+class _AsyncClosable(Protocol):
+    async def close(self) -> None: ...
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+A = TypeVar("A", bound=_AsyncClosable)
+S = TypeVar("S", bound=_Closable)
+
+
+class AsyncClosing:
+    """``async with store:`` closes the store on the way out, whatever happened inside."""
+
+    async def __aenter__(self: A) -> A:
+        return self
+
+    async def __aexit__(self: _AsyncClosable, *exc: object) -> None:
+        await self.close()
+
+
+class Closing:
+    """``with store:`` closes the store on the way out, whatever happened inside."""
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self: _Closable, *exc: object) -> None:
+        self.close()
 
 
 class Clock(Protocol):

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
-from duetime.names import check_name
-from duetime.urls import redact
 
 #: scheme -> (async store, sync store)
 STORES: dict[str, tuple[str, str]] = {

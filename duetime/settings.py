@@ -9,8 +9,8 @@ from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
 
-from duetime.durations import parse_duration
 from duetime.errors import ConfigurationError
+from duetime.inputs.durations import parse_duration
 
 
 class TransactionMode(enum.StrEnum):

@@ -21,9 +21,9 @@ from typing import Any, Protocol, TypeVar
 
 from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
 from duetime.backends._store import StoreRules, closed
-from duetime.closing import AsyncClosing
 from duetime.errors import ConfigurationError, TransportUnavailable
 from duetime.interfaces import (
+    AsyncClosing,
     ListQuery,
     MoveOutcome,
     Page,
@@ -31,8 +31,8 @@ from duetime.interfaces import (
     StoreCounts,
     WakeupCallback,
 )
+from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
-from duetime.presence import DispatcherInfo
 from duetime.settings import TransactionMode
 
 T = TypeVar("T")

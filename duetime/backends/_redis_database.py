@@ -9,7 +9,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from duetime.errors import ConfigurationError
-from duetime.urls import redact
+from duetime.inputs.urls import redact
 
 
 def check_database(url: str) -> str:

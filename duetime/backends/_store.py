@@ -19,14 +19,13 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from duetime.backends._shared_commit import SharedCommits
 from duetime.clock import SystemClock, to_micros
-from duetime.closing import Closing
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
-from duetime.interfaces import Clock, ListQuery, Page, StoreCounts
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import number_option
+from duetime.interfaces import Clock, Closing, ListQuery, Page, StoreCounts
+from duetime.live_dispatchers import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
 from duetime.message import MAX_GROUP_LENGTH, DelayedMessage, check_due_time, check_text
-from duetime.names import check_name
-from duetime.presence import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
 from duetime.settings import TransactionMode
-from duetime.urls import number_option
 
 #: The layout every store writes; a store refuses tables or keys written by a newer duetime, and
 #: asks for `duetime setup` (which upgrades in place) on ones written by an older one.
@@ -408,7 +407,7 @@ class StoreRules(Closing, ABC):
         return False
 
     def beat(self, info: DispatcherInfo) -> None:
-        """Record that a dispatcher is there (see :mod:`duetime.presence`); forget long-gone ones."""
+        """Record that a dispatcher is there (see :mod:`duetime.live_dispatchers`); forget long-gone ones."""
         endpoint = self._ready()
         self._beat(endpoint, info.dispatcher_id, info.last_seen, info.to_json())
         # Pruning is a write of its own (a commit on SQLite, which wakes every watcher of the

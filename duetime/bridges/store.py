@@ -13,8 +13,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 
 from duetime.client import SyncDelayedMessageClient
+from duetime.inputs.identifiers import check_name
 from duetime.message import Delay, resolve_due_time
-from duetime.names import check_name
 from duetime.registry import check_store_url, connect_sync, store_url
 
 

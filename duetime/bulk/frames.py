@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from duetime.bulk.arrowcheck import split_sure
 from duetime.bulk.records import Record, due_us_of, dump_headers, group_extra, problem
 from duetime.errors import ConfigurationError, InvalidMessage
+from duetime.inputs.identifiers import check_name
 from duetime.message import kind
-from duetime.names import check_name
 
 T = TypeVar("T")
 #: Pairs a bulk job carries: the record, and why it cannot be used (None when it can).

@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from duetime.bulk.session import local_path
+from duetime.bulk.spark_session import local_path
 from duetime.errors import ConfigurationError
 
 #: Spark's writers mark a completely committed folder with this file.

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.records import (
     Record,
     due_us_of,
@@ -23,7 +24,6 @@ from duetime.bulk.records import (
 )
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError
-from duetime.sqldb import Database
 
 
 class Layout:

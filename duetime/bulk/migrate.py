@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.filetarget import FileTarget, rows_in
 from duetime.bulk.frames import (
     Checked,
@@ -50,8 +51,7 @@ from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
-from duetime.names import check_name
-from duetime.sqldb import Database
+from duetime.inputs.identifiers import check_name
 
 Progress = Callable[[int, int], None]
 

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.frames import Checked, batch_frame, checked_files, file_kind, record_frame
 from duetime.bulk.layouts import TOOL_CUTOFF, TOOL_CUTOFF_US, TimeoutDataLayout
 from duetime.bulk.sources import Batch, DbSource, left_before
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, from_micros, to_micros
-from duetime.sqldb import Database
 
 
 @dataclass(frozen=True)

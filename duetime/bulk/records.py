@@ -18,7 +18,7 @@ from duetime.message import (
     DelayedMessage,
     check_text,
 )
-from duetime.nservicebus import EMPTY_GUID
+from duetime.nservicebus.headers import EMPTY_GUID
 
 
 class Record(NamedTuple):

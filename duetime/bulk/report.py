@@ -16,11 +16,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.hadoopfs import input_files
 from duetime.bulk.preview import source_frame
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.errors import ConfigurationError
-from duetime.sqldb import STATE_TABLES, Database
 
 #: Due-time buckets, from now: (name, upper bound in seconds from now; None = no bound)
 HORIZONS: tuple[tuple[str, float | None], ...] = (

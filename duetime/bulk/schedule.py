@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.filetarget import write_frame
 from duetime.bulk.frames import (
     CHUNK_ROWS,
@@ -28,8 +29,7 @@ from duetime.bulk.frames import (
 from duetime.bulk.hadoopfs import Folder, check_writable, input_files
 from duetime.bulk.targets import StoreTarget
 from duetime.errors import ConfigurationError
-from duetime.names import check_name
-from duetime.sqldb import Database
+from duetime.inputs.identifiers import check_name
 
 
 @dataclass(frozen=True)

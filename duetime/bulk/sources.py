@@ -13,10 +13,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.layouts import Layout, layout_for
 from duetime.bulk.records import FIELDS, Destination, Record, due_us_of, sure_sql
 from duetime.errors import ConfigurationError
-from duetime.sqldb import STATE_TABLES, Database
 
 RUNS = STATE_TABLES["runs"]
 BATCHES = STATE_TABLES["batches"]

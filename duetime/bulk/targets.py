@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.arrowrows import store_rows
 from duetime.bulk.copybinary import HEADER, TRAILER, copy_rows
 from duetime.bulk.filetarget import FileTarget
@@ -23,7 +24,6 @@ from duetime.bulk.layouts import DuetimeLayout
 from duetime.bulk.records import Destination, Record, group_of, group_sql, store_headers, timestamptz_sql
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
-from duetime.sqldb import Database
 
 
 class _IdTaken(Exception):
@@ -506,7 +506,7 @@ class NativeDelayTarget:
         self.names = options.get("native", "duetime")
         self.levels = int(options.get("levels", "28"))
         self.ledger_path = Path(options.get("ledger", "duetime-native-ledger.db"))
-        from duetime.urls import redact
+        from duetime.inputs.urls import redact
 
         self.display = f"RabbitMQ native delays ({self.names}) at {redact(self.amqp)}"
 

@@ -10,13 +10,13 @@ import importlib
 import os
 import sys
 
-from duetime import lastresort
+from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.bulk import bulk_app
 from duetime.cli.common import app
 from duetime.cli.rabbitmq import rabbitmq_app
+from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError
-from duetime.logs import quiet_drivers
-from duetime.terminal import fail
+from duetime.observability.logs import quiet_drivers
 
 for _group in (
     "run",
@@ -31,7 +31,7 @@ app.add_typer(rabbitmq_app, name="rabbitmq")
 __all__ = ["app", "main"]
 
 
-#: Seconds the process may take to exit once its command is over (see duetime.lastresort).
+#: Seconds the process may take to exit once its command is over (see duetime.cli.exit_watchdog).
 EXIT_GRACE = 15.0
 
 

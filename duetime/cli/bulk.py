@@ -17,10 +17,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from duetime.durations import parse_time
+from duetime.cli.terminal import console, err, fail, show
 from duetime.errors import ConfigurationError, DuetimeError
-from duetime.names import check_name
-from duetime.terminal import console, err, fail, show
+from duetime.inputs.durations import parse_time
+from duetime.inputs.identifiers import check_name
 
 bulk_app = typer.Typer(
     help=(
@@ -67,7 +67,7 @@ def _spark(master: str | None, conf: list[str] | None, reads: str | None = None)
     can already tell they are not there (Spark takes seconds to start)."""
     from duetime.bulk.frames import file_kind
     from duetime.bulk.hadoopfs import check_readable_here
-    from duetime.bulk.session import parse_conf, spark_session
+    from duetime.bulk.spark_session import parse_conf, spark_session
 
     settings = parse_conf(conf)
     kind = None if reads is None else file_kind(reads)
@@ -303,7 +303,7 @@ def export_(
     """Write every stored message (ids, due times, headers, bodies, failure counts) to files."""
 
     def go() -> None:
-        from duetime.bulk.exchange import check_export, export
+        from duetime.bulk.export_import import check_export, export
         from duetime.bulk.migrate import reach_source
 
         check_export(store, to)  # before Spark takes seconds to start
@@ -328,8 +328,8 @@ def import_(
     """Load exported files into a store; importing the same files twice changes nothing."""
 
     def go() -> None:
-        from duetime.bulk.exchange import check_import
-        from duetime.bulk.exchange import import_ as run
+        from duetime.bulk.export_import import check_import
+        from duetime.bulk.export_import import import_ as run
         from duetime.bulk.frames import check_batch_rows
         from duetime.bulk.migrate import reach_target
 

@@ -11,9 +11,11 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from duetime.cli.terminal import err, say
 from duetime.clock import SYSTEM
-from duetime.durations import parse_duration, parse_time
 from duetime.errors import ConfigurationError, MessageRefused
+from duetime.inputs.durations import parse_duration, parse_time
+from duetime.inputs.urls import redact
 from duetime.interfaces import (
     CarryCheck,
     DelayedMessageStore,
@@ -21,8 +23,8 @@ from duetime.interfaces import (
     TransactionalStore,
     Transport,
 )
-from duetime.logs import LogFormat, configure
 from duetime.message import DelayedMessage, check_due_time
+from duetime.observability.logs import LogFormat, configure
 from duetime.registry import (
     DEFAULT_STORE_URL,
     check_store_exists,
@@ -31,8 +33,6 @@ from duetime.registry import (
     open_transport,
 )
 from duetime.settings import TransactionMode
-from duetime.terminal import err, say
-from duetime.urls import redact
 
 T = TypeVar("T")
 DEFAULT_STORE = DEFAULT_STORE_URL

@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from duetime import lastresort
+from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.common import DEFAULT_STORE, StoreOpt, TransportOpt, _logging, _open, _transport_url, app
-from duetime.durations import parse_duration
+from duetime.cli.terminal import run_async as _run
+from duetime.inputs.durations import parse_duration
+from duetime.inputs.urls import redact
 from duetime.interfaces import DelayedMessageStore
-from duetime.logs import LogFormat
-from duetime.terminal import run_async as _run
-from duetime.urls import redact
+from duetime.observability.logs import LogFormat
 
 log = logging.getLogger("duetime.dashboard")
 
@@ -85,7 +85,7 @@ def dashboard(
     """
     from duetime.dashboard.app import Dashboard, create_app
     from duetime.dashboard.security import Credentials, secret
-    from duetime.webserver import bind, loopback
+    from duetime.observability.webserver import bind, loopback
 
     _logging(False, log_format)
     every = parse_duration(sample_every).total_seconds()

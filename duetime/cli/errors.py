@@ -20,12 +20,15 @@ from duetime.cli.common import (
     _warn_undeclared,
     errors_app,
 )
-from duetime.durations import parse_duration
+from duetime.cli.terminal import console, err, fail, say, show, table
+from duetime.cli.terminal import run_async as _run
 from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME, kept_in_store
 from duetime.errors import ConfigurationError
+from duetime.inputs.durations import parse_duration
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
 from duetime.interfaces import InspectableQueue, ReceivedMessage
-from duetime.names import check_name
-from duetime.sendback import (
+from duetime.operations.error_queue import (
     LOOKED_AT,
     chosen,
     discard,
@@ -35,9 +38,6 @@ from duetime.sendback import (
     send_back,
     take,
 )
-from duetime.terminal import console, err, fail, say, show, table
-from duetime.terminal import run_async as _run
-from duetime.urls import redact
 
 
 def _queue_name(name: str) -> str:

@@ -31,22 +31,22 @@ from duetime.cli.common import (
     carry_rule,
     refuse_uncarriable,
 )
+from duetime.cli.terminal import console, err, fail, progress_bar, table
+from duetime.cli.terminal import run_async as _run
+from duetime.cli.terminal import show as show_table
 from duetime.client import DelayedMessageClient
 from duetime.clock import SYSTEM
-from duetime.durations import parse_time
 from duetime.errors import ConfigurationError, MessageInFlight
+from duetime.inputs.durations import parse_time
 from duetime.interfaces import (
     AddressTopology,
     BrowsableQueue,
     DispatcherRegistry,
     Page,
 )
+from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage
-from duetime.presence import DispatcherInfo, describe_claims
 from duetime.registry import check_store_exists, open_store, open_transport
-from duetime.terminal import console, err, fail, progress_bar, table
-from duetime.terminal import run_async as _run
-from duetime.terminal import show as show_table
 
 
 @app.command()
@@ -117,8 +117,8 @@ def load(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from duetime.loader import load as load_file
-    from duetime.loader import validate
+    from duetime.operations.message_files import load as load_file
+    from duetime.operations.message_files import validate
 
     now = SYSTEM.now()
 
@@ -177,7 +177,7 @@ def send_delayed_command(
     For services that reach only the broker: the duetime service consuming that queue stores the
     message once (by its id) and delivers it when it is due. Prints the message id.
     """
-    from duetime.frontdoor import front_door_queue, send_delayed
+    from duetime.nservicebus.frontdoor import front_door_queue, send_delayed
 
     if not transport:
         raise typer.BadParameter(

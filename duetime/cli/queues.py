@@ -17,12 +17,12 @@ from duetime.cli.common import (
     _transport_url,
     queues_app,
 )
+from duetime.cli.terminal import console, err
+from duetime.cli.terminal import run_async as _run
 from duetime.errors import ConfigurationError, DestinationNotFound
+from duetime.inputs.urls import redact
 from duetime.interfaces import InspectableQueue, ReceivedMessage, ReceivingTransport
 from duetime.registry import open_transport
-from duetime.terminal import console, err
-from duetime.terminal import run_async as _run
-from duetime.urls import redact
 
 
 @queues_app.command("declare")

@@ -10,12 +10,12 @@ from urllib.parse import urlsplit
 
 import typer
 
+from duetime.cli.terminal import console, err, say, show, table
+from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
-from duetime.durations import parse_duration
 from duetime.errors import ConfigurationError, DuetimeError
-from duetime.terminal import console, err, say, show, table
-from duetime.terminal import run_async as _run
-from duetime.urls import redact
+from duetime.inputs.durations import parse_duration
+from duetime.inputs.urls import redact
 
 T = TypeVar("T")
 rabbitmq_app = typer.Typer(
@@ -214,7 +214,7 @@ def retire_store(
 ) -> None:
     """Switch an endpoint's store off (what NServiceBus calls "disabling the timeout manager"): refused while
     it or its front-door queue still holds delayed messages."""
-    from duetime.frontdoor import front_door_queue, legacy_front_door_queue
+    from duetime.nservicebus.frontdoor import front_door_queue, legacy_front_door_queue
     from duetime.registry import open_store
     from duetime.settings import TransactionMode
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from duetime import lastresort
+from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.common import (
     DEFAULT_STORE,
     EndpointOpt,
@@ -25,23 +25,23 @@ from duetime.cli.common import (
     _transport_url,
     app,
 )
+from duetime.cli.terminal import EXIT_CRITICAL, console, fail, guarded, say
+from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
-from duetime.deadline import within
-from duetime.deliverylog import SqlDeliveryLog, open_delivery_log
-from duetime.dispatcher import SKEW_WARNING, Dispatcher, run_until_signal
+from duetime.engine.deadline import within
+from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher, run_until_signal
 from duetime.errors import DuetimeError, one_line
-from duetime.frontdoor import FrontDoor
-from duetime.heartbeat import Heartbeat
+from duetime.inputs.urls import redact
 from duetime.interfaces import ReceivingTransport, ServerClock
-from duetime.logs import LogFormat
+from duetime.nservicebus.frontdoor import FrontDoor
+from duetime.observability.deliverylog import SqlDeliveryLog, open_delivery_log
+from duetime.observability.heartbeat import Heartbeat
+from duetime.observability.logs import LogFormat
 from duetime.registry import open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
-from duetime.terminal import EXIT_CRITICAL, console, fail, guarded, say
-from duetime.terminal import run_async as _run
-from duetime.urls import redact
 
 if TYPE_CHECKING:
-    from duetime.probes import ProbeServer
+    from duetime.observability.probes import ProbeServer
 
 
 @app.command()
@@ -231,7 +231,7 @@ async def _on_stop(dispatcher: Dispatcher, then: Callable[[], None]) -> None:
 
 
 def _leave_if_stuck(dispatcher: Dispatcher, settings: DelayedDeliverySettings) -> None:
-    """From the moment a run stops, it has ``stop_timeout`` to end (see duetime.lastresort)."""
+    """From the moment a run stops, it has ``stop_timeout`` to end (see duetime.cli.exit_watchdog)."""
 
     def last_words() -> None:
         critical = dispatcher.critical_error
@@ -333,8 +333,8 @@ async def _quietly(closing: Awaitable[None]) -> None:
 
 def _probes(dispatcher: Dispatcher, host: str, port: int, ready_after: float) -> ProbeServer:
     """The metrics and probe server, its port bound now (a port in use is a one-line error)."""
-    from duetime.metrics import instrument
-    from duetime.probes import ProbeServer, bind
+    from duetime.observability.metrics import instrument
+    from duetime.observability.probes import ProbeServer, bind
 
     sock = bind(host, port)
     registry, backlog = instrument(dispatcher)
@@ -364,7 +364,7 @@ def demo(
     ] = None,
 ) -> None:
     """Schedule thousands of messages, deliver them, and prove none is lost, doubled or early."""
-    from duetime.demo import run_demo
+    from duetime.cli.demo import run_demo
 
     if not 1 <= messages <= DEMO_MOST or not 0 <= spread <= DEMO_LONGEST:
         raise typer.BadParameter(

@@ -31,8 +31,7 @@ from duetime.dashboard.security import (
     token_matches,
 )
 from duetime.dashboard.timeline import Timeline
-from duetime.deadline import within
-from duetime.durations import parse_duration, parse_time
+from duetime.engine.deadline import within
 from duetime.errorqueue import (
     ERROR_ATTEMPTS,
     ERROR_MESSAGE,
@@ -42,6 +41,8 @@ from duetime.errorqueue import (
     kept_in_store,
 )
 from duetime.errors import ConfigurationError, DeadlineExceeded, DuetimeError, MessageInFlight, one_line
+from duetime.inputs.durations import parse_duration, parse_time
+from duetime.inputs.urls import redact
 from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
@@ -51,10 +52,18 @@ from duetime.interfaces import (
     ReceivedMessage,
     StoreCounts,
 )
+from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage, check_due_time
-from duetime.presence import DispatcherInfo, describe_claims
-from duetime.sendback import LOOKED_AT, chosen, discard, goes_to, mine, open_error_transport, send_back, take
-from duetime.urls import redact
+from duetime.operations.error_queue import (
+    LOOKED_AT,
+    chosen,
+    discard,
+    goes_to,
+    mine,
+    open_error_transport,
+    send_back,
+    take,
+)
 
 try:
     from starlette.applications import Starlette

@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from duetime.engine.summary import LatenessHistogram
 from duetime.interfaces import StoreCounts
-from duetime.presence import DispatcherInfo
-from duetime.summary import LatenessHistogram
+from duetime.live_dispatchers import DispatcherInfo
 
 #: Samples kept: six hours at one every ten seconds.
 KEEP = 2_160

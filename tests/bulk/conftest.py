@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.layouts import MsmqLayout, TimeoutDataLayout
-from duetime.sqldb import Database
 
 try:
     import pyspark  # noqa: F401
@@ -25,7 +25,7 @@ except ModuleNotFoundError:  # a developer without the extra skips; CI must neve
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from duetime.bulk.session import spark_session
+    from duetime.bulk.spark_session import spark_session
 
     session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "4"})
     yield session

@@ -25,7 +25,7 @@ def test_spark_submit_runs_the_job_file(tmp_path: Path) -> None:
         pytest.fail("spark-submit is missing: pip install 'duetime[spark]'")
     with postgres_schema() as pg:
         create_timeoutdata(pg, "Sub_TimeoutData", timeout_rows(50))
-        job = ROOT / "duetime" / "bulk" / "job.py"
+        job = ROOT / "duetime" / "cli" / "spark_job.py"
         env = {
             **os.environ,
             "PYSPARK_PYTHON": sys.executable,

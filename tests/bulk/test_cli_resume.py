@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.sources import BATCHES
-from duetime.sqldb import Database
 from tests.bulk.conftest import count, create_timeoutdata, table_rows, timeout_rows
 from tests.bulk.test_migrate import store_rows
 from tests.conftest import run_cli

@@ -4,7 +4,7 @@ started here from the installed pyspark and torn down by their process ids.
 The workers run in their own mount namespace where one folder of this machine is hidden behind an
 empty tmpfs: to them it is a disk the driver has and they do not, like a driver's /tmp on a real
 cluster. The jobs run in one driver spark-submit started (``warm_driver.py``: the same ``duetime
-bulk`` commands job.py runs, on executors that stay warm between jobs, as a new application per job
+bulk`` commands spark_job.py runs, on executors that stay warm between jobs, as a new application per job
 would cost 25 to 60 s here); one job runs through the ``duetime bulk --master spark://…`` command line.
 """
 
@@ -93,7 +93,7 @@ class Driver:
         raise AssertionError(f"the driver did not print {prefix!r}:\n" + self.log.read_text()[-4000:])
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """``duetime bulk <args>`` in this driver, as spark-submit … job.py <args> would run it."""
+        """``duetime bulk <args>`` in this driver, as spark-submit … spark_job.py <args> would run it."""
         with (
             socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as connection,
             connection.makefile("rw", encoding="utf-8") as stream,
@@ -384,7 +384,7 @@ def test_local_mode_binds_the_session_to_loopback_and_leaves_the_environment_alo
     """Loopback is a setting of the local session, not SPARK_LOCAL_IP in the process (a cluster
     session started later would be bound to it); a host the user gives wins."""
     code = (
-        "import os; from duetime.bulk.session import spark_session; import sys; "
+        "import os; from duetime.bulk.spark_session import spark_session; import sys; "
         "s = spark_session('local[1]', dict(a.split('=', 1) for a in sys.argv[1:])); c = s.sparkContext.getConf(); "
         "print(c.get('spark.driver.host'), c.get('spark.driver.bindAddress'), os.environ.get('SPARK_LOCAL_IP'))"
     )
@@ -401,7 +401,7 @@ def test_spark_defaults_conf_wins_over_duetimes_defaults(tmp_path: Path) -> None
         "# the cluster's own settings\nspark.sql.session.timeZone   Asia/Tokyo\nspark.ui.enabled=true\n"
     )
     code = (
-        "from duetime.bulk.session import spark_session; s = spark_session('local[1]'); "
+        "from duetime.bulk.spark_session import spark_session; s = spark_session('local[1]'); "
         "print(s.conf.get('spark.sql.session.timeZone'), s.sparkContext.getConf().get('spark.ui.enabled'))"
     )
     env = {**os.environ, "SPARK_CONF_DIR": str(tmp_path)}

@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from duetime.backends.sqldb import Database
 from duetime.bulk.frames import arrow_chunks
 from duetime.bulk.records import Record
 from duetime.bulk.targets import StoreTarget
-from duetime.sqldb import Database
 from tests.services import mariadb_database, postgres_schema
 
 HEADERS = [

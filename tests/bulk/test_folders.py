@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from duetime.bulk.exchange import export, import_
+from duetime.backends.sqldb import Database
+from duetime.bulk.export_import import export, import_
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.migrate import MigrationSpec, _current_run, _stage_only, abort, migrate
 from duetime.bulk.sources import DbSource
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
-from duetime.sqldb import Database
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.conftest import run_cli
 from tests.services import postgres_schema

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
+from duetime.backends.sqldb import Database
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore
-from duetime.bulk.exchange import export, import_
+from duetime.bulk.export_import import export, import_
 from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.report import backlog, lateness, write_csv, write_html
 from duetime.bulk.schedule import schedule
-from duetime.deliverylog import JsonLinesDeliveryLog, SqlDeliveryLog
+from duetime.observability.deliverylog import JsonLinesDeliveryLog, SqlDeliveryLog
 from duetime.registry import open_sync_store
-from duetime.sqldb import Database
 from tests.bulk.conftest import store_planner_rows
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.services import mariadb_database, postgres_schema
@@ -198,7 +198,7 @@ def test_report_counts_match_a_hand_count_and_lateness_comes_from_the_delivery_l
     assert sum(x.deliveries for x in lateness(spark, f"jsonl:file://{logs}/")) == 1
     table_log = f"sqlite:///{tmp_path / 'log.db'}"
     sql_log = SqlDeliveryLog(table_log)
-    from duetime.deliverylog import Delivery
+    from duetime.observability.deliverylog import Delivery
 
     asyncio.run(
         sql_log.record(
@@ -407,7 +407,7 @@ def test_a_parquet_column_of_the_wrong_type_is_each_rows_reason_not_a_cast(
 def test_a_master_is_checked_before_spark_starts() -> None:
     import pytest
 
-    from duetime.bulk.session import check_master
+    from duetime.bulk.spark_session import check_master
     from duetime.errors import ConfigurationError
 
     for fine in ("local", "local[*]", "local[4, 2]", "local[*,3]", "yarn", "k8s://https://k8s:6443"):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from duetime import DelayedMessage, TransactionMode
+from duetime.backends.sqldb import Database
 from duetime.bulk.migrate import MigrationSpec, abort, migrate, process_batch
 from duetime.bulk.preview import preview
 from duetime.bulk.sources import DbSource
@@ -18,7 +19,6 @@ from duetime.bulk.targets import StoreTarget, open_target
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError
 from duetime.registry import open_sync_store
-from duetime.sqldb import Database
 from tests.bulk.conftest import count, create_msmq, create_timeoutdata, table_rows, timeout_rows
 from tests.services import POSTGRES, mariadb_database, postgres_database, postgres_schema
 

@@ -17,13 +17,13 @@ import aiormq
 import pytest
 
 from duetime import TransactionMode
+from duetime.backends.sqldb import Database
 from duetime.bulk.migrate import MigrationSpec, migrate
 from duetime.bulk.preview import preview
 from duetime.bulk.records import to_header_infos
 from duetime.errors import ConfigurationError
-from duetime.nservicebus import EMPTY_GUID, to_wire
+from duetime.nservicebus.headers import EMPTY_GUID, to_wire
 from duetime.registry import open_sync_store
-from duetime.sqldb import Database
 from tests.bulk.conftest import count
 from tests.bulk.test_migrate import store_rows
 from tests.services import RABBITMQ, mariadb_database, postgres_schema, require

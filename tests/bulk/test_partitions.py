@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from duetime.bulk.exchange import import_
+from duetime.bulk.export_import import import_
 from duetime.bulk.frames import checked_files
 from duetime.bulk.schedule import schedule
 from tests.bulk.conftest import spark_settings

@@ -12,10 +12,10 @@ from uuid import UUID
 
 import pytest
 
+from duetime.backends.sqldb import Database
 from duetime.bulk import sources
 from duetime.bulk.sources import Batch, DbSource, block_of
 from duetime.clock import SYSTEM, to_micros
-from duetime.sqldb import Database
 from tests.bulk.conftest import create_timeoutdata, timeout_rows
 from tests.services import mariadb_database, postgres_database, postgres_schema
 

@@ -15,14 +15,14 @@ import pyarrow as pa
 import pytest
 
 from duetime import DelayedMessage, TransactionMode
+from duetime.backends.sqldb import Database
 from duetime.bulk.frames import arrow_chunks
 from duetime.bulk.migrate import MigrationSpec, _current_run, process_batch
 from duetime.bulk.sources import DbSource
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, to_micros
-from duetime.nservicebus import EMPTY_GUID
+from duetime.nservicebus.headers import EMPTY_GUID
 from duetime.registry import open_sync_store
-from duetime.sqldb import Database
 from tests.bulk.conftest import create_timeoutdata, timeout_rows
 from tests.bulk.test_migrate import store_rows
 from tests.bulk.test_nservicebus_sources import create_timeoutdata_as_nservicebus, insert, persister_row

@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from duetime import DelayedMessage, TransactionMode
+from duetime.backends.sqldb import Database
 from duetime.bulk.frames import CHUNK_ROWS
 from duetime.bulk.records import Record, group_extra
 from duetime.bulk.targets import StoreTarget
 from duetime.clock import to_micros
 from duetime.registry import open_sync_store
-from duetime.sqldb import Database
 from tests.bulk.test_migrate import store_rows
 from tests.services import postgres_schema
 

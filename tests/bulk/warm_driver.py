@@ -1,5 +1,5 @@
 """A Spark driver that stays up and runs ``duetime bulk`` commands one after another, each as
-``spark-submit … job.py <command>`` would run it (the same ``bulk_app``, in a driver spark-submit
+``spark-submit … spark_job.py <command>`` would run it (the same ``bulk_app``, in a driver spark-submit
 started), but on executors that are already warm.
 
 Why: on a two-core machine every new Spark application costs 25 to 60 s before its first row (the
@@ -19,7 +19,7 @@ import sys
 import traceback
 from contextlib import redirect_stderr, redirect_stdout
 
-from duetime.bulk.session import spark_session
+from duetime.bulk.spark_session import spark_session
 from duetime.cli.bulk import bulk_app
 
 

@@ -25,7 +25,7 @@ from duetime import (
 )
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.interfaces import DispatcherRegistry, DueCounter
-from duetime.presence import DispatcherInfo
+from duetime.live_dispatchers import DispatcherInfo
 
 ENDPOINT = "contract"
 

@@ -21,7 +21,7 @@ from duetime import (
     send_delayed,
 )
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
-from duetime.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, front_door_queue
+from duetime.nservicebus.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, front_door_queue
 from tests.integration.proxy import proxy_for
 from tests.integration.test_brokers import cleanup, open_broker
 from tests.services import postgres_schema

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.postgres import SyncPostgresStore
 from duetime.backends.rabbitmq import RabbitMqTransport
-from duetime.presence import EXPIRY, HEARTBEAT_INTERVAL
+from duetime.live_dispatchers import EXPIRY, HEARTBEAT_INTERVAL
 from tests.conftest import duetime_cmd, run_cli
 from tests.integration.proxy import proxy_for
 from tests.integration.test_rabbitmq_crash import RabbitConsumer

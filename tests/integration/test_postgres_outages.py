@@ -28,7 +28,7 @@ from duetime.backends.postgres import (
     SyncPostgresStore,
 )
 from duetime.backends.sqlite import SqliteQueueTransport, SyncSqliteQueue
-from duetime.frontdoor import envelope_headers
+from duetime.nservicebus.frontdoor import envelope_headers
 from tests.integration.proxy import TcpProxy, proxy_for
 from tests.services import postgres_schema
 

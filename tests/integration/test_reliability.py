@@ -39,7 +39,7 @@ from duetime.backends.rabbitmq import RabbitMqTransport
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
 from duetime.errorqueue import ERROR_MESSAGE
 from duetime.errors import TransportUnavailable
-from duetime.frontdoor import front_door_queue
+from duetime.nservicebus.frontdoor import front_door_queue
 from tests.integration.proxy import TcpProxy, proxy_for
 from tests.services import POSTGRES, RABBITMQ, postgres_schema, require
 

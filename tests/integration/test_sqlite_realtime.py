@@ -15,7 +15,7 @@ import pytest
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
 from duetime.backends.sqlite import queue as queue_module
-from duetime.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, envelope_headers
+from duetime.nservicebus.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, envelope_headers
 from tests.conftest import duetime_cmd
 from tests.integration.consumer import RecordingConsumer
 

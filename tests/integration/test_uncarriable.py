@@ -21,7 +21,7 @@ import pytest
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode, open_store
 from duetime.clock import SYSTEM
 from duetime.errorqueue import ERROR_MESSAGE, kept_in_store
-from duetime.sendback import discard, goes_to, send_back, take
+from duetime.operations.error_queue import discard, goes_to, send_back, take
 from tests.conftest import run_cli
 from tests.integration.test_brokers import cleanup, open_broker
 from tests.services import RABBITMQ

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from duetime.bulk.session import local_path
+from duetime.bulk.spark_session import local_path
 
 
 @pytest.fixture(autouse=True)

@@ -10,9 +10,9 @@ from duetime.dashboard.app import _safe_back
 from duetime.dashboard.charts import Series, line_chart
 from duetime.dashboard.security import Credentials
 from duetime.dashboard.timeline import Timeline
+from duetime.engine.summary import LatenessHistogram
 from duetime.interfaces import StoreCounts
-from duetime.presence import DispatcherInfo
-from duetime.summary import LatenessHistogram
+from duetime.live_dispatchers import DispatcherInfo
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 COUNTS = StoreCounts(total=10, due=2, claimed=1, failing=0, next_due=T0)

@@ -304,7 +304,7 @@ async def test_recovery_breaker_trips_on_more_than_one_recovery_failure_per_seco
 
 
 async def test_front_door_outage_raises_seed_002s_critical_error_after_two_minutes() -> None:
-    from duetime.frontdoor import OUTAGE_MESSAGE, FrontDoor, envelope_headers
+    from duetime.nservicebus.frontdoor import OUTAGE_MESSAGE, FrontDoor, envelope_headers
 
     rig = await Rig().setup("orders")
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
@@ -333,7 +333,7 @@ async def test_front_door_outage_raises_seed_002s_critical_error_after_two_minut
 
 
 async def test_front_door_outage_wait_is_configurable() -> None:
-    from duetime.frontdoor import FrontDoor
+    from duetime.nservicebus.frontdoor import FrontDoor
 
     rig = await Rig(
         time_to_wait_before_triggering_critical_error_on_timeout_outages=timedelta(seconds=5)
@@ -443,8 +443,8 @@ async def test_exactly_once_moves_grow_while_a_backlog_lasts_and_start_small_aga
     from datetime import UTC, datetime
 
     from duetime import DelayedMessage
-    from duetime.dispatcher import MOVE_GROWTH
-    from duetime.observe import NoObserver
+    from duetime.engine.dispatcher import MOVE_GROWTH
+    from duetime.engine.observe import NoObserver
 
     class Sizes(NoObserver):
         def __init__(self) -> None:
@@ -479,7 +479,7 @@ async def test_dispatcher_rejects_urls_in_place_of_backends() -> None:
 
 
 async def test_front_door_survives_a_queue_that_cannot_be_read() -> None:
-    from duetime.frontdoor import FrontDoor
+    from duetime.nservicebus.frontdoor import FrontDoor
 
     rig = await Rig().setup("orders")
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
@@ -524,7 +524,7 @@ async def test_claiming_ahead_keeps_the_order_and_loses_nothing() -> None:
 
 
 async def test_front_door_rejects_an_envelope_whose_own_id_is_unusable() -> None:
-    from duetime.frontdoor import FrontDoor
+    from duetime.nservicebus.frontdoor import FrontDoor
 
     rig = await Rig().setup("orders")
     await rig.dispatcher.start()  # declares the error queue
@@ -544,7 +544,7 @@ async def test_front_door_rejects_an_envelope_whose_own_id_is_unusable() -> None
 
 
 async def test_front_door_survives_an_error_queue_that_cannot_be_written() -> None:
-    from duetime.frontdoor import FrontDoor
+    from duetime.nservicebus.frontdoor import FrontDoor
 
     rig = await Rig().setup("orders")
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
@@ -559,7 +559,7 @@ async def test_front_door_survives_an_error_queue_that_cannot_be_written() -> No
 
 
 async def test_a_failing_delivery_log_costs_a_warning_never_a_message() -> None:
-    from duetime.deliverylog import Delivery
+    from duetime.observability.deliverylog import Delivery
 
     class BrokenLog:
         def __init__(self) -> None:
@@ -624,7 +624,7 @@ async def test_a_transport_whose_disk_is_full_is_said_so_not_unreachable(
 async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue() -> None:
     """A store refusing one message for what it holds costs that message, not the batch, and is
     not an outage; the rest is stored and acknowledged."""
-    from duetime.frontdoor import FrontDoor, envelope_headers
+    from duetime.nservicebus.frontdoor import FrontDoor, envelope_headers
 
     class PickyStore(FailingStore):
         async def store_many(self, messages: Sequence[DelayedMessage]) -> int:
@@ -671,7 +671,7 @@ async def test_a_summary_line_each_interval_while_working_and_none_while_idle(
     assert lines[0].startswith("last 12 s: forwarded 2, dead-lettered 0, retried 0, outages 0")
     assert "lateness p50 under 1.0 ms, p99 under 1.0 ms" in lines[0]
     assert "backlog 1 stored, 0 due, 0 in flight" in lines[0]
-    from duetime.logs import JsonFormatter
+    from duetime.observability.logs import JsonFormatter
 
     record = next(r for r in caplog.records if r.getMessage().startswith("last "))
     as_json = json.loads(JsonFormatter().format(record))
@@ -683,7 +683,7 @@ async def test_a_summary_line_each_interval_while_working_and_none_while_idle(
 
 
 def test_lateness_quantiles_come_from_log_buckets() -> None:
-    from duetime.summary import LatenessHistogram
+    from duetime.engine.summary import LatenessHistogram
 
     h = LatenessHistogram()
     assert h.quantile(0.99) is None
@@ -696,8 +696,8 @@ def test_lateness_quantiles_come_from_log_buckets() -> None:
 async def test_front_door_speaks_the_timeout_managers_headers() -> None:
     """N6: destination from RouteExpiredTimeoutTo, else ReplyToAddress; SagaId is the group;
     ClearTimeouts removes the saga's timeouts; one without a saga id, or without Expire, is an error."""
-    from duetime.frontdoor import FrontDoor
-    from duetime.nservicebus import to_wire
+    from duetime.nservicebus.frontdoor import FrontDoor
+    from duetime.nservicebus.headers import to_wire
 
     rig = await Rig().setup("orders", "replies", "error")
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)

@@ -21,7 +21,7 @@ from duetime import (
     open_transport,
 )
 from duetime.backends.memory import MemoryStore
-from duetime.durations import parse_duration, parse_time
+from duetime.inputs.durations import parse_duration, parse_time
 from duetime.message import new_message_id
 from duetime.testing import FakeClock
 
@@ -253,7 +253,7 @@ def test_mysql_store_before_initialize_says_so_without_connecting() -> None:
 
 
 def test_queue_rows_are_read_without_raising_and_name_their_problem() -> None:
-    from duetime.received import read_headers, received
+    from duetime.backends.queue_rows import read_headers, received
 
     headers, problem = read_headers({"n": 5, "bad\ud800": "x\udcff", "ok": "fine"})
     assert headers == {"n": "5", "bad?": "x?", "ok": "fine"}  # every value text, every text valid
@@ -318,7 +318,7 @@ def test_only_browsable_queues_are_browsable() -> None:
     ],
 )
 def test_a_bad_json_line_is_explained_in_the_files_terms(line: str, message: str) -> None:
-    from duetime.loader import parse_line
+    from duetime.operations.message_files import parse_line
 
     with pytest.raises(InvalidMessage) as caught:
         parse_line(line, 1, NOW)

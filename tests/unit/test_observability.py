@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from duetime.heartbeat import Heartbeat
-from duetime.metrics import OTHER, LabelCap, instrument
-from duetime.presence import DispatcherInfo, describe_claims
-from duetime.probes import health, readiness
+from duetime.live_dispatchers import DispatcherInfo, describe_claims
+from duetime.observability.heartbeat import Heartbeat
+from duetime.observability.metrics import OTHER, LabelCap, instrument
+from duetime.observability.probes import health, readiness
 from tests.unit.helpers import Rig
 
 

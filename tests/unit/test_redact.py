@@ -1,11 +1,11 @@
-"""One redaction rule for every form a secret takes in a URL (``duetime.urls.redact``)."""
+"""One redaction rule for every form a secret takes in a URL (``duetime.inputs.urls.redact``)."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from duetime.urls import redact
+from duetime.inputs.urls import redact
 
 SECRETS = st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ0123456789!$%*+-._~", min_size=6, max_size=40).map(
     lambda s: "Zq" + s  # never a piece of the rest of a URL

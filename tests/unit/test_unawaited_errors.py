@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from duetime.terminal import run_async
+from duetime.cli.terminal import run_async
 
 
 def _abandon_a_failed_future() -> None:

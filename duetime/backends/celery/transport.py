@@ -24,7 +24,6 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
-from duetime.closing import AsyncClosing
 from duetime.errorqueue import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
@@ -33,9 +32,10 @@ from duetime.errors import (
     TransportUnavailable,
     server_reason,
 )
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
+from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
-from duetime.names import check_name
-from duetime.urls import redact
 
 BROKERS = {"celery+amqp": "amqp", "celery+amqps": "amqps", "celery+redis": "redis", "celery+rediss": "rediss"}
 

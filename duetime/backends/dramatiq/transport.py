@@ -26,7 +26,6 @@ from dramatiq import Broker, Message
 from dramatiq.errors import BrokerConnectionError, DecodeError
 
 from duetime.backends._redis_database import check_database, no_such_database
-from duetime.closing import AsyncClosing
 from duetime.errorqueue import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
@@ -35,9 +34,10 @@ from duetime.errors import (
     TransportUnavailable,
     server_reason,
 )
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
+from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
-from duetime.names import check_name
-from duetime.urls import redact
 
 BROKERS = {
     "dramatiq+amqp": "amqp",

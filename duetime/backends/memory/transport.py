@@ -9,11 +9,10 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 
-from duetime.closing import AsyncClosing
 from duetime.errors import DestinationNotFound
-from duetime.interfaces import ReceivedMessage
+from duetime.inputs.identifiers import check_name
+from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
-from duetime.names import check_name
 
 
 class MemoryTransport(AsyncClosing):

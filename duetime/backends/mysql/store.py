@@ -40,18 +40,18 @@ from duetime.backends._store import (
     sql_filters,
     table_name,
 )
+from duetime.backends.sqlfiles import load_queries
 from duetime.clock import from_micros, to_micros
 from duetime.errors import (
     ConfigurationError,
     InvalidMessage,
     connection_failed,
 )
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import number_option, redact
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
-from duetime.names import check_name
 from duetime.settings import TransactionMode
-from duetime.sqlfile import load_queries
-from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.mysql")
 EXACT_COUNT_LIMIT = 1_000_000

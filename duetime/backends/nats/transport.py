@@ -26,7 +26,7 @@ from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBuffer
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
-from duetime.closing import AsyncClosing
+from duetime.backends.queue_rows import first, those
 from duetime.errorqueue import PREFIX as ERROR_PREFIX
 from duetime.errors import (
     ConfigurationError,
@@ -36,11 +36,10 @@ from duetime.errors import (
     TransportUnavailable,
     server_reason,
 )
-from duetime.interfaces import ReceivedMessage
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
+from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
-from duetime.names import check_name
-from duetime.received import first, those
-from duetime.urls import redact
 
 #: The subject prefix unless the URL gives ``subject_prefix``.
 DEFAULT_SUBJECT_PREFIX = "duetime.q."

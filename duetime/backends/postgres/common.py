@@ -18,11 +18,11 @@ from duetime.backends._store import (
     load_headers,
     table_name,
 )
+from duetime.backends.sqlfiles import load_queries
 from duetime.errors import ConfigurationError, connection_failed, one_line
+from duetime.inputs.identifiers import check_name, quote_identifier
+from duetime.inputs.urls import number_option, redact
 from duetime.message import DelayedMessage
-from duetime.names import check_name, quote_identifier
-from duetime.sqlfile import load_queries
-from duetime.urls import number_option, redact
 
 QUERIES = load_queries("duetime.backends.postgres")
 log = logging.getLogger("duetime.postgres")
@@ -44,7 +44,7 @@ class PgOptions:
     #: How long a call waits for a pooled connection before failing (then the breakers count it).
     pool_timeout: float = 5.0
     #: "lock" (one write per message; needs pool_size >= 3) or "lease" (two writes, no open
-    #: transaction during a send). See duetime/backends/postgres/held.py.
+    #: transaction during a send). See duetime/backends/postgres/locked_claims.py.
     claims: str = "lock"
     display: str = ""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from duetime.names import check_name, quote_identifier
+from duetime.inputs.identifiers import check_name, quote_identifier
 
 
 class PostgresDeduplicator:

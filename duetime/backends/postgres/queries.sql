@@ -278,7 +278,7 @@ WHERE queue = %(queue)s ORDER BY seq LIMIT %(limit)s;
 -- name: depth
 SELECT count(*) FROM {messages} WHERE queue = %(queue)s;
 
--- Live dispatchers (duetime.presence): one row per dispatcher, refreshed every few seconds.
+-- Live dispatchers (duetime.live_dispatchers): one row per dispatcher, refreshed every few seconds.
 -- name: create_presence_table
 CREATE TABLE IF NOT EXISTS {presence} (
     endpoint varchar(200) NOT NULL,

@@ -28,13 +28,12 @@ from duetime.backends.postgres.common import (
     enqueue_declared,
     reach,
 )
+from duetime.backends.queue_rows import received
 from duetime.clock import SYSTEM
-from duetime.closing import Closing
 from duetime.errors import ConnectionFailed, DestinationNotFound, TransportUnavailable
-from duetime.interfaces import ReceivedMessage
+from duetime.inputs.identifiers import check_name
+from duetime.interfaces import Closing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
-from duetime.names import check_name
-from duetime.received import received
 
 log = logging.getLogger("duetime.queue")
 

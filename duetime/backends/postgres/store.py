@@ -37,7 +37,7 @@ from duetime.backends.postgres.common import (
     refresh_planner_stats,
     table_for,
 )
-from duetime.backends.postgres.held import HeldBatches
+from duetime.backends.postgres.locked_claims import HeldBatches
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
 from duetime.clock import from_micros, to_micros
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts

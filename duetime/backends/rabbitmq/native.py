@@ -27,9 +27,9 @@ from duetime.backends.rabbitmq.transport import RabbitMqTransport, amqp_properti
 from duetime.backends.rabbitmq.wire import Int32, Int64
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError
+from duetime.inputs.identifiers import check_name
 from duetime.message import Delay, DelayedMessage, outgoing_headers
-from duetime.names import check_name
-from duetime.nservicebus import DELAY_IN_SECONDS
+from duetime.nservicebus.headers import DELAY_IN_SECONDS
 
 __all__ = [
     "DEATH_HEADERS",

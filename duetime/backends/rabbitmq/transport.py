@@ -43,7 +43,6 @@ from duetime.backends.rabbitmq.arrival import arrival_headers, early_by
 from duetime.backends.rabbitmq.batchwrite import MAX_ROUTING_KEY, Publish, write_batch
 from duetime.backends.rabbitmq.urloptions import OWN, check_broker_options
 from duetime.clock import SYSTEM
-from duetime.closing import AsyncClosing
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
@@ -52,11 +51,11 @@ from duetime.errors import (
     TransportUnavailable,
     one_line,
 )
-from duetime.interfaces import ReceivedMessage
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import number_option, redact
+from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
-from duetime.names import check_name
-from duetime.nservicebus import amqp_properties
-from duetime.urls import number_option, redact
+from duetime.nservicebus.headers import amqp_properties
 
 QUEUE_TYPES = {"classic", "quorum"}
 #: NServiceBus.RabbitMQ's routing topologies: ``direct`` senders publish to the default exchange,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from duetime.errors import ConfigurationError
-from duetime.urls import redact
+from duetime.inputs.urls import redact
 
 #: duetime's own options (read by RabbitMqTransport.from_url and taken off the URL).
 OWN = ("queue_type", "prefetch", "connect_timeout", "publish_timeout", "topology", "max_message_size")

@@ -40,11 +40,11 @@ from duetime.backends._store import (
 )
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError, StorageFull, connection_failed
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
 from duetime.interfaces import ListQuery, StoreCounts
+from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
-from duetime.names import check_name
-from duetime.presence import DispatcherInfo
-from duetime.urls import redact
 
 log = logging.getLogger("duetime.redis")
 

@@ -26,13 +26,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duetime.backends._keepalive import socket_options
 from duetime.backends._redis_database import check_database, no_such_database, not_redis
-from duetime.closing import AsyncClosing
+from duetime.backends.queue_rows import first, received, those
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
-from duetime.interfaces import ReceivedMessage
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import number_option, redact
+from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
-from duetime.names import check_name
-from duetime.received import first, received, those
-from duetime.urls import number_option, redact
 
 MODES = {"stream", "list"}
 #: Entries read per round trip when an operator looks through a queue.

@@ -14,9 +14,9 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from duetime.backends._store import dump_headers, load_headers
+from duetime.backends.sqlfiles import load_queries
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, StorageFull
-from duetime.sqlfile import load_queries
 
 QUERIES = load_queries("duetime.backends.sqlite")
 SYNCHRONOUS = {"off", "normal", "full", "extra"}

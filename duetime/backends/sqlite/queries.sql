@@ -219,7 +219,7 @@ WHERE queue = ? ORDER BY seq LIMIT ?;
 -- name: depth
 SELECT count(*) FROM duetime_queue_messages WHERE queue = ?;
 
--- Live dispatchers (duetime.presence): one row per dispatcher, refreshed every few seconds.
+-- Live dispatchers (duetime.live_dispatchers): one row per dispatcher, refreshed every few seconds.
 -- name: create_presence_table
 CREATE TABLE IF NOT EXISTS duetime_dispatchers (
     endpoint TEXT NOT NULL,

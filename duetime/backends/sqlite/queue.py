@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from duetime.backends._bridge import AsyncQueueBridge
+from duetime.backends.queue_rows import received
 from duetime.backends.sqlite.connection import (
     QUERIES,
     connect,
@@ -27,12 +28,10 @@ from duetime.backends.sqlite.connection import (
 from duetime.backends.sqlite.filewatch import RECHECK, SETTLE, SETTLE_POLL, FileWatch
 from duetime.backends.sqlite.filewatch import watch as watch_file
 from duetime.clock import SYSTEM, to_micros
-from duetime.closing import Closing
 from duetime.errors import DestinationNotFound
-from duetime.interfaces import ReceivedMessage
+from duetime.inputs.identifiers import check_name
+from duetime.interfaces import Closing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
-from duetime.names import check_name
-from duetime.received import received
 
 QUEUE_SCHEMA = ("create_queues_table", "create_queue_messages_table", "create_queue_messages_index")
 

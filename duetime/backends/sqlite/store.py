@@ -47,10 +47,10 @@ from duetime.backends.sqlite.queue import (
     queue_exists,
 )
 from duetime.clock import SYSTEM, from_micros, to_micros
+from duetime.inputs.identifiers import check_name, quote_identifier
+from duetime.inputs.urls import number_option
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
-from duetime.names import check_name, quote_identifier
-from duetime.urls import number_option
 
 OPTIONS = {"table", "synchronous", "claim_timeout", "busy_timeout"}
 _COLUMNS = "message_id, destination, due_at, headers, body, failure_count, group_key"

@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duetime import tracing
-from duetime.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.clock import ServerAlignedClock, SystemClock
-from duetime.deadline import within
+from duetime.engine.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
+from duetime.engine.deadline import within
+from duetime.engine.observe import DispatchObserver, NoObserver
+from duetime.engine.pinpoint import send_pinpointing
+from duetime.engine.summary import LatenessHistogram, Tally, summary_fields, summary_line
 from duetime.errorqueue import KEPT_IN_STORE, error_headers
 from duetime.errors import (
     ConfigurationError,
@@ -31,6 +34,7 @@ from duetime.errors import (
     UnsupportedTransactionMode,
     one_line,
 )
+from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     ClaimPolicy,
     Clock,
@@ -43,11 +47,7 @@ from duetime.interfaces import (
     Transport,
 )
 from duetime.message import DelayedMessage
-from duetime.names import check_name
-from duetime.observe import DispatchObserver, NoObserver
-from duetime.pinpoint import send_pinpointing
 from duetime.settings import DelayedDeliverySettings, TransactionMode
-from duetime.summary import LatenessHistogram, Tally, summary_fields, summary_line
 
 log = logging.getLogger("duetime.dispatcher")
 
@@ -108,7 +108,7 @@ class Dispatcher:
         observer: DispatchObserver | None = None,
     ) -> None:
         check_dispatcher_inputs(store, transport)
-        #: Told what happens as it happens (``duetime.metrics`` makes Prometheus metrics of it).
+        #: Told what happens as it happens (``duetime.observability.metrics`` makes Prometheus metrics of it).
         self.observer: DispatchObserver = observer or NoObserver()
         #: Opt-in record of every delivery (for ``duetime bulk report``); never delays one.
         self.delivery_log = delivery_log
@@ -629,7 +629,7 @@ class Dispatcher:
 
     async def _send(self, batch: Sequence[DelayedMessage], doing: str) -> list[Exception | None]:
         """One result per message, a connection lost mid-batch traced to the message that loses it
-        (:mod:`duetime.pinpoint`); raises when the transport fails as a whole."""
+        (:mod:`duetime.engine.pinpoint`); raises when the transport fails as a whole."""
         seconds = self._deadline(self.dispatch_breaker)
 
         async def send(part: Sequence[DelayedMessage]) -> list[Exception | None]:

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
 from duetime.clock import SYSTEM, SystemClock
-from duetime.dispatcher import Dispatcher
+from duetime.engine.dispatcher import Dispatcher
 from duetime.message import DUE_AT_HEADER, DelayedMessage
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 

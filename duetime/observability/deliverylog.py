@@ -71,7 +71,7 @@ class SqlDeliveryLog:
     """Rows in ``duetime_delivery_log`` (times as µs since 1970), through the Python driver."""
 
     def __init__(self, url: str) -> None:
-        from duetime.sqldb import Database
+        from duetime.backends.sqldb import Database
 
         self.db = Database.from_url(url)
         self._conn: Any = None

@@ -1,4 +1,4 @@
--- Statements run through duetime.sqldb.Database: the bulk jobs' state tables, the delivery log and
+-- Statements run through duetime.backends.sqldb.Database: the bulk jobs' state tables, the delivery log and
 -- the NServiceBus source layouts. `Database.query(name)` fills in:
 --   {runs} {batches} {staged} {ledger} {scheduled} {log}  the state tables, quoted and schema-qualified;
 --   {key16} {key64} {key200} {key250} {text} {blob}      the dialect's column types;

@@ -1,6 +1,6 @@
 """The bulk commands as a file ``spark-submit`` runs: the cluster's master and settings win.
 
-spark-submit --master spark://host:7077 $(python -m duetime.bulk.job --path) migrate --from … --to …
+spark-submit --master spark://host:7077 $(python -m duetime.cli.spark_job --path) migrate --from … --to …
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from duetime import tracing
-from duetime.circuit import RepeatedFailuresOverTimeCircuitBreaker
-from duetime.deadline import within
-from duetime.dispatcher import Dispatcher
+from duetime.engine.circuit import RepeatedFailuresOverTimeCircuitBreaker
+from duetime.engine.deadline import within
+from duetime.engine.dispatcher import Dispatcher
 from duetime.errorqueue import error_headers
 from duetime.errors import (
     ConfigurationError,
@@ -29,6 +29,7 @@ from duetime.errors import (
     TransportUnavailable,
     one_line,
 )
+from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     AddressTopology,
     DelayedMessageStore,
@@ -38,8 +39,7 @@ from duetime.interfaces import (
     Transport,
 )
 from duetime.message import DUE_AT_HEADER, Delay, DelayedMessage, check_headers, new_message_id
-from duetime.names import check_name
-from duetime.nservicebus import (
+from duetime.nservicebus.headers import (
     CLEAR_TIMEOUTS,
     DUE_ON_ARRIVAL,
     DUE_ON_ARRIVAL_WITHIN,
@@ -60,7 +60,7 @@ DELIVER_AT_HEADER = "duetime-deliver-at"
 NSB_EXPIRE = EXPIRE
 NSB_ROUTE_TO = ROUTE_TO
 #: duetime's own routing headers; the destination does not get them. NServiceBus's stay, as its
-#: timeout manager keeps every incoming header (see duetime.nservicebus).
+#: timeout manager keeps every incoming header (see duetime.nservicebus.headers).
 ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER)
 #: How often the front door looks again whether the old-named queue exists.
 LEGACY_CHECK_SECONDS = 60.0
@@ -115,7 +115,7 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTime
 
 def _mark_due_on_arrival(message: DelayedMessage, now: datetime) -> DelayedMessage:
     """An NServiceBus timeout already due on arrival is forwarded with its headers as they came,
-    as NServiceBus does (see :data:`~duetime.nservicebus.DUE_ON_ARRIVAL`)."""
+    as NServiceBus does (see :data:`~duetime.nservicebus.headers.DUE_ON_ARRIVAL`)."""
     if not is_timeout(message.headers) or message.due_at - DUE_ON_ARRIVAL_WITHIN > now:
         return message
     return message.with_changes(headers={**message.headers, DUE_ON_ARRIVAL: "true"})

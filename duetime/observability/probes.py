@@ -1,6 +1,6 @@
 """The port ``duetime run --metrics-port`` serves: ``/metrics``, ``/healthz`` and ``/readyz``.
 
-- ``/metrics``: Prometheus text format (see :mod:`duetime.metrics`).
+- ``/metrics``: Prometheus text format (see :mod:`duetime.observability.metrics`).
 - ``/healthz``: the loop is alive and turning. 503 when it has not turned for longer than its
   longest sleep plus a timed-out call (it is stuck), or a breaker tripped: restart the process.
 - ``/readyz``: store and transport reachable, no breaker armed for longer than ``ready_after``
@@ -17,11 +17,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from duetime import webserver
-from duetime.deadline import within
-from duetime.dispatcher import Dispatcher
+from duetime.engine.deadline import within
+from duetime.engine.dispatcher import Dispatcher
 from duetime.errors import ConfigurationError, one_line
-from duetime.metrics import Backlog
+from duetime.observability import webserver
+from duetime.observability.metrics import Backlog
 
 try:
     import uvicorn

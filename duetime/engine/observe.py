@@ -1,7 +1,7 @@
 """What the dispatcher and the front door tell an observer (metrics, traces) as they work.
 
 Hooks with no-op defaults (Dramatiq's middleware idea): the engine calls them with what it already
-has in hand, never waits on them, and imports no metrics library. ``duetime.metrics`` turns them
+has in hand, never waits on them, and imports no metrics library. ``duetime.observability.metrics`` turns them
 into Prometheus metrics; a test or a custom exporter can implement the few it needs.
 """
 

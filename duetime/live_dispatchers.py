@@ -53,7 +53,7 @@ class DispatcherInfo:
     stopped: bool = False
     dead_lettered: int = 0
     #: Lateness of everything it forwarded since it started, as sparse histogram buckets
-    #: (:class:`duetime.summary.LatenessHistogram`): the dashboard charts the change between looks.
+    #: (:class:`duetime.engine.summary.LatenessHistogram`): the dashboard charts the change between looks.
     lateness: dict[str, int] = field(default_factory=dict)
     #: Each circuit breaker's seconds armed (failing), None while it is closed.
     breakers: dict[str, float | None] = field(default_factory=dict)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+from duetime.backends.sqlfiles import load_queries
 from duetime.errors import ConfigurationError
-from duetime.names import check_name
-from duetime.sqlfile import load_queries
-from duetime.urls import redact
+from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
 
 T = TypeVar("T")
 DIALECTS = {
@@ -119,7 +119,7 @@ class Database:
     def query(self, name: str, **names: object) -> str:
         """The statement ``name`` of ``sqldb.sql`` in this dialect, with the state tables, the column
         types and ``names`` (a table, an IN list's marks) filled in."""
-        queries = load_queries("duetime", "sqldb.sql")
+        queries = load_queries("duetime.backends", "sqldb.sql")
         text = queries.get(f"{name}.{self.dialect}") or queries[name]
         return text.format_map({**self._words(), **names})
 

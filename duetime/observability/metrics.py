@@ -18,11 +18,11 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from duetime.deadline import within
-from duetime.dispatcher import Dispatcher
+from duetime.engine.deadline import within
+from duetime.engine.dispatcher import Dispatcher
 from duetime.errors import ConfigurationError, one_line
 from duetime.interfaces import DispatcherRegistry, StoreCounts
-from duetime.presence import DispatcherInfo
+from duetime.live_dispatchers import DispatcherInfo
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics

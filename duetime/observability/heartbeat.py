@@ -1,4 +1,4 @@
-"""The dispatcher's heartbeat: its presence record (:mod:`duetime.presence`), refreshed in the store.
+"""The dispatcher's heartbeat: its presence record (:mod:`duetime.live_dispatchers`), refreshed in the store.
 
 Best effort by design: a store that cannot take the record is logged once (and again when it
 recovers), never a reason to stop delivering.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 
-from duetime.deadline import within
-from duetime.dispatcher import Dispatcher
+from duetime.engine.deadline import within
+from duetime.engine.dispatcher import Dispatcher
 from duetime.errors import one_line
 from duetime.interfaces import DispatcherRegistry
-from duetime.presence import HEARTBEAT_INTERVAL, DispatcherInfo
+from duetime.live_dispatchers import HEARTBEAT_INTERVAL, DispatcherInfo
 
 log = logging.getLogger("duetime.heartbeat")
 

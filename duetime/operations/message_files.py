@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from duetime.durations import parse_duration, parse_time
 from duetime.errors import DuplicateMessageId, InvalidMessage
+from duetime.inputs.durations import parse_duration, parse_time
 from duetime.interfaces import DelayedMessageStore
 from duetime.message import DelayedMessage, kind
 

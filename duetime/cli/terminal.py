@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from duetime.errors import CriticalError, DuetimeError, one_line
-from duetime.logs import logging_json
+from duetime.observability.logs import logging_json
 
 T = TypeVar("T")
 

@@ -22,8 +22,8 @@ from duetime.errorqueue import (
 )
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore, InspectableQueue, ReceivedMessage
-from duetime.loader import store_new
 from duetime.message import DelayedMessage
+from duetime.operations.message_files import store_new
 from duetime.registry import open_transport
 
 #: How many messages a look through the whole error queue reads at most.

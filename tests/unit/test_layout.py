@@ -1,0 +1,51 @@
+"""The tree shows the architecture: the top of the package is the public core and the entry
+points, everything else sits in a subpackage named for its role, and every module is in one layer
+of the import-linter contract (``pyproject.toml``), which ``lint-imports`` holds."""
+
+from __future__ import annotations
+
+import pkgutil
+import re
+import tomllib
+from pathlib import Path
+
+import duetime
+
+PACKAGE = Path(duetime.__file__).parent
+ROOT = PACKAGE.parent
+
+#: The public core (what a message is, the errors, the capabilities, settings, the clock, the
+#: error queue's and the live dispatchers' records, tracing) and the entry points (the clients,
+#: URL -> backend, the test helpers, ``python -m duetime``).
+TOP_MODULES = {
+    "__init__", "__main__", "client", "clock", "errorqueue", "errors", "interfaces",
+    "live_dispatchers", "message", "registry", "settings", "testing", "tracing", "version",
+}  # fmt: skip
+SUBPACKAGES = {
+    "backends", "bridges", "bulk", "cli", "dashboard", "engine", "inputs", "nservicebus",
+    "observability", "operations",
+}  # fmt: skip
+
+
+def test_the_top_of_the_package_is_the_core_and_the_entry_points() -> None:
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert (modules, packages) == (TOP_MODULES, SUBPACKAGES)
+
+
+def _layers() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = (c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers")
+    return [name for layer in contract["layers"] for name in re.split(r"\s*[:|]\s*", layer)]
+
+
+def test_every_module_sits_in_a_layer_of_the_contract() -> None:
+    layers = _layers()
+    unplaced = []
+    for found in pkgutil.walk_packages([str(PACKAGE)], "duetime."):
+        name = found.name
+        if found.ispkg and any(layer.startswith(name + ".") for layer in layers):
+            continue  # a package whose modules sit in different layers (nservicebus)
+        if not any(name == layer or name.startswith(layer + ".") for layer in layers):
+            unplaced.append(name)
+    assert unplaced == []
