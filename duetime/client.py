@@ -7,7 +7,7 @@ from datetime import datetime
 
 from duetime import tracing
 from duetime.clock import SystemClock
-from duetime.errors import ConfigurationError, InvalidMessage
+from duetime.errors import InvalidMessage
 from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     AsyncClosing,
@@ -17,6 +17,7 @@ from duetime.interfaces import (
     ListQuery,
     Page,
     SyncDelayedMessageStore,
+    require,
 )
 from duetime.message import (
     MAX_DESTINATION_LENGTH,
@@ -102,10 +103,12 @@ class DelayedMessageClient(AsyncClosing):
     def __init__(
         self, store: DelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
     ) -> None:
-        if not isinstance(store, DelayedMessageStore):
-            raise ConfigurationError(
-                f"store must be an async DelayedMessageStore, got {type(store).__name__}."
-            )
+        require(
+            store,
+            DelayedMessageStore,
+            "the store",
+            "duetime.open_store(url) opens one (open_sync_store is for SyncDelayedMessageClient).",
+        )
         self.store = store
         self.endpoint = check_name("endpoint", endpoint)
         self.clock: Clock = clock or SystemClock()
@@ -177,8 +180,12 @@ class SyncDelayedMessageClient(Closing):
     def __init__(
         self, store: SyncDelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
     ) -> None:
-        if not isinstance(store, SyncDelayedMessageStore):
-            raise ConfigurationError(f"store must be a SyncDelayedMessageStore, got {type(store).__name__}.")
+        require(
+            store,
+            SyncDelayedMessageStore,
+            "the store",
+            "duetime.open_sync_store(url) opens one (open_store is for DelayedMessageClient).",
+        )
         self.store = store
         self.endpoint = check_name("endpoint", endpoint)
         self.clock: Clock = clock or SystemClock()

@@ -7,11 +7,13 @@ pass the object in (NServiceBus's "custom delayed message store").
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from duetime.errors import ConfigurationError
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.settings import TransactionMode
@@ -348,3 +350,28 @@ class DeliveryLog(Protocol):
 
     async def record(self, entries: Sequence[Delivery]) -> None: ...
     async def close(self) -> None: ...
+
+
+def require(obj: object, protocol: type, role: str, hint: str) -> None:
+    """Raise a one-line :class:`ConfigurationError` unless ``obj`` is a ``protocol``, and async where
+    it is async: a runtime-checkable Protocol compares method names only, so a blocking store
+    passed where an async one belongs (or the reverse) would pass the check and then return
+    coroutines nobody awaits, or block the event loop. ``role`` names what it is for, ``hint``
+    says how to make the right one."""
+    methods = {n: m for n, m in vars(protocol).items() if not n.startswith("_") and callable(m)}
+    wanted_kind = (
+        "an async" if any(inspect.iscoroutinefunction(m) for m in methods.values()) else "a blocking"
+    )
+    if not isinstance(obj, protocol):
+        raise ConfigurationError(
+            f"{role} must be {wanted_kind} {protocol.__name__}, got {type(obj).__name__}; {hint}"
+        )
+    for name, wanted in methods.items():
+        if inspect.iscoroutinefunction(wanted) != inspect.iscoroutinefunction(getattr(obj, name)):
+            kind, other = (
+                ("async", "blocking") if inspect.iscoroutinefunction(wanted) else ("blocking", "async")
+            )
+            raise ConfigurationError(
+                f"{role} must be {wanted_kind} {protocol.__name__}, whose {name}() is {kind}, but "
+                f"{type(obj).__name__}'s is {other}; {hint}"
+            )

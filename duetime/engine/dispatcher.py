@@ -45,6 +45,7 @@ from duetime.interfaces import (
     StoreCounts,
     TransactionalStore,
     Transport,
+    require,
 )
 from duetime.message import DelayedMessage
 from duetime.settings import DelayedDeliverySettings, TransactionMode
@@ -920,13 +921,5 @@ async def run_until_signal(dispatcher: Dispatcher, *extra: Awaitable[None]) -> N
 
 def check_dispatcher_inputs(store: object, transport: object) -> None:
     """A clear error when someone passes a URL or the wrong object where a backend belongs."""
-    if not isinstance(store, DelayedMessageStore):
-        raise ConfigurationError(
-            f"store must be a DelayedMessageStore, got {type(store).__name__}; "
-            "use duetime.open_store(url) to make one from a URL."
-        )
-    if not isinstance(transport, Transport):
-        raise ConfigurationError(
-            f"transport must be a Transport, got {type(transport).__name__}; "
-            "use duetime.open_transport(url) to make one from a URL."
-        )
+    require(store, DelayedMessageStore, "the store", "duetime.open_store(url) opens one from a URL.")
+    require(transport, Transport, "the transport", "duetime.open_transport(url) opens one from a URL.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
@@ -416,3 +417,41 @@ async def test_connect_used_as_the_client_says_how_to_get_one() -> None:
     )  # tools still ask
     async with pending as client:  # and it still works as meant
         assert (await client.schedule("orders", b"x", delay=1)).destination == "orders"
+
+
+def test_a_blocking_store_where_an_async_one_belongs_or_the_reverse_is_one_line(tmp_path: Path) -> None:
+    """The runtime-checkable Protocols compare method names only: a sync client given an async
+    store scheduled nothing (one RuntimeWarning about a coroutine never awaited was the sign)."""
+    from duetime import (
+        ConfigurationError,
+        DelayedMessageClient,
+        Dispatcher,
+        SyncDelayedMessageClient,
+        open_store,
+        open_sync_store,
+        open_transport,
+    )
+
+    url = f"sqlite:///{tmp_path}/mix.db"
+    wrong: list[tuple[Callable[[], object], str, str]] = [
+        (
+            lambda: SyncDelayedMessageClient(open_store(url)),  # type: ignore[arg-type]
+            "() is blocking, but SqliteStore's is async",
+            "open_sync_store",
+        ),
+        (
+            lambda: DelayedMessageClient(open_sync_store(url)),  # type: ignore[arg-type]
+            "must be an async DelayedMessageStore, got SyncSqliteStore",
+            "open_store",
+        ),
+        (
+            lambda: Dispatcher(open_sync_store(url), open_transport("memory://")),  # type: ignore[arg-type]
+            "must be an async DelayedMessageStore, got SyncSqliteStore",
+            "open_store",
+        ),
+    ]
+    for make, said, hint in wrong:
+        with pytest.raises(ConfigurationError) as refused:
+            make()
+        text = str(refused.value)
+        assert said in text and hint in text and "\n" not in text, text
