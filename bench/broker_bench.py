@@ -3,9 +3,9 @@
     .venv/bin/python bench/broker_bench.py          # 20,000 messages
     .venv/bin/python bench/broker_bench.py --quick  # 5,000
 
-Aims (issue 4): dispatch from PostgreSQL into RabbitMQ >= 0.8x the raw publish-with-confirms rate
+Aims: dispatch from PostgreSQL into RabbitMQ >= 0.8x the raw publish-with-confirms rate
 of the same client library; front-door ingestion likewise beside a raw consume-insert-ack loop.
-Issue 16 raised the bar: the raw limit is aiormq with the batch's frames written without waiting for
+The raw limit is aiormq with the batch's frames written without waiting for
 each flush (aio-pika's publish waits), confirms awaited together; both baselines are printed.
 """
 

@@ -1,6 +1,6 @@
 """Spark migration of NServiceBus ``TimeoutData`` rows into the duetime PostgreSQL store.
 
-    .venv/bin/python -m bench.bulk_bench                     # 1,000,000 rows (issue 6's aim: under 60 s)
+    .venv/bin/python -m bench.bulk_bench                     # 1,000,000 rows (the aim: under 60 s)
     .venv/bin/python -m bench.bulk_bench --rows 100000
     .venv/bin/python -m bench.bulk_bench --other-database    # into a store in another database
 

@@ -55,7 +55,7 @@ def timed(action: Any) -> tuple[float, Any]:
 
 
 def cpu_line() -> str:
-    """The cores the step just timed kept busy, and who: where the bottleneck is (issue 14)."""
+    """The cores the step just timed kept busy, and who: where the bottleneck is."""
     return f"      {LAST_CPU[0]}"
 
 
@@ -63,7 +63,7 @@ def floor_move(conn: psycopg.Connection, rows: int, *, group: bool = True) -> fl
     """The same move as one statement in the server: no checks, no batches, no resume. The same
     rows as the job writes, so with the saga id as each message's group (the job keeps it; its
     index costs the insert a third of its time); ``group=False`` is the lighter floor the
-    figures before 2026-11-24 (session 16) were measured against."""
+    figures before 2026-11-24 were measured against."""
     store_table(FLOOR)
     saga = ", NULLIF(\"SagaId\"::text, '00000000-0000-0000-0000-000000000000')" if group else ""
     took, _ = timed(

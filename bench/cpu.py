@@ -1,6 +1,6 @@
 """Who kept the cores busy during a measured step: the database servers, or everything else.
 
-Issue 14 asks the bulk jobs to scale "until the database is the bottleneck (say which)". On a
+The bulk jobs should scale until the database is the bottleneck, and say which. On a
 machine where the servers run beside the job, a ratio alone cannot say that; the CPU each used can.
 From /proc (Linux): the machine's busy and disk-wait time, and the CPU of the PostgreSQL and MariaDB
 processes, counting backends that ended during the step (their time goes to the postmaster's

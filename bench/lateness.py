@@ -13,11 +13,11 @@ PostgreSQL into RabbitMQ), in one run:
 - **raw timer** (the baseline): one process holds the same messages in memory, sleeps until each
   is due and sends it straight into the queue (no store, no claim): what a perfect in-memory timer
   achieves on the same queue and consumer. Its drain is the same send for everything at once.
-- **raw move** (the SQL queues' drain baseline, as issue 16 defines it): the burst in a plain table
+- **raw move** (the SQL queues' drain baseline): the burst in a plain table
   of the same database, moved into the same queue table by a hand-written claim-move-delete loop
   (500 a transaction), read by the same consumer. Drain only: it has no timer.
 
-Issue 16's targets: p99 <= 5 ms for SQLite exactly-once and PostgreSQL -> RabbitMQ, <= 20 ms for
+Targets: p99 <= 5 ms for SQLite exactly-once and PostgreSQL -> RabbitMQ, <= 20 ms for
 PostgreSQL -> PostgreSQL queue; never early; drain >= 0.8x the raw path's rate.
 
 With the default 5,000 the SQL queues drain the burst in about 0.2 s, and the machine's noise is as
@@ -100,7 +100,7 @@ asyncio.run(main())
 """
 
 
-#: The raw claim-move-delete loop (issue 16's drain baseline for the SQL queues): the same messages
+#: The raw claim-move-delete loop (the drain baseline for the SQL queues): the same messages
 #: in a plain table of the same database, moved into the same queue table by hand-written SQL,
 #: one transaction per batch, from their due time until none is left; read by the same consumer.
 RAW_MOVE_SQLITE = r"""

@@ -1,4 +1,4 @@
-"""Dispatch with Prometheus metrics on against off, in one run (issue 15's target: >= 0.95x).
+"""Dispatch with Prometheus metrics on against off, in one run (the target: >= 0.95x).
 
     .venv/bin/python bench/metrics_bench.py              # 50,000 messages, 5 rounds each side
     .venv/bin/python bench/metrics_bench.py --quick      # 5,000 messages, 3 rounds

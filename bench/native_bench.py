@@ -5,7 +5,7 @@
 
 Every send loop publishes on one channel with confirms, 1,000 publishes in flight per batch: raw
 aio-pika (which waits for each frame's flush), raw aiormq with the frames pipelined (the fastest this
-client publishes safely: the baseline since issue 16), and duetime's native send, which pipelines
+client publishes safely: the baseline), and duetime's native send, which pipelines
 the same way.
 Lateness: messages due at random (fractional) times 1-12 s ahead; arrival minus the requested due
 time, which includes the round-up to whole seconds and the hops between levels.

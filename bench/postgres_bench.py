@@ -5,7 +5,7 @@
 
 Prints: scheduling (single-row and COPY), dispatch rate into the PostgreSQL queue (exactly-once and
 at-least-once) beside a raw SKIP LOCKED claim-and-delete loop, claim latency with 10,000 vs N pending
-rows, and the dispatcher's memory with 10,000 vs N pending. Aims (issue 3): dispatch >= 0.5x raw,
+rows, and the dispatcher's memory with 10,000 vs N pending. Aims: dispatch >= 0.5x raw,
 COPY scheduling >= 0.5x raw COPY, claim latency and memory flat as the backlog grows.
 """
 
@@ -287,7 +287,7 @@ def raw_consume(batch: int) -> int:
 
 
 def consuming(n: int, past: datetime) -> None:
-    """The consumer's drain rate: receive a batch, acknowledge it (issue 16: one statement)."""
+    """The consumer's drain rate: receive a batch, acknowledge it (one statement)."""
     print(f"consuming the PostgreSQL queue ({n:,} waiting, batches of 500, best of 2)")
     waiting = messages(n, past, prefix="q")
 

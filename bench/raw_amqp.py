@@ -3,7 +3,7 @@
 Both publish persistent 100-byte messages, mandatory, with publisher confirms, a batch at a time with
 the batch's confirms awaited together. aio-pika's ``publish`` waits for each frame to be flushed
 before the next is queued; aiormq with ``wait=False`` writes a batch's frames back to back, the
-fastest this client publishes safely (the baseline since issue 16).
+fastest this client publishes safely (the baseline).
 """
 
 from __future__ import annotations

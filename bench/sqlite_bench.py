@@ -4,7 +4,7 @@
     .venv/bin/python bench/sqlite_bench.py --quick    # smaller numbers, for a smoke test
 
 Prints scheduling rate, dispatch rate and lateness at a steady 1,000 messages/s, each with the
-raw baseline and the ratio. Aims (issue 2): dispatch >= 0.5x the raw claim-and-delete loop;
+raw baseline and the ratio. Aims: dispatch >= 0.5x the raw claim-and-delete loop;
 p99 lateness < 20 ms at 1,000 messages/s.
 """
 

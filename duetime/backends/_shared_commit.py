@@ -78,7 +78,7 @@ class SharedCommits:
     not all at once: all at once, a dozen threads queue for Python's interpreter lock, and the
     thread committing the next round waits behind all of them each time its flush returns (a
     round's insert took twice as long as alone). The chain keeps one or two in the queue: 16
-    threads store 4-20 % more a second on SQLite (bench/RESULTS.md, session 24)."""
+    threads store 4-20 % more a second on SQLite (bench/RESULTS.md, shared commits)."""
 
     def __init__(self, store_many: StoreMany) -> None:
         self.store_many = store_many

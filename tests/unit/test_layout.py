@@ -49,3 +49,20 @@ def test_every_module_sits_in_a_layer_of_the_contract() -> None:
         if not any(name == layer or name.startswith(layer + ".") for layer in layers):
             unplaced.append(name)
     assert unplaced == []
+
+
+def test_the_project_says_what_is_true_now_not_when_it_was_written() -> None:
+    """History lives in git and the CHANGELOG: no "session N" or "issue N" (with a number) in the code, its
+    comments, the tests, the benchmarks or the documents."""
+    diary = re.compile(r"\b(session|issue)s? #?\d+\b", re.IGNORECASE)
+    places = [PACKAGE, ROOT / "tests", ROOT / "bench", ROOT / "scripts", ROOT / "deploy", ROOT / "docs"]
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "pyproject.toml"]
+    files += [p for place in places if place.exists() for p in place.rglob("*") if p.is_file()]
+    said = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}"
+        for path in files
+        if path.suffix in {".py", ".md", ".sql", ".sh", ".toml", ".yaml", ".yml", ".html", ".js", ".css", ""}
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if diary.search(line)
+    ]
+    assert said == []

@@ -2,7 +2,7 @@
 
 aiormq's ``basic_publish`` costs, per message, a task, the channel's lock, a timeout context, a
 put on the connection's write queue and a socket write of its own; in the dispatcher that made
-duetime's send 0.72-0.85x the raw aiormq loop, the ceiling issue 16 measures against. Here a batch
+duetime's send 0.72-0.85x the raw aiormq loop, the ceiling the benchmarks measure against. Here a batch
 takes the lock once, registers each message's confirm exactly as ``basic_publish`` does (the
 channel's delivery tag, its ``confirmations`` and ``message_id_delivery_tag`` maps, so aiormq's own
 reader resolves acks, nacks and returns and rejects everything when the channel closes), and puts
