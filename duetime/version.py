@@ -1,3 +1,3 @@
 """The version, written once (``duetime.__version__`` and the package metadata read it here)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -9,7 +9,9 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
 fi
 stamp=".venv/.installed-${extras:-base}"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+# the version is package metadata too: a new one in duetime/version.py reinstalls
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ] \
+  || [ duetime/version.py -nt "$stamp" ]; then
   target="."
   [ -n "$extras" ] && target=".[$extras]"
   # constraints.txt pins every version the suite last passed with (tools and drivers alike)
