@@ -38,13 +38,20 @@ def enable() -> None:
     _enabled = True
 
 
+#: The one private CPython API duetime uses: ``atexit`` runs only after the interpreter has joined
+#: every thread (which is where a command hangs), and no public hook runs before that join.
+#: ``tests/unit/test_layout.py`` fails if a Python release takes it away.
+_BEFORE_THREADS_JOIN: Callable[[Callable[[], None]], None] | None = getattr(
+    threading, "_register_atexit", None
+)
+
+
 def at_exit(seconds: float) -> None:
     """Once the interpreter starts to exit, give it ``seconds``: it then waits for every thread
     still running (a command stopped with Ctrl-C while a thread waits on a dead connection hung
     there), before anything registered with ``atexit`` runs."""
-    register = getattr(threading, "_register_atexit", None)  # runs before those threads are joined
-    if register is not None:
-        register(lambda: _arm_leaving(seconds))
+    if _BEFORE_THREADS_JOIN is not None:
+        _BEFORE_THREADS_JOIN(lambda: _arm_leaving(seconds))
 
 
 def _arm_leaving(seconds: float) -> None:

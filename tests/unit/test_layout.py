@@ -66,3 +66,12 @@ def test_the_project_says_what_is_true_now_not_when_it_was_written() -> None:
         if diary.search(line)
     ]
     assert said == []
+
+
+def test_the_one_private_python_api_used_is_still_there() -> None:
+    """The exit watchdog arms itself before the interpreter joins the threads at exit, through
+    CPython's ``threading._register_atexit`` (no public hook runs before that join): a Python
+    without it would let a command hang on a dead connection again, silently."""
+    from duetime.cli import exit_watchdog
+
+    assert exit_watchdog._BEFORE_THREADS_JOIN is not None

@@ -5,7 +5,11 @@ pamqp (under aio-pika) encodes a Python int in the smallest AMQP type that holds
 ``x-message-ttl`` as a 64-bit integer (``Convert.ToInt64``) and writes
 ``NServiceBus.Transport.RabbitMQ.DelayInSeconds`` as a 32-bit one, and its tools read them as such.
 :class:`Int64` and :class:`Int32` keep their width on the wire: pamqp's one integer encoder is
-wrapped (once, on import) to honour them; every plain int is encoded exactly as before.
+wrapped (once, on import) to honour them; every plain int is encoded exactly as before, by
+pamqp's own code. pamqp has no public way to give an integer's width, and queue declarations are
+encoded inside aiormq, out of duetime's reach, so this is the one patch of another library in
+duetime: here alone, and ``test_integers_keep_the_width_nservicebus_gives_them`` fails if it
+stops working (or changes a plain int).
 """
 
 from __future__ import annotations
