@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from duetime.backends._shared_commit import SharedCommits
 from duetime.clock import SystemClock, to_micros
@@ -88,18 +87,6 @@ def load_headers(text: str | bytes) -> dict[str, str]:
     if type(value) is not dict:  # duetime writes str -> str objects only
         raise ValueError("stored headers are not a JSON object")
     return value
-
-
-def split_options(url: str, known: set[str], what: str) -> tuple[str, dict[str, str]]:
-    """``(url without its query, {option: value})``; an unknown option is a one-line error."""
-    parts = urlsplit(url)
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = set(options) - known
-    if unknown:
-        raise ConfigurationError(
-            f"Unknown {what} URL option(s) {sorted(unknown)}; known: {', '.join(sorted(known))}."
-        )
-    return urlunsplit(parts._replace(query="")), options
 
 
 def table_name(endpoint: str, override: str | None) -> str:

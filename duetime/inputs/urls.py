@@ -1,11 +1,12 @@
-"""URL helpers every backend shares."""
+"""URLs as users give them: their options read and checked once, and the one rule that hides
+their secrets."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from urllib.parse import urlsplit
+from collections.abc import Collection, Mapping
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from duetime.errors import ConfigurationError
 
@@ -81,3 +82,22 @@ def number_option(
         unit = "" if whole else " seconds"
         raise ConfigurationError(f"URL option {name}={raw!r} must be between {low:g} and {high:g}{unit}.")
     return value
+
+
+def url_options(url: str, known: Collection[str], what: str) -> tuple[str, dict[str, str]]:
+    """The URL without its query, and its options by name (a name given twice keeps its last
+    value): the one reader of a backend URL's options. A name not in ``known`` is refused."""
+    parts = urlsplit(url)
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    refuse_unknown(options, known, what, url)
+    return urlunsplit(parts._replace(query="")), options
+
+
+def refuse_unknown(options: Mapping[str, str], known: Collection[str], what: str, url: str) -> None:
+    """A one-line error naming the options ``what`` takes, for a name it does not: the drivers
+    drop a name they do not know without a word, so a misspelt option would do nothing."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigurationError(
+            f"Unknown {what} URL option(s) {unknown} in {redact(url)}; known: {', '.join(sorted(set(known)))}."
+        )

@@ -81,7 +81,10 @@ def test_broker_urls() -> None:
     assert (dq.broker_url, dq.namespace) == ("redis://localhost:6379/0", "shop")
     with pytest.raises(ConfigurationError, match="max_priority"):
         DramatiqTransport.from_url("dramatiq+amqp://localhost?max_priority=x")
-    with pytest.raises(ConfigurationError, match="unknown option"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"Unknown Dramatiq URL option\(s\) \[.prefetch.\] in dramatiq\+amqp://localhost\?prefetch=1; known: max_priority, namespace",
+    ):
         DramatiqTransport.from_url("dramatiq+amqp://localhost?prefetch=1")
 
 

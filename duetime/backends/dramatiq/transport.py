@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from dramatiq import Broker, Message
 from dramatiq.errors import BrokerConnectionError, DecodeError
@@ -35,7 +35,7 @@ from duetime.errors import (
     server_reason,
 )
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, url_options
 from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
 
@@ -86,13 +86,8 @@ class DramatiqTransport(AsyncClosing):
             raise ConfigurationError(
                 f"{redact(url)} is not a Dramatiq broker URL: write dramatiq+amqp://… or dramatiq+redis://…"
             )
-        options = dict(parse_qsl(parts.query))
-        unknown = set(options) - {"max_priority", "namespace"}
-        if unknown:
-            raise ConfigurationError(
-                f"unknown option(s) {', '.join(sorted(unknown))} in {redact(url)}: a dramatiq+ URL "
-                "takes max_priority (RabbitMQ) and namespace (Redis)."
-            )
+        _, given = url_options(url, ("max_priority", "namespace"), "Dramatiq")
+        options = {name: value for name, value in given.items() if value}  # a blank one: the default
         priority = options.get("max_priority")
         if priority is not None and not (priority.isdigit() and 0 < int(priority) <= 255):
             raise ConfigurationError(f"max_priority must be a whole number from 1 to 255, got {priority!r}.")

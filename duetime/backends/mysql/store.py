@@ -36,7 +36,6 @@ from duetime.backends._store import (
     claim_timeout_option,
     load_headers,
     micros_row,
-    split_options,
     sql_filters,
     table_name,
 )
@@ -48,7 +47,7 @@ from duetime.errors import (
     connection_failed,
 )
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import number_option, redact
+from duetime.inputs.urls import number_option, redact, url_options
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
 from duetime.settings import TransactionMode
@@ -84,7 +83,7 @@ class MysqlOptions:
             raise ConfigurationError(
                 f"{redact(url)} names no database; e.g. mysql://root@127.0.0.1:3306/test."
             )
-        _, options = split_options(url, _OPTIONS, "MariaDB/MySQL")
+        _, options = url_options(url, _OPTIONS, "MariaDB/MySQL")
         poll = number_option(options, "poll_interval", 0.25)
         connect = number_option(options, "connect_timeout", 5.0)
         return cls(

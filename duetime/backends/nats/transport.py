@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from email.header import decode_header
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import nats
 from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBufferLimitError
@@ -37,7 +37,7 @@ from duetime.errors import (
     server_reason,
 )
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, url_options
 from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 
@@ -91,14 +91,9 @@ class NatsTransport(AsyncClosing):
 
     @classmethod
     def from_url(cls, url: str) -> NatsTransport:
-        parts = urlsplit(url)
-        options = dict(parse_qsl(parts.query))
-        unknown = set(options) - {"subject_prefix", "durable"}
-        if unknown:  # nats-py takes no options in the URL: one would be dropped without a word
-            raise ConfigurationError(
-                f"Unknown NATS URL option(s) {sorted(unknown)} in {redact(url)}; known: durable, subject_prefix."
-            )
-        plain = urlunsplit(parts._replace(query=""))
+        # nats-py takes no options in the URL: one would be dropped without a word
+        plain, given = url_options(url, ("subject_prefix", "durable"), "NATS")
+        options = {name: value for name, value in given.items() if value}  # a blank one: the default
         return cls(
             plain,
             subject_prefix=options.get("subject_prefix", DEFAULT_SUBJECT_PREFIX),

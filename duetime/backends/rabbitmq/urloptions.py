@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from duetime.errors import ConfigurationError
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, refuse_unknown
 
 #: duetime's own options (read by RabbitMqTransport.from_url and taken off the URL).
 OWN = ("queue_type", "prefetch", "connect_timeout", "publish_timeout", "topology", "max_message_size")
@@ -32,11 +32,7 @@ KNOWN = (*OWN, *_WHOLE, *_SECONDS, *_CHOICES, *_TEXT)
 
 def check_broker_options(options: Mapping[str, str], url: str) -> None:
     """ConfigurationError for an option no part of the client reads, or a value it cannot use."""
-    unknown = sorted(set(options) - set(KNOWN))
-    if unknown:
-        raise ConfigurationError(
-            f"Unknown RabbitMQ URL option(s) {unknown} in {redact(url)}; known: {', '.join(sorted(KNOWN))}."
-        )
+    refuse_unknown(options, KNOWN, "RabbitMQ", url)
     for name, (low, high) in _WHOLE.items():
         raw = options.get(name)
         if raw is not None and not (raw.isdigit() and low <= int(raw) <= high):

@@ -36,12 +36,11 @@ from duetime.backends._store import (
     by_due,
     claim_timeout_option,
     matches,
-    split_options,
 )
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError, StorageFull, connection_failed
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, url_options
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
@@ -94,7 +93,7 @@ class SyncRedisStore(StoreRules):
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncRedisStore:
-        plain, options = split_options(url, {"prefix", "claim_timeout"}, "Redis store")
+        plain, options = url_options(url, {"prefix", "claim_timeout"}, "Redis store")
         return cls(
             plain,
             prefix=options.get("prefix", "duetime:"),

@@ -25,7 +25,6 @@ from duetime.backends._store import (
     StoreRules,
     claim_timeout_option,
     micros_row,
-    split_options,
     sql_filters,
     table_name,
 )
@@ -48,7 +47,7 @@ from duetime.backends.sqlite.queue import (
 )
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.inputs.identifiers import check_name, quote_identifier
-from duetime.inputs.urls import number_option
+from duetime.inputs.urls import number_option, url_options
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 
@@ -85,7 +84,7 @@ class SyncSqliteStore(StoreRules):
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncSqliteStore:
         path, _ = parse_sqlite_url(url)
-        _, options = split_options(url, OPTIONS, "SQLite")
+        _, options = url_options(url, OPTIONS, "SQLite")
         return cls(
             path,
             table=options.get("table"),
@@ -333,7 +332,7 @@ class SqliteStore(TransactionalBridge):
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SqliteStore:
-        _, options = split_options(url, OPTIONS | {"watch_interval"}, "SQLite")
+        _, options = url_options(url, OPTIONS | {"watch_interval"}, "SQLite")
         watch = number_option(options, "watch_interval", 0.02)
         rest = "&".join(f"{k}={v}" for k, v in options.items() if k != "watch_interval")
         trimmed = url.split("?")[0]
