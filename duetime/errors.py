@@ -27,7 +27,14 @@ class UnknownScheme(ConfigurationError):
 
 
 class MissingExtra(ConfigurationError, ImportError):
-    """A backend needs a driver that is not installed: install the extra named in the message."""
+    """A part of duetime needs a library that is not installed: install the extra named in the
+    message. Every missing extra is reported this way, by :meth:`of`."""
+
+    @classmethod
+    def of(cls, what: str, extra: str, library: str | None = None, also: str = "") -> MissingExtra:
+        """``{what} needs {library or the extra}: pip install 'duetime[{extra}]'{also}.``"""
+        needs = f"the {library!r} library" if library else f"the {extra} extra"
+        return cls(f"{what} needs {needs}: pip install 'duetime[{extra}]'{also}.")
 
 
 class UnsupportedTransactionMode(ConfigurationError):

@@ -84,9 +84,7 @@ def _load(target: str) -> type[Any]:
         extra = EXTRAS.get((error.name or "").split(".")[0])
         if extra is None:
             raise
-        raise MissingExtra(
-            f"{target} needs the {error.name!r} driver: pip install 'duetime[{extra}]'."
-        ) from error
+        raise MissingExtra.of(target, extra, library=error.name) from error
     return cast(type[Any], getattr(module, attr))
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, MissingExtra
 
 DEFAULT_MASTER = "local[*]"
 #: What duetime prefers where nobody said otherwise (``--conf``, spark-submit, spark-defaults.conf).
@@ -34,9 +34,7 @@ def spark_session(
     try:
         from pyspark.sql import SparkSession
     except ModuleNotFoundError:
-        raise ConfigurationError(
-            "Bulk jobs need PySpark: pip install 'duetime[spark]' (and Java 17)."
-        ) from None
+        raise MissingExtra.of("Bulk jobs", "spark", library="pyspark", also=" (and Java 17)") from None
     # Executors must run this interpreter (with duetime and its drivers), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -40,7 +40,14 @@ from duetime.errorqueue import (
     ERROR_TYPE,
     kept_in_store,
 )
-from duetime.errors import ConfigurationError, DeadlineExceeded, DuetimeError, MessageInFlight, one_line
+from duetime.errors import (
+    ConfigurationError,
+    DeadlineExceeded,
+    DuetimeError,
+    MessageInFlight,
+    MissingExtra,
+    one_line,
+)
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
@@ -78,7 +85,7 @@ try:
     from starlette.staticfiles import StaticFiles
     from starlette.templating import Jinja2Templates
 except ImportError as missing:  # pragma: no cover - depends on what is installed
-    raise ConfigurationError("The dashboard needs its extra: pip install 'duetime[dashboard]'.") from missing
+    raise MissingExtra.of("The dashboard", "dashboard") from missing
 
 log = logging.getLogger("duetime.dashboard")
 

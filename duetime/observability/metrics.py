@@ -20,7 +20,7 @@ from datetime import datetime
 
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import Dispatcher
-from duetime.errors import ConfigurationError, one_line
+from duetime.errors import MissingExtra, one_line
 from duetime.interfaces import DispatcherRegistry, StoreCounts
 from duetime.live_dispatchers import DispatcherInfo
 
@@ -29,7 +29,7 @@ try:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
     from prometheus_client.process_collector import ProcessCollector
 except ImportError as missing:  # pragma: no cover - depends on what is installed
-    raise ConfigurationError("Metrics need the metrics extra: pip install 'duetime[metrics]'.") from missing
+    raise MissingExtra.of("Metrics", "metrics") from missing
 
 log = logging.getLogger("duetime.metrics")
 

@@ -19,7 +19,7 @@ import socket
 
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import Dispatcher
-from duetime.errors import ConfigurationError, one_line
+from duetime.errors import MissingExtra, one_line
 from duetime.observability import webserver
 from duetime.observability.metrics import Backlog
 
@@ -31,7 +31,7 @@ try:
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 except ImportError as missing:  # pragma: no cover - depends on what is installed
-    raise ConfigurationError("Metrics need the metrics extra: pip install 'duetime[metrics]'.") from missing
+    raise MissingExtra.of("Metrics", "metrics") from missing
 
 #: How long ``/readyz`` waits for the store to answer before it says it is not reachable.
 STORE_CHECK_SECONDS = 2.0

@@ -10,14 +10,12 @@ import ipaddress
 import socket
 from collections.abc import Iterator
 
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, MissingExtra
 
 try:
     import uvicorn
 except ImportError as missing:  # pragma: no cover - depends on what is installed
-    raise ConfigurationError(
-        "The web server needs the metrics or dashboard extra: pip install 'duetime[dashboard]'."
-    ) from missing
+    raise MissingExtra.of("The web server", "metrics", also=" (or duetime[dashboard])") from missing
 
 
 def loopback(host: str) -> bool:

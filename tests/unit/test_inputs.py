@@ -455,3 +455,23 @@ def test_a_blocking_store_where_an_async_one_belongs_or_the_reverse_is_one_line(
             make()
         text = str(refused.value)
         assert said in text and hint in text and "\n" not in text, text
+
+
+def test_a_missing_extra_is_one_kind_of_error_with_the_install_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every missing extra is a MissingExtra naming what needs it and the pip line (it was said
+    seven ways, most of them a plain ConfigurationError)."""
+    import sys
+
+    from duetime import MissingExtra, open_transport
+
+    for module in [m for m in sys.modules if m == "nats" or m.startswith(("nats.", "duetime.backends.nats"))]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "nats", None)  # as if nats-py were not installed
+    with pytest.raises(MissingExtra) as missing:
+        open_transport("nats://127.0.0.1:4222")
+    said = str(missing.value)
+    assert "needs the 'nats' library: pip install 'duetime[nats]'." in said and "\n" not in said
+    assert (
+        str(MissingExtra.of("Metrics", "metrics"))
+        == "Metrics needs the metrics extra: pip install 'duetime[metrics]'."
+    )
