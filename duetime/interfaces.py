@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from duetime.errors import ConfigurationError
+from duetime.inputs.durations import parse_time
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.settings import TransactionMode
@@ -83,6 +84,23 @@ class Page:
     messages: list[DelayedMessage]
     #: Pass as ``ListQuery(after=...)`` to read the next page; None on the last page.
     next_cursor: tuple[datetime, str] | None
+
+
+def cursor_text(cursor: tuple[datetime, str]) -> str:
+    """A page's cursor as users carry it (``duetime list --after``, the dashboard's next link):
+    the due time in ISO 8601, ``~``, and the id."""
+    return f"{cursor[0].isoformat()}~{cursor[1]}"
+
+
+def read_cursor(text: str) -> tuple[datetime, str]:
+    """The cursor :func:`cursor_text` wrote; anything else is a one-line error."""
+    due, sep, message_id = text.partition("~")
+    if not sep or not message_id:
+        raise ConfigurationError(
+            f"{text!r} is not a place in the listing; pass the value the previous page gave (a due "
+            "time, '~', and an id)."
+        )
+    return parse_time(due), message_id
 
 
 @dataclass(frozen=True, slots=True)

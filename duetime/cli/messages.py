@@ -43,6 +43,8 @@ from duetime.interfaces import (
     BrowsableQueue,
     DispatcherRegistry,
     Page,
+    cursor_text,
+    read_cursor,
 )
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage
@@ -220,20 +222,6 @@ def _message_row(m: DelayedMessage) -> dict[str, Any]:
     }
 
 
-def _cursor_text(cursor: tuple[datetime, str]) -> str:
-    return f"{cursor[0].isoformat()}~{cursor[1]}"
-
-
-def _cursor(text: str) -> tuple[datetime, str]:
-    due, sep, message_id = text.partition("~")
-    if not sep or not message_id:
-        raise ConfigurationError(
-            f"--after {text!r} is not a place in the listing; pass the value the previous page "
-            "printed (a due time, '~', and an id)."
-        )
-    return parse_time(due), message_id
-
-
 async def _pages(
     client: DelayedMessageClient,
     destination: str | None,
@@ -272,7 +260,7 @@ def list_(
 
     `duetime list --all --json > all.jsonl` streams everything, however much is stored.
     """
-    start = _cursor(after) if after else None
+    start = read_cursor(after) if after else None
 
     async def go() -> tuple[int, tuple[datetime, str] | None]:
         """Each page is printed as it comes (a table a page, or JSON lines): constant memory,
@@ -295,7 +283,7 @@ def list_(
     count, more = _run(go)
     if as_json:
         return
-    nxt = f"; next page: duetime list --after '{_cursor_text(more)}'" if more else ""
+    nxt = f"; next page: duetime list --after '{cursor_text(more)}'" if more else ""
     console.print(f"{count:,} shown{nxt}")
 
 

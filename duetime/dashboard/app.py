@@ -58,6 +58,8 @@ from duetime.interfaces import (
     ListQuery,
     ReceivedMessage,
     StoreCounts,
+    cursor_text,
+    read_cursor,
 )
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage, check_due_time
@@ -328,20 +330,7 @@ def _when(text: str, what: str) -> datetime | None:
     """A time from a search box: ISO 8601, with an offset or taken as UTC."""
     if not text.strip():
         return None
-    value = text.strip()
-    if "T" in value and not any(c in value[10:] for c in "+-Z"):
-        value += "+00:00"
-    return check_due_time(parse_time(value), what)
-
-
-def _cursor(text: str) -> tuple[datetime, str] | None:
-    due, sep, message_id = text.partition("|")
-    if not sep:
-        return None
-    try:
-        return datetime.fromisoformat(due), message_id
-    except ValueError:
-        return None
+    return check_due_time(parse_time(text, naive_is_utc=True), what)
 
 
 async def messages(request: Request) -> Response:
@@ -366,14 +355,13 @@ async def messages(request: Request) -> Response:
                 min_failures=1 if form["failing"] else 0,
                 group=form["group"].strip() or None,
                 limit=limit,
-                after=_cursor(q.get("after", "")),
+                after=read_cursor(q["after"]) if q.get("after") else None,
             )
             page = await store.list(query)
             found = page.messages
             if page.next_cursor:
-                due, last = page.next_cursor
                 kept = {k: v for k, v in form.items() if v} | {"endpoint": endpoint, "limit": str(limit)}
-                next_link = "/messages?" + urlencode(kept | {"after": f"{due.isoformat()}|{last}"})
+                next_link = "/messages?" + urlencode(kept | {"after": cursor_text(page.next_cursor)})
     except (DuetimeError, ValueError) as error:
         problem = one_line(error)
     now = SYSTEM.now()

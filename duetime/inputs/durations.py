@@ -53,14 +53,18 @@ def _span(text: str, seconds: float) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def parse_time(text: str) -> datetime:
-    """ISO 8601; a time without an offset is refused rather than guessed."""
+def parse_time(text: str, *, naive_is_utc: bool = False) -> datetime:
+    """ISO 8601, the one reader of a time a user gives. A time without an offset is refused
+    rather than guessed, unless the form it came from says its times are UTC
+    (``naive_is_utc``: the dashboard's search boxes, labelled so)."""
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise InvalidMessage(
             f"Cannot read the time {text!r}; write ISO 8601 with an offset, e.g. 2030-01-01T09:00:00+01:00."
         ) from None
+    if moment.tzinfo is None and naive_is_utc:
+        moment = moment.replace(tzinfo=UTC)
     if moment.tzinfo is None:
         raise InvalidMessage(f"The time {text!r} has no UTC offset; add one, e.g. {text}+00:00 or {text}Z.")
     try:

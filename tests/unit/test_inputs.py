@@ -475,3 +475,18 @@ def test_a_missing_extra_is_one_kind_of_error_with_the_install_line(monkeypatch:
         str(MissingExtra.of("Metrics", "metrics"))
         == "Metrics needs the metrics extra: pip install 'duetime[metrics]'."
     )
+
+
+def test_one_cursor_form_and_one_reader_of_a_users_time() -> None:
+    """The CLI wrote a page's cursor `a~b` and the dashboard `a|b`; the CLI required an offset on
+    a time and the dashboard assumed UTC by its own rule. One form, one reader."""
+    from duetime.inputs.durations import parse_time
+    from duetime.interfaces import cursor_text, read_cursor
+
+    at = datetime(2030, 1, 2, 3, 4, 5, 600_000, tzinfo=UTC)
+    assert read_cursor(cursor_text((at, "id~with|marks"))) == (at, "id~with|marks")
+    with pytest.raises(ConfigurationError, match="not a place in the listing"):
+        read_cursor(f"{at.isoformat()}|x")
+    assert parse_time("2030-01-02T03:04", naive_is_utc=True) == datetime(2030, 1, 2, 3, 4, tzinfo=UTC)
+    with pytest.raises(InvalidMessage, match="no UTC offset"):
+        parse_time("2030-01-02T03:04")
