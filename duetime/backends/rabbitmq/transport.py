@@ -26,6 +26,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.connection import make_url
 from aio_pika.exceptions import DeliveryError
 from aiormq.exceptions import (
     AMQPError,
@@ -138,7 +139,7 @@ class RabbitMqTransport(AsyncClosing):
                 return
             await self._drop()
             try:
-                connection = await aio_pika.connect(self.url, timeout=self.connect_timeout)
+                connection = await _open(self.url, self.connect_timeout)
             except (ProbableAuthenticationError, ConnectionNotAllowed) as error:
                 raise ConfigurationError(
                     f"cannot connect to {self.display}: the broker refused the connection "
@@ -176,6 +177,12 @@ class RabbitMqTransport(AsyncClosing):
         if connection is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 1.0)
+            if not connection.is_closed:
+                # Closing a dead link failed or gave up half way, after aio-pika had let the
+                # link go: a second close only marks the connection closed. Left unmarked, its
+                # __del__ makes a close() coroutine outside the event loop that nothing awaits.
+                with contextlib.suppress(Exception):
+                    await connection.close()
 
     @property
     def channel(self) -> AbstractChannel:
@@ -479,6 +486,20 @@ class RabbitMqTransport(AsyncClosing):
 
     async def close(self) -> None:
         await self._drop()
+
+
+async def _open(url: str, timeout: float) -> aio_pika.Connection:
+    """``aio_pika.connect``, except that a connection that fails to open is closed: aio-pika leaves
+    it open, and when it is collected outside the event loop its ``__del__`` makes a ``close()``
+    coroutine that nothing awaits (a broker restart showed it)."""
+    connection = aio_pika.Connection(make_url(url))
+    try:
+        await connection.connect(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await connection.close()
+        raise
+    return connection
 
 
 def _failed(error: BaseException) -> asyncio.Future[object]:
