@@ -64,8 +64,8 @@ class Subscribers:
 WatchHook = Callable[[Subscribers], Coroutine[Any, Any, None]]
 
 
-class _Threads:
-    """Runs blocking calls off the event loop (inline when ``threads`` is 0, for the memory fake).
+class BlockingCalls:
+    """Runs blocking calls off the event loop (the one thread pool of every blocking driver) (inline when ``threads`` is 0, for the memory fake).
     After :meth:`shutdown` a call raises ``closed()``: what its owner says of itself once closed,
     not the executor's "cannot schedule new futures after shutdown"."""
 
@@ -101,7 +101,7 @@ class AsyncStoreBridge(AsyncClosing):
         self, sync: StoreRules, *, threads: int = 1, name: str, watch: WatchHook | None = None
     ) -> None:
         self.sync = sync
-        self._threads = _Threads(threads, name, closed)
+        self._threads = BlockingCalls(threads, name, closed)
         self._call = self._threads.call
         self.subscribers = Subscribers()
         self._watch = watch
@@ -263,7 +263,8 @@ class SyncQueue(Protocol):
     def close(self) -> None: ...
 
 
-def _queue_closed() -> TransportUnavailable:
+def transport_closed() -> TransportUnavailable:
+    """What a transport's call says once the transport is closed."""
     return TransportUnavailable("The transport is closed (it was closed after use); open a new one.")
 
 
@@ -278,8 +279,8 @@ class AsyncQueueBridge(AsyncClosing):
         self._open = open_queue
         self._queue: SyncQueue | None = None
         self._opening = threading.Lock()
-        self._threads = _Threads(1, name, _queue_closed)
-        self._waits = _Threads(1, f"{name}-wait", _queue_closed)
+        self._threads = BlockingCalls(1, name, transport_closed)
+        self._waits = BlockingCalls(1, f"{name}-wait", transport_closed)
 
     def _sync(self) -> SyncQueue:
         with self._opening:

@@ -169,3 +169,19 @@ def test_install_says_what_it_takes() -> None:
         dramatiq_bridge.install(Celery("t"), store="sqlite:///x.db")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="endpoint name 'a b' is not allowed"):
         dramatiq_bridge.install(StubBroker(), store="sqlite:///x.db", endpoint="a b")
+
+
+async def test_the_broker_transports_share_the_blocking_drivers_thread_pool() -> None:
+    """Celery's and Dramatiq's transports ran their own thread pools: a call after close failed
+    with the executor's "cannot schedule new futures after shutdown". They use the one pool every
+    blocking driver uses, and say what every closed transport says."""
+    from duetime.errors import TransportUnavailable
+
+    for transport in (
+        CeleryTransport.from_url("celery+amqp://guest:guest@localhost:5672//"),
+        DramatiqTransport.from_url("dramatiq+redis://localhost:6379/0"),
+    ):
+        await transport.close()
+        await transport.close()  # a second close does nothing
+        with pytest.raises(TransportUnavailable, match="The transport is closed"):
+            await transport.start()

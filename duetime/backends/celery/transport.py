@@ -13,15 +13,14 @@ channel.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from kombu import Connection, Exchange, Producer, Queue
 
+from duetime.backends._bridge import BlockingCalls, transport_closed
 from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
 from duetime.errorqueue import ERROR_TYPE
@@ -84,7 +83,7 @@ class CeleryTransport(AsyncClosing):
     def __init__(self, broker_url: str, transport_options: dict[str, Any] | None = None) -> None:
         self.broker_url = broker_url
         self.transport_options = dict(transport_options or {})
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="duetime-celery")
+        self._calls = BlockingCalls(1, "duetime-celery", transport_closed)
         self._connection: Any = None
         self._producer: Any = None
 
@@ -102,7 +101,7 @@ class CeleryTransport(AsyncClosing):
         return cls(check_database(urlunsplit(parts._replace(scheme=scheme, query=""))), options)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return await self._calls.call(fn, *args)
 
     def _connect(self) -> None:
         if self._producer is not None:
@@ -130,8 +129,10 @@ class CeleryTransport(AsyncClosing):
         await self._run(self._connect)
 
     async def close(self) -> None:
+        if self._calls.shut:  # closed already: a second close does nothing
+            return
         await self._run(self._drop)
-        self._thread.shutdown(wait=False)
+        self._calls.shutdown()
 
     async def declare(self, queue: str) -> None:
         """Make sure a queue for copies duetime sends aside (its error queue) exists: one of that

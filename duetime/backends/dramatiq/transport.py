@@ -15,16 +15,15 @@ Dramatiq's brokers are blocking: everything runs on one thread of their own.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dramatiq import Broker, Message
 from dramatiq.errors import BrokerConnectionError, DecodeError
 
+from duetime.backends._bridge import BlockingCalls, transport_closed
 from duetime.backends._redis_database import check_database, no_such_database
 from duetime.errorqueue import ERROR_TYPE
 from duetime.errors import (
@@ -74,7 +73,7 @@ class DramatiqTransport(AsyncClosing):
         self.broker_url = broker_url
         self.max_priority = max_priority
         self.namespace = namespace
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="duetime-dramatiq")
+        self._calls = BlockingCalls(1, "duetime-dramatiq", transport_closed)
         self._broker: Broker | None = None
         self._unavailable = _unavailable_errors()
 
@@ -98,7 +97,7 @@ class DramatiqTransport(AsyncClosing):
         )
 
     async def _run(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        return await self._calls.call(fn, *args)
 
     def _connect(self) -> Broker:
         if self._broker is not None:
@@ -138,8 +137,10 @@ class DramatiqTransport(AsyncClosing):
         await self._run(self._connect)
 
     async def close(self) -> None:
+        if self._calls.shut:  # closed already: a second close does nothing
+            return
         await self._run(self._drop)
-        self._thread.shutdown(wait=False)
+        self._calls.shutdown()
 
     async def declare(self, queue: str) -> None:
         """Make sure a queue for copies duetime sends aside (its error queue) exists. On RabbitMQ a
