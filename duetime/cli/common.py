@@ -86,18 +86,18 @@ TransportOpt = Annotated[
 ]
 
 
-def _transport_url(store: str, transport: str | None) -> str:
+def transport_url_for(store: str, transport: str | None) -> str:
     """The transport given, else the store's default (the queue tables of its own database)."""
     return transport or default_transport(store)
 
 
-async def _open(store_url: str, endpoint: str) -> DelayedMessageStore:
+async def open_ready_store(store_url: str, endpoint: str) -> DelayedMessageStore:
     store = open_store(check_store_exists(store_url))
     await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
     return store
 
 
-def _due(in_: str | None, at: str | None) -> dict[str, Any]:
+def due_from_options(in_: str | None, at: str | None) -> dict[str, Any]:
     if (in_ is None) == (at is None):
         raise typer.BadParameter("give exactly one of --in (e.g. 10m) or --at (ISO 8601 time)")
     if in_ is not None:
@@ -113,7 +113,7 @@ def _due(in_: str | None, at: str | None) -> dict[str, Any]:
     return {"due_at": due}
 
 
-def _headers(pairs: list[str]) -> dict[str, str]:
+def headers_from_pairs(pairs: list[str]) -> dict[str, str]:
     headers: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -127,7 +127,7 @@ def _headers(pairs: list[str]) -> dict[str, str]:
     return headers
 
 
-def _logging(verbose: bool, fmt: LogFormat = LogFormat.TEXT) -> None:
+def configure_logging(verbose: bool, fmt: LogFormat = LogFormat.TEXT) -> None:
     configure(logging.DEBUG if verbose else logging.INFO, fmt)
 
 
@@ -150,14 +150,14 @@ def _main(
     it is due."""
 
 
-def _safest_mode(store: DelayedMessageStore, transport: Transport) -> TransactionMode:
+def safest_mode(store: DelayedMessageStore, transport: Transport) -> TransactionMode:
     """Exactly-once where the pair can keep it (one transaction moves a message), else at-least-once."""
     if isinstance(store, TransactionalStore) and store.shares_transaction_with(transport):
         return TransactionMode.EXACTLY_ONCE
     return TransactionMode.AT_LEAST_ONCE
 
 
-def _confirm(question: str, yes: bool) -> None:
+def confirm_many(question: str, yes: bool) -> None:
     """Ask before a change to many messages; without a terminal to ask on, ``--yes`` must say so."""
     if yes:
         return
@@ -178,7 +178,7 @@ async def carry_rule(store_url: str, transport: str | None) -> AsyncIterator[Car
     would only fail when due. None when the transport has no such rules. A transport that cannot
     be reached now is checked by its own rules alone (the server's limits wait for the dispatcher)."""
     try:
-        url = _transport_url(store_url, transport)
+        url = transport_url_for(store_url, transport)
         t = open_transport(url)
     except ConfigurationError:
         yield None
@@ -209,11 +209,11 @@ async def refuse_uncarriable(store_url: str, transport: str | None, message: Del
         raise MessageRefused(f"{reason}. Nothing was stored.")
 
 
-async def _warn_undeclared(store_url: str, transport: str | None, destinations: Iterable[str]) -> None:
+async def warn_undeclared(store_url: str, transport: str | None, destinations: Iterable[str]) -> None:
     """Warn about destinations no queue is declared for, where the transport can tell: such a
     message is stored fine and would only be dead-lettered, in silence, when it falls due."""
     try:
-        url = _transport_url(store_url, transport)
+        url = transport_url_for(store_url, transport)
         t = open_transport(url)
     except ConfigurationError:
         return  # a store without queue tables of its own, and no --transport: nothing to ask

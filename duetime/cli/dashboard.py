@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from duetime.cli import exit_watchdog as lastresort
-from duetime.cli.common import DEFAULT_STORE, StoreOpt, TransportOpt, _logging, _open, _transport_url, app
+from duetime.cli.common import (
+    DEFAULT_STORE,
+    StoreOpt,
+    TransportOpt,
+    app,
+    configure_logging,
+    open_ready_store,
+    transport_url_for,
+)
 from duetime.cli.terminal import run_async as _run
 from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
@@ -87,7 +95,7 @@ def dashboard(
     from duetime.dashboard.security import Credentials, secret
     from duetime.observability.webserver import bind, loopback
 
-    _logging(False, log_format)
+    configure_logging(False, log_format)
     every = parse_duration(sample_every).total_seconds()
     if every < 1:
         raise typer.BadParameter("--sample-every must be at least 1s")
@@ -109,7 +117,7 @@ def dashboard(
         stores: dict[str, DelayedMessageStore] = {}
         try:
             for name in dict.fromkeys(endpoint):
-                stores[name] = await _open(store, name)
+                stores[name] = await open_ready_store(store, name)
         except BaseException:
             for opened in stores.values():
                 await opened.close()
@@ -117,7 +125,7 @@ def dashboard(
         board = Dashboard(
             store_url=store,
             stores=stores,
-            transport_url=_transport_url(store, transport),
+            transport_url=transport_url_for(store, transport),
             error_queue=error_queue,
             read_only=read_only,
             credentials=credentials,

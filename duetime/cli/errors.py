@@ -14,11 +14,11 @@ from duetime.cli.common import (
     EndpointOpt,
     StoreOpt,
     TransportOpt,
-    _confirm,
-    _open,
-    _transport_url,
-    _warn_undeclared,
+    confirm_many,
     errors_app,
+    open_ready_store,
+    transport_url_for,
+    warn_undeclared,
 )
 from duetime.cli.terminal import console, err, fail, say, show, table
 from duetime.cli.terminal import run_async as _run
@@ -59,7 +59,7 @@ YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confir
 
 
 def _error_transport(store: str, transport: str | None) -> InspectableQueue:
-    return open_error_transport(_transport_url(store, transport))
+    return open_error_transport(transport_url_for(store, transport))
 
 
 def _row(item: ReceivedMessage) -> dict[str, Any]:
@@ -95,7 +95,7 @@ async def _pick(
         return []
     if ask:
         where = f" that were going to {destination!r}" if destination else ""
-        _confirm(ask.format(n=len(ids), s="" if len(ids) == 1 else "s", where=where, queue=queue), yes)
+        confirm_many(ask.format(n=len(ids), s="" if len(ids) == 1 else "s", where=where, queue=queue), yes)
     taken, gone = await take(t, queue, ids)
     missing += gone
     if missing and not every:
@@ -144,7 +144,7 @@ def errors_list(
         say(
             "note:",
             "yellow",
-            f"there is no queue {error_queue!r} on {redact(_transport_url(store, transport))} (yet): nothing "
+            f"there is no queue {error_queue!r} on {redact(transport_url_for(store, transport))} (yet): nothing "
             "was sent there. A dispatcher's error queue is 'error' unless its --error-queue says otherwise.",
             to=err,
         )
@@ -196,12 +196,12 @@ def errors_retry(
     delay = parse_duration(in_)
     if to is not None:
         check_name("queue", to)
-        _run(lambda: _warn_undeclared(store, transport, [to]))  # as schedule does: stored, then dead-lettered
+        _run(lambda: warn_undeclared(store, transport, [to]))  # as schedule does: stored, then dead-lettered
 
     async def go() -> tuple[int, int, list[str]]:
         t = _error_transport(store, transport)
         await t.start()
-        s = await _open(store, endpoint)
+        s = await open_ready_store(store, endpoint)
         try:
             taken = await _pick(
                 t, error_queue, ids or [], every, destination, endpoint,
@@ -244,7 +244,7 @@ def errors_discard(
     async def go() -> int:
         t = _error_transport(store, transport)
         await t.start()
-        s = await _open(store, endpoint)
+        s = await open_ready_store(store, endpoint)
         try:
             taken = await _pick(
                 t, error_queue, ids or [], every, destination, endpoint,

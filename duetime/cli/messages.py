@@ -21,15 +21,15 @@ from duetime.cli.common import (
     MessageIdOpt,
     StoreOpt,
     TransportOpt,
-    _confirm,
-    _due,
-    _headers,
-    _open,
-    _transport_url,
-    _warn_undeclared,
     app,
     carry_rule,
+    confirm_many,
+    due_from_options,
+    headers_from_pairs,
+    open_ready_store,
     refuse_uncarriable,
+    transport_url_for,
+    warn_undeclared,
 )
 from duetime.cli.terminal import console, err, fail, progress_bar, table
 from duetime.cli.terminal import run_async as _run
@@ -74,9 +74,9 @@ def schedule(
     them, `duetime cancel --group order-42` cancels them all.
     """
     payload = body_file.read() if body_file is not None else body.encode()
-    due = _due(in_, at)
+    due = due_from_options(in_, at)
     shape = DelayedMessage.create(
-        destination, payload, delay=0, headers=_headers(header), message_id=message_id
+        destination, payload, delay=0, headers=headers_from_pairs(header), message_id=message_id
     )
     _run(lambda: refuse_uncarriable(store, transport, shape))
 
@@ -84,7 +84,12 @@ def schedule(
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         try:
             message = await client.schedule(
-                destination, payload, headers=_headers(header), message_id=message_id, group=group, **due
+                destination,
+                payload,
+                headers=headers_from_pairs(header),
+                message_id=message_id,
+                group=group,
+                **due,
             )
         finally:
             await client.close()
@@ -93,7 +98,7 @@ def schedule(
     message = _run(go)
     print(message.message_id)  # stdout carries just the id, for $(duetime schedule ...)
     err.print(f"due {message.due_at.isoformat()} -> {message.destination}")
-    _run(lambda: _warn_undeclared(store, transport, [destination]))
+    _run(lambda: warn_undeclared(store, transport, [destination]))
 
 
 @app.command()
@@ -125,7 +130,7 @@ def load(
     now = SYSTEM.now()
 
     async def go() -> Any:
-        s = await _open(store, endpoint)
+        s = await open_ready_store(store, endpoint)
         try:
             with Progress(
                 TextColumn("{task.description}"),
@@ -155,7 +160,7 @@ def load(
     console.print(
         f"stored {report.stored} of {report.lines}; skipped {report.skipped_duplicates} already stored"
     )
-    _run(lambda: _warn_undeclared(store, transport, report.destinations))
+    _run(lambda: warn_undeclared(store, transport, report.destinations))
 
 
 @app.command("send-delayed")
@@ -185,7 +190,7 @@ def send_delayed_command(
         raise typer.BadParameter(
             "give --transport (or DUETIME_TRANSPORT): the broker the duetime service reads"
         )
-    due = _due(in_, at)
+    due = due_from_options(in_, at)
 
     async def go() -> DelayedMessage:
         t = open_transport(transport)
@@ -198,7 +203,7 @@ def send_delayed_command(
                 endpoint,
                 destination,
                 body.encode(),
-                headers=_headers(header),
+                headers=headers_from_pairs(header),
                 message_id=message_id,
                 **due,
             )
@@ -414,7 +419,7 @@ def cancel(
                 )
                 if part
             )
-            _confirm(f"Cancel {len(ids)} stored message{'' if len(ids) == 1 else 's'} {what}?", yes)
+            confirm_many(f"Cancel {len(ids)} stored message{'' if len(ids) == 1 else 's'} {what}?", yes)
             done = busy = 0
             with progress_bar("cancelling", len(ids)) as advance:
                 for mid in ids:
@@ -447,7 +452,9 @@ def _cancel_group(group: str, yes: bool, store: str, endpoint: str) -> None:
                 found += len(page.messages)
             if not found:
                 return 0, 0
-            _confirm(f"Cancel the {found} stored message{'' if found == 1 else 's'} of group {group!r}?", yes)
+            confirm_many(
+                f"Cancel the {found} stored message{'' if found == 1 else 's'} of group {group!r}?", yes
+            )
             return found, await client.cancel_group(group)
         finally:
             await client.close()
@@ -470,7 +477,7 @@ def reschedule(
     endpoint: EndpointOpt = "duetime",
 ) -> None:
     """Move a stored message's due time."""
-    due = _due(in_, at)
+    due = due_from_options(in_, at)
 
     async def go() -> bool:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
@@ -494,7 +501,7 @@ def stats(
     """Counts: stored, due, in flight, failing, next due, per destination, and queue depths."""
 
     async def go() -> dict[str, Any]:
-        s = await _open(store, endpoint)
+        s = await open_ready_store(store, endpoint)
         try:
             counts = await s.counts(SYSTEM.now())
             present = await s.dispatchers() if isinstance(s, DispatcherRegistry) else []
@@ -512,7 +519,7 @@ def stats(
             "dispatchers": [d.as_dict(SYSTEM.now()) for d in present],
         }
         try:
-            t = open_transport(_transport_url(store, transport))
+            t = open_transport(transport_url_for(store, transport))
         except ConfigurationError:
             return result  # a store without a default transport: no queues to show
         try:

@@ -14,8 +14,8 @@ from duetime.cli.common import (
     EndpointOpt,
     StoreOpt,
     TransportOpt,
-    _transport_url,
     queues_app,
+    transport_url_for,
 )
 from duetime.cli.terminal import console, err
 from duetime.cli.terminal import run_async as _run
@@ -35,7 +35,7 @@ def queues_declare(
     """Declare queues, so messages for them are delivered (not sent to the error queue)."""
 
     async def go() -> None:
-        t = open_transport(_transport_url(store, transport))
+        t = open_transport(transport_url_for(store, transport))
         await t.start()
         try:
             for name in names:
@@ -89,7 +89,7 @@ def queues_receive(
     wanted = count or (1 if raw else 10)
 
     async def go() -> int:
-        t_url = _transport_url(store, transport)
+        t_url = transport_url_for(store, transport)
         t = open_transport(t_url)
         if not isinstance(t, ReceivingTransport):
             raise ConfigurationError(f"{type(t).__name__} cannot be consumed from here.")

@@ -19,11 +19,11 @@ from duetime.cli.common import (
     EndpointOpt,
     StoreOpt,
     TransportOpt,
-    _logging,
-    _open,
-    _safest_mode,
-    _transport_url,
     app,
+    configure_logging,
+    open_ready_store,
+    safest_mode,
+    transport_url_for,
 )
 from duetime.cli.terminal import EXIT_CRITICAL, console, fail, guarded, say
 from duetime.cli.terminal import run_async as _run
@@ -56,7 +56,7 @@ def setup(
         s = open_store(store)
         await s.setup_infrastructure(endpoint)
         if queue:
-            t = open_transport(_transport_url(store, None))
+            t = open_transport(transport_url_for(store, None))
             await t.start()
             for name in queue:
                 await t.declare(name)
@@ -150,7 +150,7 @@ def run(
     A circuit breaker that trips (the store or transport failing for 30 s) ends the process with
     exit code 3, so a supervisor restarts it; a stop signal finishes the batch in flight first.
     """
-    _logging(verbose, log_format)
+    configure_logging(verbose, log_format)
     changes: dict[str, Any] = {}
     for key, value in (
         ("transaction_mode", mode),
@@ -167,10 +167,10 @@ def run(
             # whatever was opened is closed, also when a later step of the start fails
             s = open_store(store, claim_timeout=settings.claim_timeout)
             opened.push_async_callback(_close, s.close)
-            t = open_transport(_transport_url(store, transport))
+            t = open_transport(transport_url_for(store, transport))
             opened.push_async_callback(_close, t.close)
             if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
-                settings = settings.with_changes(transaction_mode=_safest_mode(s, t))
+                settings = settings.with_changes(transaction_mode=safest_mode(s, t))
             if auto_setup:
                 await s.setup_infrastructure(endpoint)
             log = None if delivery_log is None else open_delivery_log(delivery_log)
@@ -204,7 +204,7 @@ def run(
             None if metrics_port is None else _probes(dispatcher, metrics_host, metrics_port, ready_after)
         )
         extra = [
-            Heartbeat(dispatcher, redact(_transport_url(store, transport))).run(),
+            Heartbeat(dispatcher, redact(transport_url_for(store, transport))).run(),
             _on_stop(dispatcher, lambda: _leave_if_stuck(dispatcher, settings)),
         ]
         if probes is not None:
@@ -215,7 +215,7 @@ def run(
             "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
             endpoint,
             redact(store),
-            redact(_transport_url(store, transport)),
+            redact(transport_url_for(store, transport)),
             settings.transaction_mode.value,
         )
         await run_until_signal(dispatcher, *extra)
@@ -270,11 +270,11 @@ def check(
       duetime check --store postgresql://db/app --transport amqp://mq
       ok: store postgresql://db/app answers (1,204 stored, 3 due); transport amqp://mq connects
     """
-    transport_url = _transport_url(store, transport)
+    transport_url = transport_url_for(store, transport)
 
     async def go() -> str:
         try:
-            s = await within(_open(store, endpoint), timeout, "opening the store")
+            s = await within(open_ready_store(store, endpoint), timeout, "opening the store")
         except Exception as error:
             raise _NotOk(_said("store", store, error)) from None
         skew = ""

@@ -174,28 +174,28 @@ class Dispatcher:
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             "fetch",
             s.time_to_trigger_fetch_circuit_breaker.total_seconds(),
-            self._trip,
+            self.trip,
             mono,
             "Failed to fetch due delayed messages from the storage.",
         )
         self.store_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             "store",
             s.time_to_trigger_store_circuit_breaker.total_seconds(),
-            self._trip,
+            self.trip,
             mono,
             "Failed to store the outcome of delayed message forwarding.",
         )
         self.dispatch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             "dispatch",
             s.time_to_trigger_dispatch_circuit_breaker.total_seconds(),
-            self._trip,
+            self.trip,
             mono,
             "Failed to dispatch delayed messages to destination.",
         )
         self.recovery_breaker = FailureRateCircuitBreaker(
             "recovery",
             s.maximum_recovery_failures_per_second,
-            self._trip,
+            self.trip,
             mono,
             "Failed to execute error handling for delayed message forwarding.",
         )
@@ -372,7 +372,9 @@ class Dispatcher:
         elif due is None or self._target is None or due < self._target:
             self._wake.set()
 
-    def _trip(self, error: CriticalError) -> None:
+    def trip(self, error: CriticalError) -> None:
+        """Stop with ``error`` as the critical error (its callback runs once): what a breaker
+        calls when it trips, and what a companion (the front door) calls for its own."""
         if self._critical is None:
             self._critical = error
         self._stopping = True
@@ -565,10 +567,11 @@ class Dispatcher:
         self.stats.fetch_failures += 1
         log.warning("fetching due messages failed: %s", one_line(error))
         self.fetch_breaker.failure(error)
-        await self._pause()
+        await self.back_off()
 
-    async def _pause(self) -> None:
-        """Back off after a failure, but wake at once for a stop request."""
+    async def back_off(self) -> None:
+        """Back off after a failure (``failure_backoff``), but wake at once for a stop request:
+        for the dispatcher's own loop and its companions alike."""
         await self.clock.wait(self._wake, self.settings.failure_backoff.total_seconds())
 
     async def _forward(self, batch: Sequence[DelayedMessage]) -> None:
@@ -626,7 +629,7 @@ class Dispatcher:
         if failed:
             await self._handle_failures(failed)
         if (transport_failures or unreachable) and not self._stopping:
-            await (self._reconnect_pause() if unreachable else self._pause())
+            await (self._reconnect_pause() if unreachable else self.back_off())
 
     async def _send(self, batch: Sequence[DelayedMessage], doing: str) -> list[Exception | None]:
         """One result per message, a connection lost mid-batch traced to the message that loses it

@@ -184,7 +184,7 @@ class FrontDoor:
         self.outage_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             "timeout storage",
             dispatcher.settings.time_to_wait_before_triggering_critical_error_on_timeout_outages.total_seconds(),
-            dispatcher._trip,
+            dispatcher.trip,
             dispatcher.clock.monotonic,
             OUTAGE_MESSAGE,
         )
@@ -232,7 +232,7 @@ class FrontDoor:
                     raise
                 except Exception as error:
                     self._outage(f"declaring {self.queue}", error)
-                    await self.dispatcher._pause()
+                    await self.dispatcher.back_off()
                     continue
                 declared = True
             await self.process_once()
@@ -265,7 +265,7 @@ class FrontDoor:
             )
         except Exception as error:
             self._outage(f"receiving from {queue}", error)
-            await self.dispatcher._pause()
+            await self.dispatcher.back_off()
             return 0
         if not received:
             return 0
@@ -291,7 +291,7 @@ class FrontDoor:
                 break
             if self.dispatcher.stopping:
                 return 0  # not acknowledged: the queue gives them back later, nothing lost
-            await self.dispatcher._pause()
+            await self.dispatcher.back_off()
         cleared = await self._clear(clears)
         if bad or refused:
             await self._reject(bad + refused, queue)

@@ -75,3 +75,19 @@ def test_the_one_private_python_api_used_is_still_there() -> None:
     from duetime.cli import exit_watchdog
 
     assert exit_watchdog._BEFORE_THREADS_JOIN is not None
+
+
+def test_no_module_imports_another_modules_private_helper() -> None:
+    """A helper two modules share is public in the module that owns it (the command line's
+    shared helpers were ``_open``, ``_confirm``, ``_transport_url``… imported by five modules)."""
+    import ast
+
+    borrowed = [
+        f"{path.relative_to(ROOT)}: {node.module}.{alias.name}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("duetime")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert borrowed == []
