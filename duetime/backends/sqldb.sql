@@ -147,10 +147,10 @@ SELECT COUNT(*) FROM {staged} WHERE run_id=%s AND batch=%s
 SELECT endpoint, message_id, destination, due_us, headers, NULL, failure_count, extra
 FROM {staged} WHERE run_id=%s AND batch=%s
 
--- PostgreSQL: the staged rows {sure} cannot vouch for (usually none), to be checked in Python.
--- name: unsure_staged_rows.postgres
+-- PostgreSQL: the staged rows {fine} cannot vouch for (usually none), to be checked in Python.
+-- name: staged_rows_to_check.postgres
 SELECT endpoint, message_id, destination, due_us, headers, NULL, failure_count, extra
-FROM {staged} WHERE run_id=%s AND batch=%s AND NOT {sure}
+FROM {staged} WHERE run_id=%s AND batch=%s AND NOT {fine}
 
 -- How many rows each endpoint's table gets from a batch (those not left out), the earliest due.
 -- name: staged_per_endpoint

@@ -2,12 +2,12 @@
 
 Why: a bulk import or schedule from Parquet (or a DataFrame) checked every row in Python, 8 µs a
 row, about half of the job's Python time; the rows of an export, or of any tidy data set, are
-plain: text ids and destinations, µs due times, compact JSON headers. :func:`split_sure` takes
+plain: text ids and destinations, µs due times, compact JSON headers. :func:`split_plainly_fine` takes
 those out with Arrow's vectorized functions and hands back the rest, which :func:`check_row`
 checks row by row as before. So :func:`check_row` stays the one rule: the Arrow test may be
 stricter than it, never looser (printable ASCII ids and destinations, headers a compact JSON
 object of strings without ``\\u`` escapes, a group of printable ASCII, an id given), and a test holds it to
-:func:`check_row` over generated rows, as :func:`duetime.bulk.records.sure_sql` is held to
+:func:`check_row` over generated rows, as :func:`duetime.bulk.records.plainly_fine_sql` is held to
 :func:`duetime.bulk.records.problem` for rows a database moves.
 """
 
@@ -26,7 +26,7 @@ _INT32_MAX = 2**31 - 1
 _PLAIN_GROUP = r"^[!#-\[\]-~]+$"
 
 
-def split_sure(
+def split_plainly_fine(
     batch: Any, endpoint: str | None, endpoint_ok: Callable[[str], bool]
 ) -> tuple[list[Any] | None, Any]:
     """``batch`` (columns as :func:`duetime.bulk.frames.normalize` gives them) split into the
@@ -75,17 +75,17 @@ def split_sure(
                 pc.and_kleene(pc.greater_equal(failures, 0), pc.less_equal(failures, _INT32_MAX)),
             )
         )
-    sure = checks[0]
+    fine = checks[0]
     for check in checks[1:]:
-        sure = pc.and_kleene(sure, check)
-    sure = pc.fill_null(sure, False)
-    rest = batch.filter(pc.invert(sure))
+        fine = pc.and_kleene(fine, check)
+    fine = pc.fill_null(fine, False)
+    rest = batch.filter(pc.invert(fine))
     if rest.num_rows == len(batch):
         return None, batch
-    body = pc.fill_null(pc.filter(body, sure).cast(pa.binary()), b"")
-    failures = pc.fill_null(pc.filter(failures, sure).cast(pa.int32()), 0)
-    kept = [pc.filter(column, sure) for column in (chosen, ident, destination, due, headers)]
-    group = pc.filter(group, sure).cast(pa.string())
+    body = pc.fill_null(pc.filter(body, fine).cast(pa.binary()), b"")
+    failures = pc.fill_null(pc.filter(failures, fine).cast(pa.int32()), 0)
+    kept = [pc.filter(column, fine) for column in (chosen, ident, destination, due, headers)]
+    group = pc.filter(group, fine).cast(pa.string())
     extra = pc.binary_join_element_wise(GROUP_OPEN, group, '"}', "")  # group_extra, nothing to escape
     return [*kept, body, failures, extra, group], rest
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from duetime.bulk.arrowcheck import split_sure
+from duetime.bulk.arrowcheck import split_plainly_fine
 from duetime.bulk.records import Record, due_us_of, dump_headers, group_extra, problem
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.inputs.identifiers import check_name
@@ -529,13 +529,13 @@ def _checked_files(spark: Any, path: str, fmt: str, endpoint: str | None) -> Any
 
 def checked_frame(df: Any, endpoint: str | None) -> Any:
     """A record frame from any DataFrame with the accepted columns: the rows Arrow can vouch
-    for as they are (:func:`split_sure`), the rest checked in Python."""
+    for as they are (:func:`split_plainly_fine`), the rest checked in Python."""
 
     def run(batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:
-            sure, rest = split_sure(batch, endpoint, _endpoint_fine)
-            if sure is not None:
-                yield sure_batch(sure)
+            fine, rest = split_plainly_fine(batch, endpoint, _endpoint_fine)
+            if fine is not None:
+                yield plainly_fine_batch(fine)
             if rest.num_rows:
                 yield from arrow_chunks(checked_rows(python_rows(rest), endpoint))
 
@@ -579,7 +579,7 @@ def _endpoint_fine(name: str) -> bool:
     return _endpoint_problem(name) is None
 
 
-def sure_batch(columns: Sequence[Any]) -> Any:
+def plainly_fine_batch(columns: Sequence[Any]) -> Any:
     """A record frame's batch of records no check found a problem with, from their columns in
     :class:`Record`'s order and their groups (their problem column is null)."""
     import pyarrow as pa

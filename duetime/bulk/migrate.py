@@ -42,9 +42,9 @@ from duetime.bulk.hadoopfs import Listed, input_files
 from duetime.bulk.records import (
     Record,
     group_value_sql,
+    plainly_fine_sql,
     problem,
     store_ready,
-    sure_sql,
     timestamptz_sql,
 )
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
@@ -278,7 +278,9 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
     if written is None and (local or piped):  # the rows never pass through Python
         # Piped, only the rows the server cannot vouch for are read here (usually none); in one
         # database, every row's id and headers (their table is chosen row by row)
-        light = source.unsure_staged(run_id, number) if piped else source.staged(run_id, number, bodies=False)
+        light = (
+            source.staged_to_check(run_id, number) if piped else source.staged(run_id, number, bodies=False)
+        )
         if all(store_ready(r.headers) for r in light):
             problems = {r.message_id: why for r in light if (why := problem(r)) is not None}
             assert isinstance(target, StoreTarget)
@@ -335,7 +337,7 @@ class _Clash(Exception):
 def _move_batch(
     source: DbSource, target: StoreTarget, run_id: str, batch: Batch, where: str, params: list[Any]
 ) -> int | None:
-    """The rows the server vouches for (:func:`sure_sql`) move in one statement and never leave it;
+    """The rows the server vouches for (:func:`plainly_fine_sql`) move in one statement and never leave it;
     the few left are read, checked in Python by :func:`problem`, and the good ones written from
     here (their headers rewritten where a store cannot keep them as they are). Ids the target
     holds already stay in the source as conflicts; rows with a problem stay for their problem."""
@@ -371,7 +373,7 @@ def _move_batch(
         cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], lay.group_expr()]))
         counts = d.execute(
             conn,
-            f"WITH moved AS (DELETE FROM {table} WHERE {where} AND {sure_sql(exprs)} AND {not_present} "
+            f"WITH moved AS (DELETE FROM {table} WHERE {where} AND {plainly_fine_sql(exprs)} AND {not_present} "
             f"RETURNING {cols}), "
             f"ins AS (INSERT INTO {target_table} "
             "(message_id, destination, due_at, headers, body, failure_count, group_key) "

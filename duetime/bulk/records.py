@@ -77,7 +77,7 @@ def problem(record: Record) -> str | None:
     return None
 
 
-# The regular expressions below read the same in PostgreSQL's AREs (sure_sql) and in RE2, which
+# The regular expressions below read the same in PostgreSQL's AREs (plainly_fine_sql) and in RE2, which
 # Arrow's regex functions use (duetime.bulk.arrowcheck): in both a backslash stays special inside
 # brackets ([^"\\] is neither " nor \) and [:cntrl:] is the control characters.
 # A JSON string with no control character and no \u escape.
@@ -90,7 +90,7 @@ COMPACT_HEADERS = rf"^\{{(?:{_JSON_PAIR}(?:,{_JSON_PAIR})*)?\}}$"
 PLAIN_TEXT = "^[!-~]+$"
 
 
-def sure_sql(exprs: Sequence[str]) -> str:
+def plainly_fine_sql(exprs: Sequence[str]) -> str:
     """A PostgreSQL condition, over a layout's record expressions (``record_sql``), true only for
     rows :func:`problem` finds nothing wrong with and whose headers a store keeps as they are
     (:func:`store_ready`).

@@ -15,7 +15,7 @@ from typing import Any
 
 from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.layouts import Layout, layout_for
-from duetime.bulk.records import FIELDS, Destination, Record, due_us_of, sure_sql
+from duetime.bulk.records import FIELDS, Destination, Record, due_us_of, plainly_fine_sql
 from duetime.errors import ConfigurationError
 
 RUNS = STATE_TABLES["runs"]
@@ -349,13 +349,15 @@ class DbSource:
             for r in rows:
                 yield Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5] or b""), int(r[6]), r[7])
 
-    def unsure_staged(self, run_id: str, batch: int) -> list[Record]:
+    def staged_to_check(self, run_id: str, batch: int) -> list[Record]:
         """PostgreSQL: the batch's staged records (without bodies) the server cannot vouch for
-        (:func:`sure_sql`); the rest need no look from Python."""
-        sure = sure_sql(["message_id", "destination", "due_us", "headers", "body", "failure_count", "extra"])
+        (:func:`plainly_fine_sql`); the rest need no look from Python."""
+        fine = plainly_fine_sql(
+            ["message_id", "destination", "due_us", "headers", "body", "failure_count", "extra"]
+        )
         with self.db.session(write=False) as conn:
             rows = self.db.execute(
-                conn, self.db.query("unsure_staged_rows", sure=sure), [run_id, batch]
+                conn, self.db.query("staged_rows_to_check", fine=fine), [run_id, batch]
             ).fetchall()
         return [Record(r[0], r[1], r[2], r[3], r[4], b"", int(r[6]), r[7]) for r in rows]
 

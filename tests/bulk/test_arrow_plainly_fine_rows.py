@@ -1,6 +1,6 @@
 """The Arrow test that lets typed rows skip the Python check, held to the Python rule.
 
-:func:`split_sure` may take out only rows :func:`check_row` finds nothing wrong with, and must
+:func:`split_plainly_fine` may take out only rows :func:`check_row` finds nothing wrong with, and must
 give each the very record :func:`check_row` makes of it; every other row comes back to be checked
 in Python. Generated batches (text, ids, due times, headers, bodies, endpoints, failure counts
 of every kind the columns may hold) are put through both.
@@ -15,8 +15,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from duetime.bulk.arrowcheck import split_sure
-from duetime.bulk.frames import _endpoint_fine, check_row, checked_of, sure_batch
+from duetime.bulk.arrowcheck import split_plainly_fine
+from duetime.bulk.frames import _endpoint_fine, check_row, checked_of, plainly_fine_batch
 from duetime.bulk.records import group_of
 
 _TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
@@ -136,8 +136,8 @@ def test_arrow_takes_out_only_rows_python_finds_nothing_wrong_with_as_python_mak
     rows: list[dict[str, Any]], text_bodies: bool, endpoint: str | None
 ) -> None:
     batch = _batch(rows, text_bodies)
-    sure, rest = split_sure(batch, endpoint, _endpoint_fine)
-    records = None if sure is None else sure_batch(sure)
+    fine, rest = split_plainly_fine(batch, endpoint, _endpoint_fine)
+    records = None if fine is None else plainly_fine_batch(fine)
     took = [] if records is None else list(checked_of([records]))
     assert len(took) + rest.num_rows == len(rows)
     if records is not None:  # the group column is the one the Python path derives from extra
@@ -167,9 +167,9 @@ def test_the_rows_of_an_export_all_skip_python() -> None:
         }
         for i in range(100)
     ]
-    sure, rest = split_sure(_batch(rows, text_bodies=False), None, _endpoint_fine)
-    assert sure is not None and rest.num_rows == 0
-    assert list(checked_of([sure_batch(sure)])) == [check_row(row, None) for row in rows]
+    fine, rest = split_plainly_fine(_batch(rows, text_bodies=False), None, _endpoint_fine)
+    assert fine is not None and rest.num_rows == 0
+    assert list(checked_of([plainly_fine_batch(fine)])) == [check_row(row, None) for row in rows]
 
 
 def test_columns_a_frame_lacks_are_nulls_of_no_type_and_their_rows_still_skip_python() -> None:
@@ -185,9 +185,11 @@ def test_columns_a_frame_lacks_are_nulls_of_no_type_and_their_rows_still_skip_py
             for name in ("body", "body_base64", "headers", "endpoint", "failure_count", "group")
         }
     )
-    sure, rest = split_sure(batch, "crm", _endpoint_fine)
-    assert sure is not None and rest.num_rows == 0
-    assert list(checked_of([sure_batch(sure)])) == [check_row(row, "crm") for row in batch.to_pylist()]
+    fine, rest = split_plainly_fine(batch, "crm", _endpoint_fine)
+    assert fine is not None and rest.num_rows == 0
+    assert list(checked_of([plainly_fine_batch(fine)])) == [
+        check_row(row, "crm") for row in batch.to_pylist()
+    ]
 
 
 def test_a_column_of_another_type_leaves_every_row_to_python() -> None:
@@ -206,5 +208,5 @@ def test_a_column_of_another_type_leaves_every_row_to_python() -> None:
             for r in rows
         ]
     )
-    sure, rest = split_sure(batch, "e", _endpoint_fine)
-    assert sure is None and rest.num_rows == 1
+    fine, rest = split_plainly_fine(batch, "e", _endpoint_fine)
+    assert fine is None and rest.num_rows == 1

@@ -1,6 +1,6 @@
 """The SQL that lets a same-database move leave rows in the server, held to the Python rule.
 
-``sure_sql`` may vouch only for rows :func:`problem` finds nothing wrong with and whose headers a
+``plainly_fine_sql`` may vouch only for rows :func:`problem` finds nothing wrong with and whose headers a
 store keeps as they are; whatever it does not vouch for is checked in Python. Generated rows are
 put through both, in the real PostgreSQL. ``timestamptz_sql`` must turn µs since 1970 into the
 same instant Python does, to the microsecond, over the whole supported range.
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from duetime.bulk.records import Record, problem, store_ready, sure_sql, timestamptz_sql
+from duetime.bulk.records import Record, plainly_fine_sql, problem, store_ready, timestamptz_sql
 from duetime.clock import from_micros
 from tests.services import POSTGRES
 
@@ -66,7 +66,7 @@ def test_the_server_vouches_only_for_rows_python_finds_nothing_wrong_with(
     pg: psycopg.Connection[Any], rows: list[tuple[Any, ...]]
 ) -> None:
     columns = list(zip(*rows, strict=True))
-    sure = sure_sql(["i", "d", "u", "h", "NULL", "f", "NULL"])
+    sure = plainly_fine_sql(["i", "d", "u", "h", "NULL", "f", "NULL"])
     found = pg.execute(
         f"SELECT {sure} FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::int[]) "
         "WITH ORDINALITY AS t(i, d, u, h, f, n) ORDER BY n",
@@ -86,7 +86,7 @@ def test_what_nservicebus_and_duetime_write_is_vouched_for(pg: psycopg.Connectio
         json.dumps({"a": 'quote " and \\ slash', "b": "line\nbreak"}, separators=(",", ":")),
         "{}",
     ]
-    sure = sure_sql(["'Sales@host'", "'orders'", "1800000000000000", "h", "NULL", "0", "NULL"])
+    sure = plainly_fine_sql(["'Sales@host'", "'orders'", "1800000000000000", "h", "NULL", "0", "NULL"])
     got = pg.execute(f"SELECT {sure} FROM unnest(%s::text[]) AS t(h)", [headers]).fetchall()
     assert got == [(True,)] * len(headers)
 
