@@ -319,7 +319,7 @@ def _move_in_place(
     completed, with nothing staged in between (a crash rolls all of it back). None if the batch
     must take the staged path (an id reached the target meanwhile)."""
     now_us = to_micros(SYSTEM.now())
-    where, params = source._bucket_where(batch, spec.cutoff_us, now_us)
+    where, params = source.bucket_where(batch, spec.cutoff_us, now_us)
     try:
         return _move_batch(source, target, run_id, batch, where, params)
     except _Clash:
@@ -350,7 +350,7 @@ def _move_batch(
         if exprs is None:  # a server that cannot convert exactly: the staged path, through Python
             return None
         ident = exprs[0]
-        if not source._claim_status(conn, run_id, batch.number, "pending"):
+        if not source.claim_status(conn, run_id, batch.number, "pending"):
             return None
         present = [
             r[0]
@@ -406,7 +406,7 @@ def _move_batch(
                 ).fetchall()
             }
             good = [r for r in good if r.message_id in taken]
-            got, clash = target._insert(conn, store_table, good)
+            got, clash = target.insert_rows(conn, store_table, good)
             if clash:
                 raise _Clash(clash[0])
             moved += got
@@ -422,7 +422,7 @@ def _move_batch(
         )
         if moved:
             first = Record(batch.endpoint, "", None, min(earliest), None, b"", 0)
-            target._written(conn, {store_table: [first]}, {store_table: moved})
+            target.announce_written(conn, {store_table: [first]}, {store_table: moved})
     return moved
 
 

@@ -199,7 +199,7 @@ class DbSource:
             for i, (_, rows, _) in enumerate(batches)
         ]
 
-    def _bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
+    def bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
         where, params = self.layout.selection(cutoff_us, now_us)
         lower, upper = block_of(batch.lower), block_of(batch.upper)
         if self.db.dialect == "postgres" and (lower is not None or upper is not None):
@@ -217,7 +217,7 @@ class DbSource:
 
     def read(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Record]:
         """The batch's rows, untouched (preview, export, report)."""
-        where, params = self._bucket_where(batch, cutoff_us, now_us)
+        where, params = self.bucket_where(batch, cutoff_us, now_us)
         with self.db.session(write=False) as conn:
             for rows in self.db.stream(
                 conn,
@@ -245,7 +245,7 @@ class DbSource:
         from duetime.bulk.records import group_value_sql
 
         if self.db.dialect == "postgres" and self.layout.record_sql() is not None:
-            where, params = self._bucket_where(batch, cutoff_us, now_us)
+            where, params = self.bucket_where(batch, cutoff_us, now_us)
             with self.db.session(write=False) as conn:
                 if (exprs := self.server_records(conn)) is not None:
                     columns = ", ".join([*exprs, group_value_sql(self.layout.group_expr())])
@@ -279,10 +279,10 @@ class DbSource:
     def _stage(self, run_id: str, batch: Batch, cutoff_us: int | None, now_us: int) -> int:
         """Move the batch's rows into the staging table; mark it staged. One transaction."""
         d, lay = self.db, self.layout
-        where, params = self._bucket_where(batch, cutoff_us, now_us)
+        where, params = self.bucket_where(batch, cutoff_us, now_us)
         source = d.qualified(batch.table)
         with d.session() as conn:
-            if not self._claim_status(conn, run_id, batch.number, "pending"):
+            if not self.claim_status(conn, run_id, batch.number, "pending"):
                 return -1  # someone else took it: the caller reads the state again
             exprs = self.server_records(conn)
             if exprs is not None:
@@ -384,7 +384,7 @@ class DbSource:
     def _complete(self, run_id: str, batch: Batch, put_back: Sequence[str], inserted: int, note: str) -> None:
         """Return the rows the target did not take to the source, drop the rest; mark completed."""
         with self.db.session() as conn:
-            if not self._claim_status(conn, run_id, batch.number, "staged"):
+            if not self.claim_status(conn, run_id, batch.number, "staged"):
                 return
             back = self._put_back(conn, run_id, batch, set(put_back))
             self.db.execute(conn, self.db.query("delete_staged"), [run_id, batch.number])
@@ -398,7 +398,7 @@ class DbSource:
     def _restore(self, run_id: str, batch: Batch) -> int:
         """Abort: every staged row of the batch goes back to its table. One transaction."""
         with self.db.session() as conn:
-            if not self._claim_status(conn, run_id, batch.number, "staged"):
+            if not self.claim_status(conn, run_id, batch.number, "staged"):
                 return 0
             back = self._put_back(conn, run_id, batch, None)
             self.db.execute(conn, self.db.query("delete_staged"), [run_id, batch.number])
@@ -424,7 +424,7 @@ class DbSource:
         rows = self.db.execute(conn, self.db.query("staged_rows"), [run_id, batch]).fetchall()
         return [Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), int(r[6]), r[7]) for r in rows]
 
-    def _claim_status(self, conn: Any, run_id: str, batch: int, expected: str) -> bool:
+    def claim_status(self, conn: Any, run_id: str, batch: int, expected: str) -> bool:
         row = self.db.execute(conn, self.db.query("batch_status"), [run_id, batch]).fetchone()
         return row is not None and row[0] == expected
 

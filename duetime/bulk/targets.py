@@ -146,7 +146,7 @@ class StoreTarget(_TakesAll):
             added: dict[str, int] = {}
             for chunk in chunks:
                 for table, rows, first in self._by_table(chunk):
-                    got, clash = self._insert(conn, table, rows)
+                    got, clash = self.insert_rows(conn, table, rows)
                     inserted += got
                     added[table] = added.get(table, 0) + got
                     conflicts += clash
@@ -156,7 +156,7 @@ class StoreTarget(_TakesAll):
                 conn, self.db.query("insert_ledger_row"), [run_id, batch, inserted, json.dumps(conflicts)]
             )
             if self.db.dialect == "postgres":
-                self._written(conn, earliest, added)
+                self.announce_written(conn, earliest, added)
             return written
 
     def shares_database(self, other: Database) -> bool:
@@ -213,7 +213,7 @@ class StoreTarget(_TakesAll):
                 self.db.query("insert_ledger_row"),
                 [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
             )
-            self._written(conn, by_table, added)
+            self.announce_written(conn, by_table, added)
             return written
 
     def pipes_from(self, source: Database) -> bool:
@@ -287,7 +287,7 @@ class StoreTarget(_TakesAll):
                 self.db.query("insert_ledger_row"),
                 [run_id, batch, written.inserted, json.dumps([])],
             )
-            self._written(conn, earliest, added)
+            self.announce_written(conn, earliest, added)
             return written
 
     def _by_table(self, chunk: list[Record] | Any) -> list[tuple[str, list[Record] | Any, Record]]:
@@ -310,7 +310,7 @@ class StoreTarget(_TakesAll):
             parts.append((self.layout.table_for(endpoint), rows, first))
         return parts
 
-    def _insert(self, conn: Any, table: str, rows: Sequence[Record] | Any) -> tuple[int, list[str]]:
+    def insert_rows(self, conn: Any, table: str, rows: Sequence[Record] | Any) -> tuple[int, list[str]]:
         """Rows (records, or an Arrow batch of them) into ``table``: how many went in, and the
         ids that were there already. PostgreSQL COPYs them; an id already in the table makes this
         task insert through a temporary table from then on (``ON CONFLICT`` tells them apart)."""
@@ -417,18 +417,17 @@ class StoreTarget(_TakesAll):
                     )
                 )
 
-    def _written(self, conn: Any, by_table: dict[str, list[Record]], added: dict[str, int]) -> None:
+    def announce_written(self, conn: Any, by_table: dict[str, list[Record]], added: dict[str, int]) -> None:
         """PostgreSQL, in the transaction that wrote ``added`` rows per table (``by_table`` holds at
         least each table's earliest): wake the target's dispatchers (they LISTEN) for the earliest
         message, and give a table filled from (nearly) empty fresh planner statistics, so they use
         its due index at once (``refresh_planner_stats``)."""
-        from duetime.backends.postgres.common import PgNames, refresh_planner_stats
+        from duetime.backends.postgres.common import PgNames, announce, refresh_planner_stats
 
         for table, rows in by_table.items():
             earliest = min((r.due_us for r in rows if r.due_us is not None), default=None)
             if earliest is not None:
-                channel = PgNames(self.db.schema or "public", table).channel
-                conn.execute("SELECT pg_notify(%s, %s)", [channel, from_micros(earliest).isoformat()])
+                announce(conn, PgNames(self.db.schema or "public", table).channel, from_micros(earliest))
         for table, count in added.items():
             refresh_planner_stats(conn, self.db.qualified(table), count)
 
@@ -452,12 +451,12 @@ class StoreTarget(_TakesAll):
             inserted, conflicts = 0, []
             added: dict[str, int] = {}
             for table, rows_ in by_table.items():
-                got, clash = self._insert(conn, table, rows_)
+                got, clash = self.insert_rows(conn, table, rows_)
                 inserted += got
                 added[table] = got
                 conflicts += clash
             if d.dialect == "postgres":
-                self._written(conn, by_table, added)
+                self.announce_written(conn, by_table, added)
             return Written(inserted, tuple(conflicts))
 
     def _claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:

@@ -4,7 +4,7 @@ careful way (a temporary table, then INSERT … ON CONFLICT), counting it as a c
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from duetime import DelayedMessage, TransactionMode
@@ -72,3 +72,53 @@ def test_an_id_given_twice_is_written_once_and_counted_as_a_conflict_on_sqlite(t
     written = target.write("run-1", 0, [_record(1), _record(1, "other"), _record(2)])
     assert (written.inserted, written.conflicts) == (2, ("m1",))
     assert store_rows(url, "Sales")["m1"].destination == "orders"
+
+
+async def test_a_bulk_write_wakes_a_sleeping_dispatcher_with_the_due_time_it_announced() -> None:
+    """One writer and one reader of a store's due-time announcement: bulk jobs sent an ISO date
+    that the store's listener could not read (it fell back to "look again", by luck). Here a
+    dispatcher sleeps toward a message an hour away; a bulk write of one due now wakes it at once,
+    and the announcement reads as that due time. No Spark."""
+    import asyncio
+
+    import psycopg
+
+    from duetime import DelayedDeliverySettings, Dispatcher, open_store, open_transport
+    from duetime.backends.postgres.common import PgNames, announced_due
+
+    with postgres_schema() as pg:
+        store = open_store(pg)
+        await store.setup_infrastructure("Sales")
+        await store.initialize("Sales", TransactionMode.EXACTLY_ONCE)
+        transport = open_transport(pg)
+        await transport.declare("orders")
+        await store.store(DelayedMessage("later", "orders", datetime.now(UTC) + timedelta(hours=1)))
+        settings = DelayedDeliverySettings(
+            transaction_mode=TransactionMode.EXACTLY_ONCE, max_sleep=timedelta(minutes=5)
+        )
+        dispatcher = Dispatcher(store, transport, settings, endpoint="Sales")
+        task = asyncio.create_task(dispatcher.run())
+        schema = dict(p.split("=") for p in pg.split("?", 1)[1].split("&"))["schema"]
+        listener = await psycopg.AsyncConnection.connect(pg.split("?")[0], autocommit=True)
+        await listener.execute(f"LISTEN {PgNames(schema, 'Sales.delayed').channel}")
+        try:
+            while not dispatcher.started or dispatcher.stats.rounds == 0:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # asleep toward "later"
+            due = datetime.now(UTC).replace(microsecond=123_456)
+            record = Record("Sales", "now", "orders", to_micros(due), "{}", b"b", 0, None)
+            target = StoreTarget(Database.from_url(pg))
+            await asyncio.to_thread(target.prepare, ["Sales"])
+            await asyncio.to_thread(target.write, "run-1", 0, [record])
+            started = asyncio.get_running_loop().time()
+            got = await transport.receive("orders", 10, 5.0)
+            assert [m.message_id for m in got] == ["now"]
+            assert asyncio.get_running_loop().time() - started < 2.0  # woken, not the 5-minute sleep
+            note = await anext(listener.notifies(timeout=2.0))
+            assert announced_due(note.payload) == due
+        finally:
+            dispatcher.stop()
+            await task
+            await listener.close()
+            await transport.close()
+            await store.close()

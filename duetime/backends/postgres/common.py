@@ -6,7 +6,7 @@ import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -19,6 +19,7 @@ from duetime.backends._store import (
     table_name,
 )
 from duetime.backends.sqlfiles import load_queries
+from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError, connection_failed, one_line
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, redact
@@ -157,6 +158,25 @@ QUEUE_TABLES = "duetime"
 def channel_of(schema: str, table: str) -> str:
     """A LISTEN/NOTIFY channel name: stable, short, one per table."""
     return "duetime_" + hashlib.sha1(f"{schema}.{table}".encode()).hexdigest()[:20]
+
+
+def due_payload(due: datetime) -> str:
+    """A due time as a store's channel carries it (microseconds since 1970): the one writer of
+    the announcement that wakes the store's dispatchers, for schedules and bulk jobs alike."""
+    return str(to_micros(due))
+
+
+def announced_due(payload: str) -> datetime | None:
+    """The due time :func:`due_payload` wrote; None for anything else ("look again")."""
+    try:
+        return from_micros(int(payload))
+    except ValueError:
+        return None
+
+
+def announce(conn: Any, channel: str, due: datetime) -> None:
+    """In ``conn``'s transaction (sent when it commits): a message is stored due at ``due``."""
+    conn.execute("SELECT pg_notify(%s, %s)", [channel, due_payload(due)])
 
 
 class PgNames:

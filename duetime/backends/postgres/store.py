@@ -29,8 +29,10 @@ from duetime.backends.postgres.common import (
     PgNames,
     PgOptions,
     QueueEntry,
+    announced_due,
     copy_row,
     decode,
+    due_payload,
     dump_headers,
     enqueue_declared,
     reach,
@@ -39,7 +41,6 @@ from duetime.backends.postgres.common import (
 )
 from duetime.backends.postgres.locked_claims import HeldBatches
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
-from duetime.clock import from_micros, to_micros
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 
@@ -177,7 +178,7 @@ class SyncPostgresStore(StoreRules):
         names = self.names
         q = names.q
         earliest = min(m.due_at for m in messages)
-        notify = {"channel": names.channel, "payload": str(to_micros(earliest))}
+        notify = {"channel": names.channel, "payload": due_payload(earliest)}
         try:
             with self.pool.connection() as conn:
                 if len(messages) == 1:
@@ -201,7 +202,7 @@ class SyncPostgresStore(StoreRules):
 
     def _announce(self, due_at: datetime) -> None:
         names = self.names
-        self._rowcount(names.q["notify"], {"channel": names.channel, "payload": str(to_micros(due_at))})
+        self._rowcount(names.q["notify"], {"channel": names.channel, "payload": due_payload(due_at)})
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
         if self.holds_locks:
@@ -411,7 +412,7 @@ class PostgresStore(TransactionalBridge):
                     subscribers.notify(None)
                     while True:
                         async for note in conn.notifies(timeout=self.listen_check):
-                            subscribers.notify(_due_from(note.payload))
+                            subscribers.notify(announced_due(note.payload))
                         await asyncio.wait_for(conn.execute("SELECT 1"), self.listen_check)
             except asyncio.CancelledError:
                 raise
@@ -428,10 +429,3 @@ class PostgresStore(TransactionalBridge):
             and transport.options.conninfo == self.options.conninfo
             and transport.options.schema == self.options.schema
         )
-
-
-def _due_from(payload: str) -> datetime | None:
-    try:
-        return from_micros(int(payload))
-    except ValueError:
-        return None
