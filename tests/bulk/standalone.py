@@ -68,17 +68,17 @@ class StandaloneCluster:
         return [spark_class, f"org.apache.spark.deploy.{name}", "--host", "127.0.0.1", *args]
 
     def _start(self, name: str, command: list[str]) -> None:
-        log = (self.work / f"{name}.log").open("wb")
-        self.procs.append(
-            subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
+        with (self.work / f"{name}.log").open("wb") as log:  # the process keeps its own copy
+            self.procs.append(
+                subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
             )
-        )
 
     def add_worker(self, hidden: Path | None = None, timeout: float = 90) -> None:
         """Start a worker of one core and wait until the master has registered it."""

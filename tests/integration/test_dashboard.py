@@ -86,10 +86,11 @@ def dashboard(url: str, port: int, *extra: str, password: str | None = PASSWORD)
     return process
 
 
-def stop(process: subprocess.Popen[str]) -> None:
+def stop(process: subprocess.Popen[str]) -> str:
+    """SIGTERM, then what the dashboard wrote to its log (stderr), its pipe read and closed."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
-    process.wait(timeout=30)
+    return process.communicate(timeout=30)[1] or ""
 
 
 @pytest.fixture(scope="module")
@@ -325,8 +326,7 @@ def test_a_database_outage_is_a_one_line_answer_and_it_recovers() -> None:
             proxy.restore()
             until(lambda: request(port, "/", auth=auth)[0] == 200, 30, "the dashboard to answer again")
         finally:
-            stop(board)
-        stderr = board.stderr.read() if board.stderr else ""
+            stderr = stop(board)
         assert "Traceback" not in stderr, stderr
         assert "dashboard: GET / failed: " in stderr  # the operator's log says why, on one line
         assert "dashboard: GET / did not answer within 2 s" in stderr
@@ -353,8 +353,8 @@ def test_ctrl_c_while_the_store_is_partitioned_still_ends_the_dashboard() -> Non
         finally:
             if board.poll() is None:
                 board.kill()
+            stderr = board.communicate(timeout=30)[1] or ""
             proxy.restore()
-        stderr = board.stderr.read() if board.stderr else ""
         assert "stopping did not finish within 7 s" in stderr, stderr[-2000:]
 
 

@@ -156,8 +156,7 @@ def test_markup_and_script_in_every_field_never_run_and_a_cancelled_confirmation
         left = errors_in_queue(hostile["url"])
         assert [e["id"] for e in left] == [hostile["lost"][0].message_id]
     finally:
-        stop(board)
-    stderr = board.stderr.read() if board.stderr else ""
+        stderr = stop(board)
     assert "Traceback" not in stderr, stderr
 
 
@@ -253,8 +252,7 @@ def test_oversized_and_malformed_bodies_are_short_answers_and_one_log_line(hosti
         assert status in (400, 403), (status, text)  # never a 500
         assert request(port, "/healthz")[0] == 200
     finally:
-        stop(board)
-    stderr = board.stderr.read() if board.stderr else ""
+        stderr = stop(board)
     assert "Traceback" not in stderr and "refused: Could not read the form" in stderr, stderr
 
 
