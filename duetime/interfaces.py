@@ -60,10 +60,21 @@ class Closing:
 
 
 class Clock(Protocol):
-    def now(self) -> datetime: ...
-    def monotonic(self) -> float: ...
-    async def wait(self, event: asyncio.Event, timeout: float) -> bool: ...
-    async def sleep(self, seconds: float) -> None: ...
+    """Where the dispatcher reads the time and waits: the system clock (aligned on the store
+    server's), or a fake one in tests."""
+
+    def now(self) -> datetime:
+        """The time now, in UTC (what "due" is compared with)."""
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary start that never go back (what breakers and deadlines use)."""
+
+    async def wait(self, event: asyncio.Event, timeout: float) -> bool:
+        """Wait until ``event`` is set (True) or ``timeout`` seconds have passed (False), ending on
+        time to well under a millisecond."""
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,16 +158,29 @@ class DelayedMessageStore(Protocol):
     async def initialize(self, endpoint: str, mode: TransactionMode) -> None:
         """Bind to ``endpoint``; raise UnsupportedTransactionMode if the mode cannot be honoured."""
 
-    async def store(self, message: DelayedMessage) -> None: ...
-    async def store_many(self, messages: Sequence[DelayedMessage]) -> int: ...
+    async def store(self, message: DelayedMessage) -> None:
+        """Store one message durably before returning; a ``message_id`` already stored raises
+        DuplicateMessageId and changes nothing."""
+
+    async def store_many(self, messages: Sequence[DelayedMessage]) -> int:
+        """Store every message, all or none (one transaction where the store has them); how many.
+        An id already stored fails the whole call and stores none."""
 
     async def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
         """Claim up to ``limit`` messages due at ``at``, oldest first; no other caller gets them
         until they are removed, their failure is counted, or the claim times out."""
 
-    async def next_due(self) -> datetime | None: ...
-    async def remove(self, message_id: str) -> bool: ...
-    async def remove_many(self, message_ids: Sequence[str]) -> int: ...
+    async def next_due(self) -> datetime | None:
+        """The earliest due time of an unclaimed message, or None when nothing is stored: how long
+        a dispatcher may sleep. Never later than the truth (a claimed row may hide an earlier one
+        only while it is claimed)."""
+
+    async def remove(self, message_id: str) -> bool:
+        """Remove a forwarded message; False if it was gone already (cancelled, or removed by
+        another dispatcher after its claim timed out)."""
+
+    async def remove_many(self, message_ids: Sequence[str]) -> int:
+        """Remove forwarded messages; how many were still there."""
 
     async def increment_failure_count(self, message_id: str) -> bool:
         """Count a failed forward and release the claim; False if the message is gone."""
@@ -164,57 +188,122 @@ class DelayedMessageStore(Protocol):
     async def release(self, message_ids: Sequence[str]) -> int:
         """Give claims back untouched (graceful stop with a batch not yet forwarded)."""
 
-    async def get(self, message_id: str) -> DelayedMessage | None: ...
-    async def cancel(self, message_id: str) -> bool: ...
+    async def get(self, message_id: str) -> DelayedMessage | None:
+        """The stored message, or None; claims are not taken or changed."""
+
+    async def cancel(self, message_id: str) -> bool:
+        """Remove a message no dispatcher is forwarding; False if it is not there. One being
+        forwarded raises MessageInFlight (it may be delivered already)."""
+
     async def cancel_group(self, group: str) -> int:
         """Cancel every stored message of ``group`` no dispatcher is forwarding; how many."""
         ...
 
-    async def reschedule(self, message_id: str, due_at: datetime) -> bool: ...
-    async def list(self, query: ListQuery) -> Page: ...
-    async def counts(self, at: datetime) -> StoreCounts: ...
-    def subscribe(self, callback: WakeupCallback) -> Callable[[], None]: ...
-    async def close(self) -> None: ...
+    async def reschedule(self, message_id: str, due_at: datetime) -> bool:
+        """Give a stored message a new due time; False if it is not there. One being forwarded
+        raises MessageInFlight."""
+
+    async def list(self, query: ListQuery) -> Page:
+        """A page of stored messages in due order, filtered by ``query``; ``Page.next_cursor``
+        continues it. Each page is bounded, however large the store."""
+
+    async def counts(self, at: datetime) -> StoreCounts:
+        """What the store holds at ``at``: totals, due, claimed, failing, the next due time and the
+        backlog by destination (the biggest, and how many more)."""
+
+    def subscribe(self, callback: WakeupCallback) -> Callable[[], None]:
+        """Call ``callback`` with a due time whenever something may now be due earlier (or None:
+        look again); returns the function that unsubscribes. Stores that cannot tell never call it."""
+
+    async def close(self) -> None:
+        """Release connections and threads; the store cannot be used after. A second close does
+        nothing."""
 
 
 @runtime_checkable
 class SyncDelayedMessageStore(Protocol):
     """The blocking twin, for producers that are not async (web apps, scripts, Spark executors)."""
 
-    def setup_infrastructure(self, endpoint: str) -> None: ...
-    def initialize(self, endpoint: str, mode: TransactionMode) -> None: ...
-    def store(self, message: DelayedMessage) -> None: ...
-    def store_many(self, messages: Sequence[DelayedMessage]) -> int: ...
-    def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]: ...
-    def next_due(self) -> datetime | None: ...
-    def remove(self, message_id: str) -> bool: ...
-    def remove_many(self, message_ids: Sequence[str]) -> int: ...
-    def increment_failure_count(self, message_id: str) -> bool: ...
-    def release(self, message_ids: Sequence[str]) -> int: ...
-    def get(self, message_id: str) -> DelayedMessage | None: ...
-    def cancel(self, message_id: str) -> bool: ...
-    def cancel_group(self, group: str) -> int: ...
-    def reschedule(self, message_id: str, due_at: datetime) -> bool: ...
-    def list(self, query: ListQuery) -> Page: ...
-    def counts(self, at: datetime) -> StoreCounts: ...
-    def close(self) -> None: ...
+    def setup_infrastructure(self, endpoint: str) -> None:
+        """As :meth:`DelayedMessageStore.setup_infrastructure`, blocking."""
+
+    def initialize(self, endpoint: str, mode: TransactionMode) -> None:
+        """As :meth:`DelayedMessageStore.initialize`, blocking."""
+
+    def store(self, message: DelayedMessage) -> None:
+        """As :meth:`DelayedMessageStore.store`, blocking."""
+
+    def store_many(self, messages: Sequence[DelayedMessage]) -> int:
+        """As :meth:`DelayedMessageStore.store_many`, blocking."""
+
+    def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
+        """As :meth:`DelayedMessageStore.fetch_due`, blocking."""
+
+    def next_due(self) -> datetime | None:
+        """As :meth:`DelayedMessageStore.next_due`, blocking."""
+
+    def remove(self, message_id: str) -> bool:
+        """As :meth:`DelayedMessageStore.remove`, blocking."""
+
+    def remove_many(self, message_ids: Sequence[str]) -> int:
+        """As :meth:`DelayedMessageStore.remove_many`, blocking."""
+
+    def increment_failure_count(self, message_id: str) -> bool:
+        """As :meth:`DelayedMessageStore.increment_failure_count`, blocking."""
+
+    def release(self, message_ids: Sequence[str]) -> int:
+        """As :meth:`DelayedMessageStore.release`, blocking."""
+
+    def get(self, message_id: str) -> DelayedMessage | None:
+        """As :meth:`DelayedMessageStore.get`, blocking."""
+
+    def cancel(self, message_id: str) -> bool:
+        """As :meth:`DelayedMessageStore.cancel`, blocking."""
+
+    def cancel_group(self, group: str) -> int:
+        """As :meth:`DelayedMessageStore.cancel_group`, blocking."""
+
+    def reschedule(self, message_id: str, due_at: datetime) -> bool:
+        """As :meth:`DelayedMessageStore.reschedule`, blocking."""
+
+    def list(self, query: ListQuery) -> Page:
+        """As :meth:`DelayedMessageStore.list`, blocking."""
+
+    def counts(self, at: datetime) -> StoreCounts:
+        """As :meth:`DelayedMessageStore.counts`, blocking."""
+
+    def close(self) -> None:
+        """As :meth:`DelayedMessageStore.close`, blocking."""
 
 
 @runtime_checkable
 class Transport(Protocol):
     """Where due messages go. ``send_batch`` answers per message: None, or the exception."""
 
-    async def start(self) -> None: ...
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]: ...
-    async def declare(self, queue: str) -> None: ...
-    async def close(self) -> None: ...
+    async def start(self) -> None:
+        """Connect (again, after a failure); TransportUnavailable while the server cannot be
+        reached, ConfigurationError for what waiting will not fix (credentials, a missing vhost)."""
+
+    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        """Send each message to its destination queue: one result per message, in order (None:
+        the transport holds it durably). A message's own failure is its result (DestinationNotFound,
+        MessageRefused, TransportUnavailable for what the connection lost); raising means nothing
+        in the batch can be counted as sent."""
+
+    async def declare(self, queue: str) -> None:
+        """Create ``queue`` if it is missing (durable); one that exists is taken as it is."""
+
+    async def close(self) -> None:
+        """Release the connection; calls after it raise TransportUnavailable."""
 
 
 @runtime_checkable
 class TransactionalStore(Protocol):
     """A store that can move due messages into a transport inside one transaction (exactly-once)."""
 
-    def shares_transaction_with(self, transport: object) -> bool: ...
+    def shares_transaction_with(self, transport: object) -> bool:
+        """Whether one transaction can both remove from this store and put into ``transport``
+        (the same database): the condition for exactly-once."""
 
     async def move_due(
         self,
@@ -223,7 +312,10 @@ class TransactionalStore(Protocol):
         transport: object,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
-    ) -> MoveOutcome: ...
+    ) -> MoveOutcome:
+        """In one transaction: claim up to ``limit`` messages due at ``at``, put each into its
+        queue of ``transport`` (into ``error_queue``, with ``error_headers``, when its queue does
+        not exist) and remove it. A crash rolls the whole move back: nothing lost or doubled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,8 +337,13 @@ class ReceivedMessage:
 class ReceivingTransport(Protocol):
     """A transport a program (or the front door) can consume from."""
 
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]: ...
-    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
+    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` from ``queue``, waiting up to ``wait`` seconds for the first; each
+        hidden from other receivers until acknowledged or its visibility time ends."""
+
+    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
+        """Remove handled messages for good; how many were still held (a receipt that expired
+        removes nothing: the message went to another receiver)."""
 
 
 @runtime_checkable
@@ -274,8 +371,11 @@ class InspectableQueue(Transport, Protocol):
         """Receive these particular messages (those still there); acknowledge each once handled,
         and what is not acknowledged goes back to the queue."""
 
-    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
-    async def depth(self, queue: str) -> int: ...
+    async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
+        """Remove messages taken with ``take`` (or received) for good; how many were still held."""
+
+    async def depth(self, queue: str) -> int:
+        """How many messages ``queue`` holds now."""
 
     async def has_queue(self, queue: str) -> bool:
         """Whether ``queue`` is declared (a message for it would be delivered, not dead-lettered)."""
@@ -295,7 +395,9 @@ class DispatcherRegistry(Protocol):
     """A store where dispatchers say they are there (``duetime run`` does, every few seconds),
     so ``duetime stats`` and the dashboard can show who delivers and who is gone."""
 
-    async def beat(self, info: DispatcherInfo) -> None: ...
+    async def beat(self, info: DispatcherInfo) -> None:
+        """Record (or refresh) a dispatcher's record; a record not refreshed for a while shows as
+        gone."""
 
     async def dispatchers(self) -> list[DispatcherInfo]:
         """The endpoint's dispatchers, newest first; ``DispatcherInfo.status`` tells which live."""
@@ -307,7 +409,8 @@ class DueCounter(Protocol):
     """A store that counts what falls due by a time without counting everything else (the
     dashboard's "due in the next minute, hour, day" on a store of millions)."""
 
-    async def count_due(self, at: datetime) -> int: ...
+    async def count_due(self, at: datetime) -> int:
+        """How many stored messages are due by ``at``, counted by an index range."""
 
 
 @runtime_checkable
@@ -335,7 +438,9 @@ class ClaimPolicy(Protocol):
     still being sent (a store without it is assumed to allow that)."""
 
     @property
-    def parallel_claims(self) -> bool: ...
+    def parallel_claims(self) -> bool:
+        """True when claiming the next batch beside a send helps (a server with several
+        connections); False for a store with one writer at a time (SQLite)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,8 +471,11 @@ class Delivery:
 class DeliveryLog(Protocol):
     """Where the dispatcher records each delivery, if asked (``duetime run --delivery-log``)."""
 
-    async def record(self, entries: Sequence[Delivery]) -> None: ...
-    async def close(self) -> None: ...
+    async def record(self, entries: Sequence[Delivery]) -> None:
+        """Append ``entries``; a failure is the log's (the dispatcher logs a warning and goes on)."""
+
+    async def close(self) -> None:
+        """Flush and release what the log holds."""
 
 
 def require(obj: object, protocol: type, role: str, hint: str) -> None:

@@ -80,3 +80,22 @@ def test_every_commands_line_in_a_listing_is_one_sentence_on_one_line() -> None:
     for name, command in walk(typer.main.get_command(app), []):
         listed = command.short_help or (command.help or "").strip().split("\n\n")[0]
         assert "\n" not in listed.strip(), f"duetime {name}: {listed!r}"
+
+
+def test_every_capability_method_says_what_it_must_guarantee() -> None:
+    """A store or transport someone writes is held to the Protocols' docstrings: every method of
+    every public Protocol has one."""
+    from duetime import interfaces
+
+    undocumented = [
+        f"{name}.{method}"
+        for name, protocol in vars(interfaces).items()
+        if isinstance(protocol, type)
+        and getattr(protocol, "_is_protocol", False)
+        and not name.startswith("_")
+        for method, member in vars(protocol).items()
+        if not method.startswith("_")
+        and callable(member.fget if isinstance(member, property) else member)
+        and not (member.fget if isinstance(member, property) else member).__doc__
+    ]
+    assert undocumented == []
