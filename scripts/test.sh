@@ -18,9 +18,9 @@ for need in "chromium chromium the dashboard's browser tests" "chattr e2fsprogs 
   fi
 done
 echo "== ruff"
-.venv/bin/ruff check duetime tests bench
-.venv/bin/ruff format --check duetime tests bench
-echo "== mypy (strict)"; .venv/bin/mypy
+.venv/bin/ruff check duetime tests bench docs/examples
+.venv/bin/ruff format --check duetime tests bench docs/examples
+echo "== mypy (strict)"; .venv/bin/mypy && .venv/bin/mypy --strict docs/examples
 echo "== import layers (import-linter, contracts in pyproject.toml)"; .venv/bin/lint-imports --no-cache
 # Three workers, each test file whole on one of them (a file's shared fixtures stay shared): most
 # tests wait on servers, timers and subprocesses, so three fit two cores. DUETIME_TEST_WORKERS=0

@@ -11,7 +11,7 @@ import pytest
 from duetime import TransactionMode
 from duetime.backends.memory import MemoryStore
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
-from tests.contract.store_contract import ENDPOINT, StoreContract, msg, now
+from duetime.testing.store_contract import ENDPOINT, StoreContract, msg, now
 from tests.services import mariadb_database, postgres_schema
 
 

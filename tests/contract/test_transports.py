@@ -9,7 +9,7 @@ import pytest
 
 from duetime.backends.memory import MemoryTransport
 from duetime.backends.sqlite import SqliteQueueTransport
-from tests.contract.transport_contract import TransportContract, msg
+from duetime.testing.transport_contract import TransportContract, msg
 from tests.services import NATS, RABBITMQ, REDIS, postgres_schema, require
 
 

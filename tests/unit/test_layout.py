@@ -16,14 +16,14 @@ ROOT = PACKAGE.parent
 
 #: The public core (what a message is, the errors, the capabilities, settings, the clock, the
 #: error queue's and the live dispatchers' records, tracing) and the entry points (the clients,
-#: URL -> backend, the test helpers, ``python -m duetime``).
+#: URL -> backend, ``python -m duetime``).
 TOP_MODULES = {
     "__init__", "__main__", "client", "clock", "errorqueue", "errors", "interfaces",
-    "live_dispatchers", "message", "registry", "settings", "testing", "tracing", "version",
+    "live_dispatchers", "message", "registry", "settings", "tracing", "version",
 }  # fmt: skip
 SUBPACKAGES = {
     "backends", "bridges", "bulk", "cli", "dashboard", "engine", "inputs", "nservicebus",
-    "observability", "operations",
+    "observability", "operations", "testing",
 }  # fmt: skip
 
 

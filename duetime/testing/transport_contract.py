@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from duetime import DelayedMessage, DestinationNotFound, ReceivingTransport, Transport
-from duetime.interfaces import InspectableQueue
+from duetime.errors import DestinationNotFound
+from duetime.interfaces import InspectableQueue, ReceivingTransport, Transport
+from duetime.message import DelayedMessage
 
 
 def msg(i: int, destination: str, **headers: str) -> DelayedMessage:

@@ -12,20 +12,18 @@ from typing import cast
 
 import pytest
 
-from duetime import (
-    DelayedMessage,
-    DelayedMessageStore,
-    DuplicateMessageId,
-    InvalidMessage,
-    ListQuery,
-    MessageInFlight,
-    StoreNotReady,
-    SyncDelayedMessageStore,
-    TransactionMode,
-)
 from duetime.backends._shared_commit import ROUND_LIMIT
-from duetime.interfaces import DispatcherRegistry, DueCounter
+from duetime.errors import DuplicateMessageId, InvalidMessage, MessageInFlight, StoreNotReady
+from duetime.interfaces import (
+    DelayedMessageStore,
+    DispatcherRegistry,
+    DueCounter,
+    ListQuery,
+    SyncDelayedMessageStore,
+)
 from duetime.live_dispatchers import DispatcherInfo
+from duetime.message import DelayedMessage
+from duetime.settings import TransactionMode
 
 ENDPOINT = "contract"
 
@@ -391,27 +389,28 @@ class StoreContract:
         assert [
             await store.count_due(t + ahead)
             for ahead in (timedelta(0), timedelta(hours=1), timedelta(days=3))
-        ] == [1, 2, 3]  # type: ignore[union-attr]
+        ] == [1, 2, 3]
 
     async def test_dispatchers_say_they_are_there_and_are_forgotten_when_long_gone(
         self, store: DelayedMessageStore
     ) -> None:
         assert isinstance(store, (DispatcherRegistry, SyncSide))
+        registry = cast(DispatcherRegistry, store)
         t = now().replace(microsecond=0)
         run = uuid.uuid4().hex[:8]
         first = DispatcherInfo.new(ENDPOINT, "at-least-once", "memory://", t - timedelta(seconds=30))
         first = first.with_changes(dispatcher_id=f"a-{run}", last_seen=t - timedelta(seconds=20))
         second = first.with_changes(dispatcher_id=f"b-{run}", started_at=t, last_seen=t)
-        await store.beat(first)
-        await store.beat(second)
-        await store.beat(second.with_changes(forwarded=7, last_batch_at=t))  # a refresh replaces
-        mine = {d.dispatcher_id: d for d in await store.dispatchers() if d.dispatcher_id.endswith(run)}
+        await registry.beat(first)
+        await registry.beat(second)
+        await registry.beat(second.with_changes(forwarded=7, last_batch_at=t))  # a refresh replaces
+        mine = {d.dispatcher_id: d for d in await registry.dispatchers() if d.dispatcher_id.endswith(run)}
         assert set(mine) == {f"a-{run}", f"b-{run}"}
         assert mine[f"b-{run}"] == second.with_changes(forwarded=7, last_batch_at=t)
         assert mine[f"a-{run}"].status(t) == "gone" and mine[f"b-{run}"].status(t) == "live"
         later = t + timedelta(days=1, seconds=1)
-        await store.beat(second.with_changes(last_seen=later))  # a day later: the gone one goes
-        left = [d.dispatcher_id for d in await store.dispatchers() if d.dispatcher_id.endswith(run)]
+        await registry.beat(second.with_changes(last_seen=later))  # a day later: the gone one goes
+        left = [d.dispatcher_id for d in await registry.dispatchers() if d.dispatcher_id.endswith(run)]
         assert left == [f"b-{run}"]
 
     async def test_sync_twin_sees_the_same_messages(
