@@ -2,15 +2,61 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS = str(ROOT / "tests")
+
+#: Every process the tests start themselves (``subprocess.Popen`` called from tests/), held until
+#: it has ended and its pipes are closed: a test that reads a pipe, or kills a process and waits
+#: for it, need not close each pipe by hand, and none is left to the garbage collector (an
+#: unclosed pipe is a ResourceWarning, which fails the run).
+_STARTED: list[subprocess.Popen[Any]] = []
+_popen_init = subprocess.Popen.__init__
+
+
+def _recorded_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+    _popen_init(self, *args, **kwargs)
+    caller = inspect.currentframe()
+    if (
+        caller is not None
+        and caller.f_back is not None
+        and caller.f_back.f_code.co_filename.startswith(TESTS)
+    ):
+        _STARTED.append(self)
+
+
+subprocess.Popen.__init__ = _recorded_init  # type: ignore[method-assign]
+
+
+def _close_ended(everything: bool = False) -> None:
+    for process in list(_STARTED):
+        if process.poll() is None and not everything:
+            continue  # a fixture's process, still serving later tests
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+        _STARTED.remove(process)
+
+
+@pytest.fixture(autouse=True)
+def _pipes_closed() -> Iterator[None]:
+    """After each test, the pipes of the processes it started and that have ended are closed."""
+    yield
+    _close_ended()
+
+
+def pytest_sessionfinish() -> None:
+    _close_ended(everything=True)
 
 
 def duetime_cmd(*args: str) -> list[str]:

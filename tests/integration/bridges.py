@@ -90,10 +90,15 @@ class App:
         return module
 
     def start(self, *command: str, name: str) -> subprocess.Popen[bytes]:
-        out = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115  # closed with the process
-        process = subprocess.Popen(
-            command, cwd=self.dir, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        with open(self.dir / f"{name}.log", "ab") as out:  # the process keeps its own copy
+            process = subprocess.Popen(
+                command,
+                cwd=self.dir,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self._processes.append(process)
         if name == "worker":
             self.workers.append(process)

@@ -64,6 +64,8 @@ async def test_sqlite_writers_carry_on_the_moment_a_frozen_lock_holder_lets_go(t
     assert not task.done()  # a 4 s stall is well inside the breakers' 30 s
     dispatcher.stop()
     await task
+    queue.close()
+    sync.close()
 
 
 def test_sqlite_schedules_wait_for_a_held_write_lock_and_go_in_when_it_is_let_go(tmp_path: Path) -> None:
@@ -168,6 +170,8 @@ def test_sqlite_sigstop_of_one_dispatcher_loses_and_doubles_nothing(tmp_path: Pa
             os.kill(proc.pid, signal.SIGCONT)
             proc.terminate()
         errors = [proc.communicate(timeout=30)[1] for proc in procs]
+        queue.close()
+        sync.close()
     counts = Counter(got)
     assert len(counts) == total, f"{total - len(counts)} lost"
     assert max(counts.values()) == 1  # exactly-once: never doubled

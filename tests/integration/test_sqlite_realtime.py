@@ -61,6 +61,7 @@ async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher
     dispatcher.stop()
     await task
     assert [m.message_id for m in got] == ["near"]
+    consumer.close()
     assert due <= arrived < due + timedelta(milliseconds=500), (
         f"arrived {(arrived - due).total_seconds():.3f}s late"
     )

@@ -115,7 +115,8 @@ async def test_forwarding_a_batch_makes_one_span_linked_to_each_traced_message(
     assert forward.attributes is not None and forward.attributes["messaging.batch.message_count"] == 3
     assert forward.start_time is not None and forward.end_time is not None
     assert forward.start_time <= forward.end_time
-    received = {m.message_id: m.headers for m in SyncSqliteQueue(target).receive("orders", 10, 1.0)}
+    with SyncSqliteQueue(target) as queue:
+        received = {m.message_id: m.headers for m in queue.receive("orders", 10, 1.0)}
     assert received["a"]["traceparent"] == TRACEPARENT
     assert received["b"]["traceparent"] == other and received["b"]["tracestate"] == "k=v"
     assert "traceparent" not in received["c"]  # stored without one: none added on the way
@@ -150,7 +151,8 @@ async def test_the_front_door_makes_a_schedule_span_for_what_it_stores(tmp_path:
         b"1",
         {"duetime-route-to": "orders", "duetime-deliver-at": later, "traceparent": TRACEPARENT},
     )
-    assert SyncSqliteQueue(db).send([envelope]) == [None]
+    with SyncSqliteQueue(db) as queue:
+        assert queue.send([envelope]) == [None]
     assert await door.process_once() == 1
     (stored_span,) = spans("duetime schedule")
     assert linked_traces(stored_span) == {TRACE_ID}
