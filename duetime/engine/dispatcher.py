@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from duetime import tracing
 from duetime.clock import ServerAlignedClock, SystemClock
@@ -74,6 +75,18 @@ MOVE_GROWTH = 4
 MOVE_MOST = 10_000
 
 CriticalErrorCallback = Callable[[CriticalError], Awaitable[None] | None]
+
+
+class Settled(NamedTuple):
+    """A message the dispatcher is done with (delivered, or put in the error queue), as its sinks
+    are told of it, whichever way it went (a batch sent, or a transactional move)."""
+
+    message_id: str
+    destination: str
+    due_at: datetime
+    attempts: int
+    #: Its W3C ``traceparent`` header, if it has one (the forward span links to it).
+    trace: str | None = None
 
 
 @dataclass(slots=True)
@@ -534,33 +547,16 @@ class Dispatcher:
             await self._fetch_failed(error)
             return False
         self.fetch_breaker.success()
-        self.stats.forwarded += len(outcome.moved)
-        self.stats.dead_lettered += len(outcome.dead_lettered)
         moved_at = self.last_batch_at = self.clock.now()
         self._moved_last = len(outcome.moved) + len(outcome.dead_lettered)
-        lateness = [(m.destination, (moved_at - m.due_at).total_seconds()) for m in outcome.moved]
-        self.lateness.add(late for _, late in lateness)
         if self._moved_last:
             self.observer.claimed(self._moved_last)
-            self.observer.forwarded(lateness)
-            self.observer.dead_lettered([m.destination for m, _ in outcome.dead_lettered])
-            if tracing.enabled():
-                tracing.forwarded(
-                    [(m.destination, m.trace) for m in outcome.moved],
-                    self.clock.monotonic() - self._round_started,
-                )
-        if self.delivery_log is not None:
-            done_at = moved_at
-            moved = [
-                (DelayedMessage.from_store(m.message_id, m.destination, m.due_at, b"", {}, 0), 1)
-                for m in outcome.moved
-            ]
-            await self._log_deliveries(moved, "delivered", done_at)
-            await self._log_deliveries(
-                [(m, max(m.failure_count, 1)) for m, _ in outcome.dead_lettered], "dead-lettered", done_at
-            )
+        await self._delivered(
+            [Settled(m.message_id, m.destination, m.due_at, 1, m.trace) for m in outcome.moved], moved_at
+        )
         for message, reason in outcome.dead_lettered:
             log.warning("message %s sent to the error queue: %s", message.message_id, reason)
+        await self._dead_lettered([m for m, _ in outcome.dead_lettered], moved_at)
         return bool(outcome.moved or outcome.dead_lettered)
 
     async def _fetch_failed(self, error: Exception) -> None:
@@ -592,28 +588,18 @@ class Dispatcher:
             if r is not None and not isinstance(r, TransportUnavailable)
         ]
         if delivered:
-            self.stats.forwarded += len(delivered)
-            lateness = [
-                (m.destination, (sent_at - m.due_at).total_seconds())
-                for m, r in zip(batch, results, strict=True)
-                if r is None
-            ]
-            self.lateness.add(late for _, late in lateness)
-            self.observer.forwarded(lateness)
-            if tracing.enabled():
-                tracing.forwarded(
-                    [
-                        (m.destination, tracing.traced(m.headers))
-                        for m, r in zip(batch, results, strict=True)
-                        if r is None
-                    ],
-                    self.clock.monotonic() - self._round_started,
-                )
             if not await self._remove(delivered):
                 self._forget_ahead()
-            if self.delivery_log is not None:  # after the removal: the log never delays it
-                done = [(m, m.failure_count + 1) for m, r in zip(batch, results, strict=True) if r is None]
-                await self._log_deliveries(done, "delivered", sent_at)
+            await self._delivered(  # after the removal: no sink ever delays it
+                [
+                    Settled(
+                        m.message_id, m.destination, m.due_at, m.failure_count + 1, tracing.traced(m.headers)
+                    )
+                    for m, r in zip(batch, results, strict=True)
+                    if r is None
+                ],
+                sent_at,
+            )
         if len(delivered) < len(batch):
             self._forget_ahead()
         transport_failures = [(m, e) for m, e in failed if not isinstance(e, NOT_RETRIED)]
@@ -736,11 +722,7 @@ class Dispatcher:
         for message, reason in sent:
             log.warning("message %s sent to the error queue: %s", message.message_id, one_line(reason))
         if sent and await self._remove([m.message_id for m, _ in sent]):
-            self.stats.dead_lettered += len(sent)
-            self.observer.dead_lettered([m.destination for m, _ in sent])
-            if self.delivery_log is not None:
-                done = [(m, max(m.failure_count, 1)) for m, _ in sent]
-                await self._log_deliveries(done, "dead-lettered", now)
+            await self._dead_lettered([m for m, _ in sent], now)
         if unreachable:
             first = next(r for r in results if isinstance(r, TransportUnavailable))
             assert first is not None
@@ -827,15 +809,39 @@ class Dispatcher:
             if result is not None:
                 log.warning("could not note %s in the error queue: %s", m.message_id, one_line(result))
 
-    async def _log_deliveries(
-        self, done: Sequence[tuple[DelayedMessage, int]], outcome: str, at: datetime
-    ) -> None:
-        """Record (message, attempts) pairs as dispatched ``at``; a failing log costs a warning."""
+    async def _delivered(self, sent: Sequence[Settled], at: datetime) -> None:
+        """Every sink told of messages delivered at ``at``, in one place for both ways of
+        delivering: the stats, the lateness histogram, the observer (metrics), the trace, the
+        delivery log."""
+        if not sent:
+            return
+        self.stats.forwarded += len(sent)
+        lateness = [(s.destination, (at - s.due_at).total_seconds()) for s in sent]
+        self.lateness.add(late for _, late in lateness)
+        self.observer.forwarded(lateness)
+        if tracing.enabled():
+            tracing.forwarded(
+                [(s.destination, s.trace) for s in sent], self.clock.monotonic() - self._round_started
+            )
+        await self._log_deliveries(sent, "delivered", at)
+
+    async def _dead_lettered(self, dead: Sequence[DelayedMessage], at: datetime) -> None:
+        """Every sink told of messages put in the error queue at ``at`` (and removed)."""
+        if not dead:
+            return
+        self.stats.dead_lettered += len(dead)
+        self.observer.dead_lettered([m.destination for m in dead])
+        await self._log_deliveries(
+            [Settled(m.message_id, m.destination, m.due_at, max(m.failure_count, 1)) for m in dead],
+            "dead-lettered",
+            at,
+        )
+
+    async def _log_deliveries(self, done: Sequence[Settled], outcome: str, at: datetime) -> None:
+        """Record messages as dispatched ``at``; a failing log costs a warning, never a message."""
         if self.delivery_log is None or not done:
             return
-        entries = [
-            Delivery(m.message_id, m.destination, m.due_at, at, attempts, outcome) for m, attempts in done
-        ]
+        entries = [Delivery(d.message_id, d.destination, d.due_at, at, d.attempts, outcome) for d in done]
         try:
             await self.delivery_log.record(entries)
         except Exception as error:  # the log is for reports; deliveries never wait on it
