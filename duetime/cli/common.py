@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Annotated, Any, TypeVar
@@ -95,6 +96,29 @@ async def open_ready_store(store_url: str, endpoint: str) -> DelayedMessageStore
     store = open_store(check_store_exists(store_url))
     await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
     return store
+
+
+#: A word that reads as a duration's unit: after a bare ``--in 5`` it was meant for the duration.
+UNIT_WORD = re.compile(
+    r"(?i)(ms|msecs?|millis(econds?)?|s|secs?|seconds?|m|mins?|minutes?|h|hrs?|hours?|d|days?|w|weeks?)"
+)
+
+
+def refuse_split_duration(in_: str | None, body: str) -> None:
+    """``--in 5 minutes`` gave the duration 5 (seconds) and the body "minutes": refused, with how
+    to write it, rather than a message stored with the wrong body and the wrong due time."""
+    if in_ is not None and re.fullmatch(r"\d+(\.\d+)?", in_.strip()) and UNIT_WORD.fullmatch(body.strip()):
+        word = body.strip().lower()
+        unit = (
+            "ms"
+            if word.startswith("m") and word not in ("m", "min", "mins", "minute", "minutes")
+            else word[0]
+        )
+        written = f"{in_}{unit}" if unit != "w" else f"{float(in_) * 7:g}d"
+        raise typer.BadParameter(
+            f"--in {in_} {body}: a duration is one word here, so {body!r} would be the body. Write "
+            f"--in {written}; for the body {body!r} itself, give the duration its unit: --in {in_}s."
+        )
 
 
 def due_from_options(in_: str | None, at: str | None) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from duetime.cli.common import (
     due_from_options,
     headers_from_pairs,
     open_ready_store,
+    refuse_split_duration,
     refuse_uncarriable,
     transport_url_for,
     warn_undeclared,
@@ -73,6 +74,8 @@ def schedule(
     `--group order-42` files it with others of that key: `duetime list --group order-42` shows
     them, `duetime cancel --group order-42` cancels them all.
     """
+    if body_file is None:
+        refuse_split_duration(in_, body)
     payload = body_file.read() if body_file is not None else body.encode()
     due = due_from_options(in_, at)
     shape = DelayedMessage.create(

@@ -439,3 +439,16 @@ def test_errors_retry_to_a_queue_nobody_declared_warns_as_schedule_does(cli) -> 
         "no queue 'ordres' is declared" in retried.stderr
         and "duetime queues declare ordres" in retried.stderr
     )
+
+
+def test_a_duration_split_in_two_words_is_refused_not_stored_with_the_wrong_body(cli) -> None:  # type: ignore[no-untyped-def]
+    """`duetime schedule orders --in 5 minutes` stored a message with the body "minutes", due in
+    5 seconds, and exited 0. Now it is refused, saying how to write it, and nothing is stored."""
+    cli("setup")
+    refused = cli("schedule", "orders", "--in", "5", "minutes", ok=False)
+    assert refused.returncode == 2 and "'minutes' would be the body" in " ".join(refused.stderr.split())
+    assert "--in 5m" in refused.stderr
+    assert json.loads(cli("stats", "--json").stdout)["stored"] == 0
+    # the body "minutes" on purpose, with a duration that says its unit, is fine
+    cli("schedule", "orders", "minutes", "--in", "5s")
+    assert json.loads(cli("stats", "--json").stdout)["stored"] == 1
