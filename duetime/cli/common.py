@@ -121,7 +121,11 @@ def refuse_split_duration(in_: str | None, body: str) -> None:
         )
 
 
-def due_from_options(in_: str | None, at: str | None) -> dict[str, Any]:
+def due_from_options(in_: str | None, at: str | None, body: str | None = None) -> dict[str, Any]:
+    """``--in`` or ``--at`` as the client takes them; ``body``, the command's body argument (None
+    when the body comes from a file), is refused when it reads as the rest of ``--in``."""
+    if body is not None:
+        refuse_split_duration(in_, body)
     if (in_ is None) == (at is None):
         raise typer.BadParameter("give exactly one of --in (e.g. 10m) or --at (ISO 8601 time)")
     if in_ is not None:

@@ -27,7 +27,6 @@ from duetime.cli.common import (
     due_from_options,
     headers_from_pairs,
     open_ready_store,
-    refuse_split_duration,
     refuse_uncarriable,
     transport_url_for,
     warn_undeclared,
@@ -74,10 +73,8 @@ def schedule(
     `--group order-42` files it with others of that key: `duetime list --group order-42` shows
     them, `duetime cancel --group order-42` cancels them all.
     """
-    if body_file is None:
-        refuse_split_duration(in_, body)
+    due = due_from_options(in_, at, body if body_file is None else None)
     payload = body_file.read() if body_file is not None else body.encode()
-    due = due_from_options(in_, at)
     shape = DelayedMessage.create(
         destination, payload, delay=0, headers=headers_from_pairs(header), message_id=message_id
     )
@@ -193,7 +190,7 @@ def send_delayed_command(
         raise typer.BadParameter(
             "give --transport (or DUETIME_TRANSPORT): the broker the duetime service reads"
         )
-    due = due_from_options(in_, at)
+    due = due_from_options(in_, at, body)
 
     async def go() -> DelayedMessage:
         t = open_transport(transport)

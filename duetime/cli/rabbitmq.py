@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import typer
 
+from duetime.cli.common import refuse_split_duration
 from duetime.cli.terminal import console, err, say, show, table
 from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
@@ -162,6 +163,7 @@ def send(
     names: NamesOpt = "duetime",
 ) -> None:
     """Send one message with a native delay."""
+    refuse_split_duration(in_, body)
 
     async def go() -> str:
         async with _native(url, names) as native:

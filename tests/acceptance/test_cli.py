@@ -452,3 +452,28 @@ def test_a_duration_split_in_two_words_is_refused_not_stored_with_the_wrong_body
     # the body "minutes" on purpose, with a duration that says its unit, is fine
     cli("schedule", "orders", "minutes", "--in", "5s")
     assert json.loads(cli("stats", "--json").stdout)["stored"] == 1
+    # every command that takes a body and --in: refused before anything is sent
+    for command in (
+        (
+            "send-delayed",
+            "orders",
+            "--in",
+            "5",
+            "minutes",
+            "--transport",
+            "amqp://guest:guest@nowhere.invalid/",
+        ),
+        (
+            "rabbitmq",
+            "send",
+            "orders",
+            "--in",
+            "90",
+            "seconds",
+            "--url",
+            "amqp://guest:guest@nowhere.invalid/",
+        ),
+    ):
+        refused = cli(*command, ok=False)
+        said = " ".join(refused.stderr.split())
+        assert refused.returncode == 2 and "would be the body" in said and "Traceback" not in said, said
