@@ -427,7 +427,7 @@ class StoreTarget(_TakesAll):
         for table, rows in by_table.items():
             earliest = min((r.due_us for r in rows if r.due_us is not None), default=None)
             if earliest is not None:
-                announce(conn, PgNames(self.db.schema or "public", table).channel, from_micros(earliest))
+                announce(conn, PgNames(self.db.schema or "public", table), from_micros(earliest))
         for table, count in added.items():
             refresh_planner_stats(conn, self.db.qualified(table), count)
 

@@ -174,9 +174,10 @@ def announced_due(payload: str) -> datetime | None:
         return None
 
 
-def announce(conn: Any, channel: str, due: datetime) -> None:
-    """In ``conn``'s transaction (sent when it commits): a message is stored due at ``due``."""
-    conn.execute("SELECT pg_notify(%s, %s)", [channel, due_payload(due)])
+def announce(conn: Any, names: PgNames, due: datetime) -> None:
+    """In ``conn``'s transaction (sent when it commits): a message of ``names``' table is stored
+    due at ``due``. The store's bulk loads and the bulk jobs say it this way."""
+    conn.execute(names.q["notify"], {"channel": names.channel, "payload": due_payload(due)})
 
 
 class PgNames:

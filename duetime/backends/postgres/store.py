@@ -29,6 +29,7 @@ from duetime.backends.postgres.common import (
     PgNames,
     PgOptions,
     QueueEntry,
+    announce,
     announced_due,
     copy_row,
     decode,
@@ -195,7 +196,7 @@ class SyncPostgresStore(StoreRules):
                     with conn.cursor() as cur, cur.copy(q["copy_in"]) as copy:
                         for m in messages:
                             copy.write_row(copy_row(m))
-                    conn.execute(q["notify"], notify)
+                    announce(conn, names, earliest)
                 refresh_planner_stats(conn, names.qualified, len(messages))
         except pg_errors.UniqueViolation as error:
             raise _duplicate(error, messages) from None
