@@ -25,7 +25,7 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-11-22T10:28:13.123Z WARNING duetime.engine.dispatcher message`` on one line."""
+    """``2026-11-22T10:28:13.123Z WARNING duetime.dispatcher message`` on one line."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = record.getMessage()
