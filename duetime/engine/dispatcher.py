@@ -1,8 +1,13 @@
-"""The dispatcher: claim due messages in batches, forward them, remove them, sleep until the next.
+"""The dispatcher: a loop that claims what is due, sends it, settles it, and sleeps until the next.
 
 This is NServiceBus's delayed-delivery poller (``FetchNextDueTimeout`` / ``Next`` / ``Remove`` /
 ``IncrementFailureCount``) done in batches, woken early by stores, with every sleep capped, with the
 same circuit breakers, and with a critical error that always reaches its callback.
+
+The loop is this module; each round is a strategy's (:mod:`duetime.engine.strategies`: at-least-once
+or exactly-once), a failed forward is the failure policy's (:mod:`duetime.engine.failures`), and
+everything counted, charted, traced, recorded or reported is an observer's
+(:mod:`duetime.engine.observe`, :mod:`duetime.engine.sinks`).
 """
 
 from __future__ import annotations
@@ -10,37 +15,26 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import NamedTuple
 
-from duetime import tracing
 from duetime.clock import ServerAlignedClock, SystemClock
+from duetime.engine.calls import Breakers, EngineCalls
 from duetime.engine.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.engine.deadline import within
-from duetime.engine.observe import DispatchObserver, NoObserver
-from duetime.engine.pinpoint import send_pinpointing
-from duetime.engine.summary import LatenessHistogram, Tally, summary_fields, summary_line
-from duetime.errorqueue import KEPT_IN_STORE, error_headers
-from duetime.errors import (
-    ConfigurationError,
-    CriticalError,
-    DestinationNotFound,
-    MessageInFlight,
-    MessageRefused,
-    StorageFull,
-    TransportError,
-    TransportUnavailable,
-    UnsupportedTransactionMode,
-    one_line,
-)
+from duetime.engine.failures import FailurePolicy
+from duetime.engine.observe import DispatchObserver, Observers
+from duetime.engine.outages import Outages
+from duetime.engine.sinks import DeliveryLogSink, DispatchStats, StatsSink, SummarySink, TracingSink
+from duetime.engine.strategies import AtLeastOnce, DeliveryStrategy, Engine, ExactlyOnce, Progress
+from duetime.engine.summary import LatenessHistogram
+from duetime.engine.wakeups import WakeUps
+from duetime.errors import ConfigurationError, CriticalError, UnsupportedTransactionMode, one_line
 from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     ClaimPolicy,
     Clock,
     DelayedMessageStore,
-    Delivery,
     DeliveryLog,
     ServerClock,
     StoreCounts,
@@ -48,7 +42,6 @@ from duetime.interfaces import (
     Transport,
     require,
 )
-from duetime.message import DelayedMessage
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 
 log = logging.getLogger("duetime.dispatcher")
@@ -59,47 +52,10 @@ SKEW_WARNING, SKEW_RECHECK = 1.0, 60.0
 #: A skew this small (plus half the round trip that measured it) is measuring noise, not a wrong
 #: clock: the host's clock is kept as it is, so its own readings and the dispatcher's agree.
 SKEW_IGNORED = 0.05
-#: Failures another try cannot mend: straight to the error queue, without retries.
-NOT_RETRIED = (DestinationNotFound, MessageRefused)
-#: How long a message that no queue of its transport can carry waits before it is tried again.
-PARKED_FOR = timedelta(hours=1)
-
-#: While a backlog lasts, a transactional move (exactly-once) takes up to this many times
-#: ``batch_size`` at once. Each move is one commit, and a commit is one disk flush: 5,000 due at
-#: once into a SQLite queue with its consumer drained at 0.42x a bare timer in moves of 100, at
-#: 0.84-1.04x growing to 400, 0.65-0.70x growing to 800 (the consumer waits longer for the lock;
-#: bench/lateness.py). A crash rolls a move back whole, so its size doubles nothing; a short move
-#: (the backlog is gone) brings the size back to ``batch_size``.
-MOVE_GROWTH = 4
-#: Never more than this in one move, whatever ``batch_size`` is.
-MOVE_MOST = 10_000
 
 CriticalErrorCallback = Callable[[CriticalError], Awaitable[None] | None]
 
-
-class Settled(NamedTuple):
-    """A message the dispatcher is done with (delivered, or put in the error queue), as its sinks
-    are told of it, whichever way it went (a batch sent, or a transactional move)."""
-
-    message_id: str
-    destination: str
-    due_at: datetime
-    attempts: int
-    #: Its W3C ``traceparent`` header, if it has one (the forward span links to it).
-    trace: str | None = None
-
-
-@dataclass(slots=True)
-class DispatchStats:
-    """What the dispatcher did since it started."""
-
-    forwarded: int = 0
-    dead_lettered: int = 0
-    retries: int = 0
-    rounds: int = 0
-    fetch_failures: int = 0
-    #: Batches given back to the store because the transport could not be reached.
-    outages: int = 0
+__all__ = ["CriticalErrorCallback", "DispatchStats", "Dispatcher", "run_until_signal"]
 
 
 class Dispatcher:
@@ -107,6 +63,7 @@ class Dispatcher:
 
     ``run()`` serves until ``stop()`` (or a critical error, which it raises after the callback has
     run); ``run_burst()`` forwards what is due now and returns, for tests and cron-style use.
+    ``observer`` is told of everything it does (more can be added: ``dispatcher.observer.add``).
     """
 
     def __init__(
@@ -122,13 +79,7 @@ class Dispatcher:
         observer: DispatchObserver | None = None,
     ) -> None:
         check_dispatcher_inputs(store, transport)
-        #: Told what happens as it happens (``duetime.observability.metrics`` makes Prometheus metrics of it).
-        self.observer: DispatchObserver = observer or NoObserver()
-        #: Opt-in record of every delivery (for ``duetime bulk report``); never delays one.
-        self.delivery_log = delivery_log
-        self.store = store
-        self.transport = transport
-        self.settings = settings or DelayedDeliverySettings()
+        self.settings = s = settings or DelayedDeliverySettings()
         self.endpoint = check_name("endpoint", endpoint)
         #: Without a clock of the caller's, the system clock, moved onto the store server's time
         #: where the store has one (measured at start and every SKEW_RECHECK seconds).
@@ -136,82 +87,109 @@ class Dispatcher:
         self.clock: Clock = clock or self._aligned or SystemClock()
         self._skew_checked_at: float | None = None
         self._on_critical_error = on_critical_error
-        self.stats = DispatchStats()
-        self._wake = asyncio.Event()
+        self.wakeups = WakeUps()
         #: Set once by a stop request or a critical error; companions (the front door, the
         #: heartbeat, the metrics refresher) wait on it instead of sleeping through a stop.
         self._stop_requested = asyncio.Event()
         self._stopping = False
         self._critical: CriticalError | None = None
         self._critical_reported = False
-        self._target: datetime | None = None
-        #: True while waiting for the next due time (``_target``, None: nothing stored).
-        self._asleep = False
-        #: The earliest due time told while not asleep: the next wait ends by it.
-        self._told: datetime | None = None
         self._started = False
         self._unsubscribe: Callable[[], None] | None = None
-        #: The next batch, claimed while the current one is being sent (at-least-once only).
-        self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
-        #: The next due time, asked while a short batch is sent (at-least-once only); kept only
-        #: if every message of the batch is delivered and removed.
-        self._ahead: asyncio.Future[datetime | None] | None = None
-        #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
-        self._claim_ahead = store.parallel_claims if isinstance(store, ClaimPolicy) else True
-        #: How many messages the last transactional move took (for the batch observation).
-        self._moved_last = 0
-        #: How many the next transactional move may take: ``batch_size``, doubling while each
-        #: move comes back full (a backlog), up to :data:`MOVE_GROWTH` times it.
-        self._move_limit = self.settings.batch_size
-        #: The last round took a whole batch, so more is probably due: go again without asking.
+        #: The last round took all it could, so more is probably due: go again without asking.
         self._full_round = False
-        #: Consecutive rounds the transport could not be reached: the reconnect back-off doubles.
-        self._unreachable = 0
-        #: For the periodic summary line: lateness since the last one, and where the counts stood.
-        #: Every forwarded message's lateness since the start (the heartbeat carries it, so the
-        #: dashboard can chart lateness over time); the summary line reports the change.
-        self.lateness = LatenessHistogram()
-        self._lateness_base = self.lateness.copy()
-        self._summary_at = 0.0
-        self._summary_base = Tally()
         #: When the loop last turned (a round began or a sleep began), on the monotonic clock:
         #: ``/healthz`` says the dispatcher is stuck when this is older than :attr:`stuck_after`.
-        self.turned_at = self._round_started = self.clock.monotonic()
-        #: The last round that reached the store without failing (wall clock).
-        self.last_batch_at: datetime | None = None
-        #: Messages this dispatcher holds claimed right now, and when those claims end at the latest.
-        self.in_flight = 0
-        self.claims_end_by: datetime | None = None
-        s = self.settings
-        mono = self.clock.monotonic
-        self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
-            "fetch",
-            s.time_to_trigger_fetch_circuit_breaker.total_seconds(),
-            self.trip,
-            mono,
-            "Failed to fetch due delayed messages from the storage.",
+        self.turned_at = self.clock.monotonic()
+
+        counts = StatsSink()
+        self._log_sink = DeliveryLogSink(delivery_log)
+        self.summary = SummarySink(counts, self.clock, s.summary_interval.total_seconds(), self._backlog)
+        #: Every observer: the dispatcher's own sinks first, then the caller's.
+        self.observer = Observers([counts, TracingSink(self.clock), self._log_sink, self.summary])
+        if observer is not None:
+            self.observer.add(observer)
+        #: What it did since it started, and every delivery's lateness (the heartbeat carries it).
+        self.stats: DispatchStats = counts.stats
+        self.lateness: LatenessHistogram = counts.lateness
+
+        self.breakers = Breakers(s, self.trip, self.clock.monotonic)
+        self.calls = EngineCalls(store, transport, s, self.breakers)
+        self.outages = Outages(s, self.breakers.dispatch, self.clock, self.observer, self.wakeups.event)
+        self.progress = Progress()
+        self.failures = FailurePolicy(
+            self.calls, self.outages, self.observer, self.clock, self.endpoint, lambda: self._stopping
         )
-        self.store_breaker = RepeatedFailuresOverTimeCircuitBreaker(
-            "store",
-            s.time_to_trigger_store_circuit_breaker.total_seconds(),
-            self.trip,
-            mono,
-            "Failed to store the outcome of delayed message forwarding.",
+        engine = Engine(
+            self.calls,
+            self.failures,
+            self.outages,
+            self.observer,
+            self.wakeups,
+            self.clock,
+            self.progress,
+            self.endpoint,
+            lambda: self._stopping,
+            self._fetch_failed,
+            self.back_off,
         )
-        self.dispatch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
-            "dispatch",
-            s.time_to_trigger_dispatch_circuit_breaker.total_seconds(),
-            self.trip,
-            mono,
-            "Failed to dispatch delayed messages to destination.",
+        self.strategy: DeliveryStrategy = (
+            ExactlyOnce(engine, store)
+            if self.exactly_once and isinstance(store, TransactionalStore)
+            else AtLeastOnce(
+                engine, claim_ahead=store.parallel_claims if isinstance(store, ClaimPolicy) else True
+            )
         )
-        self.recovery_breaker = FailureRateCircuitBreaker(
-            "recovery",
-            s.maximum_recovery_failures_per_second,
-            self.trip,
-            mono,
-            "Failed to execute error handling for delayed message forwarding.",
-        )
+
+    @property
+    def store(self) -> DelayedMessageStore:
+        return self.calls.store
+
+    @property
+    def transport(self) -> Transport:
+        return self.calls.transport
+
+    # The breakers by name, as health checks, metrics and the front door read them.
+
+    @property
+    def fetch_breaker(self) -> RepeatedFailuresOverTimeCircuitBreaker:
+        return self.breakers.fetch
+
+    @property
+    def store_breaker(self) -> RepeatedFailuresOverTimeCircuitBreaker:
+        return self.breakers.store
+
+    @property
+    def dispatch_breaker(self) -> RepeatedFailuresOverTimeCircuitBreaker:
+        return self.breakers.dispatch
+
+    @property
+    def recovery_breaker(self) -> FailureRateCircuitBreaker:
+        return self.breakers.recovery
+
+    @property
+    def delivery_log(self) -> DeliveryLog | None:
+        """Opt-in record of every delivery (for ``duetime bulk report``); never delays one."""
+        return self._log_sink.log
+
+    @delivery_log.setter
+    def delivery_log(self, value: DeliveryLog | None) -> None:
+        self._log_sink.log = value
+
+    @property
+    def last_batch_at(self) -> datetime | None:
+        """The last round that reached the store without failing (wall clock)."""
+        return self.progress.last_batch_at
+
+    @property
+    def in_flight(self) -> int:
+        """Messages this dispatcher holds claimed right now."""
+        return self.progress.in_flight
+
+    @property
+    def claims_end_by(self) -> datetime | None:
+        """When the claims held now end at the latest."""
+        return self.progress.claims_end_by
 
     @property
     def exactly_once(self) -> bool:
@@ -233,7 +211,7 @@ class Dispatcher:
         await self.store.initialize(self.endpoint, self.settings.transaction_mode)
         await self._align_clock(starting=True)
         await self._connect()
-        self._unsubscribe = self.store.subscribe(self._on_stored)
+        self._unsubscribe = self.store.subscribe(self.wakeups.on_stored)
         self._started = True
 
     async def _align_clock(self, *, starting: bool = False) -> None:
@@ -246,7 +224,7 @@ class Dispatcher:
         before, started = self._aligned.host_now(), self.clock.monotonic()
         try:
             server = await within(
-                self.store.server_time(), self._deadline(self.fetch_breaker), "reading the store's clock"
+                self.store.server_time(), self.calls.deadline(self.fetch_breaker), "reading the store's clock"
             )
         except Exception as error:
             log.debug("could not read the store's clock: %s", one_line(error))
@@ -271,64 +249,27 @@ class Dispatcher:
     async def _connect(self) -> None:
         """Connect the transport. A transport that is down (a broker restarting) is an outage like
         any other: retry with a back-off, and only the dispatch breaker's time ends it."""
-        seconds = self._deadline(self.dispatch_breaker)
         while True:
             try:
-                await within(self.transport.start(), seconds, "connecting the transport")
-                await within(
-                    self.transport.declare(self.settings.error_queue), seconds, "declaring the error queue"
-                )
+                await self.calls.connect()
             except (ConfigurationError, CriticalError):
                 raise  # wrong credentials or settings: waiting will not fix them
             except Exception as error:
-                self._transport_unreachable(error, "connecting")
+                self.outages.down(error, "connecting")
                 if self._critical is not None:
                     raise self._critical from None
                 if self._stopping:
                     return
-                await self._reconnect_pause()
+                await self.outages.pause()
             else:
-                self._transport_reachable()
+                self.outages.up()
                 return
-
-    def _deadline(self, breaker: RepeatedFailuresOverTimeCircuitBreaker) -> float:
-        """A call's deadline: ``operation_timeout``, but at most half the breaker's time, so a
-        partition shows up as failures in time to trip the breaker when it should."""
-        return min(self.settings.operation_timeout.total_seconds(), breaker.time_to_trigger / 2)
-
-    def _transport_unreachable(self, error: BaseException, doing: str) -> None:
-        self._unreachable += 1
-        self.stats.outages += 1
-        log.warning(
-            "transport %s while %s (%s); messages stay stored, retrying (critical after %g s)",
-            "full (it cannot write)" if isinstance(error, StorageFull) else "unreachable",
-            doing,
-            one_line(error),
-            self.dispatch_breaker.time_to_trigger,
-        )
-        self.dispatch_breaker.failure(error)
-
-    def _transport_reachable(self) -> None:
-        if self._unreachable:
-            log.info("transport reachable again after %d failed attempt(s)", self._unreachable)
-        self._unreachable = 0
-
-    async def _reconnect_pause(self) -> None:
-        """Back off while the transport is down: ``failure_backoff``, doubling to the maximum."""
-        first = self.settings.failure_backoff.total_seconds()
-        longest = self.settings.max_failure_backoff.total_seconds()
-        pause = min(first * 2 ** max(self._unreachable - 1, 0), longest)
-        breaker = self.dispatch_breaker
-        if breaker.armed_at is not None:  # look again when the breaker is due, not later
-            left = breaker.armed_at + breaker.time_to_trigger - self.clock.monotonic()
-            pause = min(pause, max(left, 0.0) + 0.001)
-        await self.clock.wait(self._wake, pause)
 
     def stop(self) -> None:
         """Ask for a graceful stop: the batch in flight is finished, nothing is abandoned."""
         self._stopping = True
         self._stop_requested.set()
-        self._wake.set()
+        self.wakeups.event.set()
 
     async def wait_for_stop(self, seconds: float) -> bool:
         """Sleep ``seconds`` or until a stop is asked for (True then)."""
@@ -345,17 +286,14 @@ class Dispatcher:
             + s.max_failure_backoff.total_seconds()
         )
 
-    def breakers(self) -> dict[str, float | None]:
+    def breakers_armed(self) -> dict[str, float | None]:
         """Each breaker's name and, while it is armed, for how many seconds it has been."""
         now = self.clock.monotonic()
-        return {
-            b.name: None if b.armed_at is None else now - b.armed_at
-            for b in (self.fetch_breaker, self.store_breaker, self.dispatch_breaker)
-        }
+        return {b.name: None if b.armed_at is None else now - b.armed_at for b in self.breakers.timed()}
 
     @property
     def transport_reachable(self) -> bool:
-        return self._unreachable == 0
+        return self.outages.reachable
 
     @property
     def stopping(self) -> bool:
@@ -371,28 +309,12 @@ class Dispatcher:
         """Whether the store is initialized and the transport connected (and still are)."""
         return self._started
 
-    def _on_stored(self, due: datetime | None) -> None:
-        """A store's word that something changed: the earliest due time, or None (unknown).
-
-        Asleep, the dispatcher wakes if that is before the time it sleeps until. Mid-round, a
-        known due time is kept for the coming wait instead of waking it: waking made a second
-        round that found nothing whenever something was stored for later while a round ran — and
-        in a SQLite file shared with a consumer, every message's receipt and acknowledgement came
-        in as such a word.
-        """
-        if due is not None and not self._asleep:
-            self._told = due if self._told is None else min(self._told, due)
-        elif due is None or self._target is None or due < self._target:
-            self._wake.set()
-
     def trip(self, error: CriticalError) -> None:
         """Stop with ``error`` as the critical error (its callback runs once): what a breaker
         calls when it trips, and what a companion (the front door) calls for its own."""
         if self._critical is None:
             self._critical = error
-        self._stopping = True
-        self._stop_requested.set()
-        self._wake.set()
+        self.stop()
 
     async def _report_critical(self) -> None:
         """Run the critical-error callback exactly once; its own failure is logged, never hidden."""
@@ -413,10 +335,9 @@ class Dispatcher:
         """Serve until stopped. Raises :class:`CriticalError` if a circuit breaker tripped."""
         try:
             await self.start()
-            self._summary_at = self.clock.monotonic()
+            self.summary.restart()
             while not self._stopping:
                 found = await self.dispatch_once()
-                await self._maybe_summarize()
                 if not self._stopping and not (found and self._full_round):
                     # A round that took less than a batch left nothing due behind it: one question
                     # (when is the next due?) instead of another round finding nothing. A message
@@ -436,8 +357,8 @@ class Dispatcher:
         return self.stats
 
     async def _finish(self) -> None:
-        await self._release_prefetch()
-        self._forget_ahead()
+        await self.strategy.finish()
+        self.wakeups.forget_ahead()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -447,120 +368,19 @@ class Dispatcher:
             raise self._critical
 
     async def dispatch_once(self) -> bool:
-        """One round: claim a batch and handle it. True if anything was due."""
-        self._wake.clear()
-        self._full_round = False
-        self.stats.rounds += 1
-        self.turned_at = started = self._round_started = self.clock.monotonic()
+        """One round: the strategy delivers what is due; True if anything was."""
+        self.wakeups.event.clear()
+        self.turned_at = started = self.clock.monotonic()
+        self.observer.round_started()
         if self._skew_checked_at is not None and started - self._skew_checked_at > SKEW_RECHECK:
             await self._align_clock()
-        now = self.clock.now()
-        if self.exactly_once:
-            limit = self._move_limit
-            found = await self._move_once(now, limit)
-            self._full_round = self._moved_last >= limit
-            self._move_limit = (
-                min(limit * 2, self.settings.batch_size * MOVE_GROWTH, MOVE_MOST)
-                if self._full_round
-                else self.settings.batch_size
-            )
-            if found:
-                self.observer.batch(self._moved_last, self.clock.monotonic() - started)
-            return found
-        seconds = self._deadline(self.fetch_breaker)
-        try:
-            if self._prefetch is not None:
-                prefetched, self._prefetch = self._prefetch, None
-                batch = await within(prefetched, seconds, "claiming due messages")
-            else:
-                batch = await within(
-                    self.store.fetch_due(now, self.settings.batch_size), seconds, "claiming due messages"
-                )
-        except Exception as error:
-            await self._fetch_failed(error)
-            return False
-        self.fetch_breaker.success()
-        self.last_batch_at = self.clock.now()
-        if batch:
-            self._full_round = len(batch) >= self.settings.batch_size
-            self.observer.claimed(len(batch))
-            self.in_flight = len(batch)
-            self.claims_end_by = now + self.settings.claim_timeout
-            if len(batch) == self.settings.batch_size and not self._stopping and self._claim_ahead:
-                # More is probably due: claim the next batch while this one is sent. Its messages
-                # were due when claimed (never early), and are sent only after this batch is
-                # removed, so a kill still re-sends at most one batch.
-                self._prefetch = asyncio.ensure_future(
-                    self.store.fetch_due(self.clock.now(), self.settings.batch_size)
-                )
-            elif not self._stopping:
-                # A short batch: nothing else is due, and the wait that follows needs the next
-                # due time. Asked now, the question runs beside the send and removal instead of
-                # after them — a fifth of each round, when messages come a few ms apart. The
-                # batch is hidden from it (claimed or locked); anything stored meanwhile is told.
-                self._forget_ahead()
-                self._told = None
-                self._ahead = asyncio.ensure_future(self.store.next_due())
-            try:
-                await self._forward(batch)
-            finally:
-                self.in_flight = 0
-            self.observer.batch(len(batch), self.clock.monotonic() - started)
-        return bool(batch)
-
-    def _forget_ahead(self) -> None:
-        """Drop the next due time asked ahead: a message given back or failed is due again, which
-        that answer (asked while it was claimed) does not know."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.cancel()
-            ahead.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-    async def _release_prefetch(self) -> None:
-        """Give back a batch claimed ahead but not sent (a stop or a critical error came first)."""
-        if self._prefetch is None:
-            return
-        prefetched, self._prefetch = self._prefetch, None
-        seconds = self._deadline(self.store_breaker)
-        try:
-            batch = await within(prefetched, seconds, "claiming due messages")
-            if batch:
-                await within(self.store.release([m.message_id for m in batch]), seconds, "releasing claims")
-        except Exception as error:  # its claims time out by themselves; nothing is lost
-            log.warning("releasing a batch claimed ahead failed: %s", error)
-
-    async def _move_once(self, now: datetime, limit: int) -> bool:
-        assert isinstance(self.store, TransactionalStore)
-        try:
-            outcome = await within(
-                self.store.move_due(
-                    now,
-                    limit,
-                    self.transport,
-                    self.settings.error_queue,
-                    lambda m, reason: error_headers(m, reason, now, m.failure_count, endpoint=self.endpoint),
-                ),
-                self._deadline(self.fetch_breaker),
-                "moving due messages",
-            )
-        except Exception as error:
-            await self._fetch_failed(error)
-            return False
-        self.fetch_breaker.success()
-        moved_at = self.last_batch_at = self.clock.now()
-        self._moved_last = len(outcome.moved) + len(outcome.dead_lettered)
-        if self._moved_last:
-            self.observer.claimed(self._moved_last)
-        await self._delivered(
-            [Settled(m.message_id, m.destination, m.due_at, 1, m.trace) for m in outcome.moved], moved_at
-        )
-        for message, reason in outcome.dead_lettered:
-            log.warning("message %s sent to the error queue: %s", message.message_id, reason)
-        await self._dead_lettered([m for m, _ in outcome.dead_lettered], moved_at)
-        return bool(outcome.moved or outcome.dead_lettered)
+        outcome = await self.strategy.round(self.clock.now())
+        self._full_round = outcome.full
+        await self.observer.round_ended()
+        return outcome.found
 
     async def _fetch_failed(self, error: Exception) -> None:
-        self.stats.fetch_failures += 1
+        self.observer.fetch_failed(error)
         log.warning("fetching due messages failed: %s", one_line(error))
         self.fetch_breaker.failure(error)
         await self.back_off()
@@ -568,334 +388,32 @@ class Dispatcher:
     async def back_off(self) -> None:
         """Back off after a failure (``failure_backoff``), but wake at once for a stop request:
         for the dispatcher's own loop and its companions alike."""
-        await self.clock.wait(self._wake, self.settings.failure_backoff.total_seconds())
+        await self.clock.wait(self.wakeups.event, self.settings.failure_backoff.total_seconds())
 
-    async def _forward(self, batch: Sequence[DelayedMessage]) -> None:
+    async def _backlog(self) -> StoreCounts | None:
+        """The store's counts for the summary line; None when it does not answer in time."""
         try:
-            results = await self._send(batch, "sending a batch")
-        except Exception as error:
-            # The transport failed as a whole (its contract answers per message otherwise): an
-            # outage, not a failure of these messages. They go back to the store untouched.
-            self._forget_ahead()
-            await self._give_back(batch, error, "sending")
-            return
-        sent_at = self.clock.now()
-        delivered = [m.message_id for m, r in zip(batch, results, strict=True) if r is None]
-        unreachable = [m for m, r in zip(batch, results, strict=True) if isinstance(r, TransportUnavailable)]
-        failed = [
-            (m, r)
-            for m, r in zip(batch, results, strict=True)
-            if r is not None and not isinstance(r, TransportUnavailable)
-        ]
-        if delivered:
-            if not await self._remove(delivered):
-                self._forget_ahead()
-            await self._delivered(  # after the removal: no sink ever delays it
-                [
-                    Settled(
-                        m.message_id, m.destination, m.due_at, m.failure_count + 1, tracing.traced(m.headers)
-                    )
-                    for m, r in zip(batch, results, strict=True)
-                    if r is None
-                ],
-                sent_at,
-            )
-        if len(delivered) < len(batch):
-            self._forget_ahead()
-        transport_failures = [(m, e) for m, e in failed if not isinstance(e, NOT_RETRIED)]
-        if unreachable:
-            first = next(r for r in results if isinstance(r, TransportUnavailable))
-            assert first is not None
-            await self._give_back(unreachable, first, "sending", pause=False)
-        elif transport_failures:
-            self.dispatch_breaker.failure(transport_failures[-1][1])
-        elif delivered:
-            self.dispatch_breaker.success()
-            self._transport_reachable()
-        if failed:
-            await self._handle_failures(failed)
-        if (transport_failures or unreachable) and not self._stopping:
-            await (self._reconnect_pause() if unreachable else self.back_off())
-
-    async def _send(self, batch: Sequence[DelayedMessage], doing: str) -> list[Exception | None]:
-        """One result per message, a connection lost mid-batch traced to the message that loses it
-        (:mod:`duetime.engine.pinpoint`); raises when the transport fails as a whole."""
-        seconds = self._deadline(self.dispatch_breaker)
-
-        async def send(part: Sequence[DelayedMessage]) -> list[Exception | None]:
-            results = await within(self.transport.send_batch(part), seconds, doing)
-            if len(results) != len(part):
-                raise TransportError(f"transport answered {len(results)} results for {len(part)} messages")
-            return results
-
-        async def probe() -> None:
-            await within(self.transport.start(), seconds, "connecting the transport")
-            await within(
-                self.transport.declare(self.settings.error_queue), seconds, "declaring the error queue"
-            )
-
-        return await send_pinpointing(batch, send, probe)
-
-    async def _remove(self, message_ids: Sequence[str]) -> bool:
-        """Remove forwarded messages; a failure is the store's (their claims expire, they go again)."""
-        try:
-            await within(
-                self.store.remove_many(message_ids),
-                self._deadline(self.store_breaker),
-                "removing forwarded messages",
-            )
-        except Exception as error:
-            log.warning("removing %d forwarded messages failed: %s", len(message_ids), one_line(error))
-            self.store_breaker.failure(error)
-            return False
-        self.store_breaker.success()
-        return True
-
-    async def _give_back(
-        self, batch: Sequence[DelayedMessage], error: BaseException, doing: str, *, pause: bool = True
-    ) -> None:
-        """The transport is down: count one outage, release the claims, back off."""
-        self._transport_unreachable(error, doing)
-        try:
-            await within(
-                self.store.release([m.message_id for m in batch]),
-                self._deadline(self.store_breaker),
-                "releasing claims",
-            )
-        except Exception as release_error:  # the claims expire by themselves; nothing is lost
-            log.warning("releasing %d claims failed: %s", len(batch), one_line(release_error))
-        if pause and not self._stopping:
-            await self._reconnect_pause()
-
-    async def _handle_failures(self, failed: Sequence[tuple[DelayedMessage, Exception]]) -> None:
-        """Count each failure; dead-letter what is out of retries or has nowhere to go."""
-        dead: list[tuple[DelayedMessage, Exception]] = []
-        for message, error in failed:
-            if isinstance(error, NOT_RETRIED):  # another try cannot go otherwise
-                dead.append((message, error))
-                continue
-            attempts = message.failure_count + 1
-            if attempts > self.settings.number_of_retries:
-                # Still claimed: dead-letter it before anyone else can take it again.
-                dead.append((message.with_changes(failure_count=attempts), error))
-                continue
-            try:
-                counted = await within(
-                    self.store.increment_failure_count(message.message_id),
-                    self._deadline(self.store_breaker),
-                    "counting a failure",
-                )
-            except Exception as recovery_error:  # the recovery breaker counts exactly these
-                self.recovery_breaker.failure(recovery_error)
-                continue
-            if not counted:
-                continue  # cancelled meanwhile
-            self.stats.retries += 1
-            self.observer.retried(message.destination)
-            log.info("forwarding %s failed (attempt %d), will retry: %s", message.message_id, attempts, error)
-        if dead:
-            await self._dead_letter(dead)
-
-    async def _dead_letter(self, dead: Sequence[tuple[DelayedMessage, Exception]]) -> None:
-        now = self.clock.now()
-        copies = [
-            m.with_changes(
-                destination=self.settings.error_queue,
-                headers=error_headers(m, e, now, max(m.failure_count, 1), endpoint=self.endpoint),
-            )
-            for m, e in dead
-        ]
-        try:
-            results = await self._send(copies, "sending to the error queue")
-        except Exception as error:  # the transport as a whole is down: an outage, not these messages'
-            await self._give_back([m for m, _ in dead], error, "sending to the error queue", pause=False)
-            return
-        sent = [(m, e) for (m, e), r in zip(dead, results, strict=True) if r is None]
-        unreachable = [
-            m for (m, _), r in zip(dead, results, strict=True) if isinstance(r, TransportUnavailable)
-        ]
-        refused = [
-            (m, r)
-            for (m, _), r in zip(dead, results, strict=True)
-            if r is not None and not isinstance(r, TransportUnavailable)
-        ]
-        for message, reason in sent:
-            log.warning("message %s sent to the error queue: %s", message.message_id, one_line(reason))
-        if sent and await self._remove([m.message_id for m, _ in sent]):
-            await self._dead_lettered([m for m, _ in sent], now)
-        if unreachable:
-            first = next(r for r in results if isinstance(r, TransportUnavailable))
-            assert first is not None
-            await self._give_back(unreachable, first, "sending to the error queue", pause=False)
-        uncarriable = [(m, r) for m, r in refused if isinstance(r, MessageRefused)]
-        if uncarriable:  # the error queue is on the same server, with the same limits
-            await self._park(uncarriable)
-        refused = [(m, r) for m, r in refused if not isinstance(r, MessageRefused)]
-        for _, result in refused:  # the error queue refused these: error handling failed for them
-            self.recovery_breaker.failure(result)
-        if refused:
-            try:
-                await within(
-                    self.store.release([m.message_id for m, _ in refused]),
-                    self._deadline(self.store_breaker),
-                    "releasing claims",
-                )
-            except Exception as error:
-                self.store_breaker.failure(error)
-
-    async def _park(self, parked: Sequence[tuple[DelayedMessage, Exception]]) -> None:
-        """Messages that neither their destination nor the error queue can carry stay in the store,
-        their failure counted and their due time :data:`PARKED_FOR` ahead, each logged once as an
-        error with the reason: visible in ``duetime list --failing``, tried again later (after a
-        fix of the server's limit, or of the message), never an outage and never a busy loop."""
-        until = self.clock.now() + PARKED_FOR
-        for message, reason in parked:
-            log.error(
-                "message %s can be carried neither to %s nor to the error queue: %s; it stays stored "
-                "and is tried again at %s (fix the server's limit, or cancel it: duetime cancel %s)",
-                message.message_id,
-                message.destination,
-                one_line(reason),
-                until.isoformat(timespec="seconds"),
-                message.message_id,
-            )
-            try:
-                await within(
-                    self.store.increment_failure_count(message.message_id),
-                    self._deadline(self.store_breaker),
-                    "counting a failure",
-                )
-                await within(
-                    self.store.reschedule(message.message_id, until),
-                    self._deadline(self.store_breaker),
-                    "putting an undeliverable message aside",
-                )
-            except MessageInFlight:
-                pass  # claimed again by a dispatcher between the two calls: it puts it aside
-            except Exception as error:  # its claim expires; it is tried again then
-                self.store_breaker.failure(error)
-        await self._notice_kept([(m, r) for m, r in parked if m.failure_count == 0])
-
-    async def _notice_kept(self, kept: Sequence[tuple[DelayedMessage, Exception]]) -> None:
-        """Put a notice of each message kept in the store (the first time it is put aside) into
-        the error queue: the reason and where it was going, without its body and its own headers
-        (what could not be carried), so ``errors list`` and the dashboard show it; retrying the
-        notice reschedules the stored message, discarding it cancels the message."""
-        if not kept:
-            return
-        now = self.clock.now()
-        notices = [
-            DelayedMessage(
-                m.message_id,
-                self.settings.error_queue,
-                now,
-                b"",
-                {
-                    **error_headers(m.with_changes(headers={}), e, now, 1, endpoint=self.endpoint),
-                    KEPT_IN_STORE: "true",
-                },
-            )
-            for m, e in kept
-        ]
-        try:
-            results = await within(
-                self.transport.send_batch(notices),
-                self._deadline(self.dispatch_breaker),
-                "noting kept messages in the error queue",
-            )
-        except Exception as error:
-            results = [error] * len(notices)
-        for (m, _), result in zip(kept, results, strict=True):
-            if result is not None:
-                log.warning("could not note %s in the error queue: %s", m.message_id, one_line(result))
-
-    async def _delivered(self, sent: Sequence[Settled], at: datetime) -> None:
-        """Every sink told of messages delivered at ``at``, in one place for both ways of
-        delivering: the stats, the lateness histogram, the observer (metrics), the trace, the
-        delivery log."""
-        if not sent:
-            return
-        self.stats.forwarded += len(sent)
-        lateness = [(s.destination, (at - s.due_at).total_seconds()) for s in sent]
-        self.lateness.add(late for _, late in lateness)
-        self.observer.forwarded(lateness)
-        if tracing.enabled():
-            tracing.forwarded(
-                [(s.destination, s.trace) for s in sent], self.clock.monotonic() - self._round_started
-            )
-        await self._log_deliveries(sent, "delivered", at)
-
-    async def _dead_lettered(self, dead: Sequence[DelayedMessage], at: datetime) -> None:
-        """Every sink told of messages put in the error queue at ``at`` (and removed)."""
-        if not dead:
-            return
-        self.stats.dead_lettered += len(dead)
-        self.observer.dead_lettered([m.destination for m in dead])
-        await self._log_deliveries(
-            [Settled(m.message_id, m.destination, m.due_at, max(m.failure_count, 1)) for m in dead],
-            "dead-lettered",
-            at,
-        )
-
-    async def _log_deliveries(self, done: Sequence[Settled], outcome: str, at: datetime) -> None:
-        """Record messages as dispatched ``at``; a failing log costs a warning, never a message."""
-        if self.delivery_log is None or not done:
-            return
-        entries = [Delivery(d.message_id, d.destination, d.due_at, at, d.attempts, outcome) for d in done]
-        try:
-            await self.delivery_log.record(entries)
-        except Exception as error:  # the log is for reports; deliveries never wait on it
-            log.warning("writing %d entries to the delivery log failed: %s", len(entries), error)
-
-    def _tally(self) -> Tally:
-        s = self.stats
-        return Tally(s.forwarded, s.dead_lettered, s.retries, s.outages)
-
-    def _summary_due_in(self) -> float | None:
-        """Seconds until a summary is owed (something happened since the last), else None: an
-        idle dispatcher wakes for it rather than leaving the last minute's work unreported."""
-        interval = self.settings.summary_interval.total_seconds()
-        if interval <= 0 or not self._tally().minus(self._summary_base):
-            return None
-        return max(0.0, self._summary_at + interval - self.clock.monotonic())
-
-    async def _maybe_summarize(self) -> None:
-        """Log the summary line when ``summary_interval`` has passed and something happened."""
-        interval = self.settings.summary_interval.total_seconds()
-        now = self.clock.monotonic()
-        if interval <= 0 or now - self._summary_at < interval:
-            return
-        current = self._tally()
-        done, elapsed = current.minus(self._summary_base), now - self._summary_at
-        lateness, self._lateness_base = self.lateness.minus(self._lateness_base), self.lateness.copy()
-        self._summary_at, self._summary_base = now, current
-        if not done:
-            return
-        try:
-            backlog: StoreCounts | None = await within(
+            return await within(
                 self.store.counts(self.clock.now()),
-                self._deadline(self.fetch_breaker),
+                self.calls.deadline(self.fetch_breaker),
                 "counting the backlog",
             )
         except Exception:  # the summary must never hold up or fail delivery
-            backlog = None
-        fields = summary_fields(round(elapsed), done, lateness, backlog)
-        log.info(summary_line(round(elapsed), done, lateness, backlog), extra={"fields": fields})
+            return None
 
     async def _sleep_until_next_due(self) -> None:
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
-            self._told = None  # what was told before this question, its answer includes
+        wake = self.wakeups
+        ahead = wake.take_ahead()
         try:
             next_due = await within(
                 self.store.next_due() if ahead is None else ahead,
-                self._deadline(self.fetch_breaker),
+                self.calls.deadline(self.fetch_breaker),
                 "next due time",
             )
         except Exception as error:
             await self._fetch_failed(error)
             return
-        told, self._told = self._told, None
+        told = wake.take_told()
         if told is not None and (next_due is None or told < next_due):
             next_due = told
         cap = self.settings.max_sleep.total_seconds()
@@ -903,15 +421,15 @@ class Dispatcher:
             timeout = cap
         else:
             timeout = min(max((next_due - self.clock.now()).total_seconds(), 0.0), cap)
-        owed = self._summary_due_in()
+        owed = self.summary.due_in()
         if owed is not None:
             timeout = min(timeout, owed)
-        self._target, self._asleep = next_due, True
+        wake.target, wake.asleep = next_due, True
         self.turned_at = self.clock.monotonic()
         try:
-            await self.clock.wait(self._wake, timeout)
+            await self.clock.wait(wake.event, timeout)
         finally:
-            self._target, self._asleep = None, False
+            wake.target, wake.asleep = None, False
 
 
 async def run_until_signal(dispatcher: Dispatcher, *extra: Awaitable[None]) -> None:

@@ -42,7 +42,7 @@ class Heartbeat:
             dead_lettered=d.stats.dead_lettered,
             lateness=d.lateness.sparse(),
             breakers={
-                name: None if armed is None else round(armed, 1) for name, armed in d.breakers().items()
+                name: None if armed is None else round(armed, 1) for name, armed in d.breakers_armed().items()
             },
             in_flight=holding,
             claims_end_by=d.claims_end_by if holding else None,

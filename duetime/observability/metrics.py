@@ -20,9 +20,11 @@ from datetime import datetime
 
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import Dispatcher
+from duetime.engine.observe import DispatchObserver, Settled
 from duetime.errors import MissingExtra, one_line
 from duetime.interfaces import DispatcherRegistry, StoreCounts
 from duetime.live_dispatchers import DispatcherInfo
+from duetime.message import DelayedMessage
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -98,7 +100,7 @@ class FastHistogram:
         yield family
 
 
-class PrometheusObserver:
+class PrometheusObserver(DispatchObserver):
     """The dispatcher's and front door's hooks as Prometheus counters and histograms."""
 
     def __init__(self, registry: CollectorRegistry, endpoint: str, cap: LabelCap) -> None:
@@ -153,18 +155,17 @@ class PrometheusObserver:
     def claimed(self, count: int) -> None:
         self._claimed.labels(self.endpoint).inc(count)
 
-    def forwarded(self, sent: Sequence[tuple[str, float]]) -> None:
-        per = Tally(destination for destination, _ in sent)
-        self._lateness.observe_pairs(sent)
-        for destination, count in per.items():
+    def delivered(self, done: Sequence[Settled], at: datetime) -> None:
+        self._lateness.observe_pairs((s.destination, s.lateness(at)) for s in done)
+        for destination, count in Tally(s.destination for s in done).items():
             self._forwarded.labels(self.endpoint, self.cap(destination)).inc(count)
 
-    def dead_lettered(self, destinations: Sequence[str]) -> None:
-        for destination in destinations:
-            self._dead.labels(self.endpoint, self.cap(destination)).inc()
+    def dead_lettered(self, done: Sequence[Settled], at: datetime) -> None:
+        for destination, count in Tally(s.destination for s in done).items():
+            self._dead.labels(self.endpoint, self.cap(destination)).inc(count)
 
-    def retried(self, destination: str) -> None:
-        self._retried.labels(self.endpoint, self.cap(destination)).inc()
+    def retried(self, message: DelayedMessage, attempts: int, error: Exception) -> None:
+        self._retried.labels(self.endpoint, self.cap(message.destination)).inc()
 
     def batch(self, size: int, seconds: float) -> None:
         self._batch_size.observe(size)
@@ -332,7 +333,7 @@ def instrument(
     disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double what a scrape shows
     registry = CollectorRegistry(auto_describe=False)
     cap = LabelCap(max_destinations)
-    dispatcher.observer = PrometheusObserver(registry, dispatcher.endpoint, cap)
+    dispatcher.observer.add(PrometheusObserver(registry, dispatcher.endpoint, cap))
     backlog = Backlog(dispatcher, backlog_interval)
     registry.register(DispatcherCollector(dispatcher, backlog, cap))
     ProcessCollector(registry=registry)

@@ -65,7 +65,7 @@ async def readiness(dispatcher: Dispatcher, ready_after: float) -> str | None:
         return f"store unreachable: {one_line(error)}"
     if not dispatcher.transport_reachable:
         return "transport unreachable; messages stay stored until it is back"
-    for name, seconds in dispatcher.breakers().items():
+    for name, seconds in dispatcher.breakers_armed().items():
         if seconds is not None and seconds > ready_after:
             return f"circuit breaker {name} armed for {seconds:.0f} s (failing)"
     return None

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
 from duetime.backends.memory import MemoryStore, MemoryTransport
 from duetime.errors import CriticalError
+from duetime.interfaces import DelayedMessageStore, Transport
 from duetime.testing import FakeClock, FlakyTransport, settle
 
 
@@ -66,15 +67,21 @@ class Rig:
         self.transport = FlakyTransport(self.queues)
         self.criticals: list[CriticalError] = []
         self.settings = DelayedDeliverySettings(**settings)  # type: ignore[arg-type]
+        self.dispatcher = self.build(self.store, self.transport)
+        self.task: asyncio.Task[None] | None = None
+
+    def build(self, store: DelayedMessageStore, transport: Transport) -> Dispatcher:
+        """A dispatcher over ``store`` and ``transport`` with the rig's clock and settings (it
+        becomes the rig's dispatcher, for a test that needs a store or transport of its own)."""
         self.dispatcher = Dispatcher(
-            self.store,
-            self.transport,
+            store,
+            transport,
             self.settings,
             endpoint="unit",
             clock=self.clock,
             on_critical_error=self.criticals.append,
         )
-        self.task: asyncio.Task[None] | None = None
+        return self.dispatcher
 
     async def setup(self, *queues: str) -> Rig:
         await self.store.setup_infrastructure("unit")

@@ -443,10 +443,10 @@ async def test_exactly_once_moves_grow_while_a_backlog_lasts_and_start_small_aga
     from datetime import UTC, datetime
 
     from duetime import DelayedMessage
-    from duetime.engine.dispatcher import MOVE_GROWTH
-    from duetime.engine.observe import NoObserver
+    from duetime.engine.observe import DispatchObserver
+    from duetime.engine.strategies import MOVE_GROWTH
 
-    class Sizes(NoObserver):
+    class Sizes(DispatchObserver):
         def __init__(self) -> None:
             self.sizes: list[int] = []
 
@@ -635,7 +635,7 @@ async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue()
     rig = await Rig().setup("orders", "error")
     rig.store = PickyStore()
     await rig.store.setup_infrastructure("unit")
-    rig.dispatcher.store = rig.store
+    rig.build(rig.store, rig.transport)
     await rig.dispatcher.start()
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
     await door.start()
@@ -798,7 +798,7 @@ async def test_a_message_that_drops_the_connection_is_found_and_fails_alone(size
     no breaker counts anything, and the message stays stored aside with a notice in the error
     queue (the error queue, on the same broker, cannot carry it either)."""
     rig = await Rig().setup("orders", "error")
-    rig.dispatcher.transport = dropping = _DropsOn(rig.queues)
+    rig.build(rig.store, dropping := _DropsOn(rig.queues))
     poison = size // 2
     await rig.store.store_many(
         [_with_body(rig.message(i, 0), b"poison" if i == poison else b"b") for i in range(size)]
@@ -819,7 +819,7 @@ async def test_a_message_that_drops_the_connection_is_found_and_fails_alone(size
 async def test_a_connection_lost_mid_batch_to_an_outage_blames_no_message() -> None:
     """The broker goes away mid-batch and does not come back: an outage, nothing split or blamed."""
     rig = await Rig().setup("orders", "error")
-    rig.dispatcher.transport = dropping = _DropsOn(rig.queues)
+    rig.build(rig.store, dropping := _DropsOn(rig.queues))
     await rig.store.store_many([rig.message(i, 0) for i in range(4)])
 
     async def goes_away(messages: Sequence[DelayedMessage]) -> list[Exception | None]:

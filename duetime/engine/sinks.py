@@ -1,0 +1,160 @@
+"""The engine's own observers: what a dispatcher counts, charts, traces, records and reports.
+
+Each is a :class:`~duetime.engine.observe.DispatchObserver` fed by the same events as a user's
+observer; the dispatcher owns one of each and knows them only as observers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from duetime import tracing
+from duetime.engine.observe import DispatchObserver, Settled
+from duetime.engine.summary import LatenessHistogram, Tally, summary_fields, summary_line
+from duetime.interfaces import Clock, Delivery, DeliveryLog, StoreCounts
+from duetime.message import DelayedMessage
+
+log = logging.getLogger("duetime.dispatcher")
+
+
+@dataclass(slots=True)
+class DispatchStats:
+    """What the dispatcher did since it started."""
+
+    forwarded: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+    rounds: int = 0
+    fetch_failures: int = 0
+    #: Batches given back to the store because the transport could not be reached.
+    outages: int = 0
+
+    def tally(self) -> Tally:
+        """The counts the summary line reports."""
+        return Tally(self.forwarded, self.dead_lettered, self.retries, self.outages)
+
+
+class StatsSink(DispatchObserver):
+    """Keeps :class:`DispatchStats` and the lateness of every delivery since the start (the
+    heartbeat carries it, so the dashboard can chart lateness over time)."""
+
+    def __init__(self) -> None:
+        self.stats = DispatchStats()
+        self.lateness = LatenessHistogram()
+
+    def round_started(self) -> None:
+        self.stats.rounds += 1
+
+    def delivered(self, done: Sequence[Settled], at: datetime) -> None:
+        self.stats.forwarded += len(done)
+        self.lateness.add(s.lateness(at) for s in done)
+
+    def dead_lettered(self, done: Sequence[Settled], at: datetime) -> None:
+        self.stats.dead_lettered += len(done)
+
+    def retried(self, message: DelayedMessage, attempts: int, error: Exception) -> None:
+        self.stats.retries += 1
+
+    def unreachable(self, error: BaseException, doing: str) -> None:
+        self.stats.outages += 1
+
+    def fetch_failed(self, error: Exception) -> None:
+        self.stats.fetch_failures += 1
+
+
+class TracingSink(DispatchObserver):
+    """One ``duetime forward`` span per delivered batch, from the round's start to delivery."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._round_started = clock.monotonic()
+
+    def round_started(self) -> None:
+        self._round_started = self.clock.monotonic()
+
+    def delivered(self, done: Sequence[Settled], at: datetime) -> None:
+        if tracing.enabled():
+            tracing.forwarded(
+                [(s.destination, s.trace) for s in done], self.clock.monotonic() - self._round_started
+            )
+
+
+class DeliveryLogSink(DispatchObserver):
+    """Records every delivery and dead-lettering in the opt-in delivery log (for ``duetime bulk
+    report``), written once the round is settled: a failing log costs a warning, never a message."""
+
+    def __init__(self, delivery_log: DeliveryLog | None) -> None:
+        self.log = delivery_log
+        self._pending: list[Delivery] = []
+
+    def delivered(self, done: Sequence[Settled], at: datetime) -> None:
+        self._keep(done, "delivered", at)
+
+    def dead_lettered(self, done: Sequence[Settled], at: datetime) -> None:
+        self._keep(done, "dead-lettered", at)
+
+    def _keep(self, done: Sequence[Settled], outcome: str, at: datetime) -> None:
+        if self.log is not None:
+            self._pending.extend(
+                Delivery(d.message_id, d.destination, d.due_at, at, d.attempts, outcome) for d in done
+            )
+
+    async def round_ended(self) -> None:
+        entries, self._pending = self._pending, []
+        if self.log is None or not entries:
+            return
+        try:
+            await self.log.record(entries)
+        except Exception as error:  # the log is for reports; deliveries never wait on it
+            log.warning("writing %d entries to the delivery log failed: %s", len(entries), error)
+
+
+class SummarySink(DispatchObserver):
+    """The periodic summary line: what happened since the last one, lateness, and the backlog.
+
+    ``backlog`` asks the store for its counts (None when it does not answer: the summary must never
+    hold up or fail delivery)."""
+
+    def __init__(
+        self,
+        counts: StatsSink,
+        clock: Clock,
+        interval: float,
+        backlog: Callable[[], Awaitable[StoreCounts | None]],
+    ) -> None:
+        self.counts = counts
+        self.clock = clock
+        self.interval = interval
+        self.backlog = backlog
+        self._at = clock.monotonic()
+        self._base = Tally()
+        self._lateness_base = LatenessHistogram()
+
+    def restart(self) -> None:
+        """Count the first interval from now (the dispatcher starts serving)."""
+        self._at = self.clock.monotonic()
+
+    def due_in(self) -> float | None:
+        """Seconds until a summary is owed (something happened since the last), else None: an
+        idle dispatcher wakes for it rather than leaving the last minute's work unreported."""
+        if self.interval <= 0 or not self.counts.stats.tally().minus(self._base):
+            return None
+        return max(0.0, self._at + self.interval - self.clock.monotonic())
+
+    async def round_ended(self) -> None:
+        """Log the summary line when the interval has passed and something happened."""
+        now = self.clock.monotonic()
+        if self.interval <= 0 or now - self._at < self.interval:
+            return
+        current, lateness = self.counts.stats.tally(), self.counts.lateness
+        done, elapsed = current.minus(self._base), now - self._at
+        since, self._lateness_base = lateness.minus(self._lateness_base), lateness.copy()
+        self._at, self._base = now, current
+        if not done:
+            return
+        backlog = await self.backlog()
+        fields = summary_fields(round(elapsed), done, since, backlog)
+        log.info(summary_line(round(elapsed), done, since, backlog), extra={"fields": fields})

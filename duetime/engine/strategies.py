@@ -1,0 +1,258 @@
+"""How a round delivers what is due: two strategies behind one interface.
+
+- :class:`AtLeastOnce` claims a batch, sends it, removes what was carried. A crash between the
+  send and the removal sends that batch again (at most one batch): the receiver deduplicates by
+  message id.
+- :class:`ExactlyOnce` moves due messages into a queue that shares the store's transaction: one
+  commit takes them from the store and puts them in the queue, so a crash undoes the move whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from duetime import tracing
+from duetime.engine.calls import EngineCalls
+from duetime.engine.deadline import within
+from duetime.engine.failures import FailurePolicy
+from duetime.engine.observe import DispatchObserver, Settled
+from duetime.engine.outages import Outages
+from duetime.engine.triage import Triage
+from duetime.engine.wakeups import WakeUps
+from duetime.errorqueue import error_headers
+from duetime.interfaces import Clock, TransactionalStore
+from duetime.message import DelayedMessage
+from duetime.settings import DelayedDeliverySettings
+
+log = logging.getLogger("duetime.dispatcher")
+
+#: While a backlog lasts, a transactional move (exactly-once) takes up to this many times
+#: ``batch_size`` at once. Each move is one commit, and a commit is one disk flush: 5,000 due at
+#: once into a SQLite queue with its consumer drained at 0.42x a bare timer in moves of 100, at
+#: 0.84-1.04x growing to 400, 0.65-0.70x growing to 800 (the consumer waits longer for the lock;
+#: bench/lateness.py). A crash rolls a move back whole, so its size doubles nothing; a short move
+#: (the backlog is gone) brings the size back to ``batch_size``.
+MOVE_GROWTH = 4
+#: Never more than this in one move, whatever ``batch_size`` is.
+MOVE_MOST = 10_000
+
+
+class Round(NamedTuple):
+    """What a round came to."""
+
+    #: Anything was due.
+    found: bool
+    #: It took all it could at once: more is probably due, so the loop goes again without asking.
+    full: bool
+
+
+@dataclass
+class Progress:
+    """Where delivery stands, for health checks and the heartbeat."""
+
+    #: The last round that reached the store without failing (wall clock).
+    last_batch_at: datetime | None = None
+    #: Messages held claimed right now, and when those claims end at the latest.
+    in_flight: int = 0
+    claims_end_by: datetime | None = None
+
+
+@dataclass
+class Engine:
+    """The parts a strategy works with, shared with the loop that runs it."""
+
+    calls: EngineCalls
+    failures: FailurePolicy
+    outages: Outages
+    observer: DispatchObserver
+    wakeups: WakeUps
+    clock: Clock
+    progress: Progress
+    endpoint: str
+    #: True once a stop (or a critical error) is asked for.
+    stopping: Callable[[], bool]
+    #: Claiming failed: count it, log it, back off.
+    fetch_failed: Callable[[Exception], Awaitable[None]]
+    #: Back off after a failure; ends at once on a stop request.
+    back_off: Callable[[], Awaitable[None]]
+
+    @property
+    def settings(self) -> DelayedDeliverySettings:
+        return self.calls.settings
+
+
+@runtime_checkable
+class DeliveryStrategy(Protocol):
+    """One way of delivering what is due, a round at a time."""
+
+    async def round(self, now: datetime) -> Round:
+        """Deliver (or dead-letter) what is due at ``now``, up to the strategy's limit; every
+        observer told what happened. Failures are handled here, never raised."""
+
+    async def finish(self) -> None:
+        """Give back anything claimed ahead (the loop is stopping)."""
+
+
+class AtLeastOnce:
+    """Claim, send, remove: a message may arrive twice after a crash, never not at all."""
+
+    def __init__(self, engine: Engine, *, claim_ahead: bool) -> None:
+        self.e = engine
+        #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
+        self.claim_ahead = claim_ahead
+        #: The next batch, claimed while the current one is being sent.
+        self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
+
+    async def round(self, now: datetime) -> Round:
+        e, settings = self.e, self.e.settings
+        store = e.calls.store
+        seconds = e.calls.deadline(e.calls.breakers.fetch)
+        started = e.clock.monotonic()
+        try:
+            if self._prefetch is not None:
+                prefetched, self._prefetch = self._prefetch, None
+                batch = await within(prefetched, seconds, "claiming due messages")
+            else:
+                batch = await within(
+                    store.fetch_due(now, settings.batch_size), seconds, "claiming due messages"
+                )
+        except Exception as error:
+            await e.fetch_failed(error)
+            return Round(False, False)
+        e.calls.breakers.fetch.success()
+        e.progress.last_batch_at = e.clock.now()
+        if not batch:
+            return Round(False, False)
+        full = len(batch) >= settings.batch_size
+        e.observer.claimed(len(batch))
+        e.progress.in_flight = len(batch)
+        e.progress.claims_end_by = now + settings.claim_timeout
+        if full and not e.stopping() and self.claim_ahead:
+            # More is probably due: claim the next batch while this one is sent. Its messages were
+            # due when claimed (never early), and are sent only after this batch is removed, so a
+            # kill still re-sends at most one batch.
+            self._prefetch = asyncio.ensure_future(store.fetch_due(e.clock.now(), settings.batch_size))
+        elif not e.stopping():
+            # A short batch: nothing else is due, and the wait that follows needs the next due
+            # time. Asked now, the question runs beside the send and removal instead of after them
+            # — a fifth of each round, when messages come a few ms apart. The batch is hidden from
+            # it (claimed or locked); anything stored meanwhile is told.
+            e.wakeups.ask_ahead(store.next_due())
+        try:
+            await self._forward(batch)
+        finally:
+            e.progress.in_flight = 0
+        e.observer.batch(len(batch), e.clock.monotonic() - started)
+        return Round(True, full)
+
+    async def _forward(self, batch: list[DelayedMessage]) -> None:
+        e = self.e
+        try:
+            results = await e.calls.send(batch, "sending a batch")
+        except Exception as error:
+            # The transport failed as a whole (its contract answers per message otherwise): an
+            # outage, not a failure of these messages. They go back to the store untouched.
+            e.wakeups.forget_ahead()
+            await e.failures.give_back(batch, error, "sending")
+            return
+        sent_at = e.clock.now()
+        answer = Triage.of(batch, results)
+        if answer.carried:
+            if not await e.calls.remove([m.message_id for m in answer.carried]):
+                e.wakeups.forget_ahead()
+            e.observer.delivered(  # after the removal: no observer ever delays it
+                [
+                    Settled(
+                        m.message_id, m.destination, m.due_at, m.failure_count + 1, tracing.traced(m.headers)
+                    )
+                    for m in answer.carried
+                ],
+                sent_at,
+            )
+        if len(answer.carried) < len(batch):
+            e.wakeups.forget_ahead()
+        transport_failures = answer.transport_failures
+        if answer.outage is not None:
+            await e.failures.give_back(answer.unreachable, answer.outage, "sending", pause=False)
+        elif transport_failures:
+            e.calls.breakers.dispatch.failure(transport_failures[-1][1])
+        elif answer.carried:
+            e.calls.breakers.dispatch.success()
+            e.outages.up()
+        if answer.failed:
+            await e.failures.failed(answer.failed)
+        if (transport_failures or answer.unreachable) and not e.stopping():
+            await (e.outages.pause() if answer.unreachable else e.back_off())
+
+    async def finish(self) -> None:
+        """Give back a batch claimed ahead but not sent (a stop or a critical error came first)."""
+        if self._prefetch is None:
+            return
+        prefetched, self._prefetch = self._prefetch, None
+        seconds = self.e.calls.deadline(self.e.calls.breakers.store)
+        try:
+            batch = await within(prefetched, seconds, "claiming due messages")
+        except Exception as error:  # its claims time out by themselves; nothing is lost
+            log.warning("releasing a batch claimed ahead failed: %s", error)
+            return
+        await self.e.calls.release([m.message_id for m in batch])
+
+
+class ExactlyOnce:
+    """Move due messages into a queue in the store's own transaction: none lost, none twice."""
+
+    def __init__(self, engine: Engine, store: TransactionalStore) -> None:
+        self.e = engine
+        self.store = store
+        #: How many the next move may take: ``batch_size``, doubling while each move comes back
+        #: full (a backlog), up to :data:`MOVE_GROWTH` times it.
+        self.limit = engine.settings.batch_size
+
+    async def round(self, now: datetime) -> Round:
+        e, limit, batch_size = self.e, self.limit, self.e.settings.batch_size
+        started = e.clock.monotonic()
+        try:
+            outcome = await within(
+                self.store.move_due(
+                    now,
+                    limit,
+                    e.calls.transport,
+                    e.settings.error_queue,
+                    lambda m, reason: error_headers(m, reason, now, m.failure_count, endpoint=e.endpoint),
+                ),
+                e.calls.deadline(e.calls.breakers.fetch),
+                "moving due messages",
+            )
+        except Exception as error:
+            await e.fetch_failed(error)
+            return Round(False, False)
+        e.calls.breakers.fetch.success()
+        moved_at = e.progress.last_batch_at = e.clock.now()
+        moved = len(outcome.moved) + len(outcome.dead_lettered)
+        full = moved >= limit
+        self.limit = min(limit * 2, batch_size * MOVE_GROWTH, MOVE_MOST) if full else batch_size
+        if not moved:
+            return Round(False, full)
+        e.observer.claimed(moved)
+        e.observer.delivered(
+            [Settled(m.message_id, m.destination, m.due_at, 1, m.trace) for m in outcome.moved], moved_at
+        )
+        for message, reason in outcome.dead_lettered:
+            log.warning("message %s sent to the error queue: %s", message.message_id, reason)
+        e.observer.dead_lettered(
+            [
+                Settled(m.message_id, m.destination, m.due_at, max(m.failure_count, 1))
+                for m, _ in outcome.dead_lettered
+            ],
+            moved_at,
+        )
+        e.observer.batch(moved, e.clock.monotonic() - started)
+        return Round(True, full)
+
+    async def finish(self) -> None:
+        """Nothing is held between moves."""
