@@ -6,7 +6,9 @@ destination when it is due.
 
 from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.clock import SystemClock
-from duetime.engine.dispatcher import Dispatcher, DispatchStats
+from duetime.engine.dispatcher import Dispatcher
+from duetime.engine.observe import DispatchObserver, Settled
+from duetime.engine.sinks import DispatchStats
 from duetime.errors import (
     ConfigurationError,
     CriticalError,
@@ -50,6 +52,7 @@ __all__ = [
     "DelayedMessageClient",
     "DelayedMessageStore",
     "DestinationNotFound",
+    "DispatchObserver",
     "DispatchStats",
     "Dispatcher",
     "DuetimeError",
@@ -66,6 +69,7 @@ __all__ = [
     "ReceivingTransport",
     "StoreCounts",
     "StoreNotReady",
+    "Settled",
     "SyncDelayedMessageClient",
     "SyncDelayedMessageStore",
     "SystemClock",

@@ -55,9 +55,6 @@ SKEW_IGNORED = 0.05
 
 CriticalErrorCallback = Callable[[CriticalError], Awaitable[None] | None]
 
-__all__ = ["CriticalErrorCallback", "DispatchStats", "Dispatcher", "run_until_signal"]
-
-
 class Dispatcher:
     """Forwards due messages from ``store`` through ``transport``.
 

@@ -12,9 +12,9 @@ import duetime
 SURFACE = {
     "ConfigurationError", "CriticalError", "DeadlineExceeded", "DelayedDeliverySettings",
     "DelayedMessage", "DelayedMessageClient", "DelayedMessageStore", "DestinationNotFound",
-    "DispatchStats", "Dispatcher", "DuetimeError", "DuplicateMessageId", "FrontDoor",
+    "DispatchObserver", "DispatchStats", "Dispatcher", "DuetimeError", "DuplicateMessageId", "FrontDoor",
     "InvalidMessage", "ListQuery", "MessageInFlight", "MessageNotFound", "MessageRefused", "MissingExtra", "Page",
-    "ReceivedMessage", "ReceivingTransport", "StoreCounts", "StoreNotReady",
+    "ReceivedMessage", "ReceivingTransport", "Settled", "StoreCounts", "StoreNotReady",
     "SyncDelayedMessageClient", "SyncDelayedMessageStore", "SystemClock", "TransactionMode",
     "Transport", "TransportError", "TransportUnavailable", "UnknownScheme",
     "UnsupportedTransactionMode", "new_message_id", "open_store", "open_sync_store",
