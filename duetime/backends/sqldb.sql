@@ -194,6 +194,22 @@ SELECT t.message_id FROM {table} AS t JOIN unnest(%s::text[]) AS wanted(id) ON t
 -- name: existing_ids
 SELECT message_id FROM {table} WHERE message_id IN ({marks})
 
+-- Which of the ids {ids} selects (a column named id) the store table holds already.
+-- name: ids_in_store.postgres
+SELECT s.id FROM ({ids}) AS s JOIN {table} AS t ON t.message_id = s.id
+
+-- A batch moved into the store in one statement, within one database: {taken} deletes the rows
+-- from where they were and returns them as c0..c6 (id, destination, due µs, headers JSON text,
+-- body, failure count, group); the answer is how many were taken, how many stored (the same, or
+-- the statement is rolled back by its caller) and the earliest due time taken, in µs.
+-- name: move_into_store.postgres
+WITH moved AS ({taken}),
+ins AS (
+    INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+    SELECT c0, c1, {due}, c3::json, c4, c5, {group} FROM moved RETURNING 1
+)
+SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2) FROM moved)
+
 -- name: create_incoming.postgres
 CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (
     message_id text, destination text, due_us bigint, headers text, body bytea, failure_count integer,

@@ -356,8 +356,9 @@ def _move_batch(
             r[0]
             for r in d.execute(
                 conn,
-                f"SELECT s.id FROM (SELECT {ident} AS id FROM {table} WHERE {where}) AS s "
-                f"JOIN {target_table} AS t ON t.message_id = s.id",
+                d.query(
+                    "ids_in_store", ids=f"SELECT {ident} AS id FROM {table} WHERE {where}", table=target_table
+                ),
                 params,
             ).fetchall()
         ]
@@ -371,15 +372,16 @@ def _move_batch(
             else f"({ident}) <> ALL(%s::text[])"
         )
         cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], lay.group_expr()]))
+        take = f"DELETE FROM {table} WHERE {where} AND {plainly_fine_sql(exprs)} AND {not_present} RETURNING {cols}"
         counts = d.execute(
             conn,
-            f"WITH moved AS (DELETE FROM {table} WHERE {where} AND {plainly_fine_sql(exprs)} AND {not_present} "
-            f"RETURNING {cols}), "
-            f"ins AS (INSERT INTO {target_table} "
-            "(message_id, destination, due_at, headers, body, failure_count, group_key) "
-            f"SELECT c0, c1, {timestamptz_sql('c2')}, c3::json, c4, c5, {group_value_sql('c6')} "
-            "FROM moved RETURNING 1) "
-            "SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2) FROM moved)",
+            d.query(
+                "move_into_store",
+                taken=take,
+                table=target_table,
+                due=timestamptz_sql("c2"),
+                group=group_value_sql("c6"),
+            ),
             [*params, present],
         ).fetchone()
         if counts[0] != counts[1]:

@@ -55,6 +55,7 @@ SKEW_IGNORED = 0.05
 
 CriticalErrorCallback = Callable[[CriticalError], Awaitable[None] | None]
 
+
 class Dispatcher:
     """Forwards due messages from ``store`` through ``transport``.
 
