@@ -122,14 +122,29 @@ def load(
     line an "id" if the load may need re-running (--skip-duplicates recognises stored ids; a line
     without one gets a new id each run).
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from duetime.operations.message_files import load as load_file
     from duetime.operations.message_files import validate
 
     now = SYSTEM.now()
+    #: Lines stored or skipped so far, and how many the file holds: what an interruption reports.
+    done, lines = 0, 0
+
+    def advance(bar: Progress, task: TaskID, n: int) -> None:
+        nonlocal done
+        done += n
+        bar.advance(task, n)
 
     async def go() -> Any:
+        nonlocal lines
         s = await open_ready_store(store, endpoint)
         try:
             with Progress(
@@ -142,21 +157,33 @@ def load(
                 checking = bar.add_task("checking", total=None)
                 async with carry_rule(store, transport) as rule:  # what the transport could never carry
                     checked = validate(file, now, carry=rule)
-                bar.update(checking, total=checked.lines, completed=checked.lines)
-                task = bar.add_task("storing", total=checked.lines)
+                lines = checked.lines
+                bar.update(checking, total=lines, completed=lines)
+                task = bar.add_task("storing", total=lines)
                 return await load_file(
                     file,
                     s,
                     now,
                     chunk=chunk,
                     skip_duplicates=skip_duplicates,
-                    progress=lambda n: bar.advance(task, n),
+                    progress=lambda n: advance(bar, task, n),
                     checked=checked,
                 )
         finally:
             await s.close()
 
-    report = _run(go)
+    try:
+        report = _run(go)
+    except typer.Exit as leaving:
+        if leaving.exit_code == 130 and lines:  # Ctrl-C while storing: say what is stored
+            raise fail(
+                f"stored {done:,} of {lines:,} lines (the chunk under way may be stored too); to store "
+                "the rest, run the same command again with --skip-duplicates (a line without an "
+                '"id" gets a new one, and is stored again)',
+                code=130,
+                label="interrupted:",
+            ) from None
+        raise
     console.print(
         f"stored {report.stored} of {report.lines}; skipped {report.skipped_duplicates} already stored"
     )

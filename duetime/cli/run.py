@@ -219,6 +219,22 @@ def run(
             settings.transaction_mode.value,
         )
         await run_until_signal(dispatcher, *extra)
+        done = dispatcher.stats
+        logging.getLogger("duetime").info(
+            "stopped: forwarded %s, to the error queue %s, retried %s, outages %s since it started",
+            f"{done.forwarded:,}",
+            f"{done.dead_lettered:,}",
+            f"{done.retries:,}",
+            f"{done.outages:,}",
+            extra={
+                "fields": {
+                    "forwarded": done.forwarded,
+                    "dead_lettered": done.dead_lettered,
+                    "retried": done.retries,
+                    "outages": done.outages,
+                }
+            },
+        )
 
     _run(go)
 

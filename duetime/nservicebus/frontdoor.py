@@ -64,6 +64,10 @@ NSB_ROUTE_TO = ROUTE_TO
 ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER)
 #: How often the front door looks again whether the old-named queue exists.
 LEGACY_CHECK_SECONDS = 60.0
+#: While a part stays down, its failures are logged as a warning at most this often (seconds).
+OUTAGE_LOG_EVERY = 60.0
+#: The two things the front door depends on, as its outage log names them.
+QUEUE, STORE = "queue", "store"
 #: The timeout manager's words, so operators' alerts written for the timeout manager keep matching.
 OUTAGE_MESSAGE = "Repeated failures when fetching timeouts from storage, endpoint will be terminated."
 
@@ -188,6 +192,8 @@ class FrontDoor:
             dispatcher.clock.monotonic,
             OUTAGE_MESSAGE,
         )
+        #: Each part that is failing right now: attempts failed, and when a warning was last logged.
+        self._failing: dict[str, tuple[int, float]] = {}
 
     async def start(self) -> None:
         """Declare the queue as an NServiceBus endpoint's address (with a broker's routing
@@ -231,15 +237,41 @@ class FrontDoor:
                 except ConfigurationError:
                     raise
                 except Exception as error:
-                    self._outage(f"declaring {self.queue}", error)
+                    self._outage(QUEUE, f"declaring {self.queue}", error)
                     await self.dispatcher.back_off()
                     continue
                 declared = True
+                self._working(QUEUE)
             await self.process_once()
 
-    def _outage(self, doing: str, error: Exception) -> None:
-        log.warning("front door: %s failed: %s", doing, one_line(error))
+    def _outage(self, part: str, doing: str, error: Exception) -> None:
+        """``part`` (the queue or the store) failed: the breaker counts every failure; the log says
+        so at once, then at most every :data:`OUTAGE_LOG_EVERY` seconds while it lasts."""
+        now = self.dispatcher.clock.monotonic()
+        failed, warned_at = self._failing.get(part, (0, -OUTAGE_LOG_EVERY))
+        failed += 1
+        if now - warned_at >= OUTAGE_LOG_EVERY:
+            warned_at = now
+            so_far = f" ({failed:,} failed attempts so far)" if failed > 1 else ""
+            log.warning(
+                "front door: %s failed: %s%s; senders' messages wait in the queue, nothing is lost",
+                doing,
+                one_line(error),
+                so_far,
+            )
+        else:
+            log.debug("front door: %s failed: %s", doing, one_line(error))
+        self._failing[part] = (failed, warned_at)
         self.outage_breaker.failure(error)
+
+    def _working(self, part: str) -> None:
+        """``part`` answered: the end of its outage, if it had one; the breaker is disarmed once
+        neither the queue nor the store is failing."""
+        failing = self._failing.pop(part, None)
+        if failing is not None:
+            log.info("front door: the %s works again after %d failed attempt(s)", part, failing[0])
+        if not self._failing:
+            self.outage_breaker.success()
 
     async def process_once(self) -> int:
         """Receive one batch from each front-door queue and store it; returns how many messages
@@ -264,9 +296,10 @@ class FrontDoor:
                 f"receiving from {queue}",
             )
         except Exception as error:
-            self._outage(f"receiving from {queue}", error)
+            self._outage(QUEUE, f"receiving from {queue}", error)
             await self.dispatcher.back_off()
             return 0
+        self._working(QUEUE)
         if not received:
             return 0
         good: list[tuple[ReceivedMessage, DelayedMessage]] = []
@@ -320,7 +353,7 @@ class FrontDoor:
                     self.dispatcher.store.cancel_group(clear.group), self._deadline, "clearing timeouts"
                 )
             except Exception as error:
-                self._outage(f"clearing the timeouts of saga {clear.group}", error)
+                self._outage(STORE, f"clearing the timeouts of saga {clear.group}", error)
                 break
             log.info("front door: saga %s ended, %d stored timeouts removed", clear.group, removed)
             self.cleared += removed
@@ -347,10 +380,10 @@ class FrontDoor:
             pass  # a redelivery: store them one by one below, skipping what is stored
         except Exception as error:
             if not _own_fault(error):
-                self._outage(f"storing {len(pairs)} messages", error)
+                self._outage(STORE, f"storing {len(pairs)} messages", error)
                 return None
         else:
-            self.outage_breaker.success()
+            self._working(STORE)
             return []
         refused: list[tuple[ReceivedMessage, InvalidMessage]] = []
         for item, message in pairs:
@@ -361,10 +394,10 @@ class FrontDoor:
                 log.info("front door: %s is already stored (redelivery)", message.message_id)
             except Exception as error:
                 if not _own_fault(error):
-                    self._outage(f"storing {message.message_id}", error)
+                    self._outage(STORE, f"storing {message.message_id}", error)
                     return None
                 refused.append((item, InvalidMessage(f"the store refused it: {error}")))
-        self.outage_breaker.success()
+        self._working(STORE)
         return refused
 
     async def _reject(self, bad: Sequence[tuple[ReceivedMessage, InvalidMessage]], source: str) -> None:
@@ -384,7 +417,7 @@ class FrontDoor:
                 self.rejected += len(sent)
             failures = [r for r in results if r is not None]
         except Exception as error:  # the queue as a whole is down: an outage, the envelopes wait
-            self._outage(f"sending rejected envelopes to {queue}", error)
+            self._outage(QUEUE, f"sending rejected envelopes to {queue}", error)
             return
         for failure in failures:
             log.warning("front door: sending a rejected envelope to %s failed: %s", queue, one_line(failure))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -265,6 +266,9 @@ def test_run_on_the_default_store_is_exactly_once_and_logs_one_line_records(cli,
     started = [r for r in records if "dispatching endpoint" in r["message"]]
     assert started and "exactly-once" in started[0]["message"]
     assert all(r["time"].endswith("Z") and "T" in r["time"] for r in records)
+    # the stop is said, with what it did, as numbers a machine can read
+    (ended,) = [r for r in records if r["message"].startswith("stopped: forwarded 0")]
+    assert (ended["forwarded"], ended["dead_lettered"], ended["outages"]) == (0, 0, 0)
     # the error it stops on is a record as well, with the exit code (it was a line of text)
     stopped = subprocess.run(
         duetime_cmd("run", "--log-format", "json", "--store", "sqlite:///no/such/folder/d.db"),
@@ -477,3 +481,45 @@ def test_a_duration_split_in_two_words_is_refused_not_stored_with_the_wrong_body
         refused = cli(*command, ok=False)
         said = " ".join(refused.stderr.split())
         assert refused.returncode == 2 and "would be the body" in said and "Traceback" not in said, said
+
+
+def test_an_interrupted_load_says_what_is_stored_and_how_to_store_the_rest(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Ctrl-C during `duetime load`: exit 130 with one line saying how many lines are stored (at
+    least that many are, at most one chunk more), and the command that stores the rest."""
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from duetime import TransactionMode, open_sync_store
+    from tests.conftest import duetime_cmd
+
+    cli("setup", "--queue", "orders")
+    lines = 100_000
+    messages = tmp_path / "many.jsonl"
+    with messages.open("w") as out:
+        for i in range(lines):
+            out.write(json.dumps({"id": f"m{i}", "destination": "orders", "delay": "1h", "body": "x"}) + "\n")
+    proc = subprocess.Popen(
+        duetime_cmd("load", str(messages), "--chunk", "1000"), cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        with open_sync_store(f"sqlite:///{tmp_path / 'duetime.db'}") as store:
+            store.initialize("duetime", TransactionMode.AT_LEAST_ONCE)  # binds it to the endpoint
+            deadline = time.monotonic() + 60
+            while store.counts(datetime.now(UTC)).total < 2_000:  # under way
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=30)
+            assert proc.returncode == 130, stderr
+            said = re.search(r"interrupted: stored ([\d,]+) of 100,000 lines", stderr)
+            assert said is not None and "--skip-duplicates" in stderr, stderr
+            told = int(said.group(1).replace(",", ""))
+            stored = store.counts(datetime.now(UTC)).total
+            assert told <= stored <= told + 1_000 and stored < lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rest = cli("load", str(messages), "--skip-duplicates", timeout=300)
+    assert f"stored {lines - stored} of {lines}" in rest.stdout

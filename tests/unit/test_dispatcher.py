@@ -495,6 +495,40 @@ async def test_front_door_survives_a_queue_that_cannot_be_read() -> None:
     assert door.outage_breaker.armed and not rig.dispatcher.stopping
 
 
+async def test_a_front_door_outage_is_logged_once_a_minute_and_its_end_disarms_the_breaker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A broker down for two minutes: three warnings (at once, then each minute), not one a second;
+    once the queue answers, the breaker is disarmed even if nothing arrives (armed, it would turn
+    the next single failure, hours later, into a critical error)."""
+    import logging
+
+    from duetime.nservicebus.frontdoor import FrontDoor
+
+    rig = await Rig(failure_backoff=timedelta(seconds=1)).setup("orders")
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    working = rig.queues.receive
+
+    async def broken(*_: object) -> list[object]:
+        raise ConnectionError("queue unreachable")
+
+    rig.queues.receive = broken  # type: ignore[method-assign,assignment]
+    with caplog.at_level(logging.DEBUG, "duetime.frontdoor"):
+        for _ in range(120):
+            task = asyncio.create_task(door.process_once())
+            await settle()
+            await rig.tick(1)
+            await task
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert 2 <= len(warnings) <= 3, warnings  # not 120
+        assert "failed attempts so far" in warnings[-1] and "nothing is lost" in warnings[-1]
+        assert door.outage_breaker.armed
+        rig.queues.receive = working  # type: ignore[method-assign]
+        assert await door.process_once() == 0
+    assert not door.outage_breaker.armed
+    assert "the queue works again after 120 failed attempt(s)" in caplog.text, caplog.text[-300:]
+
+
 async def test_a_batch_claimed_ahead_is_given_back_on_stop() -> None:
     rig = await Rig(batch_size=10).setup("orders")
     await rig.store.store_many([rig.message(i, 0) for i in range(25)])
