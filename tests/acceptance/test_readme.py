@@ -54,6 +54,11 @@ PRELUDES = {
         "from duetime.backends.rabbitmq.transport import RabbitMqTransport as _T\n"
         "_t = _T(RABBITMQ); await _t.start(); await _t.declare('orders'); await _t.close()\n"
     ),
+    # The block before it is shop.py: the module the reader's workers and senders import.
+    "from shop import": (
+        "import sys as _sys, types as _types\n"
+        "_sys.modules['shop'] = _types.SimpleNamespace(bridge=bridge, remind=remind)\n"
+    ),
     "spark.read.parquet": (
         "import pyarrow as pa, pyarrow.parquet as pq, os\n"
         "os.makedirs('customers', exist_ok=True)\n"
@@ -121,3 +126,28 @@ async def _close_all(namespace: dict[str, Any]) -> None:
                 await result
         except Exception:
             pass
+
+
+def test_the_celery_module_sends_nothing_when_a_worker_imports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shop.py`` as the README shows it is what ``celery -A shop worker`` imports at every start:
+    importing it makes the app and installs the bridge, and stores (sends) nothing."""
+    import sqlite3
+    import sys
+
+    (block,) = [code for _, code in BLOCKS if code.startswith("# shop.py")]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shop.py").write_text(block.replace("amqp://guest:guest@localhost/", RABBITMQ))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        shop = __import__("shop")
+        assert hasattr(shop, "remind") and hasattr(shop, "bridge")
+        database = tmp_path / "duetime.db"
+        if database.exists():  # the store opens at the first delayed task, not at import
+            with sqlite3.connect(database) as conn:
+                tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+                assert all(conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] == 0 for t in tables)
+        shop.bridge.close()
+    finally:
+        sys.modules.pop("shop", None)
