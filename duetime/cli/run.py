@@ -48,23 +48,42 @@ if TYPE_CHECKING:
 def setup(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
-    queue: Annotated[list[str], typer.Option("--queue", "-q", help="Also declare this SQLite queue.")] = [],  # noqa: B006
+    queue: Annotated[
+        list[str],
+        typer.Option(
+            "--queue", "-q", help="Also declare this queue on the transport (the error queue comes with it)."
+        ),
+    ] = [],  # noqa: B006
+    transport: TransportOpt = None,
 ) -> None:
-    """Create the store's tables (idempotent; safe to run from several processes at once)."""
+    """Create the store's tables (idempotent; safe to run from several processes at once).
+
+    With --queue (or --transport), the transport is connected and the queues declared on it: the
+    ones named, and the error queue ("error") the dispatcher sends failures to. Without
+    --transport that is the queue tables in the store's own database.
+    """
+    where = transport_url_for(store, transport)
+    names = [*queue, DelayedDeliverySettings.from_env().error_queue]
 
     async def go() -> None:
         s = open_store(store)
-        await s.setup_infrastructure(endpoint)
-        if queue:
-            t = open_transport(transport_url_for(store, None))
-            await t.start()
-            for name in queue:
-                await t.declare(name)
-            await t.close()
-        await s.close()
+        try:
+            await s.setup_infrastructure(endpoint)
+        finally:
+            await s.close()
+        if queue or transport:
+            t = open_transport(where)
+            try:
+                await t.start()
+                for name in names:
+                    await t.declare(name)
+            finally:
+                await t.close()
 
     _run(go)
     say("ready:", "green", f"endpoint {endpoint!r} in {redact(store)}")
+    if queue or transport:
+        say("declared:", "green", f"{', '.join(names)} on {redact(where)}")
 
 
 @app.command()

@@ -523,3 +523,33 @@ def test_an_interrupted_load_says_what_is_stored_and_how_to_store_the_rest(cli, 
             proc.kill()
     rest = cli("load", str(messages), "--skip-duplicates", timeout=300)
     assert f"stored {lines - stored} of {lines}" in rest.stdout
+
+
+def test_setup_declares_its_queues_on_the_transport_it_is_given_and_says_where(cli) -> None:  # type: ignore[no-untyped-def]
+    """`setup --transport` (or DUETIME_TRANSPORT) declares --queue and the error queue on that
+    transport, not in the store's own queue tables, and names it (without the password)."""
+    import asyncio
+    import uuid
+
+    from duetime.backends.rabbitmq.transport import RabbitMqTransport
+    from tests.services import RABBITMQ
+
+    orders, errors = f"setup-{uuid.uuid4().hex[:8]}", f"setup-err-{uuid.uuid4().hex[:8]}"
+    given = cli("setup", "--queue", orders, "--transport", RABBITMQ, env={"DUETIME_ERROR_QUEUE": errors})
+    assert f"declared: {orders}, {errors} on amqp://guest:***@" in given.stdout, given.stdout
+    from_env = cli("setup", "--queue", orders, env={"DUETIME_TRANSPORT": RABBITMQ})
+    assert "on amqp://" in from_env.stdout and "sqlite" not in from_env.stdout.split("declared:")[1]
+    assert "No such option" in cli("setup", "--transprot", RABBITMQ, ok=False).stderr  # still strict
+
+    async def on_rabbitmq() -> list[bool]:
+        t = RabbitMqTransport(RABBITMQ)
+        await t.start()
+        try:
+            found = [await t.has_queue(orders), await t.has_queue(errors)]
+            for queue in (orders, errors):
+                await t.delete(queue)
+            return found
+        finally:
+            await t.close()
+
+    assert asyncio.run(on_rabbitmq()) == [True, True]
