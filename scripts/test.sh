@@ -7,7 +7,8 @@ bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramat
 # tests (Playwright never downloads a browser here); chattr (e2fsprogs) makes files nobody may
 # change, root included, for the tests of files a user may only read.
 for need in "chromium chromium the dashboard's browser tests" "chattr e2fsprogs the read-only file tests" \
-  "faketime faketime the tests of a host clock that is wrong"; do
+  "faketime faketime the tests of a host clock that is wrong" \
+  "promtool prometheus the alert rules' tests (promtool, and a real Prometheus)"; do
   read -r program package why <<<"$need"
   command -v "$program" >/dev/null && continue
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
