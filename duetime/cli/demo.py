@@ -18,6 +18,7 @@ from rich.text import Text
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
 from duetime.clock import SYSTEM, SystemClock
 from duetime.engine.dispatcher import Dispatcher
+from duetime.errors import ConfigurationError
 from duetime.message import DUE_AT_HEADER, DelayedMessage
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 
@@ -52,8 +53,21 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
 
 
+def _scratch_folder() -> tempfile.TemporaryDirectory[str]:
+    """A folder for the demo's database, removed at the end; a clear error where none can be made
+    (a read-only root filesystem with nothing writable mounted at /tmp)."""
+    try:
+        return tempfile.TemporaryDirectory(prefix="duetime-demo-")
+    except OSError as error:
+        raise ConfigurationError(
+            f"the demo needs a folder it may write, and found none ({error}); mount a writable "
+            "volume at /tmp (a read-only root filesystem needs one), set TMPDIR to a writable "
+            "folder, or give --db PATH"
+        ) from None
+
+
 def run_demo(count: int, spread: timedelta, mode: TransactionMode, db: str | None, console: Console) -> bool:
-    folder = None if db else tempfile.TemporaryDirectory(prefix="duetime-demo-")
+    folder = None if db else _scratch_folder()
     path = Path(db) if db else Path(folder.name) / "demo.db"  # type: ignore[union-attr]
     console.print(
         f"[bold]duetime demo[/]: {count} messages due over {spread.total_seconds():g} s, "

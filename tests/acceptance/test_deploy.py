@@ -2,8 +2,8 @@
 commands run as systemd would run them; the Kubernetes manifest checked against the API schema and
 its containers' commands run against the real PostgreSQL and RabbitMQ; both stopped with SIGTERM.
 
-The Dockerfile cannot be built here (no container engine on these machines): what it copies and
-installs is checked against the project, and the command it runs is the one these tests run."""
+What the Dockerfile copies and installs is checked against the project here; the image itself is
+built and run by tests/image (CI's second step, scripts/test-image.sh)."""
 
 from __future__ import annotations
 
