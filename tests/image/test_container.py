@@ -35,9 +35,23 @@ WRITABLE = ["--tmpfs", "/tmp:rw,mode=1777", "--tmpfs", "/var/lib/duetime:rw,mode
 
 @pytest.fixture(scope="module")
 def image() -> Iterator[str]:
+    # the machine's CA bundle, so that pip inside trusts what the machine trusts
+    trusted = ["-v", f"{CA}:{CA}:ro"]
     built = subprocess.run(
-        [*PODMAN, "build", "--pull=never", "--network", "host", *LIMITS, "-v", f"{CA}:{CA}:ro"]
-        + ["-f", "deploy/Dockerfile", "-t", IMAGE, "."],
+        [
+            *PODMAN,
+            "build",
+            "--pull=never",
+            "--network",
+            "host",
+            *LIMITS,
+            *trusted,
+            "-f",
+            "deploy/Dockerfile",
+            "-t",
+            IMAGE,
+            ".",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
