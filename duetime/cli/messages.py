@@ -31,16 +31,16 @@ from duetime.cli.common import (
     transport_url_for,
     warn_undeclared,
 )
-from duetime.cli.terminal import console, err, fail, progress_bar, table
+from duetime.cli.terminal import console, err, fail, progress_bar, say, table
 from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
 from duetime.client import DelayedMessageClient
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, MessageInFlight
 from duetime.inputs.durations import parse_time
+from duetime.inputs.urls import redact
 from duetime.interfaces import (
     AddressTopology,
-    BrowsableQueue,
     DispatcherRegistry,
     Page,
     cursor_text,
@@ -48,7 +48,10 @@ from duetime.interfaces import (
 )
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage
+from duetime.nservicebus.frontdoor import front_door_queue
+from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
 from duetime.registry import check_store_exists, open_store, open_transport
+from duetime.settings import DelayedDeliverySettings
 
 
 @app.command()
@@ -546,14 +549,23 @@ def stats(
             "dispatchers": [d.as_dict(SYSTEM.now()) for d in present],
         }
         try:
-            t = open_transport(transport_url_for(store, transport))
+            shown = transport_url_for(store, transport)
+            t = open_transport(shown)
         except ConfigurationError:
             return result  # a store without a default transport: no queues to show
+        # A broker cannot list its queues: the ones this endpoint's messages go to are looked up.
+        candidates = [DelayedDeliverySettings.from_env().error_queue, front_door_queue(endpoint)]
         try:
-            if isinstance(t, BrowsableQueue):
-                result["queues"] = await t.queues()
+            await t.start()
+            depths = await queue_depths(t, [*candidates, *counts.by_destination])
         finally:
             await t.close()
+        result["queues_on"] = redact(shown)
+        if depths is not None:
+            result["queues"] = depths
+        elsewhere = delivered_elsewhere(shown, present, SYSTEM.now())
+        if elsewhere:
+            result["queues_note"] = elsewhere_note(shown, elsewhere)
         return result
 
     result = _run(go)
@@ -577,10 +589,21 @@ def stats(
         show_table(per)
     _show_dispatchers(result["dispatchers"])
     if result.get("queues"):
-        qt = table("queue", "waiting")
+        qt = table(f"queue on {result['queues_on']}", "waiting")
         for name, count in result["queues"].items():
-            qt.add_row(name, str(count))
+            qt.add_row(name, f"{count:,}")
         show_table(qt)
+    elif "queues_on" in result:
+        print(
+            f"queues: {result['queues_on']} "
+            + (
+                "has none of this endpoint's"
+                if "queues" in result
+                else "cannot tell what waits in its queues"
+            )
+        )
+    if "queues_note" in result:
+        say("note:", "yellow", result["queues_note"], to=err)
 
 
 def _show_dispatchers(found: list[dict[str, Any]]) -> None:

@@ -73,6 +73,7 @@ from duetime.operations.error_queue import (
     send_back,
     take,
 )
+from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note
 
 try:
     from starlette.applications import Starlette
@@ -272,6 +273,7 @@ async def overview(request: Request) -> Response:
         p99=_ms(lateness.quantile(0.99)),
         dispatchers=None if everyone is None else [_dispatcher_row(d, now) for d in everyone],
         breakers=_breakers(everyone or [], now),
+        elsewhere=_elsewhere(dashboard, everyone or [], now),
         charts=charts,
         window=window,
         windows=list(WINDOWS),
@@ -536,6 +538,15 @@ def _error_row(item: ReceivedMessage) -> dict[str, Any]:
     }
 
 
+def _elsewhere(dashboard: Dashboard, everyone: list[DispatcherInfo], now: datetime) -> str | None:
+    """Said on a page when the endpoint's dispatchers deliver to another transport than the one
+    the dashboard looks at (its error queue and queues would be the wrong ones)."""
+    theirs = delivered_elsewhere(dashboard.transport_url, everyone, now)
+    if not theirs:
+        return None
+    return elsewhere_note(dashboard.transport_url, theirs, "start the dashboard with --transport")
+
+
 @contextlib.asynccontextmanager
 async def _error_transport(dashboard: Dashboard) -> AsyncIterator[InspectableQueue]:
     """The transport, opened for one request: closing it puts back whatever was taken and not
@@ -567,6 +578,11 @@ async def errors(request: Request) -> Response:
     except Exception as error:
         problem = f"could not read the error queue: {one_line(error)}"
     destinations = sorted({r["destination"] for r in rows if r["destination"]})
+    store = dashboard.stores[endpoint]
+    try:
+        everyone = await store.dispatchers() if isinstance(store, DispatcherRegistry) else []
+    except Exception:  # the note is a courtesy; the page stands without it
+        everyone = []
     return _page(
         request,
         "errors.html",
@@ -578,6 +594,7 @@ async def errors(request: Request) -> Response:
         destination=destination,
         destinations=destinations,
         problem=problem,
+        elsewhere=_elsewhere(dashboard, everyone, SYSTEM.now()),
     )
 
 

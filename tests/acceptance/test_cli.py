@@ -553,3 +553,51 @@ def test_setup_declares_its_queues_on_the_transport_it_is_given_and_says_where(c
             await t.close()
 
     assert asyncio.run(on_rabbitmq()) == [True, True]
+
+
+def test_stats_shows_the_queues_the_dispatchers_deliver_to_or_says_which_it_shows(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Dispatchers deliver to RabbitMQ: `stats --transport` shows what waits in its queues (a
+    broker cannot list them: the endpoint's destinations and error queue are looked up); without
+    --transport it shows the store's own queue tables and says so, naming where they deliver."""
+    import asyncio
+    import uuid
+
+    from duetime import TransactionMode, open_store
+    from duetime.backends.rabbitmq.transport import RabbitMqTransport
+    from duetime.inputs.urls import redact
+    from duetime.live_dispatchers import DispatcherInfo
+    from tests.services import RABBITMQ
+
+    queue = f"stats-{uuid.uuid4().hex[:8]}"
+    cli("setup", "--queue", queue, "--transport", RABBITMQ)
+    for i in range(3):
+        cli("schedule", queue, f"m{i}", "--in", "0s")
+    cli("schedule", queue, "later", "--in", "1h")
+    assert "forwarded 3" in cli("run", "--burst", "--transport", RABBITMQ).stdout
+
+    async def a_live_dispatcher_on_rabbitmq() -> None:
+        async with open_store(f"sqlite:///{tmp_path / 'duetime.db'}") as store:
+            await store.initialize("duetime", TransactionMode.AT_LEAST_ONCE)
+            await store.beat(
+                DispatcherInfo.new("duetime", "at-least-once", redact(RABBITMQ), datetime.now(UTC))
+            )  # type: ignore[attr-defined]
+
+    asyncio.run(a_live_dispatcher_on_rabbitmq())
+    on_broker = json.loads(cli("stats", "--json", "--transport", RABBITMQ).stdout)
+    assert on_broker["queues"][queue] == 3 and "queues_note" not in on_broker
+    assert on_broker["queues_on"].startswith("amqp://guest:***@")
+    local = cli("stats", "--json")
+    shown = json.loads(local.stdout)
+    assert queue not in shown.get("queues", {})  # the store's own queue tables hold nothing
+    assert "deliver to amqp://guest:***@" in shown["queues_note"] and "--transport" in shown["queues_note"]
+    assert "note: these are the queues of sqlite:///" in cli("stats").stderr
+
+    async def cleanup() -> None:
+        t = RabbitMqTransport(RABBITMQ)
+        await t.start()
+        try:
+            await t.delete(queue)
+        finally:
+            await t.close()
+
+    asyncio.run(cleanup())
