@@ -591,6 +591,35 @@ def test_stats_shows_the_queues_the_dispatchers_deliver_to_or_says_which_it_show
     assert queue not in shown.get("queues", {})  # the store's own queue tables hold nothing
     assert "deliver to amqp://guest:***@" in shown["queues_note"] and "--transport" in shown["queues_note"]
     assert "note: these are the queues of sqlite:///" in cli("stats").stderr
+    # the dashboard says the same on its pages, the error queue's first
+    import subprocess
+    import time
+    import urllib.request
+
+    from tests.conftest import duetime_cmd
+    from tests.services import free_port
+
+    port = free_port()
+    with (tmp_path / "dashboard.log").open("wb") as log:
+        board = subprocess.Popen(duetime_cmd("dashboard", "--port", str(port)), cwd=tmp_path, stderr=log)
+    try:
+        deadline, pages = time.monotonic() + 60, {}
+        while len(pages) < 2:
+            assert time.monotonic() < deadline and board.poll() is None, (
+                tmp_path / "dashboard.log"
+            ).read_text()
+            try:
+                for path in ("/errors", "/"):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as page:
+                        pages[path] = page.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        for text in pages.values():
+            assert 'id="elsewhere"' in text and "deliver to amqp://guest:***@" in text
+            assert "start the dashboard with --transport" in text
+    finally:
+        board.terminate()
+        board.wait(timeout=30)
 
     async def cleanup() -> None:
         t = RabbitMqTransport(RABBITMQ)
