@@ -129,6 +129,14 @@ class StoreCounts:
     more_destinations: int = 0
     more_messages: int = 0
 
+    def oldest_due_waited(self, counted_at: datetime) -> float | None:
+        """Seconds the oldest due message had waited when these counts were taken at
+        ``counted_at`` (None: none was due). Always against the count's own time: against a later
+        moment, a count a few seconds old shows a wait that is not there."""
+        if self.next_due is None or self.next_due > counted_at:
+            return None
+        return (counted_at - self.next_due).total_seconds()
+
 
 class Moved(NamedTuple):
     """A message a transactional move delivered (its body and headers are not read back)."""

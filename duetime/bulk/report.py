@@ -12,7 +12,7 @@ import html
 import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,15 @@ HORIZONS: tuple[tuple[str, float | None], ...] = (
     ("next week", 7 * 86400.0),
     ("later", None),
 )
+
+
+#: The lateness periods a report may group by, and their length.
+PERIOD_LENGTHS = {
+    "second": timedelta(seconds=1),
+    "minute": timedelta(minutes=1),
+    "hour": timedelta(hours=1),
+    "day": timedelta(days=1),
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,11 @@ class Report:
     largest: list[tuple[int, str, str, str]] = field(default_factory=list)
     lateness: list[Lateness] = field(default_factory=list)
     lateness_period: str = "minute"
+
+    @property
+    def lateness_step(self) -> timedelta:
+        """How long one lateness period is."""
+        return PERIOD_LENGTHS[self.lateness_period]
 
 
 def backlog(
@@ -107,7 +121,7 @@ def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
     from pyspark.sql import functions as F
 
     frame = _log_frame(spark, log)
-    unit = {"second": 1_000_000, "minute": 60_000_000, "hour": 3_600_000_000, "day": 86_400_000_000}[period]
+    unit = int(PERIOD_LENGTHS[period].total_seconds() * 1_000_000)
     rows = (
         frame.withColumn("period", (F.col("dispatched_us") / unit).cast("long") * unit)
         .withColumn("late_ms", (F.col("dispatched_us") - F.col("due_us")) / 1000.0)
@@ -258,19 +272,27 @@ def charts(report: Report) -> dict[str, bytes]:
     save("destinations.png", fig)
 
     fig, ax = plt.subplots(figsize=(7, 3))
+    draw_lateness(fig, ax, report)
+    save("lateness.png", fig)
+    return pictures
+
+
+def draw_lateness(fig: Any, ax: Any, report: Report) -> None:
+    """The lateness chart: p50, p99 and max per period, on a log scale past 1 ms."""
     if report.lateness:
         xs: list[Any] = [x.period_start for x in report.lateness]
-        ax.plot(xs, [x.p50_ms for x in report.lateness], label="p50")
-        ax.plot(xs, [x.p99_ms for x in report.lateness], label="p99")
-        ax.plot(xs, [x.max_ms for x in report.lateness], label="max", linestyle=":")
+        # markers: one period is a point, which a line alone does not draw
+        ax.plot(xs, [x.p50_ms for x in report.lateness], label="p50", marker="o", markersize=3)
+        ax.plot(xs, [x.p99_ms for x in report.lateness], label="p99", marker="o", markersize=3)
+        ax.plot(xs, [x.max_ms for x in report.lateness], label="max", linestyle=":", marker=".")
+        if len(xs) == 1:  # the axis around that one period, not matplotlib's default of years
+            ax.set_xlim(xs[0] - report.lateness_step / 2, xs[0] + report.lateness_step / 2)
         ax.legend()
         ax.set_yscale("symlog", linthresh=1.0)  # a backlog's seconds and a steady state's ms, both readable
         fig.autofmt_xdate()
     else:
         ax.text(0.5, 0.5, "no delivery log given", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(f"Lateness per {report.lateness_period} (ms after due)")
-    save("lateness.png", fig)
-    return pictures
 
 
 def write_html(report: Report, path: Path) -> Path:

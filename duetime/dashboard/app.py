@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from duetime.clock import SYSTEM
-from duetime.dashboard.charts import Series, line_chart
+from duetime.dashboard.charts import Series, line_chart, seconds_label
 from duetime.dashboard.security import (
     CSRF_FIELD,
     BodyTooLarge,
@@ -48,7 +48,7 @@ from duetime.errors import (
     MissingExtra,
     one_line,
 )
-from duetime.inputs.durations import parse_duration, parse_time
+from duetime.inputs.durations import parse_duration, parse_time, readable_duration
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
     DelayedMessageStore,
@@ -177,16 +177,13 @@ def _time(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-def _age(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None or math.isinf(value) else f"under {value * 1000:,.1f} ms"
+    """A lateness bucket's upper bound."""
+    return "-" if value is None or math.isinf(value) else f"under {readable_duration(value)}"
 
 
 def _safe_back(value: str | None, fallback: str) -> str:
@@ -228,9 +225,9 @@ async def overview(request: Request) -> Response:
     now = SYSTEM.now()
     timeline = dashboard.timelines[endpoint]
     if timeline.latest is not None and (now - timeline.latest[0]).total_seconds() <= dashboard.sample_every:
-        counts = timeline.latest[1]  # the sampler's look: counting millions is not free
+        counted_at, counts = timeline.latest  # the sampler's look: counting millions is not free
     else:
-        counts = await store.counts(now)
+        counted_at, counts = now, await store.counts(now)
     soon = await _due_soon(store, now)
     everyone = await store.dispatchers() if isinstance(store, DispatcherRegistry) else None
     window = request.query_params.get("window", "1h")
@@ -254,10 +251,10 @@ async def overview(request: Request) -> Response:
         line_chart(
             "Lateness (due to forwarded)",
             [
-                Series("p50", [(s.at, s.p50_ms) for s in reported]),
-                Series("p99", [(s.at, s.p99_ms) for s in reported]),
+                Series("p50", [(s.at, _seconds(s.p50_ms)) for s in reported]),
+                Series("p99", [(s.at, _seconds(s.p99_ms)) for s in reported]),
             ],
-            " ms",
+            label=seconds_label,
         ),
     ]
     return _page(
@@ -266,7 +263,8 @@ async def overview(request: Request) -> Response:
         dashboard,
         endpoint,
         counts=counts,
-        oldest_due=_oldest_due(counts, now),
+        oldest_due=_oldest_due(counts, counted_at),
+        counted_at=_time(counted_at),
         soon=soon,
         delivered_5m=sum(s.forwarded or 0 for s in recent),
         p50=_ms(lateness.quantile(0.5)),
@@ -290,10 +288,12 @@ async def _due_soon(store: DelayedMessageStore, now: datetime) -> list[tuple[str
     return [(label, (await store.counts(now + ahead)).due - due_now) for label, ahead in HORIZONS]
 
 
-def _oldest_due(counts: StoreCounts, now: datetime) -> str:
-    if counts.next_due is None or counts.next_due > now:
-        return "none due"
-    return _age((now - counts.next_due).total_seconds())
+def _oldest_due(counts: StoreCounts, counted_at: datetime) -> str:
+    """How long the oldest due message had waited when ``counts`` were taken: measured against the
+    count's own time, as the metric is (against now, a count 10 s old showed a 10 s wait that
+    was not there)."""
+    waited = counts.oldest_due_waited(counted_at)
+    return "none due" if waited is None else readable_duration(waited)
 
 
 def _dispatcher_row(d: DispatcherInfo, now: datetime) -> dict[str, Any]:
@@ -307,7 +307,7 @@ def _dispatcher_row(d: DispatcherInfo, now: datetime) -> dict[str, Any]:
         "transport": d.transport,
         "status": status,
         "started": _time(d.started_at),
-        "last_seen": _age((now - d.last_seen).total_seconds()) + " ago",
+        "last_seen": readable_duration((now - d.last_seen).total_seconds()) + " ago",
         "last_batch": _time(d.last_batch_at),
         "forwarded": d.forwarded,
         "in_flight": d.in_flight,
@@ -372,7 +372,7 @@ async def messages(request: Request) -> Response:
             "id": m.message_id,
             "destination": m.destination,
             "due": _time(m.due_at),
-            "in": _age((m.due_at - now).total_seconds()) if m.due_at > now else "due",
+            "in": readable_duration((m.due_at - now).total_seconds()) if m.due_at > now else "due",
             "failures": m.failure_count,
             "group": m.group or "",
         }
@@ -522,6 +522,15 @@ def _cut(value: str, limit: int = HEADER_VALUE_SHOWN) -> str:
     return value if len(value) <= limit else f"{value[:limit]}… ({len(value) - limit:,} more characters)"
 
 
+def _header_time(value: str) -> str:
+    """A time a header holds (ISO 8601), as every page shows times; as written when unreadable."""
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    return _time(moment) if moment.tzinfo is not None else value
+
+
 def _error_row(item: ReceivedMessage) -> dict[str, Any]:
     h = item.headers
     return {
@@ -531,7 +540,7 @@ def _error_row(item: ReceivedMessage) -> dict[str, Any]:
         "type": h.get(ERROR_TYPE, ""),
         "stack": _cut(h.get(ERROR_STACKTRACE, ""), BODY_SHOWN),
         "attempts": h.get(ERROR_ATTEMPTS, ""),
-        "failed_at": h.get(ERROR_TIME, ""),
+        "failed_at": _header_time(h.get(ERROR_TIME, "")),
         "headers": [(k, _cut(v, 300)) for k, v in sorted(h.items())[:HEADERS_SHOWN]],
         "size": len(item.body),
         "kept": kept_in_store(h),

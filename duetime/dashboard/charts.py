@@ -7,10 +7,12 @@ operators' networks are closed) and shows the same in a screenshot as in a brows
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
+
+from duetime.inputs.durations import readable_duration
 
 WIDTH, HEIGHT = 640, 180
 LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 40
@@ -29,9 +31,16 @@ def _label(value: float) -> str:
     return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
 
 
-def line_chart(title: str, series: Sequence[Series], unit: str = "") -> str:
+def seconds_label(value: float) -> str:
+    """An axis label for a chart of seconds, in the unit that reads best (``6.9 s``, ``850 ms``)."""
+    return "0" if value == 0 else readable_duration(value)
+
+
+def line_chart(
+    title: str, series: Sequence[Series], unit: str = "", label: Callable[[float], str] | None = None
+) -> str:
     """An SVG chart of ``series`` (gaps where a value is None), or a line saying there is nothing
-    to draw yet."""
+    to draw yet. Axis values read ``label(value)``, else a count followed by ``unit``."""
     values = [v for s in series for _, v in s.points if v is not None]
     times = [t for s in series for t, _ in s.points]
     if len(set(times)) < 2 or not values:
@@ -57,7 +66,7 @@ def line_chart(title: str, series: Sequence[Series], unit: str = "") -> str:
         value = top * fraction
         parts.append(
             f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11">'
-            f"{_label(value)}{escape(unit)}</text>"
+            f"{escape(label(value) if label else _label(value) + unit)}</text>"
         )
     for t, anchor in ((start, "start"), (end, "end")):
         parts.append(

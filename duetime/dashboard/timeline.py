@@ -85,9 +85,9 @@ class Timeline:
             fresh = True
             then = LatenessHistogram.from_sparse(before.lateness) if before else LatenessHistogram()
             done = now.forwarded - (before.forwarded if before else 0)
-            since = before.last_seen if before else now.started_at
-            seconds = (now.last_seen - since).total_seconds()
-            if seconds > 0:
+            # A rate needs two of its reports: its first covers its start-up, when a backlog goes
+            # out in a burst (5,000 in 2.7 s read as 110,000/min and flattened the chart).
+            if before is not None and (seconds := (now.last_seen - before.last_seen).total_seconds()) > 0:
                 self._rates[key] = max(done, 0) * 60 / seconds
             forwarded += done
             lateness = lateness.plus(LatenessHistogram.from_sparse(now.lateness).minus(then))

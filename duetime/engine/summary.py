@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from duetime.inputs.durations import readable_duration
 from duetime.interfaces import StoreCounts
 
 #: Upper bounds of the lateness buckets in seconds: ten per decade from 1 ms to one hour.
@@ -92,11 +93,10 @@ class Tally:
 
 
 def _ms(seconds: float | None) -> str:
+    """A lateness bucket's upper bound, as the summary line reads it."""
     if seconds is None:
         return "-"
-    if math.isinf(seconds):
-        return "over 1 h"
-    return f"under {seconds * 1000:,.0f} ms" if seconds >= 0.01 else f"under {seconds * 1000:.1f} ms"
+    return "over 1 h" if math.isinf(seconds) else f"under {readable_duration(seconds)}"
 
 
 def summary_fields(

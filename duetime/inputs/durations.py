@@ -73,3 +73,19 @@ def parse_time(text: str, *, naive_is_utc: bool = False) -> datetime:
         raise InvalidMessage(
             f"The time {text!r} is outside the years duetime supports (1970-9998 in UTC)."
         ) from None
+
+
+def readable_duration(seconds: float) -> str:
+    """A duration in the unit that reads best, as the dashboard, the summary line and reports show
+    it: ``0.4 ms``, ``12.6 ms``, ``850 ms``, ``12.6 s``, ``14 min``, ``3.2 h``."""
+    if math.isinf(seconds):
+        return "over 1 h" if seconds > 0 else "-"
+    if seconds < 0.01:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -244,13 +244,10 @@ class DispatcherCollector:
             yield gauge(
                 "duetime_backlog_failing", "Stored messages that failed at least once.", counts.failing
             )
-            age = 0.0
-            if counts.next_due is not None and counts.next_due <= self.backlog.counted_at:
-                age = (self.backlog.counted_at - counts.next_due).total_seconds()
             yield gauge(
                 "duetime_backlog_oldest_due_age_seconds",
                 "How long the oldest due message not yet claimed has been due.",
-                age,
+                counts.oldest_due_waited(self.backlog.counted_at) or 0.0,
             )
             per = GaugeMetricFamily(
                 "duetime_backlog_by_destination",

@@ -40,13 +40,14 @@ def test_delivered_and_lateness_are_the_change_since_the_last_look() -> None:
     )
     second = timeline.add(t10, COUNTS, [a, b])
     assert second.forwarded == 90  # 60 more from a, and b's 30 since it started
-    assert second.delivered_per_minute == 720.0  # a: 60 in 10 s, b: 30 in its 5 s
+    # a: 60 in 10 s; b's first report covers its start-up (a burst, not a rate): no rate yet
+    assert second.delivered_per_minute == 360.0
     assert second.fresh
     assert second.p99_ms is not None and 500 <= second.p99_ms < 700  # a's slow 60 are new
     assert timeline.lateness(60).total == 90
     # A look between two heartbeats learns nothing: the rate stands, the sample is not fresh.
     between = timeline.add(t10 + timedelta(seconds=2), COUNTS, [a, b])
-    assert between.forwarded == 0 and not between.fresh and between.delivered_per_minute == 720.0
+    assert between.forwarded == 0 and not between.fresh and between.delivered_per_minute == 360.0
     assert between.p50_ms is None
 
 
@@ -85,3 +86,64 @@ def test_a_chart_draws_lines_with_gaps_and_escapes_names() -> None:
     assert svg.startswith("<svg") and svg.count("<polyline") == 2  # the gap splits the line
     assert "<p99>" not in svg and "&lt;p99&gt;" in svg
     assert "not enough samples" in line_chart("Backlog", [Series("stored", points[:1])])
+
+
+def test_a_start_up_burst_is_counted_but_not_charted_as_a_rate() -> None:
+    """A dispatcher that starts on a backlog sends 5,000 in its first 2.7 s: read as a rate, that
+    was 110,000/min and flattened the chart's real rate to a line at zero."""
+    timeline = Timeline()
+    timeline.add(T0, COUNTS, [])
+    started = T0 + timedelta(seconds=1)
+    burst = timeline.add(
+        T0 + timedelta(seconds=10),
+        COUNTS,
+        [info("new", 5_000, [0.001], started, started + timedelta(seconds=2.7))],
+    )
+    assert burst.forwarded == 5_000 and burst.delivered_per_minute == 0.0
+    steady = timeline.add(
+        T0 + timedelta(seconds=20),
+        COUNTS,
+        [info("new", 5_100, [0.001], started, started + timedelta(seconds=12.7))],
+    )
+    assert steady.delivered_per_minute == 600.0  # 100 in its 10 s between reports
+
+
+def test_durations_read_in_the_unit_that_reads_best() -> None:
+    from duetime.inputs.durations import readable_duration
+
+    cases = {
+        0.0004: "0.4 ms",
+        0.0126: "13 ms",
+        0.85: "850 ms",
+        12.5893: "12.6 s",
+        6.924: "6.9 s",
+        840: "14 min",
+    }
+    assert {s: readable_duration(s) for s in cases} == cases
+    assert readable_duration(3 * 3600 + 720) == "3.2 h" and readable_duration(float("inf")) == "over 1 h"
+
+
+def test_the_oldest_due_wait_is_measured_at_the_counts_own_time() -> None:
+    """A count taken 10 s ago whose earliest message was then 2 s from due shows no wait (the
+    metric says 0 for the same count), not the 8 s that 'now' would make of it."""
+    from duetime.dashboard.app import _oldest_due
+
+    counted_at = T0
+    counts = StoreCounts(total=5, due=0, claimed=0, failing=0, next_due=T0 + timedelta(seconds=2))
+    assert counts.oldest_due_waited(counted_at) is None
+    assert _oldest_due(counts, counted_at) == "none due"
+    late = StoreCounts(total=5, due=1, claimed=0, failing=0, next_due=T0 - timedelta(seconds=30))
+    assert late.oldest_due_waited(counted_at) == 30 and _oldest_due(late, counted_at) == "30.0 s"
+
+
+def test_every_page_writes_times_one_way_and_the_lateness_axis_fits() -> None:
+    from duetime.dashboard.app import _header_time, _time
+    from duetime.dashboard.charts import Series, line_chart, seconds_label
+
+    at = datetime(2030, 1, 1, 9, 0, 0, 123456, tzinfo=UTC)
+    assert _header_time(at.isoformat()) == _time(at) == "2030-01-01 09:00:00.123 UTC"
+    assert _header_time("not a time") == "not a time"
+    chart = line_chart(
+        "Lateness", [Series("p99", [(T0, 6.294), (T0 + timedelta(seconds=60), 0.012)])], label=seconds_label
+    )
+    assert ">6.9 s<" in chart and " ms<" not in chart.split("6.9 s")[0]  # not "6,924 ms"
