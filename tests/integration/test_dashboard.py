@@ -382,3 +382,76 @@ def test_several_endpoints_a_bearer_token_and_bad_options(world: dict[str, Any])
         result = run_cli("dashboard", "--store", world["url"], option, value)
         assert result.returncode != 0 and said in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_the_dashboard_stats_and_the_metrics_agree_at_the_same_moment() -> None:
+    """One store, one dispatcher with its metrics port, the dashboard: what is stored, what is
+    due, how long the oldest due message has waited and how many were delivered read the same on
+    all three once the store stands still."""
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with postgres_schema() as url:
+        ok("setup", "--store", url, "--endpoint", ENDPOINT, "-q", "orders")
+        for i in range(5):
+            ok("schedule", "orders", f"later {i}", "--in", "1h", "--store", url, "--endpoint", ENDPOINT)
+        metrics, port = free_port(), free_port()
+        board = dashboard(url, port)
+        run = subprocess.Popen(
+            duetime_cmd("run", "--store", url, "--endpoint", ENDPOINT, "--metrics-port", str(metrics)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            until(lambda: request(metrics, "/readyz")[0] == 200, 60, "the dispatcher serving")
+            for i in range(4):
+                ok("schedule", "orders", f"now {i}", "--in", "0s", "--store", url, "--endpoint", ENDPOINT)
+
+            def looks() -> dict[str, tuple[object, ...]]:
+                stats = json.loads(ok("stats", "--json", "--store", url, "--endpoint", ENDPOINT).stdout)
+                samples = [
+                    s
+                    for family in text_string_to_metric_families(request(metrics, "/metrics")[1])
+                    for s in family.samples
+                    if s.labels.get("endpoint") == ENDPOINT
+                ]
+                scraped = {s.name: s.value for s in samples if "destination" not in s.labels}
+                forwarded = sum(s.value for s in samples if s.name == "duetime_forwarded_total")
+                page = request(port, f"/?endpoint={ENDPOINT}", auth=basic("duetime", PASSWORD))[1]
+
+                def card(name: str) -> str:
+                    found = re.search(rf'id="{name}">([^<]*)<', page)
+                    return found.group(1) if found else "?"
+
+                return {
+                    "stored": (stats["stored"], int(scraped["duetime_backlog_stored"]), card("stored")),
+                    "due": (stats["due"], int(scraped["duetime_backlog_due"]), card("due")),
+                    "oldest due": (scraped["duetime_backlog_oldest_due_age_seconds"], card("oldest-due")),
+                    "delivered": (
+                        sum(d["forwarded"] for d in stats["dispatchers"]),
+                        int(forwarded),
+                        card("delivered"),
+                    ),
+                }
+
+            expected = {
+                "stored": (5, 5, "5"),
+                "due": (0, 0, "0"),
+                "oldest due": (0.0, "none due"),
+                "delivered": (4, 4, "4"),
+            }
+            seen: list[dict[str, tuple[object, ...]]] = []
+
+            def agree() -> bool:
+                seen.append(looks())
+                return seen[-1] == expected
+
+            try:
+                until(agree, 60, "stats, metrics and the dashboard to agree")
+            except AssertionError:
+                raise AssertionError(f"they did not agree: {seen[-1]}") from None
+        finally:
+            stop(board)
+            run.send_signal(signal.SIGTERM)
+            run.wait(timeout=30)
