@@ -70,6 +70,7 @@ def write_frame(frame: Any, fmt: str, folder: Folder, *, reasons: bool = False) 
             "failure_count",
             "group",
         )
+        # due_at as TIMESTAMP(MICROS, UTC): spark_session's spark.sql.parquet.outputTimestampType
         out.write.mode("overwrite").parquet(folder.uri)
         return
     lines = frame.select(
@@ -89,6 +90,7 @@ def write_frame(frame: Any, fmt: str, folder: Folder, *, reasons: bool = False) 
         ).alias("value")
     )
     lines.write.mode("overwrite").text(folder.uri)
+    folder.rename_suffix(".txt", ".jsonl")  # JSON Lines, named so
 
 
 def _iso_utc(column: str) -> Any:

@@ -61,6 +61,20 @@ class Folder:
     def delete(self) -> None:
         self._call(lambda: self._fs.delete(self._path, True))
 
+    def rename_suffix(self, old: str, new: str) -> None:
+        """Give each data file in the folder that ends in ``old`` the ending ``new`` (Spark's text
+        writer names every file ``.txt``, whatever it holds)."""
+
+        def rename() -> None:
+            for listed in self.files():
+                if listed.path.endswith(old):
+                    here = self._jvm.org.apache.hadoop.fs.Path(listed.path)
+                    there = self._jvm.org.apache.hadoop.fs.Path(listed.path[: -len(old)] + new)
+                    if not self._fs.rename(here, there):
+                        raise OSError(f"could not rename {listed.path}")
+
+        self._call(rename)
+
     def files(self) -> list[Listed]:
         """Every data file under the folder, or under each path a glob (``/in/*.parquet``, as
         Spark's readers take them) matches, in path order; empty when nothing is there. Spark's

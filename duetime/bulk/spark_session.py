@@ -18,6 +18,9 @@ DEFAULTS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.memory": "2g",
+    # Parquet times as TIMESTAMP(MICROS, UTC): Spark's default, the legacy INT96, is read as a
+    # time without a zone by pyarrow, pandas and DuckDB (``bulk export``'s due_at)
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 }
 
 #: Local mode needs no other interface; on a cluster the driver must advertise one the executors

@@ -134,6 +134,14 @@ def test_export_and_import_round_trip_byte_for_byte(spark: Any, tmp_path: Path) 
             assert result.inserted == 301
             assert _raw(target.replace(f"&table=ex_{fmt}", ""), f"ex_{fmt}") == raw_before
             assert import_(spark, f"{fmt}:{out}", target).inserted == 0  # twice changes nothing
+        # what other readers make of the files: due_at a UTC time (not INT96, read as naive), and
+        # JSON Lines named .jsonl (Spark's text writer names them .txt)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        assert pq.read_table(tmp_path / "parquet").schema.field("due_at").type == pa.timestamp("us", tz="UTC")
+        written = sorted(p.name for p in (tmp_path / "jsonl").iterdir() if not p.name.startswith(("_", ".")))
+        assert written and all(name.endswith(".jsonl") for name in written), written
         assert store_rows(pg, "ex") == {
             m.message_id: m for m in [*messages, odd]
         }  # export leaves the store alone
