@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import re
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from duetime.errors import ConfigurationError, MissingExtra
 
 DEFAULT_MASTER = "local[*]"
+#: Set (to anything) to see Spark's own console output; it goes to a log file otherwise.
+SPARK_LOGS = "DUETIME_SPARK_LOGS"
 #: What duetime prefers where nobody said otherwise (``--conf``, spark-submit, spark-defaults.conf).
 DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -44,26 +49,61 @@ def spark_session(
     submitted = _submitted()
     if master:
         check_master(master)
-    builder = SparkSession.builder.appName(app)
+    settings = {"spark.app.name": app}
     if master or not submitted:
-        builder = builder.master(master or DEFAULT_MASTER)
+        settings["spark.master"] = master or DEFAULT_MASTER
     given = _configured(submitted) | set(conf or {})
     local = runs_here(master)
     for key, value in (DEFAULTS | (LOCAL_DEFAULTS if local else {})).items():
         if key not in given:  # spark-submit --conf, spark-defaults.conf and the cluster win
-            builder = builder.config(key, value)
-    for key, value in (conf or {}).items():
+            settings[key] = value
+    settings |= dict(conf or {})
+    builder = SparkSession.builder
+    for key, value in settings.items():
         builder = builder.config(key, value)
+    log = None
     try:
+        if not submitted and not os.environ.get(SPARK_LOGS) and not _gateway_running():
+            log = _start_quietly(settings)
         session = builder.getOrCreate()
-    except Exception as error:  # the JVM's reason is on stderr above; this is the one line after it
+    except Exception as error:  # the JVM's reason is on stderr (or in its log); this is one line
         from duetime.bulk.hadoopfs import first_line
 
+        where = f"; Spark's own log: {log}" if log else ""
         raise ConfigurationError(
-            f"Spark did not start ({first_line(error)[:300]}); check --master, --conf and Java 17."
+            f"Spark did not start ({first_line(error)[:300]}); check --master, --conf and Java 17{where}."
         ) from None
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def _gateway_running() -> bool:
+    """Whether this process has started Spark's JVM already (a session stopped and started again
+    reuses it). PySpark has no public way to ask: its SparkContext keeps the gateway it launched."""
+    from pyspark import SparkContext
+
+    return getattr(SparkContext, "_gateway", None) is not None
+
+
+def _start_quietly(settings: Mapping[str, str]) -> str:
+    """Start Spark's JVM with its console output (about eight lines of start-up notices and
+    warnings on every run) in a log file instead of the terminal; the file's path is returned, for
+    an error to point at. ``DUETIME_SPARK_LOGS=1`` leaves them on the terminal."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    path = os.path.join(tempfile.gettempdir(), f"duetime-spark-{os.getpid()}.log")
+    with open(path, "ab") as log:  # the JVM keeps its own copy of the file; ours closes here
+        gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": log, "stderr": log})  # type: ignore[no-untyped-call]
+    SparkContext(conf=spark_conf, gateway=gateway)
+    atexit.register(_remove, path)  # kept while the process runs
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _submitted() -> bool:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -75,24 +79,57 @@ def _spark(master: str | None, conf: list[str] | None, reads: str | None = None)
         check_readable_here(kind[1], master, settings)
     with console.status("starting Spark…"):
         session = spark_session(master, settings)
-    yield session
+    previous = signal.signal(signal.SIGINT, lambda *_: _stop(session))
+    try:
+        yield session
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+#: Set by Ctrl-C while a job runs: whatever the job raises from then on is the stop.
+_STOPPING = threading.Event()
+
+
+def _stop(session: Any) -> None:
+    """Ctrl-C during a job: Spark's jobs are cancelled from a thread of their own, and again
+    every half second until the job gives up (one may start between two). PySpark's own handler
+    cancels them on the thread that waits on the JVM, which py4j refuses with a traceback. A
+    second Ctrl-C leaves at once, with the same line."""
+    if _STOPPING.is_set():  # the second: what is committed is safe; the JVM ends with us
+        _stopped()
+        os._exit(130)
+    _STOPPING.set()
+
+    def cancel() -> None:
+        with contextlib.suppress(Exception):  # the JVM may be going away: nothing left to cancel
+            while True:
+                session.sparkContext.cancelAllJobs()
+                time.sleep(0.5)
+
+    threading.Thread(target=cancel, name="duetime-cancel", daemon=True).start()
+
+
+def _stopped() -> typer.Exit:
+    # Every job commits batch by batch behind a ledger (files: only a complete folder counts),
+    # so a stopped job loses nothing and the same command goes on from where it stopped.
+    return fail(
+        "what was committed stays; run the same command again to go on from there "
+        "(or undo a migration with --mode abort).",
+        code=130,
+        label="stopped:",
+    )
 
 
 def _guard(action: Callable[[], None]) -> None:
     try:
         action()
-    except DuetimeError as error:
-        raise fail(str(error)) from None
     except KeyboardInterrupt:
-        # Every job commits batch by batch behind a ledger (files: only a complete folder counts),
-        # so a stopped job loses nothing and the same command goes on from where it stopped.
-        raise fail(
-            "what was committed stays; run the same command again to go on from there "
-            "(or undo a migration with --mode abort).",
-            code=130,
-            label="stopped:",
-        ) from None
+        raise _stopped() from None
     except Exception as error:
+        if _STOPPING.is_set():  # a job cancelled by Ctrl-C fails as it may: that is the stop
+            raise _stopped() from None
+        if isinstance(error, DuetimeError):
+            raise fail(str(error)) from None
         # One of our errors raised in a Spark task reaches the driver inside Spark's own (a
         # PythonException holding the task's traceback): say it as the driver would have.
         ours = _TASK_ERROR.findall(str(error))

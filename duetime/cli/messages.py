@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -36,7 +37,7 @@ from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
 from duetime.client import DelayedMessageClient
 from duetime.clock import SYSTEM
-from duetime.errors import ConfigurationError, MessageInFlight
+from duetime.errors import ConfigurationError, MessageInFlight, one_line
 from duetime.inputs.durations import parse_time
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
@@ -555,12 +556,15 @@ def stats(
             return result  # a store without a default transport: no queues to show
         # A broker cannot list its queues: the ones this endpoint's messages go to are looked up.
         candidates = [DelayedDeliverySettings.from_env().error_queue, front_door_queue(endpoint)]
+        result["queues_on"] = redact(shown)
         try:
             await t.start()
             depths = await queue_depths(t, [*candidates, *counts.by_destination])
+        except Exception as error:  # the store's counts stand without the queues
+            depths, result["queues_error"] = None, one_line(error)
         finally:
-            await t.close()
-        result["queues_on"] = redact(shown)
+            with contextlib.suppress(Exception):
+                await t.close()
         if depths is not None:
             result["queues"] = depths
         elsewhere = delivered_elsewhere(shown, present, SYSTEM.now())
@@ -593,15 +597,14 @@ def stats(
         for name, count in result["queues"].items():
             qt.add_row(name, f"{count:,}")
         show_table(qt)
+    elif "queues_error" in result:
+        reason = f"could not look at the queues of {result['queues_on']}: {result['queues_error']}"
+        say("note:", "yellow", reason, to=err)
     elif "queues_on" in result:
-        print(
-            f"queues: {result['queues_on']} "
-            + (
-                "has none of this endpoint's"
-                if "queues" in result
-                else "cannot tell what waits in its queues"
-            )
+        found = (
+            "has none of this endpoint's" if "queues" in result else "cannot tell what waits in its queues"
         )
+        print(f"queues: {result['queues_on']} {found}")
     if "queues_note" in result:
         say("note:", "yellow", result["queues_note"], to=err)
 

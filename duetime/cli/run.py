@@ -62,7 +62,8 @@ def setup(
     ones named, and the error queue ("error") the dispatcher sends failures to. Without
     --transport that is the queue tables in the store's own database.
     """
-    where = transport_url_for(store, transport)
+    declaring = bool(queue or transport)  # a store without queue tables of its own needs --transport
+    where = transport_url_for(store, transport) if declaring else ""
     names = [*queue, DelayedDeliverySettings.from_env().error_queue]
 
     async def go() -> None:
@@ -71,7 +72,7 @@ def setup(
             await s.setup_infrastructure(endpoint)
         finally:
             await s.close()
-        if queue or transport:
+        if declaring:
             t = open_transport(where)
             try:
                 await t.start()
@@ -82,7 +83,7 @@ def setup(
 
     _run(go)
     say("ready:", "green", f"endpoint {endpoint!r} in {redact(store)}")
-    if queue or transport:
+    if declaring:
         say("declared:", "green", f"{', '.join(names)} on {redact(where)}")
 
 

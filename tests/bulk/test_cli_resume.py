@@ -72,12 +72,22 @@ def test_preview_then_a_migration_killed_twice_then_resumed(tmp_path: Path) -> N
             _, said = proc.communicate(timeout=120)
             if stop == signal.SIGINT and running:
                 assert proc.returncode == 130, said[-3000:]
-                assert "stopped: what was committed stays; run the same command again" in said
-                assert "Traceback" not in said and "internal error" not in said
+                # one line: no py4j traceback, none of Spark's console output
+                lines = [x for x in said.strip().splitlines() if not x.startswith("migrating ")]  # its bar
+                assert len(lines) == 1, said[-3000:]
+                assert lines[0].startswith("stopped: what was committed stays; run the same command again"), (
+                    said
+                )
+            # what the stopped run committed last may become visible a moment after it died:
+            # counted now, it does not pass for the next run's progress (stopped before it began)
+            time.sleep(1)
             seen = _progress(state)
         done = run_cli(*args, "--mode", "migrate", "--batch-rows", "250", timeout=240)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "completed" in done.stdout
+        # Spark's start-up notices and warnings are in its log file, not on the terminal
+        for noise in ("log4j", "WARN", "incubator", "NativeCodeLoader"):
+            assert noise not in done.stderr, done.stderr
         moved = store_rows(pg, "Big")
         assert len(moved) == 10_000 and count(legacy, "Big_TimeoutData") == 0
         assert {m.message_id for m in moved.values()} == {str(r[0]) for r in rows}
