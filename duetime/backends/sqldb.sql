@@ -125,9 +125,6 @@ UPDATE {batches} SET status='aborted', put_back=%s WHERE run_id=%s AND batch=%s
 SELECT batch, endpoint, source_table, lower_key, upper_key, status, planned, staged, inserted, put_back, note
 FROM {batches} WHERE run_id=%s ORDER BY batch
 
--- name: finished_batches
-SELECT COUNT(*) FROM {batches} WHERE run_id=%s AND status IN ('completed', 'aborted')
-
 -- name: copy_staged.postgres
 COPY {staged} (run_id, batch, endpoint, message_id, destination, due_us, headers, body, failure_count, extra)
 FROM STDIN

@@ -13,8 +13,9 @@ from typing import Any
 
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import file_kind
-from duetime.bulk.migrate import MigrationResult, MigrationSpec, Progress, check_urls, migrate
+from duetime.bulk.migrate import MigrationResult, MigrationSpec, check_urls, migrate
 from duetime.bulk.preview import source_frame
+from duetime.bulk.progress import Progress
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
 

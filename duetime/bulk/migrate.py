@@ -18,7 +18,6 @@ committed back where it came from.
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +38,7 @@ from duetime.bulk.frames import (
     record_frame,
 )
 from duetime.bulk.hadoopfs import Listed, input_files
+from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.bulk.records import (
     Record,
     group_value_sql,
@@ -52,8 +52,6 @@ from duetime.bulk.targets import StoreTarget, Target, open_target
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -164,13 +162,16 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
         target.prepare(sorted({r["endpoint"] for r in rows}))
         todo = [int(r["batch"]) for r in rows if r["status"] in ("pending", "staged")]
         if todo:
+            planned = _planned(rows)
             _run_tasks(
                 spark,
                 todo,
                 lambda n: process_batch(spec, run_id, n),
-                lambda: _done(source, run_id),
-                len(rows),
-                progress,
+                None
+                if progress is None
+                else lambda: progress(
+                    "migrating", _rows_past(source, run_id, "completed", "aborted"), planned
+                ),
             )
     rows = source.batches(run_id)
     result = _summarize(run_id, rows)
@@ -456,40 +457,21 @@ def _complete(
 
 
 def _run_tasks(
-    spark: Any,
-    todo: list[int],
-    task: Callable[[int], Any],
-    done: Callable[[], int],
-    total: int,
-    progress: Progress | None,
+    spark: Any, todo: list[int], task: Callable[[int], Any], report: Callable[[], None] | None
 ) -> list[Any]:
-    """Run ``task`` for each batch as a Spark task; report progress from the state table meanwhile."""
+    """Run ``task`` for each batch as a Spark task, ``report`` telling how far it has come meanwhile."""
     sc = spark.sparkContext
-    failure: list[BaseException] = []
-    results: list[Any] = []
-
-    def job() -> None:
-        try:
-            results.extend(sc.parallelize(todo, len(todo)).map(task).collect())
-        except BaseException as error:  # re-raised on the driver's thread below
-            failure.append(error)
-
-    worker = threading.Thread(target=job, name="duetime-bulk", daemon=True)
-    worker.start()
-    while worker.is_alive():
-        worker.join(0.5)
-        if progress is not None:
-            progress(done(), total)
-    if progress is not None:
-        progress(done(), total)
-    if failure:
-        raise failure[0]
-    return results
+    return watched(lambda: sc.parallelize(todo, len(todo)).map(task).collect(), report)
 
 
-def _done(source: DbSource, run_id: str) -> int:
-    with source.db.session(write=False) as conn:
-        return int(source.db.execute(conn, source.db.query("finished_batches"), [run_id]).fetchone()[0])
+def _planned(rows: Sequence[dict[str, Any]]) -> int:
+    """The rows a run's batches hold (planned when the run was)."""
+    return sum(int(r["planned"] or 0) for r in rows)
+
+
+def _rows_past(source: DbSource, run_id: str, *statuses: str) -> int:
+    """The rows of the run's batches whose status is one of ``statuses``."""
+    return _planned([r for r in source.batches(run_id) if r["status"] in statuses])
 
 
 def _latest_run(source: DbSource, job: str) -> tuple[str, int, str] | None:
@@ -563,7 +545,13 @@ def _to_files(
     stage every batch (hidden from the source's dispatchers); write the run's folder (Spark
     commits it whole, or not at all); count what the committed files hold against what was
     staged; only then let the batches go. A crash anywhere is resumed by the same command."""
-    total = len(rows)
+    planned = _planned(rows)
+
+    def report(what: str, *statuses: str) -> Callable[[], None] | None:
+        if progress is None:
+            return None
+        return lambda: progress(what, _rows_past(source, run_id, *statuses), planned)
+
     pending = [int(r["batch"]) for r in rows if r["status"] == "pending"]
     if pending:
         url, cutoff = spec.source, spec.cutoff_us
@@ -571,9 +559,7 @@ def _to_files(
             spark,
             pending,
             lambda n: _stage_only(url, run_id, n, cutoff),
-            lambda: _taken(source, run_id),
-            2 * total,
-            progress,
+            report("taking", "staged", "completed", "aborted"),
         )
     rows = source.batches(run_id)
     staged = [batch_of(r) for r in rows if r["status"] == "staged"]
@@ -611,9 +597,7 @@ def _to_files(
         spark,
         numbers,
         lambda n: _complete_written(url, run_id, n, valid_counts[n]),
-        lambda: total + _done(source, run_id),
-        2 * total,
-        progress,
+        report("letting go", "completed", "aborted"),
     )
 
 
@@ -636,10 +620,6 @@ def _complete_written(url: str, run_id: str, number: int, valid: int) -> None:
     row = {r["batch"]: r for r in source.batches(run_id)}[number]
     if row["status"] == "staged":
         _complete(source, run_id, batch_of(row), int(row["staged"]), valid, ())
-
-
-def _taken(source: DbSource, run_id: str) -> int:
-    return sum(1 for r in source.batches(run_id) if r["status"] != "pending")
 
 
 def _abort_files(
@@ -732,10 +712,14 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
         # The store tables first, on the driver (tasks creating them at once would race); then
         # one pass: each row is read, checked and written once.
         target.prepare(file_endpoints(spark, kind[1], kind[0], spec.endpoint))
-        counted = per_partition_batches(
-            frame,
-            lambda index, batches: [_write_partition(target, run_id, index, batches)],
-            "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
+        counter = RowCounter(spark)
+        counted = watched(
+            lambda: per_partition_batches(
+                frame,
+                lambda index, batches: [_write_partition(target, run_id, index, batches, counter)],
+                "seen long, inserted long, conflicts long, rejected long, notes string, before boolean",
+            ),
+            None if progress is None else lambda: progress("importing", counter.done, rows),
         )
         result = MigrationResult(run_id, batches=len(counted))
         for seen, inserted, conflicts, rejected_count, notes, before in counted:
@@ -752,19 +736,21 @@ def _migrate_files(spark: Any, spec: MigrationSpec, progress: Progress | None) -
                 f"{skipped} of {len(counted)} partitions of these files were written before: skipped."
             )
     if progress is not None:
-        progress(1, 1)
+        progress("importing", rows, rows)
     return result
 
 
 def _write_partition(
-    target: Target, run_id: str, index: int, batches: Iterator[Any]
+    target: Target, run_id: str, index: int, batches: Iterator[Any], counter: RowCounter
 ) -> tuple[int, int, int, int, str, bool]:
     """A partition of checked file rows into ``target``: its valid rows, as Arrow batches where
     the target takes them (a PostgreSQL store COPYs them without a record per row)."""
     import pyarrow.compute as pc
 
     if target.ledger(run_id, index) is not None:  # written by an earlier run of the same files
-        return sum(b.num_rows for b in batches), 0, 0, 0, "", True
+        seen = sum(b.num_rows for b in batches)
+        counter.add(seen)
+        return seen, 0, 0, 0, "", True
     seen = rejected = 0
     shown: list[str] = []
 
@@ -772,6 +758,7 @@ def _write_partition(
         nonlocal seen, rejected
         for batch in batches:
             seen += batch.num_rows
+            counter.add(batch.num_rows)
             wrong = pc.is_valid(batch.column("problem"))
             bad = batch.filter(wrong)
             rejected += bad.num_rows

@@ -27,6 +27,7 @@ from duetime.bulk.frames import (
     per_partition,
 )
 from duetime.bulk.hadoopfs import Folder, check_writable, input_files
+from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.bulk.targets import StoreTarget
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
@@ -51,19 +52,22 @@ def schedule(
     job: str,
     rejects: str | None = None,
     batch_rows: int = 100_000,
+    progress: Progress | None = None,
 ) -> Scheduled:
     """Schedule ``rows``: a DataFrame, or a ``parquet:``/``jsonl:`` path. Files are spread over
-    about one task per ``batch_rows`` rows (a DataFrame keeps the partitions it has)."""
+    about one task per ``batch_rows`` rows (a DataFrame keeps the partitions it has).
+    ``progress`` is told the rows done of the rows the files hold (of a DataFrame: unknown)."""
 
     check_schedule(rows, store_url, job=job, endpoint=endpoint, batch_rows=batch_rows)
     if isinstance(rows, str):
         kind = file_kind(rows)
         assert kind is not None  # checked
         input_files(spark, kind[1])
-        partitions = partitions_for(file_rows(spark, kind[1], kind[0]), batch_rows)
+        total: int | None = file_rows(spark, kind[1], kind[0])
+        partitions = partitions_for(total or 0, batch_rows)
         frame = checked_files(spark, kind[1], kind[0], endpoint, partitions)
     elif hasattr(rows, "schema") and hasattr(rows, "mapInArrow"):
-        frame = checked_frame(rows, endpoint)
+        frame, total = checked_frame(rows, endpoint), None
     else:
         raise ConfigurationError(
             f"schedule takes a Spark DataFrame or a 'parquet:'/'jsonl:' path, not {type(rows).__name__}; "
@@ -75,7 +79,7 @@ def schedule(
     there = Folder(spark, rejects).exists()
     folder = check_writable(spark, rejects)
     with kept(frame) as checked:  # checked once: endpoints, writes and rejects read it again
-        return _schedule(checked, store_url, job, folder, there)
+        return _schedule(checked, store_url, job, folder, there, total, progress)
 
 
 def _rejects_folder(given: str | None) -> str | None:
@@ -107,26 +111,39 @@ def check_schedule(
     StoreTarget(Database.from_url(store_url))
 
 
-def _schedule(frame: Any, store_url: str, job: str, folder: Folder, there: bool) -> Scheduled:
+def _schedule(
+    frame: Any,
+    store_url: str,
+    job: str,
+    folder: Folder,
+    there: bool,
+    total: int | None,
+    progress: Progress | None,
+) -> Scheduled:
     from pyspark.sql import functions as F
 
     target = StoreTarget(Database.from_url(store_url))
     valid = frame.where(F.col("problem").isNull())
     target.prepare([r[0] for r in valid.select("endpoint").distinct().collect()])
     url = store_url
+    counter = RowCounter(frame.sparkSession)
 
     def write(_: int, pairs: Iterator[Checked]) -> list[tuple[int, int, int, int]]:
         store = StoreTarget(Database.from_url(url))
         seen = stored = good = 0
         for chunk in chunked(pairs, CHUNK_ROWS):  # a partition of any size, in bounded memory
             seen += len(chunk)
+            counter.add(len(chunk))
             records = [r for r, why in chunk if why is None]
             good += len(records)
             if records:
                 stored += store.write_once(job, records).inserted
         return [(seen, stored, good - stored, seen - good)]
 
-    counts = per_partition(frame, write, "rows long, stored long, skipped long, rejected long")
+    counts = watched(
+        lambda: per_partition(frame, write, "rows long, stored long, skipped long, rejected long"),
+        None if progress is None else lambda: progress("scheduling", counter.done, total),
+    )
     rejected = sum(c[3] for c in counts)
     path = None
     if rejected:

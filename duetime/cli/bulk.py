@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from duetime.cli.terminal import console, err, fail, show
 from duetime.errors import ConfigurationError, DuetimeError
-from duetime.inputs.durations import parse_time
+from duetime.inputs.durations import parse_time, readable_duration
 from duetime.inputs.identifiers import check_name
 
 bulk_app = typer.Typer(
@@ -142,21 +143,67 @@ def _guard(action: Callable[[], None]) -> None:
 _TASK_ERROR = re.compile(r"^duetime\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
-def _progress(label: str) -> tuple[Progress, Callable[[int, int], None]]:
-    bar = Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("batches"),
-        TimeElapsedColumn(),
-        console=err,
-    )
-    task = bar.add_task(label, total=None)
+class _Rate(ProgressColumn):
+    """Rows a second, as rich measures them over the last updates."""
 
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:,.0f} rows/s" if task.speed else "")
 
-    return bar, update
+
+class _RowReport:
+    """A job's progress in rows: rows done of rows in all, the rate and the time left, as a bar on a
+    terminal and as a line every :data:`LOG_EVERY` seconds (and a last one) off one."""
+
+    #: Off a terminal, a line this often.
+    LOG_EVERY = 10.0
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar: Progress | None = None
+        self.started = self.logged = time.monotonic()
+        self.last: tuple[str, int, int | None] | None = None
+
+    def __enter__(self) -> _RowReport:
+        if err.is_terminal:
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[rows]}"),
+                _Rate(),
+                TimeRemainingColumn(),
+                console=err,
+            )
+            self.task = self.bar.add_task(self.label, total=None, rows="")
+            self.bar.start()
+        return self
+
+    def __call__(self, what: str, done: int, total: int | None) -> None:
+        self.last = (what, done, total)
+        if self.bar is not None:
+            rows = f"{done:,} of {total:,} rows" if total is not None else f"{done:,} rows"
+            self.bar.update(self.task, description=what, completed=done, total=total, rows=rows)
+        elif time.monotonic() - self.logged >= self.LOG_EVERY:
+            self.logged = time.monotonic()
+            self._line()
+
+    def _line(self) -> None:
+        assert self.last is not None
+        what, done, total = self.last
+        seconds = max(time.monotonic() - self.started, 1e-9)
+        rate = done / seconds
+        line = (
+            f"{what}: {done:,} of {total:,} rows ({done / total:.0%})" if total else f"{what}: {done:,} rows"
+        )
+        line += f", {rate:,.0f} rows/s"
+        if total and rate > 0 and done < total:
+            line += f", about {readable_duration((total - done) / rate)} left"
+        err.print(line, markup=False, highlight=False)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        elif self.last is not None:
+            self._line()
 
 
 def _cutoff(text: str | None) -> datetime | None:
@@ -229,9 +276,8 @@ def migrate(
                     found = preview(spark, source, endpoint, spec.cutoff, target_url=target, renames=renames)
                 _print_preview(found, as_json)
                 return
-            bar, update = _progress("migrating")
-            with bar:
-                result = migrate(spark, spec, update)
+            with _RowReport("migrating") as report:
+                result = migrate(spark, spec, report)
             _print_result(result, as_json)
 
     _guard(go)
@@ -318,8 +364,17 @@ def schedule(
 
         check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
         reach_target(store)
-        with _spark(master, conf, reads=rows) as spark, console.status("scheduling…"):
-            done = run(spark, rows, store, endpoint=endpoint, job=job, rejects=rejects, batch_rows=batch_rows)
+        with _spark(master, conf, reads=rows) as spark, _RowReport("scheduling") as report:
+            done = run(
+                spark,
+                rows,
+                store,
+                endpoint=endpoint,
+                job=job,
+                rejects=rejects,
+                batch_rows=batch_rows,
+                progress=report,
+            )
         console.print(
             f"{done.rows:,} rows: {done.stored:,} stored, {done.skipped:,} already scheduled, {done.rejected:,} rejected"
         )
@@ -373,8 +428,8 @@ def import_(
         check_batch_rows(batch_rows)  # before Spark takes seconds to start
         check_import(files, store)
         reach_target(store)
-        with _spark(master, conf, reads=files) as spark, console.status("importing…"):
-            result = run(spark, files, store, endpoint, batch_rows=batch_rows)
+        with _spark(master, conf, reads=files) as spark, _RowReport("importing") as report:
+            result = run(spark, files, store, endpoint, progress=report, batch_rows=batch_rows)
         _print_result(result, as_json)
 
     _guard(go)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -283,3 +284,52 @@ def test_import_counts_an_id_the_store_holds_and_an_id_given_twice_as_conflicts(
         assert sorted(stored) == ["held", "new", "twice"]
         assert stored["held"].destination == "kept"  # never overwritten
         assert stored["twice"].destination in ("first", "second")
+
+
+def test_jobs_report_rows_done_of_rows_in_all_off_a_terminal(tmp_path: Path) -> None:
+    """schedule and import as a user runs them with their output in a file: a line of rows done of
+    rows in all, with the rate, and nothing of Spark's own console output."""
+    lines = 3_000
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"r{i}",
+                    "endpoint": "crm",
+                    "destination": "orders",
+                    "due_at": "2030-01-01T00:00:00Z",
+                    "body": "x",
+                }
+            )
+            + "\n"
+            for i in range(lines)
+        )
+    )
+    common = ["--master", "local[2]", "--batch-rows", "1000"]
+    scheduled = run_cli(
+        "bulk",
+        "schedule",
+        f"jsonl:{rows}",
+        "--to",
+        "sqlite:///a.db",
+        "--job",
+        "j",
+        *common,
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert scheduled.returncode == 0, scheduled.stderr
+    assert "scheduling: 3,000 of 3,000 rows (100%), " in scheduled.stderr and "rows/s" in scheduled.stderr
+    exported = run_cli(
+        "bulk", "export", "--from", "sqlite:///a.db", "--to", "jsonl:out", cwd=tmp_path, timeout=240
+    )
+    assert exported.returncode == 0, exported.stderr
+    imported = run_cli(
+        "bulk", "import", "--from", "jsonl:out", "--to", "sqlite:///b.db", *common, cwd=tmp_path, timeout=240
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert "importing: 3,000 of 3,000 rows (100%), " in imported.stderr
+    for said in (scheduled.stderr, exported.stderr, imported.stderr):
+        for noise in ("log4j", "WARN", "incubator", "NativeCodeLoader"):
+            assert noise not in said, said

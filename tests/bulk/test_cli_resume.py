@@ -73,7 +73,9 @@ def test_preview_then_a_migration_killed_twice_then_resumed(tmp_path: Path) -> N
             if stop == signal.SIGINT and running:
                 assert proc.returncode == 130, said[-3000:]
                 # one line: no py4j traceback, none of Spark's console output
-                lines = [x for x in said.strip().splitlines() if not x.startswith("migrating ")]  # its bar
+                lines = [
+                    x for x in said.strip().splitlines() if not x.startswith("migrating: ")
+                ]  # its progress
                 assert len(lines) == 1, said[-3000:]
                 assert lines[0].startswith("stopped: what was committed stays; run the same command again"), (
                     said
@@ -85,6 +87,8 @@ def test_preview_then_a_migration_killed_twice_then_resumed(tmp_path: Path) -> N
         done = run_cli(*args, "--mode", "migrate", "--batch-rows", "250", timeout=240)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "completed" in done.stdout
+        # off a terminal, progress is a line every 10 s and a last one: rows of rows, the rate
+        assert "migrating: 10,000 of 10,000 rows (100%), " in done.stderr, done.stderr
         # Spark's start-up notices and warnings are in its log file, not on the terminal
         for noise in ("log4j", "WARN", "incubator", "NativeCodeLoader"):
             assert noise not in done.stderr, done.stderr
