@@ -199,10 +199,10 @@ class _RowReport:
             line += f", about {readable_duration((total - done) / rate)} left"
         err.print(line, markup=False, highlight=False)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if self.bar is not None:
             self.bar.stop()
-        elif self.last is not None:
+        elif self.last is not None and kind is None:  # a failed job's one line says what happened
             self._line()
 
 
