@@ -125,6 +125,10 @@ UPDATE {batches} SET status='aborted', put_back=%s WHERE run_id=%s AND batch=%s
 SELECT batch, endpoint, source_table, lower_key, upper_key, status, planned, staged, inserted, put_back, note
 FROM {batches} WHERE run_id=%s ORDER BY batch
 
+-- The rows of a run's batches in the given states ({marks}: one %s per state).
+-- name: rows_in_states
+SELECT COALESCE(SUM(planned), 0) FROM {batches} WHERE run_id=%s AND status IN ({marks})
+
 -- name: copy_staged.postgres
 COPY {staged} (run_id, batch, endpoint, message_id, destination, due_us, headers, body, failure_count, extra)
 FROM STDIN

@@ -470,8 +470,12 @@ def _planned(rows: Sequence[dict[str, Any]]) -> int:
 
 
 def _rows_past(source: DbSource, run_id: str, *statuses: str) -> int:
-    """The rows of the run's batches whose status is one of ``statuses``."""
-    return _planned([r for r in source.batches(run_id) if r["status"] in statuses])
+    """The rows of the run's batches whose status is one of ``statuses`` (asked twice a second
+    while a job runs: one sum, not every batch's row)."""
+    db = source.db
+    with db.session(write=False) as conn:
+        query = db.query("rows_in_states", marks=db.in_list(len(statuses)))
+        return int(db.execute(conn, query, [run_id, *statuses]).fetchone()[0])
 
 
 def _latest_run(source: DbSource, job: str) -> tuple[str, int, str] | None:

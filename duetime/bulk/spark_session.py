@@ -66,6 +66,8 @@ def spark_session(
         if not submitted and not os.environ.get(SPARK_LOGS) and not _gateway_running():
             log = _start_quietly(settings)
         session = builder.getOrCreate()
+        if log is not None:  # started: the log is only noise now, gone with the process
+            atexit.register(_remove, log)
     except Exception as error:  # the JVM's reason is on stderr (or in its log); this is one line
         from duetime.bulk.hadoopfs import first_line
 
@@ -97,7 +99,6 @@ def _start_quietly(settings: Mapping[str, str]) -> str:
     with open(path, "ab") as log:  # the JVM keeps its own copy of the file; ours closes here
         gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": log, "stderr": log})  # type: ignore[no-untyped-call]
     SparkContext(conf=spark_conf, gateway=gateway)
-    atexit.register(_remove, path)  # kept while the process runs
     return path
 
 

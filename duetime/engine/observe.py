@@ -10,7 +10,7 @@ another (``Dispatcher(..., observer=...)`` or ``dispatcher.observer.add(...)``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
@@ -84,9 +84,6 @@ class Observers(DispatchObserver):
     def add(self, observer: DispatchObserver) -> None:
         """Tell ``observer`` of every event from now on."""
         self._all.append(observer)
-
-    def __iter__(self) -> Iterator[DispatchObserver]:
-        return iter(self._all)
 
     def _each(self, event: str, *args: object) -> None:
         for observer in self._all:

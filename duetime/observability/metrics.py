@@ -286,7 +286,7 @@ class DispatcherCollector:
             "Seconds a breaker has been armed (0 when disarmed).",
             labels=["endpoint", "breaker"],
         )
-        for breaker in (d.fetch_breaker, d.store_breaker, d.dispatch_breaker):
+        for breaker in d.breakers.timed():
             state = TRIPPED if breaker.tripped else ARMED if breaker.armed else DISARMED
             breakers.add_metric([endpoint, breaker.name], state)
             since = 0.0 if breaker.armed_at is None else d.clock.monotonic() - breaker.armed_at

@@ -39,11 +39,7 @@ STORE_CHECK_SECONDS = 2.0
 
 def health(dispatcher: Dispatcher) -> str | None:
     """Why the dispatcher is not alive, or None when it is."""
-    tripped = [
-        b.name
-        for b in (dispatcher.fetch_breaker, dispatcher.store_breaker, dispatcher.dispatch_breaker)
-        if b.tripped
-    ]
+    tripped = [b.name for b in dispatcher.breakers.timed() if b.tripped]
     if tripped:
         return f"circuit breaker {tripped[0]} tripped; the dispatcher is stopping"
     idle = dispatcher.clock.monotonic() - dispatcher.turned_at

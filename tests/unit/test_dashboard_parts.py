@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 from datetime import UTC, datetime, timedelta
 
-import pytest
-
 from duetime.dashboard.app import _safe_back
 from duetime.dashboard.charts import Series, line_chart
 from duetime.dashboard.security import Credentials
@@ -149,21 +147,3 @@ def test_every_page_writes_times_one_way_and_the_lateness_axis_fits() -> None:
         "Lateness", [Series("p99", [(T0, 6.294), (T0 + timedelta(seconds=60), 0.012)])], label=seconds_label
     )
     assert ">6.9 s<" in chart and " ms<" not in chart.split("6.9 s")[0]  # not "6,924 ms"
-
-
-def test_a_bulk_jobs_progress_off_a_terminal_is_a_line_of_rows_rate_and_time_left(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from duetime.cli.bulk import _RowReport
-
-    with _RowReport("scheduling") as report:
-        report.LOG_EVERY = 0.0
-        report.started -= 10  # ten seconds in
-        report("scheduling", 400_000, 1_000_000)
-        report("writing", 50, None)  # a total it cannot know
-    lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith("scheduling: 400,000 of 1,000,000 rows (40%), ")
-    assert "rows/s, about " in lines[0] and lines[0].endswith(" left")
-    assert (
-        lines[1].startswith("writing: 50 rows, ") and lines[-1] == lines[1]
-    )  # and the last, again at the end
