@@ -64,7 +64,8 @@ def spark_session(
     log = None
     try:
         if not submitted and not os.environ.get(SPARK_LOGS) and not _gateway_running():
-            log = _start_quietly(settings)
+            log = os.path.join(tempfile.gettempdir(), f"duetime-spark-{os.getpid()}.log")
+            _start_quietly(settings, log)
         session = builder.getOrCreate()
         if log is not None:  # started: the log is only noise now, gone with the process
             atexit.register(_remove, log)
@@ -87,19 +88,17 @@ def _gateway_running() -> bool:
     return getattr(SparkContext, "_gateway", None) is not None
 
 
-def _start_quietly(settings: Mapping[str, str]) -> str:
+def _start_quietly(settings: Mapping[str, str], path: str) -> None:
     """Start Spark's JVM with its console output (about eight lines of start-up notices and
-    warnings on every run) in a log file instead of the terminal; the file's path is returned, for
-    an error to point at. ``DUETIME_SPARK_LOGS=1`` leaves them on the terminal."""
+    warnings on every run) in the log file ``path`` instead of the terminal (an error starting
+    Spark points at it). ``DUETIME_SPARK_LOGS=1`` leaves them on the terminal."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     spark_conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
-    path = os.path.join(tempfile.gettempdir(), f"duetime-spark-{os.getpid()}.log")
     with open(path, "ab") as log:  # the JVM keeps its own copy of the file; ours closes here
         gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": log, "stderr": log})  # type: ignore[no-untyped-call]
     SparkContext(conf=spark_conf, gateway=gateway)
-    return path
 
 
 def _remove(path: str) -> None:

@@ -333,3 +333,18 @@ def test_jobs_report_rows_done_of_rows_in_all_off_a_terminal(tmp_path: Path) -> 
     for said in (scheduled.stderr, exported.stderr, imported.stderr):
         for noise in ("log4j", "WARN", "incubator", "NativeCodeLoader"):
             assert noise not in said, said
+
+
+def test_spark_that_does_not_start_is_one_line_naming_its_log(tmp_path: Path) -> None:
+    """Spark's console output goes to a log file; when Spark cannot start, the one line says where
+    that log is, and the log (with the JVM's own reason) is still there to read."""
+    assert run_cli("setup", "--store", "sqlite:///a.db", cwd=tmp_path).returncode == 0
+    failed = run_cli(
+        "bulk", "export", "--from", "sqlite:///a.db", "--to", "parquet:out", "--conf", "spark.driver.memory=lots",
+        cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert failed.returncode == 1 and len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    assert failed.stderr.startswith("error: Spark did not start") and "Traceback" not in failed.stderr
+    log = Path(failed.stderr.rsplit("Spark's own log: ", 1)[1].strip().rstrip("."))
+    assert "Invalid maximum heap size" in log.read_text()
+    log.unlink()
