@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -58,14 +59,29 @@ def test_a_waiting_receiver_wakes_when_its_queue_gets_a_message(url: str) -> Non
     receiver.close()
 
 
-def test_an_idle_receiver_costs_next_to_nothing(url: str) -> None:
-    """Polling every 20 ms made 150 round trips in 3 s; asleep on the channel it looks a few times."""
+def test_an_idle_receiver_costs_next_to_nothing(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polling every 20 ms made 150 round trips in 3 s; asleep on the channel it looks a few times.
+
+    Counted in statements sent, not CPU seconds: the 20 ms of CPU the few looks cost here on a
+    quiet machine became 22-44 ms on a loaded one, and the promise is about the round trips."""
+    import psycopg
+
+    sent: list[object] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(args[0] if args else None)
+        return execute(self, *args, **kwargs)
+
     receiver = SyncPostgresQueue.from_url(url)
-    receiver.receive("orders", 10, wait=0.1)  # connections opened, LISTEN issued
-    cpu = time.process_time()
-    assert receiver.receive("orders", 10, wait=3) == []
-    assert time.process_time() - cpu < 0.02
-    receiver.close()
+    try:
+        receiver.receive("orders", 10, wait=0.1)  # connections opened, LISTEN issued
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+        assert receiver.receive("orders", 10, wait=3) == []
+        assert 1 <= len(sent) <= 10, sent  # 5 here: a look at the start and per capped wait, not 150
+    finally:  # a failure here must not leave its connections to fail the next test
+        monkeypatch.undo()
+        receiver.close()
 
 
 async def test_an_exactly_once_move_wakes_the_receiver(url: str) -> None:
