@@ -129,7 +129,10 @@ class App:
                 self.kill(process)
 
     def ran(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        """What the workers recorded: whole lines only (a worker may be writing the last one)."""
+        text = self.log.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def wait_for(self, count: int, timeout: float, *, why: Callable[[], str] = str) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
