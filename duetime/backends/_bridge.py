@@ -64,6 +64,28 @@ class Subscribers:
 WatchHook = Callable[[Subscribers], Coroutine[Any, Any, None]]
 
 
+async def poll_next_due(
+    next_due: Callable[[], datetime | None], every: float, subscribers: Subscribers
+) -> None:
+    """The wake-up of a store that cannot be told (MariaDB; PostgreSQL behind a pooler in
+    transaction mode): ask ``next_due()`` (blocking, on a thread) every ``every`` seconds and
+    tell the subscribers when it changed. A message another process stores is
+    then found at most ``every`` seconds late; a failing question is left to the dispatcher's own
+    calls, whose breakers report the database's trouble."""
+    last: datetime | None = None
+    while True:
+        await asyncio.sleep(every)
+        try:
+            current = await asyncio.to_thread(next_due)
+        except Exception:
+            continue
+        # any change, not only an earlier one: after what was next has gone, a later message may
+        # be the next, and the loop may sleep toward nothing (its wake-up keeps what matters)
+        if current is not None and current != last:
+            subscribers.notify(current)
+        last = current
+
+
 class BlockingCalls:
     """Runs blocking calls off the event loop (the one thread pool of every blocking driver) (inline when ``threads`` is 0, for the memory fake).
     After :meth:`shutdown` a call raises ``closed()``: what its owner says of itself once closed,

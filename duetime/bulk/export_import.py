@@ -15,7 +15,7 @@ from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import file_kind
 from duetime.bulk.migrate import MigrationResult, MigrationSpec, check_urls, migrate
 from duetime.bulk.preview import source_frame
-from duetime.bulk.progress import Progress
+from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError
 
@@ -27,11 +27,19 @@ class Exported:
 
 
 def export(
-    spark: Any, source_url: str, to: str, endpoint: str | None = None, cutoff: datetime | None = None
+    spark: Any,
+    source_url: str,
+    to: str,
+    endpoint: str | None = None,
+    cutoff: datetime | None = None,
+    progress: Progress | None = None,
 ) -> Exported:
+    """Every stored message of ``source_url`` into files at ``to``; ``progress`` is told the rows
+    read of the rows the store held when the export was planned."""
     fmt, path = check_export(source_url, to)
     target = FileTarget(path, fmt)
     folder = target.check(spark)  # before a row is read
+    counter = RowCounter(spark)
     frame = source_frame(
         spark,
         source_url,
@@ -39,9 +47,13 @@ def export(
         None if cutoff is None else to_micros(cutoff),
         in_flight=True,
         check=False,
+        counter=counter,
     )
     # The count comes from the committed files, not from what was sent their way.
-    return Exported(target.write(spark, frame, folder), folder.uri)
+    rows = watched(lambda: target.write(spark, frame, folder), counter.reporter("exporting", progress))
+    if progress is not None:
+        progress("exporting", rows, rows)
+    return Exported(rows, folder.uri)
 
 
 def import_(

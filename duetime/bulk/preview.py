@@ -11,6 +11,7 @@ from typing import Any
 from duetime.backends.sqldb import Database
 from duetime.bulk.frames import Checked, batch_frame, checked_files, file_kind, record_frame
 from duetime.bulk.layouts import TOOL_CUTOFF, TOOL_CUTOFF_US, TimeoutDataLayout
+from duetime.bulk.progress import RowCounter
 from duetime.bulk.sources import Batch, DbSource, left_before
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, from_micros, to_micros
@@ -59,10 +60,12 @@ def source_frame(
     in_flight: bool = False,
     renames: dict[str, str] | None = None,
     check: bool = True,
+    counter: RowCounter | None = None,
 ) -> Any:
     """Every selected source row as a record frame (:data:`~duetime.bulk.frames.RECORD_SCHEMA`),
     read in parallel partitions: key ranges of a database, or Spark's splits of files. Without
-    ``check`` the rows of a database are not checked (half the cost of an export)."""
+    ``check`` the rows of a database are not checked (half the cost of an export), and a
+    ``counter`` counts them as they are read, expecting the rows the batches were planned with."""
     from pyspark.sql import functions as F
 
     kind = file_kind(source_url)
@@ -79,13 +82,16 @@ def source_frame(
     url = source_url
 
     if not check:
-        return batch_frame(
-            spark,
-            batches,
-            lambda batch: DbSource(Database.from_url(url), in_flight=in_flight).read_batches(
+        if counter is not None:
+            counter.total = sum(batch.planned for batch in batches)
+
+        def chunks(batch: Batch) -> Iterator[Any]:
+            read = DbSource(Database.from_url(url), in_flight=in_flight).read_batches(
                 batch, cutoff_us, now_us
-            ),
-        )
+            )
+            return read if counter is None else counter.counted(read)
+
+        return batch_frame(spark, batches, chunks)
 
     def read(batch: Batch) -> Iterator[Checked]:
         from duetime.bulk.records import problem

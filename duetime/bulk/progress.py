@@ -9,7 +9,7 @@ ends; :func:`watched` runs a Spark action on a thread and reports every half sec
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -24,6 +24,9 @@ class RowCounter:
 
     def __init__(self, spark: Any) -> None:
         self._accumulator = spark.sparkContext.accumulator(0)
+        #: The rows expected in all, where the job knows before it reads them (a store's planned
+        #: batches are counted); None otherwise.
+        self.total: int | None = None
 
     def add(self, rows: int) -> None:
         self._accumulator.add(rows)
@@ -31,6 +34,18 @@ class RowCounter:
     @property
     def done(self) -> int:
         return int(self._accumulator.value)
+
+    def counted(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Arrow record batches passed on as they are, their rows added (in a Spark task)."""
+        for batch in batches:
+            self.add(batch.num_rows)
+            yield batch
+
+    def reporter(self, what: str, progress: Progress | None) -> Callable[[], None] | None:
+        """For :func:`watched`: tells ``progress`` the rows counted so far of :attr:`total`."""
+        if progress is None:
+            return None
+        return lambda: progress(what, self.done, self.total)
 
 
 def watched(action: Callable[[], T], report: Callable[[], None] | None) -> T:

@@ -19,6 +19,7 @@ from typing import Any
 from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.hadoopfs import input_files
 from duetime.bulk.preview import source_frame
+from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.errors import ConfigurationError
 
@@ -71,13 +72,21 @@ class Report:
 
 
 def backlog(
-    spark: Any, store_url: str, endpoint: str | None = None, now: datetime | None = None, top: int = 10
+    spark: Any,
+    store_url: str,
+    endpoint: str | None = None,
+    now: datetime | None = None,
+    top: int = 10,
+    progress: Progress | None = None,
 ) -> Report:
+    """What the store holds, counted by destination, due time, failures and size; ``progress`` is
+    told the rows read of the rows the store held when the report was planned."""
     moment = now or SYSTEM.now()
     now_us = to_micros(moment)
     from pyspark.sql import functions as F
 
-    frame = source_frame(spark, store_url, endpoint, None, in_flight=True, check=False)
+    counter = RowCounter(spark)
+    frame = source_frame(spark, store_url, endpoint, None, in_flight=True, check=False, counter=counter)
     ahead = (F.col("due_us") - F.lit(now_us)) / 1e6
     horizon = F.lit("later")
     for name, bound in reversed(HORIZONS):
@@ -94,9 +103,12 @@ def backlog(
     ).cache()
     try:
         report = Report(moment)
+        # the first action reads the store (and fills the cache): the one worth watching
+        by_destination = watched(
+            lambda: slim.groupBy("destination").count().collect(), counter.reporter("reading", progress)
+        )
         report.by_destination = sorted(
-            ((r[0], int(r[1])) for r in slim.groupBy("destination").count().collect()),
-            key=lambda kv: (-kv[1], kv[0]),
+            ((r[0], int(r[1])) for r in by_destination), key=lambda kv: (-kv[1], kv[0])
         )
         report.total = sum(c for _, c in report.by_destination)
         counted = {r[0]: int(r[1]) for r in slim.groupBy("horizon").count().collect()}

@@ -400,8 +400,8 @@ def export_(
 
         check_export(store, to)  # before Spark takes seconds to start
         reach_source(store, endpoint)
-        with _spark(master, conf) as spark, console.status("exporting…"):
-            done = export(spark, store, to, endpoint)
+        with _spark(master, conf) as spark, _RowReport("exporting") as report:
+            done = export(spark, store, to, endpoint, progress=report)
         console.print(f"{done.rows:,} messages written to {done.path}")
 
     _guard(go)
@@ -467,10 +467,12 @@ def report(
         if delivery_log:
             r.check_log(delivery_log)
         reach_source(store, endpoint)
-        with _spark(master, conf, reads=delivery_log) as spark, console.status("counting…"):
-            found = r.backlog(spark, store, endpoint)
+        with _spark(master, conf, reads=delivery_log) as spark:
+            with _RowReport("reading") as report:
+                found = r.backlog(spark, store, endpoint, progress=report)
             if delivery_log:
-                found.lateness = r.lateness(spark, delivery_log, period)
+                with console.status("reading the delivery log…"):
+                    found.lateness = r.lateness(spark, delivery_log, period)
                 found.lateness_period = period
         _print_report(found)
         if csv_dir is not None:

@@ -287,8 +287,9 @@ def test_import_counts_an_id_the_store_holds_and_an_id_given_twice_as_conflicts(
 
 
 def test_jobs_report_rows_done_of_rows_in_all_off_a_terminal(tmp_path: Path) -> None:
-    """schedule and import as a user runs them with their output in a file: a line of rows done of
-    rows in all, with the rate, and nothing of Spark's own console output."""
+    """schedule, export and import as a user runs them with their output in a file: a line of rows
+    done of rows in all, with the rate, and nothing of Spark's own console output (the report's
+    line: the cluster test of the report)."""
     lines = 3_000
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
@@ -325,6 +326,7 @@ def test_jobs_report_rows_done_of_rows_in_all_off_a_terminal(tmp_path: Path) -> 
         "bulk", "export", "--from", "sqlite:///a.db", "--to", "jsonl:out", cwd=tmp_path, timeout=240
     )
     assert exported.returncode == 0, exported.stderr
+    assert "exporting: 3,000 of 3,000 rows (100%), " in exported.stderr
     imported = run_cli(
         "bulk", "import", "--from", "jsonl:out", "--to", "sqlite:///b.db", *common, cwd=tmp_path, timeout=240
     )

@@ -376,8 +376,9 @@ def test_through_spark_submit_the_clusters_settings_win_and_the_driver_is_not_bo
     assert host and not host.startswith("127."), host  # an address executors elsewhere reach
     with postgres_schema() as pg:
         seed_store(pg, "Report", 2_000)
-        report = _ok(driver.run("report", "--store", pg))
-    assert "2,000 stored messages" in report  # the report job ran on the cluster
+        reported = driver.run("report", "--store", pg)
+    assert "2,000 stored messages" in _ok(reported)  # the report job ran on the cluster
+    assert "reading: 2,000 of 2,000 rows (100%), " in reported.stderr  # its progress, in rows
 
 
 def test_local_mode_binds_the_session_to_loopback_and_leaves_the_environment_alone(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@ and which Dramatiq enqueues the bridge keeps (Dramatiq's StubBroker, the memory 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import time
@@ -185,3 +187,26 @@ async def test_the_broker_transports_share_the_blocking_drivers_thread_pool() ->
         await transport.close()  # a second close does nothing
         with pytest.raises(TransportUnavailable, match="The transport is closed"):
             await transport.start()
+
+
+async def test_a_polled_store_tells_of_a_later_next_due_once_the_earlier_one_has_gone() -> None:
+    """A store that cannot be told (MariaDB; PostgreSQL behind a pooler) is asked its next due time
+    every interval. Seen t1, then (t1 delivered, t2 stored between two looks) t2 later than t1: the
+    dispatcher sleeping toward nothing must hear of t2, or it sleeps its whole minute."""
+    from duetime.backends._bridge import Subscribers, poll_next_due
+
+    t1 = datetime(2030, 1, 1, tzinfo=UTC)
+    answers = iter([t1, t1, t1 + timedelta(seconds=5), None, t1])
+    told: list[datetime | None] = []
+    subscribers = Subscribers()
+    subscribers.add(told.append)
+
+    def next_due() -> datetime | None:
+        try:
+            return next(answers)
+        except StopIteration:
+            raise asyncio.CancelledError from None
+
+    with contextlib.suppress(asyncio.CancelledError):
+        await poll_next_due(next_due, 0.001, subscribers)
+    assert told == [t1, t1 + timedelta(seconds=5), t1]

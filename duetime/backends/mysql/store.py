@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlsplit
 import pymysql
 from pymysql.err import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from duetime.backends._bridge import AsyncStoreBridge, Subscribers
+from duetime.backends._bridge import AsyncStoreBridge, Subscribers, poll_next_due
 from duetime.backends._keepalive import keep_alive
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
@@ -411,16 +411,7 @@ class MysqlStore(AsyncStoreBridge):
         if self.sync.endpoint is None:
             return
         await asyncio.to_thread(self._poller.initialize, self.sync.endpoint, TransactionMode.AT_LEAST_ONCE)
-        last: datetime | None = None
-        while True:
-            await asyncio.sleep(self.sync.options.poll_interval)
-            try:
-                current = await asyncio.to_thread(self._poller.next_due)
-            except Exception:  # the dispatcher's fetch breaker reports database trouble
-                continue
-            if current is not None and (last is None or current < last):
-                subscribers.notify(current)
-            last = current
+        await poll_next_due(self._poller.next_due, self.sync.options.poll_interval, subscribers)
 
     async def close(self) -> None:
         await super().close()

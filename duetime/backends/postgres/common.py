@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from duetime.backends._keepalive import LIBPQ
@@ -25,12 +26,29 @@ from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, redact
 from duetime.message import DelayedMessage
 
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import ConnectionPool
+
 QUERIES = load_queries("duetime.backends.postgres")
 log = logging.getLogger("duetime.postgres")
 __all__ = ["PgNames", "PgOptions", "copy_row", "decode", "dump_headers", "reach", "reach_async"]
-OPTIONS = {"schema", "table", "claim_timeout", "pool_size", "pool_timeout", "claims"}
+OPTIONS = {
+    "schema",
+    "table",
+    "claim_timeout",
+    "pool_size",
+    "pool_timeout",
+    "claims",
+    "pooler",
+    "listen",
+    "poll",
+}
 #: How at-least-once dispatchers claim: row locks held while a batch is sent, or a lease column.
 CLAIM_KINDS = ("lock", "lease")
+#: What sits between duetime and the server: nothing (or a pooler in session mode, the same), or a
+#: pooler in transaction mode (PgBouncer's ``pool_mode = transaction``, pgcat, RDS Proxy, Supavisor).
+POOLERS = ("none", "session", "transaction")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +63,17 @@ class PgOptions:
     #: How long a call waits for a pooled connection before failing (then the breakers count it).
     pool_timeout: float = 5.0
     #: "lock" (one write per message; needs pool_size >= 3) or "lease" (two writes, no open
-    #: transaction during a send). See duetime/backends/postgres/locked_claims.py.
+    #: transaction during a send: the default behind a pooler in transaction mode). See
+    #: duetime/backends/postgres/locked_claims.py.
     claims: str = "lock"
+    #: "transaction" when a pooler hands the server connection to other clients between
+    #: transactions: then nothing may outlive a transaction on it (see :attr:`session_free`).
+    pooler: str = "none"
+    #: Where LISTEN connects for wake-ups (a conninfo); None: nowhere, dispatchers and receivers
+    #: look every :attr:`poll` seconds instead.
+    listen_conninfo: str | None = field(default=None, repr=False)
+    #: How often a process that cannot LISTEN looks for messages others stored.
+    poll: float = 0.5
     display: str = ""
 
     @classmethod
@@ -63,13 +90,25 @@ class PgOptions:
         given = {key for key, _ in theirs}
         theirs += [(key, value) for key, value in LIBPQ.items() if key not in given]  # partitions end
         claim = claim_timeout_option(ours, claim_timeout)
-        theirs = _end_frozen_transactions(theirs, claim.total_seconds())
+        pooler = ours.get("pooler", "none")
+        if pooler not in POOLERS:
+            raise ConfigurationError(
+                f"pooler={pooler!r} in {redact(url)} is not a pooling mode; use pooler=transaction when "
+                "the URL names a pooler such as PgBouncer in transaction mode, or leave it out."
+            )
+        if pooler != "transaction":
+            # a pooler in transaction mode does not pass start-up options on (PgBouncer refuses
+            # or ignores them): claims set the limit in their own transaction instead
+            theirs = _end_frozen_transactions(theirs, claim.total_seconds())
         # by hand, not urlunsplit: that drops the empty host of postgresql:///db (the local socket)
         conninfo = f"postgresql://{parts.netloc}{parts.path}?{urlencode(theirs, quote_via=quote)}"
         _check_conninfo(conninfo, url)
+        listen = _listen_conninfo(ours.get("listen"), pooler, parts.netloc, parts.path, theirs, url)
         pool = int(number_option(ours, "pool_size", 4, whole=True))
         pool_timeout = number_option(ours, "pool_timeout", 5.0)
-        claims = ours.get("claims", "lock")
+        # a lock claim keeps its transaction (so, behind a pooler, a server connection) while its
+        # batch is sent; a lease holds none
+        claims = ours.get("claims", "lease" if pooler == "transaction" else "lock")
         if claims not in CLAIM_KINDS:
             raise ConfigurationError(
                 f"claims={claims!r} in {redact(url)} is not a way to claim; use claims=lock "
@@ -83,8 +122,56 @@ class PgOptions:
             pool_size=pool,
             pool_timeout=pool_timeout,
             claims=claims,
+            pooler=pooler,
+            listen_conninfo=listen if listen != "" else conninfo,
+            poll=number_option(ours, "poll", 0.5, minimum=0.01),
             display=redact(url),
         )
+
+    @property
+    def session_free(self) -> bool:
+        """Whether every connection must leave nothing behind past a transaction: no server-side
+        prepared statements, no session settings (``SET`` without ``LOCAL``), no LISTEN."""
+        return self.pooler == "transaction"
+
+    @property
+    def connect_kwargs(self) -> dict[str, Any]:
+        """What every connection is opened with. psycopg prepares a statement on the server after
+        it has run five times; through a pooler in transaction mode the next transaction may run
+        on another server connection, where that statement does not exist (or one of another
+        client's does: "prepared statement "_pg3_0" already exists")."""
+        return {"prepare_threshold": None} if self.session_free else {}
+
+
+def _listen_conninfo(
+    given: str | None, pooler: str, netloc: str, path: str, params: list[tuple[str, str]], url: str
+) -> str | None:
+    """Where LISTEN connects: "" for the URL's own server, None for nowhere (poll), or a conninfo
+    for the server itself at ``listen=HOST:PORT`` (the same role, password and database).
+
+    Through a pooler in transaction mode a LISTEN lands on whichever server connection the pooler
+    picks and notifications never reach the listener, so the default there is to poll."""
+    if given is None:
+        return None if pooler == "transaction" else ""
+    if given in ("off", "no", "false"):
+        return None
+    if given in ("on", "yes", "true"):
+        if pooler == "transaction":
+            raise ConfigurationError(
+                f"listen=on in {redact(url)}: LISTEN does not work through a pooler in transaction "
+                "mode; give the server's own address (listen=HOST:PORT) or leave listen out to poll."
+            )
+        return ""
+    host, _, port = given.rpartition(":") if ":" in given else (given, "", "")
+    if not host or (port and not port.isdigit()):
+        raise ConfigurationError(
+            f"listen={given!r} in {redact(url)} is not an address; write listen=HOST:PORT (the "
+            "PostgreSQL server itself, not the pooler), listen=off to poll, or leave it out."
+        )
+    users = netloc.rpartition("@")[0]
+    server = f"{users}@{host}" if users else host
+    server += f":{port}" if port else ""
+    return f"postgresql://{server}{path}?{urlencode(params, quote_via=quote)}"
 
 
 def _check_conninfo(conninfo: str, url: str) -> None:
@@ -126,11 +213,34 @@ def connect(options: PgOptions, *, autocommit: bool = False) -> Any:
     import psycopg
 
     try:
-        return psycopg.connect(options.conninfo, autocommit=autocommit)
+        return psycopg.connect(options.conninfo, autocommit=autocommit, **options.connect_kwargs)
     except psycopg.OperationalError as error:
         raise connection_failed(options.display, error) from None
     except psycopg.ProgrammingError as error:  # an option's value libpq cannot read
         raise bad_option(options.display, error) from None
+
+
+@contextmanager
+def pooled(pool: ConnectionPool, options: PgOptions) -> Iterator[psycopg.Connection[Any]]:
+    """A connection from ``pool`` for one call, with :func:`pooler_unsaid`."""
+    with pooler_unsaid(options), pool.connection() as conn:
+        yield conn
+
+
+@contextmanager
+def pooler_unsaid(options: PgOptions) -> Iterator[None]:
+    """A prepared statement the server does not know (or knows already) means the URL leads
+    through a pooler in transaction mode that duetime was not told of: said in one line with the
+    fix, not in psycopg's words."""
+    from psycopg import errors
+
+    try:
+        yield
+    except (errors.DuplicatePreparedStatement, errors.InvalidSqlStatementName) as error:
+        raise ConfigurationError(
+            f"{options.display}: {one_line(error)}: the URL leads through a pooler in transaction "
+            "mode (PgBouncer's pool_mode = transaction?); add pooler=transaction to the URL."
+        ) from None
 
 
 def reach(options: PgOptions) -> None:
@@ -144,7 +254,9 @@ async def reach_async(options: PgOptions) -> None:
     import psycopg
 
     try:
-        await (await psycopg.AsyncConnection.connect(options.conninfo, autocommit=True)).close()
+        await (
+            await psycopg.AsyncConnection.connect(options.conninfo, autocommit=True, **options.connect_kwargs)
+        ).close()
     except psycopg.OperationalError as error:
         raise connection_failed(options.display, error) from None
     except psycopg.ProgrammingError as error:  # an option's value libpq cannot read

@@ -5,7 +5,8 @@ the due rows ``FOR UPDATE SKIP LOCKED`` in a transaction that stays open while t
 the delete of what was delivered (and the failure count of what was not) then commits in it. Other
 dispatchers skip locked rows exactly as they skip leased ones. If the process dies, the server ends
 the session and the rows are free at once (a lease waits out its time); a frozen process's session
-is ended by ``idle_in_transaction_session_timeout``, set to the claim time on every connection.
+is ended by ``idle_in_transaction_session_timeout``, set to the claim time on every connection (by
+the claim's own transaction behind a pooler in transaction mode, which passes no start-up options).
 
 The transaction commits without waiting for its WAL flush (``SET LOCAL synchronous_commit``): all
 it writes is removals and failure counts, and a server crash that undoes a few of them only makes
@@ -35,7 +36,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from duetime.backends.postgres.common import decode
+from duetime.backends.postgres.common import PgOptions, decode, pooler_unsaid
 from duetime.message import DelayedMessage
 
 
@@ -50,14 +51,27 @@ class _Batch:
 class HeldBatches:
     """The open claim transactions of one store, by message id; thread-safe."""
 
-    def __init__(self, pool: Callable[[], ConnectionPool], monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self, pool: Callable[[], ConnectionPool], monotonic: Callable[[], float], options: PgOptions
+    ) -> None:
         self._pool = pool
         self._monotonic = monotonic
+        self._options = options
+        self._begin = "BEGIN; SET LOCAL synchronous_commit TO off; SET LOCAL enable_sort TO off"
+        if options.session_free:
+            # a pooler in transaction mode passes no start-up options: the claim's transaction
+            # sets the server's idle-in-transaction limit itself
+            limit = int(options.claim_timeout.total_seconds() * 1000)
+            self._begin += f"; SET LOCAL idle_in_transaction_session_timeout TO {limit}"
         self._by_id: dict[str, _Batch] = {}
         self._guard = threading.Lock()
 
     def claim(self, sql: str, params: dict[str, Any]) -> list[DelayedMessage]:
         """Lock up to ``limit`` due rows in a new transaction left open; none found: nothing open."""
+        with pooler_unsaid(self._options):
+            return self._claim(sql, params)
+
+    def _claim(self, sql: str, params: dict[str, Any]) -> list[DelayedMessage]:
         pool = self._pool()
         conn = pool.getconn()
         try:
@@ -65,7 +79,7 @@ class HeldBatches:
             # idle (idle_in_transaction_session_timeout, which frees a frozen claimer's rows). The
             # pipeline that ends a batch (run) leaves no such trace: a later claim on the same
             # connection is still ended (checked by hand on PostgreSQL 15).
-            conn.execute("BEGIN; SET LOCAL synchronous_commit TO off; SET LOCAL enable_sort TO off")
+            conn.execute(self._begin)
             rows = conn.execute(sql, params).fetchall()
             if not rows:
                 conn.execute("COMMIT")
@@ -111,6 +125,10 @@ class HeldBatches:
 
     def run(self, batch: _Batch, ids: Sequence[str], sql: str | None, params: dict[str, Any]) -> int:
         """Run ``sql`` (if any) in the batch's transaction, settle ``ids``; commit once all are."""
+        with pooler_unsaid(self._options):
+            return self._run(batch, ids, sql, params)
+
+    def _run(self, batch: _Batch, ids: Sequence[str], sql: str | None, params: dict[str, Any]) -> int:
         try:
             with batch.lock:
                 last = self._settles(batch, ids)

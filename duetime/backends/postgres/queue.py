@@ -26,6 +26,7 @@ from duetime.backends.postgres.common import (
     PgOptions,
     dump_headers,
     enqueue_declared,
+    pooled,
     reach,
 )
 from duetime.backends.queue_rows import received
@@ -64,6 +65,19 @@ def _in_index_order(conn: psycopg.Connection[Any]) -> None:
     waiting. Sorting is the only way to be wrong here, so it is ruled out.
     """
     conn.execute("SET enable_sort = off")
+
+
+def _asked(conn: psycopg.Connection[Any], options: PgOptions, sql: str, params: dict[str, Any]) -> list[Any]:
+    """The rows of one of a queue's questions, answered in index order: by the connection's own
+    setting (:func:`_in_index_order`), or where a pooler in transaction mode shares the server
+    connection with other clients (a session setting would reach them) by one said for this
+    question alone, in the same round trip."""
+    if not options.session_free:
+        return conn.execute(sql, params).fetchall()
+    with conn.pipeline(), conn.transaction():
+        conn.execute("SET LOCAL enable_sort = off")
+        cursor = conn.execute(sql, params)
+    return cursor.fetchall()
 
 
 def _received(row: Sequence[Any], token: uuid.UUID) -> ReceivedMessage:
@@ -119,14 +133,16 @@ class SyncPostgresQueue(Closing):
             min_size=1,
             max_size=2,
             open=True,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **options.connect_kwargs},
             timeout=options.pool_timeout,
-            configure=_in_index_order,
+            configure=None if options.session_free else _in_index_order,
         )
-        with self.pool.connection() as conn, conn.transaction():
+        with pooled(self.pool, self.options) as conn, conn.transaction():
             for sql, params in queue_setup(self.names):
                 conn.execute(sql, params)
-        self._listener = _Listener(options.conninfo, self.names.queue_channel)
+        self._listener = _Listener(options.listen_conninfo, self.names.queue_channel)
+        if options.listen_conninfo is None:  # nothing to wait on: look every `poll` seconds
+            self.poll_interval = max(poll_interval, options.poll)
 
     @classmethod
     def from_url(cls, url: str) -> SyncPostgresQueue:
@@ -136,11 +152,11 @@ class SyncPostgresQueue(Closing):
         return {"visibility": self.visibility_timeout, "token": uuid.uuid4(), "queue": queue, "limit": limit}
 
     def declare(self, queue: str) -> None:
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
             conn.execute(self.names.q["declare_queue"], {"name": check_name("queue", queue)})
 
     def queues(self) -> dict[str, int]:
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
             return {r[0]: r[1] for r in conn.execute(self.names.q["list_queues"]).fetchall()}
 
     def send(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
@@ -149,11 +165,11 @@ class SyncPostgresQueue(Closing):
             entries = [
                 (m.destination, m.message_id, dump_headers(outgoing_headers(m)), m.body) for m in messages
             ]
-            with self.pool.connection() as conn:
+            with pooled(self.pool, self.options) as conn:
                 sent = enqueue_declared(conn, self.names, entries)
             return [None if m.message_id in sent else _not_found(m) for m in messages]
         q = self.names.q
-        with self.pool.connection() as conn, conn.transaction():
+        with pooled(self.pool, self.options) as conn, conn.transaction():
             wanted = list({m.destination for m in messages})
             known = {r[0] for r in conn.execute(q["existing_queues"], {"names": wanted}).fetchall()}
             rows, results = _split(messages, known)
@@ -173,8 +189,8 @@ class SyncPostgresQueue(Closing):
         listening = False
         while True:
             params = self._receive_params(queue, max_messages)
-            with self.pool.connection() as conn:
-                rows = conn.execute(self.names.q["receive"], params).fetchall()
+            with pooled(self.pool, self.options) as conn:
+                rows = _asked(conn, self.options, self.names.q["receive"], params)
             left = deadline - SYSTEM.monotonic()
             if rows or left <= 0:
                 return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
@@ -190,24 +206,24 @@ class SyncPostgresQueue(Closing):
         if not messages:
             return 0
         seqs, receipts = zip(*(_receipt(m) for m in messages), strict=True)
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
             params = {"seqs": list(seqs), "receipts": list(receipts)}
             return conn.execute(self.names.q["acknowledge"], params).rowcount
 
     def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
         """Receive these particular messages (an operator sending errors back)."""
         params = self._receive_params(queue, 0) | {"message_ids": list(message_ids)}
-        with self.pool.connection() as conn:
-            rows = conn.execute(self.names.q["receive_by_id"], params).fetchall()
+        with pooled(self.pool, self.options) as conn:
+            rows = _asked(conn, self.options, self.names.q["receive_by_id"], params)
         return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
 
     def peek(self, queue: str, limit: int = 100) -> list[ReceivedMessage]:
-        with self.pool.connection() as conn:
-            rows = conn.execute(self.names.q["peek"], {"queue": queue, "limit": limit}).fetchall()
+        with pooled(self.pool, self.options) as conn:
+            rows = _asked(conn, self.options, self.names.q["peek"], {"queue": queue, "limit": limit})
         return [_received(r, uuid.UUID(int=0)) for r in rows]
 
     def depth(self, queue: str) -> int:
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
             row = conn.execute(self.names.q["depth"], {"queue": queue}).fetchone()
         return int(row[0]) if row else 0
 
@@ -221,7 +237,7 @@ class _Listener:
     on it at a time, the others poll (``wait_for`` answers False); a lost connection is opened
     again on the next wait, and until then receivers poll."""
 
-    def __init__(self, conninfo: str, channel: str) -> None:
+    def __init__(self, conninfo: str | None, channel: str) -> None:
         self.conninfo, self.channel = conninfo, channel
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
@@ -231,6 +247,8 @@ class _Listener:
         if not self._lock.acquire(blocking=False):
             return False
         try:
+            if self.conninfo is None:  # told to poll: nowhere to LISTEN
+                return False
             if self._conn is None:
                 conn = psycopg.connect(self.conninfo, autocommit=True)
                 conn.execute(f"LISTEN {self.channel}")

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
-from duetime.backends._bridge import Subscribers, TransactionalBridge
+from duetime.backends._bridge import Subscribers, TransactionalBridge, poll_next_due
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, sql_filters
 from duetime.backends.postgres.common import (
@@ -36,6 +36,7 @@ from duetime.backends.postgres.common import (
     due_payload,
     dump_headers,
     enqueue_declared,
+    pooled,
     reach,
     refresh_planner_stats,
     table_for,
@@ -93,7 +94,7 @@ class SyncPostgresStore(StoreRules):
         self._names: PgNames | None = None
         self._pool: ConnectionPool | None = None
         self._opening = threading.Lock()
-        self._held = HeldBatches(lambda: self.pool, lambda: self.clock.monotonic())
+        self._held = HeldBatches(lambda: self.pool, lambda: self.clock.monotonic(), options)
 
     @property
     def holds_locks(self) -> bool:
@@ -121,7 +122,7 @@ class SyncPostgresStore(StoreRules):
                     min_size=1,
                     max_size=self.options.pool_size,
                     open=True,
-                    kwargs={"autocommit": True},
+                    kwargs={"autocommit": True, **self.options.connect_kwargs},
                     name="duetime-store",
                     timeout=self.options.pool_timeout,
                 )
@@ -137,11 +138,11 @@ class SyncPostgresStore(StoreRules):
         return self._names
 
     def _rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
             return conn.execute(sql, params).fetchall()
 
     def _rowcount(self, sql: str, params: Mapping[str, Any]) -> int:
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
             return conn.execute(sql, params).rowcount
 
     # --- primitives -----------------------------------------------------------------------
@@ -152,7 +153,7 @@ class SyncPostgresStore(StoreRules):
     def _create(self, endpoint: str) -> None:
         names = self.names_for(endpoint)
         statements = _setup_statements(names)
-        with self.pool.connection() as conn, conn.transaction():
+        with pooled(self.pool, self.options) as conn, conn.transaction():
             for sql, params in statements[:4]:  # the lock, the schema, the version table, the table
                 conn.execute(sql, params)
             found = conn.execute(names.q["has_group_column"], {"regclass": names.qualified}).fetchone()
@@ -181,7 +182,7 @@ class SyncPostgresStore(StoreRules):
         earliest = min(m.due_at for m in messages)
         notify = {"channel": names.channel, "payload": due_payload(earliest)}
         try:
-            with self.pool.connection() as conn:
+            with pooled(self.pool, self.options) as conn:
                 if len(messages) == 1:
                     conn.execute(
                         q["insert_notify"], dict(zip(_FIELDS, copy_row(messages[0]), strict=True)) | notify
@@ -227,7 +228,7 @@ class SyncPostgresStore(StoreRules):
         self._held.settle_stale(self._stale_after)
         ours, oldest = self._held.held()
         now = self.clock.now()
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
             row = conn.execute(self.names.q["next_times"], {"ours": ours}).fetchone()
             first, expiry = row if row is not None else (None, None)
             unlocked = None
@@ -312,7 +313,7 @@ class SyncPostgresStore(StoreRules):
         total is that estimate and per-destination counts are left out: `stats` never scans millions."""
         names = self.names
         q = names.q
-        with self.pool.connection() as conn:
+        with pooled(self.pool, self.options) as conn:
 
             def one(key: str, params: Mapping[str, Any] | None = None) -> Any:
                 return conn.execute(q[key], params).fetchall()
@@ -342,7 +343,7 @@ class SyncPostgresStore(StoreRules):
         q = self.names.q
         moved: list[Moved] = []
         dead: list[tuple[DelayedMessage, str]] = []
-        with self.pool.connection() as conn, conn.transaction():
+        with pooled(self.pool, self.options) as conn, conn.transaction():
             rows = conn.execute(q["take_due"], {"at": check_due_time(at, "at"), "limit": limit}).fetchall()
             if not rows:
                 return MoveOutcome(moved, dead)
@@ -388,7 +389,7 @@ class PostgresStore(TransactionalBridge):
 
     def __init__(self, sync: SyncPostgresStore, *, listen_check: float = 5.0) -> None:
         # One thread, as for every store: two measured no faster (bench/RESULTS.md).
-        super().__init__(sync, name="pg-store", watch=self._listen)
+        super().__init__(sync, name="pg-store", watch=self._watch)
         self.listen_check = listen_check
 
     @classmethod
@@ -399,14 +400,23 @@ class PostgresStore(TransactionalBridge):
     def options(self) -> PgOptions:
         return self.sync.options
 
-    async def _listen(self, subscribers: Subscribers) -> None:
+    async def _watch(self, subscribers: Subscribers) -> None:
+        """Wake-ups from LISTEN where it can connect, else from asking the next due time every
+        ``poll`` seconds (a pooler in transaction mode without ``listen=HOST:PORT``)."""
+        listen = self.options.listen_conninfo
+        if listen is not None:
+            await self._listen(listen, subscribers)
+        elif self.sync.endpoint is not None:
+            await poll_next_due(self.sync.next_due, self.options.poll, subscribers)
+
+    async def _listen(self, conninfo: str, subscribers: Subscribers) -> None:
         """LISTEN on the table's channel; re-establish a dropped connection, and after every
         (re)connect tell subscribers to look again, since a NOTIFY may have been missed."""
         channel = self.sync.names.channel
         backoff = 0.1
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self.options.conninfo, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {channel}")
                     backoff = 0.1
