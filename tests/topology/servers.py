@@ -135,3 +135,103 @@ def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+
+
+@dataclass
+class ReplicatedPostgres:
+    """A PostgreSQL primary and a synchronous streaming standby of its own (PostgreSQL 15)."""
+
+    folder: Path
+    primary_port: int
+    standby_port: int
+
+    @property
+    def primary(self) -> Path:
+        return self.folder / "primary"
+
+    @property
+    def standby(self) -> Path:
+        return self.folder / "standby"
+
+    def url(self, database: str = "postgres") -> str:
+        """Both servers, the writable one chosen by libpq (``target_session_attrs=read-write``)."""
+        hosts = f"127.0.0.1:{self.primary_port},127.0.0.1:{self.standby_port}"
+        return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    def kill_primary(self) -> None:
+        """``kill -9`` of the primary's postmaster: a crash, not a shutdown."""
+        pid = int((self.primary / "postmaster.pid").read_text().splitlines()[0])
+        os.kill(pid, signal.SIGKILL)
+
+    def promote(self) -> None:
+        as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.standby), "promote", "-w", "-t", "60")
+
+    def stop(self) -> None:
+        for data in (self.primary, self.standby):
+            if (data / "postmaster.pid").exists():
+                as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m", "immediate", check=False)
+
+
+def _configure(data: Path, port: int, *lines: str) -> None:
+    with (data / "postgresql.conf").open("a") as conf:
+        conf.write(
+            "\n".join(
+                [
+                    f"port = {port}",
+                    "listen_addresses = '127.0.0.1'",
+                    f"unix_socket_directories = '{data}'",
+                    *lines,
+                ]
+            )
+            + "\n"
+        )
+
+
+def _start(data: Path) -> None:
+    as_postgres(
+        str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log"), "-w", "-t", "60", "start"
+    )
+
+
+@contextmanager
+def replicated_postgres() -> Iterator[ReplicatedPostgres]:
+    """A primary (``initdb``) and a synchronous standby (``pg_basebackup``) on ports of their own:
+    every commit the primary acknowledges is on the standby too. The standby's copy of the
+    configuration names no standby of its own, or once promoted every commit would wait for ever."""
+    with postgres_folder("duetime-pg-pair-") as folder:
+        pair = ReplicatedPostgres(folder, free_port(), free_port())
+        try:
+            as_postgres(
+                str(PG_BIN / "initdb"), "-D", str(pair.primary), "-U", "postgres", "--auth=trust", "-N"
+            )
+            _configure(
+                pair.primary,
+                pair.primary_port,
+                "wal_level = replica",
+                "max_wal_senders = 5",
+                "synchronous_standby_names = '*'",
+                "synchronous_commit = on",
+                "shared_buffers = 32MB",
+            )
+            _start(pair.primary)
+            as_postgres(
+                str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(pair.primary_port), "-U", "postgres",
+                "-D", str(pair.standby), "-R", "-X", "stream",
+            )  # fmt: skip
+            _configure(pair.standby, pair.standby_port, "synchronous_standby_names = ''")
+            _start(pair.standby)
+            _until_synchronous(pair)
+            yield pair
+        finally:
+            pair.stop()
+
+
+def _until_synchronous(pair: ReplicatedPostgres) -> None:
+    """Until the primary counts the standby as synchronous (it streams first as "async")."""
+    import psycopg
+
+    end = time.monotonic() + 30
+    with psycopg.connect(pair.url(), autocommit=True) as conn:
+        while conn.execute("SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'").fetchone() is None:
+            assert time.monotonic() < end, "the standby never became synchronous"
+            time.sleep(0.1)
