@@ -84,8 +84,9 @@ class Bouncer:
 
 
 @contextmanager
-def pgbouncer(server: str = POSTGRES, *, pool_size: int = 10, extra: str = "") -> Iterator[Bouncer]:
-    """Debian's PgBouncer, ``pool_mode = transaction``, for every database of ``server``."""
+def pgbouncer(server: str = POSTGRES, *, pool_size: int = 10, ignore: str = "") -> Iterator[Bouncer]:
+    """Debian's PgBouncer, ``pool_mode = transaction``, for every database of ``server``; start-up
+    parameters it refuses unless ``ignore`` names them (``ignore_startup_parameters``)."""
     if shutil.which("pgbouncer") is None:
         pytest.fail("pgbouncer is not installed: apt-get install pgbouncer (scripts/test-topologies.sh does)")
     require(server)
@@ -106,10 +107,9 @@ auth_file = {folder}/users.txt
 pool_mode = transaction
 default_pool_size = {pool_size}
 max_client_conn = 500
-ignore_startup_parameters = extra_float_digits,options
+ignore_startup_parameters = {ignore}
 logfile = {folder}/pgbouncer.log
 pidfile = {folder}/pgbouncer.pid
-{extra}
 """
         )
         for name in ("users.txt", "pgbouncer.ini"):

@@ -46,8 +46,9 @@ OPTIONS = {
 }
 #: How at-least-once dispatchers claim: row locks held while a batch is sent, or a lease column.
 CLAIM_KINDS = ("lock", "lease")
-#: What sits between duetime and the server: nothing (or a pooler in session mode, the same), or a
-#: pooler in transaction mode (PgBouncer's ``pool_mode = transaction``, pgcat, RDS Proxy, Supavisor).
+#: What sits between duetime and the server: nothing, a pooler in session mode (a client keeps its
+#: server connection; only start-up options do not pass), or a pooler in transaction mode
+#: (PgBouncer's ``pool_mode = transaction``, pgcat, RDS Proxy, Supavisor).
 POOLERS = ("none", "session", "transaction")
 
 
@@ -96,9 +97,9 @@ class PgOptions:
                 f"pooler={pooler!r} in {redact(url)} is not a pooling mode; use pooler=transaction when "
                 "the URL names a pooler such as PgBouncer in transaction mode, or leave it out."
             )
-        if pooler != "transaction":
-            # a pooler in transaction mode does not pass start-up options on (PgBouncer refuses
-            # or ignores them): claims set the limit in their own transaction instead
+        if pooler == "none":
+            # a pooler passes no start-up options on (PgBouncer refuses or ignores them): behind
+            # one, claims set the limit in their own transaction instead (locked_claims.py)
             theirs = _end_frozen_transactions(theirs, claim.total_seconds())
         # by hand, not urlunsplit: that drops the empty host of postgresql:///db (the local socket)
         conninfo = f"postgresql://{parts.netloc}{parts.path}?{urlencode(theirs, quote_via=quote)}"
@@ -215,7 +216,7 @@ def connect(options: PgOptions, *, autocommit: bool = False) -> Any:
     try:
         return psycopg.connect(options.conninfo, autocommit=autocommit, **options.connect_kwargs)
     except psycopg.OperationalError as error:
-        raise connection_failed(options.display, error) from None
+        raise refused(options, error) from None
     except psycopg.ProgrammingError as error:  # an option's value libpq cannot read
         raise bad_option(options.display, error) from None
 
@@ -258,9 +259,21 @@ async def reach_async(options: PgOptions) -> None:
             await psycopg.AsyncConnection.connect(options.conninfo, autocommit=True, **options.connect_kwargs)
         ).close()
     except psycopg.OperationalError as error:
-        raise connection_failed(options.display, error) from None
+        raise refused(options, error) from None
     except psycopg.ProgrammingError as error:  # an option's value libpq cannot read
         raise bad_option(options.display, error) from None
+
+
+def refused(options: PgOptions, error: Exception) -> Exception:
+    """A refused connection in the server's own words; PgBouncer's refusal of the start-up option
+    that sets the idle-in-transaction limit says how to tell duetime of the pooler."""
+    failed = connection_failed(options.display, error)
+    if "unsupported startup parameter" not in str(error):
+        return failed
+    return ConfigurationError(
+        f"{failed}: the URL leads to a pooler (PgBouncer?), which takes no start-up options; add "
+        "pooler=transaction to the URL (pooler=session for a pooler in session mode)."
+    )
 
 
 #: The "table" the queue tables are named after (``duetime_queues``, ``duetime_queue_messages``).

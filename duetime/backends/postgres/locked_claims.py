@@ -6,7 +6,7 @@ the delete of what was delivered (and the failure count of what was not) then co
 dispatchers skip locked rows exactly as they skip leased ones. If the process dies, the server ends
 the session and the rows are free at once (a lease waits out its time); a frozen process's session
 is ended by ``idle_in_transaction_session_timeout``, set to the claim time on every connection (by
-the claim's own transaction behind a pooler in transaction mode, which passes no start-up options).
+the claim's own transaction behind a pooler, which passes no start-up options).
 
 The transaction commits without waiting for its WAL flush (``SET LOCAL synchronous_commit``): all
 it writes is removals and failure counts, and a server crash that undoes a few of them only makes
@@ -58,9 +58,9 @@ class HeldBatches:
         self._monotonic = monotonic
         self._options = options
         self._begin = "BEGIN; SET LOCAL synchronous_commit TO off; SET LOCAL enable_sort TO off"
-        if options.session_free:
-            # a pooler in transaction mode passes no start-up options: the claim's transaction
-            # sets the server's idle-in-transaction limit itself
+        if options.pooler != "none":
+            # a pooler passes no start-up options: the claim's transaction sets the server's
+            # idle-in-transaction limit itself
             limit = int(options.claim_timeout.total_seconds() * 1000)
             self._begin += f"; SET LOCAL idle_in_transaction_session_timeout TO {limit}"
         self._by_id: dict[str, _Batch] = {}
