@@ -80,6 +80,12 @@ class TransportUnavailable(TransportError):
     """
 
 
+class DestinationUnavailable(TransportUnavailable):
+    """The transport answers, but a destination cannot take messages now (a RabbitMQ quorum queue
+    electing a new leader after a node was lost, a queue full that refuses more): an outage of
+    that destination like any other, and never a sign that the message broke the connection."""
+
+
 class ConnectionFailed(DuetimeError):
     """A server cannot be reached: check its address, port, user, password and that it is running."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from duetime.errors import MessageRefused, TransportUnavailable, one_line
+from duetime.errors import DestinationUnavailable, MessageRefused, TransportUnavailable, one_line
 from duetime.message import DelayedMessage
 
 Send = Callable[[Sequence[DelayedMessage]], Awaitable[list[Exception | None]]]
@@ -74,4 +74,9 @@ async def send_pinpointing(
 
 
 def _lost(results: Sequence[Exception | None], indices: Sequence[int]) -> list[int]:
-    return [i for i in indices if isinstance(results[i], TransportUnavailable)]
+    """The messages a dropped connection lost (not those a destination could not take now)."""
+    return [
+        i
+        for i in indices
+        if isinstance(results[i], TransportUnavailable) and not isinstance(results[i], DestinationUnavailable)
+    ]

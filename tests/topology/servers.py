@@ -7,12 +7,14 @@ of its own (../shared/reference/local-topologies.md says what was seen to work h
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -235,3 +237,115 @@ def _until_synchronous(pair: ReplicatedPostgres) -> None:
         while conn.execute("SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'").fetchone() is None:
             assert time.monotonic() < end, "the standby never became synchronous"
             time.sleep(0.1)
+
+
+@dataclass
+class RabbitNode:
+    name: str  # t1-XXXX@localhost
+    port: int
+    dist_port: int
+    folder: Path
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def pid(self) -> int:
+        return int((self.folder / "pid").read_text().strip())
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_SERVER_START_ARGS": (
+                f"-kernel inet_dist_listen_min {self.dist_port} -kernel inet_dist_listen_max {self.dist_port}"
+            ),
+            "RABBITMQ_MNESIA_BASE": str(self.folder / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.folder / "log"),
+            "RABBITMQ_PID_FILE": str(self.folder / "pid"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.folder / "rabbitmq"),
+            "HOME": "/var/lib/rabbitmq",
+        }
+
+
+@dataclass
+class RabbitCluster:
+    nodes: list[RabbitNode]
+
+    @property
+    def url(self) -> str:
+        """Every node in one URL, as duetime takes it."""
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return f"amqp://guest:guest@{hosts}/"
+
+    def ctl(self, node: RabbitNode, *args: str, check: bool = True) -> str:
+        done = _as_rabbitmq(node, "rabbitmqctl", "-n", node.name, *args)
+        if check and done.returncode:
+            raise AssertionError(f"rabbitmqctl {' '.join(args)}: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def kill(self, node: RabbitNode) -> None:
+        """``kill -9`` of a node's Erlang VM: a crash, not a shutdown."""
+        os.kill(node.pid(), signal.SIGKILL)
+
+    def leader_of(self, queue: str) -> RabbitNode:
+        for node in self.nodes:
+            with contextlib.suppress(AssertionError):
+                for line in self.ctl(
+                    node, "list_queues", "name", "leader", "--quiet", "--no-table-headers"
+                ).splitlines():
+                    name, _, leader = line.partition("\t")
+                    if name == queue:
+                        return next(n for n in self.nodes if n.name == leader.strip())
+        raise AssertionError(f"no leader found for {queue}")
+
+
+def _as_rabbitmq(node: RabbitNode, *command: str) -> subprocess.CompletedProcess[str]:
+    """A command as the ``rabbitmq`` user (it owns the Erlang cookie every node shares), with the
+    node's environment; not through runuser, whose session end kills a detached node."""
+    user = {"user": "rabbitmq", "group": "rabbitmq"} if os.geteuid() == 0 else {}
+    return subprocess.run(
+        list(command), env=node.env(), cwd=node.folder, capture_output=True, text=True, timeout=120, **user
+    )  # type: ignore[call-overload]
+
+
+@contextmanager
+def rabbitmq_cluster(size: int = 3) -> Iterator[RabbitCluster]:
+    """``size`` RabbitMQ nodes of their own (names, ports, data), joined in one cluster; the shared
+    broker (``rabbit@…``, port 5672) shares only the Erlang cookie and is never touched."""
+    tag = uuid.uuid4().hex[:6]
+    root = Path(tempfile.mkdtemp(prefix="duetime-rabbit-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "rabbitmq", "rabbitmq")
+    nodes = [
+        RabbitNode(f"t{i}-{tag}@localhost", free_port(), free_port(), root / f"t{i}") for i in range(size)
+    ]
+    cluster = RabbitCluster(nodes)
+    try:
+        for node in nodes:
+            node.folder.mkdir()
+            (node.folder / "enabled_plugins").write_text("[].\n")
+            (node.folder / "rabbitmq.conf").write_text("loopback_users = none\n")
+            for path in (node.folder, node.folder / "enabled_plugins", node.folder / "rabbitmq.conf"):
+                if os.geteuid() == 0:
+                    shutil.chown(path, "rabbitmq", "rabbitmq")
+            _as_rabbitmq(node, "rabbitmq-server", "-detached")
+        for node in nodes:
+            # await_startup fails at once until the node has registered with epmd
+            end = time.monotonic() + 90
+            while _as_rabbitmq(node, "rabbitmqctl", "-n", node.name, "await_startup").returncode:
+                assert time.monotonic() < end, f"RabbitMQ node {node.name} did not start"
+                time.sleep(0.5)
+        for node in nodes[1:]:
+            cluster.ctl(node, "stop_app")
+            cluster.ctl(node, "join_cluster", nodes[0].name)
+            cluster.ctl(node, "start_app")
+        yield cluster
+    finally:
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                os.kill(node.pid(), signal.SIGKILL)
+        shutil.rmtree(root, ignore_errors=True)

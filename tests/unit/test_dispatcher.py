@@ -868,3 +868,31 @@ async def test_a_connection_lost_mid_batch_to_an_outage_blames_no_message() -> N
     assert sum(dropping.sent.values()) == 4  # sent once, not split: the broker did not answer again
     rig.dispatcher.stop()
     await rig.task  # type: ignore[misc]
+
+
+async def test_a_destination_that_cannot_take_messages_now_blames_no_message() -> None:
+    """A broker that answers but refuses every publish for a while (a RabbitMQ quorum queue
+    electing its leader nacks them): one outage, the messages stay stored unblamed and go once
+    the destination takes them again; none is sent alone to find a culprit."""
+    from duetime.errors import DestinationUnavailable
+
+    rig = await Rig().setup("orders", "error")
+    refusing = _DropsOn(rig.queues)
+    rig.build(rig.store, refusing)
+    await rig.store.store_many([rig.message(i, 0) for i in range(4)])
+    calls: list[int] = []
+
+    async def nacks(messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        calls.append(len(messages))
+        if len(calls) == 1:
+            return [DestinationUnavailable("nack: the queue has no leader yet") for _ in messages]
+        return await _DropsOn.send_batch(refusing, messages)
+
+    refusing.send_batch = nacks  # type: ignore[method-assign]
+    await rig.start()
+    await rig.tick(6, steps=6)  # the back-off after the outage
+    assert calls[0] == 4 and 1 not in calls[:2], calls  # never split to find a culprit
+    assert sorted(rig.delivered()) == [f"m{i}" for i in range(4)] and rig.queues.messages("error") == []
+    assert rig.dispatcher.stats.outages == 1
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
@@ -47,6 +48,7 @@ from duetime.clock import SYSTEM
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
+    DestinationUnavailable,
     MessageRefused,
     TransportError,
     TransportUnavailable,
@@ -57,6 +59,8 @@ from duetime.inputs.urls import number_option, redact
 from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.nservicebus.headers import amqp_properties
+
+log = logging.getLogger("duetime.rabbitmq")
 
 QUEUE_TYPES = {"classic", "quorum"}
 #: NServiceBus.RabbitMQ's routing topologies: ``direct`` senders publish to the default exchange,
@@ -100,7 +104,10 @@ class RabbitMqTransport(AsyncClosing):
             raise ConfigurationError(f"topology must be one of {sorted(TOPOLOGIES)}, got {topology!r}.")
         self.topology = topology
         self.max_message_size = max_message_size or DEFAULT_MAX_MESSAGE_SIZE
-        self.url, self.queue_type, self.prefetch = _with_heartbeat(url), queue_type, prefetch
+        #: One URL per node the URL names (``amqp://u:p@node1:5672,node2:5672,node3/vhost``), tried
+        #: in turn from the one that answered last: a cluster's node that dies is left for the next.
+        self.urls = [_with_heartbeat(node) for node in nodes_of(url)]
+        self.url, self.queue_type, self.prefetch = self.urls[0], queue_type, prefetch
         self.connect_timeout, self.publish_timeout = connect_timeout, publish_timeout
         self.display = redact(url)
         self._connect_lock = asyncio.Lock()
@@ -138,34 +145,59 @@ class RabbitMqTransport(AsyncClosing):
             if self._connection is not None and not self._connection.is_closed:
                 return
             await self._drop()
-            try:
-                connection = await _open(self.url, self.connect_timeout)
-            except (ProbableAuthenticationError, ConnectionNotAllowed) as error:
-                raise ConfigurationError(
-                    f"cannot connect to {self.display}: the broker refused the connection "
-                    f"({one_line(error)}); check the user, password and vhost."
-                ) from None
-            except LINK_ERRORS as error:
-                reason = one_line(error)
-                if isinstance(error, TimeoutError):  # the port took the connection, then silence
-                    where = urlsplit(self.url)
-                    reason = (
-                        f"no answer within {self.connect_timeout:g} s; is {where.hostname}:{where.port or 5672} "
-                        "a RabbitMQ server?"
-                    )
-                raise TransportUnavailable(f"cannot connect to {self.display}: {reason}") from None
-            except AMQPError as error:  # e.g. the broker closing the handshake for a missing vhost
-                said = "" if " object at 0x" in str(error) else f" ({one_line(error)})"  # a frame's repr
-                raise ConfigurationError(
-                    f"cannot connect to {self.display}: the broker closed the connection while opening it"
-                    f"{said}; check that the vhost {_vhost(self.url)!r} exists and the user may use it."
-                ) from None
+            connection = await self._open_a_node()
             try:
                 self._channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             except BaseException:
                 await connection.close()
                 raise
             self._connection = connection
+
+    async def _open_a_node(self) -> aio_pika.Connection:
+        """A connection to the first node that takes one, starting with the last that did. What
+        no waiting mends (credentials, a vhost) fails at once; when no node can be reached, the
+        outage names the last node's reason."""
+        first = self.urls.index(self.url)
+        failed: TransportUnavailable | None = None
+        for url in self.urls[first:] + self.urls[:first]:
+            self.url = url
+            try:
+                return await self._open_node()
+            except TransportUnavailable as error:
+                failed = error
+                if len(self.urls) > 1:
+                    log.warning("RabbitMQ node %s cannot be reached; trying the next", redact(url))
+        self.url = self.urls[first]
+        assert failed is not None
+        if len(self.urls) > 1:
+            raise TransportUnavailable(f"{failed} (none of its {len(self.urls)} nodes answered)")
+        raise failed
+
+    async def _open_node(self) -> aio_pika.Connection:
+        """A connection to the node at :attr:`url`."""
+        try:
+            connection = await _open(self.url, self.connect_timeout)
+        except (ProbableAuthenticationError, ConnectionNotAllowed) as error:
+            raise ConfigurationError(
+                f"cannot connect to {self.display}: the broker refused the connection "
+                f"({one_line(error)}); check the user, password and vhost."
+            ) from None
+        except LINK_ERRORS as error:
+            reason = one_line(error)
+            if isinstance(error, TimeoutError):  # the port took the connection, then silence
+                where = urlsplit(self.url)
+                reason = (
+                    f"no answer within {self.connect_timeout:g} s; is {where.hostname}:{where.port or 5672} "
+                    "a RabbitMQ server?"
+                )
+            raise TransportUnavailable(f"cannot connect to {self.display}: {reason}") from None
+        except AMQPError as error:  # e.g. the broker closing the handshake for a missing vhost
+            said = "" if " object at 0x" in str(error) else f" ({one_line(error)})"  # a frame's repr
+            raise ConfigurationError(
+                f"cannot connect to {self.display}: the broker closed the connection while opening it"
+                f"{said}; check that the vhost {_vhost(self.url)!r} exists and the user may use it."
+            ) from None
+        return connection
 
     async def _drop(self) -> None:
         """Forget a connection that failed; the next call connects again. Consumers start over
@@ -345,6 +377,19 @@ class RabbitMqTransport(AsyncClosing):
             elif isinstance(outcome, LINK_ERRORS):
                 lost = True
                 results.append(TransportUnavailable(f"{self.display}: {one_line(outcome)}"))
+            elif isinstance(outcome, DeliveryError):
+                # a nack: the broker could not take it now (a quorum queue electing its leader
+                # after a node was lost, a queue full with reject-publish), whatever the message:
+                # an outage to wait out, never a failure of the message. The channel goes too: one
+                # nacked by a quorum queue without a leader (RabbitMQ 3.10) went on being nacked
+                # after the queue had one again, while a new channel was taken at once.
+                lost = True
+                results.append(
+                    DestinationUnavailable(
+                        f"{redact(self.url)} did not take message {m.message_id} for {m.destination!r} "
+                        "(nack: the queue has no leader yet, or is full)"
+                    )
+                )
             elif isinstance(outcome, Exception):
                 results.append(TransportError(f"publishing to {m.destination!r} failed: {outcome!r}"))
             else:
@@ -536,6 +581,16 @@ def _vhost(url: str) -> str:
     """The virtual host an ``amqp://`` URL names (``/`` when its path is empty)."""
     path = urlsplit(url).path
     return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def nodes_of(url: str) -> list[str]:
+    """The URL of each node an ``amqp://`` URL names: ``user:pass@a:5672,b:5673/vhost?x=1`` is
+    ``user:pass@a:5672/vhost?x=1`` and ``user:pass@b:5673/vhost?x=1`` (as libpq reads hosts)."""
+    parts = urlsplit(url)
+    users, at, hosts = parts.netloc.rpartition("@")
+    return [urlunsplit(parts._replace(netloc=f"{users}{at}{host}")) for host in hosts.split(",") if host] or [
+        url
+    ]
 
 
 def _with_heartbeat(url: str) -> str:

@@ -1,0 +1,182 @@
+"""A RabbitMQ cluster of three nodes of its own, quorum queues everywhere (the destination, the
+error queue, the front door's queue and the 28 native delay levels), the transport's URL naming
+all three. The node that leads the destination queue is killed (``kill -9``) while the dispatcher
+delivers stored messages, native delayed messages wait in the levels and the front door takes
+envelopes: nothing acknowledged is lost, nothing arrives early, and the dispatcher carries on
+through another node without tripping its breakers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+import duetime
+from duetime import send_delayed
+from duetime.backends.rabbitmq.native import NativeDelays
+from duetime.backends.rabbitmq.transport import RabbitMqTransport
+from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
+from tests.topology.servers import RabbitCluster, rabbitmq_cluster, stop
+
+pytestmark = [pytest.mark.topology, pytest.mark.timeout(400)]
+
+#: Delivery goes on this soon after the node is killed (the dispatch breaker allows 30 s).
+RESUME_WITHIN = 15.0
+
+
+@dataclass
+class Tally:
+    sent: set[str] = field(default_factory=set)
+    raised: set[str] = field(default_factory=set)
+    times: dict[str, int] = field(default_factory=dict)
+    early: list[tuple[str, float]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def got(self, message_id: str, due_at: str | None) -> None:
+        now = time.time()
+        with self.lock:
+            self.times[message_id] = self.times.get(message_id, 0) + 1
+            self.arrivals.append(now)
+            if due_at and datetime.fromisoformat(due_at).timestamp() - now > 0.05:
+                self.early.append((message_id, datetime.fromisoformat(due_at).timestamp() - now))
+
+
+def _store_producer(store: str, tally: Tally, halt: threading.Event) -> None:
+    with duetime.connect_sync(store, endpoint="shop") as client:
+        while not halt.is_set():
+            message_id = f"s-{uuid.uuid4().hex[:12]}"
+            client.schedule("orders", b"stored", delay=random.uniform(0, 2), message_id=message_id)
+            tally.sent.add(message_id)
+            time.sleep(0.02)
+
+
+async def _broker_producers(url: str, native: Tally, door: Tally, halt: threading.Event) -> None:
+    """Native delayed messages into the levels and envelopes for the front door, through every
+    node loss: a send that raises is counted and the transport connects again."""
+    transport = RabbitMqTransport.from_url(url)
+    delays = NativeDelays(transport)
+    while not halt.is_set():
+        for tally, kind in ((native, "n"), (door, "d")):
+            message_id = f"{kind}-{uuid.uuid4().hex[:12]}"
+            try:
+                await transport.start()
+                if kind == "n":
+                    await delays.send("orders", b"native", delay=random.randint(1, 5), message_id=message_id)
+                else:
+                    await send_delayed(transport, "shop", "orders", b"door", delay=random.uniform(0, 2),
+                                       message_id=message_id)  # fmt: skip
+                tally.sent.add(message_id)
+            except Exception:
+                tally.raised.add(message_id)
+                await asyncio.sleep(0.2)
+        await asyncio.sleep(0.05)
+    await transport.close()
+
+
+def _consumer(cluster: RabbitCluster, tallies: dict[str, Tally], halt: threading.Event) -> None:
+    """Reads ``orders`` through any live node, acknowledging after counting (at-least-once)."""
+    import pika
+
+    nodes = list(cluster.nodes)
+    while not halt.is_set():
+        node = nodes[0]
+        try:
+            connection = pika.BlockingConnection(
+                pika.URLParameters(node.url + "?heartbeat=5&socket_timeout=2")
+            )
+        except Exception:
+            nodes.append(nodes.pop(0))
+            time.sleep(0.2)
+            continue
+        try:
+            channel = connection.channel()
+            while not halt.is_set():
+                method, properties, _ = channel.basic_get("orders")
+                if method is None:
+                    time.sleep(0.05)
+                    continue
+                message_id = str(properties.message_id)
+                due = (properties.headers or {}).get("duetime-due-at")
+                tallies[message_id[0]].got(message_id, due)
+                channel.basic_ack(method.delivery_tag)
+        except Exception:
+            nodes.append(nodes.pop(0))
+        finally:
+            if connection.is_open:
+                connection.close()
+
+
+def _ok(*args: str) -> str:
+    done = run_cli(*args, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_a_node_leading_the_queues_killed_loses_nothing(tmp_path: Path) -> None:
+    with rabbitmq_cluster() as cluster:
+        url = f"{cluster.url}?queue_type=quorum"
+        store = f"sqlite:///{tmp_path / 'store.db'}"
+        _ok("setup", "--store", store, "--endpoint", "shop", "--transport", url, "--queue", "orders")
+        _ok("rabbitmq", "setup", "--transport", url)
+        log = tmp_path / "run.log"
+        run = spawn_run(duetime_cmd("run", "--store", store, "--endpoint", "shop", "--transport", url), log)
+        tallies = {"s": Tally(), "n": Tally(), "d": Tally()}
+        halt_producers, halt_consumer = threading.Event(), threading.Event()
+        threads = [
+            threading.Thread(target=_store_producer, args=(store, tallies["s"], halt_producers)),
+            threading.Thread(
+                target=lambda: asyncio.run(_broker_producers(url, tallies["n"], tallies["d"], halt_producers))
+            ),
+            threading.Thread(target=_consumer, args=(cluster, tallies, halt_consumer)),
+        ]
+        try:
+            wait_until_serving(log)
+            for thread in threads:
+                thread.start()
+            time.sleep(5)
+            leader = cluster.leader_of("orders")
+            cluster.kill(leader)
+            killed = time.time()
+            time.sleep(8)
+            halt_producers.set()
+            for thread in threads[:2]:
+                thread.join(60)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and any(t.sent - set(t.times) for t in tallies.values()):
+                time.sleep(0.5)
+            time.sleep(2)
+        finally:
+            halt_producers.set()
+            halt_consumer.set()
+            stop(run)
+            for thread in threads:
+                if thread.is_alive():
+                    thread.join(30)
+        said = log.read_text(errors="replace")
+        assert run.returncode == 0, said[-3000:]
+        figures = {}
+        for kind, tally in tallies.items():
+            lost = tally.sent - set(tally.times)
+            assert len(tally.sent) > 20, (kind, len(tally.sent))
+            assert not lost, f"{kind}: {len(lost)} of {len(tally.sent)} never arrived; {said[-2000:]}"
+            assert not tally.early, (kind, tally.early[:5])
+            after = min((t for t in tally.arrivals if t >= killed), default=None)
+            figures[kind] = {
+                "sent": len(tally.sent),
+                "raised": len(tally.raised),
+                "doubled": sum(1 for n in tally.times.values() if n > 1),
+                "first_after_kill_s": None if after is None else round(after - killed, 2),
+            }
+        resumed = figures["s"]["first_after_kill_s"]
+        assert resumed is not None and resumed < RESUME_WITHIN, figures
+        print("cluster figures:", json.dumps(figures))
+        assert "Traceback" not in said, said[-3000:]
