@@ -101,3 +101,13 @@ def refuse_unknown(options: Mapping[str, str], known: Collection[str], what: str
         raise ConfigurationError(
             f"Unknown {what} URL option(s) {unknown} in {redact(url)}; known: {', '.join(sorted(set(known)))}."
         )
+
+
+def one_url_per_host(url: str) -> list[str]:
+    """The URL of each server a URL names, as libpq reads several hosts: ``user:pw@a:1,b:2/x?o=1``
+    is ``user:pw@a:1/x?o=1`` and ``user:pw@b:2/x?o=1`` (a cluster's nodes in one setting)."""
+    parts = urlsplit(url)
+    users, at, hosts = parts.netloc.rpartition("@")
+    return [urlunsplit(parts._replace(netloc=f"{users}{at}{host}")) for host in hosts.split(",") if host] or [
+        url
+    ]

@@ -349,3 +349,96 @@ def rabbitmq_cluster(size: int = 3) -> Iterator[RabbitCluster]:
             with contextlib.suppress(Exception):
                 os.kill(node.pid(), signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class NatsCluster:
+    """NATS servers of their own joined in one JetStream cluster."""
+
+    ports: list[int]
+    processes: list[subprocess.Popen[bytes]]
+
+    def url(self, **options: str) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"nats://{hosts}" + (f"?{query}" if query else "")
+
+    def kill(self, name: str) -> None:
+        """``kill -9`` of the server named ``name`` (n0, n1, …)."""
+        process = self.processes[int(name[1:])]
+        process.kill()
+        process.wait(10)
+
+
+@contextmanager
+def nats_cluster(size: int = 3) -> Iterator[NatsCluster]:
+    """``size`` nats-servers with JetStream (servers n0, n1, …), routed to each other, on ports
+    and in folders of their own; ready once the cluster takes a stream with ``size`` replicas."""
+    ports, routes = [free_port() for _ in range(size)], [free_port() for _ in range(size)]
+    folder = Path(tempfile.mkdtemp(prefix="duetime-nats-"))
+    cluster = NatsCluster(ports, [])
+    tag = uuid.uuid4().hex[:6]
+    try:
+        for i in range(size):
+            others = ",".join(f"nats://127.0.0.1:{routes[j]}" for j in range(size) if j != i)
+            log = (folder / f"n{i}.log").open("wb")
+            cluster.processes.append(
+                subprocess.Popen(
+                    [
+                        "nats-server",
+                        "-a",
+                        "127.0.0.1",
+                        "-p",
+                        str(ports[i]),
+                        "-js",
+                        "-sd",
+                        str(folder / f"n{i}"),
+                        "--server_name",
+                        f"n{i}",
+                        "--cluster_name",
+                        f"duetime-{tag}",
+                        "--cluster",
+                        f"nats://127.0.0.1:{routes[i]}",
+                        "--routes",
+                        others,
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            log.close()
+        for port in ports:
+            wait_for_port(port, 20, "nats-server")
+        _until_jetstream_cluster(cluster, size)
+        yield cluster
+    finally:
+        for process in cluster.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _until_jetstream_cluster(cluster: NatsCluster, size: int) -> None:
+    """Until the servers have elected JetStream's meta leader and take a replicated stream."""
+    import asyncio
+
+    import nats
+
+    async def ready() -> bool:
+        servers = [f"nats://127.0.0.1:{port}" for port in cluster.ports]
+        nc = await nats.connect(servers=servers, connect_timeout=2, max_reconnect_attempts=0)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="DUETIME_READY", subjects=["duetime.ready"], num_replicas=size)
+            await js.delete_stream("DUETIME_READY")
+            return True
+        except Exception:
+            return False
+        finally:
+            await nc.close()
+
+    end = time.monotonic() + 60
+    while not asyncio.run(ready()):
+        assert time.monotonic() < end, "the NATS cluster never took a replicated stream"
+        time.sleep(0.5)

@@ -31,13 +31,14 @@ from duetime.errorqueue import PREFIX as ERROR_PREFIX
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
+    DestinationUnavailable,
     MessageRefused,
     TransportError,
     TransportUnavailable,
     server_reason,
 )
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import redact, url_options
+from duetime.inputs.urls import number_option, one_url_per_host, redact, url_options
 from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 
@@ -75,11 +76,25 @@ def _header_text(value: Any) -> str:
     )
 
 
+class _NoStreamAnswered(Exception):
+    """A publish no stream answered, before :meth:`NatsTransport._unanswered` says what it means."""
+
+
 class NatsTransport(AsyncClosing):
     def __init__(
-        self, url: str, *, subject_prefix: str = DEFAULT_SUBJECT_PREFIX, durable: str = "duetime"
+        self,
+        url: str,
+        *,
+        subject_prefix: str = DEFAULT_SUBJECT_PREFIX,
+        durable: str = "duetime",
+        replicas: int = 1,
     ) -> None:
         self.url, self.subject_prefix, self.durable = url, subject_prefix, durable
+        #: The servers of a cluster (``nats://a:4222,b:4222``): nats-py connects to one and moves
+        #: to another when it is lost (and learns the others from the cluster itself).
+        self.servers = one_url_per_host(url)
+        #: Copies of each stream this transport makes, on that many servers of a cluster.
+        self.replicas = replicas
         self._nc: Any = None
         self._last_error = "no answer"
         self._js: Any = None
@@ -92,12 +107,18 @@ class NatsTransport(AsyncClosing):
     @classmethod
     def from_url(cls, url: str) -> NatsTransport:
         # nats-py takes no options in the URL: one would be dropped without a word
-        plain, given = url_options(url, ("subject_prefix", "durable"), "NATS")
+        plain, given = url_options(url, ("subject_prefix", "durable", "replicas"), "NATS")
         options = {name: value for name, value in given.items() if value}  # a blank one: the default
+        replicas = int(number_option(options, "replicas", 1, whole=True))
+        if not 1 <= replicas <= 5:
+            raise ConfigurationError(
+                f"replicas={replicas} in {redact(url)}: JetStream keeps 1 to 5 copies of a stream."
+            )
         return cls(
             plain,
             subject_prefix=options.get("subject_prefix", DEFAULT_SUBJECT_PREFIX),
             durable=options.get("durable", "duetime"),
+            replicas=replicas,
         )
 
     def subject(self, queue: str) -> str:
@@ -115,7 +136,7 @@ class NatsTransport(AsyncClosing):
                 # nats-py retries the first connect forever too; the outer deadline ends that.
                 self._nc = await asyncio.wait_for(
                     nats.connect(
-                        servers=[self.url],
+                        servers=self.servers,
                         connect_timeout=5,
                         # a silent server is found dead in ~30 s (nats-py's default: 4 minutes)
                         ping_interval=10,
@@ -128,8 +149,9 @@ class NatsTransport(AsyncClosing):
             except Exception as error:  # nats-py raises several kinds for a server it cannot reach
                 reason = self._last_error if isinstance(error, TimeoutError) else server_reason(error)
                 if reason in ("TimeoutError", "no answer"):  # a port that took the connection, then silence
-                    host = urlsplit(self.url)
-                    reason = f"no answer within 5 s; is {host.hostname}:{host.port or 4222} a NATS server?"
+                    hosts = [urlsplit(server) for server in self.servers]
+                    named = " or ".join(f"{h.hostname}:{h.port or 4222}" for h in hosts)
+                    reason = f"no answer within 5 s; is {named} a NATS server?"
                 raise TransportUnavailable(f"cannot connect to {redact(self.url)}: {reason}") from None
             self._js = self._nc.jetstream()
 
@@ -139,12 +161,16 @@ class NatsTransport(AsyncClosing):
         if await self._find(queue) is None:
             name = stream_name(queue, self.subject_prefix)
             try:
-                await self.js.add_stream(name=name, subjects=[self.subject(queue)])
+                await self.js.add_stream(
+                    name=name, subjects=[self.subject(queue)], num_replicas=self.replicas
+                )
             except BadRequestError:
                 # the name is a stream's of another subject (a duetime of before named streams by
                 # the queue alone, whatever the prefix): this queue's stream gets its subject's hash
                 name = f"DUETIME_{hashlib.sha1(self.subject(queue).encode()).hexdigest()[:16]}"
-                await self.js.add_stream(name=name, subjects=[self.subject(queue)])
+                await self.js.add_stream(
+                    name=name, subjects=[self.subject(queue)], num_replicas=self.replicas
+                )
             self._streams[queue] = name
         self.declared.add(queue)
 
@@ -230,7 +256,7 @@ class NatsTransport(AsyncClosing):
         except (NoRespondersError, NoStreamResponseError) as error:
             if not self._connected():
                 return TransportUnavailable(f"{redact(self.url)} is not connected: {error!r}")
-            return DestinationNotFound(f"Queue {m.destination!r} has no JetStream stream (not declared).")
+            return _NoStreamAnswered()
         except (NatsTimeout, TimeoutError, ConnectionClosedError, OutboundBufferLimitError) as error:
             return TransportUnavailable(f"publishing to {redact(self.url)} failed: {error!r}")
         except Exception as error:  # the whole batch answers per message
@@ -240,7 +266,33 @@ class NatsTransport(AsyncClosing):
         return None
 
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
-        return list(await asyncio.gather(*(self._publish(m) for m in messages)))
+        results = list(await asyncio.gather(*(self._publish(m) for m in messages)))
+        verdicts: dict[str, Exception] = {}
+        for i, (m, result) in enumerate(zip(messages, results, strict=True)):
+            if isinstance(result, _NoStreamAnswered):  # asked once per destination of the batch
+                if m.destination not in verdicts:
+                    verdicts[m.destination] = await self._unanswered(m.destination)
+                results[i] = verdicts[m.destination]
+        return results
+
+    async def _unanswered(self, queue: str) -> Exception:
+        """What it means that no stream answered a publish to ``queue``: none holds its subject
+        (not declared: the message fails alone), or its stream is there but cannot take messages
+        now (in a cluster, a server was lost and the stream elects a new leader; an outage to wait
+        out, never a failure of the message). A server that cannot say which is the latter."""
+        try:
+            found = await asyncio.wait_for(self._find(queue, again=True), 5)
+        except Exception as error:
+            return DestinationUnavailable(
+                f"no stream of {redact(self.url)} took a message for queue {queue!r}, and the server "
+                f"could not say whether it has one ({error!r}); a server of the cluster lost?"
+            )
+        if found is None:
+            return DestinationNotFound(f"Queue {queue!r} has no JetStream stream (not declared).")
+        return DestinationUnavailable(
+            f"stream {found} of queue {queue!r} on {redact(self.url)} took no message (no leader yet "
+            "after a server of the cluster was lost?)"
+        )
 
     async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         sub = self._subs.get(queue)

@@ -55,7 +55,7 @@ from duetime.errors import (
     one_line,
 )
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import number_option, redact
+from duetime.inputs.urls import number_option, one_url_per_host, redact
 from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.nservicebus.headers import amqp_properties
@@ -106,7 +106,7 @@ class RabbitMqTransport(AsyncClosing):
         self.max_message_size = max_message_size or DEFAULT_MAX_MESSAGE_SIZE
         #: One URL per node the URL names (``amqp://u:p@node1:5672,node2:5672,node3/vhost``), tried
         #: in turn from the one that answered last: a cluster's node that dies is left for the next.
-        self.urls = [_with_heartbeat(node) for node in nodes_of(url)]
+        self.urls = [_with_heartbeat(node) for node in one_url_per_host(url)]
         self.url, self.queue_type, self.prefetch = self.urls[0], queue_type, prefetch
         self.connect_timeout, self.publish_timeout = connect_timeout, publish_timeout
         self.display = redact(url)
@@ -581,16 +581,6 @@ def _vhost(url: str) -> str:
     """The virtual host an ``amqp://`` URL names (``/`` when its path is empty)."""
     path = urlsplit(url).path
     return unquote(path[1:]) if len(path) > 1 else "/"
-
-
-def nodes_of(url: str) -> list[str]:
-    """The URL of each node an ``amqp://`` URL names: ``user:pass@a:5672,b:5673/vhost?x=1`` is
-    ``user:pass@a:5672/vhost?x=1`` and ``user:pass@b:5673/vhost?x=1`` (as libpq reads hosts)."""
-    parts = urlsplit(url)
-    users, at, hosts = parts.netloc.rpartition("@")
-    return [urlunsplit(parts._replace(netloc=f"{users}{at}{host}")) for host in hosts.split(",") if host] or [
-        url
-    ]
 
 
 def _with_heartbeat(url: str) -> str:
