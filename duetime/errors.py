@@ -86,6 +86,11 @@ class DestinationUnavailable(TransportUnavailable):
     that destination like any other, and never a sign that the message broke the connection."""
 
 
+class NotReplicated(DuetimeError):
+    """The server took a write, but fewer replicas than asked for had it in time: it may be lost if
+    that server fails now. Send it again with the same id (a duplicate id then means it is kept)."""
+
+
 class ConnectionFailed(DuetimeError):
     """A server cannot be reached: check its address, port, user, password and that it is running."""
 

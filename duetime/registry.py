@@ -31,6 +31,10 @@ STORES: dict[str, tuple[str, str]] = {
     "mysql": ("duetime.backends.mysql.store:MysqlStore", "duetime.backends.mysql.store:SyncMysqlStore"),
     "mariadb": ("duetime.backends.mysql.store:MysqlStore", "duetime.backends.mysql.store:SyncMysqlStore"),
     "redis": ("duetime.backends.redis.store:RedisStore", "duetime.backends.redis.store:SyncRedisStore"),
+    "redis+sentinel": (
+        "duetime.backends.redis.store:RedisStore",
+        "duetime.backends.redis.store:SyncRedisStore",
+    ),
 }
 TRANSPORTS: dict[str, str] = {
     "sqlite": "duetime.backends.sqlite.queue:SqliteQueueTransport",
@@ -40,6 +44,7 @@ TRANSPORTS: dict[str, str] = {
     "amqp": "duetime.backends.rabbitmq.transport:RabbitMqTransport",
     "amqps": "duetime.backends.rabbitmq.transport:RabbitMqTransport",
     "redis": "duetime.backends.redis.transport:RedisTransport",
+    "redis+sentinel": "duetime.backends.redis.transport:RedisTransport",
     "nats": "duetime.backends.nats.transport:NatsTransport",
     "celery+amqp": "duetime.backends.celery.transport:CeleryTransport",
     "celery+amqps": "duetime.backends.celery.transport:CeleryTransport",

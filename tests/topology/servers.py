@@ -442,3 +442,101 @@ def _until_jetstream_cluster(cluster: NatsCluster, size: int) -> None:
     while not asyncio.run(ready()):
         assert time.monotonic() < end, "the NATS cluster never took a replicated stream"
         time.sleep(0.5)
+
+
+@dataclass
+class SentinelRedis:
+    """A Redis master with two replicas and three sentinels watching it as ``mymaster``: after a
+    failover the new master still has a replica."""
+
+    master_port: int
+    replica_ports: list[int]
+    sentinel_ports: list[int]
+    processes: dict[int, subprocess.Popen[bytes]]
+
+    def url(self, **options: str) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        query = "&".join(f"{k}={v}" for k, v in options.items())
+        return f"redis+sentinel://{hosts}/mymaster/0" + (f"?{query}" if query else "")
+
+    def master(self) -> int:
+        """The port of the server the sentinels take for the master now."""
+        import redis
+
+        for port in self.sentinel_ports:
+            with contextlib.suppress(Exception), redis.Redis(port=port, socket_timeout=2) as client:
+                return int(client.sentinel_get_master_addr_by_name("mymaster")[1])
+        raise AssertionError("no sentinel answered")
+
+    def kill(self, port: int) -> None:
+        process = self.processes[port]
+        process.kill()
+        process.wait(10)
+
+
+@contextmanager
+def sentinel_redis() -> Iterator[SentinelRedis]:
+    """Redis servers and sentinels of their own (never the shared Redis), ready once the replica
+    has synchronised and every sentinel knows the master and the other two sentinels."""
+
+    master, replicas = free_port(), [free_port(), free_port()]
+    sentinels = [free_port() for _ in range(3)]
+    folder = Path(tempfile.mkdtemp(prefix="duetime-sentinel-"))
+    topology = SentinelRedis(master, replicas, sentinels, {})
+    common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+
+    def start(port: int, *command: str) -> None:
+        log = (folder / f"{port}.log").open("wb")
+        topology.processes[port] = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    try:
+        start(master, "redis-server", "--port", str(master), *common, "--dir", str(folder))
+        for replica in replicas:
+            (folder / str(replica)).mkdir()
+            start(replica, "redis-server", "--port", str(replica), *common, "--dir", str(folder / str(replica)),
+                  "--replicaof", "127.0.0.1", str(master))  # fmt: skip
+        for port in sentinels:
+            conf = folder / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {folder}\n"
+                f"sentinel monitor mymaster 127.0.0.1 {master} 2\n"
+                "sentinel down-after-milliseconds mymaster 1000\n"
+                "sentinel failover-timeout mymaster 5000\nsentinel parallel-syncs mymaster 1\n"
+            )
+            start(port, "redis-sentinel", str(conf))
+        for port in [master, *replicas, *sentinels]:
+            wait_for_port(port, 15, "redis")
+        end = time.monotonic() + 60
+        while True:
+            try:
+                up = all(
+                    _answer(p, "info", "replication").get("master_link_status") == "up" for p in replicas
+                )
+                known = all(
+                    int(_answer(p, "sentinel_master", "mymaster").get("num-other-sentinels", 0)) == 2
+                    and int(_answer(p, "sentinel_master", "mymaster").get("num-slaves", 0)) == 2
+                    for p in sentinels
+                )
+            except Exception:
+                up = known = False
+            if up and known:
+                break
+            assert time.monotonic() < end, "the sentinels never came to know each other and the replica"
+            time.sleep(0.2)
+        yield topology
+    finally:
+        for process in topology.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answer(port: int, command: str, *args: str) -> dict[str, object]:
+    """One command to the Redis or sentinel on ``port``, on a connection closed after it."""
+    import redis
+
+    with redis.Redis(port=port, socket_timeout=2) as client:
+        answer: dict[str, object] = getattr(client, command)(*args)
+        return answer

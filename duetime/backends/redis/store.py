@@ -23,11 +23,20 @@ from importlib import resources
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 from duetime.backends._bridge import AsyncStoreBridge, Subscribers
 from duetime.backends._keepalive import socket_options
-from duetime.backends._redis_database import check_database, no_such_database, not_redis
+from duetime.backends._redis_database import (
+    NO_WAIT,
+    Replication,
+    aclose_redis,
+    async_redis_client,
+    check_database,
+    close_redis,
+    no_such_database,
+    not_redis,
+    redis_client,
+)
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -38,7 +47,7 @@ from duetime.backends._store import (
     matches,
 )
 from duetime.clock import from_micros, to_micros
-from duetime.errors import ConfigurationError, StorageFull, connection_failed
+from duetime.errors import ConfigurationError, NotReplicated, StorageFull, connection_failed
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, url_options
 from duetime.interfaces import ListQuery, StoreCounts
@@ -76,15 +85,20 @@ class SyncRedisStore(StoreRules):
     """Blocking Redis store; redis-py's client is thread-safe (a connection pool)."""
 
     def __init__(
-        self, url: str, *, prefix: str = "duetime:", claim_timeout: timedelta = DEFAULT_CLAIM_TIMEOUT
+        self,
+        url: str,
+        *,
+        prefix: str = "duetime:",
+        claim_timeout: timedelta = DEFAULT_CLAIM_TIMEOUT,
+        replication: Replication = NO_WAIT,
     ) -> None:
         super().__init__(claim_timeout=claim_timeout)
         self.url, self.prefix = check_database(url), prefix
+        #: Stored messages wait for this many replicas before a producer is told they are stored.
+        self.replication = replication
         # Any: redis-py types every answer as one union of its sync and async forms (bytes | str |
         # Awaitable ...); the sync client's real answers are used as such below.
-        self.client: Any = redis.Redis.from_url(
-            url, socket_keepalive=True, socket_keepalive_options=socket_options()
-        )
+        self.client: Any = redis_client(url, socket_keepalive=True, socket_keepalive_options=socket_options())
         self._claim_script = self.client.register_script(_script("claim.lua"))
         self._store_script = self.client.register_script(_script("store_many.lua"))
         self._change_script = self.client.register_script(_script("change.lua"))
@@ -93,11 +107,12 @@ class SyncRedisStore(StoreRules):
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncRedisStore:
-        plain, options = url_options(url, {"prefix", "claim_timeout"}, "Redis store")
+        plain, options = url_options(url, {"prefix", "claim_timeout", "wait", "wait_timeout"}, "Redis store")
         return cls(
             plain,
             prefix=options.get("prefix", "duetime:"),
             claim_timeout=claim_timeout_option(options, claim_timeout),
+            replication=Replication.of(options, url),
         )
 
     def keys_for(self, endpoint: str) -> dict[str, str]:
@@ -180,8 +195,19 @@ class SyncRedisStore(StoreRules):
         for m in messages:
             args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
         keys = self._k("ready", "payload", "bydue", "due", "groups", "failures")
+        wait = self.replication
         try:
-            duplicate = self._store_script(keys=keys, args=args)
+            if not wait.replicas:
+                duplicate = self._store_script(keys=keys, args=args)
+            else:  # WAIT counts the writes of its own connection: one pipeline, one connection
+                with self.client.pipeline(transaction=False) as pipe:
+                    self._store_script(keys=keys, args=args, client=pipe)
+                    pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
+                    duplicate, confirmed = pipe.execute()
+                if (short := wait.short(confirmed)) is not None and not duplicate:
+                    raise NotReplicated(
+                        f"{len(messages)} message(s) stored at {redact(self.url)}, but {short}"
+                    )
         except redis.exceptions.OutOfMemoryError:
             raise self._full() from None
         if duplicate:
@@ -305,7 +331,7 @@ class SyncRedisStore(StoreRules):
         )
 
     def _close(self) -> None:
-        self.client.close()
+        close_redis(self.client)
 
 
 class RedisStore(AsyncStoreBridge):
@@ -325,7 +351,7 @@ class RedisStore(AsyncStoreBridge):
         the dispatcher to look again, since a wake-up may have been missed meanwhile."""
         channel = self.sync.keys["channel"]
         while True:
-            client = aioredis.Redis.from_url(
+            client = async_redis_client(
                 self.sync.url, socket_keepalive=True, socket_keepalive_options=socket_options()
             )
             try:
@@ -344,4 +370,4 @@ class RedisStore(AsyncStoreBridge):
                 subscribers.notify(None)
                 await asyncio.sleep(0.5)
             finally:
-                await client.aclose()
+                await aclose_redis(client)

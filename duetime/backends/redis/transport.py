@@ -25,7 +25,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duetime.backends._keepalive import socket_options
-from duetime.backends._redis_database import check_database, no_such_database, not_redis
+from duetime.backends._redis_database import (
+    NO_WAIT,
+    Replication,
+    aclose_redis,
+    async_redis_client,
+    check_database,
+    no_such_database,
+    not_redis,
+)
 from duetime.backends.queue_rows import first, received, those
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
 from duetime.inputs.identifiers import check_name
@@ -75,10 +83,13 @@ class RedisTransport(AsyncClosing):
         prefix: str = "duetime:",
         group: str = "duetime",
         visibility_timeout: float = 30.0,
+        replication: Replication = NO_WAIT,
     ) -> None:
         if mode not in MODES:
             raise ConfigurationError(f"mode must be one of {sorted(MODES)}, got {mode!r}.")
         self.url, self.mode, self.prefix, self.group = check_database(url), mode, prefix, group
+        #: A batch is sent once this many replicas have it (else it goes again: at-least-once).
+        self.replication = replication
         self.visibility_ms = int(visibility_timeout * 1000)
         self.consumer = f"duetime-{uuid.uuid4().hex[:12]}"
         self._redis: aioredis.Redis | None = None
@@ -86,7 +97,7 @@ class RedisTransport(AsyncClosing):
     @classmethod
     def from_url(cls, url: str) -> RedisTransport:
         parts = urlsplit(url)
-        ours = {"mode", "prefix", "group", "visibility_timeout"}
+        ours = {"mode", "prefix", "group", "visibility_timeout", "wait", "wait_timeout"}
         options = dict(parse_qsl(parts.query))
         plain = urlunsplit(
             parts._replace(query="&".join(f"{k}={v}" for k, v in options.items() if k not in ours))
@@ -97,6 +108,7 @@ class RedisTransport(AsyncClosing):
             prefix=options.get("prefix", "duetime:"),
             group=options.get("group", "duetime"),
             visibility_timeout=number_option(options, "visibility_timeout", 30.0),
+            replication=Replication.of(options, url),
         )
 
     @property
@@ -113,27 +125,27 @@ class RedisTransport(AsyncClosing):
 
     async def start(self) -> None:
         if self._redis is None:
-            client = aioredis.from_url(
+            client = async_redis_client(
                 self.url, socket_keepalive=True, socket_keepalive_options=socket_options()
             )
             try:
                 await client.ping()
             except AuthenticationError as error:
-                await client.aclose()
+                await aclose_redis(client)
                 raise ConfigurationError(f"cannot connect to {redact(self.url)}: {error}") from None
             except (RedisConnectionError, RedisTimeoutError, OSError) as error:
-                await client.aclose()
+                await aclose_redis(client)
                 raise TransportUnavailable(
                     f"cannot connect to {redact(self.url)}: {server_reason(error)}"
                 ) from None
             except ResponseError as error:
-                await client.aclose()
+                await aclose_redis(client)
                 raise no_such_database(self.url, error) or error from None
             except InvalidResponse as error:
-                await client.aclose()
+                await aclose_redis(client)
                 raise not_redis(self.url, error) from None
             except TypeError as error:  # redis-py hands URL options it does not know to its connection
-                await client.aclose()
+                await aclose_redis(client)
                 raise ConfigurationError(
                     f"{redact(self.url)} has an option the Redis client does not take ({error}); duetime's "
                     "own are mode, prefix, group and visibility_timeout."
@@ -169,7 +181,14 @@ class RedisTransport(AsyncClosing):
                 else:
                     pipe.lpush(self.key(m.destination), _envelope(m))
                 results.append(None)
-            await pipe.execute()
+            if self.replication.replicas:  # on the pipeline's own connection, after its writes
+                pipe.execute_command("WAIT", self.replication.replicas, self.replication.timeout_ms)
+            answers = await pipe.execute()
+        short = self.replication.short(answers[-1]) if self.replication.replicas and answers else None
+        if short is not None:  # sent again later: at-least-once, never lost with the master
+            return [
+                r if r is not None else TransportUnavailable(f"{redact(self.url)}: {short}") for r in results
+            ]
         return results
 
     async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
@@ -281,5 +300,5 @@ class RedisTransport(AsyncClosing):
 
     async def close(self) -> None:
         if self._redis is not None:
-            await self._redis.aclose()
+            await aclose_redis(self._redis)
             self._redis = None
