@@ -266,16 +266,26 @@ async def _on_stop(dispatcher: Dispatcher, then: Callable[[], None]) -> None:
     then()
 
 
+#: A run its breakers ended has no batch left to finish: it closes what answers within this many
+#: seconds (at most ``stop_timeout``) and leaves, so its supervisor starts it again soon after the
+#: breaker's time, not a whole ``stop_timeout`` later.
+CRITICAL_EXIT_WITHIN = 5.0
+
+
 def _leave_if_stuck(dispatcher: Dispatcher, settings: DelayedDeliverySettings) -> None:
-    """From the moment a run stops, it has ``stop_timeout`` to end (see duetime.cli.exit_watchdog)."""
+    """From the moment a run stops, it has ``stop_timeout`` to end, or after a critical error
+    :data:`CRITICAL_EXIT_WITHIN` (see duetime.cli.exit_watchdog)."""
 
     def last_words() -> None:
         critical = dispatcher.critical_error
         if critical is not None:  # what the way out would have said (exit code 3)
             fail(str(critical), code=EXIT_CRITICAL, label="critical:")
 
+    seconds = settings.stop_timeout.total_seconds()
+    if dispatcher.critical_error is not None:
+        seconds = min(seconds, CRITICAL_EXIT_WITHIN)
     lastresort.arm(
-        settings.stop_timeout.total_seconds(),
+        seconds,
         lambda: EXIT_CRITICAL if dispatcher.critical_error is not None else 1,
         last_words,
     )

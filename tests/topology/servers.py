@@ -540,3 +540,74 @@ def _answer(port: int, command: str, *args: str) -> dict[str, object]:
     with redis.Redis(port=port, socket_timeout=2) as client:
         answer: dict[str, object] = getattr(client, command)(*args)
         return answer
+
+
+@dataclass
+class Host:
+    """A network namespace standing for a machine of its own: its address, and the address this
+    machine has on the link between them (where servers started here can listen for it)."""
+
+    namespace: str
+    address: str
+    gateway: str
+    device: str  # its end of the link, inside the namespace
+
+    def command(self, *args: str) -> list[str]:
+        """``args`` run on this host (inside its namespace)."""
+        return ["ip", "netns", "exec", self.namespace, *args]
+
+    def cut_off(self) -> None:
+        """The host loses the network (its link goes down); the server side sees nothing at all."""
+        subprocess.run(self.command("ip", "link", "set", self.device, "down"), check=True, timeout=10)
+
+
+@contextmanager
+def separate_hosts(count: int) -> Iterator[list[Host]]:
+    """``count`` hosts, each a network namespace joined to this machine by a link of its own
+    (iproute2); removed afterwards."""
+    if shutil.which("ip") is None:
+        pytest.fail("iproute2 is not installed: apt-get install iproute2")
+    tag = uuid.uuid4().hex[:5]
+    net = 100 + int(tag, 16) % 150  # 10.<net>.<host>.0/24: another test's links do not collide
+    hosts: list[Host] = []
+    try:
+        for i in range(1, count + 1):
+            namespace, outer, inner = f"duetime-{tag}-{i}", f"dth{tag}{i}", f"dtn{tag}{i}"
+            host = Host(namespace, f"10.{net}.{i}.2", f"10.{net}.{i}.1", inner)
+            hosts.append(host)
+            for step in (
+                ["ip", "netns", "add", namespace],
+                ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+                ["ip", "link", "set", inner, "netns", namespace],
+                ["ip", "addr", "add", f"{host.gateway}/24", "dev", outer],
+                ["ip", "link", "set", outer, "up"],
+                host.command("ip", "addr", "add", f"{host.address}/24", "dev", inner),
+                host.command("ip", "link", "set", inner, "up"),
+                host.command("ip", "link", "set", "lo", "up"),
+            ):
+                subprocess.run(step, check=True, capture_output=True, timeout=10)
+        yield hosts
+    finally:
+        for i, host in enumerate(hosts, 1):
+            subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True, timeout=10)
+            subprocess.run(["ip", "link", "del", f"dth{tag}{i}"], capture_output=True, timeout=10)
+
+
+@contextmanager
+def postgres_server(*addresses: str) -> Iterator[int]:
+    """A PostgreSQL server of its own (``initdb``) listening on ``addresses`` too, trusting every
+    client; its port."""
+    with postgres_folder("duetime-pg-") as folder:
+        data, port = folder / "data", free_port()
+        as_postgres(str(PG_BIN / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-N")
+        listen = ",".join(["127.0.0.1", *addresses])
+        _configure(data, port, "shared_buffers = 32MB")
+        with (data / "postgresql.conf").open("a") as conf:
+            conf.write(f"listen_addresses = '{listen}'\n")
+        with (data / "pg_hba.conf").open("a") as hba:
+            hba.write("host all all 0.0.0.0/0 trust\n")
+        _start(data)
+        try:
+            yield port
+        finally:
+            as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "stop", "-m", "immediate", check=False)
