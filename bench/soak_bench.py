@@ -1,0 +1,265 @@
+"""Steady load for a long time on PostgreSQL: does anything grow that should not?
+
+    .venv/bin/python bench/soak_bench.py [--minutes 60] [--rate 2000] [--restart-every 5] [--out bench/soak]
+
+For ``--minutes``, producers schedule ``--rate`` messages a second (due 1-5 s later) into a store
+on a PostgreSQL server of its own (``initdb``, default settings: autovacuum on; run as root), two ``duetime run`` processes (exactly-once into the PostgreSQL queue)
+deliver them, one of them restarted (SIGTERM, then started again) every ``--restart-every``
+minutes, and a consumer drains the queue. Every minute it records: messages scheduled and
+received, lateness p50/p99/max at the consumer (arrival minus due time), the memory (RSS) of every
+process, and the store's and the queue's table and index sizes, dead rows and autovacuum count.
+It writes ``<out>.csv`` and a chart ``<out>.png``, and prints the last minutes beside the first
+ones: a ratio near 1 is flat (the first minutes are the baseline, measured in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+import duetime
+from duetime.backends.postgres import SyncPostgresQueue
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.topology.servers import postgres_server  # noqa: E402  (a server of its own: autovacuum on)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Soak:
+    def __init__(self, url: str, rate: int) -> None:
+        self.url, self.rate = url, rate
+        self.halt = threading.Event()
+        self.stop_producing = threading.Event()
+        self.lock = threading.Lock()
+        self.scheduled = 0
+        self.late: list[float] = []  # ms, this minute
+        self.received = 0
+        self.seen = bytearray(rate * 60 * 24 * 60 // 8 + 1)  # a bit per message id (m<n>), up to a day
+        self.doubled = 0
+
+    def produce(self) -> None:
+        """``rate`` a second, in batches of a twentieth of a second, due 1-5 s later."""
+        step = 0.05
+        per = max(1, int(self.rate * step))
+        with duetime.connect_sync(self.url, endpoint="soak") as client:
+            next_at = time.monotonic()
+            n = 0
+            while not self.stop_producing.is_set():
+                now = datetime.now(UTC)
+                batch = [
+                    duetime.DelayedMessage.create(
+                        "orders",
+                        b"x" * 200,
+                        due_at=now + timedelta(seconds=1 + (n + i) % 5),
+                        message_id=f"m{n + i}",
+                    )
+                    for i in range(per)
+                ]
+                try:
+                    client.schedule_many(batch)
+                    with self.lock:
+                        self.scheduled += per
+                except Exception as error:
+                    print(f"scheduling failed: {error}", file=sys.stderr)
+                n += per
+                next_at += step
+                time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def consume(self) -> None:
+        with SyncPostgresQueue.from_url(self.url) as queue:
+            while not self.halt.is_set():
+                batch = queue.receive("orders", 500, wait=0.5)
+                now = time.time()
+                with self.lock:
+                    for m in batch:
+                        due = datetime.fromisoformat(m.headers["duetime-due-at"]).timestamp()
+                        self.late.append((now - due) * 1000)
+                        n = int(m.message_id[1:])
+                        if self.seen[n >> 3] & (1 << (n & 7)):
+                            self.doubled += 1
+                        self.seen[n >> 3] |= 1 << (n & 7)
+                    self.received += len(batch)
+                queue.acknowledge(batch)
+
+    def minute(self) -> dict[str, Any]:
+        with self.lock:
+            late, self.late = sorted(self.late), []
+            figures = {"scheduled": self.scheduled, "received": self.received, "doubled": self.doubled}
+        if late:
+            figures |= {
+                "late_p50_ms": round(late[len(late) // 2], 1),
+                "late_p99_ms": round(late[int(len(late) * 0.99)], 1),
+                "late_max_ms": round(late[-1], 1),
+            }
+        return figures
+
+
+def table_figures(database: str, schema: str) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    with psycopg.connect(database, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname, pg_table_size(relid), pg_indexes_size(relid), n_dead_tup, autovacuum_count "
+            "FROM pg_stat_user_tables WHERE schemaname = %s",
+            [schema],
+        ).fetchall()
+    for name, table, indexes, dead, vacuums in rows:
+        key = "store" if name.endswith(".delayed") else "queue" if name == "duetime_queue_messages" else None
+        if key:
+            figures |= {
+                f"{key}_table_mb": round(table / 2**20, 2),
+                f"{key}_indexes_mb": round(indexes / 2**20, 2),
+                f"{key}_dead_rows": dead,
+                f"{key}_autovacuums": vacuums,
+            }
+    return figures
+
+
+def spawn(url: str, n: int, folder: Path) -> subprocess.Popen[bytes]:
+    log = (folder / f"run{n}.log").open("ab")
+    command = [
+        sys.executable,
+        "-m",
+        "duetime",
+        "run",
+        "--store",
+        url,
+        "--endpoint",
+        "soak",
+        "--no-front-door",
+    ]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [r["minute"] for r in rows]
+    fig, axes = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
+    for key in ("late_p50_ms", "late_p99_ms"):
+        axes[0].plot(minutes, [r.get(key, 0) for r in rows], label=key.replace("late_", "lateness "))
+    axes[0].set_ylabel("ms")
+    for key in ("rss_dispatcher0_mb", "rss_dispatcher1_mb", "rss_bench_mb"):
+        axes[1].plot(minutes, [r.get(key, 0) for r in rows], label=key.replace("rss_", "").replace("_mb", ""))
+    axes[1].set_ylabel("memory, MB")
+    for key in ("store_table_mb", "store_indexes_mb", "queue_table_mb", "queue_indexes_mb"):
+        axes[2].plot(minutes, [r.get(key, 0) for r in rows], label=key.replace("_mb", ""))
+    axes[2].set_ylabel("size, MB")
+    for key in ("store_dead_rows", "queue_dead_rows"):
+        axes[3].plot(minutes, [r.get(key, 0) for r in rows], label=key)
+    axes[3].set_ylabel("dead rows")
+    axes[3].set_xlabel("minute")
+    for axis in axes:
+        axis.legend(loc="upper left", fontsize=8)
+        axis.grid(alpha=0.3)
+    fig.suptitle("duetime soak: PostgreSQL, exactly-once, dispatchers restarted")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=60)
+    parser.add_argument("--rate", type=int, default=2000)
+    parser.add_argument("--restart-every", type=float, default=5)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "soak"))
+    args = parser.parse_args()
+    with postgres_server() as port:
+        soak_on(f"postgresql://postgres@127.0.0.1:{port}/postgres", args)
+
+
+def soak_on(database: str, args: argparse.Namespace) -> None:
+    url = f"{database}?schema=soak"
+    folder = Path(args.out).parent
+    soak = Soak(url, args.rate)
+    runs: list[subprocess.Popen[bytes]] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "duetime",
+                "setup",
+                "--store",
+                url,
+                "--endpoint",
+                "soak",
+                "--queue",
+                "orders",
+            ],
+            check=True,
+        )
+        runs = [spawn(url, 0, folder), spawn(url, 1, folder)]
+        workers = [threading.Thread(target=soak.produce), threading.Thread(target=soak.consume)]
+        for worker in workers:
+            worker.start()
+        started = time.monotonic()
+        last_restart = started
+        for minute in range(1, int(args.minutes) + 1):
+            time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
+            if time.monotonic() - last_restart >= args.restart_every * 60:
+                which = minute % 2
+                runs[which].send_signal(signal.SIGTERM)
+                runs[which].wait(60)
+                runs[which] = spawn(url, which, folder)
+                last_restart = time.monotonic()
+            row: dict[str, Any] = {"minute": minute} | soak.minute() | table_figures(database, "soak")
+            for n, process in enumerate(runs):
+                row[f"rss_dispatcher{n}_mb"] = round(rss_mb(process.pid), 1)
+            row["rss_bench_mb"] = round(rss_mb(os.getpid()), 1)
+            rows.append(row)
+            print(row, flush=True)
+            fields = list(dict.fromkeys(k for r in rows for k in r))
+            with open(f"{args.out}.csv", "w", newline="") as out:
+                writer = csv.DictWriter(out, fieldnames=fields)
+                writer.writeheader()
+                writer.writerows(rows)
+            plot(rows, Path(f"{args.out}.png"))
+        soak.stop_producing.set()
+        workers[0].join(30)
+        end = time.monotonic() + 30  # what is still due arrives within 5 s
+        while soak.received < soak.scheduled and time.monotonic() < end:
+            time.sleep(0.5)
+    finally:
+        soak.stop_producing.set()
+        soak.halt.set()
+        for process in runs:
+            process.send_signal(signal.SIGTERM)
+        for process in runs:
+            process.wait(60)
+    edge = max(1, min(5, len(rows) // 4))
+    print(
+        f"lost: {soak.scheduled - soak.received} (scheduled {soak.scheduled:,}, received {soak.received:,}); doubled {soak.doubled}"
+    )
+    for key in ("late_p99_ms", "rss_dispatcher0_mb", "rss_dispatcher1_mb", "rss_bench_mb", "store_table_mb",
+                "store_indexes_mb", "queue_table_mb", "queue_indexes_mb", "store_dead_rows", "queue_dead_rows"):  # fmt: skip
+        first = statistics.median(r.get(key, 0) for r in rows[:edge])
+        last = statistics.median(r.get(key, 0) for r in rows[-edge:])
+        ratio = f"{last / first:.2f}x" if first else "-"
+        print(f"{key}: first {edge} minutes {first}, last {edge} minutes {last}, ratio {ratio}")
+
+
+if __name__ == "__main__":
+    main()
