@@ -156,15 +156,22 @@ def _get(url: str) -> str | None:
 def test_wakeups_through_a_pooler_poll_or_listen_on_the_server_itself(tmp_path: Path) -> None:
     """Behind a pooler a dispatcher cannot LISTEN through it: by default it asks every ``poll``
     seconds, so a message another process stores for now arrives within that; with
-    ``listen=HOST:PORT`` (the server itself) it is woken as without a pooler."""
+    ``listen=HOST:PORT`` (the server itself) it is woken as without a pooler. Both delivery modes
+    run through the pooler."""
     with postgres_schema() as pg, pgbouncer(pool_size=4) as bouncer:
         server = pg.split("@", 1)[1].split("/", 1)[0]
-        for option, bound in ((dict(poll="1"), 2.0), (dict(listen=server), 1.0)):
+        # then at-least-once with lease claims (the default behind a pooler), and with lock claims,
+        # whose transaction sets the idle-in-transaction limit itself
+        for option, bound, mode in (
+            (dict(poll="1"), 2.0, "exactly-once"),
+            (dict(listen=server), 1.0, "at-least-once"),
+            (dict(listen=server, claims="lock"), 1.0, "at-least-once"),
+        ):
             endpoint = f"w{uuid.uuid4().hex[:6]}"
             url = with_option(bouncer.url(pg), pooler="transaction", **option)
             _ok("setup", "--store", url, "--endpoint", endpoint, "--queue", "orders")
             log = tmp_path / f"{endpoint}.log"
-            run = spawn_run(duetime_cmd("run", "--store", url, "--endpoint", endpoint), log)
+            run = spawn_run(duetime_cmd("run", "--store", url, "--endpoint", endpoint, "--mode", mode), log)
             try:
                 wait_until_serving(log)
                 time.sleep(1.5)  # asleep: nothing stored, the next look a minute away
