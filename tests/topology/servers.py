@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -533,12 +534,12 @@ def sentinel_redis() -> Iterator[SentinelRedis]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _answer(port: int, command: str, *args: str) -> dict[str, object]:
+def _answer(port: int, command: str, *args: str) -> dict[str, Any]:
     """One command to the Redis or sentinel on ``port``, on a connection closed after it."""
     import redis
 
     with redis.Redis(port=port, socket_timeout=2) as client:
-        answer: dict[str, object] = getattr(client, command)(*args)
+        answer: dict[str, Any] = getattr(client, command)(*args)
         return answer
 
 

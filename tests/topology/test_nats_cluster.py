@@ -11,7 +11,6 @@ import random
 import threading
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -20,24 +19,23 @@ import duetime
 from duetime.backends.nats.transport import NatsTransport, stream_name
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.topology.servers import NatsCluster, nats_cluster, stop
+from tests.topology.tally import Tally, until_all_arrived
 
 pytestmark = [pytest.mark.topology, pytest.mark.timeout(300)]
 
 RESUME_WITHIN = 15.0
 
 
-def _produce(store: str, sent: set[str], halt: threading.Event) -> None:
+def _produce(store: str, tally: Tally, halt: threading.Event) -> None:
     with duetime.connect_sync(store, endpoint="shop") as client:
         while not halt.is_set():
             message_id = f"s-{uuid.uuid4().hex[:12]}"
             client.schedule("orders", b"stored", delay=random.uniform(0, 2), message_id=message_id)
-            sent.add(message_id)
+            tally.sent.add(message_id)
             time.sleep(0.02)
 
 
-async def _consume(
-    url: str, got: dict[str, int], early: list[str], arrivals: list[float], halt: threading.Event
-) -> None:
+async def _consume(url: str, tally: Tally, halt: threading.Event) -> None:
     transport = NatsTransport.from_url(url)
     while not halt.is_set():
         try:
@@ -46,13 +44,8 @@ async def _consume(
         except Exception:
             await asyncio.sleep(0.2)
             continue
-        now = time.time()
         for m in batch:
-            got[m.message_id] = got.get(m.message_id, 0) + 1
-            arrivals.append(now)
-            due = m.headers.get("duetime-due-at")
-            if due and datetime.fromisoformat(due).timestamp() - now > 0.05:
-                early.append(m.message_id)
+            tally.got(m.message_id, m.headers.get("duetime-due-at"))
         try:
             await transport.acknowledge(batch)
         except Exception:
@@ -80,15 +73,10 @@ def test_a_server_leading_the_stream_killed_loses_nothing(tmp_path: Path) -> Non
         assert done.returncode == 0, done.stderr
         log = tmp_path / "run.log"
         run = spawn_run(duetime_cmd("run", "--store", store, "--endpoint", "shop", "--transport", url), log)
-        sent: set[str] = set()
-        got: dict[str, int] = {}
-        early: list[str] = []
-        arrivals: list[float] = []
+        tally = Tally()
         halt_producer, halt_consumer = threading.Event(), threading.Event()
-        producer = threading.Thread(target=_produce, args=(store, sent, halt_producer))
-        consumer = threading.Thread(
-            target=lambda: asyncio.run(_consume(url, got, early, arrivals, halt_consumer))
-        )
+        producer = threading.Thread(target=_produce, args=(store, tally, halt_producer))
+        consumer = threading.Thread(target=lambda: asyncio.run(_consume(url, tally, halt_consumer)))
         try:
             wait_until_serving(log)
             producer.start()
@@ -100,10 +88,7 @@ def test_a_server_leading_the_stream_killed_loses_nothing(tmp_path: Path) -> Non
             time.sleep(6)
             halt_producer.set()
             producer.join(30)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and sent - set(got):
-                time.sleep(0.3)
-            time.sleep(1)
+            until_all_arrived([tally], 60)
         finally:
             halt_producer.set()
             halt_consumer.set()
@@ -111,16 +96,12 @@ def test_a_server_leading_the_stream_killed_loses_nothing(tmp_path: Path) -> Non
             consumer.join(30)
         said = log.read_text(errors="replace")
         assert run.returncode == 0, said[-3000:]
-        lost = sent - set(got)
-        assert len(sent) > 100 and not lost, f"{len(lost)} of {len(sent)} never arrived; {said[-2000:]}"
-        assert not early, early[:5]
-        after = min((t for t in arrivals if t >= killed), default=None)
-        figures = {
-            "sent": len(sent),
-            "doubled": sum(1 for n in got.values() if n > 1),
-            "first_after_kill_s": None if after is None else round(after - killed, 2),
-            "leader_killed": leader,
-        }
+        lost = tally.missing()
+        assert len(tally.sent) > 100 and not lost, (
+            f"{len(lost)} of {len(tally.sent)} never arrived; {said[-2000:]}"
+        )
+        assert not tally.early, tally.early[:5]
+        figures = tally.figures(killed) | {"leader_killed": leader}
         print("nats cluster figures:", json.dumps(figures))
-        assert after is not None and after - killed < RESUME_WITHIN, figures
+        assert figures["first_after_s"] is not None and figures["first_after_s"] < RESUME_WITHIN, figures
         assert "Traceback" not in said, said[-3000:]

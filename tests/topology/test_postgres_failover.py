@@ -12,8 +12,6 @@ import random
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from duetime.backends.postgres import SyncPostgresQueue
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.services import RABBITMQ, require, with_option
 from tests.topology.servers import replicated_postgres, stop
+from tests.topology.tally import Tally, until_all_arrived
 
 pytestmark = [pytest.mark.topology, pytest.mark.timeout(400)]
 
@@ -31,39 +30,7 @@ pytestmark = [pytest.mark.topology, pytest.mark.timeout(400)]
 RESUME_WITHIN = 10.0
 
 
-@dataclass
-class Produced:
-    """What producers were told: stored (the call returned) or not (it raised)."""
-
-    stored: set[str] = field(default_factory=set)
-    raised: set[str] = field(default_factory=set)
-
-
-@dataclass
-class Received:
-    """What a consumer got: how often each id arrived, and when, against its due time."""
-
-    times: dict[str, int] = field(default_factory=dict)
-    early: list[tuple[str, float]] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)  # time.time() of each
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def got(self, message_id: str, due_at: str | None) -> None:
-        now = time.time()
-        with self.lock:
-            self.times[message_id] = self.times.get(message_id, 0) + 1
-            self.arrivals.append(now)
-            if due_at is not None:
-                ahead = datetime.fromisoformat(due_at).timestamp() - now
-                if ahead > 0.05:
-                    self.early.append((message_id, ahead))
-
-    def first_after(self, moment: float) -> float | None:
-        with self.lock:
-            return min((t for t in self.arrivals if t >= moment), default=None)
-
-
-def _produce(url: str, endpoint: str, destination: str, out: Produced, halt: threading.Event) -> None:
+def _produce(url: str, endpoint: str, destination: str, out: Tally, halt: threading.Event) -> None:
     """Schedule until told to stop, through every outage: a call that raises is counted, not retried."""
     client: Any = None
     while not halt.is_set():
@@ -72,7 +39,7 @@ def _produce(url: str, endpoint: str, destination: str, out: Produced, halt: thr
             if client is None:
                 client = duetime.connect_sync(url, endpoint=endpoint)
             client.schedule(destination, b"x", delay=random.uniform(0, 1.5), message_id=message_id)
-            out.stored.add(message_id)
+            out.sent.add(message_id)
         except Exception:
             out.raised.add(message_id)
             time.sleep(0.1)
@@ -81,7 +48,7 @@ def _produce(url: str, endpoint: str, destination: str, out: Produced, halt: thr
         client.close()
 
 
-def _consume_queue(url: str, queue: str, into: Received, halt: threading.Event) -> None:
+def _consume_queue(url: str, queue: str, into: Tally, halt: threading.Event) -> None:
     consumer: SyncPostgresQueue | None = None
     while not halt.is_set():
         try:
@@ -97,7 +64,7 @@ def _consume_queue(url: str, queue: str, into: Received, halt: threading.Event) 
         consumer.close()
 
 
-def _consume_rabbitmq(queue: str, into: Received, halt: threading.Event) -> None:
+def _consume_rabbitmq(queue: str, into: Tally, halt: threading.Event) -> None:
     import pika
 
     connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ))
@@ -139,19 +106,16 @@ def test_a_primary_killed_and_its_standby_promoted_loses_and_doubles_nothing(tmp
                     (spawn_run(duetime_cmd("run", "--store", url, "--endpoint", endpoint, *extra), log), log)
                 )
         halt_producers, halt_consumers = threading.Event(), threading.Event()
-        produced = {"exact": Produced(), "loose": Produced()}
-        received = {"exact": Received(), "loose": Received()}
+        tallies = {"exact": Tally(), "loose": Tally()}
         threads = [
             threading.Thread(
-                target=_produce, args=(url, "exact", "orders", produced["exact"], halt_producers)
+                target=_produce, args=(url, "exact", "orders", tallies["exact"], halt_producers)
             ),
             threading.Thread(
-                target=_produce, args=(url, "loose", rabbit_queue, produced["loose"], halt_producers)
+                target=_produce, args=(url, "loose", rabbit_queue, tallies["loose"], halt_producers)
             ),
-            threading.Thread(target=_consume_queue, args=(url, "orders", received["exact"], halt_consumers)),
-            threading.Thread(
-                target=_consume_rabbitmq, args=(rabbit_queue, received["loose"], halt_consumers)
-            ),
+            threading.Thread(target=_consume_queue, args=(url, "orders", tallies["exact"], halt_consumers)),
+            threading.Thread(target=_consume_rabbitmq, args=(rabbit_queue, tallies["loose"], halt_consumers)),
         ]
         try:
             for _, log in runs:
@@ -167,12 +131,7 @@ def test_a_primary_killed_and_its_standby_promoted_loses_and_doubles_nothing(tmp
             halt_producers.set()
             for thread in threads[:2]:
                 thread.join(30)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and any(
-                produced[e].stored - set(received[e].times) for e in produced
-            ):
-                time.sleep(0.2)
-            time.sleep(2)  # what would arrive twice has time to
+            until_all_arrived(tallies.values(), 60)
         finally:
             halt_producers.set()
             halt_consumers.set()
@@ -185,26 +144,15 @@ def test_a_primary_killed_and_its_standby_promoted_loses_and_doubles_nothing(tmp
         for (process, log), text in zip(runs, logs.values(), strict=True):
             assert process.returncode == 0, f"{log.name} ended with {process.returncode}: {text[-3000:]}"
         figures = {}
-        for endpoint in ("exact", "loose"):
-            made, got = produced[endpoint], received[endpoint]
-            assert len(made.stored) > 100, (endpoint, len(made.stored))
-            lost = made.stored - set(got.times)
+        for endpoint, tally in tallies.items():
+            assert len(tally.sent) > 100, (endpoint, len(tally.sent))
+            lost = tally.missing()
             assert not lost, f"{endpoint}: {len(lost)} acknowledged messages never arrived"
-            assert not got.early, f"{endpoint}: early {got.early[:5]}"
-            assert not set(got.times) - made.stored - made.raised, "a message nobody sent"
-            first = got.first_after(promoted)
-            assert first is not None and first - promoted < RESUME_WITHIN, (
-                endpoint,
-                first and first - promoted,
-            )
-            doubled = sum(1 for n in got.times.values() if n > 1)
-            figures[endpoint] = {
-                "stored": len(made.stored),
-                "raised": len(made.raised),
-                "raised_yet_delivered": len(made.raised & set(got.times)),
-                "doubled": doubled,
-                "resumed_after_s": round(first - promoted, 2),
-            }
+            assert not tally.early, f"{endpoint}: early {tally.early[:5]}"
+            assert not set(tally.times) - tally.sent - tally.raised, "a message nobody sent"
+            figures[endpoint] = tally.figures(promoted)
+            resumed = figures[endpoint]["first_after_s"]
+            assert resumed is not None and resumed < RESUME_WITHIN, (endpoint, figures)
         assert figures["exact"]["doubled"] == 0, figures
         print("failover figures:", json.dumps(figures))
         (tmp_path / "figures.json").write_text(json.dumps(figures))

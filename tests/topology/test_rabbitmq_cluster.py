@@ -13,8 +13,6 @@ import random
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -25,29 +23,12 @@ from duetime.backends.rabbitmq.native import NativeDelays
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.topology.servers import RabbitCluster, rabbitmq_cluster, stop
+from tests.topology.tally import Tally, until_all_arrived
 
 pytestmark = [pytest.mark.topology, pytest.mark.timeout(400)]
 
 #: Delivery goes on this soon after the node is killed (the dispatch breaker allows 30 s).
 RESUME_WITHIN = 15.0
-
-
-@dataclass
-class Tally:
-    sent: set[str] = field(default_factory=set)
-    raised: set[str] = field(default_factory=set)
-    times: dict[str, int] = field(default_factory=dict)
-    early: list[tuple[str, float]] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def got(self, message_id: str, due_at: str | None) -> None:
-        now = time.time()
-        with self.lock:
-            self.times[message_id] = self.times.get(message_id, 0) + 1
-            self.arrivals.append(now)
-            if due_at and datetime.fromisoformat(due_at).timestamp() - now > 0.05:
-                self.early.append((message_id, datetime.fromisoformat(due_at).timestamp() - now))
 
 
 def _store_producer(store: str, tally: Tally, halt: threading.Event) -> None:
@@ -150,10 +131,7 @@ def test_a_node_leading_the_queues_killed_loses_nothing(tmp_path: Path) -> None:
             halt_producers.set()
             for thread in threads[:2]:
                 thread.join(60)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and any(t.sent - set(t.times) for t in tallies.values()):
-                time.sleep(0.5)
-            time.sleep(2)
+            until_all_arrived(tallies.values(), 120)
         finally:
             halt_producers.set()
             halt_consumer.set()
@@ -165,18 +143,12 @@ def test_a_node_leading_the_queues_killed_loses_nothing(tmp_path: Path) -> None:
         assert run.returncode == 0, said[-3000:]
         figures = {}
         for kind, tally in tallies.items():
-            lost = tally.sent - set(tally.times)
+            lost = tally.missing()
             assert len(tally.sent) > 20, (kind, len(tally.sent))
             assert not lost, f"{kind}: {len(lost)} of {len(tally.sent)} never arrived; {said[-2000:]}"
             assert not tally.early, (kind, tally.early[:5])
-            after = min((t for t in tally.arrivals if t >= killed), default=None)
-            figures[kind] = {
-                "sent": len(tally.sent),
-                "raised": len(tally.raised),
-                "doubled": sum(1 for n in tally.times.values() if n > 1),
-                "first_after_kill_s": None if after is None else round(after - killed, 2),
-            }
-        resumed = figures["s"]["first_after_kill_s"]
+            figures[kind] = tally.figures(killed)
+        resumed = figures["s"]["first_after_s"]
         assert resumed is not None and resumed < RESUME_WITHIN, figures
         print("cluster figures:", json.dumps(figures))
         assert "Traceback" not in said, said[-3000:]

@@ -13,7 +13,6 @@ import random
 import threading
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,14 @@ import duetime
 from duetime.backends.redis.transport import RedisTransport
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.topology.servers import sentinel_redis, stop
+from tests.topology.tally import Tally, until_all_arrived
 
 pytestmark = [pytest.mark.topology, pytest.mark.timeout(300)]
 
 RESUME_WITHIN = 15.0
 
 
-def _produce(store: str, sent: set[str], raised: set[str], halt: threading.Event) -> None:
+def _produce(store: str, tally: Tally, halt: threading.Event) -> None:
     client = None
     while not halt.is_set():
         message_id = f"s-{uuid.uuid4().hex[:12]}"
@@ -36,30 +36,23 @@ def _produce(store: str, sent: set[str], raised: set[str], halt: threading.Event
             if client is None:
                 client = duetime.connect_sync(store, endpoint="shop")
             client.schedule("orders", b"stored", delay=random.uniform(0, 2), message_id=message_id)
-            sent.add(message_id)
+            tally.sent.add(message_id)
         except Exception:
-            raised.add(message_id)
+            tally.raised.add(message_id)
             time.sleep(0.1)
         time.sleep(0.005)
     if client is not None:
         client.close()
 
 
-async def _consume(
-    url: str, got: dict[str, int], early: list[str], arrivals: list[float], halt: threading.Event
-) -> None:
+async def _consume(url: str, tally: Tally, halt: threading.Event) -> None:
     transport = RedisTransport.from_url(url)
     while not halt.is_set():
         try:
             await transport.start()
             batch = await transport.receive("orders", 100, 0.5)
-            now = time.time()
             for m in batch:
-                got[m.message_id] = got.get(m.message_id, 0) + 1
-                arrivals.append(now)
-                due = m.headers.get("duetime-due-at")
-                if due and datetime.fromisoformat(due).timestamp() - now > 0.05:
-                    early.append(m.message_id)
+                tally.got(m.message_id, m.headers.get("duetime-due-at"))
             await transport.acknowledge(batch)
         except Exception:
             await asyncio.sleep(0.2)
@@ -79,18 +72,10 @@ def test_a_master_killed_and_its_replica_promoted(tmp_path: Path, wait: str) -> 
         run = spawn_run(
             duetime_cmd("run", "--store", store, "--endpoint", "shop", "--transport", transport), log
         )
-        sent: set[str] = set()
-        raised: set[str] = set()
-        got: dict[str, int] = {}
-        early: list[str] = []
-        arrivals: list[float] = []
+        tally = Tally()
         halt_producer, halt_consumer = threading.Event(), threading.Event()
-        producers = [
-            threading.Thread(target=_produce, args=(store, sent, raised, halt_producer)) for _ in range(2)
-        ]
-        consumer = threading.Thread(
-            target=lambda: asyncio.run(_consume(transport, got, early, arrivals, halt_consumer))
-        )
+        producers = [threading.Thread(target=_produce, args=(store, tally, halt_producer)) for _ in range(2)]
+        consumer = threading.Thread(target=lambda: asyncio.run(_consume(transport, tally, halt_consumer)))
         try:
             wait_until_serving(log)
             for producer in producers:
@@ -103,10 +88,7 @@ def test_a_master_killed_and_its_replica_promoted(tmp_path: Path, wait: str) -> 
             halt_producer.set()
             for producer in producers:
                 producer.join(30)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and sent - set(got):
-                time.sleep(0.3)
-            time.sleep(1)
+            until_all_arrived([tally], 60)
         finally:
             halt_producer.set()
             halt_consumer.set()
@@ -114,20 +96,10 @@ def test_a_master_killed_and_its_replica_promoted(tmp_path: Path, wait: str) -> 
             consumer.join(30)
         said = log.read_text(errors="replace")
         assert run.returncode == 0, said[-3000:]
-        lost = sent - set(got)
-        after = min((t for t in arrivals if t >= killed), default=None)
-        figures = {
-            "wait": wait,
-            "sent": len(sent),
-            "raised": len(raised),
-            "lost": len(lost),
-            "doubled": sum(1 for n in got.values() if n > 1),
-            "first_after_kill_s": None if after is None else round(after - killed, 2),
-        }
+        figures = {"wait": wait} | tally.figures(killed)
         print("sentinel figures:", json.dumps(figures))
-        (tmp_path / "figures.json").write_text(json.dumps(figures))
-        assert len(sent) > 100 and not early, figures
-        assert after is not None and after - killed < RESUME_WITHIN, figures
+        assert figures["sent"] > 100 and not tally.early, figures
+        assert figures["first_after_s"] is not None and figures["first_after_s"] < RESUME_WITHIN, figures
         if wait != "0":
-            assert not lost, figures  # every acknowledged write was on the replica
+            assert not figures["lost"], figures  # every acknowledged write was on a replica
         assert "Traceback" not in said, said[-3000:]
