@@ -185,6 +185,8 @@ def main() -> None:
     parser.add_argument("--restart-every", type=float, default=5)
     parser.add_argument("--out", default=str(ROOT / "bench" / "soak"))
     args = parser.parse_args()
+    # stopped early (SIGTERM, Ctrl-C): the dispatchers and the server it started go with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with postgres_server() as port:
         soak_on(f"postgresql://postgres@127.0.0.1:{port}/postgres", args)
 
