@@ -12,6 +12,7 @@ import duetime
 SURFACE = {
     "ConfigurationError", "CriticalError", "DeadlineExceeded", "DelayedDeliverySettings",
     "DelayedMessage", "DelayedMessageClient", "DelayedMessageStore", "DestinationNotFound",
+    "DestinationUnavailable", "NotReplicated",
     "DispatchObserver", "DispatchStats", "Dispatcher", "DuetimeError", "DuplicateMessageId", "FrontDoor",
     "InvalidMessage", "ListQuery", "MessageInFlight", "MessageNotFound", "MessageRefused", "MissingExtra", "Page",
     "ReceivedMessage", "ReceivingTransport", "Settled", "StoreCounts", "StoreNotReady",
