@@ -406,6 +406,63 @@ def test_postgresql_urls_reach_libpq_whole_or_are_refused_in_one_line() -> None:
     assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_a_postgresql_url_says_what_sits_between_and_where_to_listen() -> None:
+    """Behind a pooler in transaction mode: no prepared statements, no start-up options (PgBouncer
+    refuses them), lease claims and no LISTEN through the pooler unless the server itself is named;
+    every mistake in these options is one line that says what to write."""
+    from duetime.backends.postgres.common import PgOptions
+
+    direct = PgOptions.from_url("postgresql://u:pw@db/app")
+    assert (
+        direct.connect_kwargs == {} and direct.claims == "lock" and direct.listen_conninfo == direct.conninfo
+    )
+    assert "idle_in_transaction_session_timeout" in direct.conninfo
+    pooled = PgOptions.from_url("postgresql://u:pw@bouncer:6432/app?pooler=transaction")
+    assert pooled.connect_kwargs == {"prepare_threshold": None} and pooled.claims == "lease"
+    assert pooled.listen_conninfo is None and "options" not in pooled.conninfo and pooled.poll == 0.5
+    heard = PgOptions.from_url("postgresql://u:pw@bouncer:6432/app?pooler=transaction&listen=db:5432&poll=2")
+    assert heard.listen_conninfo is not None and heard.listen_conninfo.startswith(
+        "postgresql://u:pw@db:5432/app?"
+    )
+    assert heard.poll == 2.0
+    session = PgOptions.from_url("postgresql://u:pw@bouncer:6432/app?pooler=session")
+    assert session.connect_kwargs == {} and "options" not in session.conninfo and session.claims == "lock"
+    for url, said in (
+        ("postgresql://u:pw@db/app?pooler=statement", "is not a pooling mode"),
+        ("postgresql://u:pw@db/app?pooler=transaction&listen=on", "LISTEN does not work through a pooler"),
+        ("postgresql://u:pw@db/app?listen=db:port", "is not an address"),
+        ("postgresql://u:pw@db/app?poll=0", "poll must be greater than"),
+    ):
+        with pytest.raises(ConfigurationError, match=said) as caught:
+            PgOptions.from_url(url)
+        assert "pw" not in str(caught.value).replace("pooler", "") and "\n" not in str(caught.value)
+
+
+def test_urls_of_clusters_name_each_server() -> None:
+    """One URL for a cluster: the nodes of a RabbitMQ cluster, the servers of a NATS one, the
+    sentinels of a Redis master (with the master's name and database in the path)."""
+    from duetime.backends._redis_database import SentinelTarget, check_database
+    from duetime.backends.nats.transport import NatsTransport
+    from duetime.backends.rabbitmq.transport import RabbitMqTransport
+
+    rabbit = RabbitMqTransport.from_url("amqp://u:pw@a:5672,b:5673,c/vh?queue_type=quorum")
+    assert [u.split("?")[0] for u in rabbit.urls] == [
+        "amqp://u:pw@a:5672/vh",
+        "amqp://u:pw@b:5673/vh",
+        "amqp://u:pw@c/vh",
+    ]
+    assert rabbit.queue_type == "quorum"
+    nats = NatsTransport.from_url("nats://a:4222,b:4223?replicas=3")
+    assert nats.servers == ["nats://a:4222", "nats://b:4223"] and nats.replicas == 3
+    with pytest.raises(ConfigurationError, match="1 to 5 copies"):
+        NatsTransport.from_url("nats://a:4222?replicas=7")
+    target = SentinelTarget.of("redis+sentinel://:pw@s1:26379,s2/mymaster/3")
+    assert target.sentinels == [("s1", 26379), ("s2", 26379)] and target.service == "mymaster"
+    assert (target.database, target.password) == (3, "pw")
+    with pytest.raises(ConfigurationError, match="names no master"):
+        check_database("redis+sentinel://s1:26379")
+
+
 async def test_connect_used_as_the_client_says_how_to_get_one() -> None:
     import duetime
 
