@@ -11,6 +11,7 @@ where the master is on every new connection, so after a failover they reach the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -141,10 +142,10 @@ def no_such_database(url: str, error: BaseException) -> ConfigurationError | Non
 def not_redis(url: str, error: BaseException) -> ConfigurationError:
     """A server that answered in another protocol (redis-py's ``InvalidResponse``: another kind
     of server on that port), said in one line rather than as the bytes it sent."""
-    parts = urlsplit(url)
+    where = urlsplit(url).netloc.rpartition("@")[2]  # host:port, or a Sentinel URL's several
     return ConfigurationError(
-        f"cannot connect to {redact(url)}: the server at {parts.hostname}:{parts.port or 6379} does not "
-        "answer as Redis does; check the host and port."
+        f"cannot connect to {redact(url)}: the server at {where} does not answer as Redis does; check "
+        "the host and port."
     )
 
 
@@ -159,7 +160,7 @@ class Replication:
     timeout_ms: int = 1000
 
     @classmethod
-    def of(cls, options: dict[str, str], url: str) -> Replication:
+    def of(cls, options: Mapping[str, str]) -> Replication:
         from duetime.inputs.urls import number_option
 
         replicas = int(number_option(options, "wait", 0, whole=True, minimum=-1))

@@ -112,7 +112,7 @@ class SyncRedisStore(StoreRules):
             plain,
             prefix=options.get("prefix", "duetime:"),
             claim_timeout=claim_timeout_option(options, claim_timeout),
-            replication=Replication.of(options, url),
+            replication=Replication.of(options),
         )
 
     def keys_for(self, endpoint: str) -> dict[str, str]:

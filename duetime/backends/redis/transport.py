@@ -108,7 +108,7 @@ class RedisTransport(AsyncClosing):
             prefix=options.get("prefix", "duetime:"),
             group=options.get("group", "duetime"),
             visibility_timeout=number_option(options, "visibility_timeout", 30.0),
-            replication=Replication.of(options, url),
+            replication=Replication.of(options),
         )
 
     @property
