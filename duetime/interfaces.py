@@ -92,6 +92,9 @@ class ListQuery:
 
 @dataclass(frozen=True, slots=True)
 class Page:
+    """One page of ``list``: the stored messages in due order, and where the next page starts (a
+    cursor, not an offset: a page stays right while messages come and go before it)."""
+
     messages: list[DelayedMessage]
     #: Pass as ``ListQuery(after=...)`` to read the next page; None on the last page.
     next_cursor: tuple[datetime, str] | None

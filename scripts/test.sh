@@ -2,7 +2,7 @@
 # The second command of the README: set up, lint, type-check and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard,otel
+bash scripts/setup.sh dev,docs,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard,otel
 # System programs the tests use, from Debian's packages: Chromium drives the dashboard's browser
 # tests (Playwright never downloads a browser here); chattr (e2fsprogs) makes files nobody may
 # change, root included, for the tests of files a user may only read.
@@ -19,8 +19,8 @@ for need in "chromium chromium the dashboard's browser tests" "chattr e2fsprogs 
   fi
 done
 echo "== ruff"
-.venv/bin/ruff check duetime tests bench docs/examples
-.venv/bin/ruff format --check duetime tests bench docs/examples
+.venv/bin/ruff check duetime tests bench docs/examples docs/hooks
+.venv/bin/ruff format --check duetime tests bench docs/examples docs/hooks
 echo "== mypy (strict)"; .venv/bin/mypy && .venv/bin/mypy --strict docs/examples
 echo "== import layers (import-linter, contracts in pyproject.toml)"; .venv/bin/lint-imports --no-cache
 # Three workers, each test file whole on one of them (a file's shared fixtures stay shared): most
