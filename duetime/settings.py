@@ -29,16 +29,26 @@ class TransactionMode(enum.StrEnum):
 class DelayedDeliverySettings:
     """How the dispatcher behaves. Defaults are NServiceBus's (its ``DelayedDeliverySettings``)."""
 
+    #: How many more times a message the destination refused is tried before the error queue.
     number_of_retries: int = 0
+    #: How long the store may fail its writes after a send (removing what was delivered,
+    #: counting failures) before the critical error.
     time_to_trigger_store_circuit_breaker: timedelta = timedelta(seconds=30)
+    #: How long claiming due messages may fail before the critical error.
     time_to_trigger_fetch_circuit_breaker: timedelta = timedelta(seconds=30)
+    #: How long sending to destinations may fail (a broker down) before the critical error.
     time_to_trigger_dispatch_circuit_breaker: timedelta = timedelta(seconds=30)
     #: As NServiceBus's timeout manager has it: how long the front door may fail to get delayed messages into
     #: storage before the critical error. Longer than the store breaker's, because the messages
     #: wait safely on their queue meanwhile; nothing is lost by waiting.
     time_to_wait_before_triggering_critical_error_on_timeout_outages: timedelta = timedelta(minutes=2)
+    #: How many failures of error handling (counting a failure, a refused error-queue message) a
+    #: second are tolerated before the critical error.
     maximum_recovery_failures_per_second: int = 1
+    #: at-least-once (send, then remove) or exactly-once (one transaction, where the transport
+    #: shares the store's).
     transaction_mode: TransactionMode = TransactionMode.AT_LEAST_ONCE
+    #: Where a message that cannot be delivered goes, with why.
     error_queue: str = "error"
     #: How many due messages one claim takes; one round trip moves a batch, not a row.
     batch_size: int = 100

@@ -49,3 +49,30 @@ def test_the_python_api_reference_has_every_public_name(site: Path) -> None:
     page = (site / "reference" / "api" / "index.html").read_text()
     for name in duetime.__all__:
         assert f'id="duetime.{name}"' in page, name
+
+
+def test_every_environment_variable_the_package_reads_is_on_the_settings_page(site: Path) -> None:
+    import re
+
+    page = (site / "reference" / "settings" / "index.html").read_text()
+    read = {
+        name
+        for path in (ROOT / "duetime").rglob("*.py")
+        for name in re.findall(r"DUETIME_[A-Z_]*[A-Z]", path.read_text())
+    }
+    assert len(read) > 10
+    missing = sorted(name for name in read if name not in page)
+    assert not missing, missing
+
+
+def test_the_metrics_page_has_every_series_the_alert_rules_use(site: Path) -> None:
+    import re
+
+    page = (site / "reference" / "metrics" / "index.html").read_text()
+    rules = (ROOT / "deploy" / "prometheus-rules.yaml").read_text()
+    used = {re.sub(r"_(bucket|count|sum)$", "", name) for name in re.findall(r"\bduetime_[a-z_]+", rules)} - {
+        "duetime_up"
+    }  # Prometheus's own series for the scrape job
+    assert used
+    missing = sorted(name for name in used if name not in page)
+    assert not missing, missing
