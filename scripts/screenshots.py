@@ -1,4 +1,4 @@
-"""Make the README's dashboard pictures (docs/dashboard-*.png) from a real run.
+"""Make the documentation's dashboard pictures (docs/dashboard-*.png) from a real run.
 
     .venv/bin/python scripts/screenshots.py   # about two minutes; needs duetime[dashboard] and chromium
 

@@ -4,7 +4,7 @@ timeout carries when the timeout manager dispatches it.
 duetime speaks NServiceBus so that an endpoint can use duetime unchanged: it sends deferred
 messages to duetime's front door, and receives what duetime dispatches as if its own timeout
 manager had sent it. The facts (and where Particular's code states them) are listed in the
-README's NServiceBus section.
+documentation's NServiceBus pages (docs/explanation/nservicebus.md).
 """
 
 from __future__ import annotations

@@ -76,3 +76,14 @@ def test_the_metrics_page_has_every_series_the_alert_rules_use(site: Path) -> No
     assert used
     missing = sorted(name for name in used if name not in page)
     assert not missing, missing
+
+
+def test_the_readme_links_only_to_what_is_there() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    targets = [t for t in re.findall(r"\]\(([^)#]+)\)", readme) if not t.startswith("http")]
+    assert len(targets) > 15
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, missing
+    assert len(readme.splitlines()) < 150  # read in five minutes

@@ -1,5 +1,6 @@
-"""Every Python block in the README runs as written: against this machine's servers (the README's
-example hosts are swapped for them), in a fresh folder, with top-level ``await`` allowed.
+"""Every Python block in the README and the documentation runs as written, in reading order:
+against this machine's servers (the example hosts are swapped for them), in a fresh folder, with
+top-level ``await`` allowed.
 
 Blocks that show a fragment of a receiver use names the reader's program would have (``handle``,
 ``message``, ``conn``); ``PRELUDES`` gives them those, and nothing else."""
@@ -17,10 +18,32 @@ import pytest
 
 from tests.services import POSTGRES, RABBITMQ, REDIS, postgres_schema
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+
+def _pages() -> list[Path]:
+    """The README, then the documentation's pages in the order of the site's navigation."""
+    import yaml
+
+    def walk(entries: Any) -> Iterator[str]:
+        for entry in entries:
+            value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            if isinstance(value, list):
+                yield from walk(value)
+            else:
+                yield value
+
+    site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    return [README, *(ROOT / "docs" / page for page in walk(site["nav"]))]
+
+
+#: (where, code) of every Python block, in reading order.
 BLOCKS = [
-    (README.read_text()[: m.start()].count("\n") + 2, m.group(1))
-    for m in re.finditer(r"```python\n(.*?)```", README.read_text(), re.S)
+    (f"{page.relative_to(ROOT)}:{text[: m.start()].count(chr(10)) + 2}", m.group(1))
+    for page in _pages()
+    for text in [page.read_text()]
+    for m in re.finditer(r"```python\n(.*?)```", text, re.S)
 ]
 
 #: The README's example hosts, and where they are on this machine.
@@ -93,7 +116,7 @@ def test_every_python_block_runs_as_written(pg: str, tmp_path: Path, monkeypatch
     namespace |= {"PG": pg, "POSTGRES_BASE": POSTGRES, "REDIS": REDIS, "RABBITMQ": RABBITMQ}
     loop = asyncio.new_event_loop()
     try:
-        for line, block in BLOCKS:
+        for where, block in BLOCKS:
             code = block
             for host, here in HOSTS.items():
                 code = code.replace(host, here.format(pg=pg))
@@ -108,7 +131,7 @@ def test_every_python_block_runs_as_written(pg: str, tmp_path: Path, monkeypatch
                 else:
                     loop.run_until_complete(_run(code, namespace))
             except Exception as error:
-                raise AssertionError(f"README.md block at line {line} failed: {error!r}") from error
+                raise AssertionError(f"the block at {where} failed: {error!r}") from error
     finally:
         loop.run_until_complete(_close_all(namespace))
         loop.close()
