@@ -333,6 +333,23 @@ class PgNames:
         }
         self.qualified = names["table"]
         self.quoted_schema = s
+        #: What the queue's set-up makes, and the store's (with the queue's): what must be there
+        #: for a set-up to have nothing to do.
+        self.queue_relations = [
+            names["queues"],
+            names["messages"],
+            f"{s}.{quote_identifier(names['index_ready'])}",
+        ]
+        self.store_relations = [
+            names["schema_table"],
+            names["table"],
+            *(
+                f"{s}.{names[index]}"
+                for index in ("index_due", "index_claim", "index_destination", "index_failing", "index_group")
+            ),
+            names["presence"],
+            *self.queue_relations,
+        ]
         self.q = {name: sql.format(**names) for name, sql in QUERIES.items()}
         #: LISTEN/NOTIFY channel: stable, short, one per table.
         self.channel = channel_of(schema, table)
@@ -346,6 +363,19 @@ class PgNames:
 
     def component(self) -> str:
         return f"store:{self.table}"
+
+
+def all_there(conn: Any, relations: Sequence[str]) -> bool:
+    """Whether every table and index named exists, read from the catalogue alone. A set-up with
+    nothing to do must not run its ``CREATE INDEX IF NOT EXISTS``: that takes a lock on the table
+    before it finds the index there, which stalls every dispatcher writing to it (and cancels
+    autovacuum) for as long as the set-up waits for a transaction in flight; measured: lateness
+    p99 1.6 s and the tables doubled in size at each restart of a dispatcher."""
+    row = conn.execute(
+        "SELECT bool_and(to_regclass(name) IS NOT NULL) FROM unnest(%(names)s::text[]) AS name",
+        {"names": list(relations)},
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def table_for(options: PgOptions, endpoint: str) -> str:

@@ -24,6 +24,7 @@ from duetime.backends.postgres.common import (
     QUEUE_TABLES,
     PgNames,
     PgOptions,
+    all_there,
     dump_headers,
     enqueue_declared,
     pooled,
@@ -137,9 +138,11 @@ class SyncPostgresQueue(Closing):
             timeout=options.pool_timeout,
             configure=None if options.session_free else _in_index_order,
         )
-        with pooled(self.pool, self.options) as conn, conn.transaction():
-            for sql, params in queue_setup(self.names):
-                conn.execute(sql, params)
+        with pooled(self.pool, self.options) as conn:
+            if not all_there(conn, self.names.queue_relations):  # else no DDL: see all_there
+                with conn.transaction():
+                    for sql, params in queue_setup(self.names):
+                        conn.execute(sql, params)
         self._listener = _Listener(options.listen_conninfo, self.names.queue_channel)
         if options.listen_conninfo is None:  # nothing to wait on: look every `poll` seconds
             self.poll_interval = max(poll_interval, options.poll)

@@ -29,6 +29,7 @@ from duetime.backends.postgres.common import (
     PgNames,
     PgOptions,
     QueueEntry,
+    all_there,
     announce,
     announced_due,
     copy_row,
@@ -152,6 +153,10 @@ class SyncPostgresStore(StoreRules):
 
     def _create(self, endpoint: str) -> None:
         names = self.names_for(endpoint)
+        if self._schema_version(endpoint) == SCHEMA_VERSION:
+            with pooled(self.pool, self.options) as conn:
+                if all_there(conn, names.store_relations):
+                    return  # set up already: no DDL, no lock on a table in use
         statements = _setup_statements(names)
         with pooled(self.pool, self.options) as conn, conn.transaction():
             for sql, params in statements[:4]:  # the lock, the schema, the version table, the table
