@@ -176,6 +176,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.suptitle("duetime soak: PostgreSQL, exactly-once, dispatchers restarted")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)  # pyplot keeps every figure it made until closed: 9 MB a minute here
 
 
 def main() -> None:
