@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,63 @@ def test_the_readme_links_only_to_what_is_there() -> None:
     missing = [t for t in targets if not (ROOT / t).exists()]
     assert not missing, missing
     assert len(readme.splitlines()) < 150  # read in five minutes
+
+
+def test_every_command_line_in_the_readme_and_the_docs_is_one_the_cli_takes() -> None:
+    """Each ``duetime …`` line of a shell block, parsed as the command line parses it (options,
+    arguments, their types): an option renamed or removed in the code fails here. (The tutorial's
+    are also run: tests/acceptance/test_tutorial.py.)"""
+    import re
+    import shlex
+
+    import typer
+
+    from duetime.cli import app
+
+    root = typer.main.get_command(app)  # Typer's own click: told apart by what it has, not its class
+    checked, wrong = 0, []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", page.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                if not line.strip().startswith("duetime "):
+                    continue
+                args = _as_typed(shlex.split(line, comments=True))[1:]
+                command: Any = root
+                path = ["duetime"]
+                while hasattr(command, "commands") and args and args[0] in command.commands:
+                    path.append(args[0])
+                    command = command.commands[args.pop(0)]
+                assert not hasattr(command, "commands"), f"{line}: not a command"
+                try:
+                    command.make_context(" ".join(path), args)
+                except Exception as error:
+                    # --help and --version end the parse; a file named on the page is the reader's
+                    if type(error).__name__ != "Exit" and "does not exist" not in str(error):
+                        wrong.append(f"{page.relative_to(ROOT)}: {line.strip()}: {error}")
+                checked += 1
+    assert checked > 50
+    assert not wrong, wrong
+
+
+def _as_typed(words: list[str]) -> list[str]:
+    """A documented command line as a reader types it: what follows a shell operator (``>``,
+    ``|``, ``;``, ``&&``) is another command, ``[--json]`` marks what may be left out, and ``…``
+    what the reader fills in."""
+    typed: list[str] = []
+    optional = 0
+    for word in words:
+        if word in (">", ">>", "|", "&&", "||", ";", "&"):
+            break
+        if word.startswith("["):
+            optional += word.count("[")
+        if optional:
+            optional -= word.count("]")
+            continue
+        if word == "…":  # the value of the option before it, or more of the reader's own
+            if typed and typed[-1].startswith("--"):
+                typed.append("filled-in")
+        else:
+            typed.append(word.removesuffix(";"))
+        if word.endswith(";"):
+            break
+    return typed
