@@ -220,10 +220,12 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
             worker.start()
         started = time.monotonic()
         last_restart = started
+        restarts = 0
         for minute in range(1, int(args.minutes) + 1):
             time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
             if time.monotonic() - last_restart >= args.restart_every * 60:
-                which = minute % 2
+                which = restarts % 2  # each in turn
+                restarts += 1
                 runs[which].send_signal(signal.SIGTERM)
                 runs[which].wait(60)
                 runs[which] = spawn(url, which, folder)
