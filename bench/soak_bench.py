@@ -183,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--rate", type=int, default=2000)
-    parser.add_argument("--restart-every", type=float, default=5)
+    parser.add_argument("--restart-every", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "bench" / "soak"))
     args = parser.parse_args()
     # stopped early (SIGTERM, Ctrl-C): the dispatchers and the server it started go with it
@@ -219,17 +219,15 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
         for worker in workers:
             worker.start()
         started = time.monotonic()
-        last_restart = started
         restarts = 0
         for minute in range(1, int(args.minutes) + 1):
             time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
-            if time.monotonic() - last_restart >= args.restart_every * 60:
+            if minute % max(1, args.restart_every) == 0:
                 which = restarts % 2  # each in turn
                 restarts += 1
                 runs[which].send_signal(signal.SIGTERM)
                 runs[which].wait(60)
                 runs[which] = spawn(url, which, folder)
-                last_restart = time.monotonic()
             row: dict[str, Any] = {"minute": minute} | soak.minute() | table_figures(database, "soak")
             for n, process in enumerate(runs):
                 row[f"rss_dispatcher{n}_mb"] = round(rss_mb(process.pid), 1)
