@@ -197,6 +197,7 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
     folder = Path(args.out).parent
     soak = Soak(url, args.rate)
     runs: list[subprocess.Popen[bytes]] = []
+    workers: list[threading.Thread] = []
     rows: list[dict[str, Any]] = []
     try:
         subprocess.run(
@@ -248,6 +249,8 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
     finally:
         soak.stop_producing.set()
         soak.halt.set()
+        for worker in workers:  # before the server goes
+            worker.join(30)
         for process in runs:
             process.send_signal(signal.SIGTERM)
         for process in runs:
