@@ -123,3 +123,16 @@ def until(check: Callable[[], Any], seconds: float, what: str) -> Any:
             return result
         time.sleep(0.2)
     raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def delete_rabbitmq_queues(*queues: str) -> None:
+    """Remove queues a test declared on the shared RabbitMQ."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ))
+    try:
+        channel = connection.channel()
+        for queue in queues:
+            channel.queue_delete(queue)
+    finally:
+        connection.close()

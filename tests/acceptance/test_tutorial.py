@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import RABBITMQ, free_port, postgres_schema, require
+from tests.services import RABBITMQ, delete_rabbitmq_queues, free_port, postgres_schema, require
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "tutorial.md"
@@ -52,16 +52,4 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert '"body": "hello"' in said and "bill #42" in said and "hello from PostgreSQL" in said, said[-4000:]
     assert said.rstrip().endswith("200") or "\n200\n" in said, said[-2000:]
     assert "Traceback" not in said
-    _delete_queues(f"orders_{tag}", f"invoices_{tag}")
-
-
-def _delete_queues(*queues: str) -> None:
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ))
-    try:
-        channel = connection.channel()
-        for queue in queues:
-            channel.queue_delete(queue)
-    finally:
-        connection.close()
+    delete_rabbitmq_queues(f"orders_{tag}", f"invoices_{tag}")

@@ -20,7 +20,7 @@ import pytest
 import duetime
 from duetime.backends.postgres import SyncPostgresQueue
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
-from tests.services import RABBITMQ, require, with_option
+from tests.services import RABBITMQ, delete_rabbitmq_queues, require, with_option
 from tests.topology.servers import replicated_postgres, stop
 from tests.topology.tally import Tally, until_all_arrived
 
@@ -160,16 +160,4 @@ def test_a_primary_killed_and_its_standby_promoted_loses_and_doubles_nothing(tmp
             assert queue.depth("error") == 0  # a failover dead-letters nothing
         for text in logs.values():
             assert "dead-letter" not in text.lower() and "Traceback" not in text, text[-3000:]
-    _delete_rabbitmq_queues(rabbit_queue, rabbit_errors)
-
-
-def _delete_rabbitmq_queues(*queues: str) -> None:
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(RABBITMQ))
-    try:
-        channel = connection.channel()
-        for queue in queues:
-            channel.queue_delete(queue)
-    finally:
-        connection.close()
+    delete_rabbitmq_queues(rabbit_queue, rabbit_errors)
