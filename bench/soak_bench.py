@@ -103,13 +103,53 @@ class Soak:
     def minute(self) -> dict[str, Any]:
         with self.lock:
             late, self.late = sorted(self.late), []
-            figures = {"scheduled": self.scheduled, "received": self.received, "doubled": self.doubled}
+            figures: dict[str, Any] = {
+                "scheduled": self.scheduled,
+                "received": self.received,
+                "doubled": self.doubled,
+            }
         if late:
             figures |= {
                 "late_p50_ms": round(late[len(late) // 2], 1),
                 "late_p99_ms": round(late[int(len(late) * 0.99)], 1),
                 "late_max_ms": round(late[-1], 1),
             }
+        return figures
+
+
+class Watch:
+    """Twice a second: the longest-open snapshot on the server (a transaction that holds one keeps
+    every row deleted since from being cleaned away, index entries included) and the rows waiting
+    in the store; each minute's highest of both."""
+
+    def __init__(self, database: str, schema: str) -> None:
+        self.database, self.schema = database, schema
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+        self.snapshot_s = 0.0
+        self.rows = 0
+
+    def run(self) -> None:
+        with psycopg.connect(self.database, autocommit=True) as conn:
+            table = conn.execute(
+                "SELECT format('%%I.%%I', schemaname, relname) FROM pg_stat_user_tables "
+                "WHERE schemaname = %s AND relname LIKE '%%.delayed'",
+                [self.schema],
+            ).fetchone()
+            while not self.halt.wait(0.5):
+                (held,) = conn.execute(
+                    "SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0) FROM pg_stat_activity "
+                    "WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
+                ).fetchone()  # type: ignore[misc]
+                rows = conn.execute(f"SELECT count(*) FROM {table[0]}").fetchone()[0] if table else 0  # type: ignore[index]
+                with self.lock:
+                    self.snapshot_s = max(self.snapshot_s, float(held))
+                    self.rows = max(self.rows, int(rows))
+
+    def minute(self) -> dict[str, Any]:
+        with self.lock:
+            figures = {"longest_snapshot_s": round(self.snapshot_s, 1), "store_rows_max": self.rows}
+            self.snapshot_s, self.rows = 0.0, 0
         return figures
 
 
@@ -121,6 +161,13 @@ def table_figures(database: str, schema: str) -> dict[str, Any]:
             "FROM pg_stat_user_tables WHERE schemaname = %s",
             [schema],
         ).fetchall()
+        indexes_of_store = conn.execute(
+            "SELECT indexrelname, pg_relation_size(indexrelid) FROM pg_stat_user_indexes "
+            "WHERE schemaname = %s AND relname LIKE '%%.delayed' ORDER BY 1",
+            [schema],
+        ).fetchall()
+    for index, size in indexes_of_store:  # which of the store's indexes grows, if one does
+        figures[f"index_{index.rsplit('.', 1)[-1]}_mb"] = round(size / 2**20, 2)
     for name, table, indexes, dead, vacuums in rows:
         key = "store" if name.endswith(".delayed") else "queue" if name == "duetime_queue_messages" else None
         if key:
@@ -196,6 +243,7 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
     url = f"{database}?schema=soak"
     folder = Path(args.out).parent
     soak = Soak(url, args.rate)
+    watch = Watch(database, "soak")
     runs: list[subprocess.Popen[bytes]] = []
     workers: list[threading.Thread] = []
     rows: list[dict[str, Any]] = []
@@ -216,7 +264,11 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
             check=True,
         )
         runs = [spawn(url, 0, folder), spawn(url, 1, folder)]
-        workers = [threading.Thread(target=soak.produce), threading.Thread(target=soak.consume)]
+        workers = [
+            threading.Thread(target=soak.produce),
+            threading.Thread(target=soak.consume),
+            threading.Thread(target=watch.run),
+        ]
         for worker in workers:
             worker.start()
         started = time.monotonic()
@@ -229,7 +281,9 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
                 runs[which].send_signal(signal.SIGTERM)
                 runs[which].wait(60)
                 runs[which] = spawn(url, which, folder)
-            row: dict[str, Any] = {"minute": minute} | soak.minute() | table_figures(database, "soak")
+            row: dict[str, Any] = (
+                {"minute": minute} | soak.minute() | watch.minute() | table_figures(database, "soak")
+            )
             for n, process in enumerate(runs):
                 row[f"rss_dispatcher{n}_mb"] = round(rss_mb(process.pid), 1)
             row["rss_bench_mb"] = round(rss_mb(os.getpid()), 1)
@@ -249,6 +303,7 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
     finally:
         soak.stop_producing.set()
         soak.halt.set()
+        watch.halt.set()
         for worker in workers:  # before the server goes
             worker.join(30)
         for process in runs:
@@ -260,7 +315,8 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
         f"lost: {soak.scheduled - soak.received} (scheduled {soak.scheduled:,}, received {soak.received:,}); doubled {soak.doubled}"
     )
     for key in ("late_p99_ms", "rss_dispatcher0_mb", "rss_dispatcher1_mb", "rss_bench_mb", "store_table_mb",
-                "store_indexes_mb", "queue_table_mb", "queue_indexes_mb", "store_dead_rows", "queue_dead_rows"):  # fmt: skip
+                "store_indexes_mb", "queue_table_mb", "queue_indexes_mb", "store_dead_rows", "queue_dead_rows",
+                "store_rows_max", "longest_snapshot_s"):  # fmt: skip
         first = statistics.median(r.get(key, 0) for r in rows[:edge])
         last = statistics.median(r.get(key, 0) for r in rows[-edge:])
         ratio = f"{last / first:.2f}x" if first else "-"

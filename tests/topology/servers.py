@@ -268,6 +268,7 @@ class RabbitNode:
             "RABBITMQ_PID_FILE": str(self.folder / "pid"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.folder / "enabled_plugins"),
             "RABBITMQ_CONFIG_FILE": str(self.folder / "rabbitmq"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.folder / "advanced.config"),
             "HOME": "/var/lib/rabbitmq",
         }
 
@@ -292,6 +293,46 @@ class RabbitCluster:
         """``kill -9`` of a node's Erlang VM: a crash, not a shutdown."""
         os.kill(node.pid(), signal.SIGKILL)
 
+    def start(self, node: RabbitNode) -> None:
+        """Start a killed node again (it rejoins the cluster with its data)."""
+        _as_rabbitmq(node, "rabbitmq-server", "-detached")
+        self.await_startup(node)
+
+    def await_startup(self, node: RabbitNode) -> None:
+        # await_startup fails at once until the node has registered with epmd
+        end = time.monotonic() + 90
+        while _as_rabbitmq(node, "rabbitmqctl", "-n", node.name, "await_startup").returncode:
+            assert time.monotonic() < end, f"RabbitMQ node {node.name} did not start"
+            time.sleep(0.5)
+
+    def held(self, node: RabbitNode, prefix: str = "duetime.delay-level-") -> dict[str, tuple[int, str]]:
+        """Quorum queues (named ``prefix…``) holding messages that were dead-lettered and not yet
+        forwarded (a queue's messages beyond those ready and unacknowledged), with their leader."""
+        return {
+            name: (total - ready - unacked, leader)
+            for name, (total, ready, unacked, leader) in self.queues(node).items()
+            if name.startswith(prefix) and total > ready + unacked
+        }
+
+    def drain_and_revive(self, node: RabbitNode) -> None:
+        """``rabbitmq-upgrade drain`` then ``revive``: the node hands the leadership of its quorum
+        queues to others (and closes its clients' connections), then serves again."""
+        for step in ("drain", "revive"):
+            done = _as_rabbitmq(node, "rabbitmq-upgrade", "-n", node.name, step)
+            assert done.returncode == 0, f"rabbitmq-upgrade {step}: {done.stdout}{done.stderr}"
+
+    def queues(self, node: RabbitNode) -> dict[str, tuple[int, int, int, str]]:
+        """Each queue's messages, of them ready, of them unacknowledged, and its leader, as a live
+        node sees them (a quorum queue's messages also count those dead-lettered but not yet
+        forwarded)."""
+        out = self.ctl(node, "list_queues", "name", "messages", "messages_ready",
+                       "messages_unacknowledged", "leader", "--quiet", "--no-table-headers")  # fmt: skip
+        rows = {}
+        for line in out.splitlines():
+            name, total, ready, unacked, leader = line.split("\t")
+            rows[name] = (int(total), int(ready), int(unacked), leader)
+        return rows
+
     def leader_of(self, queue: str) -> RabbitNode:
         for node in self.nodes:
             with contextlib.suppress(AssertionError):
@@ -314,7 +355,7 @@ def _as_rabbitmq(node: RabbitNode, *command: str) -> subprocess.CompletedProcess
 
 
 @contextmanager
-def rabbitmq_cluster(size: int = 3) -> Iterator[RabbitCluster]:
+def rabbitmq_cluster(size: int = 3, advanced: str = "[].") -> Iterator[RabbitCluster]:
     """``size`` RabbitMQ nodes of their own (names, ports, data), joined in one cluster; the shared
     broker (``rabbit@…``, port 5672) shares only the Erlang cookie and is never touched."""
     tag = uuid.uuid4().hex[:6]
@@ -330,16 +371,13 @@ def rabbitmq_cluster(size: int = 3) -> Iterator[RabbitCluster]:
             node.folder.mkdir()
             (node.folder / "enabled_plugins").write_text("[].\n")
             (node.folder / "rabbitmq.conf").write_text("loopback_users = none\n")
-            for path in (node.folder, node.folder / "enabled_plugins", node.folder / "rabbitmq.conf"):
+            (node.folder / "advanced.config").write_text(advanced + "\n")
+            for path in (node.folder, *node.folder.iterdir()):
                 if os.geteuid() == 0:
                     shutil.chown(path, "rabbitmq", "rabbitmq")
             _as_rabbitmq(node, "rabbitmq-server", "-detached")
         for node in nodes:
-            # await_startup fails at once until the node has registered with epmd
-            end = time.monotonic() + 90
-            while _as_rabbitmq(node, "rabbitmqctl", "-n", node.name, "await_startup").returncode:
-                assert time.monotonic() < end, f"RabbitMQ node {node.name} did not start"
-                time.sleep(0.5)
+            cluster.await_startup(node)
         for node in nodes[1:]:
             cluster.ctl(node, "stop_app")
             cluster.ctl(node, "join_cluster", nodes[0].name)

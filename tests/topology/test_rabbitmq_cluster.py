@@ -22,7 +22,7 @@ from duetime import send_delayed
 from duetime.backends.rabbitmq.native import NativeDelays
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
-from tests.topology.servers import RabbitCluster, rabbitmq_cluster, stop
+from tests.topology.servers import RabbitCluster, RabbitNode, rabbitmq_cluster, stop
 from tests.topology.tally import Tally, until_all_arrived
 
 pytestmark = [pytest.mark.topology, pytest.mark.timeout(400)]
@@ -131,7 +131,9 @@ def test_a_node_leading_the_queues_killed_loses_nothing(tmp_path: Path) -> None:
             halt_producers.set()
             for thread in threads[:2]:
                 thread.join(60)
-            until_all_arrived(tallies.values(), 120)
+            until_all_arrived([tallies["s"], tallies["d"]], 120)
+            until_all_arrived([tallies["n"]], 30)  # the longest native delay is 5 s
+            held = _release_held(cluster, leader, tallies["n"])
         finally:
             halt_producers.set()
             halt_consumer.set()
@@ -146,15 +148,28 @@ def test_a_node_leading_the_queues_killed_loses_nothing(tmp_path: Path) -> None:
             figures[kind] = tally.figures(killed)
             assert len(tally.sent) > 20, (kind, len(tally.sent))
             assert not tally.early, (kind, tally.early[:5])
-        for kind in ("s", "d"):  # through the dispatcher: stored, and at the front door
-            lost = tallies[kind].missing()
-            assert not lost, f"{kind}: {len(lost)} of {len(tallies[kind].sent)} never arrived; {said[-2000:]}"
+        for kind, tally in tallies.items():
+            lost = tally.missing()
+            assert not lost, f"{kind}: {len(lost)} of {len(tally.sent)} never arrived; {said[-2000:]}"
         resumed = figures["s"]["first_after_s"]
         assert resumed is not None and resumed < RESUME_WITHIN, figures
-        print("cluster figures:", json.dumps(figures))
+        print("cluster figures:", json.dumps(figures | {"native_held_until_leader_moved": held}))
         assert "Traceback" not in said, said[-3000:]
-        if figures["n"]["lost"]:
-            # RabbitMQ's own delay levels: once, 130 of 238 messages waiting in the quorum levels had
-            # not arrived two minutes after the node was lost (two other runs: none). Not understood
-            # yet; the issue on production topologies stays open for it.
-            pytest.xfail(f"native delays across a node loss: {figures['n']}")
+
+
+def _release_held(cluster: RabbitCluster, killed: RabbitNode, native: Tally) -> int:
+    """RabbitMQ 3.10's quorum queues can stop forwarding what they dead-letter after a leader
+    election (the queue's dead-letter worker is lost in a race); the messages are kept, not dropped,
+    and go on when the queue's leadership moves. The production guide's remedy, as an operator
+    would run it: bring the lost node back, then drain and revive the node leading such a level.
+    Returns how many messages were held."""
+    if not native.missing():
+        return 0
+    cluster.start(killed)
+    live = next(node for node in cluster.nodes if node is not killed)
+    held = cluster.held(live)
+    assert held, f"{len(native.missing())} native messages missing and none held in a level"
+    for leader in {name for _, name in held.values()}:
+        cluster.drain_and_revive(next(node for node in cluster.nodes if node.name == leader))
+    until_all_arrived([native], 60)
+    return sum(count for count, _ in held.values())
