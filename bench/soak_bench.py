@@ -118,15 +118,16 @@ class Soak:
 
 
 class Watch:
-    """Twice a second: the longest-open snapshot on the server (a transaction that holds one keeps
-    every row deleted since from being cleaned away, index entries included) and the rows waiting
-    in the store; each minute's highest of both."""
+    """Twice a second: the longest-open snapshot on the server, of a client and of autovacuum apart
+    (while a transaction holds one, no row deleted since can be cleaned away, index entries
+    included: the index grows into new pages and keeps them), and the rows waiting in the store;
+    each minute's highest of each."""
 
     def __init__(self, database: str, schema: str) -> None:
         self.database, self.schema = database, schema
         self.halt = threading.Event()
         self.lock = threading.Lock()
-        self.snapshot_s = 0.0
+        self.held: dict[str, float] = {}
         self.rows = 0
 
     def run(self) -> None:
@@ -137,20 +138,24 @@ class Watch:
                 [self.schema],
             ).fetchone()
             while not self.halt.wait(0.5):
-                (held,) = conn.execute(
-                    "SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0) FROM pg_stat_activity "
-                    "WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()"
-                ).fetchone()  # type: ignore[misc]
+                held = conn.execute(
+                    "SELECT backend_type = 'autovacuum worker', max(extract(epoch FROM now() - xact_start)) "
+                    "FROM pg_stat_activity WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() "
+                    "GROUP BY 1"
+                ).fetchall()
                 rows = conn.execute(f"SELECT count(*) FROM {table[0]}").fetchone()[0] if table else 0  # type: ignore[index]
                 with self.lock:
-                    self.snapshot_s = max(self.snapshot_s, float(held))
+                    for autovacuum, seconds in held:
+                        key = "longest_autovacuum_s" if autovacuum else "longest_snapshot_s"
+                        self.held[key] = max(self.held.get(key, 0.0), float(seconds))
                     self.rows = max(self.rows, int(rows))
 
     def minute(self) -> dict[str, Any]:
         with self.lock:
-            figures = {"longest_snapshot_s": round(self.snapshot_s, 1), "store_rows_max": self.rows}
-            self.snapshot_s, self.rows = 0.0, 0
-        return figures
+            figures: dict[str, Any] = {key: round(seconds, 1) for key, seconds in self.held.items()}
+            figures["store_rows_max"] = self.rows
+            self.held, self.rows = {}, 0
+        return {"longest_snapshot_s": 0.0, "longest_autovacuum_s": 0.0} | figures
 
 
 def table_figures(database: str, schema: str) -> dict[str, Any]:
@@ -316,7 +321,7 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
     )
     for key in ("late_p99_ms", "rss_dispatcher0_mb", "rss_dispatcher1_mb", "rss_bench_mb", "store_table_mb",
                 "store_indexes_mb", "queue_table_mb", "queue_indexes_mb", "store_dead_rows", "queue_dead_rows",
-                "store_rows_max", "longest_snapshot_s"):  # fmt: skip
+                "store_rows_max", "longest_snapshot_s", "longest_autovacuum_s"):  # fmt: skip
         first = statistics.median(r.get(key, 0) for r in rows[:edge])
         last = statistics.median(r.get(key, 0) for r in rows[-edge:])
         ratio = f"{last / first:.2f}x" if first else "-"

@@ -1,16 +1,21 @@
-"""Make the documentation's dashboard pictures (docs/dashboard-*.png) from a real run.
+"""Make the documentation's pictures of the dashboard (docs/dashboard-*.png) and of the bulk
+report (docs/report-*.png) from a real run.
 
-    .venv/bin/python scripts/screenshots.py   # about two minutes; needs duetime[dashboard] and chromium
+    .venv/bin/python scripts/screenshots.py   # about three minutes; needs the dashboard and spark extras, chromium
 
 A SQLite store gets a steady stream of messages due over the next minute and a half (and a few
-for a queue that does not exist, which end in the error queue), `duetime run` delivers them,
-`duetime dashboard` watches, and Chromium photographs each page once the charts have a story.
+for a queue that does not exist, which end in the error queue), `duetime run` delivers them
+(writing its delivery log), `duetime dashboard` watches, and Chromium photographs each page once
+the charts have a story. Then `duetime bulk report` reads the store and the delivery log, and its
+HTML report's charts are saved as they are.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -37,7 +42,10 @@ def duetime(*args: str, **kw: object) -> subprocess.Popen[bytes]:
 def main() -> None:
     folder = Path(tempfile.mkdtemp())
     url = f"sqlite:///{folder}/shop.db"
-    subprocess.run([sys.executable, "-m", "duetime", "setup", "--store", url, "-q", "orders", "-q", "invoices"], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "duetime", "setup", "--store", url, "-q", "orders", "-q", "invoices"],
+        check=True,
+    )
     store = SyncSqliteStore.from_url(url)
     store.initialize("duetime", TransactionMode.EXACTLY_ONCE)
     rng = random.Random(7)
@@ -51,18 +59,22 @@ def main() -> None:
         for i in range(6000)
     ]
     messages += [DelayedMessage.create("shipping", b"parcel %d" % i, delay=8) for i in range(3)]
-    messages += [DelayedMessage.create("orders", b"later %d" % i, delay=timedelta(hours=2 + i)) for i in range(40)]
+    messages += [
+        DelayedMessage.create("orders", b"later %d" % i, delay=timedelta(hours=2 + i)) for i in range(40)
+    ]
     store.store_many(messages)
     env = {**os.environ, "DUETIME_DASHBOARD_PASSWORD": "demo"}
     board = duetime("dashboard", "--store", url, "--port", str(PORT), "--sample-every", "2s", env=env)
     time.sleep(4)
-    runner = duetime("run", "--store", url, stderr=subprocess.DEVNULL)
+    log = f"jsonl:{folder}/deliveries"
+    runner = duetime("run", "--store", url, "--delivery-log", log, stderr=subprocess.DEVNULL)
     try:
         time.sleep(100)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=FLAGS)
             page = browser.new_context(
-                http_credentials={"username": "duetime", "password": "demo"}, viewport={"width": 1280, "height": 900}
+                http_credentials={"username": "duetime", "password": "demo"},
+                viewport={"width": 1280, "height": 900},
             ).new_page()
             base = f"http://127.0.0.1:{PORT}"
             page.goto(base + "/?window=15m")
@@ -83,6 +95,23 @@ def main() -> None:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=30)
         store.close()
+    report_pictures(url, log, folder)
+
+
+def report_pictures(url: str, log: str, folder: Path) -> None:
+    """``duetime bulk report`` of the run, and the charts of its HTML page as docs/report-*.png."""
+    html = folder / "report.html"
+    subprocess.run(
+        [sys.executable, "-m", "duetime", "bulk", "report", "--store", url, "--delivery-log", log,
+         "--period", "second", "--html", str(html)],
+        check=True,
+    )  # fmt: skip
+    pictures = dict(
+        re.findall(r'<img alt="(\w+)\.png" src="data:image/png;base64,([^"]+)"', html.read_text())
+    )
+    assert set(pictures) == {"backlog", "destinations", "lateness"}, sorted(pictures)
+    for name, data in pictures.items():
+        (ROOT / f"docs/report-{name}.png").write_bytes(base64.b64decode(data))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from duetime.backends.sqldb import STATE_TABLES, Database
-from duetime.bulk.hadoopfs import input_files
+from duetime.bulk.hadoopfs import Folder, input_files
 from duetime.bulk.preview import source_frame
 from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.clock import SYSTEM, from_micros, to_micros
@@ -191,7 +191,11 @@ def _log_frame(spark: Any, log: str) -> Any:
         rest = log.partition(":")[2]
         # a Hadoop path (jsonl:hdfs://nn/logs), never pathlib's, which folds the "//" of a URI
         files = f"{rest.rstrip('/')}/*.jsonl"
-        input_files(spark, files)  # no log files there: one line, not Spark's missing-path error
+        if not Folder(spark, rest).exists():
+            input_files(spark, rest)  # one line, "does not exist", not Spark's missing-path error
+        if not Folder(spark, files).files():
+            # the folder a dispatcher made at its start, before its first delivery: none yet
+            return spark.createDataFrame([], schema)
         raw = spark.read.json(files)
         return raw.select(
             F.unix_micros(F.to_timestamp("due_at")).alias("due_us"),

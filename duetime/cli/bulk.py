@@ -26,6 +26,7 @@ from duetime.cli.terminal import console, err, fail, show
 from duetime.errors import ConfigurationError, DuetimeError
 from duetime.inputs.durations import parse_time, readable_duration
 from duetime.inputs.identifiers import check_name
+from duetime.inputs.urls import redact
 
 bulk_app = typer.Typer(
     help=(
@@ -475,6 +476,8 @@ def report(
                     found.lateness = r.lateness(spark, delivery_log, period)
                 found.lateness_period = period
         _print_report(found)
+        if delivery_log and not found.lateness:
+            console.print(f"{redact(delivery_log)} holds no deliveries yet: no lateness to show")
         if csv_dir is not None:
             for path in r.write_csv(found, csv_dir):
                 console.print(f"wrote {path}")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Annotated
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
 
@@ -149,7 +153,7 @@ def dashboard(
             create_app(board, secret=secret()), log_level="warning", access_log=False, lifespan="on"
         )
         try:
-            await uvicorn.Server(config).serve(sockets=[sock])
+            await _stopped_cleanly_by_signals(uvicorn.Server)(config).serve(sockets=[sock])
         finally:
             # a store behind a partition answers no goodbye, and Python waits at exit for the
             # thread still waiting on it: leave after --timeout, as `duetime run` does
@@ -158,3 +162,25 @@ def dashboard(
             sock.close()
 
     _run(serve)
+
+
+def _stopped_cleanly_by_signals(server: type[Any]) -> type[Any]:
+    """uvicorn's server, told to let SIGTERM and SIGINT end it the way they end `duetime run`:
+    it shuts down gracefully and the command exits 0. (uvicorn raises the signal again once it
+    has shut down, so the process dies of it, 143 or 130, and a supervisor or script reads a clean
+    stop as a failure.)"""
+
+    class Server(server):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server

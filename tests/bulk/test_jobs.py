@@ -259,15 +259,15 @@ def test_an_import_makes_no_table_for_an_endpoint_that_is_not_text(spark: Any, t
 
 
 def test_a_delivery_log_the_report_cannot_read_is_one_line(spark: Any, tmp_path: Path) -> None:
-    """Each stopped the report with "internal error": a folder without log files (Spark's missing
-    path), a database without the log table and one that does not answer (failing in a task)."""
+    """Each stopped the report with "internal error": a folder that is not there (Spark's missing
+    path), a database without the log table and one that does not answer (failing in a task). A
+    folder without log files yet (a dispatcher made it and delivered nothing) is no deliveries."""
     import pytest
 
     from duetime.errors import DuetimeError
 
-    (tmp_path / "empty").mkdir()
     cases = {
-        f"jsonl:{tmp_path / 'empty'}": r"/empty/\*\.jsonl: matches no file",
+        f"jsonl:{tmp_path / 'none'}": r"/none: does not exist, so there is nothing to read",
         f"sqlite:///{tmp_path / 'other.db'}": r"has no delivery log \(duetime_delivery_log\); run the dispatcher",
         "postgresql://postgres@127.0.0.1:1/test": "cannot connect to postgresql://postgres@127.0.0.1:1/test",
         str(tmp_path / "log"): r"--delivery-log takes jsonl:/folder .* or a database URL, not",
@@ -275,6 +275,8 @@ def test_a_delivery_log_the_report_cannot_read_is_one_line(spark: Any, tmp_path:
     for log, why in cases.items():
         with pytest.raises(DuetimeError, match=why):
             lateness(spark, log)
+    (tmp_path / "empty").mkdir()
+    assert lateness(spark, f"jsonl:{tmp_path / 'empty'}") == []
 
 
 def test_rejects_are_a_folder_written_plainly_or_as_jsonl() -> None:
