@@ -71,7 +71,7 @@ def write_frame(frame: Any, fmt: str, folder: Folder, *, reasons: bool = False) 
             "group",
         )
         # due_at as TIMESTAMP(MICROS, UTC): spark_session's spark.sql.parquet.outputTimestampType
-        out.write.mode("overwrite").parquet(folder.uri)
+        folder.written_by(out).write.mode("overwrite").parquet(folder.uri)
         return
     lines = frame.select(
         F.to_json(
@@ -89,7 +89,7 @@ def write_frame(frame: Any, fmt: str, folder: Folder, *, reasons: bool = False) 
             {"ignoreNullFields": "false"},
         ).alias("value")
     )
-    lines.write.mode("overwrite").text(folder.uri)
+    folder.written_by(lines).write.mode("overwrite").text(folder.uri)
     folder.rename_suffix(".txt", ".jsonl")  # JSON Lines, named so
 
 

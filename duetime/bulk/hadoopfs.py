@@ -48,6 +48,20 @@ class Folder:
         #: The full URI, as the executors will resolve it (scheme, host, absolute path).
         self.uri = str(self._path.toString())
 
+    @property
+    def one_writer(self) -> bool:
+        """Whether Spark's tasks must write here one at a time. Hadoop's SFTP and FTP filesystems
+        make a folder by looking, then creating each missing parent, so two tasks starting at once
+        both find the job's ``_temporary`` folder missing and the second fails ("Can't make
+        directory"). One server behind one connection is no faster written by several anyway."""
+        return str(self._path.toUri().getScheme() or "").lower() in ("sftp", "ftp")
+
+    def written_by(self, frame: Any) -> Any:
+        """``frame`` as it should reach this folder's writer: in one partition where only one task
+        may write (:attr:`one_writer`), as it is elsewhere. What comes before is read in parallel
+        still."""
+        return frame.repartition(1) if self.one_writer else frame
+
     def child(self, name: str) -> Folder:
         return Folder(self.spark, f"{self.uri.rstrip('/')}/{name}")
 
@@ -139,7 +153,7 @@ def check_writable(spark: Any, path: str) -> Folder:
     folder = Folder(spark, path)
     existed = folder.exists()
     probe = folder.child(f"_duetime_probe-{uuid.uuid4().hex[:12]}")
-    parts = max(2, int(spark.sparkContext.defaultParallelism))
+    parts = 1 if folder.one_writer else max(2, int(spark.sparkContext.defaultParallelism))
     try:
         with quiet(spark):
             spark.range(0, parts, 1, parts).write.mode("overwrite").parquet(probe.uri)
