@@ -237,6 +237,12 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--restart-every", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "bench" / "soak"))
+    parser.add_argument(
+        "--table-settings",
+        default="",
+        help="storage parameters for the store's and the queue's tables after setup, e.g. "
+        "autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000",
+    )
     args = parser.parse_args()
     # stopped early (SIGTERM, Ctrl-C): the dispatchers and the server it started go with it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -268,6 +274,12 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
             ],
             check=True,
         )
+        if args.table_settings:
+            with psycopg.connect(database, autocommit=True) as conn:
+                for (table,) in conn.execute(
+                    "SELECT format('%%I.%%I', schemaname, relname) FROM pg_stat_user_tables WHERE schemaname = 'soak'"
+                ).fetchall():
+                    conn.execute(f"ALTER TABLE {table} SET ({args.table_settings})")
         runs = [spawn(url, 0, folder), spawn(url, 1, folder)]
         workers = [
             threading.Thread(target=soak.produce),

@@ -87,8 +87,10 @@ class Bouncer:
 
 
 @contextmanager
-def pgbouncer(server: str = POSTGRES, *, pool_size: int = 10, ignore: str = "") -> Iterator[Bouncer]:
-    """Debian's PgBouncer, ``pool_mode = transaction``, for every database of ``server``; start-up
+def pgbouncer(
+    server: str = POSTGRES, *, pool_size: int = 10, ignore: str = "", mode: str = "transaction"
+) -> Iterator[Bouncer]:
+    """Debian's PgBouncer, ``pool_mode = mode``, for every database of ``server``; start-up
     parameters it refuses unless ``ignore`` names them (``ignore_startup_parameters``)."""
     if shutil.which("pgbouncer") is None:
         pytest.fail("pgbouncer is not installed: apt-get install pgbouncer (scripts/test-topologies.sh does)")
@@ -107,7 +109,7 @@ listen_port = {port}
 unix_socket_dir =
 auth_type = trust
 auth_file = {folder}/users.txt
-pool_mode = transaction
+pool_mode = {mode}
 default_pool_size = {pool_size}
 max_client_conn = 500
 ignore_startup_parameters = {ignore}

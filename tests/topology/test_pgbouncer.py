@@ -9,6 +9,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -192,3 +193,43 @@ def test_wakeups_through_a_pooler_poll_or_listen_on_the_server_itself(tmp_path: 
                 assert max(lateness) < bound, (option, lateness)
             finally:
                 stop(run)
+
+
+def test_session_pooling_keeps_listen_and_needs_only_the_start_up_options_left_out(tmp_path: Path) -> None:
+    """In session mode a client keeps its server connection, so prepared statements, LISTEN and
+    session settings work; only the start-up ``options`` parameter is refused, and one line says
+    to add ``pooler=session``. With it: stored, woken by NOTIFY through the pooler, delivered
+    exactly once, none early."""
+    with postgres_schema() as pg, pgbouncer(pool_size=20, mode="session") as bouncer:
+        refused = run_cli("setup", "--store", bouncer.url(pg), "--endpoint", "shop")
+        assert refused.returncode != 0 and "pooler=session" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        url = with_option(bouncer.url(pg), pooler="session")
+        _ok("setup", "--store", url, "--endpoint", "shop", "--queue", "orders")
+        log = tmp_path / "run.log"
+        run = spawn_run(
+            duetime_cmd("run", "--store", url, "--endpoint", "shop", "--mode", "exactly-once"), log
+        )
+        try:
+            wait_until_serving(log)
+            time.sleep(1)  # asleep on LISTEN, with nothing due for a minute
+            with duetime.connect_sync(url, endpoint="shop") as client:
+                for i in range(30):
+                    client.schedule("orders", f"{i}".encode(), delay="1s", message_id=f"s{i}")
+            late: list[float] = []
+            got: dict[str, int] = {}
+            with SyncPostgresQueue.from_url(url) as queue:
+                deadline = time.monotonic() + 30
+                while len(got) < 30 and time.monotonic() < deadline:
+                    batch = queue.receive("orders", 100, wait=1.0)
+                    now = time.time()
+                    for m in batch:
+                        got[m.message_id] = got.get(m.message_id, 0) + 1
+                        late.append(now - datetime.fromisoformat(m.headers["duetime-due-at"]).timestamp())
+                    queue.acknowledge(batch)
+            assert set(got) == {f"s{i}" for i in range(30)} and set(got.values()) == {1}, got
+            assert min(late) > -0.05, min(late)  # none early
+            assert max(late) < 1.0, max(late)  # woken by NOTIFY, not by its one-minute nap
+        finally:
+            stop(run)
+        assert run.returncode == 0, log.read_text()[-3000:]
