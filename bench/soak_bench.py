@@ -1,14 +1,18 @@
 """Steady load for a long time on PostgreSQL: does anything grow that should not?
 
     .venv/bin/python bench/soak_bench.py [--minutes 60] [--rate 2000] [--restart-every 5] [--out bench/soak]
+                                         [--table-settings autovacuum_vacuum_threshold=20000,...]
 
 For ``--minutes``, producers schedule ``--rate`` messages a second (due 1-5 s later) into a store
-on a PostgreSQL server of its own (``initdb``, default settings: autovacuum on; run as root), two ``duetime run`` processes (exactly-once into the PostgreSQL queue)
-deliver them, one of them restarted (SIGTERM, then started again) every ``--restart-every``
-minutes, and a consumer drains the queue. Every minute it records: messages scheduled and
-received, lateness p50/p99/max at the consumer (arrival minus due time), the memory (RSS) of every
-process, and the store's and the queue's table and index sizes, dead rows and autovacuum count.
-It writes ``<out>.csv`` and a chart ``<out>.png``, and prints the last minutes beside the first
+on a PostgreSQL server of its own (``initdb``, default settings: autovacuum on; run as root), two
+``duetime run`` processes (exactly-once into the PostgreSQL queue) deliver them, one of them
+restarted (SIGTERM, then started again) every ``--restart-every`` minutes, and a consumer drains
+the queue. Every minute it records: messages scheduled and received, lateness p50/p99/max at the
+consumer (arrival minus due time), the memory (RSS) of every process, the store's and the queue's
+table and index sizes (and each of the store's indexes), dead rows and autovacuum count, the rows
+waiting in the store at most, and the longest-open snapshot of a client and of autovacuum.
+``--table-settings`` gives both tables storage parameters (autovacuum's, say) after set-up. It
+writes ``<out>.csv`` and a chart ``<out>.png``, and prints the last minutes beside the first
 ones: a ratio near 1 is flat (the first minutes are the baseline, measured in the same run).
 """
 

@@ -151,26 +151,31 @@ async def _close_all(namespace: dict[str, Any]) -> None:
             pass
 
 
-def test_the_celery_module_sends_nothing_when_a_worker_imports_it(
+def test_the_worker_modules_send_nothing_when_a_worker_imports_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``shop.py`` as the README shows it is what ``celery -A shop worker`` imports at every start:
-    importing it makes the app and installs the bridge, and stores (sends) nothing."""
+    """Each ``shop.py`` the docs show (Celery's, Dramatiq's) is what ``celery -A shop worker`` or
+    ``dramatiq shop`` imports at every start: importing it makes the app or broker and installs
+    the bridge, and stores (sends) nothing."""
     import sqlite3
     import sys
 
-    (block,) = [code for _, code in BLOCKS if code.startswith("# shop.py")]
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "shop.py").write_text(block.replace("amqp://guest:guest@localhost/", RABBITMQ))
+    modules = [code for _, code in BLOCKS if code.startswith("# shop.py")]
+    assert len(modules) == 2
     monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        shop = __import__("shop")
-        assert hasattr(shop, "remind") and hasattr(shop, "bridge")
-        database = tmp_path / "duetime.db"
-        if database.exists():  # the store opens at the first delayed task, not at import
-            with sqlite3.connect(database) as conn:
-                tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-                assert all(conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] == 0 for t in tables)
-        shop.bridge.close()
-    finally:
-        sys.modules.pop("shop", None)
+    for number, block in enumerate(modules):
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        (tmp_path / "shop.py").write_text(block.replace("amqp://guest:guest@localhost/", RABBITMQ))
+        try:
+            shop = __import__("shop")
+            assert hasattr(shop, "remind") and hasattr(shop, "bridge")
+            database = folder / "duetime.db"
+            if database.exists():  # the store opens at the first delayed task, not at import
+                with sqlite3.connect(database) as conn:
+                    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+                    assert all(conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] == 0 for t in tables)
+            shop.bridge.close()
+        finally:
+            sys.modules.pop("shop", None)
