@@ -1,7 +1,7 @@
 """Steady load for a long time on PostgreSQL: does anything grow that should not?
 
     .venv/bin/python bench/soak_bench.py [--minutes 60] [--rate 2000] [--restart-every 5] [--out bench/soak]
-                                         [--table-settings autovacuum_vacuum_threshold=20000,...]
+                                         [--hold-snapshot MINUTE:SECONDS] [--table-settings ...]
 
 For ``--minutes``, producers schedule ``--rate`` messages a second (due 1-5 s later) into a store
 on a PostgreSQL server of its own (``initdb``, default settings: autovacuum on; run as root), two
@@ -11,9 +11,11 @@ the queue. Every minute it records: messages scheduled and received, lateness p5
 consumer (arrival minus due time), the memory (RSS) of every process, the store's and the queue's
 table and index sizes (and each of the store's indexes), dead rows and autovacuum count, the rows
 waiting in the store at most, and the longest-open snapshot of a client and of autovacuum.
-``--table-settings`` gives both tables storage parameters (autovacuum's, say) after set-up. It
-writes ``<out>.csv`` and a chart ``<out>.png``, and prints the last minutes beside the first
-ones: a ratio near 1 is flat (the first minutes are the baseline, measured in the same run).
+``--hold-snapshot 6:40`` holds a snapshot open for 40 s from minute 6 (what a slow report or a
+stalled client does to the server); ``--table-settings`` gives both tables storage parameters
+(autovacuum's, say) after set-up. It writes ``<out>.csv`` and a chart ``<out>.png`` (the default
+run: ``docs/soak.png``), and prints the last minutes beside the first ones: a ratio near 1 is flat
+(the first minutes are the baseline, measured in the same run).
 """
 
 from __future__ import annotations
@@ -162,6 +164,24 @@ class Watch:
         return {"longest_snapshot_s": 0.0, "longest_autovacuum_s": 0.0} | figures
 
 
+DEFAULT_OUT = str(ROOT / "bench" / "soak")
+
+
+def chart_path(out: str) -> Path:
+    """Where the chart goes: the documentation's picture for the default run, beside the CSV else."""
+    return ROOT / "docs" / "soak.png" if out == DEFAULT_OUT else Path(f"{out}.png")
+
+
+def hold_snapshot(database: str, seconds: float) -> None:
+    """A transaction that takes a snapshot and keeps it ``seconds``: until it ends, no row deleted
+    since can be cleaned away on the whole server."""
+    with psycopg.connect(database) as conn:
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute("SELECT count(*) FROM pg_class").fetchone()
+        time.sleep(seconds)
+        conn.rollback()
+
+
 def table_figures(database: str, schema: str) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with psycopg.connect(database, autocommit=True) as conn:
@@ -240,7 +260,14 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--restart-every", type=int, default=5)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "soak"))
+    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument(
+        "--hold-snapshot",
+        default="",
+        metavar="MINUTE:SECONDS",
+        help="at the start of MINUTE, hold a snapshot open for SECONDS (a transaction elsewhere on "
+        "the server that reads and waits, as a slow report or a stalled client would)",
+    )
     parser.add_argument(
         "--table-settings",
         default="",
@@ -296,6 +323,9 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
         restarts = 0
         for minute in range(1, int(args.minutes) + 1):
             time.sleep(max(0.0, started + 60 * minute - time.monotonic()))
+            if args.hold_snapshot and minute == int(args.hold_snapshot.split(":")[0]):
+                seconds = float(args.hold_snapshot.split(":")[1])
+                threading.Thread(target=hold_snapshot, args=(database, seconds), daemon=True).start()
             if minute % max(1, args.restart_every) == 0:
                 which = restarts % 2  # each in turn
                 restarts += 1
@@ -315,7 +345,7 @@ def soak_on(database: str, args: argparse.Namespace) -> None:
                 writer = csv.DictWriter(out, fieldnames=fields)
                 writer.writeheader()
                 writer.writerows(rows)
-            plot(rows, Path(f"{args.out}.png"))
+            plot(rows, chart_path(args.out))
         soak.stop_producing.set()
         workers[0].join(30)
         end = time.monotonic() + 30  # what is still due arrives within 5 s

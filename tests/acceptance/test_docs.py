@@ -148,3 +148,21 @@ def _as_typed(words: list[str]) -> list[str]:
         if word.endswith(";"):
             break
     return typed
+
+
+def test_every_picture_in_the_docs_is_made_by_a_script() -> None:
+    """The docs' pictures come from real runs, made again by a script, never by hand: each one a
+    page shows is written by scripts/screenshots.py or a benchmark."""
+    import re
+
+    makers = (ROOT / "scripts" / "screenshots.py").read_text() + (
+        ROOT / "bench" / "soak_bench.py"
+    ).read_text()
+    shown = {
+        Path(name).name
+        for page in (ROOT / "docs").rglob("*.md")
+        for name in re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", page.read_text())
+    }
+    assert len(shown) >= 8
+    made = {name for name in shown if name in makers or name.removesuffix(".png").split("-", 1)[-1] in makers}
+    assert shown == made, sorted(shown - made)
