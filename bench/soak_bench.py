@@ -76,7 +76,8 @@ class Soak:
                         "orders",
                         b"x" * 200,
                         due_at=now + timedelta(seconds=1 + (n + i) % 5),
-                        message_id=f"m{n + i}",
+                        # ids that sort in the order they are made, as duetime's own (UUIDv7) do
+                        message_id=f"m{n + i:012d}",
                     )
                     for i in range(per)
                 ]
