@@ -171,8 +171,9 @@ def test_the_pages_commands_run_as_written(page: str, tmp_path: Path) -> None:
     run_page(page, tmp_path)
 
 
-def run_page(page: str, tmp_path: Path) -> None:
-    """The page's shell blocks as one script in ``tmp_path``: it must end with 0 and no traceback."""
+def run_page(page: str, tmp_path: Path) -> str:
+    """The page's shell blocks as one script in ``tmp_path``: it must end with 0 and no traceback.
+    Returns what it printed."""
     for url in (RABBITMQ, REDIS, NATS):
         require(url)
     tag = uuid.uuid4().hex[:6]
@@ -193,6 +194,7 @@ def run_page(page: str, tmp_path: Path) -> None:
         delete_rabbitmq_queues(f"orders_{tag}", "celery", "default", "default.DQ", "default.XQ")
         assert done.returncode == 0, f"{page}:\n{said[-5000:]}"
         assert "Traceback" not in said, said[-5000:]
+    return said
 
 
 def _spark_pages_data(pg: str, folder: Path) -> None:

@@ -455,3 +455,14 @@ def test_the_dashboard_stats_and_the_metrics_agree_at_the_same_moment() -> None:
             stop(board)
             run.send_signal(signal.SIGTERM)
             run.wait(timeout=30)
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_stops_the_dashboard_with_exit_0(tmp_path: Path, stop_signal: int) -> None:
+    """As `duetime run`: a stop asked for is a clean stop (uvicorn raised the signal again after
+    its shutdown, and the process died of it: 143 or 130, which a supervisor reads as a failure)."""
+    url = f"sqlite:///{tmp_path / 'shop.db'}"
+    assert run_cli("setup", "--store", url, "--endpoint", ENDPOINT).returncode == 0
+    process = dashboard(url, free_port())
+    process.send_signal(stop_signal)
+    assert process.wait(timeout=30) == 0, stop(process)
