@@ -32,7 +32,7 @@ from duetime.backends.postgres import (
 )
 from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
 from tests.integration.consumer import RecordingConsumer
-from tests.services import postgres_schema
+from tests.services import postgres_schema, with_option
 
 
 @pytest.fixture
@@ -467,5 +467,49 @@ def test_the_next_due_time_locks_nothing_while_the_earliest_message_is_not_due(p
             asked = datetime.now(UTC)
             found = store.next_due()
             assert found is not None and asked < found <= later  # again shortly, not at once
+    finally:
+        store.close()
+
+
+def test_behind_a_pooler_nothing_is_pipelined_and_a_queue_still_reads_in_index_order(
+    pg: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leaving psycopg's pipeline, a flush request may follow the final sync; a pooler in
+    transaction mode has given the server connection back by then, and the flush takes it again
+    for a client that says nothing more (PgBouncer 1.18: every other client waits). So behind a
+    pooler nothing enters a pipeline: the queue's questions go as one simple-protocol message
+    with their setting, and a lock claim's last statement and its commit go one after the other.
+    Every byte arrives as it was sent, in order, each message once."""
+    import psycopg
+
+    url = with_option(pg, pooler="transaction", claims="lock", pool_size="4")
+    store = prepare(url, "pooled", "orders")
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("a pipeline on a connection a pooler shares")
+
+    monkeypatch.setattr(psycopg.Connection, "pipeline", refused)
+    bodies = [bytes([i]) + b"\x00\xff'\\%s" + bytes(range(256)) for i in range(20)]
+    try:
+        assert store.holds_locks
+        now = datetime.now(UTC)
+        store.store_many([DelayedMessage(f"p{i}", "orders", now, body=b) for i, b in enumerate(bodies)])
+        claimed = store.fetch_due(datetime.now(UTC), 10)
+        assert len(claimed) == 10 and store._held.open_batches() == 1
+        store.remove_many([m.message_id for m in claimed])  # the last settles: delete, then commit
+        assert store._held.open_batches() == 0
+        with SyncPostgresQueue.from_url(url) as queue:
+            assert (
+                queue.send([DelayedMessage(f"q{i}", "orders", now, body=b) for i, b in enumerate(bodies)])
+                == [None] * 20
+            )
+            assert [m.message_id for m in queue.peek("orders", 3)] == ["q0", "q1", "q2"]
+            taken = queue.take("orders", ["q19"])
+            got = queue.receive("orders", 100)
+            assert [m.message_id for m in got] == [f"q{i}" for i in range(19)]
+            assert [m.body for m in got + taken] == bodies
+            assert queue.acknowledge(got + taken) == 20
+            with queue.pool.connection() as conn:  # the setting ended with its question
+                assert conn.execute("SHOW enable_sort").fetchone() == ("on",)
     finally:
         store.close()

@@ -59,6 +59,34 @@ def test_a_pooler_duetime_was_not_told_of_is_one_line_that_says_what_to_add() ->
         assert len(said.splitlines()) == 1
 
 
+def test_a_flush_after_the_sync_keeps_pgbouncers_server_for_a_silent_client() -> None:
+    """Why duetime sends nothing through psycopg's pipeline behind a pooler: a pipeline left with
+    answers still to come ends with a flush request after its sync (psycopg's way to fetch
+    them). PgBouncer gave the server connection back at the sync's answer; the flush takes it
+    again, and as nothing answers a flush it stays with that client until the client speaks, while
+    every other client waits (the suite's everything-through-PgBouncer test once stalled so for
+    two minutes, until PgBouncer's query_wait_timeout closed the consumer)."""
+    with pgbouncer(pool_size=1) as bouncer:
+        url = bouncer.url(POSTGRES)
+        with (
+            psycopg.connect(url, autocommit=True, prepare_threshold=None) as silent,
+            psycopg.connect(url, autocommit=True, prepare_threshold=None) as other,
+        ):
+            with silent.pipeline():
+                silent.execute("SELECT 1")
+            assert other.execute("SELECT 2").fetchone() == (2,)  # the server went back at the sync
+            silent.pgconn.send_flush_request()  # what a late pipeline's exit adds
+            assert silent.pgconn.flush() == 0
+            answered: list[object] = []
+            waiting = threading.Thread(target=lambda: answered.append(other.execute("SELECT 3").fetchone()))
+            waiting.start()
+            waiting.join(3)
+            assert answered == [], "PgBouncer no longer holds a server for a flush: the rule may go"
+            silent.execute("SELECT 4")  # the silent client speaks: the server is free again
+            waiting.join(10)
+            assert answered == [(3,)]
+
+
 def test_everything_works_through_pgbouncer_and_leaves_no_session_behind(tmp_path: Path) -> None:
     """One server connection for everyone (the strictest pool): producers on threads, the
     exactly-once dispatcher with its front door, the PostgreSQL queue's consumer, `stats`, the

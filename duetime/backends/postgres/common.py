@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -226,6 +226,19 @@ def pooled(pool: ConnectionPool, options: PgOptions) -> Iterator[psycopg.Connect
     """A connection from ``pool`` for one call, with :func:`pooler_unsaid`."""
     with pooler_unsaid(options), pool.connection() as conn:
         yield conn
+
+
+def one_round_trip(conn: psycopg.Connection[Any], options: PgOptions) -> AbstractContextManager[Any]:
+    """psycopg's pipeline (the statements sent together, one round trip), except on a connection
+    that a pooler in transaction mode shares, where the statements go one by one.
+
+    Leaving a pipeline whose answers have not all arrived yet (a loaded machine), psycopg sends a
+    flush request after the final sync. The pooler gave the server connection back to its pool at
+    the sync's answer, so the flush takes a server connection again, and nothing answers a flush:
+    PgBouncer then keeps that server connection for this client until it next speaks, and every
+    other client waits (with one server connection, until PgBouncer's ``query_wait_timeout``
+    closes them). Seen with PgBouncer 1.18 and psycopg 3.3."""
+    return nullcontext() if options.session_free else conn.pipeline()
 
 
 @contextmanager

@@ -36,7 +36,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from duetime.backends.postgres.common import PgOptions, decode, pooler_unsaid
+from duetime.backends.postgres.common import PgOptions, decode, one_round_trip, pooler_unsaid
 from duetime.message import DelayedMessage
 
 
@@ -133,7 +133,7 @@ class HeldBatches:
             with batch.lock:
                 last = self._settles(batch, ids)
                 if sql and last:  # the statement and the commit in one round trip
-                    with batch.conn.pipeline():
+                    with one_round_trip(batch.conn, self._options):
                         cursor = batch.conn.execute(sql, params)
                         batch.conn.execute("COMMIT")
                     count = cursor.rowcount

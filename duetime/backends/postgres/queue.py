@@ -72,13 +72,15 @@ def _asked(conn: psycopg.Connection[Any], options: PgOptions, sql: str, params: 
     """The rows of one of a queue's questions, answered in index order: by the connection's own
     setting (:func:`_in_index_order`), or where a pooler in transaction mode shares the server
     connection with other clients (a session setting would reach them) by one said for this
-    question alone, in the same round trip."""
+    question alone. Both go in one message of the simple protocol, which the server runs as one
+    transaction (the setting ends with it) and a pooler passes on whole (psycopg's pipeline would
+    not do: see :func:`~duetime.backends.postgres.common.one_round_trip`)."""
     if not options.session_free:
         return conn.execute(sql, params).fetchall()
-    with conn.pipeline(), conn.transaction():
-        conn.execute("SET LOCAL enable_sort = off")
-        cursor = conn.execute(sql, params)
-    return cursor.fetchall()
+    with psycopg.ClientCursor(conn) as cursor:
+        cursor.execute(f"SET LOCAL enable_sort = off; {sql}", params)
+        cursor.nextset()
+        return cursor.fetchall()
 
 
 def _received(row: Sequence[Any], token: uuid.UUID) -> ReceivedMessage:
