@@ -54,7 +54,7 @@ NOT_HERE = {
         "kubectl create secret",
     ): "Kubernetes; tests/acceptance/test_deploy.py validates the manifest and runs its containers",
     ("spark.md", "duetime bulk export --from sqlite:///duetime.db --to parquet:sftp://"): (
-        "an SFTP server; tests/bulk/test_cli.py runs this export against one of its own"
+        "an SFTP server; tests/bulk/test_cli_data.py runs this export against one of its own"
     ),
     ("spark.md", "duetime bulk migrate --master spark://spark-master:7077"): (
         "a Spark cluster and YARN; tests/bulk/test_cluster.py runs the jobs with spark-submit on a standalone cluster"
