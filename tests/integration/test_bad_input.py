@@ -535,7 +535,7 @@ def test_a_run_that_fails_to_start_closes_what_it_opened(tmp_path: Path, monkeyp
         (["stats", "--store", "redis://127.0.0.1:4222/0"], "127.0.0.1:4222 does not answer as Redis does"),
         (["queues", "declare", "q", "--transport", "redis://127.0.0.1:4222/0"], "does not answer as Redis does"),
         # said "TimeoutError"
-        (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:6379/?timeout=2"],
+        (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:6379/?connect_timeout=2"],
          "is 127.0.0.1:6379 a RabbitMQ server?"),
         (["queues", "declare", "q", "--transport", "nats://127.0.0.1:5672"], "is 127.0.0.1:5672 a NATS server?"),
     ],
