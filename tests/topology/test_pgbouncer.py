@@ -64,8 +64,8 @@ def test_a_flush_after_the_sync_keeps_pgbouncers_server_for_a_silent_client() ->
     answers still to come ends with a flush request after its sync (psycopg's way to fetch
     them). PgBouncer gave the server connection back at the sync's answer; the flush takes it
     again, and as nothing answers a flush it stays with that client until the client speaks, while
-    every other client waits (the suite's everything-through-PgBouncer test once stalled so for
-    two minutes, until PgBouncer's query_wait_timeout closed the consumer)."""
+    every other client waits (with one server connection, until PgBouncer's query_wait_timeout
+    closes them)."""
     with pgbouncer(pool_size=1) as bouncer:
         url = bouncer.url(POSTGRES)
         with (
