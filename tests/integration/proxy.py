@@ -34,21 +34,29 @@ class TcpProxy:
         self._loop.run_forever()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.down:
-            writer.close()
-            return
-        while self.held:  # a partition: the client's connect "succeeds", then nothing answers
-            await asyncio.sleep(0.05)
+        # tracked from the start: a connection held by a partition when the proxy closes is closed
+        # too, not left to the garbage collector ("unclosed transport", a failure in a later test)
+        self._writers.add(writer)
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
+            if self.down:
+                return
+            while self.held:  # a partition: the client's connect "succeeds", then nothing answers
+                await asyncio.sleep(0.05)
+            try:
+                up_reader, up_writer = await asyncio.open_connection(*self.target)
+            except OSError:
+                return
+            self._writers.add(up_writer)
+            try:
+                await asyncio.gather(
+                    self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+                )
+            finally:
+                self._writers.discard(up_writer)
+                up_writer.close()
+        finally:
+            self._writers.discard(writer)
             writer.close()
-            return
-        self._writers |= {writer, up_writer}
-        await asyncio.gather(
-            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
-        )
-        self._writers -= {writer, up_writer}
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
