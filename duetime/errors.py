@@ -26,6 +26,61 @@ class UnknownScheme(ConfigurationError):
     """No backend is registered for that URL scheme."""
 
 
+#: The top-level module of each optional library -> the extra of pyproject.toml that installs it.
+#: Written once: the registry, the dashboard, metrics, bulk jobs and the command line's last resort
+#: all turn a missing one into the same line through :meth:`MissingExtra.for_module`.
+EXTRA_OF_MODULE: dict[str, str] = {
+    "psycopg": "postgres",
+    "psycopg_pool": "postgres",
+    "pymysql": "mysql",
+    "aio_pika": "rabbitmq",
+    "aiormq": "rabbitmq",
+    "pamqp": "rabbitmq",
+    "redis": "redis",
+    "nats": "nats",
+    "kombu": "celery",
+    "celery": "celery",
+    "dramatiq": "dramatiq",
+    "pika": "dramatiq",
+    "prometheus_client": "metrics",
+    "opentelemetry": "otel",
+    "starlette": "dashboard",
+    "uvicorn": "dashboard",
+    "jinja2": "dashboard",
+    "multipart": "dashboard",
+    "python_multipart": "dashboard",
+    "itsdangerous": "dashboard",
+    "pyspark": "spark",
+    "pyarrow": "spark",
+    "pandas": "spark",
+    "numpy": "spark",
+    "matplotlib": "spark",
+}
+
+
+def install_command(extra: str) -> str:
+    """The pip line that adds ``extra`` to *this* installation.
+
+    From a clone (``pip install -e .``) or a wheel file, ``pip install 'duetime[x]'`` would look
+    for a package of that name on the package index, which is not what the user installed; so the
+    line names the folder or file duetime was installed from, as pip recorded it."""
+    import importlib.metadata
+    import json
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        recorded = importlib.metadata.distribution("duetime").read_text("direct_url.json")
+        origin = json.loads(recorded) if recorded else {}
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        origin = {}
+    url = origin.get("url", "") if isinstance(origin, dict) else ""
+    if isinstance(url, str) and url.startswith("file://"):
+        path = unquote(urlsplit(url).path)
+        editable = bool((origin.get("dir_info") or {}).get("editable"))
+        return f"pip install {'-e ' if editable else ''}'{path}[{extra}]'"
+    return f"pip install 'duetime[{extra}]'"
+
+
 class MissingExtra(ConfigurationError, ImportError):
     """A part of duetime needs a library that is not installed: install the extra named in the
     message. Every missing extra is reported this way, by :meth:`of`."""
@@ -34,7 +89,15 @@ class MissingExtra(ConfigurationError, ImportError):
     def of(cls, what: str, extra: str, library: str | None = None, also: str = "") -> MissingExtra:
         """``{what} needs {library or the extra}: pip install 'duetime[{extra}]'{also}.``"""
         needs = f"the {library!r} library" if library else f"the {extra} extra"
-        return cls(f"{what} needs {needs}: pip install 'duetime[{extra}]'{also}.")
+        return cls(f"{what} needs {needs}: {install_command(extra)}{also}.")
+
+    @classmethod
+    def for_module(cls, missing: ModuleNotFoundError, what: str) -> MissingExtra | None:
+        """The line for a module that failed to import, if an extra installs it (else None: then
+        the module is not optional and its absence is a real fault)."""
+        library = (missing.name or "").split(".")[0]
+        extra = EXTRA_OF_MODULE.get(library)
+        return cls.of(what, extra, library=library) if extra else None
 
 
 class UnsupportedTransactionMode(ConfigurationError):

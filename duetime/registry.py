@@ -55,20 +55,6 @@ TRANSPORTS: dict[str, str] = {
     "dramatiq+redis": "duetime.backends.dramatiq.transport:DramatiqTransport",
     "dramatiq+rediss": "duetime.backends.dramatiq.transport:DramatiqTransport",
 }
-#: driver module -> the extra that installs it
-EXTRAS: dict[str, str] = {
-    "psycopg": "postgres",
-    "psycopg_pool": "postgres",
-    "pymysql": "mysql",
-    "aio_pika": "rabbitmq",
-    "aiormq": "rabbitmq",
-    "redis": "redis",
-    "nats": "nats",
-    "kombu": "celery",
-    "celery": "celery",
-    "dramatiq": "dramatiq",
-    "pika": "dramatiq",
-}
 
 
 def scheme_of(url: str) -> str:
@@ -81,15 +67,16 @@ def scheme_of(url: str) -> str:
     return urlsplit(url).scheme.lower()
 
 
-def _load(target: str) -> type[Any]:
+def _load(target: str, what: str) -> type[Any]:
+    """The class ``module:attr`` names; ``what`` names it to a user whose extra is missing."""
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        extra = EXTRAS.get((error.name or "").split(".")[0])
-        if extra is None:
+        missing = MissingExtra.for_module(error, what)
+        if missing is None:
             raise
-        raise MissingExtra.of(target, extra, library=error.name) from error
+        raise missing from error
     return cast(type[Any], getattr(module, attr))
 
 
@@ -126,13 +113,13 @@ def open_store(url: str, *, claim_timeout: timedelta | None = None) -> DelayedMe
     ``claim_timeout`` (the settings' ``claim_timeout``) is the lease a claim holds unless the URL
     gives its own ``?claim_timeout=``.
     """
-    cls = _load(_pick("store", url, STORES)[0])
+    cls = _load(_pick("store", url, STORES)[0], f"A {scheme_of(url)}:// store")
     return cast(DelayedMessageStore, cls.from_url(url, claim_timeout=claim_timeout))
 
 
 def open_sync_store(url: str, *, claim_timeout: timedelta | None = None) -> SyncDelayedMessageStore:
     """The blocking twin of :func:`open_store`."""
-    cls = _load(_pick("store", url, STORES)[1])
+    cls = _load(_pick("store", url, STORES)[1], f"A {scheme_of(url)}:// store")
     return cast(SyncDelayedMessageStore, cls.from_url(url, claim_timeout=claim_timeout))
 
 
@@ -167,7 +154,8 @@ def check_store_exists(store_url: str) -> str:
 
 def open_transport(url: str) -> Transport:
     """The transport for ``url`` (e.g. ``sqlite:///duetime.db`` for the local queue)."""
-    return cast(Transport, _load(_pick("transport", url, TRANSPORTS)).from_url(url))
+    transport = _load(_pick("transport", url, TRANSPORTS), f"A {scheme_of(url)}:// transport")
+    return cast(Transport, transport.from_url(url))
 
 
 class _Connecting:

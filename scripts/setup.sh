@@ -15,6 +15,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   target="."
   [ -n "$extras" ] && target=".[$extras]"
   # constraints.txt pins every version the suite last passed with (tools and drivers alike)
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e "$target"
+  # setuptools' editable install warns that a folder named like the package may shadow it: the
+  # folder is the package itself, so the warning says nothing to a user and is kept quiet
+  PYTHONWARNINGS="ignore::Warning:setuptools.command.editable_wheel" \
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e "$target"
   touch "$stamp"
 fi

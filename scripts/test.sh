@@ -3,21 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,docs,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard,otel
-# System programs the tests use, from Debian's packages: Chromium drives the dashboard's browser
-# tests (Playwright never downloads a browser here); chattr (e2fsprogs) makes files nobody may
-# change, root included, for the tests of files a user may only read.
-for need in "chromium chromium the dashboard's browser tests" "chattr e2fsprogs the read-only file tests" \
-  "faketime faketime the tests of a host clock that is wrong" \
-  "promtool prometheus the alert rules' tests (promtool, and a real Prometheus)"; do
-  read -r program package why <<<"$need"
-  command -v "$program" >/dev/null && continue
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing $package (for $why)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null
-  else
-    echo "$why need $program: sudo apt-get install $package" >&2
-  fi
-done
+# The servers and programs the tests talk to and run (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS,
+# Java 17, Chromium, ...): each found, installed from Debian's packages when this runs as root, and
+# started when it does not answer; scripts/services.py says how, and where the tests find each.
+echo "== servers and programs the tests need"
+.venv/bin/python scripts/services.py
+services_env="${DUETIME_SERVICES_DIR:-/var/tmp/duetime-services}/env"
+# shellcheck disable=SC1090
+[ -f "$services_env" ] && . "$services_env"
 echo "== ruff"
 .venv/bin/ruff check duetime tests bench docs/examples docs/hooks
 .venv/bin/ruff format --check duetime tests bench docs/examples docs/hooks

@@ -101,3 +101,23 @@ def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
         return result
 
     return call
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """At the end, how many tests were skipped for what (a server that did not answer, a program
+    not installed), so a run that skipped says what to install: ``python3 scripts/services.py``."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        # "postgresql at 127.0.0.1:5432 does not answer (...)": one line per server, not per error text
+        reason = reason.split(" (")[0]
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.section("skipped, and why")
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{count:5d}  {reason}")
+        terminalreporter.write_line(
+            "python3 scripts/services.py says how to install and start what is missing."
+        )

@@ -1,5 +1,7 @@
-"""The real servers tests use (../shared/SERVICES.md). A service that does not answer skips the
-test on a developer's machine, and fails it in CI (CI=true): CI must never pass by skipping."""
+"""The real servers and programs tests use (``scripts/services.py`` installs and starts them, and
+says where through the ``DUETIME_TEST_*`` variables). One that does not answer, or is not
+installed, skips the test on a developer's machine and fails it in CI (CI=true): CI must never
+pass by skipping."""
 
 from __future__ import annotations
 
@@ -17,15 +19,44 @@ POSTGRES = os.environ.get("DUETIME_TEST_POSTGRES", "postgresql://postgres@127.0.
 MARIADB = os.environ.get("DUETIME_TEST_MARIADB", "mysql://root@127.0.0.1:3306/test")
 
 
+def _missing(message: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " - python3 scripts/services.py installs and starts it")
+    pytest.skip(message)
+
+
 def require(url: str) -> None:
+    """The test needs the server at ``url``: skip (fail in CI) when it does not answer."""
     parts = urlsplit(url)
     try:
         socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 0), timeout=2).close()
     except OSError as error:
-        message = f"{parts.scheme} at {parts.hostname}:{parts.port} does not answer ({error})"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " - start it as ../shared/SERVICES.md says")
-        pytest.skip(message)
+        _missing(f"{parts.scheme} at {parts.hostname}:{parts.port} does not answer ({error})")
+
+
+def require_program(program: str, package: str) -> str:
+    """The test runs ``program`` (from Debian's ``package``): its path, or skip (fail in CI)."""
+    import shutil
+
+    found = shutil.which(program)
+    if found is None:
+        _missing(f"{program} is not installed (Debian's {package} package)")
+    return str(found)
+
+
+def require_java() -> None:
+    """Spark needs Java 17 or later on PATH (or JAVA_HOME)."""
+    import re
+    import subprocess
+
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else "java"
+    try:
+        said = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except OSError:
+        said = ""
+    found = re.search(r'version "(\d+)', said)
+    if not found or int(found.group(1)) < 17:
+        _missing("Java 17 is not installed (Debian's openjdk-17-jre-headless package), which Spark needs")
 
 
 def unique(prefix: str) -> str:

@@ -15,7 +15,7 @@ from duetime.cli.bulk import bulk_app
 from duetime.cli.common import app
 from duetime.cli.rabbitmq import rabbitmq_app
 from duetime.cli.terminal import fail
-from duetime.errors import DuetimeError
+from duetime.errors import DuetimeError, MissingExtra
 from duetime.observability.logs import quiet_drivers
 
 for _group in (
@@ -54,11 +54,29 @@ def _main() -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as error:  # a bug of ours: still one line, the traceback only on request
-        if os.environ.get("DUETIME_DEBUG"):
-            raise
-        fail(
-            f"internal error ({type(error).__name__}: {error}); this is a duetime bug, please report it "
-            "with the output of the same command run with DUETIME_DEBUG=1."
-        )
+    except ModuleNotFoundError as error:  # an optional library the command needs is not installed
+        missing = MissingExtra.for_module(error, f"`duetime {_command()}`")
+        if missing is None:
+            _internal_error(error)
+        fail(str(missing))
         sys.exit(1)
+    except Exception as error:
+        _internal_error(error)
+
+
+def _command() -> str:
+    """The command the user ran, without its arguments: ``run``, ``bulk report``."""
+    words = [word for word in sys.argv[1:3] if not word.startswith("-")]
+    groups = {group.name for group in app.registered_groups}
+    return " ".join(words[:2] if words and words[0] in groups else words[:1])
+
+
+def _internal_error(error: Exception) -> None:
+    """A bug of ours: still one line, the traceback only on request."""
+    if os.environ.get("DUETIME_DEBUG"):
+        raise error
+    fail(
+        f"internal error ({type(error).__name__}: {error}); this is a duetime bug, please report it "
+        "with the output of the same command run with DUETIME_DEBUG=1."
+    )
+    sys.exit(1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 from tests.conftest import run_cli
-from tests.services import RABBITMQ, free_port, postgres_schema, require
+from tests.services import RABBITMQ, free_port, postgres_schema, require, require_program
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -63,8 +62,7 @@ def _unit() -> dict[str, list[str]]:
 
 
 def test_the_systemd_unit_verifies_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    assert analyze, "systemd-analyze (Debian's systemd package) is needed to check the unit"
+    analyze = require_program("systemd-analyze", "systemd")
     text = (DEPLOY / "duetime.service").read_text()
     local = re.sub(r"^(User|Group)=.*$", r"\1=root", text, flags=re.M)
     local = local.replace("/opt/duetime/.venv/bin/duetime", DUETIME).replace(

@@ -14,6 +14,7 @@ import pytest
 
 from duetime.backends.sqldb import Database
 from duetime.bulk.layouts import MsmqLayout, TimeoutDataLayout
+from tests.services import require_java
 
 try:
     import pyspark  # noqa: F401
@@ -21,6 +22,12 @@ except ModuleNotFoundError:  # a developer without the extra skips; CI must neve
     if os.environ.get("CI") == "true":
         raise
     pytest.skip("pip install 'duetime[spark]'", allow_module_level=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _java() -> None:
+    """Every bulk test runs Spark, which needs Java: one line when it is missing, not a gateway error."""
+    require_java()
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.services import require_program
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: Chromium on a closed network: no background connections, no sandbox (tests run as root here).
 FLAGS = [
@@ -29,7 +31,7 @@ def browser() -> Iterator[Any]:
     """One Chromium for a test module."""
     playwright = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
-        pytest.fail("Chromium is not installed: apt-get install chromium (scripts/test.sh does)")
+        require_program("chromium", "chromium")
     with playwright.sync_playwright() as p:
         launched = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield launched

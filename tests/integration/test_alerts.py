@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
-from tests.services import free_port, until
+from tests.services import free_port, require_program, until
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RULES = DEPLOY / "prometheus-rules.yaml"
 
 
 def test_the_rules_are_valid_and_pass_their_unit_tests() -> None:
+    require_program("promtool", "prometheus")
     checked = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 8 rules found" in checked.stdout
@@ -47,6 +48,7 @@ def _firing(port: int, name: str) -> list[dict[str, str]]:
 def prometheus(tmp_path: Path) -> Iterator[tuple[int, int]]:
     """A Prometheus of the test's own scraping a dispatcher's metrics port every second, with the
     rules as shipped; yields (Prometheus's port, the port it scrapes)."""
+    require_program("prometheus", "prometheus")
     port, target = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -19,7 +18,7 @@ import pytest
 
 from duetime import DelayedMessage, TransactionMode, open_sync_store
 from tests.conftest import duetime_cmd, run_cli
-from tests.services import REDIS, mariadb_database, postgres_schema, require
+from tests.services import REDIS, mariadb_database, postgres_schema, require, require_program
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +27,11 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
 def skewed(offset: str, *args: str) -> subprocess.CompletedProcess[str]:
     """A `duetime` command on a host whose wall clock is ``offset`` off (monotonic time untouched)."""
-    if shutil.which("faketime") is None or not LIBFAKETIME.exists():
-        pytest.fail("faketime is not installed: apt-get install faketime (scripts/test.sh does)")
+    require_program("faketime", "faketime")
+    if not LIBFAKETIME.exists():
+        pytest.fail(
+            f"faketime is installed but {LIBFAKETIME} is not: apt-get install --reinstall libfaketime"
+        )
     env = os.environ | {
         "LD_PRELOAD": str(LIBFAKETIME),
         "FAKETIME": offset,
