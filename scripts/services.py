@@ -207,9 +207,10 @@ def own_postgres(port: int) -> None:
     options = f"-p {port} -c listen_addresses=127.0.0.1 -k {data} -c max_connections=300"
     run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "server.log"), "-w", "-t", "60",
         "start", user="postgres")  # fmt: skip
-    if ask_postgres(port):
-        run(str(bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "postgres", "-c",
-            "CREATE DATABASE test", user="postgres")  # fmt: skip
+    if ask_postgres(port):  # as the machines the suite was written on: users postgres and root, database test
+        for sql in ("CREATE DATABASE test", "CREATE ROLE root SUPERUSER LOGIN", "CREATE DATABASE root OWNER root"):
+            run(str(bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "postgres",
+                "-c", sql, user="postgres")  # fmt: skip
 
 
 def own_mariadb(port: int) -> None:

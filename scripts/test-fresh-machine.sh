@@ -26,10 +26,10 @@ if ! "${podman[@]}" image exists "$image"; then
   tar -C "$root" -c . | "${podman[@]}" import - "$image" >/dev/null
   rm -rf "$root"
 fi
-# The repository as a clone holds it: the files git knows, as they are in this folder now.
+# The repository as a clone would hold it: the files git tracks or would add (not what it ignores).
 copy=$(mktemp -d /var/tmp/duetime-fresh.XXXXXX)
 trap 'rm -rf "$copy"' EXIT
-git ls-files -z | xargs -0 cp --parents -t "$copy"
+git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$copy"
 log="${FRESH_LOG:-/var/tmp/duetime-fresh-machine.log}"
 echo "== the README's two commands in $image (output in $log)"
 start=$(date +%s)

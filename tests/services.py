@@ -134,6 +134,20 @@ REDIS = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 NATS = os.environ.get("DUETIME_TEST_NATS", "nats://127.0.0.1:4222")
 
 
+def host_port(url: str) -> str:
+    """``127.0.0.1:5432`` of a server URL: for a test that writes its own URL to the same server
+    (another database, a wrong password), wherever scripts/services.py put it."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}"
+
+
+PG_AT = host_port(POSTGRES)
+MARIADB_AT = host_port(MARIADB)
+REDIS_AT = host_port(REDIS)
+RABBITMQ_AT = host_port(RABBITMQ)
+NATS_AT = host_port(NATS)
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now (for a server a test starts)."""
     import socket

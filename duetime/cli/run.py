@@ -145,7 +145,7 @@ def run(
             min=0,
             max=65535,
             help="Serve Prometheus metrics on /metrics and the probes /healthz (alive) and /readyz "
-            "(store and transport reachable) on this port. Needs duetime[metrics].",
+            "(store and transport reachable) on this port. Needs duetime\\[metrics].",
         ),
     ] = None,
     metrics_host: Annotated[

@@ -166,3 +166,65 @@ def test_every_picture_in_the_docs_is_made_by_a_script() -> None:
     assert len(shown) >= 8
     made = {name for name in shown if name in makers or name.removesuffix(".png").split("-", 1)[-1] in makers}
     assert shown == made, sorted(shown - made)
+
+
+def _commands() -> list[tuple[list[str], Any]]:
+    """Every command and group of ``duetime``, with the words that run it."""
+    import typer.main
+
+    found: list[tuple[list[str], Any]] = []
+
+    def walk(words: list[str], command: Any) -> None:
+        found.append((words, command))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk([*words, name], sub)
+
+    walk([], typer.main.get_command(app))
+    return found
+
+
+def test_every_help_text_renders_its_brackets_and_every_help_runs() -> None:
+    """`duetime run --help` said "Needs duetime." where the code said ``duetime[metrics]``: Rich
+    took ``[metrics]`` for a style and dropped it. A bracket in a help text is written ``\\[``
+    unless it is a style Rich knows; and every command's --help runs."""
+    import re
+
+    from rich.errors import StyleSyntaxError
+    from rich.style import Style
+    from typer.testing import CliRunner
+
+    eaten = []
+    for words, command in _commands():
+        texts = [command.help or "", command.epilog or ""] + [
+            getattr(p, "help", None) or "" for p in command.params
+        ]
+        for text in texts:
+            for tag in re.findall(r"(?<!\\)\[([a-z#/@][^[]*?)\]", text):  # what Rich reads as a tag
+                if tag.startswith("/"):
+                    continue
+                try:
+                    Style.parse(tag)
+                except StyleSyntaxError:
+                    eaten.append(f"duetime {' '.join(words)}: [{tag}] in {text[:80]!r}")
+        shown = CliRunner().invoke(app, [*words, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, (words, shown.output)
+    assert not eaten, "\n".join(eaten)
+    run_help = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "duetime[metrics]" in run_help
+
+
+def test_the_command_line_reference_shows_text_as_written() -> None:
+    """The page showed ``schedule orders &#x27;hello&#x27;`` and cut each summary at 45 characters."""
+    import re
+
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    try:
+        from cli_reference import MARKER, on_page_markdown
+    finally:
+        sys.path.pop(0)
+    page = on_page_markdown(MARKER, None)
+    assert "&#x27;" not in page and "&quot;" not in page
+    assert not [code for code in re.findall(r"`[^`\n]*`", page) if re.search(r"&\w+;|&#", code)]
+    cut = [line for line in page.splitlines() if re.match(r"\* `[\w-]+`: .*\.\.\.$", line)]
+    assert not cut, cut
+    assert "duetime schedule orders 'hello' --in 10s" in page

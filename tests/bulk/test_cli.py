@@ -14,7 +14,7 @@ import pytest
 from tests.bulk.conftest import create_timeoutdata, timeout_rows
 from tests.bulk.test_migrate import store_rows
 from tests.conftest import ROOT, run_cli
-from tests.services import postgres_schema
+from tests.services import PG_AT, postgres_schema
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,7 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         ),
         (
             ("--from", no_db),
-            'cannot connect to postgresql://postgres@127.0.0.1:5432/duetime_no_such_db: database "',
+            f'cannot connect to postgresql://postgres@{PG_AT}/duetime_no_such_db: database "',
         ),
         (
             ("--from", MARIADB.rsplit("/", 1)[0] + "/duetime_no_such_db"),

@@ -1,7 +1,7 @@
-"""Migrating NServiceBus's own timeout storage, written as NServiceBus writes it (the facts in
-../shared/reference/nservicebus.md): TimeoutData tables as NServiceBus.Persistence.Sql's create
-scripts make them (P1, P2) with rows as its persister writes them (P3, P4), the MSMQ transport's
-delayed store (M1-M3), and the timeout migration tool's rules (T2-T4)."""
+"""Migrating NServiceBus's own timeout storage, written as NServiceBus writes it (from
+NServiceBus's published source and documentation): TimeoutData tables as NServiceBus.Persistence.Sql's
+create scripts make them, with rows as its persister writes them, the MSMQ transport's delayed
+store, and the timeout migration tool's rules."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from duetime import (
 )
 from duetime.cli import app
 from tests.conftest import duetime_cmd
-from tests.services import postgres_schema
+from tests.services import MARIADB_AT, NATS_AT, PG_AT, RABBITMQ_AT, REDIS_AT, postgres_schema
 
 DUETIME = str(Path(sys.executable).parent / "duetime")
 
@@ -293,21 +293,21 @@ async def test_receive_without_waiting_on_rabbitmq() -> None:
     ("args", "reason"),
     [
         (
-            ["stats", "--store", "postgresql://postgres@127.0.0.1:5432/nosuchdb"],
+            ["stats", "--store", f"postgresql://postgres@{PG_AT}/nosuchdb"],
             'database "nosuchdb" does not exist',
         ),
         (
-            ["stats", "--store", "postgresql://nosuchrole@127.0.0.1:5432/test"],
+            ["stats", "--store", f"postgresql://nosuchrole@{PG_AT}/test"],
             'role "nosuchrole" does not exist',
         ),
         (["stats", "--store", "postgresql://postgres@127.0.0.1:1/test"], "Connection refused"),
-        (["stats", "--store", "mysql://root@127.0.0.1:3306/nosuchdb"], "Unknown database"),
+        (["stats", "--store", f"mysql://root@{MARIADB_AT}/nosuchdb"], "Unknown database"),
         (["stats", "--store", "mysql://root@127.0.0.1:1/test"], "Can't connect"),
         (["stats", "--store", "redis://127.0.0.1:1/0"], "Connection refused"),
         (["setup", "--store", "redis://:wrong@127.0.0.1:1/0"], "Connection refused"),
-        (["queues", "declare", "q", "--transport", "amqp://guest:wrong@127.0.0.1:5672/"], "ACCESS_REFUSED"),
+        (["queues", "declare", "q", "--transport", f"amqp://guest:wrong@{RABBITMQ_AT}/"], "ACCESS_REFUSED"),
         (
-            ["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:5672/nosuchvhost"],
+            ["queues", "declare", "q", "--transport", f"amqp://guest:guest@{RABBITMQ_AT}/nosuchvhost"],
             "the vhost 'nosuchvhost' exists",
         ),
         (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:1/"], "Connect call failed"),
@@ -359,7 +359,7 @@ def test_a_redis_database_the_server_does_not_have_is_one_line(tmp_path: Path, a
 @pytest.mark.parametrize("scheme", ["redis", "celery+redis", "dramatiq+redis"])
 def test_a_redis_database_that_is_not_a_number_is_refused(scheme: str) -> None:
     """redis-py would quietly use database 0 for ``/orders``."""
-    done = cli("queues", "declare", "q", "--transport", f"{scheme}://127.0.0.1:6379/orders")
+    done = cli("queues", "declare", "q", "--transport", f"{scheme}://{REDIS_AT}/orders")
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert "names database 'orders'" in line and "is a number" in line, line
@@ -409,8 +409,8 @@ async def test_a_consumer_of_an_undeclared_queue_is_told_so(where: str) -> None:
         ("jsonl:{file}", "it is a file; name a folder"),
         ("jsonl:{file}/sub", "Not a directory; name a folder duetime can create and write to"),
         ("sqlite:///{file}", "is not a SQLite database"),
-        ("postgresql://postgres@127.0.0.1:5432/test?foo=1", 'invalid URI query parameter: "foo"'),
-        ("postgresql://postgres@127.0.0.1:5432/nosuchdb", 'database "nosuchdb" does not exist'),
+        (f"postgresql://postgres@{PG_AT}/test?foo=1", 'invalid URI query parameter: "foo"'),
+        (f"postgresql://postgres@{PG_AT}/nosuchdb", 'database "nosuchdb" does not exist'),
     ],
 )
 def test_a_delivery_log_that_cannot_be_kept_is_one_line(tmp_path: Path, spec: str, said: str) -> None:
@@ -468,18 +468,18 @@ def test_the_demo_refuses_sizes_it_cannot_check() -> None:
 @pytest.mark.parametrize(
     ("url", "said"),
     [
-        ("redis://127.0.0.1:6379/0?colour=red", "has an option the Redis client does not take"),
-        ("nats://127.0.0.1:4222?colour=red", "Unknown NATS URL option(s) ['colour']"),
-        ("amqp://guest:guest@127.0.0.1:5672/?colour=red", "Unknown RabbitMQ URL option(s) ['colour']"),
+        (f"redis://{REDIS_AT}/0?colour=red", "has an option the Redis client does not take"),
+        (f"nats://{NATS_AT}?colour=red", "Unknown NATS URL option(s) ['colour']"),
+        (f"amqp://guest:guest@{RABBITMQ_AT}/?colour=red", "Unknown RabbitMQ URL option(s) ['colour']"),
         # aiormq read both as 0: heartbeats off (a partition unnoticed), a connect that never waits
-        ("amqp://guest:guest@127.0.0.1:5672/?heartbeat=1O", "heartbeat='1O' must be a whole number"),
-        ("amqp://guest:guest@127.0.0.1:5672/?timeout=soon", "timeout='soon' must be a whole number"),
+        (f"amqp://guest:guest@{RABBITMQ_AT}/?heartbeat=1O", "heartbeat='1O' must be a whole number"),
+        (f"amqp://guest:guest@{RABBITMQ_AT}/?timeout=soon", "timeout='soon' must be a whole number"),
         (
-            "amqp://guest:guest@127.0.0.1:5672/?auth=kerberos",
+            f"amqp://guest:guest@{RABBITMQ_AT}/?auth=kerberos",
             "auth='kerberos' must be one of plain, external",
         ),
         (
-            "amqp://guest:guest@127.0.0.1:5672/?max_message_size=16MB",
+            f"amqp://guest:guest@{RABBITMQ_AT}/?max_message_size=16MB",
             "max_message_size='16MB' must be a whole number from 1 to 536870912",
         ),
     ],
@@ -530,14 +530,14 @@ def test_a_run_that_fails_to_start_closes_what_it_opened(tmp_path: Path, monkeyp
     ("args", "said"),
     [
         # MariaDB's client waited for ever for a greeting PostgreSQL never sends
-        (["stats", "--store", "mysql://root@127.0.0.1:5432/test"], "is 127.0.0.1:5432 a MariaDB or MySQL server?"),
+        (["stats", "--store", f"mysql://root@{PG_AT}/test"], f"is {PG_AT} a MariaDB or MySQL server?"),
         # Redis read NATS's greeting as a protocol error: "internal error" with the server's bytes
-        (["stats", "--store", "redis://127.0.0.1:4222/0"], "127.0.0.1:4222 does not answer as Redis does"),
-        (["queues", "declare", "q", "--transport", "redis://127.0.0.1:4222/0"], "does not answer as Redis does"),
+        (["stats", "--store", f"redis://{NATS_AT}/0"], f"{NATS_AT} does not answer as Redis does"),
+        (["queues", "declare", "q", "--transport", f"redis://{NATS_AT}/0"], "does not answer as Redis does"),
         # said "TimeoutError"
-        (["queues", "declare", "q", "--transport", "amqp://guest:guest@127.0.0.1:6379/?connect_timeout=2"],
-         "is 127.0.0.1:6379 a RabbitMQ server?"),
-        (["queues", "declare", "q", "--transport", "nats://127.0.0.1:5672"], "is 127.0.0.1:5672 a NATS server?"),
+        (["queues", "declare", "q", "--transport", f"amqp://guest:guest@{REDIS_AT}/?connect_timeout=2"],
+         f"is {REDIS_AT} a RabbitMQ server?"),
+        (["queues", "declare", "q", "--transport", f"nats://{RABBITMQ_AT}"], f"is {RABBITMQ_AT} a NATS server?"),
     ],
 )  # fmt: skip
 def test_a_url_at_another_kind_of_server_is_one_line(args: list[str], said: str) -> None:

@@ -1,6 +1,6 @@
 """NServiceBus on the wire, on the real RabbitMQ: each test plays an NServiceBus endpoint with a raw
-AMQP client (aiormq), declaring and publishing what NServiceBus declares and publishes, as listed
-in ../shared/reference/nservicebus.md (N5-N8: the timeout manager; R1-R5: NServiceBus.RabbitMQ)."""
+AMQP client (aiormq), declaring and publishing what NServiceBus declares and publishes, as its
+published source does (the timeout manager; NServiceBus.RabbitMQ's delay levels and headers)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from duetime.backends.rabbitmq.delayrouter import NATIVE, STORE, DelayRouter, St
 from duetime.backends.rabbitmq.native import DelayTooLong, Names, NativeDelays, routing_key
 from duetime.backends.rabbitmq.transport import RabbitMqTransport
 from duetime.backends.sqlite import SqliteStore
-from tests.services import RABBITMQ, require
+from tests.services import RABBITMQ, REDIS_AT, require
 
 pytestmark = pytest.mark.slow
 
@@ -241,9 +241,7 @@ def test_the_rabbitmq_commands(tmp_path: Path) -> None:
         (["setup", "--url", f"sqlite:///{tmp_path / 'x.db'}"], "is not a RabbitMQ URL"),
         (["status"], "is not a RabbitMQ URL"),
     ]:
-        wrong = run_cli(
-            "rabbitmq", *args, cwd=tmp_path, env={"DUETIME_TRANSPORT": "redis://127.0.0.1:6379/0"}
-        )
+        wrong = run_cli("rabbitmq", *args, cwd=tmp_path, env={"DUETIME_TRANSPORT": f"redis://{REDIS_AT}/0"})
         assert wrong.returncode == 1, wrong.stderr
         [line] = wrong.stderr.strip().splitlines()
         assert said in line, line

@@ -10,7 +10,7 @@ import pytest
 
 from duetime import DelayedMessage, DuetimeError, TransactionMode, open_store
 from tests.conftest import run_cli
-from tests.services import MARIADB, POSTGRES, mariadb_database, postgres_schema, require
+from tests.services import MARIADB, MARIADB_AT, POSTGRES, REDIS_AT, mariadb_database, postgres_schema, require
 
 SECRET = "s3cret-pw-never-shown"
 
@@ -19,10 +19,10 @@ SECRET = "s3cret-pw-never-shown"
     "url",
     [
         f"postgresql://nobody:{SECRET}@127.0.0.1:1/test?pool_timeout=1",
-        f"mysql://nobody:{SECRET}@127.0.0.1:3306/test",
+        f"mysql://nobody:{SECRET}@{MARIADB_AT}/test",
         f"postgresql://nobody:{SECRET}@127.0.0.1:1/test?schema=bad%20name",
         f"redis://:{SECRET}@127.0.0.1:1/0",
-        f"redis://:{SECRET}@127.0.0.1:6379/15?prefix=never-set-up:",  # answers: "no store at …"
+        f"redis://:{SECRET}@{REDIS_AT}/15?prefix=never-set-up:",  # answers: "no store at …"
     ],
 )
 def test_cli_errors_never_show_the_password(url: str) -> None:

@@ -1,9 +1,9 @@
 """Production topologies started by a test on its own ports and directories, and removed after:
 PgBouncer in transaction pooling mode, a PostgreSQL primary with a synchronous standby. The
-shared servers (../shared/SERVICES.md) are never stopped, restarted or reconfigured.
+servers the rest of the suite uses (scripts/services.py) are never stopped, restarted or reconfigured.
 
 PostgreSQL's tools and PgBouncer refuse to run as root: they run as ``postgres``, in a directory
-of its own (../shared/reference/local-topologies.md says what was seen to work here)."""
+of its own."""
 
 from __future__ import annotations
 
