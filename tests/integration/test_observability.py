@@ -138,6 +138,7 @@ def test_metrics_of_a_real_run_match_what_the_consumer_saw(pg: str) -> None:
         assert metric(during, "duetime_backlog_stored", endpoint="obs") == 403
         assert metric(during, "duetime_backlog_by_destination", endpoint="obs", destination=queue) == 400
         until(lambda: len(consumer.arrivals) >= 400, 30, "all 400 delivered")
+
         # A batch is counted once the broker has confirmed it and the store has let it go, which
         # on a busy machine is some time after the consumer had it (a scrape between the two read
         # forwarded 391 of 400): wait for the counts to reach what the consumer saw, never past it.
