@@ -131,20 +131,31 @@ def folder(name: str, owner: str | None) -> Path:
 
 
 def ask_postgres(port: int) -> str | None:
-    """None if user postgres may open database test without a password; else what went wrong."""
+    """None if user postgres may open database test without a password; else what went wrong.
+
+    The server says "authenticated" before it looks for the database, so the answer is read up to
+    "ready for a query" (Z) or an error (E)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
             body = b"user\0postgres\0database\0test\0\0"
             s.sendall(struct.pack("!ii", len(body) + 8, 196608) + body)
-            kind = s.recv(1)
-            if kind == b"R":
-                _length, code = struct.unpack("!ii", s.recv(8))
-                return None if code == 0 else "it asks user postgres for a password"
-            if kind == b"E":
-                said = s.recv(2000).decode(errors="replace")
-                found = re.search(r"M([^\0]*)", said)
-                return found.group(1) if found else "it refused the connection"
-            return "it does not answer as PostgreSQL does"
+            stream = s.makefile("rb")
+            while True:
+                head = stream.read(5)
+                if len(head) < 5:
+                    return "it does not answer as PostgreSQL does"
+                kind, length = head[:1], struct.unpack("!i", head[1:])[0]
+                payload = stream.read(length - 4)
+                if kind == b"R" and struct.unpack("!i", payload[:4])[0] != 0:
+                    return "it asks user postgres for a password"
+                if kind == b"E":
+                    found = re.search(rb"M([^\0]*)", payload)
+                    return found.group(1).decode(errors="replace") if found else "it refused the connection"
+                if kind == b"Z":
+                    s.sendall(b"X\0\0\0\4")  # Terminate
+                    return None
+                if kind not in (b"R", b"S", b"K", b"N"):
+                    return "it does not answer as PostgreSQL does"
     except OSError as error:
         return str(error)
 

@@ -30,11 +30,15 @@ fi
 copy=$(mktemp -d /var/tmp/duetime-fresh.XXXXXX)
 trap 'rm -rf "$copy"' EXIT
 git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$copy"
+git -C "$copy" init -q && git -C "$copy" add -A \
+  && git -C "$copy" -c user.name=fresh -c user.email=fresh@localhost commit -qm "as cloned"
 log="${FRESH_LOG:-/var/tmp/duetime-fresh-machine.log}"
 echo "== the README's two commands in $image (output in $log)"
 start=$(date +%s)
 set +e
-"${podman[@]}" run --rm --network slirp4netns \
+# --privileged: root in the container may do what root on a machine may (the suite mounts a small
+# tmpfs and makes files immutable with chattr); the network stays its own.
+"${podman[@]}" run --rm --privileged --network slirp4netns \
   --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \
   -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro \
   -v "$copy:/duetime" -w /duetime "$image" \
