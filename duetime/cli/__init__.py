@@ -12,7 +12,7 @@ import sys
 
 from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.bulk import bulk_app
-from duetime.cli.common import app
+from duetime.cli.common import app, split_duration_in
 from duetime.cli.rabbitmq import rabbitmq_app
 from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError, MissingExtra
@@ -47,6 +47,10 @@ def main() -> None:
 
 def _main() -> None:
     quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
+    split = split_duration_in(sys.argv[1:])
+    if split:  # a usage error, said before the parser calls the unit an unexpected argument
+        fail(split)
+        sys.exit(2)
     try:
         app()
     except DuetimeError as error:  # bad input found before any async work started

@@ -104,21 +104,43 @@ UNIT_WORD = re.compile(
 )
 
 
+def split_duration(in_: str | None, word: str) -> str | None:
+    """What is wrong with ``--in 5 minutes`` (the duration 5, then a word that reads as its unit),
+    or None: the one rule for a body that would be taken for the rest of ``--in``, and for a word
+    the command would not take at all."""
+    if in_ is None or not re.fullmatch(r"\d+(\.\d+)?", in_.strip()) or not UNIT_WORD.fullmatch(word.strip()):
+        return None
+    said = word.strip().lower()
+    unit = "ms" if said.startswith("m") and said not in ("m", "min", "mins", "minute", "minutes") else said[0]
+    written = f"{in_}{unit}" if unit != "w" else f"{float(in_) * 7:g}d"
+    return (
+        f"--in {in_} {word}: a duration is one word here, so {word!r} would be the body. Write "
+        f"--in {written}; for the body {word!r} itself, give the duration its unit: --in {in_}s."
+    )
+
+
+def split_duration_in(argv: list[str]) -> str | None:
+    """:func:`split_duration` over a whole command line, before the command parses it: with a
+    body already given (``schedule orders hi --in 5 minutes``) the unit is an extra argument the
+    parser would refuse without saying why."""
+    for i, word in enumerate(argv):
+        if word == "--in" and i + 2 < len(argv):
+            found = split_duration(argv[i + 1], argv[i + 2])
+        elif word.startswith("--in=") and i + 1 < len(argv):
+            found = split_duration(word.removeprefix("--in="), argv[i + 1])
+        else:
+            continue
+        if found:
+            return found
+    return None
+
+
 def refuse_split_duration(in_: str | None, body: str) -> None:
     """``--in 5 minutes`` gave the duration 5 (seconds) and the body "minutes": refused, with how
     to write it, rather than a message stored with the wrong body and the wrong due time."""
-    if in_ is not None and re.fullmatch(r"\d+(\.\d+)?", in_.strip()) and UNIT_WORD.fullmatch(body.strip()):
-        word = body.strip().lower()
-        unit = (
-            "ms"
-            if word.startswith("m") and word not in ("m", "min", "mins", "minute", "minutes")
-            else word[0]
-        )
-        written = f"{in_}{unit}" if unit != "w" else f"{float(in_) * 7:g}d"
-        raise typer.BadParameter(
-            f"--in {in_} {body}: a duration is one word here, so {body!r} would be the body. Write "
-            f"--in {written}; for the body {body!r} itself, give the duration its unit: --in {in_}s."
-        )
+    found = split_duration(in_, body)
+    if found:
+        raise typer.BadParameter(found)
 
 
 def due_from_options(in_: str | None, at: str | None, body: str | None = None) -> dict[str, Any]:

@@ -457,6 +457,13 @@ def test_a_duration_split_in_two_words_is_refused_not_stored_with_the_wrong_body
     assert refused.returncode == 2 and "'minutes' would be the body" in " ".join(refused.stderr.split())
     assert "--in 5m" in refused.stderr
     assert json.loads(cli("stats", "--json").stdout)["stored"] == 0
+    # with a body given, the unit was an unexpected extra argument to the parser: the same line
+    for words in (("orders", "hi", "--in", "5", "minutes"), ("orders", "hi", "--in=2", "hours")):
+        refused = cli("schedule", *words, ok=False)
+        said = " ".join(refused.stderr.split())
+        assert refused.returncode == 2 and "a duration is one word" in said, said
+        assert "unexpected extra argument" not in said and len(refused.stderr.strip().splitlines()) == 1, said
+    assert json.loads(cli("stats", "--json").stdout)["stored"] == 0
     # the body "minutes" on purpose, with a duration that says its unit, is fine
     cli("schedule", "orders", "minutes", "--in", "5s")
     assert json.loads(cli("stats", "--json").stdout)["stored"] == 1
