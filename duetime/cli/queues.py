@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+import time
 from typing import Annotated
 
 import typer
@@ -65,7 +66,14 @@ def queues_receive(
     count: Annotated[
         int | None, typer.Option(min=1, help="Stop after this many messages (10; 1 with --raw).")
     ] = None,
-    wait: Annotated[float, typer.Option(min=0, help="Seconds to wait for messages.")] = 5.0,
+    wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds to wait for a first message (with --count, for all of them); "
+            "what is there already is taken at once.",
+        ),
+    ] = 5.0,
     raw: Annotated[
         bool,
         typer.Option(
@@ -100,8 +108,12 @@ def queues_receive(
                 raise DestinationNotFound(
                     f"Queue {name!r} does not exist on {redact(t_url)}; declare it first (duetime queues declare {name})."
                 )
+            # --wait is for the whole command; once something has arrived, only what is there
+            # already is taken unless --count asks for more (it waited out its 5 s every time)
+            deadline = time.monotonic() + wait
             while got < wanted:
-                items = await t.receive(name, wanted - got, wait)
+                left = max(0.0, deadline - time.monotonic())
+                items = await t.receive(name, wanted - got, left if got == 0 or count else 0.0)
                 if not items:
                     break
                 for item in items:

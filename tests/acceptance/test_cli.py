@@ -641,3 +641,21 @@ def test_stats_shows_the_queues_the_dispatchers_deliver_to_or_says_which_it_show
             await t.close()
 
     asyncio.run(cleanup())
+
+
+def test_queues_receive_returns_as_soon_as_it_has_what_is_there(cli) -> None:  # type: ignore[no-untyped-def]
+    """`queues receive` waited out its 5 s even when the message was there; with --count it
+    waits (up to --wait in all) for the rest."""
+    import time
+
+    cli("setup", "--queue", "orders")
+    for body in ("one", "two"):
+        cli("schedule", "orders", body, "--in", "0s")
+    cli("run", "--burst")
+    started = time.monotonic()
+    got = cli("queues", "receive", "orders")
+    assert time.monotonic() - started < 4, "it waited for more than was there"
+    assert [json.loads(line)["body"] for line in got.stdout.splitlines()] == ["one", "two"]
+    started = time.monotonic()
+    cli("queues", "receive", "orders", "--count", "3", "--wait", "1.5")
+    assert 1.4 < time.monotonic() - started < 6, "--count waits for the rest, up to --wait"
