@@ -123,17 +123,19 @@ def open_sync_store(url: str, *, claim_timeout: timedelta | None = None) -> Sync
     return cast(SyncDelayedMessageStore, cls.from_url(url, claim_timeout=claim_timeout))
 
 
+def has_default_transport(store_url: str) -> bool:
+    """Whether :func:`default_transport` has an answer for this store (its own queue tables)."""
+    return scheme_of(store_url) in ("sqlite", "postgresql", "postgres")
+
+
 def default_transport(store_url: str) -> str:
     """Where a store delivers when no transport is given: the queue tables in its own database,
     which lets the dispatcher move messages exactly-once. Only SQLite and PostgreSQL have them."""
-    scheme = scheme_of(store_url)
-    if scheme == "sqlite":
-        return store_url.split("?")[0]
-    if scheme in ("postgresql", "postgres"):
-        return store_url
-    raise ConfigurationError(
-        "Give --transport (or DUETIME_TRANSPORT): only SQLite and PostgreSQL stores have a default."
-    )
+    if not has_default_transport(store_url):
+        raise ConfigurationError(
+            "Give --transport (or DUETIME_TRANSPORT): only SQLite and PostgreSQL stores have a default."
+        )
+    return store_url.split("?")[0] if scheme_of(store_url) == "sqlite" else store_url
 
 
 def check_store_exists(store_url: str) -> str:

@@ -37,7 +37,7 @@ from duetime.nservicebus.frontdoor import FrontDoor
 from duetime.observability.deliverylog import SqlDeliveryLog, open_delivery_log
 from duetime.observability.heartbeat import Heartbeat
 from duetime.observability.logs import LogFormat
-from duetime.registry import open_store, open_transport
+from duetime.registry import has_default_transport, open_store, open_transport
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 
 if TYPE_CHECKING:
@@ -310,13 +310,15 @@ def check(
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds each side may take to answer.")] = 10.0,
 ) -> None:
     """Exit 0 when the store is set up and answers and the transport accepts a connection; exit 1
-    with a one-line reason otherwise. For scripts and exec probes (changes nothing).
+    with a one-line reason otherwise. For scripts and exec probes (changes nothing). A store with
+    no queue tables of its own (MariaDB, Redis) and no --transport: the store alone is checked.
 
     \b
       duetime check --store postgresql://db/app --transport amqp://mq
       ok: store postgresql://db/app answers (1,204 stored, 3 due); transport amqp://mq connects
     """
-    transport_url = transport_url_for(store, transport)
+    # a store-only probe: MariaDB and Redis have no default transport to check
+    transport_url = transport_url_for(store, transport) if transport or has_default_transport(store) else None
 
     async def go() -> str:
         try:
@@ -338,16 +340,16 @@ def check(
             raise _NotOk(_said("store", store, error)) from None
         finally:
             await _quietly(s.close())
+        answers = f"store {redact(store)} answers ({counts.total:,} stored, {counts.due:,} due)"
+        if transport_url is None:
+            return f"{answers}; no transport given (--transport), so none checked{skew}"
         try:
             t = open_transport(transport_url)
             await within(t.start(), timeout, "connecting")
         except Exception as error:
             raise _NotOk(_said("transport", transport_url, error)) from None
         await _quietly(t.close())
-        return (
-            f"store {redact(store)} answers ({counts.total:,} stored, {counts.due:,} due); "
-            f"transport {redact(transport_url)} connects{skew}"
-        )
+        return f"{answers}; transport {redact(transport_url)} connects{skew}"
 
     try:
         print("ok:", _run(go))

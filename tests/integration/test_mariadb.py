@@ -211,3 +211,16 @@ def test_a_body_over_max_allowed_packet_fails_alone_in_one_line(tmp_path: Path) 
             assert store.get(fits.message_id).body == fits.body  # type: ignore[union-attr]
         finally:
             store.close()
+
+
+def test_check_with_only_a_mariadb_store_checks_the_store(maria: str, tmp_path: Path) -> None:
+    """`duetime check --store mysql://…` refused ("Give --transport") before checking anything, so
+    it could not be a store-only probe: a MariaDB store has no queue tables of its own."""
+    from tests.conftest import run_cli
+
+    assert run_cli("setup", "--store", maria, "--transport", "memory://", cwd=tmp_path).returncode == 0
+    done = run_cli("check", "--store", maria, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok: store ") and "no transport given" in done.stdout, done.stdout
+    down = run_cli("check", "--store", maria.replace("/duetime_t", "/no_such_db_"), cwd=tmp_path)
+    assert down.returncode == 1 and down.stderr.startswith("not ok: store"), down.stderr
