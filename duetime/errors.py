@@ -22,6 +22,20 @@ class ConfigurationError(DuetimeError, ValueError):
     """duetime is configured in a way that cannot work: read the message for the fix."""
 
 
+class InvalidSetting(ConfigurationError):
+    """A setting's value breaks its rule. ``setting`` is its name where it was given (a Python
+    field, a command-line flag, an environment variable), so each front end can say it in its own
+    words with :meth:`named`."""
+
+    def __init__(self, setting: str, rule: str) -> None:
+        self.setting, self.rule = setting, rule
+        super().__init__(f"{setting} {rule}.")
+
+    def named(self, name: str) -> InvalidSetting:
+        """The same error, the setting called by the name the user gave it (``--batch-size``)."""
+        return InvalidSetting(name, self.rule)
+
+
 class UnknownScheme(ConfigurationError):
     """No backend is registered for that URL scheme."""
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
 
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, InvalidSetting
 from duetime.inputs.durations import parse_duration
 
 
@@ -75,11 +75,11 @@ class DelayedDeliverySettings:
 
     def __post_init__(self) -> None:
         if self.number_of_retries < 0:
-            raise ConfigurationError("number_of_retries must be 0 or more.")
+            raise InvalidSetting("number_of_retries", "must be 0 or more")
         if self.maximum_recovery_failures_per_second < 1:
-            raise ConfigurationError("maximum_recovery_failures_per_second must be 1 or more.")
+            raise InvalidSetting("maximum_recovery_failures_per_second", "must be 1 or more")
         if not 1 <= self.batch_size <= 10_000:
-            raise ConfigurationError("batch_size must be between 1 and 10000.")
+            raise InvalidSetting("batch_size", "must be from 1 to 10,000")
         for name in (
             "time_to_trigger_store_circuit_breaker",
             "time_to_trigger_fetch_circuit_breaker",
@@ -91,15 +91,15 @@ class DelayedDeliverySettings:
             "stop_timeout",
         ):
             if getattr(self, name) <= timedelta(0):
-                raise ConfigurationError(f"{name} must be longer than zero.")
+                raise InvalidSetting(name, "must be longer than zero")
         if self.failure_backoff < timedelta(0) or self.max_failure_backoff < self.failure_backoff:
             raise ConfigurationError(
                 "failure_backoff must not be negative, and max_failure_backoff not shorter than it."
             )
         if self.summary_interval < timedelta(0):
-            raise ConfigurationError("summary_interval must not be negative (zero turns it off).")
+            raise InvalidSetting("summary_interval", "must not be negative (zero turns it off)")
         if not self.error_queue.strip():
-            raise ConfigurationError("error_queue must name a queue.")
+            raise InvalidSetting("error_queue", "must name a queue")
         object.__setattr__(self, "transaction_mode", TransactionMode(self.transaction_mode))
 
     def with_changes(self, **changes: Any) -> DelayedDeliverySettings:
@@ -119,6 +119,11 @@ class DelayedDeliverySettings:
             values[item.name] = _parse(prefix + item.name.upper(), raw, getattr(cls(), item.name))
         try:
             return cls(**values)
+        except InvalidSetting as error:  # said with the variable that gave it
+            if error.setting in values:
+                variable = prefix + error.setting.upper()
+                raise error.named(f"{variable}={env[variable]!r}") from None
+            raise
         except ConfigurationError as error:
             raise ConfigurationError(f"{error} (read from {prefix}* environment variables)") from None
 

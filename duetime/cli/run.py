@@ -30,7 +30,7 @@ from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher, run_until_signal
-from duetime.errors import DuetimeError, one_line
+from duetime.errors import DuetimeError, InvalidSetting, one_line
 from duetime.inputs.urls import redact
 from duetime.interfaces import ReceivingTransport, ServerClock
 from duetime.nservicebus.frontdoor import FrontDoor
@@ -171,18 +171,20 @@ def run(
     exit code 3, so a supervisor restarts it; a stop signal finishes the batch in flight first.
     """
     configure_logging(verbose, log_format)
-    changes: dict[str, Any] = {}
-    for key, value in (
-        ("transaction_mode", mode),
-        ("number_of_retries", retries),
-        ("batch_size", batch_size),
-        ("error_queue", error_queue),
-    ):
-        if value is not None:
-            changes[key] = value
+    flags = {"transaction_mode": "--mode", "number_of_retries": "--retries", "batch_size": "--batch-size"}
+    flags["error_queue"] = "--error-queue"
+    given: dict[str, Any] = {"transaction_mode": mode, "number_of_retries": retries, "batch_size": batch_size}
+    given["error_queue"] = error_queue
+    changes = {key: value for key, value in given.items() if value is not None}
+    try:  # refused before anything opens, naming the flag as it was typed
+        base_settings = DelayedDeliverySettings.from_env().with_changes(**changes)
+    except InvalidSetting as wrong:
+        if wrong.setting in changes:
+            raise wrong.named(f"{flags[wrong.setting]} {changes[wrong.setting]}") from None
+        raise
 
     async def go() -> None:
-        settings = DelayedDeliverySettings.from_env().with_changes(**changes)
+        settings = base_settings
         async with contextlib.AsyncExitStack() as opened:
             # whatever was opened is closed, also when a later step of the start fails
             s = open_store(store, claim_timeout=settings.claim_timeout)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_cli
 
 
 def test_help_teaches_every_command(cli) -> None:  # type: ignore[no-untyped-def]
@@ -659,3 +662,14 @@ def test_queues_receive_returns_as_soon_as_it_has_what_is_there(cli) -> None:  #
     started = time.monotonic()
     cli("queues", "receive", "orders", "--count", "3", "--wait", "1.5")
     assert 1.4 < time.monotonic() - started < 6, "--count waits for the rest, up to --wait"
+
+
+def test_a_flag_out_of_range_is_named_as_typed(tmp_path: Path) -> None:
+    """`--batch-size 0` said "batch_size must be between 1 and 10000", a Python field."""
+    for args, said in (
+        (["--batch-size", "0"], "error: --batch-size 0 must be from 1 to 10,000."),
+        (["--retries", "-1"], "error: --retries -1 must be 0 or more."),
+    ):
+        done = run_cli("run", "--burst", *args, cwd=tmp_path)
+        assert done.returncode == 1 and done.stderr.strip() == said, done.stderr
+        assert not (tmp_path / "duetime.db").exists(), "refused before anything was opened"

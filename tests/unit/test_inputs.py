@@ -149,6 +149,9 @@ def test_settings_from_env() -> None:
     assert s.transaction_mode is TransactionMode.EXACTLY_ONCE and s.error_queue == "dead"
     with pytest.raises(ConfigurationError, match="DUETIME_NUMBER_OF_RETRIES"):
         DelayedDeliverySettings.from_env(environ={"DUETIME_NUMBER_OF_RETRIES": "many"})
+    # a value out of range is said with the variable that gave it, not the Python field
+    with pytest.raises(ConfigurationError, match=r"^DUETIME_BATCH_SIZE='0' must be from 1 to 10,000\.$"):
+        DelayedDeliverySettings.from_env(environ={"DUETIME_BATCH_SIZE": "0"})
 
 
 @pytest.mark.parametrize(
