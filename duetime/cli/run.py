@@ -202,6 +202,18 @@ def run(
                 await asyncio.to_thread(log.reach)
             await _dispatch(Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log), t, settings)
 
+    async def _say_dispatching(dispatcher: Dispatcher, settings: DelayedDeliverySettings) -> None:
+        """ "dispatching" once it is: the store answered and the transport connected (a wrong
+        broker password was said to be dispatching before it failed)."""
+        await dispatcher.connected()
+        logging.getLogger("duetime").info(
+            "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
+            endpoint,
+            redact(store),
+            redact(transport_url_for(store, transport)),
+            settings.transaction_mode.value,
+        )
+
     async def _dispatch(dispatcher: Dispatcher, t: object, settings: DelayedDeliverySettings) -> None:
         try:
             await _dispatch_until_stopped(dispatcher, t, settings)
@@ -233,13 +245,7 @@ def run(
             extra.append(probes.run())
         if front_door and isinstance(t, ReceivingTransport):
             extra.append(FrontDoor(dispatcher, t).run())
-        logging.getLogger("duetime").info(
-            "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
-            endpoint,
-            redact(store),
-            redact(transport_url_for(store, transport)),
-            settings.transaction_mode.value,
-        )
+        extra.append(_say_dispatching(dispatcher, settings))
         await run_until_signal(dispatcher, *extra)
         done = dispatcher.stats
         logging.getLogger("duetime").info(

@@ -93,6 +93,8 @@ class Dispatcher:
         self._critical: CriticalError | None = None
         self._critical_reported = False
         self._started = False
+        #: set once the store is ready and the transport connected (see :meth:`connected`)
+        self._connected = asyncio.Event()
         self._unsubscribe: Callable[[], None] | None = None
         #: The last round took all it could, so more is probably due: go again without asking.
         self._full_round = False
@@ -211,6 +213,7 @@ class Dispatcher:
         await self._connect()
         self._unsubscribe = self.store.subscribe(self.wakeups.on_stored)
         self._started = True
+        self._connected.set()
 
     async def _align_clock(self, *, starting: bool = False) -> None:
         """Follow the store server's clock: measure how far this host's is from it (half a round
@@ -262,6 +265,11 @@ class Dispatcher:
             else:
                 self.outages.up()
                 return
+
+    async def connected(self) -> None:
+        """Return once the dispatcher has started: its store answered and its transport connected
+        (a broker that is down at start is waited for; wrong credentials never get here)."""
+        await self._connected.wait()
 
     def stop(self) -> None:
         """Ask for a graceful stop: the batch in flight is finished, nothing is abandoned."""
@@ -361,6 +369,7 @@ class Dispatcher:
             self._unsubscribe()
             self._unsubscribe = None
         self._started = False
+        self._connected.clear()
         await self._report_critical()
         if self._critical is not None:
             raise self._critical

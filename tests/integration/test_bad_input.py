@@ -863,3 +863,17 @@ def test_the_rabbitmq_max_message_size_option_is_the_limit_schedule_checks(tmp_p
         done.stderr.split()
     )
     assert cli("list", "--json", "--store", store).stdout == ""
+
+
+def test_run_with_a_wrong_broker_password_never_says_it_is_dispatching(tmp_path: Path) -> None:
+    """`run` printed "dispatching … Ctrl-C to stop" before failing on a wrong broker password: the
+    line now waits for the store to answer and the transport to connect."""
+    from tests.services import RABBITMQ, require
+
+    require(RABBITMQ)
+    wrong = RABBITMQ.replace("guest:guest@", "guest:wrong@")
+    done = subprocess.run(
+        duetime_cmd("run", "--transport", wrong), cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert "dispatching" not in done.stderr and "ACCESS_REFUSED" in done.stderr, done.stderr
