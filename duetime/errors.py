@@ -177,6 +177,14 @@ def connection_failed(display: str, error: BaseException | str) -> ConnectionFai
     return ConnectionFailed(f"cannot connect to {display}: {server_reason(error)}")
 
 
+def no_answer(where: str, seconds: float | None, kind: str) -> str:
+    """The one wording, for every store and transport, of a server that took the connection (or
+    never finished it) and then said nothing: a dead server behind a proxy, a partition, another
+    kind of server on that port."""
+    within = f" within {seconds:g} s" if seconds is not None else ""
+    return f"no answer from {where}{within}; is it a {kind} server, and up?"
+
+
 def server_reason(error: BaseException | str) -> str:
     """The useful part of a driver's connection error: PostgreSQL's "FATAL:  database "x" does
     not exist" becomes 'database "x" does not exist'; multi-line texts keep their first line."""
@@ -191,7 +199,8 @@ def server_reason(error: BaseException | str) -> str:
 
 
 class DeadlineExceeded(DuetimeError, TimeoutError):
-    """A store or transport call did not answer in time (a network partition, or an overload)."""
+    """A store or transport call did not answer in time (a dead server behind a proxy, a network
+    partition, or an overload)."""
 
 
 class CriticalError(DuetimeError):

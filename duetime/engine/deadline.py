@@ -31,7 +31,7 @@ async def within(awaitable: Awaitable[T], seconds: float, what: str) -> T:
         return task.result()
     task.cancel()
     task.add_done_callback(_forget)
-    raise DeadlineExceeded(f"{what} did not answer within {seconds:g} s (network partition or overload?)")
+    raise DeadlineExceeded(f"{what} did not answer within {seconds:g} s")
 
 
 def _forget(task: asyncio.Future[Any]) -> None:

@@ -45,6 +45,7 @@ from duetime.errors import (
     ConfigurationError,
     InvalidMessage,
     connection_failed,
+    no_answer,
 )
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option, redact, url_options
@@ -135,8 +136,7 @@ def mysql_connect(o: MysqlOptions, *, autocommit: bool) -> pymysql.connections.C
     except pymysql.err.OperationalError as error:
         if "timed out" in str(error):  # pymysql: "Lost connection to MySQL server ... (timed out)"
             raise connection_failed(
-                o.display,
-                f"no answer within {o.connect_timeout:g} s; is {o.host}:{o.port} a MariaDB or MySQL server?",
+                o.display, no_answer(f"{o.host}:{o.port}", o.connect_timeout, "MariaDB or MySQL")
             ) from None
         raise connection_failed(o.display, error.args[-1] if error.args else error) from None
     conn._read_timeout = None  # type: ignore[attr-defined]  # queries take as long as they take; no setter

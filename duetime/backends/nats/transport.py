@@ -35,6 +35,7 @@ from duetime.errors import (
     MessageRefused,
     TransportError,
     TransportUnavailable,
+    no_answer,
     server_reason,
 )
 from duetime.inputs.identifiers import check_name
@@ -151,7 +152,7 @@ class NatsTransport(AsyncClosing):
                 if reason in ("TimeoutError", "no answer"):  # a port that took the connection, then silence
                     hosts = [urlsplit(server) for server in self.servers]
                     named = " or ".join(f"{h.hostname}:{h.port or 4222}" for h in hosts)
-                    reason = f"no answer within 5 s; is {named} a NATS server?"
+                    reason = no_answer(named, 5, "NATS")
                 raise TransportUnavailable(f"cannot connect to {redact(self.url)}: {reason}") from None
             self._js = self._nc.jetstream()
 

@@ -21,7 +21,7 @@ from duetime.backends._store import (
 )
 from duetime.backends.sqlfiles import load_queries
 from duetime.clock import from_micros, to_micros
-from duetime.errors import ConfigurationError, connection_failed, one_line
+from duetime.errors import ConfigurationError, connection_failed, no_answer, one_line
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, redact
 from duetime.message import DelayedMessage
@@ -280,6 +280,13 @@ async def reach_async(options: PgOptions) -> None:
 def refused(options: PgOptions, error: Exception) -> Exception:
     """A refused connection in the server's own words; PgBouncer's refusal of the start-up option
     that sets the idle-in-transaction limit says how to tell duetime of the pooler."""
+    if "timeout expired" in str(error):  # libpq's words for a server that never answered
+        from psycopg.conninfo import conninfo_to_dict
+
+        said = conninfo_to_dict(options.conninfo)
+        where = f"{said.get('host', 'localhost')}:{said.get('port', 5432)}"
+        seconds = float(str(options.connect_kwargs.get("connect_timeout", said.get("connect_timeout", 5))))
+        return connection_failed(options.display, no_answer(where, seconds, "PostgreSQL"))
     failed = connection_failed(options.display, error)
     if "unsupported startup parameter" not in str(error):
         return failed

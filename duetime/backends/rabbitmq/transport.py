@@ -52,6 +52,7 @@ from duetime.errors import (
     MessageRefused,
     TransportError,
     TransportUnavailable,
+    no_answer,
     one_line,
 )
 from duetime.inputs.identifiers import check_name
@@ -186,10 +187,7 @@ class RabbitMqTransport(AsyncClosing):
             reason = one_line(error)
             if isinstance(error, TimeoutError):  # the port took the connection, then silence
                 where = urlsplit(self.url)
-                reason = (
-                    f"no answer within {self.connect_timeout:g} s; is {where.hostname}:{where.port or 5672} "
-                    "a RabbitMQ server?"
-                )
+                reason = no_answer(f"{where.hostname}:{where.port or 5672}", self.connect_timeout, "RabbitMQ")
             raise TransportUnavailable(f"cannot connect to {self.display}: {reason}") from None
         except AMQPError as error:  # e.g. the broker closing the handshake for a missing vhost
             said = "" if " object at 0x" in str(error) else f" ({one_line(error)})"  # a frame's repr

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
@@ -47,7 +48,7 @@ from duetime.backends._store import (
     matches,
 )
 from duetime.clock import from_micros, to_micros
-from duetime.errors import ConfigurationError, NotReplicated, StorageFull, connection_failed
+from duetime.errors import ConfigurationError, NotReplicated, StorageFull, connection_failed, no_answer
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, url_options
 from duetime.interfaces import ListQuery, StoreCounts
@@ -144,7 +145,11 @@ class SyncRedisStore(StoreRules):
             yield
         except redis.AuthenticationError as error:  # a kind of ConnectionError: first
             raise ConfigurationError(f"cannot connect to {redact(self.url)}: {error}") from None
-        except (redis.ConnectionError, redis.TimeoutError) as error:
+        except redis.TimeoutError:
+            where = urlsplit(self.url)
+            said = f"{where.hostname}:{where.port or 6379}" if where.hostname else redact(self.url)
+            raise connection_failed(redact(self.url), no_answer(said, None, "Redis")) from None
+        except redis.ConnectionError as error:
             raise connection_failed(redact(self.url), error) from None
         except redis.exceptions.OutOfMemoryError:
             raise self._full() from None
