@@ -231,6 +231,8 @@ def run(
                 while await door.process_once():  # take in what waits at the front door first
                     pass
             stats = await dispatcher.run_burst()
+            # recorded as a dispatcher that ran and stopped: `stats` said none had run
+            await Heartbeat(dispatcher, redact(transport_url_for(store, transport))).beat(stopped=True)
             console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
             return
         # the probes' port first: one in use is an error before any companion coroutine exists

@@ -673,3 +673,13 @@ def test_a_flag_out_of_range_is_named_as_typed(tmp_path: Path) -> None:
         done = run_cli("run", "--burst", *args, cwd=tmp_path)
         assert done.returncode == 1 and done.stderr.strip() == said, done.stderr
         assert not (tmp_path / "duetime.db").exists(), "refused before anything was opened"
+
+
+def test_a_burst_run_is_recorded_as_a_dispatcher_that_ran(cli) -> None:  # type: ignore[no-untyped-def]
+    """After `run --burst`, `stats` said no dispatcher had run against the store."""
+    cli("setup", "--queue", "orders")
+    cli("schedule", "orders", "hello", "--in", "0s")
+    cli("run", "--burst")
+    [ran] = json.loads(cli("stats", "--json").stdout)["dispatchers"]
+    assert ran["status"] == "stopped" and ran["forwarded"] == 1, ran
+    assert "none has run" not in cli("stats").stdout
