@@ -97,7 +97,8 @@ def backlog(
         F.coalesce("destination", F.lit("")).alias("destination"),
         horizon.alias("horizon"),
         "failure_count",
-        (F.length("body") + F.coalesce(F.length("headers"), F.lit(0))).alias("size"),
+        # body bytes, as `list`, `show` and the dashboard count a message's size
+        F.coalesce(F.length("body"), F.lit(0)).alias("size"),
         "endpoint",
         "message_id",
     ).cache()
@@ -239,7 +240,7 @@ def write_csv(report: Report, folder: Path) -> list[Path]:
         "destinations.csv": (("destination", "messages"), report.by_destination),
         "due_histogram.csv": (("due", "messages"), report.horizons),
         "failures.csv": (("failure_count", "messages"), report.failures),
-        "largest.csv": (("bytes", "endpoint", "message_id", "destination"), report.largest),
+        "largest.csv": (("body_bytes", "endpoint", "message_id", "destination"), report.largest),
         "lateness.csv": (
             ("period_start", "deliveries", "p50_ms", "p99_ms", "max_ms", "dead_lettered"),
             [
@@ -346,7 +347,7 @@ td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:right}}th{{background:
 <h2>Due</h2>{img("backlog.png")}{table(("due", "messages"), report.horizons)}
 <h2>Destinations</h2>{img("destinations.png")}{table(("destination", "messages"), report.by_destination[:50])}
 <h2>Failures</h2>{table(("failure count", "messages"), report.failures)}
-<h2>Largest messages</h2>{table(("bytes", "endpoint", "message id", "destination"), report.largest)}
+<h2>Largest messages</h2>{table(("body bytes", "endpoint", "message id", "destination"), report.largest)}
 <h2>Lateness</h2>{img("lateness.png")}{table(("period", "deliveries", "p50 ms", "p99 ms", "max ms", "dead-lettered"), late)}
 </body></html>"""
     path.write_text(page, encoding="utf-8")

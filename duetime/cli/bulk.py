@@ -519,7 +519,7 @@ def _print_report(found: Any) -> None:
     console.print("failure counts: " + (", ".join(f"{k}: {v:,}" for k, v in found.failures) or "none"))
     if found.largest:
         size, name, ident, destination = found.largest[0]
-        console.print(f"largest: {size:,} bytes ({name} {ident} → {destination})")
+        console.print(f"largest: a body of {size:,} bytes ({name} {ident} → {destination})")
     if found.lateness:
         late = Table(title=f"lateness per {found.lateness_period}")
         for column in ("from", "deliveries", "p50 ms", "p99 ms", "max ms"):

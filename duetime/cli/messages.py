@@ -325,7 +325,7 @@ def list_(
 
 def _page_table(messages: list[DelayedMessage]) -> Any:
     grouped = any(m.group for m in messages)
-    grid = table("id", "destination", "due (UTC)", "failures", "bytes", *(["group"] if grouped else []))
+    grid = table("id", "destination", "due (UTC)", "failures", "body bytes", *(["group"] if grouped else []))
     for m in messages:
         grid.add_row(
             m.message_id,
