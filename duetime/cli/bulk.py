@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -145,10 +145,23 @@ _TASK_ERROR = re.compile(r"^duetime\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
 class _Rate(ProgressColumn):
-    """Rows a second, as rich measures them over the last updates."""
+    """Rows a second over the job's wall time, as the line off a terminal says it. (Rich's own
+    speed is over the last updates: rows counted in a jump as a task ends read as "936,982
+    rows/s" for a job that did 4,500 a second.)"""
 
     def render(self, task: Task) -> Text:
-        return Text(f"{task.speed:,.0f} rows/s" if task.speed else "")
+        elapsed = task.elapsed or 0.0
+        return Text(f"{task.completed / elapsed:,.0f} rows/s" if elapsed > 0 and task.completed else "")
+
+
+class _Left(ProgressColumn):
+    """The time left at the job's rate so far (see :class:`_Rate`)."""
+
+    def render(self, task: Task) -> Text:
+        elapsed, done = task.elapsed or 0.0, task.completed
+        if not task.total or not done or elapsed <= 0 or done >= task.total:
+            return Text("")
+        return Text(f"about {readable_duration((task.total - done) / (done / elapsed))} left")
 
 
 class _RowReport:
@@ -171,7 +184,7 @@ class _RowReport:
                 BarColumn(),
                 TextColumn("{task.fields[rows]}"),
                 _Rate(),
-                TimeRemainingColumn(),
+                _Left(),
                 console=err,
             )
             self.task = self.bar.add_task(self.label, total=None, rows="")
