@@ -489,6 +489,25 @@ def file_endpoints(spark: Any, path: str, fmt: str, endpoint: str | None) -> lis
     return sorted(names)
 
 
+def file_destinations(spark: Any, path: str, fmt: str, limit: int = 1000) -> tuple[list[str], bool]:
+    """The destinations the files name (at most ``limit``, and whether there are more), read as
+    :func:`file_endpoints` reads the endpoints: one column of Parquet, one field of each JSON line.
+    For the warning about destinations no queue is declared for, before a job stores anything."""
+    from pyspark.sql import functions as F
+
+    if fmt == "parquet":
+        files = spark.read.parquet(path)
+        if dict(files.dtypes).get("destination") not in ("string", "binary"):
+            return [], False
+        named = F.col("destination").cast("string")
+    else:
+        files = spark.read.text(path)
+        named = F.get_json_object(F.col("value"), "$.destination")
+    found = files.select(named.alias("d")).where(F.col("d") != "").distinct().limit(limit + 1).collect()
+    names = sorted(str(r[0]) for r in found if r[0])
+    return names[:limit], len(names) > limit
+
+
 def _given_as_text(lines: Any, named: Any, names: set[str]) -> set[str]:
     """Those of ``names`` that some JSON line gives as text.
 

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from duetime.cli.common import TransportOpt
 from duetime.cli.terminal import console, err, fail, show
 from duetime.errors import ConfigurationError, DuetimeError
 from duetime.inputs.durations import parse_time, readable_duration
@@ -88,6 +89,25 @@ def _spark(master: str | None, conf: list[str] | None, reads: str | None = None)
         signal.signal(signal.SIGINT, previous)
 
 
+def _warn_undeclared(spark: Any, rows: str, store: str, transport: str | None) -> None:
+    """Before a job stores anything: a warning for each destination the files name that has no
+    queue on the transport (as `duetime schedule` and `load` warn), since such messages would all
+    go to the error queue when due."""
+    import asyncio
+
+    from duetime.bulk.frames import file_destinations, file_kind
+    from duetime.cli.common import warn_undeclared
+
+    kind = file_kind(rows)
+    if kind is None:
+        return
+    with console.status("looking at the destinations…"):
+        names, more = file_destinations(spark, kind[1], kind[0])
+    asyncio.run(warn_undeclared(store, transport, names))
+    if more:
+        err.print(f"(the first {len(names):,} destinations were checked for a queue)")
+
+
 #: Set by Ctrl-C while a job runs: whatever the job raises from then on is the stop.
 _STOPPING = threading.Event()
 
@@ -144,6 +164,11 @@ def _guard(action: Callable[[], None]) -> None:
 _TASK_ERROR = re.compile(r"^duetime\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
+def _per_second(rate: float) -> str:
+    """``52,310 rows/s``; below ten a second with a decimal (a small job read "0 rows/s")."""
+    return f"{rate:,.0f} rows/s" if rate >= 10 else f"{rate:.1f} rows/s"
+
+
 class _Rate(ProgressColumn):
     """Rows a second over the job's wall time, as the line off a terminal says it. (Rich's own
     speed is over the last updates: rows counted in a jump as a task ends read as "936,982
@@ -151,7 +176,7 @@ class _Rate(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         elapsed = task.elapsed or 0.0
-        return Text(f"{task.completed / elapsed:,.0f} rows/s" if elapsed > 0 and task.completed else "")
+        return Text(_per_second(task.completed / elapsed) if elapsed > 0 and task.completed else "")
 
 
 class _Left(ProgressColumn):
@@ -208,7 +233,7 @@ class _RowReport:
         line = (
             f"{what}: {done:,} of {total:,} rows ({done / total:.0%})" if total else f"{what}: {done:,} rows"
         )
-        line += f", {rate:,.0f} rows/s"
+        line += f", {_per_second(rate)}"
         if total and rate > 0 and done < total:
             line += f", about {readable_duration((total - done) / rate)} left"
         err.print(line, markup=False, highlight=False)
@@ -363,10 +388,14 @@ def schedule(
         str | None, typer.Option(help="Folder for rejected rows with reasons (JSON Lines).")
     ] = None,
     batch_rows: BatchRowsOpt = 100_000,
+    transport: TransportOpt = None,
     master: MasterOpt = None,
     conf: ConfOpt = None,
 ) -> None:
     """Schedule a delayed message for every row: destination, due_at, body, headers, optional id.
+
+    Destinations with no queue on the transport (--transport, else the store's own queue tables)
+    are warned about before anything is stored.
 
     Example: duetime bulk schedule parquet:/data/reminders --to postgresql://db/app --endpoint crm --job reminders-2026-11
     """
@@ -379,6 +408,7 @@ def schedule(
         check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
         reach_target(store)
         with _spark(master, conf, reads=rows) as spark, _RowReport("scheduling") as report:
+            _warn_undeclared(spark, rows, store, transport)
             done = run(
                 spark,
                 rows,
@@ -428,10 +458,14 @@ def import_(
     endpoint: EndpointOpt = None,
     batch_rows: BatchRowsOpt = 100_000,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    transport: TransportOpt = None,
     master: MasterOpt = None,
     conf: ConfOpt = None,
 ) -> None:
-    """Load exported files into a store; importing the same files twice changes nothing."""
+    """Load exported files into a store; importing the same files twice changes nothing.
+
+    Destinations with no queue on the transport (--transport, else the store's own queue tables)
+    are warned about before anything is stored."""
 
     def go() -> None:
         from duetime.bulk.export_import import check_import
@@ -443,6 +477,7 @@ def import_(
         check_import(files, store)
         reach_target(store)
         with _spark(master, conf, reads=files) as spark, _RowReport("importing") as report:
+            _warn_undeclared(spark, files, store, transport)
             result = run(spark, files, store, endpoint, progress=report, batch_rows=batch_rows)
         _print_result(result, as_json)
 

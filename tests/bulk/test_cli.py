@@ -196,3 +196,36 @@ def test_spark_that_does_not_start_is_one_line_naming_its_log(tmp_path: Path) ->
     log = Path(failed.stderr.rsplit("Spark's own log: ", 1)[1].strip().rstrip("."))
     assert "Invalid maximum heap size" in log.read_text()
     log.unlink()
+
+
+@pytest.mark.timeout(300)
+def test_bulk_schedule_and_import_warn_of_destinations_without_a_queue(tmp_path: Path) -> None:
+    """`bulk schedule` of 200,000 messages for queues that did not exist said nothing (it had no
+    --transport); `schedule` and `load` warn. Now the bulk jobs warn too, before storing."""
+    import json
+
+    assert run_cli("setup", "--store", "sqlite:///x.db", "--queue", "orders", cwd=tmp_path).returncode == 0
+    (tmp_path / "in").mkdir()
+    lines = [
+        {"id": f"r{i}", "destination": name, "due_at": "2031-01-01T00:00:00+00:00", "body": "x"}
+        for i, name in enumerate(["orders", "nowhere-a", "nowhere-b", "orders"])
+    ]
+    (tmp_path / "in" / "rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = run_cli(
+        "bulk",
+        "schedule",
+        "jsonl:in",
+        "--to",
+        "sqlite:///x.db",
+        "--endpoint",
+        "duetime",
+        "--job",
+        "j1",
+        cwd=tmp_path,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    said = " ".join(done.stderr.split())
+    assert "no queue 'nowhere-a' is declared" in said and "no queue 'nowhere-b' is declared" in said, said
+    assert "no queue 'orders'" not in said
+    assert "4 stored" in done.stdout, done.stdout
