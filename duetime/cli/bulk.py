@@ -486,7 +486,10 @@ def import_(
 
 @bulk_app.command()
 def report(
-    store: Annotated[str, typer.Option("--store", help="The duetime store whose backlog to report.")],
+    store: Annotated[
+        str,
+        typer.Option("--store", envvar="DUETIME_STORE", help="The duetime store whose backlog to report."),
+    ],
     endpoint: EndpointOpt = None,
     delivery_log: Annotated[
         str | None,

@@ -16,6 +16,7 @@ from duetime.cli.terminal import err, say
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, MessageRefused
 from duetime.inputs.durations import parse_duration, parse_time
+from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
     CarryCheck,
@@ -67,6 +68,34 @@ EndpointOpt = Annotated[
         "--endpoint", envvar="DUETIME_ENDPOINT", help="The endpoint; its table is <endpoint>.delayed."
     ),
 ]
+
+
+def _queue_name(name: str | None) -> str | None:
+    try:
+        return None if name is None else check_name("error queue", name)
+    except ConfigurationError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+#: The error queue, read the same way by every command that uses it (run, setup's declare via the
+#: settings, errors, the dashboard): the flag, else DUETIME_ERROR_QUEUE, else "error".
+ErrorQueueOpt = Annotated[
+    str,
+    typer.Option(
+        "--error-queue",
+        envvar="DUETIME_ERROR_QUEUE",
+        callback=_queue_name,
+        help="The error queue's name (the dispatchers' --error-queue).",
+    ),
+]
+#: The flags whose value may come from the environment, and the variable each reads: every command
+#: that takes one of them reads it the same way (a test walks every command).
+SETTING_VARIABLES = {
+    "--store": "DUETIME_STORE",
+    "--transport": "DUETIME_TRANSPORT",
+    "--endpoint": "DUETIME_ENDPOINT",
+    "--error-queue": "DUETIME_ERROR_QUEUE",
+}
 InOpt = Annotated[str | None, typer.Option("--in", help="Delay: 90, 1.5s, 10m, 1h30m, 2d.")]
 AtOpt = Annotated[str | None, typer.Option("--at", help="Due time, ISO 8601 with offset.")]
 GroupOpt = Annotated[

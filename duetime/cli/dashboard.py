@@ -14,6 +14,7 @@ import typer
 from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.common import (
     DEFAULT_STORE,
+    ErrorQueueOpt,
     StoreOpt,
     TransportOpt,
     app,
@@ -42,7 +43,7 @@ def dashboard(
         ),
     ] = ["duetime"],  # noqa: B006
     transport: TransportOpt = None,
-    error_queue: Annotated[str, typer.Option("--error-queue", help="The error queue's name.")] = "error",
+    error_queue: ErrorQueueOpt = "error",
     host: Annotated[
         str,
         typer.Option(

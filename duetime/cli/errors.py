@@ -12,6 +12,7 @@ import typer
 from duetime.cli.common import (
     DEFAULT_STORE,
     EndpointOpt,
+    ErrorQueueOpt,
     StoreOpt,
     TransportOpt,
     confirm_many,
@@ -39,17 +40,6 @@ from duetime.operations.error_queue import (
     take,
 )
 
-
-def _queue_name(name: str) -> str:
-    try:
-        return check_name("error queue", name)
-    except ConfigurationError as error:
-        raise typer.BadParameter(str(error)) from None
-
-
-ErrorQueueOpt = Annotated[
-    str, typer.Option("--error-queue", callback=_queue_name, help="The error queue's name.")
-]
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Ids of messages in the error queue.")]
 AllOpt = Annotated[bool, typer.Option("--all", help="Every message in the error queue (see --destination).")]
 ForOpt = Annotated[

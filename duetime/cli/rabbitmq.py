@@ -206,8 +206,13 @@ def catchall(
     short_help="Switch an endpoint's store off; refused while it still holds delayed messages.",
 )
 def retire_store(
-    store: Annotated[str, typer.Option("--store", help="The endpoint's duetime store.")],
-    endpoint: Annotated[str, typer.Option("--endpoint", help="The endpoint whose store is retired.")],
+    store: Annotated[
+        str, typer.Option("--store", envvar="DUETIME_STORE", help="The endpoint's duetime store.")
+    ],
+    endpoint: Annotated[
+        str,
+        typer.Option("--endpoint", envvar="DUETIME_ENDPOINT", help="The endpoint whose store is retired."),
+    ],
     url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
     delete_front_door: Annotated[
         bool,

@@ -17,6 +17,7 @@ from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.common import (
     DEFAULT_STORE,
     EndpointOpt,
+    ErrorQueueOpt,
     StoreOpt,
     TransportOpt,
     app,
@@ -111,9 +112,7 @@ def run(
     batch_size: Annotated[
         int | None, typer.Option(help="Messages claimed per round trip (default 100).")
     ] = None,
-    error_queue: Annotated[
-        str | None, typer.Option(help="Where failed messages go (default 'error').")
-    ] = None,
+    error_queue: ErrorQueueOpt = "error",
     front_door: Annotated[
         bool,
         typer.Option(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -683,3 +685,67 @@ def test_a_burst_run_is_recorded_as_a_dispatcher_that_ran(cli) -> None:  # type:
     [ran] = json.loads(cli("stats", "--json").stdout)["dispatchers"]
     assert ran["status"] == "stopped" and ran["forwarded"] == 1, ran
     assert "none has run" not in cli("stats").stdout
+
+
+def test_every_command_reads_each_setting_from_the_same_variable() -> None:
+    """With DUETIME_ERROR_QUEUE set, `run`, `setup` and `stats` used it while `errors list` and the
+    dashboard read 'error'. Every option named in SETTING_VARIABLES now reads its variable, in
+    every command, so a new command cannot forget one."""
+    import typer.main
+
+    from duetime.cli import app
+    from duetime.cli.common import SETTING_VARIABLES
+
+    #: bulk jobs take every endpoint they find unless told: an endpoint from the environment
+    #: would quietly narrow a migration to one of them
+    deliberate = {("bulk", "--endpoint")}
+    forgot = []
+
+    def walk(words: list[str], command: Any) -> None:
+        for param in command.params:
+            for flag in getattr(param, "opts", []):
+                wanted = SETTING_VARIABLES.get(flag)
+                read = param.envvar if isinstance(param.envvar, list) else [param.envvar]
+                if wanted and wanted not in read and (words[:1] and (words[0], flag)) not in deliberate:
+                    forgot.append(f"duetime {' '.join(words)} {flag}: reads {param.envvar}, not {wanted}")
+        for name, sub in getattr(command, "commands", {}).items():
+            walk([*words, name], sub)
+
+    walk([], typer.main.get_command(app))
+    assert not forgot, "\n".join(forgot)
+
+
+def test_an_error_queue_set_by_the_environment_is_the_one_every_command_uses(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from tests.services import free_port
+
+    env = {"DUETIME_ERROR_QUEUE": "nc_error"}
+    cli("setup", "--queue", "orders", env=env)
+    cli("schedule", "nowhere", "lost", "--in", "0s", "--id", "lost-1", env=env)
+    cli("run", "--burst", env=env)
+    listed = cli("errors", "list", "--json", env=env)
+    assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == ["lost-1"], listed.stdout
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "duetime", "dashboard", "--port", str(port)],
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        page = ""
+        for _ in range(100):
+            try:
+                page = urllib.request.urlopen(f"http://127.0.0.1:{port}/errors", timeout=5).read().decode()
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert "lost-1" in page and "nc_error" in page, page[-2000:]
+    finally:
+        server.terminate()
+        server.wait(30)
