@@ -121,3 +121,39 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(
             "python3 scripts/services.py says how to install and start what is missing."
         )
+
+
+#: Where each xdist worker writes the test it is running, so that the controller can name it when
+#: the worker dies: pytest-timeout ends a test that runs over by ending its worker, and what it
+#: prints then is lost with the worker's captured output.
+RUNNING = Path(os.environ.get("TMPDIR", "/tmp")) / f"duetime-tests-running-{os.getppid()}"
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        RUNNING.mkdir(exist_ok=True)
+        (RUNNING / worker).write_text(f"{nodeid}\n{time.time()}\n")
+
+
+class _CrashNotes:
+    """On the controller: a worker that went down is named with the test it was running and for
+    how long, so that a crash says which test to look at."""
+
+    @pytest.hookimpl
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        if error is None:
+            return
+        note = RUNNING.parent / f"duetime-tests-running-{os.getpid()}" / node.gateway.id
+        if note.exists():
+            nodeid, started = note.read_text().split("\n")[:2]
+            seconds = time.time() - float(started)
+            sys.stderr.write(
+                f"\n[{node.gateway.id}] went down {seconds:.0f} s into {nodeid} "
+                "(a test that runs over its timeout ends its worker)\n"
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(_CrashNotes(), "duetime-crash-notes")
