@@ -50,7 +50,7 @@ from duetime.interfaces import (
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage
 from duetime.nservicebus.frontdoor import front_door_queue
-from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
+from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths, without_queue
 from duetime.registry import check_store_exists, open_store, open_transport
 from duetime.settings import DelayedDeliverySettings
 
@@ -567,6 +567,8 @@ def stats(
                 await t.close()
         if depths is not None:
             result["queues"] = depths
+            # stored for a queue that is not there: each will go to the error queue when due
+            result["without_queue"] = without_queue(t, depths, candidates, counts.by_destination)
         elsewhere = delivered_elsewhere(shown, present, SYSTEM.now())
         if elsewhere:
             result["queues_note"] = elsewhere_note(shown, elsewhere)
@@ -583,12 +585,16 @@ def stats(
         overview.add_row(key.replace("_", " "), shown)
     show_table(overview)
     if result["by_destination"]:
-        per = table("destination", "stored")
+        lacking = set(result.get("without_queue", []))
+        per = table("destination", "stored", *(["queue"] if lacking else []))
         for name, count in result["by_destination"].items():
-            per.add_row(name, str(count))
+            mark = ["none: to the error queue when due" if name in lacking else ""] if lacking else []
+            per.add_row(name, str(count), *mark)
         if result["more_destinations"]:
             per.add_row(
-                f"and {result['more_destinations']:,} more destinations", str(result["more_messages"])
+                f"and {result['more_destinations']:,} more destinations",
+                str(result["more_messages"]),
+                *([""] if lacking else []),
             )
         show_table(per)
     _show_dispatchers(result["dispatchers"])

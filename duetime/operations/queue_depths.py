@@ -33,6 +33,23 @@ async def queue_depths(transport: Transport, candidates: Iterable[str]) -> dict[
     return found
 
 
+def without_queue(
+    transport: Transport,
+    depths: dict[str, int] | None,
+    candidates: Iterable[str],
+    destinations: Iterable[str],
+) -> list[str]:
+    """The ``destinations`` that :func:`queue_depths` found no queue for (as it was asked, with
+    ``candidates`` first): their messages go to the error queue when due. Only those it looked
+    at: a broker is asked about the first :data:`MOST_LOOKED_UP` names, the SQL tables list all."""
+    if depths is None:
+        return []
+    wanted = list(dict.fromkeys(destinations))
+    looked = wanted if isinstance(transport, BrowsableQueue) else list(dict.fromkeys([*candidates, *wanted]))
+    checked = set(looked[:MOST_LOOKED_UP]) if not isinstance(transport, BrowsableQueue) else set(looked)
+    return [name for name in wanted if name in checked and name not in depths]
+
+
 def delivered_elsewhere(shown: str, dispatchers: Sequence[DispatcherInfo], now: datetime) -> list[str]:
     """The transports (as their records hold them: no secrets) that the endpoint's dispatchers
     deliver to, when that is not ``shown``: the live ones', else the last one's to run."""

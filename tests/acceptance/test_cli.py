@@ -749,3 +749,16 @@ def test_an_error_queue_set_by_the_environment_is_the_one_every_command_uses(cli
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_stats_marks_destinations_that_have_no_queue(cli) -> None:  # type: ignore[no-untyped-def]
+    """`stats` listed stored destinations and the queues in two tables without saying that the
+    messages of a destination with no queue will all be dead-lettered."""
+    cli("setup", "--queue", "orders")
+    cli("schedule", "orders", "a", "--in", "1h")
+    cli("schedule", "nowhere", "b", "--in", "1h")
+    assert json.loads(cli("stats", "--json").stdout)["without_queue"] == ["nowhere"]
+    rows = {
+        line.split("│")[1].strip(): line for line in cli("stats").stdout.splitlines() if line.count("│") >= 3
+    }
+    assert "to the error queue when due" in rows["nowhere"] and "error queue" not in rows["orders"]
