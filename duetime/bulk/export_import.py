@@ -7,12 +7,15 @@ Import writes them back through idempotent, ledgered batches: importing twice ch
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import file_kind
+from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.migrate import MigrationResult, MigrationSpec, check_urls, migrate
 from duetime.bulk.preview import source_frame
 from duetime.bulk.progress import Progress, RowCounter, watched
@@ -33,10 +36,13 @@ def export(
     endpoint: str | None = None,
     cutoff: datetime | None = None,
     progress: Progress | None = None,
+    overwrite: bool = False,
 ) -> Exported:
     """Every stored message of ``source_url`` into files at ``to``; ``progress`` is told the rows
-    read of the rows the store held when the export was planned."""
+    read of the rows the store held when the export was planned. ``to`` is replaced only if it is
+    empty or holds an earlier export, unless ``overwrite`` (never the current folder or a home)."""
     fmt, path = check_export(source_url, to)
+    check_replaceable(Folder(spark, path), to, overwrite)
     target = FileTarget(path, fmt)
     folder = target.check(spark)  # before a row is read
     counter = RowCounter(spark)
@@ -68,6 +74,34 @@ def import_(
     ledgered batches of about ``batch_rows`` rows (one Spark task each)."""
     check_import(source, store_url)
     return migrate(spark, MigrationSpec(source, store_url, endpoint, batch_rows=batch_rows), progress)
+
+
+#: What an export leaves in its folder: Spark's part files and commit marker, Hadoop's checksums.
+EXPORT_FILES = re.compile(r"^\.?(part-.*|_SUCCESS)(\.crc)?$")
+
+
+def check_replaceable(folder: Folder, given: str, overwrite: bool) -> None:
+    """An export replaces its folder whole: refused, in one line, where that would destroy what
+    duetime did not write (``--to jsonl:.`` wiped the current folder). A folder that is not there,
+    is empty or holds an earlier export is fine; anything else needs ``overwrite``, and the
+    current folder, a home folder and the root never are."""
+    local = folder.on_this_disk
+    if local is not None:
+        here = os.path.realpath(local)
+        homes = {os.path.realpath(os.path.expanduser("~")), "/root", "/home"}
+        if here in {os.path.realpath(os.getcwd()), "/", *homes} or os.path.dirname(here) == "/home":
+            raise ConfigurationError(
+                f"{given}: an export replaces its folder whole, so it never writes into the current "
+                "folder, a home folder or /; give it a folder of its own, e.g. --to jsonl:exports/duetime."
+            )
+    names = folder.names()
+    strangers = [name for name in names if not EXPORT_FILES.match(name)]
+    if strangers and not overwrite:
+        shown = ", ".join(repr(n) for n in strangers[:3]) + (" ..." if len(strangers) > 3 else "")
+        raise ConfigurationError(
+            f"{given}: the folder holds files an export did not write ({shown}), and an export "
+            "replaces its folder whole; give it a new or empty folder, or --overwrite to replace it."
+        )
 
 
 def check_export(source_url: str, to: str) -> tuple[str, str]:

@@ -89,6 +89,24 @@ class Folder:
 
         self._call(rename)
 
+    def names(self) -> list[str]:
+        """The names directly in the folder (files and folders, hidden ones too); empty when it is
+        not there."""
+
+        def listing() -> list[str]:
+            if not self._fs.exists(self._path):
+                return []
+            return sorted(str(s.getPath().getName()) for s in self._fs.listStatus(self._path))
+
+        result: list[str] = self._call(listing)
+        return result
+
+    @property
+    def on_this_disk(self) -> str | None:
+        """The folder on this machine's disk, for a ``file:`` path; None on any other filesystem."""
+        uri = self.uri
+        return uri.removeprefix("file:") if uri.startswith("file:") else None
+
     def files(self) -> list[Listed]:
         """Every data file under the folder, or under each path a glob (``/in/*.parquet``, as
         Spark's readers take them) matches, in path order; empty when nothing is there. Spark's

@@ -431,8 +431,21 @@ def schedule(
 @bulk_app.command("export")
 def export_(
     store: Annotated[str, typer.Option("--from", help="The duetime store to read.")],
-    to: Annotated[str, typer.Option("--to", help="parquet:/dir or jsonl:/dir (replaced if it exists).")],
+    to: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="parquet:/dir or jsonl:/dir, replaced whole: a new or empty folder, or an earlier export.",
+        ),
+    ],
     endpoint: EndpointOpt = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace a folder that holds other files too (never the current folder or a home).",
+        ),
+    ] = False,
     master: MasterOpt = None,
     conf: ConfOpt = None,
 ) -> None:
@@ -445,7 +458,7 @@ def export_(
         check_export(store, to)  # before Spark takes seconds to start
         reach_source(store, endpoint)
         with _spark(master, conf) as spark, _RowReport("exporting") as report:
-            done = export(spark, store, to, endpoint, progress=report)
+            done = export(spark, store, to, endpoint, progress=report, overwrite=overwrite)
         console.print(f"{done.rows:,} messages written to {done.path}")
 
     _guard(go)

@@ -229,3 +229,38 @@ def test_bulk_schedule_and_import_warn_of_destinations_without_a_queue(tmp_path:
     assert "no queue 'nowhere-a' is declared" in said and "no queue 'nowhere-b' is declared" in said, said
     assert "no queue 'orders'" not in said
     assert "4 stored" in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(400)
+def test_export_never_destroys_a_folder_it_did_not_write(tmp_path: Path) -> None:
+    """`bulk export --to jsonl:.` wiped the current folder (its --help said "replaced if it
+    exists"). Now a folder is replaced only if it is empty or holds an earlier export; anything
+    else needs --overwrite, and the current folder and a home never."""
+    assert run_cli("setup", "--store", "sqlite:///x.db", cwd=tmp_path).returncode == 0
+    assert (
+        run_cli(
+            "schedule", "orders", "keep me", "--in", "1h", "--store", "sqlite:///x.db", cwd=tmp_path
+        ).returncode
+        == 0
+    )
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+
+    def export(to: str, *more: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(
+            "bulk", "export", "--from", "sqlite:///x.db", "--to", to, *more, cwd=tmp_path, timeout=240
+        )
+
+    refused = export("jsonl:mine")
+    assert refused.returncode == 1 and "'notes.txt'" in refused.stderr and "--overwrite" in refused.stderr
+    assert (mine / "notes.txt").read_text() == "mine"
+    here = export("jsonl:.", "--overwrite")
+    assert here.returncode == 1 and "never writes into the current folder" in here.stderr, here.stderr
+    assert (tmp_path / "x.db").exists() and (mine / "notes.txt").exists()
+    first = export("jsonl:out")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = export("jsonl:out")  # an earlier export is replaced
+    assert again.returncode == 0 and "1 messages written" in again.stdout, again.stderr[-2000:]
+    forced = export("jsonl:mine", "--overwrite")
+    assert forced.returncode == 0 and not (mine / "notes.txt").exists(), forced.stderr[-2000:]
