@@ -393,10 +393,12 @@ def main() -> int:
     urls: dict[str, str] = {}
     waiting: list[Server] = []
     for server in SERVERS:
-        url = os.environ.get(server.variable) or earlier.get(server.variable) or server.url(server.port)
-        if server.ask(port_of(url)) is None:
-            urls[server.variable] = url
-            say(f"{server.name} answers at {url}")
+        # where the tests were told to look, where a server of ours ran last, the standard place
+        tried = [os.environ.get(server.variable), earlier.get(server.variable), server.url(server.port)]
+        found = next((url for url in tried if url and server.ask(port_of(url)) is None), None)
+        if found:
+            urls[server.variable] = found
+            say(f"{server.name} answers at {found}")
         else:
             waiting.append(server)
     missing_programs = [(package, why) for present, package, why in PROGRAMS if not present()]
