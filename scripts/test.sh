@@ -23,6 +23,6 @@ workers="${DUETIME_TEST_WORKERS:-3}"
 parallel=()
 # --max-worker-restart=0: a worker that dies (pytest-timeout ends a test that runs over by ending
 # its worker) ends the run with that test named; pytest-xdist 3.8 replaces the worker, then can
-# wait for ever on the file's finished tests (pytest-xdist issue 1378).
+# wait for ever on the finished tests of the dead worker's files (a known pytest-xdist bug).
 [ "$workers" != 0 ] && parallel=(-n "$workers" --dist loadfile --max-worker-restart=0)
 echo "== pytest"; .venv/bin/python -m pytest "${parallel[@]}" "$@"

@@ -92,17 +92,25 @@ def _spark(master: str | None, conf: list[str] | None, reads: str | None = None)
 def _warn_undeclared(spark: Any, rows: str, store: str, transport: str | None) -> None:
     """Before a job stores anything: a warning for each destination the files name that has no
     queue on the transport (as `duetime schedule` and `load` warn), since such messages would all
-    go to the error queue when due."""
+    go to the error queue when due. Advisory: files the job will refuse, a store not there yet or
+    a transport that cannot answer leave the job's own checks to say what is wrong."""
     import asyncio
+    import logging
 
     from duetime.bulk.frames import file_destinations, file_kind
+    from duetime.bulk.hadoopfs import input_files
     from duetime.cli.common import warn_undeclared
 
     kind = file_kind(rows)
     if kind is None:
         return
-    with console.status("looking at the destinations…"):
-        names, more = file_destinations(spark, kind[1], kind[0])
+    try:
+        input_files(spark, kind[1])  # no files: the job says so, in its own words
+        with console.status("looking at the destinations…"):
+            names, more = file_destinations(spark, kind[1], kind[0])
+    except Exception as error:
+        logging.getLogger("duetime.cli").debug("could not read the destinations of %s: %s", rows, error)
+        return
     asyncio.run(warn_undeclared(store, transport, names))
     if more:
         err.print(f"(the first {len(names):,} destinations were checked for a queue)")
@@ -407,18 +415,19 @@ def schedule(
 
         check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
         reach_target(store)
-        with _spark(master, conf, reads=rows) as spark, _RowReport("scheduling") as report:
+        with _spark(master, conf, reads=rows) as spark:
             _warn_undeclared(spark, rows, store, transport)
-            done = run(
-                spark,
-                rows,
-                store,
-                endpoint=endpoint,
-                job=job,
-                rejects=rejects,
-                batch_rows=batch_rows,
-                progress=report,
-            )
+            with _RowReport("scheduling") as report:
+                done = run(
+                    spark,
+                    rows,
+                    store,
+                    endpoint=endpoint,
+                    job=job,
+                    rejects=rejects,
+                    batch_rows=batch_rows,
+                    progress=report,
+                )
         console.print(
             f"{done.rows:,} rows: {done.stored:,} stored, {done.skipped:,} already scheduled, {done.rejected:,} rejected"
         )
@@ -489,9 +498,10 @@ def import_(
         check_batch_rows(batch_rows)  # before Spark takes seconds to start
         check_import(files, store)
         reach_target(store)
-        with _spark(master, conf, reads=files) as spark, _RowReport("importing") as report:
+        with _spark(master, conf, reads=files) as spark:
             _warn_undeclared(spark, files, store, transport)
-            result = run(spark, files, store, endpoint, progress=report, batch_rows=batch_rows)
+            with _RowReport("importing") as report:
+                result = run(spark, files, store, endpoint, progress=report, batch_rows=batch_rows)
         _print_result(result, as_json)
 
     _guard(go)

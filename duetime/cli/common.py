@@ -293,6 +293,7 @@ async def warn_undeclared(store_url: str, transport: str | None, destinations: I
     message is stored fine and would only be dead-lettered, in silence, when it falls due."""
     try:
         url = transport_url_for(store_url, transport)
+        check_store_exists(url)  # a SQLite file that is not there yet is not made by looking
         t = open_transport(url)
     except ConfigurationError:
         return  # a store without queue tables of its own, and no --transport: nothing to ask
