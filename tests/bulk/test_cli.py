@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -231,36 +232,43 @@ def test_bulk_schedule_and_import_warn_of_destinations_without_a_queue(tmp_path:
     assert "4 stored" in done.stdout, done.stdout
 
 
-@pytest.mark.timeout(400)
-def test_export_never_destroys_a_folder_it_did_not_write(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_export_never_destroys_a_folder_it_did_not_write(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`bulk export --to jsonl:.` wiped the current folder (its --help said "replaced if it
     exists"). Now a folder is replaced only if it is empty or holds an earlier export; anything
     else needs --overwrite, and the current folder and a home never."""
-    assert run_cli("setup", "--store", "sqlite:///x.db", cwd=tmp_path).returncode == 0
+    from duetime.bulk.export_import import export
+    from duetime.errors import ConfigurationError
+
+    store = f"sqlite:///{tmp_path / 'x.db'}"
+    assert run_cli("setup", "--store", store, cwd=tmp_path).returncode == 0
     assert (
-        run_cli(
-            "schedule", "orders", "keep me", "--in", "1h", "--store", "sqlite:///x.db", cwd=tmp_path
-        ).returncode
-        == 0
+        run_cli("schedule", "orders", "keep me", "--in", "1h", "--store", store, cwd=tmp_path).returncode == 0
     )
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
-
-    def export(to: str, *more: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(
-            "bulk", "export", "--from", "sqlite:///x.db", "--to", to, *more, cwd=tmp_path, timeout=240
-        )
-
-    refused = export("jsonl:mine")
+    # the command as a user types it: one line, exit 1, nothing touched
+    refused = run_cli("bulk", "export", "--from", store, "--to", "jsonl:mine", cwd=tmp_path, timeout=240)
     assert refused.returncode == 1 and "'notes.txt'" in refused.stderr and "--overwrite" in refused.stderr
-    assert (mine / "notes.txt").read_text() == "mine"
-    here = export("jsonl:.", "--overwrite")
-    assert here.returncode == 1 and "never writes into the current folder" in here.stderr, here.stderr
-    assert (tmp_path / "x.db").exists() and (mine / "notes.txt").exists()
-    first = export("jsonl:out")
-    assert first.returncode == 0, first.stderr[-2000:]
-    again = export("jsonl:out")  # an earlier export is replaced
-    assert again.returncode == 0 and "1 messages written" in again.stdout, again.stderr[-2000:]
-    forced = export("jsonl:mine", "--overwrite")
-    assert forced.returncode == 0 and not (mine / "notes.txt").exists(), forced.stderr[-2000:]
+    assert len(refused.stderr.strip().splitlines()) == 1 and (mine / "notes.txt").read_text() == "mine"
+    # the rule, on the shared session: a current folder and a home of the test's own, each
+    # holding a file that must survive even --overwrite
+    here, home = tmp_path / "here", tmp_path / "home"
+    for folder in (here, home):
+        folder.mkdir()
+        (folder / "keep.txt").write_text("keep")
+    with monkeypatch.context() as m:
+        m.chdir(here)
+        m.setenv("HOME", str(home))
+        with pytest.raises(ConfigurationError, match="never writes into the current folder"):
+            export(spark, store, f"jsonl:{here}", overwrite=True)
+        with pytest.raises(ConfigurationError, match="a home folder"):
+            export(spark, store, f"jsonl:{home}", overwrite=True)
+    assert (here / "keep.txt").exists() and (home / "keep.txt").exists()
+    assert export(spark, store, f"jsonl:{tmp_path / 'out'}").rows == 1
+    assert export(spark, store, f"jsonl:{tmp_path / 'out'}").rows == 1  # an earlier export is replaced
+    assert export(spark, store, f"jsonl:{mine}", overwrite=True).rows == 1
+    assert not (mine / "notes.txt").exists()
