@@ -342,6 +342,7 @@ PROGRAMS: list[tuple[Callable[[], bool], str, str]] = [
     (lambda: bool(shutil.which("systemd-analyze")), "systemd", "systemd-analyze (the service unit's test)"),
     (lambda: bool(shutil.which("ip")), "iproute2", "ip (the tests of separate hosts)"),
     (lambda: bool(shutil.which("ps")), "procps", "ps (the tests of processes)"),
+    (lambda: bool(shutil.which("curl")), "curl", "curl (the how-to guides' commands)"),
 ]
 
 

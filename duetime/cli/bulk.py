@@ -99,11 +99,11 @@ def _warn_undeclared(spark: Any, rows: str, store: str, transport: str | None) -
 
     from duetime.bulk.frames import file_destinations, file_kind
     from duetime.bulk.hadoopfs import input_files
-    from duetime.cli.common import warn_undeclared
+    from duetime.cli.common import can_warn_undeclared, warn_undeclared
 
     kind = file_kind(rows)
-    if kind is None:
-        return
+    if kind is None or not can_warn_undeclared(store, transport):
+        return  # nothing to ask (a store not there yet, no transport): no pass over the files
     try:
         input_files(spark, kind[1])  # no files: the job says so, in its own words
         with console.status("looking at the destinations…"):

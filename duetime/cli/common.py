@@ -288,15 +288,26 @@ async def refuse_uncarriable(store_url: str, transport: str | None, message: Del
         raise MessageRefused(f"{reason}. Nothing was stored.")
 
 
+def can_warn_undeclared(store_url: str, transport: str | None) -> bool:
+    """Whether :func:`warn_undeclared` has a transport to ask: given, or the store's own queue
+    tables in a store that is there (a SQLite file is not made by looking)."""
+    try:
+        check_store_exists(transport_url_for(store_url, transport))
+    except ConfigurationError:
+        return False
+    return True
+
+
 async def warn_undeclared(store_url: str, transport: str | None, destinations: Iterable[str]) -> None:
     """Warn about destinations no queue is declared for, where the transport can tell: such a
     message is stored fine and would only be dead-lettered, in silence, when it falls due."""
+    if not can_warn_undeclared(store_url, transport):
+        return  # a store without queue tables of its own, and no --transport: nothing to ask
+    url = transport_url_for(store_url, transport)
     try:
-        url = transport_url_for(store_url, transport)
-        check_store_exists(url)  # a SQLite file that is not there yet is not made by looking
         t = open_transport(url)
     except ConfigurationError:
-        return  # a store without queue tables of its own, and no --transport: nothing to ask
+        return
     try:
         if not isinstance(t, InspectableQueue):
             return

@@ -121,6 +121,7 @@ def test_import_counts_an_id_the_store_holds_and_an_id_given_twice_as_conflicts(
         assert stored["twice"].destination in ("first", "second")
 
 
+@pytest.mark.timeout(420)  # three Spark applications: over 180 s on a loaded machine (seen twice)
 def test_jobs_report_rows_done_of_rows_in_all_off_a_terminal(tmp_path: Path) -> None:
     """schedule, export and import as a user runs them with their output in a file: a line of rows
     done of rows in all, with the rate, and nothing of Spark's own console output (the report's
