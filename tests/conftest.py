@@ -153,6 +153,12 @@ class _CrashNotes:
                 "(a test that runs over its timeout ends its worker)\n"
             )
 
+    @pytest.hookimpl
+    def pytest_sessionfinish(self) -> None:
+        import shutil
+
+        shutil.rmtree(RUNNING.parent / f"duetime-tests-running-{os.getpid()}", ignore_errors=True)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist") and not os.environ.get("PYTEST_XDIST_WORKER"):
