@@ -41,8 +41,9 @@ class UnknownScheme(ConfigurationError):
 
 
 #: The top-level module of each optional library -> the extra of pyproject.toml that installs it.
-#: Written once: the registry, the dashboard, metrics, bulk jobs and the command line's last resort
-#: all turn a missing one into the same line through :meth:`MissingExtra.for_module`.
+#: Written once: the registry and the command line's last resort turn any missing one into
+#: :meth:`MissingExtra.of`'s line (through :meth:`MissingExtra.for_module`), the line the dashboard,
+#: metrics and bulk jobs give for theirs.
 EXTRA_OF_MODULE: dict[str, str] = {
     "psycopg": "postgres",
     "psycopg_pool": "postgres",
