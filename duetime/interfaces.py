@@ -299,7 +299,10 @@ class Transport(Protocol):
         """Send each message to its destination queue: one result per message, in order (None:
         the transport holds it durably). A message's own failure is its result (DestinationNotFound,
         MessageRefused, TransportUnavailable for what the connection lost); raising means nothing
-        in the batch can be counted as sent."""
+        in the batch can be counted as sent. A refusal of one message by the broker (a channel or
+        a connection it closes because of that message) is that message's MessageRefused, never
+        an outage of the batch: ``duetime.backends.refusals`` sorts a failure by what the broker
+        said, and ``ContainmentContract`` in ``duetime.testing.transport_contract`` checks it."""
 
     async def declare(self, queue: str) -> None:
         """Create ``queue`` if it is missing (durable); one that exists is taken as it is."""

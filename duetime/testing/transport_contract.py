@@ -1,4 +1,10 @@
-"""The transport contract: every transport a dispatcher can deliver through subclasses this suite."""
+"""The transport contract: every transport a dispatcher can deliver through subclasses this suite.
+
+:class:`ContainmentContract` holds any transport, one that can be read back or not, to the rule
+that one message its broker refuses fails alone: its batch-mates are delivered once and the
+transport goes on. :class:`TransportContract` adds what a transport duetime can read from must do
+(it includes the containment cases).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from duetime.errors import DestinationNotFound
+from duetime.errors import DestinationNotFound, MessageRefused
 from duetime.interfaces import InspectableQueue, ReceivingTransport, Transport
 from duetime.message import DelayedMessage
 
@@ -19,8 +25,11 @@ def msg(i: int, destination: str, **headers: str) -> DelayedMessage:
     )
 
 
-class TransportContract:
-    """Subclasses provide a started ``transport`` fixture; queue names are unique per test."""
+class ContainmentContract:
+    """Subclasses provide a started ``transport`` fixture and, for their broker, the messages it
+    refuses (:meth:`refused`); queue names are unique per test. A transport whose messages are
+    not :func:`msg`'s shape (a Celery task, a Dramatiq message) overrides :meth:`good`, and one
+    that cannot be read back overrides :meth:`delivered`."""
 
     @pytest.fixture
     async def transport(self) -> AsyncIterator[Transport]:
@@ -32,6 +41,58 @@ class TransportContract:
         import uuid
 
         return f"contract.{uuid.uuid4().hex[:8]}"
+
+    def good(self, i: int, queue: str) -> DelayedMessage:
+        """A message the transport carries to ``queue``; ``i`` makes its id."""
+        return msg(i, queue)
+
+    def refused(self, queue: str) -> dict[str, DelayedMessage]:
+        """Messages this transport's broker refuses, each named by why: a destination it refuses,
+        a header it cannot carry (or that its readers would take for their own), a body over its
+        limit, one that makes it close the channel or the whole connection. None by default: a
+        transport that can carry anything has nothing to refuse."""
+        return {}
+
+    async def prepare(self, transport: Transport, queue: str) -> None:
+        """Make ``queue`` ready to receive (a transport whose queues are made by each publish, as
+        Celery's and Dramatiq's are, needs nothing)."""
+        await transport.declare(queue)
+
+    async def delivered(self, transport: Transport, queue: str, count: int) -> list[str]:
+        """The ids of the messages that arrived in ``queue``, in order, once they number
+        ``count`` (or no more come), taken off the queue."""
+        assert isinstance(transport, ReceivingTransport)
+        got: list = []  # type: ignore[type-arg]
+        for _ in range(50):
+            got += await transport.receive(queue, count + 10 - len(got), 0.2)
+            if len(got) >= count:
+                got += await transport.receive(queue, 10, 0.3)  # and nothing more
+                break
+        await transport.acknowledge(got)
+        return [m.message_id for m in got]
+
+    async def test_a_refused_message_fails_alone_and_its_batch_mates_go_once(
+        self, transport: Transport, queue: str
+    ) -> None:
+        """Each refused message between two good ones: the good ones are carried, once each; the
+        refused one fails with a reason that is never retried (it goes to the error queue); the
+        transport carries the next batch as if nothing had happened."""
+        await self.prepare(transport, queue)
+        sent: list[str] = []
+        for n, (why, bad) in enumerate(self.refused(queue).items()):
+            before, after = self.good(2 * n, queue), self.good(2 * n + 1, queue)
+            results = await transport.send_batch([before, bad, after])
+            assert results[0] is None and results[2] is None, (why, results)
+            assert isinstance(results[1], (MessageRefused, DestinationNotFound)), (why, results[1])
+            sent += [before.message_id, after.message_id]
+        last = self.good(999, queue)
+        assert await transport.send_batch([last]) == [None]
+        sent.append(last.message_id)
+        assert await self.delivered(transport, queue, len(sent)) == sent
+
+
+class TransportContract(ContainmentContract):
+    """Subclasses provide a started ``transport`` fixture; queue names are unique per test."""
 
     async def receive_all(self, transport: Transport, queue: str, count: int) -> list:  # type: ignore[type-arg]
         assert isinstance(transport, ReceivingTransport)

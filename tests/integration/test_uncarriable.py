@@ -127,7 +127,11 @@ async def test_a_message_the_broker_can_never_carry_fails_alone(
 @pytest.mark.parametrize(
     ("transport", "header", "said"),
     [
-        ("NATS", "Nats-Expected-Stream=other", "header 'Nats-Expected-Stream' is NATS's own"),
+        (
+            "NATS",
+            "Nats-Expected-Stream=other",
+            "header 'Nats-Expected-Stream' is one NATS's clients read as their own",
+        ),
         ("NATS", "bad name=v", "header name 'bad name' is not allowed on NATS"),
         ("RABBITMQ", "n" * 200 + "=v", "is over AMQP's 128 bytes (it would be cut)"),
     ],

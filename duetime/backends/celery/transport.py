@@ -23,11 +23,10 @@ from kombu import Connection, Exchange, Producer, Queue
 from duetime.backends._bridge import BlockingCalls, transport_closed
 from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
+from duetime.backends.refusals import send_each
 from duetime.errorqueue import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
-    InvalidMessage,
-    TransportError,
     TransportUnavailable,
     server_reason,
 )
@@ -155,27 +154,20 @@ class CeleryTransport(AsyncClosing):
         return list(await self._run(self._publish_all, list(messages)))
 
     def _publish_all(self, messages: list[DelayedMessage]) -> list[Exception | None]:
-        self._connect()
-        results: list[Exception | None] = []
-        for message in messages:
-            try:
-                publish = self._publish_of(message)
-            except InvalidMessage as error:
-                results.append(error)
-                continue
-            try:
-                self._publish(message.body, publish)
-                results.append(None)
-            except self._connection.connection_errors as error:
-                self._drop()
-                raise TransportUnavailable(
-                    f"the Celery broker {redact(self.broker_url)} went away: {server_reason(error)}"
-                ) from None
-            except Exception as error:  # a refusal of this one message (channel error, nack)
-                results.append(TransportError(f"publishing task {message.message_id} failed: {error!r}"))
-                self._drop()  # the channel may be closed by the broker; start clean for the next one
-                self._connect()
-        return results
+        self._connect()  # a broker that cannot be reached fails the batch as a whole
+        outages = (*self._connection.connection_errors, OSError)
+
+        def publish(message: DelayedMessage) -> None:
+            self._connect()
+            self._publish(message.body, self._publish_of(message))
+
+        return send_each(
+            messages,
+            publish,
+            outages=outages,
+            reset=self._drop,
+            broker=f"the Celery broker {redact(self.broker_url)}",
+        )
 
     def _publish_of(self, message: DelayedMessage) -> CeleryPublish:
         """The task's publish when it is due; a copy of the message addressed elsewhere (the

@@ -25,11 +25,11 @@ from dramatiq.errors import BrokerConnectionError, DecodeError
 
 from duetime.backends._bridge import BlockingCalls, transport_closed
 from duetime.backends._redis_database import check_database, no_such_database
+from duetime.backends.refusals import send_each
 from duetime.errorqueue import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
     InvalidMessage,
-    TransportError,
     TransportUnavailable,
     server_reason,
 )
@@ -218,25 +218,20 @@ class DramatiqTransport(AsyncClosing):
         )
 
     def _enqueue_all(self, messages: list[DelayedMessage]) -> list[Exception | None]:
-        broker = self._connect()
-        results: list[Exception | None] = []
-        for stored in messages:
-            try:
-                message = self._message_of(stored)
-            except InvalidMessage as error:
-                results.append(error)
-                continue
-            try:
-                if ERROR_TYPE in stored.headers:
-                    self._send_aside(broker, message, dict(stored.headers))
-                else:
-                    broker.enqueue(message)
-                results.append(None)
-            except self._unavailable as error:
-                self._drop()
-                raise TransportUnavailable(
-                    f"the Dramatiq broker {redact(self.broker_url)} went away: {server_reason(error)}"
-                ) from None
-            except Exception as error:  # this message was refused (unroutable, nacked)
-                results.append(TransportError(f"enqueueing message {stored.message_id} failed: {error!r}"))
-        return results
+        self._connect()  # a broker that cannot be reached fails the batch as a whole
+
+        def enqueue(stored: DelayedMessage) -> None:
+            message = self._message_of(stored)
+            broker = self._connect()
+            if ERROR_TYPE in stored.headers:
+                self._send_aside(broker, message, dict(stored.headers))
+            else:
+                broker.enqueue(message)
+
+        return send_each(
+            messages,
+            enqueue,
+            outages=self._unavailable,
+            reset=self._drop,
+            broker=f"the Dramatiq broker {redact(self.broker_url)}",
+        )

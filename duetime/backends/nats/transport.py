@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import nats
+import nats.js.client
 from nats.errors import ConnectionClosedError, NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
@@ -63,6 +64,30 @@ log = logging.getLogger("duetime.nats")
 #: What a NATS header name may be (printable ASCII, no space, no ':'), and what no value may hold.
 HEADER_NAME = re.compile(r"[!-9;-~]+")
 BAD_VALUE = re.compile(r"[\r\n\x00]")
+#: Header names a NATS client reads as its own, in any case: nats-py takes a message with
+#: ``Status`` for a JetStream status message (``404`` hides it from every consumer, ``503``
+#: fails the read), ``Description`` goes with it; ``Nats-*`` are JetStream's (a sender's
+#: ``Nats-Expected-Stream`` would be obeyed); ``duetime-message-id`` is this transport's.
+RESERVED_HEADERS = ("status", "description", "duetime-message-id")
+RESERVED_PREFIX = "nats-"
+
+
+def _is_status_message(msg: Any) -> str | None:
+    """nats-py's test for a JetStream status message, made exact: the server's status messages
+    come with no reply subject, while every message a stream delivers to a consumer has one
+    (``$JS.ACK.…``), whatever its headers say. Without this, a stream message with a ``Status``
+    header (a sender's, or one from before duetime refused them) is dropped or fails the read."""
+    if msg is None or msg.headers is None or str(getattr(msg, "reply", "") or "").startswith("$JS.ACK."):
+        return None
+    status = msg.headers.get("Status")
+    return None if status is None else str(status)
+
+
+# nats-py calls this as ``JetStreamContext.is_status_msg`` from its fetch loops: only the class
+# attribute reaches them. The replacement differs only for stream messages, which it keeps.
+nats.js.client.JetStreamContext.is_status_msg = classmethod(  # type: ignore[method-assign, assignment]
+    lambda cls, msg: _is_status_message(msg)
+)
 
 
 def _header_text(value: Any) -> str:
@@ -224,8 +249,11 @@ class NatsTransport(AsyncClosing):
                     f"header name {name[:40]!r} is not allowed on NATS (printable ASCII without "
                     "spaces or ':' only)"
                 )
-            if name.lower().startswith("nats-") or name == "duetime-message-id":
-                return MessageRefused(f"header {name!r} is NATS's own (or duetime's): give it another name")
+            if name.lower().startswith(RESERVED_PREFIX) or name.lower() in RESERVED_HEADERS:
+                return MessageRefused(
+                    f"header {name!r} is one NATS's clients read as their own (or duetime's): "
+                    "give it another name"
+                )
             if BAD_VALUE.search(value) or value != value.strip(" \t"):
                 return MessageRefused(
                     f"header {name[:40]!r} has CR, LF or NUL in its value, or spaces around it, which "
