@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, remember
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
 
 #: scheme -> (async store, sync store)
@@ -81,6 +81,7 @@ def _load(target: str, what: str) -> type[Any]:
 
 
 def _pick(kind: str, url: str, table: dict[str, Any]) -> Any:
+    remember(url)  # whatever a driver later says of it, its secrets are scrubbed from logs
     scheme = scheme_of(url)
     if scheme not in table:
         close = difflib.get_close_matches(scheme, table, n=1)

@@ -181,3 +181,14 @@ def delete_rabbitmq_queues(*queues: str) -> None:
             channel.queue_delete(queue)
     finally:
         connection.close()
+
+
+def shown(url: str) -> str:
+    """``url`` as a command given it prints it: redacted, and every secret of it scrubbed from
+    the rest (a password that is also the user name, as RabbitMQ's ``guest:guest``, hides both)."""
+    from duetime.inputs.urls import redact, secrets_in
+
+    text = redact(url)
+    for secret in sorted(secrets_in(url), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any, TextIO, cast
 
 from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.bulk import bulk_app
@@ -16,6 +17,7 @@ from duetime.cli.common import app, split_duration_in
 from duetime.cli.rabbitmq import rabbitmq_app
 from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError, MissingExtra
+from duetime.inputs.urls import remember, scrub
 from duetime.observability.logs import quiet_drivers
 
 for _group in (
@@ -45,7 +47,33 @@ def main() -> None:
         raise
 
 
+class _Scrubbing:
+    """stdout or stderr with every secret duetime was given replaced by ``***`` (see
+    ``duetime.inputs.urls.scrub``): one net under everything the command prints, its own text,
+    a driver's words in an error, the logs."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(scrub(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _guard_secrets() -> None:
+    """Remember the secrets of every URL the command was given (arguments and ``DUETIME_*``
+    settings), and print only through the scrubber."""
+    for value in [*sys.argv[1:], *(v for k, v in os.environ.items() if k.startswith("DUETIME_"))]:
+        remember(value.partition("=")[2] if value.startswith("--") else value)
+    sys.stdout = cast(TextIO, _Scrubbing(sys.stdout))
+    sys.stderr = cast(TextIO, _Scrubbing(sys.stderr))
+
+
 def _main() -> None:
+    _guard_secrets()
     quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
     split = split_duration_in(sys.argv[1:])
     if split:  # a usage error, said before the parser calls the unit an unexpected argument

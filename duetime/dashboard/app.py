@@ -49,7 +49,7 @@ from duetime.errors import (
     one_line,
 )
 from duetime.inputs.durations import parse_duration, parse_time, readable_duration
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, scrub
 from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
@@ -106,6 +106,8 @@ HORIZONS = (
 )
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
+# Every value a page shows passes the scrubber: a driver's words about a URL never show its secrets.
+templates.env.finalize = lambda value: scrub(value) if isinstance(value, str) else value
 
 
 @dataclass

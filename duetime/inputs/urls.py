@@ -6,50 +6,156 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 from duetime.errors import ConfigurationError
 
 #: Schemes whose URL may carry a token as its only user part (``nats://TOKEN@host``).
 TOKEN_SCHEMES = frozenset({"nats", "tls", "nats+tls"})
-#: Query options whose value is a secret: any name holding one of these words.
-SECRET_WORDS = ("password", "passwd", "secret", "token", "apikey", "api_key", "credential")
+#: Option names (URL query options, keyword connection strings) whose value is a secret: a name
+#: that, percent-decoded and case-folded, holds one of ``SECRET_WORDS`` or ends in one of
+#: ``SECRET_ENDINGS`` (``sslkey``, ``api_key``, MariaDB's ``pwd``).
+SECRET_WORDS = ("password", "passwd", "secret", "token", "credential", "apikey")
+SECRET_ENDINGS = ("pwd", "key", "pass")
 HIDDEN = "***"
-_USERINFO = re.compile(r"(?<=//)[^/?#@\s]*(?=@)")
-_PASSWORD_LIKE = re.compile(r"(?<=:)[^:/?#@\s]*(?=@)")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+#: ``key=value`` pairs of a keyword connection string (libpq's ``host=h password='a b'``).
+_KEYWORD = re.compile(r"([^\s=]+)(\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)")
+
+
+def is_secret(name: str) -> bool:
+    """Whether an option called ``name`` (as written: ``%70assword`` too) holds a secret."""
+    folded = unquote(name).casefold().replace("-", "_").strip()
+    return any(word in folded for word in SECRET_WORDS) or folded.endswith(SECRET_ENDINGS)
 
 
 def redact(url: str) -> str:
-    """The URL with every secret in it replaced by ``***``: the only form that goes into logs,
-    errors, pages, metrics and records. One rule for every form a secret takes: a password
-    (``user:PW@``), a token as the only user part (``nats://TOKEN@host``), a query option named
-    like a secret (``?password=``, ``?sslpassword=``, ``?token=``), and a URL too malformed to
-    parse (``postgresql:/user:PW@host``: whatever sits before an ``@`` is hidden)."""
+    """The URL as it may be shown: the only form that goes into logs, errors, pages, metrics and
+    records. It is rebuilt from its parts with every credential replaced by ``***``: the password
+    of the user part (and a token that is the whole user part: ``nats://TOKEN@host``), every
+    option whose name is a secret's (``?password=``, ``?%70assword=``, ``?pwd=``, ``?sslkey=``),
+    the values of such keys in a keyword connection string (``host=h password=…``).
+
+    A password may hold ``#``, ``/`` or ``?`` unencoded (generated ones often do) and drivers
+    disagree on where it ends, so the user part runs to the last ``@`` not inside an option's
+    value, under any reading. What cannot be read as a URL at all is shown as
+    ``<unparsable URL: why>``; text with no secret in any reading is left exactly as written."""
+    text = url.strip()
+    scheme = _SCHEME.match(text)
+    if scheme is None:
+        if "=" in text and "@" not in text.split("=", 1)[0]:  # a keyword connection string
+            return _KEYWORD.sub(_hide_keyword, url)
+        if "@" in text:  # ``postgresql//user:PW@host``: which part is the password cannot be told
+            return "<unparsable URL: it has no scheme (write scheme://…)>"
+        return url
+    rest = text[scheme.end() :]
+    if not rest.startswith("//"):
+        if "@" in rest:  # ``postgresql:/user:PW@host``: a slash short
+            return f"<unparsable URL: write {scheme.group(1)}://… (two slashes after the scheme)>"
+        return url
+    body = rest[2:]
     try:
-        parts = urlsplit(url)
-    except ValueError:  # e.g. an IPv6 address not closed: hide whatever sits before an @
-        return _PASSWORD_LIKE.sub(HIDDEN, _USERINFO.sub(HIDDEN, url))
-    if not parts.netloc and "//" not in url:  # ``scheme:/user:PW@host``: a slash short
-        return _PASSWORD_LIKE.sub(HIDDEN, url)
-    hidden, netloc = url, parts.netloc
-    if "@" in netloc:
-        userinfo, _, host = netloc.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
+        at = _user_part_end(body)
+    except ValueError as error:
+        return f"<unparsable URL: {error}>"
+    user = ""
+    if at is not None:
+        name, colon, _password = body[:at].partition(":")
         if colon:
-            userinfo = f"{user}:{HIDDEN}"
-        elif parts.scheme.lower() in TOKEN_SCHEMES:
-            userinfo = HIDDEN
-        hidden = hidden.replace(f"//{netloc}", f"//{userinfo}@{host}", 1)
-    if parts.query:  # every other character stays as it was written
-        query = "&".join(_hide_option(option) for option in parts.query.split("&"))
-        hidden = hidden.replace(f"?{parts.query}", f"?{query}", 1)
-    return hidden
+            user = f"{name}:{HIDDEN}@"
+        elif scheme.group(1).lower() in TOKEN_SCHEMES:
+            user = f"{HIDDEN}@"
+        else:
+            user = f"{name}@"
+        body = body[at + 1 :]
+    try:
+        parts = urlsplit(f"{scheme.group(1)}://{body}")
+        for host in parts.netloc.split(","):  # several hosts: ``h1:5432,h2:5433``
+            urlsplit(f"//{host}").port  # noqa: B018  # raises on a port that is not a number
+    except ValueError as error:
+        return f"<unparsable URL: {error}>"
+    shown = f"{scheme.group(1)}://{user}{parts.netloc}{parts.path}"
+    if parts.query or text.endswith("?"):
+        shown += "?" + "&".join(_hide_option(option) for option in parts.query.split("&"))
+    if parts.fragment or text.endswith("#"):
+        shown += f"#{HIDDEN}"  # no URL duetime reads has one: a fragment here is a password's end
+    return shown if shown != text else url
+
+
+def _user_part_end(body: str) -> int | None:
+    """Where the user part of ``body`` (a URL after its ``//``) ends, or None when it has none.
+
+    Its one ``@`` ends it, wherever it is, unless that ``@`` sits in an option's value
+    (``?prefix=a:b@c``: a user name holds none of ``/?#=&``, and a host none of ``=&``). Raises
+    ValueError for an ``@`` written more than once: drivers disagree on which one ends the user
+    part, so no reading can be shown safely. A body that starts with ``/`` has no host."""
+    if body.startswith("/") or "@" not in body:
+        return None
+    if body.count("@") > 1:
+        raise ValueError("it holds '@' more than once (write an '@' in a password as %40)")
+    at = body.index("@")
+    name = body[:at].partition(":")[0]
+    host = re.split(r"[/?#]", body[at + 1 :], maxsplit=1)[0]
+    if not host or any(c in name for c in "/?#=&") or any(c in host for c in "=&"):
+        return None
+    return at
 
 
 def _hide_option(option: str) -> str:
     name, equals, _value = option.partition("=")
-    secret = any(word in name.lower().replace("-", "_") for word in SECRET_WORDS)
-    return f"{name}={HIDDEN}" if equals and secret else option
+    return f"{name}={HIDDEN}" if equals and is_secret(name) else option
+
+
+def _hide_keyword(match: re.Match[str]) -> str:
+    name, equals, _value = match.groups()
+    return f"{name}{equals}{HIDDEN}" if is_secret(name) else match.group(0)
+
+
+#: Pieces of a secret shorter than this are not looked for in other text (they would match words).
+SHORTEST_PIECE = 4
+_SEPARATORS = re.compile(r"[#/?@:=&]")
+_remembered: set[str] = set()
+
+
+def secrets_in(url: str) -> set[str]:
+    """Every text that some reading of ``url`` takes for a secret, with the pieces a driver may
+    quote of it in an error (a password holding ``?`` split there: libpq's "invalid URI query
+    parameter: "cret@host…""), and their percent-decoded forms."""
+    found: set[str] = set()
+    text = url.strip()
+    if "//" in text and "@" in text:  # the widest reading: all between // and the last @
+        userinfo = text.split("//", 1)[1].rsplit("@", 1)[0]
+        name, colon, password = userinfo.partition(":")
+        token = text.split(":", 1)[0].lower() in TOKEN_SCHEMES
+        found.add(password if colon else name if token else "")
+    if _SCHEME.match(text) is None:  # a keyword connection string
+        found |= {value.strip("'") for name, _, value in _KEYWORD.findall(text) if is_secret(name)}
+    elif "?" in text:
+        for option in text.split("?", 1)[1].split("&"):
+            name, equals, value = option.partition("=")
+            if equals and is_secret(name):
+                found |= {value, value.split("#")[0]}
+    pieces = {piece for secret in found for piece in _SEPARATORS.split(secret)}
+    every = found | pieces
+    every |= {unquote(secret) for secret in every}
+    return {secret for secret in every if len(secret) >= SHORTEST_PIECE}
+
+
+def remember(url: object) -> None:
+    """Keep ``url``'s secrets for :func:`scrub`: called where duetime takes a URL in (the
+    command line, the environment, opening a store or a transport). Not text: nothing to keep."""
+    if isinstance(url, str):
+        _remembered.update(secrets_in(url))
+
+
+def scrub(text: str) -> str:
+    """``text`` with every remembered secret replaced by ``***``: the last net under
+    :func:`redact`, for what a driver says about a URL in its own words (an error quoting part of
+    it), on every way out (the command line's output, the logs)."""
+    for secret in sorted(_remembered, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, HIDDEN)
+    return text
 
 
 #: Bounds for numeric URL options: seconds from a millisecond to a day, counts up to a million.

@@ -13,6 +13,8 @@ import logging
 import sys
 from datetime import UTC, datetime
 
+from duetime.inputs.urls import scrub
+
 
 class LogFormat(enum.StrEnum):
     TEXT = "text"
@@ -32,7 +34,7 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             text += " | " + self.formatException(record.exc_info).replace("\n", " | ")
         text = text.replace("\n", " | ")
-        return f"{_timestamp(record)} {record.levelname} {record.name} {text}"
+        return scrub(f"{_timestamp(record)} {record.levelname} {record.name} {text}")
 
 
 class JsonFormatter(logging.Formatter):
@@ -51,7 +53,9 @@ class JsonFormatter(logging.Formatter):
         fields = record.__dict__.get("fields")
         if isinstance(fields, dict):
             entry.update({key: value for key, value in fields.items() if key not in entry})
-        return json.dumps(entry, ensure_ascii=False)
+        return json.dumps(
+            {k: scrub(v) if isinstance(v, str) else v for k, v in entry.items()}, ensure_ascii=False
+        )
 
 
 #: Drivers that log every failed connection attempt with a traceback; duetime says it once.

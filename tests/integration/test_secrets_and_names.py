@@ -10,7 +10,17 @@ import pytest
 
 from duetime import DelayedMessage, DuetimeError, TransactionMode, open_store
 from tests.conftest import run_cli
-from tests.services import MARIADB, MARIADB_AT, POSTGRES, REDIS_AT, mariadb_database, postgres_schema, require
+from tests.services import (
+    MARIADB,
+    MARIADB_AT,
+    PG_AT,
+    POSTGRES,
+    RABBITMQ,
+    REDIS_AT,
+    mariadb_database,
+    postgres_schema,
+    require,
+)
 
 SECRET = "s3cret-pw-never-shown"
 
@@ -163,3 +173,53 @@ def test_a_token_or_a_password_option_appears_in_no_output(tmp_path: Any) -> Non
         running.terminate()
         log, _ = running.communicate(timeout=30)
     assert token not in log and "***@" in log, log  # its start line
+
+
+def _secret_forms() -> list[tuple[str, str, list[str]]]:
+    """(option, URL, the secret's pieces) for every form a secret takes: separators in a password
+    (drivers disagree where it ends), an option name percent-encoded, a keyword connection string,
+    a URL with no scheme, MariaDB's ``pwd``, a transport's password."""
+    host, port = PG_AT.rsplit(":", 1)
+    return [
+        (
+            "--store",
+            f"postgresql://postgres:Zqpw#ab12/cd34?ef56@{PG_AT}/test",
+            ["Zqpw", "ab12", "cd34", "ef56"],
+        ),
+        ("--store", f"postgresql://postgres:Zqpw?secret55@{PG_AT}/test", ["Zqpw", "secret55"]),
+        ("--store", f"postgresql://postgres@{PG_AT}/test?%70assword=ZqSecret1", ["ZqSecret1"]),
+        ("--store", f"host={host} port={port} password=ZqSecret2 dbname=test", ["ZqSecret2"]),
+        ("--store", f"postgresql//postgres:ZqSecret3@{PG_AT}/test", ["ZqSecret3"]),
+        ("--store", f"mysql://root@{MARIADB_AT}/test?pwd=ZqSecret4", ["ZqSecret4"]),
+        (
+            "--transport",
+            RABBITMQ.replace(":guest@", ":Zqab#cd12/ef34?gh56@"),
+            ["Zqab", "cd12", "ef34", "gh56"],
+        ),
+    ]
+
+
+@pytest.mark.parametrize("form", range(7))
+def test_no_form_of_a_secret_reaches_any_output(form: int, tmp_path: Any) -> None:
+    """Each command that shows a URL (its text and JSON, its log in both formats, its errors):
+    whatever the form, no piece of the secret is printed, and nothing is an internal error."""
+    require(POSTGRES)
+    require(MARIADB)
+    option, url, pieces = _secret_forms()[form]
+    other = ["--store", f"sqlite:///{tmp_path}/s.db"] if option == "--transport" else []
+    if other:
+        run_cli("setup", *other)
+    said = []
+    for args in (
+        ["check"],
+        ["list", "--limit", "1"],
+        ["stats", "--json"],
+        ["schedule", "orders", "hello", "--in", "1h"],
+        ["run", "--burst"],
+        ["run", "--burst", "--log-format", "json"],
+    ):
+        done = run_cli(*args, option, url, *other, timeout=60)
+        said.append((args, done.stdout + done.stderr))
+    for args, text in said:
+        assert not [piece for piece in pieces if piece in text], (args, text)
+        assert "Traceback" not in text and "duetime bug" not in text, (args, text)

@@ -33,7 +33,71 @@ def test_no_form_of_a_secret_survives(scheme: str, host: str, option: str, secre
     url = form.format(scheme=scheme, host=host, option=option, secret=secret)
     shown = redact(url)
     assert secret not in shown, (url, shown)
-    assert "***" in shown
+    assert "***" in shown or shown.startswith("<unparsable URL: "), (url, shown)
+
+
+#: Generated passwords hold what a URL uses as separators: drivers disagree on where they end.
+RAW_SECRETS = st.text(
+    alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ0123456789#/?@:=!$*+-._~", min_size=6, max_size=40
+).map(lambda s: "Zq" + s)
+RAW_FORMS = [
+    "{scheme}://user:{secret}@{host}/db",
+    "{scheme}://user:{secret}@{host}/db?sslmode=require",
+    "{scheme}://:{secret}@{host}/0",
+    "{scheme}://user:{secret}@{host}/db?{option}={secret}",
+]
+#: Option names as a user may write them: any case, percent-encoded, MariaDB's and libpq's.
+SPELLED_OPTIONS = st.sampled_from(
+    ["password", "PASSWORD", "%70assword", "Pass%77ord", "pwd", "sslkey", "sslpassword", "Api-Key", "token"]
+)
+VALUES = st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ0123456789#/?@:=!$*+-._~%", min_size=6, max_size=40).map(
+    lambda s: "Zq" + s
+)
+
+
+@given(SCHEMES, HOSTS, OPTIONS, RAW_SECRETS, st.sampled_from(RAW_FORMS))
+def test_a_password_with_separators_in_it_stays_hidden(
+    scheme: str, host: str, option: str, secret: str, form: str
+) -> None:
+    url = form.format(scheme=scheme, host=host, option=option, secret=secret)
+    shown = redact(url)
+    for piece in secret.replace("#", "/").replace("?", "/").replace("@", "/").replace(":", "/").split("/"):
+        assert len(piece) < 4 or piece not in shown, (url, shown)
+
+
+@given(SCHEMES, HOSTS, SPELLED_OPTIONS, VALUES.filter(lambda v: "&" not in v))
+def test_an_option_named_like_a_secret_in_any_spelling_is_hidden(
+    scheme: str, host: str, option: str, value: str
+) -> None:
+    url = f"{scheme}://{host}/db?sslmode=require&{option}={value}&application_name=x"
+    shown = redact(url)
+    assert value.split("#")[0] not in shown, (url, shown)
+
+
+@given(
+    VALUES.filter(lambda v: "'" not in v and "\\" not in v),
+    st.sampled_from(["password", "sslpassword", "PASSWORD"]),
+)
+def test_a_keyword_connection_string_hides_its_secrets(value: str, key: str) -> None:
+    for dsn in (
+        f"host=db port=5432 {key}={value} dbname=app",
+        f"host=db {key} = '{value} with spaces' dbname=app",
+        f"{key}={value}",
+    ):
+        shown = redact(dsn)
+        assert value not in shown and f"{key}" in shown, (dsn, shown)
+        assert ("host=db" in shown) == ("host=db" in dsn), (dsn, shown)
+
+
+def test_what_cannot_be_read_as_a_url_says_so_without_the_secret() -> None:
+    for url, why in (
+        ("postgresql//user:Zqsecret@db/app", "it has no scheme"),
+        ("postgresql:/user:Zqsecret@db/app", "two slashes"),
+        ("postgresql://user:Zqsecret@[::1/app", "Invalid IPv6 URL"),
+        ("postgresql://user:Zqsecret@db:99999/app", "Port out of range"),
+    ):
+        shown = redact(url)
+        assert shown.startswith("<unparsable URL: ") and why in shown and "Zqsecret" not in shown, shown
 
 
 @given(HOSTS, SECRETS)
