@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import subprocess
@@ -136,6 +137,45 @@ def pytest_runtest_logstart(nodeid: str) -> None:
         (RUNNING / worker).write_text(f"{nodeid}\n{time.time()}\n")
 
 
+class _HangNotes:
+    """In a worker: a few seconds before a test's timeout, write every thread's stack and every
+    asyncio task's to a file beside the breadcrumb, for the controller to print when the worker
+    goes down. A hang is then a stack to read, not a test name to guess from."""
+
+    def __init__(self, worker: str, default_timeout: float) -> None:
+        self.worker, self.default_timeout = worker, default_timeout
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Any:
+        import threading
+
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0]) if marker and marker.args else self.default_timeout
+        timer = threading.Timer(max(1.0, seconds - 3), self._dump)
+        timer.daemon = True
+        if seconds > 0:
+            timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _dump(self) -> None:
+        import asyncio
+        import faulthandler
+
+        RUNNING.mkdir(exist_ok=True)
+        with (RUNNING / f"{self.worker}.stacks").open("w") as out:
+            out.write("threads:\n")
+            out.flush()
+            faulthandler.dump_traceback(out, all_threads=True)
+            out.write("asyncio tasks:\n")
+            for task in list(getattr(asyncio.tasks, "_all_tasks", ())):
+                with contextlib.suppress(Exception):  # read from another thread: best effort
+                    if not task.done():
+                        task.print_stack(limit=12, file=out)
+
+
 class _CrashNotes:
     """On the controller: a worker that went down is named with the test it was running and for
     how long, so that a crash says which test to look at."""
@@ -152,6 +192,9 @@ class _CrashNotes:
                 f"\n[{node.gateway.id}] went down {seconds:.0f} s into {nodeid} "
                 "(a test that runs over its timeout ends its worker)\n"
             )
+            stacks = note.parent / f"{node.gateway.id}.stacks"
+            if stacks.exists():
+                sys.stderr.write(f"where it was, {seconds - 3:.0f} s in:\n{stacks.read_text()[-12000:]}\n")
 
     @pytest.hookimpl
     def pytest_sessionfinish(self) -> None:
@@ -163,3 +206,7 @@ class _CrashNotes:
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist") and not os.environ.get("PYTEST_XDIST_WORKER"):
         config.pluginmanager.register(_CrashNotes(), "duetime-crash-notes")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
+        config.pluginmanager.register(_HangNotes(worker, default), "duetime-hang-notes")
