@@ -64,7 +64,13 @@ def scheme_of(url: str) -> str:
             if isinstance(url, str)
             else f"{url!r} is not a backend URL; write scheme://..., e.g. sqlite:///duetime.db."
         )
-    return urlsplit(url).scheme.lower()
+    try:
+        return urlsplit(url).scheme.lower()
+    except ValueError as error:  # an IPv6 address not closed: ``postgresql://u@[::1/db``
+        raise ConfigurationError(
+            f"cannot read the {url.split('://', 1)[0][:20]}:// URL: {error} (an IPv6 address is written in "
+            "brackets, as [::1]:5432); check it."
+        ) from None
 
 
 def _load(target: str, what: str) -> type[Any]:

@@ -224,7 +224,7 @@ def _json_line(line: str | bytes) -> dict[str, Any]:
             "due_at": None,
             "_error": f"line is not UTF-8 text (byte {error.object[error.start]:#04x} at {error.start})",
         }
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # not JSON, or nested too deeply to read
         return {
             "destination": None,
             "due_at": None,

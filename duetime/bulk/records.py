@@ -203,7 +203,7 @@ def parse_headers(text: str | None) -> dict[str, str]:
         return _without_properties(header_infos(text))
     try:
         value = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:  # not JSON, or nested too deeply to read
         raise InvalidMessage(f"headers are not readable JSON ({error}).") from None
     if not isinstance(value, dict):
         raise InvalidMessage("headers must be a JSON object of strings to strings.")

@@ -24,7 +24,7 @@ from typing import Any
 from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.interfaces import DelayedMessageStore
-from duetime.message import DelayedMessage, kind
+from duetime.message import DelayedMessage, check_encodable, kind
 
 KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id", "group"}
 
@@ -47,6 +47,10 @@ def parse_line(text: str | bytes, number: int, now: datetime) -> DelayedMessage:
         row = json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidMessage(f"line {number}: not JSON ({error.msg} at column {error.colno}).") from None
+    except RecursionError:  # Python's parser gives up near a thousand levels of [ or {
+        raise InvalidMessage(
+            f"line {number}: nested too deeply to read (hundreds of [ or {{ inside each other)."
+        ) from None
     if not isinstance(row, dict):
         raise InvalidMessage(f"line {number}: expected a JSON object ({{...}}), got {kind(row)}.")
     unknown = set(row) - KNOWN
@@ -88,7 +92,7 @@ def _body(row: dict[str, Any]) -> bytes:
     body = row.get("body", "")
     if not isinstance(body, str):
         raise InvalidMessage("body must be text; use body_base64 for bytes.")
-    return body.encode()
+    return check_encodable("body", body).encode()
 
 
 def _decoded(line: bytes, number: int) -> str:

@@ -928,3 +928,33 @@ def test_a_server_that_never_answers_is_the_same_line_for_every_kind(
     assert done.returncode == 1, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert f"no answer from 127.0.0.1:{silent_port}" in line and f"is it a {kind} server" in line, line
+
+
+def test_hostile_lines_of_a_load_file_each_get_their_reason(seeded: str, tmp_path: Path) -> None:
+    """A lone surrogate in a body or a header name (JSON allows "\\ud800"), and a line nested a
+    hundred thousand levels deep: each was an internal error; now each is its line's problem, the
+    whole file is listed and nothing is stored."""
+    lines = [
+        '{"destination": "orders", "body": "x\\ud800", "delay": "1h"}',
+        '{"destination": "orders", "body": "ok", "delay": "1h", "headers": {"h\\udc80": "v"}}',
+        '{"destination": "orders", "body": ' + "[" * 100_000 + "]" * 100_000 + ', "delay": "1h"}',
+        '{"destination": "orders", "body": "fine", "delay": "1h"}',
+    ]
+    path = tmp_path / "hostile.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    before = cli("list", "--json", "--store", seeded).stdout
+    done = cli("load", str(path), "--store", seeded)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "duetime bug" not in done.stderr
+    assert "line 1: body holds something that is not valid text" in done.stderr, done.stderr
+    assert "line 2: header 'h\\udc80' holds something that is not valid text" in done.stderr, done.stderr
+    assert "line 3: nested too deeply to read" in done.stderr, done.stderr
+    assert cli("list", "--json", "--store", seeded).stdout == before  # nothing stored
+
+
+@pytest.mark.parametrize("option", ["--store", "--transport"])
+def test_a_url_with_an_ipv6_address_not_closed_is_one_line(seeded: str, option: str) -> None:
+    url = "postgresql://u:Zqpw@[::1/db" if option == "--store" else "amqp://u:Zqpw@[::1/"
+    done = cli("check", *(["--store", seeded] if option == "--transport" else []), option, url)
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Invalid IPv6 URL" in said and "[::1]:5432" in said, said
+    assert "duetime bug" not in said and "Zqpw" not in said and len(said.strip().splitlines()) == 1, said

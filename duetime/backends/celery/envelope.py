@@ -80,7 +80,7 @@ class CeleryPublish:
                 declare=data.get("declare"),
                 destination=str(data.get("destination") or ""),
             )
-        except (ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError, RecursionError) as error:
             raise InvalidMessage(
                 f"the {PUBLISH_HEADER} header is not what the bridge writes: {error!r}"
             ) from None
