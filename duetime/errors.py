@@ -212,6 +212,31 @@ class MessageInFlight(DuetimeError):
     """The message is being forwarded right now and cannot be changed; look again in a moment."""
 
 
+#: MariaDB/MySQL error numbers for a statement the user may not run: access to a database, a
+#: command on a table, on a column, one that needs a global privilege, on a routine.
+_MYSQL_NOT_PERMITTED = frozenset({1044, 1142, 1143, 1227, 1370})
+
+
+def not_permitted(error: BaseException) -> ConfigurationError | None:
+    """A database's refusal of a statement for want of a privilege (PostgreSQL's SQLSTATE 42501,
+    MariaDB's access errors) as one line naming what was refused and what to grant; None for any
+    other error. Read from the error's own fields, so no driver needs importing here."""
+    code = error.args[0] if error.args and isinstance(error.args[0], int) else None
+    if getattr(error, "sqlstate", None) == "42501":
+        return ConfigurationError(
+            f"PostgreSQL refused: {server_reason(error)}. The URL's user needs, on duetime's schema, "
+            "USAGE (and CREATE for `duetime setup`) and SELECT, INSERT, UPDATE, DELETE on its tables: "
+            "see 'Database privileges' on the PostgreSQL page of the docs."
+        )
+    if type(error).__module__.startswith("pymysql") and code in _MYSQL_NOT_PERMITTED:
+        return ConfigurationError(
+            f"MariaDB refused: {server_reason(error.args[1] if len(error.args) > 1 else error)}. The "
+            "URL's user needs SELECT, INSERT, UPDATE, DELETE (and CREATE, INDEX for `duetime setup`) "
+            "on duetime's database: see 'Database privileges' on the MariaDB page of the docs."
+        )
+    return None
+
+
 def one_line(error: BaseException) -> str:
     """An error as one log line: its type and the first line of its text."""
     text = str(error).strip().splitlines()

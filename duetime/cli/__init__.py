@@ -16,7 +16,7 @@ from duetime.cli.bulk import bulk_app
 from duetime.cli.common import app, split_duration_in
 from duetime.cli.rabbitmq import rabbitmq_app
 from duetime.cli.terminal import fail
-from duetime.errors import DuetimeError, MissingExtra
+from duetime.errors import DuetimeError, MissingExtra, not_permitted
 from duetime.inputs.urls import remember, scrub
 from duetime.observability.logs import quiet_drivers
 
@@ -93,7 +93,11 @@ def _main() -> None:
         fail(str(missing))
         sys.exit(1)
     except Exception as error:
-        _internal_error(error)
+        refused = not_permitted(error)  # a database user short of a privilege: say which
+        if refused is None:
+            _internal_error(error)
+        fail(str(refused))
+        sys.exit(1)
 
 
 def _command() -> str:

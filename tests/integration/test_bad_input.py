@@ -958,3 +958,58 @@ def test_a_url_with_an_ipv6_address_not_closed_is_one_line(seeded: str, option: 
     said = done.stdout + done.stderr
     assert done.returncode == 1 and "Invalid IPv6 URL" in said and "[::1]:5432" in said, said
     assert "duetime bug" not in said and "Zqpw" not in said and len(said.strip().splitlines()) == 1, said
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_a_database_user_short_of_a_privilege_is_told_which_in_one_line(backend: str) -> None:
+    """Was "internal error … this is a duetime bug" with the SQL text, from every command."""
+    from urllib.parse import urlsplit
+
+    from tests.services import MARIADB, POSTGRES, mariadb_database, unique
+
+    user, password = unique("dt_nopriv"), "Zq-nopriv-pw"
+    if backend == "postgresql":
+        import psycopg
+
+        context: Any = postgres_schema()
+    else:
+        import pymysql
+
+        context = mariadb_database()
+    with context as url:
+        assert cli("setup", "--store", url).returncode == 0
+        parts = urlsplit(url)
+        limited = parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}").geturl()
+        if backend == "postgresql":
+            admin: Any = psycopg.connect(POSTGRES, autocommit=True)
+            admin.execute(f"CREATE ROLE {user} LOGIN PASSWORD '{password}'")
+            drop = f"DROP OWNED BY {user}; DROP ROLE {user}"
+        else:
+            admin = pymysql.connect(
+                host=parts.hostname,
+                port=parts.port,
+                user=urlsplit(MARIADB).username or "root",
+                password=urlsplit(MARIADB).password or "",
+                autocommit=True,
+            )
+            admin.cursor().execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'")
+            admin.cursor().execute(
+                f"GRANT SELECT ON `{parts.path.strip('/')}`.* TO '{user}'@'%'"
+            )  # reads only
+            drop = f"DROP USER '{user}'@'%'"
+        try:
+            schedule = ["schedule", "orders", "hi", "--in", "1h"]
+            every = [["list"], ["stats"], schedule, ["run", "--burst"], ["setup"]]
+            for args in every if backend == "postgresql" else [schedule, ["setup"]]:  # it may read
+                done = cli(*args, "--store", limited)
+                said = done.stdout + done.stderr
+                assert done.returncode == 1 and len(said.strip().splitlines()) == 1, (args, said)
+                assert "refused" in said and "Database privileges" in said, (args, said)
+                assert "duetime bug" not in said and password not in said, (args, said)
+        finally:
+            for statement in drop.split("; "):
+                if backend == "postgresql":
+                    admin.execute(statement)
+                else:
+                    admin.cursor().execute(statement)
+            admin.close()
