@@ -27,6 +27,7 @@ from duetime.dashboard.security import (
     BodyTooLarge,
     Credentials,
     Guard,
+    LoginThrottle,
     RequireLogin,
     token_matches,
 )
@@ -652,6 +653,13 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok\n")
 
 
+async def metrics(request: Request) -> Response:
+    """The dashboard's own counts (its logins), for Prometheus; the dispatcher's are on ``run``'s."""
+    return PlainTextResponse(
+        request.app.state.login_throttle.metrics(), media_type="text/plain; version=0.0.4"
+    )
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -711,6 +719,7 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
         Route("/message", answering(message)),
         Route("/errors", answering(errors)),
         Route("/healthz", healthz),
+        Route("/metrics", metrics),
         Route("/actions/cancel", answering(cancel), methods=["POST"]),
         Route("/actions/reschedule", answering(reschedule), methods=["POST"]),
         Route("/actions/send-now", answering(send_now), methods=["POST"]),
@@ -728,5 +737,8 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
         lifespan=lifespan,
     )
     app.state.dashboard = dashboard
-    inner = RequireLogin(app, dashboard.credentials) if dashboard.credentials else app
+    app.state.login_throttle = LoginThrottle()
+    inner = (
+        RequireLogin(app, dashboard.credentials, app.state.login_throttle) if dashboard.credentials else app
+    )
     return Guard(inner, secret)

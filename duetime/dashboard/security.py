@@ -6,6 +6,9 @@ told about the pages.
   ``Authorization: Bearer <password>`` for scripts and reverse proxies. With a password set every
   page asks for it (messages can hold personal data); without one the dashboard shows but never
   changes anything, and hides message bodies and headers unless told to show them.
+- **Throttled**: wrong credentials are limited per client address and overall (a guesser gets
+  ``429`` and waits; the one who knows the password from elsewhere still gets in once the overall
+  limit passes), each failure is logged and counted (``/metrics``).
 - **CSRF**: a browser sends basic-auth credentials with any request to the site, and a reverse
   proxy adds its bearer token to every request, a forged form from another site included. So
   every change must also carry a token only the dashboard's own pages know (an HMAC of a random
@@ -20,8 +23,12 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import logging
+import math
 import os
-from collections.abc import Mapping
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from hashlib import sha256
 from http.cookies import CookieError, SimpleCookie
@@ -30,13 +37,15 @@ from urllib.parse import urlsplit
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+log = logging.getLogger("duetime.dashboard")
+
 USER_ENV, PASSWORD_ENV, SECRET_ENV = (
     "DUETIME_DASHBOARD_USER",
     "DUETIME_DASHBOARD_PASSWORD",
     "DUETIME_DASHBOARD_SECRET",
 )
 #: Paths anyone may reach: what a load balancer or a reverse proxy probes.
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 #: The largest request body accepted: a form of the error queue's page with every id selected is
 #: a few KB; anything near this is not a form of ours.
 MAX_BODY = 256 * 1024
@@ -91,19 +100,100 @@ def _header(scope: Scope, name: bytes) -> str:
     return ""
 
 
-class RequireLogin:
-    """ASGI middleware: every request but :data:`OPEN_PATHS` needs the credentials."""
+#: Wrong credentials allowed in a window, from one client address and from all together; past
+#: either limit a request is refused (429) unchecked until the window has room again.
+PER_CLIENT_FAILURES, OVERALL_FAILURES, FAILURE_WINDOW = 10, 100, 60.0
+#: Client addresses remembered at most (the oldest forgotten first): bounded memory under a flood.
+CLIENTS_REMEMBERED = 10_000
 
-    def __init__(self, app: ASGIApp, credentials: Credentials) -> None:
+
+class LoginThrottle:
+    """Failed logins in the last :data:`FAILURE_WINDOW` seconds, per client and overall, and
+    the totals ``/metrics`` shows. A guesser at 2,000 passwords a second gets ten a minute."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.clients: OrderedDict[str, deque[float]] = OrderedDict()
+        self.everyone: deque[float] = deque()
+        self.failures_total = 0
+        self.refused_total = 0
+
+    def _recent(self, times: deque[float], now: float) -> int:
+        while times and times[0] <= now - FAILURE_WINDOW:
+            times.popleft()
+        return len(times)
+
+    def wait(self, client: str) -> float:
+        """Seconds ``client`` must wait before its credentials are checked again (0: now)."""
+        now = self.clock()
+        mine = self.clients.get(client)
+        waits = []
+        if mine is not None and self._recent(mine, now) >= PER_CLIENT_FAILURES:
+            waits.append(mine[0] + FAILURE_WINDOW - now)
+        if self._recent(self.everyone, now) >= OVERALL_FAILURES:
+            waits.append(self.everyone[0] + FAILURE_WINDOW - now)
+        return max(waits, default=0.0)
+
+    def failed(self, client: str) -> int:
+        """Count a failure of ``client``; how many it has had in the window."""
+        now = self.clock()
+        mine = self.clients.pop(client, None) or deque()
+        mine.append(now)
+        self.clients[client] = mine  # the most recent last
+        while len(self.clients) > CLIENTS_REMEMBERED:
+            self.clients.popitem(last=False)
+        self.everyone.append(now)
+        self.failures_total += 1
+        return self._recent(mine, now)
+
+    def metrics(self) -> str:
+        """The counts in Prometheus's text format."""
+        return (
+            "# HELP duetime_dashboard_login_failures_total Requests with wrong credentials.\n"
+            "# TYPE duetime_dashboard_login_failures_total counter\n"
+            f"duetime_dashboard_login_failures_total {self.failures_total}\n"
+            "# HELP duetime_dashboard_logins_refused_total Requests refused unchecked: too many "
+            "wrong credentials.\n"
+            "# TYPE duetime_dashboard_logins_refused_total counter\n"
+            f"duetime_dashboard_logins_refused_total {self.refused_total}\n"
+        )
+
+
+class RequireLogin:
+    """ASGI middleware: every request but :data:`OPEN_PATHS` needs the credentials; wrong ones
+    are throttled (:class:`LoginThrottle`) and logged."""
+
+    def __init__(self, app: ASGIApp, credentials: Credentials, throttle: LoginThrottle | None = None) -> None:
         self.app = app
         self.credentials = credentials
+        self.throttle = throttle or LoginThrottle()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"] not in OPEN_PATHS
-            and not self.credentials.accept(_header(scope, b"authorization"))
-        ):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        client = str((scope.get("client") or ("unknown",))[0])
+        wait = self.throttle.wait(client)
+        if wait > 0:
+            self.throttle.refused_total += 1
+            refusal = PlainTextResponse(
+                f"Too many wrong logins: try again in {math.ceil(wait)} s.\n",
+                429,
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
+            await refusal(scope, receive, send)
+            return
+        authorization = _header(scope, b"authorization")
+        if not self.credentials.accept(authorization):
+            if authorization:  # a browser's first request carries none: no attempt yet
+                count = self.throttle.failed(client)
+                log.warning(
+                    "dashboard: wrong credentials from %s (%d in the last %.0f s%s)",
+                    client,
+                    count,
+                    FAILURE_WINDOW,
+                    "; it now waits" if count >= PER_CLIENT_FAILURES else "",
+                )
             refusal = PlainTextResponse(
                 "Log in: this dashboard asks for the user and password set in "
                 f"{USER_ENV} and {PASSWORD_ENV}.\n",

@@ -307,3 +307,33 @@ def test_a_bearer_token_still_logs_a_script_in(hostile: dict[str, Any]) -> None:
         assert request(port, "/", auth=basic("duetime", "wrong"))[0] == 401
     finally:
         stop(board)
+
+
+def test_guessing_the_password_is_throttled_logged_and_counted(hostile: dict[str, Any]) -> None:
+    """Was 2,000 wrong passwords a second, none logged. Now ten a minute from one address: then
+    429 with Retry-After, the right password too (a guesser learns nothing), each wrong one a log
+    line and a count in /metrics."""
+    port = free_port()
+    board = dashboard(hostile["url"], port)
+    try:
+        from tests.services import until
+
+        until(lambda: request(port, "/healthz")[0] == 200, 30, "the dashboard")
+        answers = [request(port, "/", auth=basic("duetime", f"guess{i}"))[0] for i in range(30)]
+        assert answers[:10] == [401] * 10 and set(answers[10:]) == {429}, answers
+        assert request(port, "/", auth=basic("duetime", PASSWORD))[0] == 429
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/", headers={"Authorization": f"Bearer {PASSWORD}"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=10)
+        assert refused.value.code == 429 and 50 <= int(refused.value.headers["Retry-After"]) <= 60
+        status, counts = request(port, "/metrics")
+        assert status == 200, counts
+        assert "duetime_dashboard_login_failures_total 10\n" in counts, counts
+        assert "duetime_dashboard_logins_refused_total 22\n" in counts, counts
+    finally:
+        stderr = stop(board)
+    said = [line for line in stderr.splitlines() if "wrong credentials from 127.0.0.1" in line]
+    assert len(said) == 10 and "it now waits" in said[-1], stderr
+    assert PASSWORD not in stderr and "guess" not in stderr

@@ -147,3 +147,27 @@ def test_every_page_writes_times_one_way_and_the_lateness_axis_fits() -> None:
         "Lateness", [Series("p99", [(T0, 6.294), (T0 + timedelta(seconds=60), 0.012)])], label=seconds_label
     )
     assert ">6.9 s<" in chart and " ms<" not in chart.split("6.9 s")[0]  # not "6,924 ms"
+
+
+def test_the_login_throttle_counts_per_client_and_overall_and_forgets_with_time() -> None:
+    from duetime.dashboard.security import (
+        FAILURE_WINDOW,
+        OVERALL_FAILURES,
+        PER_CLIENT_FAILURES,
+        LoginThrottle,
+    )
+
+    now = [0.0]
+    throttle = LoginThrottle(clock=lambda: now[0])
+    for _ in range(PER_CLIENT_FAILURES):
+        assert throttle.wait("a") == 0
+        throttle.failed("a")
+    assert throttle.wait("a") == FAILURE_WINDOW and throttle.wait("b") == 0
+    now[0] += FAILURE_WINDOW / 2
+    assert throttle.wait("a") == FAILURE_WINDOW / 2
+    now[0] += FAILURE_WINDOW / 2 + 0.001
+    assert throttle.wait("a") == 0  # the window moved on
+    for i in range(OVERALL_FAILURES):  # many addresses, a few each: the overall limit
+        throttle.failed(f"c{i}")
+    assert throttle.wait("fresh") > 0
+    assert throttle.failures_total == PER_CLIENT_FAILURES + OVERALL_FAILURES
