@@ -6,6 +6,8 @@ user what went wrong and what to do about it.
 
 from __future__ import annotations
 
+import shlex
+
 
 class DuetimeError(Exception):
     """duetime failed."""
@@ -235,6 +237,12 @@ def not_permitted(error: BaseException) -> ConfigurationError | None:
             "on duetime's database: see 'Database privileges' on the MariaDB page of the docs."
         )
     return None
+
+
+def command(*words: str) -> str:
+    """A command to suggest, as one would type it in a shell: each word quoted where it needs
+    it, so a destination or path from someone else (``a b;$(x)``) is one argument, never code."""
+    return shlex.join(words)
 
 
 def one_line(error: BaseException) -> str:

@@ -11,7 +11,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
-from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme
+from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme, command
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, remember
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
@@ -156,7 +156,7 @@ def check_store_exists(store_url: str) -> str:
         if not path.exists():
             raise ConfigurationError(
                 f"There is no SQLite store at {path} (the file does not exist): create it with "
-                f"`duetime setup --store {store_url}`, or check the path."
+                f"`{command('duetime', 'setup', '--store', store_url)}`, or check the path."
             )
     return store_url
 

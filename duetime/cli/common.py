@@ -14,7 +14,7 @@ import typer
 
 from duetime.cli.terminal import err, say
 from duetime.clock import SYSTEM
-from duetime.errors import ConfigurationError, MessageRefused
+from duetime.errors import ConfigurationError, MessageRefused, command
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
@@ -324,7 +324,7 @@ async def warn_undeclared(store_url: str, transport: str | None, destinations: I
             "warning:",
             "yellow",
             f"no queue {name!r} is declared on {redact(url)}: when due, the message goes to the error "
-            f"queue. Declare it with `duetime queues declare {name}`{flag}.",
+            f"queue. Declare it with `{command('duetime', 'queues', 'declare', name)}`{flag}.",
             to=err,
         )
     if len(missing) > 5:

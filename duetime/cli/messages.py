@@ -37,7 +37,7 @@ from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
 from duetime.client import DelayedMessageClient
 from duetime.clock import SYSTEM
-from duetime.errors import ConfigurationError, MessageInFlight, one_line
+from duetime.errors import ConfigurationError, MessageInFlight, command, one_line
 from duetime.inputs.durations import parse_time
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
@@ -384,7 +384,7 @@ def show(
     ]
     if any(left_out):
         err.print(
-            f"not shown: {' and '.join(x for x in left_out if x)}; `duetime show {message_id} --json` prints everything"
+            f"not shown: {' and '.join(x for x in left_out if x)}; `{command('duetime', 'show', message_id, '--json')}` prints everything"
         )
 
 

@@ -1013,3 +1013,17 @@ def test_a_database_user_short_of_a_privilege_is_told_which_in_one_line(backend:
                 else:
                     admin.cursor().execute(statement)
             admin.close()
+
+
+def test_a_suggested_command_quotes_what_came_from_someone_else(tmp_path: Path) -> None:
+    """`schedule`'s warning printed `duetime queues declare a b;$(x)`: pasted, a shell would run
+    `x`. Each word is now quoted where it needs it; the command gives back the name whole."""
+    import shlex
+
+    store = f"sqlite:///{tmp_path}/q.db"
+    assert cli("setup", "--store", store).returncode == 0
+    name = "a b;$(touch pwned)`x`"
+    done = cli("schedule", name, "hi", "--in", "1h", "--store", store)
+    assert done.returncode == 0, done.stderr
+    suggested = done.stderr.split("Declare it with `", 1)[1].rsplit("`", 1)[0]
+    assert shlex.split(suggested) == ["duetime", "queues", "declare", name], suggested
