@@ -21,6 +21,7 @@ from duetime import tracing
 from duetime.engine.circuit import RepeatedFailuresOverTimeCircuitBreaker
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import Dispatcher
+from duetime.errorqueue import PREFIX as ERROR_PREFIX
 from duetime.errorqueue import error_headers
 from duetime.errors import (
     ConfigurationError,
@@ -117,6 +118,17 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTime
         raise InvalidMessage(f"the message cannot be read ({type(error).__name__}: {error}).") from None
 
 
+def refused_destination(destination: str, error_queue: str) -> str | None:
+    """Why the front door will not forward to ``destination``, or None: an error queue (a sender
+    would plant entries there that look like a dispatcher's) or an endpoint's front door (a
+    message would go round through another endpoint's timeouts, or this one's, for ever)."""
+    if destination == error_queue:
+        return f"its destination {destination!r} is the error queue, which only dispatchers write to"
+    if destination.lower().endswith(".timeouts"):
+        return f"its destination {destination!r} is an endpoint's timeouts queue, not a place to deliver to"
+    return None
+
+
 def _mark_due_on_arrival(message: DelayedMessage, now: datetime) -> DelayedMessage:
     """An NServiceBus timeout already due on arrival is forwarded with its headers as they came,
     as NServiceBus does (see :data:`~duetime.nservicebus.headers.DUE_ON_ARRIVAL`)."""
@@ -150,7 +162,10 @@ def _envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTim
             f"due time {due_text!r} cannot be read ({error}); use ISO 8601 with an offset, "
             "e.g. 2030-01-01T09:00:00+00:00."
         ) from None
-    kept = {k: v for k, v in headers.items() if k not in ENVELOPE_HEADERS}
+    # duetime-error-* say which endpoint dead-lettered a message and where it was going: only a
+    # dispatcher writes them. From a sender they would be a forged error-queue entry that another
+    # endpoint's `errors retry` trusts, so they are dropped here.
+    kept = {k: v for k, v in headers.items() if k not in ENVELOPE_HEADERS and not k.startswith(ERROR_PREFIX)}
     return DelayedMessage(
         received.message_id, destination, due_at, received.body, kept, group=saga_group(headers)
     )
@@ -313,6 +328,8 @@ class FrontDoor:
                 continue
             if isinstance(parsed, ClearTimeouts):
                 clears.append((item, parsed))
+            elif why := refused_destination(parsed.destination, self.dispatcher.settings.error_queue):
+                bad.append((item, InvalidMessage(f"{why}.")))
             else:
                 good.append((item, _mark_due_on_arrival(parsed, self.dispatcher.clock.now())))
         refused: list[tuple[ReceivedMessage, InvalidMessage]] = []

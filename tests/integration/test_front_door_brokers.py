@@ -60,13 +60,42 @@ async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
             "nsb", front_door_queue(endpoint), now, b"nsb", {NSB_ROUTE_TO: orders, NSB_EXPIRE: nsb_due}
         ),
         DelayedMessage("broken", front_door_queue(endpoint), now, b"?", {"duetime-route-to": orders}),
+        # an entry for the error queue planted by a sender, and a message sent round to a front door
+        DelayedMessage(
+            "to-error",
+            front_door_queue(endpoint),
+            now,
+            b"x",
+            {NSB_ROUTE_TO: error_queue, NSB_EXPIRE: nsb_due},
+        ),
+        DelayedMessage(
+            "loop",
+            front_door_queue(endpoint),
+            now,
+            b"x",
+            {NSB_ROUTE_TO: "other.Timeouts", NSB_EXPIRE: nsb_due},
+        ),
+        # a dispatcher's attribution forged by a sender: dropped, the rest kept
+        DelayedMessage(
+            "forged",
+            front_door_queue(endpoint),
+            now,
+            b"f",
+            {
+                NSB_ROUTE_TO: orders,
+                NSB_EXPIRE: nsb_due,
+                "duetime-error-endpoint": "victim",
+                "duetime-error-original-destination": "evil",
+                "kept": "yes",
+            },
+        ),
     ]
-    assert await broker.send_batch(raw) == [None, None]
+    assert await broker.send_batch(raw) == [None] * 5
     running = asyncio.gather(dispatcher.run(), door.run())
     got: list[Any] = []
     for _ in range(50):
         got += await broker.receive(orders, 10, 0.1)
-        if got and door.stored >= 4:
+        if got and door.stored >= 5:
             break
     await broker.acknowledge(got)
     dead = await broker.receive(error_queue, 10, 2.0)
@@ -79,9 +108,14 @@ async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
     assert later is not None and later.headers == {"k": "v"} and later.due_at > now + timedelta(minutes=59)
     nsb = await store.get("nsb")
     assert nsb is not None and nsb.due_at == datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
-    assert [m.message_id for m in dead] == ["broken"]
+    assert [m.message_id for m in dead] == ["broken", "to-error", "loop"]
     assert "no due time header" in dead[0].headers["duetime-error-message"]
-    assert (await store.counts(datetime.now(UTC))).total == 2  # later (once) and nsb
+    assert "is the error queue, which only dispatchers write to" in dead[1].headers["duetime-error-message"]
+    assert "is an endpoint's timeouts queue" in dead[2].headers["duetime-error-message"]
+    forged = await store.get("forged")
+    assert forged is not None and forged.headers["kept"] == "yes"
+    assert not [name for name in forged.headers if name.startswith("duetime-error-")], forged.headers
+    assert (await store.counts(datetime.now(UTC))).total == 3  # later (once), nsb and forged
     assert await broker.receive(front_door_queue(endpoint), 10, 0.3) == []  # all acknowledged
     await store.close()
 
