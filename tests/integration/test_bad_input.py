@@ -22,10 +22,13 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from duetime import (
+    ConfigurationError,
+    DelayedMessage,
     DelayedMessageClient,
     DuetimeError,
     ListQuery,
     SyncDelayedMessageClient,
+    TransactionMode,
     open_store,
     open_sync_store,
 )
@@ -648,22 +651,54 @@ async def test_queues_receive_keeps_every_byte_of_a_body(tmp_path: Path, where: 
     assert refused.returncode == 2 and "--raw writes one body alone" in refused.stderr
 
 
-def test_a_redis_that_may_evict_what_the_store_keeps_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru"])
+def test_a_redis_that_may_evict_what_the_store_keeps_is_refused(tmp_path: Path, policy: str) -> None:
     """On a Redis with ``maxmemory 3mb`` and ``allkeys-lru``, 4,000 schedules answered OK and 773
     messages were left, the schema key evicted too. A private redis-server, never the shared one."""
     import redis
 
-    with private_redis(tmp_path, "3mb", "allkeys-lru") as url:
+    with private_redis(tmp_path, "3mb", policy) as url:
         for args in (["setup"], ["check"], ["run", "--burst"], ["stats"]):
             done = cli(*args, "--store", url, *([] if args == ["setup"] else ["--transport", url]))
             assert done.returncode == 1, (args, done.stdout, done.stderr)
             [line] = done.stderr.strip().splitlines()
-            assert "maxmemory-policy allkeys-lru" in line and "noeviction" in line, line
+            assert f"maxmemory-policy {policy}" in line and "noeviction" in line, line
         client = redis.Redis.from_url(url)
         client.config_set("maxmemory-policy", "noeviction")
         client.close()
         assert cli("setup", "--store", url).returncode == 0
         assert cli("check", "--store", url, "--transport", url).returncode == 0
+
+
+def test_an_eviction_policy_switched_under_a_running_store_stops_its_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy switched while the store runs lost 4,000 acknowledged messages without a word: it
+    was read once, at the start. Now it is read again while the store is used; the next store
+    call fails with the reason (a dispatcher's store breaker trips on it and says why)."""
+    import redis
+
+    from duetime.backends.redis import store as redis_store
+
+    monkeypatch.setattr(redis_store, "POLICY_CHECK_SECONDS", 0.2)
+    with private_redis(tmp_path, "50mb", "noeviction") as url:
+        store = redis_store.SyncRedisStore.from_url(url)
+        store.setup_infrastructure("e")
+        store.initialize("e", TransactionMode.AT_LEAST_ONCE)
+        store.store(DelayedMessage.create("orders", b"kept", delay=timedelta(hours=1)))
+        client = redis.Redis.from_url(url)
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        time.sleep(0.3)
+        for call in (
+            lambda: store.store(DelayedMessage.create("orders", b"x", delay=timedelta(hours=1))),
+            lambda: store.fetch_due(datetime.now(UTC), 10),
+        ):
+            with pytest.raises(ConfigurationError, match="maxmemory-policy allkeys-lru"):
+                call()
+        client.config_set("maxmemory-policy", "noeviction")
+        store.store(DelayedMessage.create("orders", b"again", delay=timedelta(hours=1)))
+        client.close()
+        store.close()
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
@@ -56,6 +57,8 @@ from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 
 log = logging.getLogger("duetime.redis")
+#: Seconds between two looks at the server's maxmemory-policy while the store is in use.
+POLICY_CHECK_SECONDS = 30.0
 
 
 def _script(name: str) -> str:
@@ -104,7 +107,7 @@ class SyncRedisStore(StoreRules):
         self._store_script = self.client.register_script(_script("store_many.lua"))
         self._change_script = self.client.register_script(_script("change.lua"))
         self._cancel_group_script = self.client.register_script(_script("cancel_group.lua"))
-        self._policy_checked = False
+        self._policy_checked_at: float | None = None
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncRedisStore:
@@ -159,20 +162,26 @@ class SyncRedisStore(StoreRules):
             raise not_redis(self.url, error) from None
 
     def _keeps_everything(self) -> None:
-        """ConfigurationError if the server may evict what the store keeps: under an ``allkeys-*``
-        ``maxmemory-policy`` a full Redis drops stored messages (and the schema key) silently,
-        after answering OK to their writes. Read from ``INFO``, which managed services allow."""
-        if self._policy_checked:
+        """ConfigurationError if the server may evict what the store keeps: under any
+        ``maxmemory-policy`` but ``noeviction`` a full Redis drops keys without a word, after
+        answering OK to their writes (``allkeys-*`` any key, ``volatile-*`` those with a time to
+        live). Read from ``INFO`` (which managed services allow) when the store opens and again
+        every :data:`POLICY_CHECK_SECONDS` while it is used: a policy switched under a running
+        dispatcher fails its store calls with the reason, so its store breaker trips and says why."""
+        now = time.monotonic()
+        if self._policy_checked_at is not None and now - self._policy_checked_at < POLICY_CHECK_SECONDS:
             return
         with self._reaching():
-            policy = _text(self.client.info("memory").get("maxmemory_policy", ""))
-        if policy.startswith("allkeys-"):
+            policy = _text(self.client.info("memory").get("maxmemory_policy", "")) or "noeviction"
+        if policy != "noeviction":
+            self._policy_checked_at = None
             raise ConfigurationError(
                 f"Redis at {redact(self.url)} has maxmemory-policy {policy}: when full it evicts "
-                "stored messages without a word. Set maxmemory-policy noeviction (CONFIG SET "
-                "maxmemory-policy noeviction, and in redis.conf) or give duetime a Redis of its own."
+                "keys without a word, stored messages among them. Set maxmemory-policy noeviction "
+                "(CONFIG SET maxmemory-policy noeviction, and in redis.conf) or give duetime a Redis "
+                "of its own."
             )
-        self._policy_checked = True
+        self._policy_checked_at = now
 
     def _create(self, endpoint: str) -> None:
         """Nothing to create but the version; version 1 keys need nothing to become version 2
@@ -196,6 +205,7 @@ class SyncRedisStore(StoreRules):
         )
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
+        self._keeps_everything()
         args: list[Any] = []
         for m in messages:
             args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
@@ -223,6 +233,7 @@ class SyncRedisStore(StoreRules):
         self.client.publish(self.keys["channel"], str(to_micros(due_at)))
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        self._keeps_everything()
         rows = self._claim_script(
             keys=self._k("ready", "payload", "claims", "failures", "due"),
             args=[to_micros(at), limit, to_micros(until)],
