@@ -210,3 +210,29 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker:
         default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
         config.pluginmanager.register(_HangNotes(worker, default), "duetime-hang-notes")
+
+
+#: Each test file's seconds in a whole run (scripts/file-seconds.py writes it from a report).
+FILE_SECONDS = Path(__file__).parent / "file-seconds.json"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, each kept whole and in its own order: with one file per worker at
+    a time (``--dist loadfile``), a long file started last keeps the whole run waiting for it.
+    A file the list does not know yet counts as long (it may be), so it starts early too."""
+    import json
+
+    try:
+        seconds: dict[str, float] = json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return
+    unknown = max(seconds.values(), default=0.0)
+    root = Path(str(config.rootpath))
+
+    def file_of(item: pytest.Item) -> str:
+        return Path(str(item.path)).relative_to(root).as_posix()
+
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(file_of(item), index)
+    items.sort(key=lambda item: (-seconds.get(file_of(item), unknown), first_seen[file_of(item)]))
