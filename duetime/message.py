@@ -20,6 +20,8 @@ from duetime.nservicebus import headers as nservicebus
 MAX_ID_LENGTH = 250
 MAX_DESTINATION_LENGTH = 200
 MAX_GROUP_LENGTH = 200
+#: The most failures a message can count: the stores keep the count in a 32-bit column.
+MAX_FAILURE_COUNT = 2**31 - 1
 #: Due times must fall in this window; it keeps every store's integer column and every
 #: broker's TTL arithmetic far from overflow.
 EARLIEST_DUE = datetime(1970, 1, 1, tzinfo=UTC)
@@ -153,8 +155,8 @@ class DelayedMessage:
                 f"body must be bytes, got {type(self.body).__name__}; encode text with .encode()."
             )
         object.__setattr__(self, "headers", check_headers(self.headers))
-        if not isinstance(self.failure_count, int) or self.failure_count < 0:
-            raise InvalidMessage("failure_count must be a non-negative int.")
+        if not isinstance(self.failure_count, int) or not 0 <= self.failure_count <= MAX_FAILURE_COUNT:
+            raise InvalidMessage(f"failure_count must be a whole number from 0 to {MAX_FAILURE_COUNT:,}.")
         if self.group is not None:
             _check_text("group", self.group, MAX_GROUP_LENGTH)
 

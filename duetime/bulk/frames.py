@@ -23,7 +23,7 @@ from duetime.bulk.arrowcheck import split_plainly_fine
 from duetime.bulk.records import Record, due_us_of, dump_headers, group_extra, problem
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.inputs.identifiers import check_name
-from duetime.message import kind
+from duetime.message import MAX_FAILURE_COUNT, kind
 
 T = TypeVar("T")
 #: Pairs a bulk job carries: the record, and why it cannot be used (None when it can).
@@ -121,8 +121,12 @@ def check_row(data: dict[str, Any], endpoint: str | None) -> Checked:
         destination, due_us, body, headers
     )
     failures = _whole(data.get("failure_count") or 0)
-    if failures is None:
-        reasons.append(f"failure_count must be a whole number, got {kind(data.get('failure_count'))}.")
+    if failures is None or not 0 <= failures <= MAX_FAILURE_COUNT:
+        reasons.append(
+            f"failure_count must be a whole number from 0 to {MAX_FAILURE_COUNT:,}, "
+            f"got {kind(data.get('failure_count'))}."
+        )
+        failures = 0  # a row with a reason is never written: any value fits the column
     group = _text_or_none(data.get("group"), "group", reasons)
     record = Record(
         name,

@@ -14,6 +14,7 @@ from duetime.message import (
     EARLIEST_DUE,
     LATEST_DUE,
     MAX_DESTINATION_LENGTH,
+    MAX_FAILURE_COUNT,
     MAX_ID_LENGTH,
     DelayedMessage,
     check_text,
@@ -70,8 +71,8 @@ def problem(record: Record) -> str | None:
             raise InvalidMessage(f"due_at {_moment(record.due_us)} is outside the supported years 1970-9998.")
         if "" in parse_headers(record.headers):
             raise InvalidMessage("header names must not be empty.")
-        if record.failure_count < 0:
-            raise InvalidMessage("failure_count must be a non-negative int.")
+        if not 0 <= record.failure_count <= MAX_FAILURE_COUNT:
+            raise InvalidMessage(f"failure_count must be a whole number from 0 to {MAX_FAILURE_COUNT:,}.")
     except InvalidMessage as error:
         return str(error)
     return None

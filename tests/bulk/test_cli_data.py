@@ -102,6 +102,8 @@ def test_import_counts_an_id_the_store_holds_and_an_id_given_twice_as_conflicts(
         {"message_id": i, "destination": d, "due_at": "2031-01-01T00:00:00+00:00", "endpoint": "cli"}
         for i, d in (("twice", "first"), ("twice", "second"), ("new", "orders"), ("held", "from-file"))
     ]
+    # a count no store column holds: was a 15-line traceback from a Spark worker
+    lines.append({**lines[2], "message_id": "counted", "failure_count": 10**30})
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     with postgres_schema() as pg:
         store = open_sync_store(pg)
@@ -114,7 +116,9 @@ def test_import_counts_an_id_the_store_holds_and_an_id_given_twice_as_conflicts(
         )
         assert done.returncode == 0, done.stderr
         result = json.loads(done.stdout)
-        assert (result["inserted"], result["put_back"]) == (2, 2), result
+        assert (result["inserted"], result["put_back"]) == (2, 3), result
+        assert "Traceback" not in done.stderr
+        assert "failure_count must be a whole number from 0 to 2,147,483,647" in done.stdout + done.stderr
         stored = store_rows(pg, "cli")
         assert sorted(stored) == ["held", "new", "twice"]
         assert stored["held"].destination == "kept"  # never overwritten
