@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -99,6 +100,9 @@ PAGE, MAX_PAGE = 50, 500
 #: the first HEADERS_SHOWN (a message may carry a million: the page says how many it left out).
 BODY_SHOWN = 64 * 1024
 HEADER_VALUE_SHOWN, HEADERS_SHOWN = 2000, 200
+#: Message pages read and prepared at once (the rest wait their turn): twenty requests for a
+#: message with a million headers took 550 MB and held /healthz for 5 s.
+MESSAGE_PAGES_AT_ONCE = 2
 WINDOWS = {"15m": 900, "1h": 3600, "6h": 21600}
 HORIZONS = (
     ("next minute", timedelta(minutes=1)),
@@ -397,29 +401,45 @@ async def message(request: Request) -> Response:
     dashboard: Dashboard = request.app.state.dashboard
     endpoint = _endpoint(request, dashboard)
     message_id = request.query_params.get("id", "")
-    found = await dashboard.stores[endpoint].get(message_id) if message_id else None
-    if found is None:
-        return _page(request, "message.html", dashboard, endpoint, m=None, message_id=message_id)
-    body = found.body[:BODY_SHOWN]
+    turns: asyncio.Semaphore = request.app.state.message_pages  # a message may be huge: a few at a time
     try:
-        shown, kind = body.decode(), "text"
-    except UnicodeDecodeError:
-        shown, kind = body.hex(" ", 16), "hex"
-    headers = sorted(found.headers.items())
-    headers_cut = len(headers) > HEADERS_SHOWN
+        await asyncio.wait_for(turns.acquire(), dashboard.answer_within / 2)
+    except TimeoutError:
+        return PlainTextResponse(
+            "Busy: other message pages are being prepared (some messages are very large); try again "
+            "in a moment.\n",
+            503,
+            headers={"Retry-After": "5"},
+        )
+    try:
+        found = await dashboard.stores[endpoint].get(message_id) if message_id else None
+        if found is None:
+            return _page(request, "message.html", dashboard, endpoint, m=None, message_id=message_id)
+        body = found.body[:BODY_SHOWN]
+        try:
+            shown, kind = body.decode(), "text"
+        except UnicodeDecodeError:
+            shown, kind = body.hex(" ", 16), "hex"
+        headers = heapq.nsmallest(HEADERS_SHOWN + 1, found.headers.items())  # not all of a million sorted
+        total, size = len(found.headers), len(found.body)
+        summary = found.with_changes(headers={}, body=b"")
+        del found  # the page needs only what it shows: a million headers go now, not after rendering
+    finally:
+        turns.release()
+    headers_cut = total > HEADERS_SHOWN
     return _page(
         request,
         "message.html",
         dashboard,
         endpoint,
-        m=found,
+        m=summary,
         message_id=message_id,
         body=shown,
         body_kind=kind,
-        body_cut=len(found.body) > BODY_SHOWN,
-        size=len(found.body),
+        body_cut=size > BODY_SHOWN,
+        size=size,
         headers=[(k, _cut(v)) for k, v in headers[:HEADERS_SHOWN]],
-        headers_cut=len(headers) - HEADERS_SHOWN if headers_cut else 0,
+        headers_cut=total - HEADERS_SHOWN if headers_cut else 0,
     )
 
 
@@ -738,6 +758,7 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
     )
     app.state.dashboard = dashboard
     app.state.login_throttle = LoginThrottle()
+    app.state.message_pages = asyncio.Semaphore(MESSAGE_PAGES_AT_ONCE)
     inner = (
         RequireLogin(app, dashboard.credentials, app.state.login_throttle) if dashboard.credentials else app
     )

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -337,3 +338,71 @@ def test_guessing_the_password_is_throttled_logged_and_counted(hostile: dict[str
     said = [line for line in stderr.splitlines() if "wrong credentials from 127.0.0.1" in line]
     assert len(said) == 10 and "it now waits" in said[-1], stderr
     assert PASSWORD not in stderr and "guess" not in stderr
+
+
+def test_many_requests_for_a_message_with_huge_headers_stay_bounded(hostile: dict[str, Any]) -> None:
+    """Twenty requests at once for a message with a million headers took the dashboard to 550 MB
+    and /healthz to 5.4 s. Its pages are now prepared a few at a time, holding only what they
+    show: the memory a few pages take, /healthz answering as usual, each page saying how many
+    headers it left out, and a request that waits too long for its turn told the dashboard is busy
+    (503, Retry-After). (300,000 headers here, to keep the test short.)"""
+    import threading
+
+    store = hostile["store"]
+    many = DelayedMessage.create(
+        "orders",
+        b"big",
+        delay=timedelta(hours=5),
+        headers={f"h{i:06d}": "v" * 20 for i in range(300_000)},
+        message_id="many-headers",
+    )
+    store.store(many)
+    port = free_port()
+    board = dashboard(hostile["url"], port)
+    try:
+        from tests.services import until
+
+        until(lambda: request(port, "/healthz")[0] == 200, 30, "the dashboard")
+        pages: list[tuple[int, str]] = []
+
+        def open_page() -> None:  # they wait their turn: longer than request()'s 10 s
+            asked = urllib.request.Request(
+                f"http://127.0.0.1:{port}/message?id=many-headers",
+                headers={"Authorization": basic("duetime", PASSWORD)},
+            )
+            try:
+                with urllib.request.urlopen(asked, timeout=120) as answer:
+                    pages.append((answer.status, answer.read().decode()))
+            except urllib.error.HTTPError as error:
+                pages.append((error.code, error.read().decode()))
+            except OSError as error:
+                pages.append((0, str(error)))
+
+        threads = [threading.Thread(target=open_page) for _ in range(20)]
+        for thread in threads:
+            thread.start()
+        slowest = 0.0
+        while any(thread.is_alive() for thread in threads):
+            started = time.monotonic()
+            assert request(port, "/healthz")[0] == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.2)
+        for thread in threads:
+            thread.join()
+        peak_kb = int(
+            next(
+                line.split()[1]
+                for line in Path(f"/proc/{board.pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM:")
+            )
+        )
+    finally:
+        stop(board)
+        store.cancel("many-headers")
+    served = [html for status, html in pages if status == 200]
+    busy = [html for status, html in pages if status == 503]
+    assert len(pages) == 20 and len(served) + len(busy) == 20 and len(served) >= 2, pages
+    assert all("and 299,800 more headers, not shown" in html for html in served)
+    assert all(html.startswith("Busy: other message pages are being prepared") for html in busy)
+    assert slowest < 2.0, slowest
+    assert peak_kb < 400_000, f"the dashboard peaked at {peak_kb // 1024} MB"
