@@ -228,3 +228,20 @@ def test_the_command_line_reference_shows_text_as_written() -> None:
     cut = [line for line in page.splitlines() if re.match(r"\* `[\w-]+`: .*\.\.\.$", line)]
     assert not cut, cut
     assert "duetime schedule orders 'hello' --in 10s" in page
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """The docs name tests as evidence (`tests/x.py::test_y` or `::TestClass`): each must be there."""
+    import re
+
+    named = set()
+    for page in [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]:
+        named |= set(re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", page.read_text()))
+    missing = []
+    for path, name in sorted(named):
+        file = ROOT / path
+        if not file.exists() or (
+            name and not re.search(rf"^\s*(async def|def|class) {name}\b", file.read_text(), re.M)
+        ):
+            missing.append(f"{path}::{name}" if name else path)
+    assert not missing, missing
