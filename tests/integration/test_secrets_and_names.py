@@ -223,3 +223,44 @@ def test_no_form_of_a_secret_reaches_any_output(form: int, tmp_path: Any) -> Non
     for args, text in said:
         assert not [piece for piece in pieces if piece in text], (args, text)
         assert "Traceback" not in text and "duetime bug" not in text, (args, text)
+
+
+def test_the_dashboard_pages_show_no_form_of_a_secret() -> None:
+    """The header names the store and the transport; an error page quotes a driver."""
+    import subprocess
+    import urllib.request
+
+    from tests.conftest import duetime_cmd
+    from tests.services import free_port, until
+
+    require(POSTGRES)
+    require(RABBITMQ)
+    with postgres_schema() as url:
+        assert run_cli("setup", "--store", url).returncode == 0
+        store = f"{url}&%70assword=ZqDashSecret1"  # PostgreSQL here trusts: the password is unused
+        transport = RABBITMQ.rstrip("/") + "/?sslkey=ZqDashSecret2"
+        port = free_port()
+        board = subprocess.Popen(
+            duetime_cmd("dashboard", "--store", store, "--transport", transport, "--port", str(port)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+
+            def page(path: str) -> str | None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                        return str(answer.read().decode())
+                except OSError:
+                    return None
+
+            pages = [
+                until(lambda p=path: page(p), 30, path) for path in ("/", "/messages", "/errors", "/metrics")
+            ]
+        finally:
+            board.terminate()
+            _, log = board.communicate(timeout=30)
+        for text in [*pages, log]:
+            assert "ZqDashSecret" not in text, text
+        assert "%70assword=***" in pages[0], pages[0]
