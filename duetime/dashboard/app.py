@@ -14,6 +14,7 @@ import functools
 import heapq
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -75,7 +76,7 @@ from duetime.operations.error_queue import (
     send_back,
     take,
 )
-from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note
+from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
 
 try:
     from starlette.applications import Starlette
@@ -134,6 +135,8 @@ class Dashboard:
     #: never answers, and a page that never answers tells the operator nothing.
     answer_within: float = 10.0
     timelines: dict[str, Timeline] = field(default_factory=dict)
+    #: The broker's last answer per endpoint (see :func:`_broker_look`), kept a few seconds.
+    broker_looks: dict[str, BrokerLook] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for endpoint in self.stores:
@@ -225,6 +228,39 @@ def _page(request: Request, name: str, dashboard: Dashboard, endpoint: str, **co
     )
 
 
+#: Seconds a look at the broker's queues is reused: a busy page must not hammer the broker.
+BROKER_LOOK_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class BrokerLook:
+    """What the transport holds for an endpoint: each queue looked at and its depth (None: the
+    transport cannot tell), the error queue's count, or why it could not be read."""
+
+    depths: dict[str, int] | None
+    error_count: int | None
+    problem: str | None
+    at: float
+
+
+async def _broker_look(dashboard: Dashboard, endpoint: str, destinations: list[str]) -> BrokerLook:
+    """The depth of each destination's queue and of the error queue, read through the transport's
+    own depth capability (a passive declare on RabbitMQ, the stream's state on NATS) and kept
+    :data:`BROKER_LOOK_SECONDS`."""
+    cached = dashboard.broker_looks.get(endpoint)
+    now = time.monotonic()
+    if cached is not None and now - cached.at < BROKER_LOOK_SECONDS:
+        return cached
+    try:
+        async with _error_transport(dashboard) as t:
+            depths = await queue_depths(t, [dashboard.error_queue, *destinations])
+        look = BrokerLook(depths, None if depths is None else depths.get(dashboard.error_queue), None, now)
+    except Exception as error:  # the page stands without it, and says why
+        look = BrokerLook(None, None, f"could not read the queues: {one_line(error)}", now)
+    dashboard.broker_looks[endpoint] = look
+    return look
+
+
 async def overview(request: Request) -> Response:
     dashboard: Dashboard = request.app.state.dashboard
     endpoint = _endpoint(request, dashboard)
@@ -237,6 +273,12 @@ async def overview(request: Request) -> Response:
         counted_at, counts = now, await store.counts(now)
     soon = await _due_soon(store, now)
     everyone = await store.dispatchers() if isinstance(store, DispatcherRegistry) else None
+    broker = await within(
+        _broker_look(dashboard, endpoint, list(counts.by_destination)),
+        dashboard.answer_within,
+        "reading the queues",
+    )
+    live = [d for d in everyone or [] if d.status(now) == "live"]
     window = request.query_params.get("window", "1h")
     seconds = WINDOWS.get(window, 3600)
     samples = timeline.recent(seconds)
@@ -274,6 +316,11 @@ async def overview(request: Request) -> Response:
         counted_at=_time(counted_at),
         soon=soon,
         delivered_5m=sum(s.forwarded or 0 for s in recent),
+        sampled_for=readable_duration(min(300.0, timeline.span_seconds(now))),
+        delivered_live=sum(d.forwarded for d in live),
+        live_count=len(live),
+        broker=broker,
+        error_queue=dashboard.error_queue,
         p50=_ms(lateness.quantile(0.5)),
         p99=_ms(lateness.quantile(0.99)),
         dispatchers=None if everyone is None else [_dispatcher_row(d, now) for d in everyone],

@@ -113,6 +113,10 @@ class Timeline:
         self.latest = (at, counts)
         return sample
 
+    def span_seconds(self, now: datetime) -> float:
+        """How far back the samples reach from ``now`` (0 before the first)."""
+        return 0.0 if not self.samples else max(0.0, (now - self.samples[0].at).total_seconds())
+
     def recent(self, seconds: float) -> Sequence[Sample]:
         """The samples of the last ``seconds``."""
         if not self.samples:

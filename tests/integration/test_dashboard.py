@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -59,8 +60,10 @@ def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def dashboard(url: str, port: int, *extra: str, password: str | None = PASSWORD) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_DASHBOARD")}
+def dashboard(
+    url: str, port: int, *extra: str, password: str | None = PASSWORD, settings: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_DASHBOARD")} | (settings or {})
     if password:
         env["DUETIME_DASHBOARD_PASSWORD"] = password
     process = subprocess.Popen(
@@ -466,3 +469,105 @@ def test_sigterm_or_ctrl_c_stops_the_dashboard_with_exit_0(tmp_path: Path, stop_
     process = dashboard(url, free_port())
     process.send_signal(stop_signal)
     assert process.wait(timeout=30) == 0, stop(process)
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "nats"])
+def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_delivered(broker: str) -> None:
+    """With messages waiting in a broker's queue and one in the error queue, the overview showed
+    neither, and "delivered" counted from when the dashboard started. Now: each destination's
+    queue depth ("no queue" for one the broker lacks), the error queue's count (a non-default one,
+    set by the environment) linking to its page, and what the live dispatchers delivered since
+    they started, from the first view."""
+    import asyncio
+    import concurrent.futures
+    import uuid
+
+    from duetime import open_transport
+    from tests.services import NATS, RABBITMQ, require
+
+    tag = uuid.uuid4().hex[:8]
+    orders, nowhere, errors = f"orders-{tag}", f"nowhere-{tag}", f"err-{tag}"
+    require(RABBITMQ if broker == "rabbitmq" else NATS)
+    url = RABBITMQ if broker == "rabbitmq" else f"{NATS}?subject_prefix=duetime-dash-{tag}."
+
+    async def on_broker(fill: bool) -> None:
+        t: Any = open_transport(url)
+        await t.start()
+        try:
+            if fill:
+                for name in (orders, errors):
+                    await t.declare(name)
+                waiting = [DelayedMessage.create(orders, b"w", delay=0) for _ in range(3)]
+                assert (
+                    await t.send_batch([*waiting, DelayedMessage.create(errors, b"e", delay=0)]) == [None] * 4
+                )
+            else:
+                for name in (orders, errors):
+                    await t.delete(name)
+        finally:
+            await t.close()
+
+    def on_broker_now(fill: bool) -> None:  # a thread of its own: Playwright's loop may run in this one
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, on_broker(fill)).result()
+
+    on_broker_now(fill=True)
+    env = {"DUETIME_ERROR_QUEUE": errors, "DUETIME_TRANSPORT": url}
+    try:
+        with postgres_schema() as store_url:
+            ok("setup", "--store", store_url, "--endpoint", ENDPOINT)
+            store = SyncPostgresStore.from_url(store_url)
+            store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+            store.store_many(
+                [
+                    *(DelayedMessage.create(orders, b"now", delay=0) for _ in range(2)),
+                    DelayedMessage.create(orders, b"later", delay=timedelta(hours=1)),
+                    DelayedMessage.create(nowhere, b"later", delay=timedelta(hours=1)),
+                ]
+            )
+            store.close()
+            running = subprocess.Popen(
+                duetime_cmd("run", "--store", store_url, "--endpoint", ENDPOINT),
+                env={**os.environ, **env},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            port = free_port()
+            try:
+                until(
+                    lambda: (
+                        '"forwarded": 2'
+                        in run_cli(
+                            "stats", "--json", "--store", store_url, "--endpoint", ENDPOINT, env=env
+                        ).stdout
+                    ),
+                    60,
+                    "the dispatcher's heartbeat with its 2 deliveries",
+                )
+                board = dashboard(store_url, port, settings=env)
+                try:
+                    status, html = request(port, f"/?endpoint={ENDPOINT}", auth=basic("duetime", PASSWORD))
+                finally:
+                    stop(board)
+            finally:
+                running.terminate()
+                running.communicate(timeout=30)
+        assert status == 200, html
+        rows = {
+            cells[0]: cells
+            for cells in (
+                re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+                for row in re.findall(r"<tr>(.*?)</tr>", html.split('id="destinations"', 1)[1], re.S)
+            )
+            if cells
+        }
+        assert rows[orders][2].strip() == "5", rows[orders]  # 3 waiting, and the 2 delivered
+        assert "no queue" in rows[nowhere][2], rows[nowhere]
+        error_card = html.split('id="error-count"', 1)[1].split("</div>", 1)[0]
+        assert f'/errors?endpoint={ENDPOINT}">1</a>' in error_card, error_card
+        assert f"in the error queue {errors}" in html
+        delivered = html.split('id="delivered-live"', 1)[1].split("</div>", 1)[0]
+        assert ">2" in delivered and "1 live dispatcher since" in html, delivered
+    finally:
+        on_broker_now(fill=False)
