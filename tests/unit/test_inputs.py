@@ -347,7 +347,12 @@ def test_a_negative_timedelta_reads_as_seconds() -> None:
         ("body", 5, "body must be text or bytes, got a number (5)."),
         ("headers", [1], "headers must be a JSON object of text, got a list."),
         ("failure_count", "x", "failure_count must be a whole number"),
-        ("failure_count", 1.5, "failure_count must be a whole number, got a number (1.5)."),
+        (
+            "failure_count",
+            1.5,
+            "failure_count must be a whole number from 0 to 2,147,483,647, got a number (1.5).",
+        ),
+        ("failure_count", 10**30, "failure_count must be a whole number from 0 to 2,147,483,647"),
         ("group", 7, "group must be text, got a number (7)."),
         ("id", {"a": 1}, "message id must be text, got an object"),
         ("body_base64", "!!!", "body_base64 must be base64 text"),
