@@ -13,11 +13,11 @@ from typing import Any, TextIO, cast
 
 from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.bulk import bulk_app
-from duetime.cli.common import app, split_duration_in
+from duetime.cli.common import SETTING_VARIABLES, app, split_duration_in
 from duetime.cli.rabbitmq import rabbitmq_app
 from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError, MissingExtra, not_permitted
-from duetime.inputs.urls import remember, scrub
+from duetime.inputs.urls import remember, remember_secret, scrub
 from duetime.observability.logs import quiet_drivers
 
 for _group in (
@@ -63,11 +63,19 @@ class _Scrubbing:
         return getattr(self._stream, name)
 
 
+#: Variables whose whole value is a secret (the dashboard's password and signing key).
+SECRET_VARIABLES = ("DUETIME_DASHBOARD_PASSWORD", "DUETIME_DASHBOARD_SECRET")
+
+
 def _guard_secrets() -> None:
-    """Remember the secrets of every URL the command was given (arguments and ``DUETIME_*``
-    settings), and print only through the scrubber."""
-    for value in [*sys.argv[1:], *(v for k, v in os.environ.items() if k.startswith("DUETIME_"))]:
+    """Remember the secrets of every URL the command was given (its arguments and the settings it
+    reads from the environment) and the secrets given on their own, and print only through the
+    scrubber."""
+    settings = [os.environ.get(name, "") for name in SETTING_VARIABLES.values()]
+    for value in [*sys.argv[1:], *settings]:
         remember(value.partition("=")[2] if value.startswith("--") else value)
+    for name in SECRET_VARIABLES:
+        remember_secret(os.environ.get(name, ""))
     sys.stdout = cast(TextIO, _Scrubbing(sys.stdout))
     sys.stderr = cast(TextIO, _Scrubbing(sys.stderr))
 

@@ -148,6 +148,12 @@ def remember(url: object) -> None:
         _remembered.update(secrets_in(url))
 
 
+def remember_secret(secret: str) -> None:
+    """Keep ``secret`` itself (a password given on its own) for :func:`scrub`."""
+    if len(secret) >= SHORTEST_PIECE:
+        _remembered.add(secret)
+
+
 def scrub(text: str) -> str:
     """``text`` with every remembered secret replaced by ``***``: the last net under
     :func:`redact`, for what a driver says about a URL in its own words (an error quoting part of
