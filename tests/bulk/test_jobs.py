@@ -382,7 +382,10 @@ def test_a_parquet_column_of_the_wrong_type_is_each_rows_reason_not_a_cast(
     wrong = {
         "destination": ({"destination": [6]}, "destination must be text, got a number (6)."),
         "body": ({"body": [2]}, "body must be text or bytes, got a number (2)."),
-        "failures": ({"failure_count": [1.5]}, "failure_count must be a whole number from 0 to 2,147,483,647, got a number (1.5)."),
+        "failures": (
+            {"failure_count": [1.5]},
+            "failure_count must be a whole number from 0 to 2,147,483,647, got a number (1.5).",
+        ),
         "id": ({"id": [1.0]}, "message id must be text, got a number (1.0)."),
         "group": ({"group": [3]}, "group must be text, got a number (3)."),
         "endpoint": ({"endpoint": [5]}, "endpoint must be text, got a number (5)."),
