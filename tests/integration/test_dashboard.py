@@ -45,7 +45,8 @@ def request(port: int, path: str, *, data: bytes | None = None, auth: str | None
         with urllib.request.urlopen(req, timeout=10) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+        with error:  # it holds the connection: closed here, not left to the garbage collector
+            return error.code, error.read().decode()
     except OSError as error:  # not listening (yet)
         return 0, str(error)
 

@@ -40,7 +40,8 @@ def get(port: int, path: str) -> tuple[int, str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+        with error:  # it holds the connection: closed here, not left to the garbage collector
+            return error.code, error.read().decode()
     except OSError as error:
         return 0, str(error)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -209,17 +210,17 @@ def test_no_form_of_a_secret_reaches_any_output(form: int, tmp_path: Any) -> Non
     other = ["--store", f"sqlite:///{tmp_path}/s.db"] if option == "--transport" else []
     if other:
         run_cli("setup", *other)
-    said = []
-    for args in (
+    commands = (
         ["check"],
         ["list", "--limit", "1"],
         ["stats", "--json"],
         ["schedule", "orders", "hello", "--in", "1h"],
         ["run", "--burst"],
         ["run", "--burst", "--log-format", "json"],
-    ):
-        done = run_cli(*args, option, url, *other, timeout=60)
-        said.append((args, done.stdout + done.stderr))
+    )
+    with concurrent.futures.ThreadPoolExecutor(len(commands)) as pool:  # each waits on its own process
+        done = list(pool.map(lambda args: run_cli(*args, option, url, *other, timeout=60), commands))
+    said = [(args, result.stdout + result.stderr) for args, result in zip(commands, done, strict=True)]
     for args, text in said:
         assert not [piece for piece in pieces if piece in text], (args, text)
         assert "Traceback" not in text and "duetime bug" not in text, (args, text)
