@@ -37,9 +37,10 @@ def redact(url: str) -> str:
     the values of such keys in a keyword connection string (``host=h password=…``).
 
     A password may hold ``#``, ``/`` or ``?`` unencoded (generated ones often do) and drivers
-    disagree on where it ends, so the user part runs to the last ``@`` not inside an option's
-    value, under any reading. What cannot be read as a URL at all is shown as
-    ``<unparsable URL: why>``; text with no secret in any reading is left exactly as written."""
+    disagree on where it ends, so the user part runs to the URL's one ``@`` wherever it is, unless
+    that ``@`` sits in an option's value (:func:`_user_part_end`). What cannot be read as a URL at
+    all (an ``@`` written twice among them) is shown as ``<unparsable URL: why>``; text with no
+    secret in any reading is left exactly as written."""
     text = url.strip()
     scheme = _SCHEME.match(text)
     if scheme is None:
