@@ -97,7 +97,9 @@ def send_each(
 
     A failure the broker gives as a refusal of this message fails it alone (``reset`` drops the
     channel or connection it may have closed; the next send opens a new one). One of ``outages``
-    without such a reason is an outage: this message and those after it come back unavailable.
+    without such a reason, or a connection that cannot be opened again (``send`` raising
+    :class:`TransportUnavailable`), is an outage: this message and those after it come back
+    unavailable.
     Anything else fails this message alone, to be tried again (:class:`TransportError`)."""
     results: list[Exception | None] = []
     for index, message in enumerate(messages):
@@ -111,6 +113,8 @@ def send_each(
             refused = refusal(error, message.message_id, broker)
             if refused is not None:
                 results.append(refused)
+            elif isinstance(error, TransportUnavailable):  # connecting again failed: said already
+                return results + [error] * (len(messages) - index)
             elif isinstance(error, outages):
                 gone = TransportUnavailable(f"{broker} went away: {server_reason(error)}")
                 return results + [gone] * (len(messages) - index)

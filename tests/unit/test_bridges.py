@@ -210,3 +210,48 @@ async def test_a_polled_store_tells_of_a_later_next_due_once_the_earlier_one_has
     with contextlib.suppress(asyncio.CancelledError):
         await poll_next_due(next_due, 0.001, subscribers)
     assert told == [t1, t1 + timedelta(seconds=5), t1]
+
+
+def test_send_each_keeps_what_was_sent_and_sorts_each_failure_by_what_the_broker_said() -> None:
+    """One message at a time: the broker's refusal of one (an AMQP reply code, wrapped or not)
+    fails it alone; a connection lost without a code, or one that cannot be opened again, is an
+    outage for it and everything after it, never for what went before."""
+    from datetime import UTC, datetime
+
+    from duetime import DelayedMessage
+    from duetime.backends.refusals import send_each
+    from duetime.errors import InvalidMessage, MessageRefused, TransportError, TransportUnavailable
+
+    class Closed(Exception):
+        def __init__(self, reply_code: int) -> None:
+            super().__init__(reply_code, "closed")
+            self.reply_code = reply_code
+
+    class Wrapped(Exception):  # Dramatiq wraps pika's error as its first argument
+        pass
+
+    batch = [DelayedMessage(f"m{i}", "q", datetime(2030, 1, 1, tzinfo=UTC)) for i in range(7)]
+    said: dict[str, BaseException] = {
+        "m1": Closed(503),  # COMMAND_INVALID: the broker closed the connection on this one
+        "m2": Wrapped(Closed(403)),
+        "m3": InvalidMessage("not a task"),
+        "m4": ValueError("odd"),
+        "m5": ConnectionError("reset by peer"),
+    }
+    sent, resets = [], []
+
+    def send(m: DelayedMessage) -> None:
+        if m.message_id in said:
+            raise said[m.message_id]
+        sent.append(m.message_id)
+
+    results = send_each(batch, send, outages=(ConnectionError,), reset=lambda: resets.append(1), broker="b")
+    assert sent == ["m0"]
+    assert results[0] is None
+    assert isinstance(results[1], MessageRefused) and isinstance(results[2], MessageRefused)
+    assert isinstance(results[3], InvalidMessage)
+    assert type(results[4]) is TransportError
+    assert all(isinstance(r, TransportUnavailable) for r in results[5:])  # m5 and m6: an outage
+    said = {"m0": TransportUnavailable("cannot connect")}
+    again = send_each(batch[:3], send, outages=(ConnectionError,), reset=lambda: None, broker="b")
+    assert [str(r) for r in again] == ["cannot connect"] * 3
