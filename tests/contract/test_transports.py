@@ -70,6 +70,9 @@ class TestRabbitMqTransport(TransportContract):
                 101, queue, h="€" * 45_000
             ),
             "a header name over 128 bytes (the client would cut it)": msg(102, queue, **{"n" * 200: "v"}),
+            "2,000 header names of 40 three-byte characters (240,000 bytes)": msg(
+                106, queue, **{f"{i:04d}" + "€" * 36: "" for i in range(2_000)}
+            ),
             "a body over the URL's max_message_size": DelayedMessage(
                 "t-0103", queue, datetime(2030, 1, 1, tzinfo=UTC), b"y" * 70_000, {}
             ),

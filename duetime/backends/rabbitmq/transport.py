@@ -330,7 +330,7 @@ class RabbitMqTransport(AsyncClosing):
                 return MessageRefused(
                     f"header name {name[:40]!r}... is over AMQP's {MAX_HEADER_NAME} bytes (it would be cut)"
                 )
-        rough = sum(len(k) + len(str(v)) * 4 + 16 for k, v in headers.items())  # UTF-8 at worst
+        rough = sum(len(k.encode()) + len(str(v)) * 4 + 16 for k, v in headers.items())  # in bytes, at worst
         if rough + HEADER_FRAME_SLACK > frame_max:  # near the limit: measure it exactly
             size = len(marshal(ContentHeader(properties=p.properties, body_size=len(p.body)), 1))
             if size > frame_max:
