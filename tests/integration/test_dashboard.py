@@ -294,7 +294,8 @@ def test_read_only_hides_every_action_and_refuses_changes(world: dict[str, Any],
                 urllib.request.urlopen(req, timeout=10)
                 raise AssertionError("a read-only dashboard accepted a change")
             except urllib.error.HTTPError as refused:
-                assert refused.code == 403
+                with refused:  # it holds the connection
+                    assert refused.code == 403
             assert world["store"].get(c.message_id) is not None
         finally:
             stop(board)
