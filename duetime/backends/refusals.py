@@ -47,12 +47,10 @@ REFUSING_CODES = {
 }
 
 
-def reply_code(
-    error: BaseException, codes_by_type: dict[type[BaseException], int] | None = None
-) -> int | None:
+def reply_code(error: BaseException) -> int | None:
     """The AMQP reply code behind ``error``, wherever its client keeps it: a ``reply_code``
-    attribute (pika, py-amqp), the exception's type (aiormq: ``codes_by_type``), or the error it
-    wraps (Dramatiq wraps pika's as its first argument; others chain it as the cause)."""
+    attribute (pika, py-amqp), or the error it wraps (Dramatiq wraps pika's as its first
+    argument; others chain it as the cause)."""
     seen: set[int] = set()
     todo: list[object] = [error]
     while todo:
@@ -63,22 +61,14 @@ def reply_code(
         code = getattr(item, "reply_code", None)
         if isinstance(code, int) and not isinstance(code, bool):
             return code
-        for kind, known in (codes_by_type or {}).items():
-            if type(item) is kind:
-                return known
         todo += [*item.args, item.__cause__, item.__context__]
     return None
 
 
-def refusal(
-    error: BaseException,
-    message_id: str,
-    broker: str,
-    codes_by_type: dict[type[BaseException], int] | None = None,
-) -> MessageRefused | None:
+def refusal(error: BaseException, message_id: str, broker: str) -> MessageRefused | None:
     """``error`` as the broker's refusal of message ``message_id``, or None when it is not one
     (an outage, or a failure the broker did not explain)."""
-    code = reply_code(error, codes_by_type)
+    code = reply_code(error)
     if code not in REFUSING_CODES:
         return None
     return MessageRefused(f"{broker} refused message {message_id}: {server_reason(error)}")
