@@ -8,13 +8,16 @@ before the bad one go many times, those after it never go, the dispatch breaker 
 process exits, on every start. A real outage (the broker went away, or is shutting down) must
 stay an outage: the messages wait for it instead of going to the error queue.
 
-So every transport sorts a failure here, by what the broker said: an AMQP reply code a broker
-closes a channel or connection with because of what one command carried refuses the message
+So a failure is sorted here, by what the broker said: an AMQP reply code a broker closes a
+channel or connection with because of what one command carried refuses the message
 (:class:`MessageRefused`: to the error queue, with the broker's words); a connection that broke
 without such a code is an outage for this message and every one after it in the batch, while
-those before it, already confirmed, stay sent. :func:`send_each` is that loop for transports
-that publish one message at a time (Celery's and Dramatiq's clients). A connection lost without
-a code is then traced to the message that loses it by :mod:`duetime.engine.pinpoint`.
+those before it, already confirmed, stay sent. :func:`send_each` is that loop for the transports
+that publish one message at a time (Celery's and Dramatiq's clients). The RabbitMQ transport,
+which writes a whole batch before its confirms come back, reads the broker's answer to each
+publish in its own ``send_batch``. Either way, a connection lost without a code is then traced
+to the message that loses it by :mod:`duetime.engine.pinpoint`, and
+``duetime.testing.transport_contract.ContainmentContract`` holds every transport to the result.
 """
 
 from __future__ import annotations
