@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from duetime.errors import DestinationNotFound, MessageRefused
-from duetime.interfaces import InspectableQueue, ReceivingTransport, Transport
+from duetime.interfaces import InspectableQueue, ReceivedMessage, ReceivingTransport, Transport
 from duetime.message import DelayedMessage
 
 
@@ -58,9 +58,15 @@ class ContainmentContract:
         Celery's and Dramatiq's are, needs nothing)."""
         await transport.declare(queue)
 
+    def identify(self, message: ReceivedMessage) -> str:
+        """The id a received message was sent with (a transport that keeps it elsewhere, in its
+        body as Dramatiq does, says where)."""
+        return message.message_id
+
     async def delivered(self, transport: Transport, queue: str, count: int) -> list[str]:
         """The ids of the messages that arrived in ``queue``, in order, once they number
-        ``count`` (or no more come), taken off the queue."""
+        ``count`` (or no more come), taken off the queue. ``transport`` must be able to read;
+        one that cannot passes a reader of the same queues."""
         assert isinstance(transport, ReceivingTransport)
         got: list = []  # type: ignore[type-arg]
         for _ in range(50):
@@ -69,7 +75,7 @@ class ContainmentContract:
                 got += await transport.receive(queue, 10, 0.3)  # and nothing more
                 break
         await transport.acknowledge(got)
-        return [m.message_id for m in got]
+        return [self.identify(m) for m in got]
 
     async def test_a_refused_message_fails_alone_and_its_batch_mates_go_once(
         self, transport: Transport, queue: str

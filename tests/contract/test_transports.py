@@ -13,6 +13,7 @@ import pytest
 
 from duetime.backends.memory import MemoryTransport
 from duetime.backends.sqlite import SqliteQueueTransport
+from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage
 from duetime.testing.transport_contract import ContainmentContract, TransportContract, msg
 from tests.services import NATS, RABBITMQ, REDIS, postgres_schema, require
@@ -171,25 +172,16 @@ class _ReadFromRabbitMq(ContainmentContract):
     async def prepare(self, transport: object, queue: str) -> None:
         pass
 
-    def message_id(self, body: bytes, properties_id: str) -> str:
-        return properties_id
-
     async def delivered(self, transport: object, queue: str, count: int) -> list[str]:
         from duetime.backends.rabbitmq import RabbitMqTransport
 
         reader = RabbitMqTransport.from_url(RABBITMQ)
         await reader.start()
         try:
-            got: list[Any] = []
-            for _ in range(50):
-                got += await reader.receive(queue, count + 10 - len(got), 0.2)
-                if len(got) >= count:
-                    got += await reader.receive(queue, 10, 0.3)
-                    break
-            await reader.acknowledge(got)
+            ids = await super().delivered(reader, queue, count)
             for name in (queue, f"{queue}.DQ", f"{queue}.XQ"):  # Dramatiq's delay and dead-letter queues
                 await reader.delete(name)
-            return [self.message_id(m.body, m.message_id) for m in got]
+            return ids
         finally:
             await reader.close()
 
@@ -264,8 +256,8 @@ class TestDramatiqTransport(_ReadFromRabbitMq):
             channel.queue_delete(name)
         connection.close()
 
-    def message_id(self, body: bytes, properties_id: str) -> str:
-        return str(json.loads(body)["message_id"])
+    def identify(self, message: ReceivedMessage) -> str:
+        return str(json.loads(message.body)["message_id"])  # Dramatiq keeps it in its body
 
     @staticmethod
     def actor_message(message_id: str, queue: str) -> DelayedMessage:
