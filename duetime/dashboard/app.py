@@ -251,9 +251,13 @@ async def _broker_look(dashboard: Dashboard, endpoint: str, destinations: list[s
     now = time.monotonic()
     if cached is not None and now - cached.at < BROKER_LOOK_SECONDS:
         return cached
-    try:
+
+    async def read() -> dict[str, int] | None:
         async with _error_transport(dashboard) as t:
-            depths = await queue_depths(t, [dashboard.error_queue, *destinations])
+            return await queue_depths(t, [dashboard.error_queue, *destinations])
+
+    try:  # half the page's time at most: a broker that does not answer costs the page nothing else
+        depths = await within(read(), dashboard.answer_within / 2, "reading the queues")
         look = BrokerLook(depths, None if depths is None else depths.get(dashboard.error_queue), None, now)
     except Exception as error:  # the page stands without it, and says why
         look = BrokerLook(None, None, f"could not read the queues: {one_line(error)}", now)
@@ -273,11 +277,7 @@ async def overview(request: Request) -> Response:
         counted_at, counts = now, await store.counts(now)
     soon = await _due_soon(store, now)
     everyone = await store.dispatchers() if isinstance(store, DispatcherRegistry) else None
-    broker = await within(
-        _broker_look(dashboard, endpoint, list(counts.by_destination)),
-        dashboard.answer_within,
-        "reading the queues",
-    )
+    broker = await _broker_look(dashboard, endpoint, list(counts.by_destination))
     live = [d for d in everyone or [] if d.status(now) == "live"]
     window = request.query_params.get("window", "1h")
     seconds = WINDOWS.get(window, 3600)
@@ -316,7 +316,7 @@ async def overview(request: Request) -> Response:
         counted_at=_time(counted_at),
         soon=soon,
         delivered_5m=sum(s.forwarded or 0 for s in recent),
-        sampled_for=readable_duration(min(300.0, timeline.span_seconds(now))),
+        delivered_label=_delivered_label(timeline.span_seconds(now)),
         delivered_live=sum(d.forwarded for d in live),
         live_count=len(live),
         broker=broker,
@@ -331,6 +331,14 @@ async def overview(request: Request) -> Response:
         windows=list(WINDOWS),
         sample_every=dashboard.sample_every,
     )
+
+
+def _delivered_label(sampled: float) -> str:
+    """What the sampled delivered count covers: five minutes, or as long as the dashboard has
+    sampled (a count since it started is not one of the last five minutes)."""
+    if sampled >= 300:
+        return "delivered, last 5 min"
+    return f"delivered since this dashboard started sampling, {int(sampled)} s ago"
 
 
 async def _due_soon(store: DelayedMessageStore, now: datetime) -> list[tuple[str, int]]:

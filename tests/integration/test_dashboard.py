@@ -568,8 +568,35 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
         assert "no queue" in rows[nowhere][2], rows[nowhere]
         error_card = html.split('id="error-count"', 1)[1].split("</div>", 1)[0]
         assert f'/errors?endpoint={ENDPOINT}">1</a>' in error_card, error_card
-        assert f"in the error queue {errors}" in html
+        assert f"in the error queue <code>{errors}</code>" in html
         delivered = html.split('id="delivered-live"', 1)[1].split("</div>", 1)[0]
         assert ">2" in delivered and "1 live dispatcher since" in html, delivered
     finally:
         on_broker_now(fill=False)
+
+
+def test_the_overview_stands_when_the_broker_does_not_answer() -> None:
+    """A transport that accepts the connection and never speaks: the overview still answers,
+    within its time, with the store's figures and one line saying why the queues are missing."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections wait in the backlog, never answered
+    broker = f"amqp://guest:guest@127.0.0.1:{silent.getsockname()[1]}/"
+    try:
+        with postgres_schema() as url:
+            ok("setup", "--store", url, "--endpoint", ENDPOINT)
+            port = free_port()
+            board = dashboard(url, port, "--transport", broker, "--timeout", "4s")
+            try:
+                started = time.monotonic()
+                status, html = request(port, f"/?endpoint={ENDPOINT}", auth=basic("duetime", PASSWORD))
+                took = time.monotonic() - started
+            finally:
+                stop(board)
+    finally:
+        silent.close()
+    assert status == 200, html
+    assert 'id="broker-problem"' in html and "could not read the queues" in html, html
+    assert took < 4, took  # half the page's time for the broker, the rest to spare
