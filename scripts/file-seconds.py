@@ -14,14 +14,15 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 
-def main(report: str) -> None:
+def main(
+    report: str, out: Path = Path(__file__).resolve().parent.parent / "tests" / "file-seconds.json"
+) -> None:
     seconds: collections.Counter[str] = collections.Counter()
     for case in ElementTree.parse(report).iter("testcase"):
         parts = (case.get("classname") or "").split(".")
         module = max((i for i, part in enumerate(parts) if part.startswith("test_")), default=-1)
         if module >= 0:
             seconds["/".join(parts[: module + 1]) + ".py"] += float(case.get("time") or 0)
-    out = Path(__file__).resolve().parent.parent / "tests" / "file-seconds.json"
     ranked = {name: round(value, 1) for name, value in seconds.most_common()}
     out.write_text(json.dumps(ranked, indent=1) + "\n")
     print(f"{out}: {len(ranked)} files, {sum(ranked.values()):.0f} s in all")

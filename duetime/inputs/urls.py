@@ -115,7 +115,8 @@ def _hide_keyword(match: re.Match[str]) -> str:
 #: Pieces of a secret shorter than this are not looked for in other text (they would match words).
 SHORTEST_PIECE = 4
 _SEPARATORS = re.compile(r"[#/?@:=&]")
-_remembered: set[str] = set()
+#: The secrets :func:`scrub` replaces, longest first (a piece inside a longer one goes after it).
+_remembered: tuple[str, ...] = ()
 
 
 def secrets_in(url: str) -> set[str]:
@@ -142,24 +143,30 @@ def secrets_in(url: str) -> set[str]:
     return {secret for secret in every if len(secret) >= SHORTEST_PIECE}
 
 
+def _keep(secrets: set[str]) -> None:
+    global _remembered
+    if not secrets <= set(_remembered):
+        _remembered = tuple(sorted(set(_remembered) | secrets, key=len, reverse=True))
+
+
 def remember(url: object) -> None:
     """Keep ``url``'s secrets for :func:`scrub`: called where duetime takes a URL in (the
     command line, the environment, opening a store or a transport). Not text: nothing to keep."""
     if isinstance(url, str):
-        _remembered.update(secrets_in(url))
+        _keep(secrets_in(url))
 
 
 def remember_secret(secret: str) -> None:
     """Keep ``secret`` itself (a password given on its own) for :func:`scrub`."""
     if len(secret) >= SHORTEST_PIECE:
-        _remembered.add(secret)
+        _keep({secret})
 
 
 def scrub(text: str) -> str:
     """``text`` with every remembered secret replaced by ``***``: the last net under
     :func:`redact`, for what a driver says about a URL in its own words (an error quoting part of
     it), on every way out (the command line's output, the logs)."""
-    for secret in sorted(_remembered, key=len, reverse=True):
+    for secret in _remembered:
         if secret in text:
             text = text.replace(secret, HIDDEN)
     return text

@@ -91,3 +91,25 @@ def test_no_module_imports_another_modules_private_helper() -> None:
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert borrowed == []
+
+
+def test_file_seconds_adds_up_each_files_tests_from_a_report(tmp_path: Path) -> None:
+    """scripts/file-seconds.py, as the suite's ordering reads it (tests/conftest.py)."""
+    import importlib.util
+    import json
+
+    report = tmp_path / "suite.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.unit.test_a" name="test_one" time="1.5"/>'
+        '<testcase classname="tests.unit.test_a" name="test_two" time="2.0"/>'
+        '<testcase classname="tests.contract.test_b.TestThing" name="test_x" time="9"/>'
+        "</testsuite></testsuites>"
+    )
+    spec = importlib.util.spec_from_file_location("file_seconds", ROOT / "scripts" / "file-seconds.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "file-seconds.json"
+    module.main(str(report), out)
+    assert json.loads(out.read_text()) == {"tests/contract/test_b.py": 9.0, "tests/unit/test_a.py": 3.5}

@@ -115,3 +115,17 @@ def test_what_holds_no_secret_is_left_exactly_as_written() -> None:
         "postgresql://postgres@127.0.0.1:5432/test?schema=t1&target_session_attrs=read-write",
     ):
         assert redact(url) == url
+
+
+def test_scrub_replaces_every_remembered_secret_and_its_pieces_longest_first() -> None:
+    """What a driver says of a URL in its own words: libpq quoted the part of a password after
+    its `?` as an "invalid URI query parameter"."""
+    from duetime.inputs.urls import remember, remember_secret, scrub
+
+    remember("postgresql://app:Zqfirst?Zqsecondpart@db/app")
+    remember_secret("Zq-dashboard-pw")
+    said = (
+        'invalid URI query parameter: "Zqsecondpart@db/app"; password Zqfirst?Zqsecondpart; Zq-dashboard-pw'
+    )
+    assert scrub(said) == 'invalid URI query parameter: "***@db/app"; password ***; ***'
+    assert scrub("nothing secret here") == "nothing secret here"
