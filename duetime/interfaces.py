@@ -312,6 +312,17 @@ class Transport(Protocol):
 
 
 @runtime_checkable
+class NewOnlyStore(Protocol):
+    """A store that can store, in one call, only the messages of a batch it does not hold yet:
+    what resuming an interrupted load or a retry of many needs. Every duetime store has it; for a
+    store without it, ``duetime.operations.message_files.store_new`` stores one message at a time."""
+
+    async def store_new(self, messages: Sequence[DelayedMessage]) -> int:
+        """Store those of ``messages`` whose id is not stored (the first of an id repeated in the
+        batch); return how many were stored. Never raises DuplicateMessageId."""
+
+
+@runtime_checkable
 class TransactionalStore(Protocol):
     """A store that can move due messages into a transport inside one transaction (exactly-once)."""
 

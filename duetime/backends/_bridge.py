@@ -159,6 +159,12 @@ class AsyncStoreBridge(AsyncClosing):
             self.subscribers.notify(min(m.due_at for m in messages))
         return count
 
+    async def store_new(self, messages: Sequence[DelayedMessage]) -> int:
+        count = await self._call(self.sync.store_new, list(messages))
+        if count:
+            self.subscribers.notify(min(m.due_at for m in messages))
+        return count
+
     async def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
         return await self._call(self.sync.fetch_due, at, limit)
 

@@ -34,6 +34,9 @@ SCHEMA_VERSION = 2
 DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
 #: Destinations counted one by one in ``counts`` (the queries stop there); the rest are summed.
 DESTINATIONS_SHOWN = 1000
+#: Looks at what a batch holds already before ``store_new`` stores its messages one at a time
+#: (only a writer storing the same ids at that moment makes a second look necessary).
+NEW_ONLY_TRIES = 3
 
 
 class Duplicate(Exception):
@@ -213,6 +216,11 @@ class StoreRules(Closing, ABC):
     @abstractmethod
     def _get(self, message_id: str) -> DelayedMessage | None: ...
 
+    def _stored_ids(self, message_ids: Sequence[str]) -> set[str]:
+        """Which of ``message_ids`` are stored (claimed or not); a backend with a query for many
+        ids at once overrides this look, one ``_get`` per id."""
+        return {i for i in message_ids if self._get(i) is not None}
+
     @abstractmethod
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         """Delete the message only if no live claim holds it."""
@@ -331,6 +339,34 @@ class StoreRules(Closing, ABC):
         except Duplicate as error:
             raise duplicate_id(error.message_id or self._first_stored(messages)) from None
         return len(messages)
+
+    def store_new(self, messages: Sequence[DelayedMessage]) -> int:
+        """Store, together, those of ``messages`` whose id is not stored yet (the first of a
+        repeated id); how many were new. Resuming work that stopped half-way (a load, a retry of
+        the error queue) costs one look and one insert a batch, not a round trip a message."""
+        self._ready()
+        first: dict[str, DelayedMessage] = {}
+        for m in messages:
+            first.setdefault(m.message_id, m)
+        fresh = list(first.values())
+        for _ in range(NEW_ONLY_TRIES):
+            there = self._stored_ids([m.message_id for m in fresh])
+            fresh = [m for m in fresh if m.message_id not in there]
+            if not fresh:
+                return 0
+            try:
+                self._insert(fresh)
+                return len(fresh)
+            except Duplicate:
+                continue  # stored by another writer since the look: look again
+        return sum(self._store_if_new(m) for m in fresh)
+
+    def _store_if_new(self, message: DelayedMessage) -> int:
+        try:
+            self._insert([message])
+            return 1
+        except Duplicate:
+            return 0
 
     def _first_stored(self, messages: Sequence[DelayedMessage]) -> str | None:
         return next((m.message_id for m in messages if self._get(m.message_id) is not None), None)

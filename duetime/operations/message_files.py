@@ -23,7 +23,7 @@ from typing import Any
 
 from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.inputs.durations import parse_duration, parse_time
-from duetime.interfaces import DelayedMessageStore
+from duetime.interfaces import DelayedMessageStore, NewOnlyStore
 from duetime.message import DelayedMessage, check_encodable, kind
 
 KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id", "group"}
@@ -185,17 +185,20 @@ async def _store(
                 f"{error} {report.stored} messages from earlier chunks are stored; run again with "
                 "--skip-duplicates to store the rest and skip what is there (e.g. after an interrupted load)."
             ) from None
-        stored = await _one_by_one(store, batch)
+        stored = await store_new(store, batch)
         report.stored += stored
         report.skipped_duplicates += len(batch) - stored
 
 
 async def store_new(store: DelayedMessageStore, batch: Sequence[DelayedMessage]) -> int:
     """Store each message not stored yet (by id); how many were new. The way to resume work that
-    stopped half-way after storing part of a batch: the batch at once, else one at a time."""
+    stopped half-way after storing part of a batch: the batch at once, else what the store does
+    not hold (one message at a time for a store without ``store_new``)."""
     try:
         return await store.store_many(batch)
     except DuplicateMessageId:
+        if isinstance(store, NewOnlyStore):
+            return await store.store_new(batch)
         return await _one_by_one(store, batch)
 
 

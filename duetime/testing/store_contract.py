@@ -19,6 +19,7 @@ from duetime.interfaces import (
     DispatcherRegistry,
     DueCounter,
     ListQuery,
+    NewOnlyStore,
     SyncDelayedMessageStore,
 )
 from duetime.live_dispatchers import DispatcherInfo
@@ -165,6 +166,34 @@ class StoreContract:
             for m in (batch[0], batch[1], batch[-1]):
                 assert await store.get(m.message_id) == m, size
         assert (await store.counts(now())).total == 2 + 2 * ROUND_LIMIT + 1
+
+    async def test_store_new_stores_only_the_ids_not_stored_and_never_overwrites(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """Resuming an interrupted load: the ids stored (claimed or not) are skipped and kept as
+        they are, the first of an id repeated in the batch is stored, the rest go in together."""
+        assert isinstance(store, (NewOnlyStore, SyncSide))
+        new_only = cast(NewOnlyStore, store)
+        t = now()
+        await store.store_many([msg(1, t - timedelta(seconds=1)), msg(2, t + timedelta(hours=1))])
+        assert [m.message_id for m in await store.fetch_due(t, 10)] == ["m-00001"]  # claimed
+        batch = [
+            msg(1, t).with_changes(body=b"other"),
+            msg(3, t + timedelta(hours=1)),
+            msg(3, t).with_changes(body=b"repeated"),
+            msg(2, t).with_changes(body=b"other"),
+            msg(4, t + timedelta(hours=2)),
+        ]
+        assert await new_only.store_new(batch) == 2
+        assert await new_only.store_new(batch) == 0
+        assert await new_only.store_new([]) == 0
+        for i in (1, 2, 3, 4):
+            got = await store.get(f"m-{i:05d}")
+            assert got is not None and got.body == f"body {i}".encode(), i
+        large = [msg(i, t + timedelta(hours=1)) for i in range(10, 10 + 2 * ROUND_LIMIT)]
+        await store.store_many(large[::2])
+        assert await new_only.store_new(large) == ROUND_LIMIT
+        assert (await store.counts(now())).total == 4 + 2 * ROUND_LIMIT
 
     async def test_ids_are_exact_strings(self, store: DelayedMessageStore) -> None:
         """No collation may fold case or trailing spaces: these are four different messages."""

@@ -120,6 +120,9 @@ UPDATE {table} SET claim_token = %s, claimed_until = %s WHERE message_id IN %s;
 -- name: delete_many
 DELETE FROM {table} WHERE message_id IN %s;
 
+-- name: stored_ids
+SELECT message_id FROM {table} WHERE message_id IN %s;
+
 -- Live dispatchers (duetime.live_dispatchers): one row per dispatcher, refreshed every few seconds.
 -- name: create_presence_table
 CREATE TABLE IF NOT EXISTS duetime_dispatchers (

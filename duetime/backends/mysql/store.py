@@ -331,6 +331,11 @@ class SyncMysqlStore(StoreRules):
         rows = self._fetch(self.q["get"], (message_id,))
         return _message(rows[0]) if rows else None
 
+    def _stored_ids(self, message_ids: Sequence[str]) -> set[str]:
+        return (
+            {r[0] for r in self._fetch(self.q["stored_ids"], (tuple(message_ids),))} if message_ids else set()
+        )
+
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._execute(self.q["delete_unclaimed"], (message_id, to_micros(now))) == 1
 

@@ -140,6 +140,9 @@ FOR KEY SHARE SKIP LOCKED;
 -- name: delete_many
 DELETE FROM {table} WHERE message_id = ANY(%(ids)b);
 
+-- name: stored_ids
+SELECT message_id FROM {table} WHERE message_id = ANY(%(ids)b);
+
 -- name: increment_failure
 UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL
 WHERE message_id = %(id)s;

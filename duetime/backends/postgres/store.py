@@ -276,6 +276,9 @@ class SyncPostgresStore(StoreRules):
         rows = self._rows(self.names.q["get"], {"id": message_id})
         return decode(rows[0]) if rows else None
 
+    def _stored_ids(self, message_ids: Sequence[str]) -> set[str]:
+        return {r[0] for r in self._rows(self.names.q["stored_ids"], {"ids": list(message_ids)})}
+
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._rowcount(self.names.q["delete_unclaimed"], {"id": message_id, "now": now}) == 1
 

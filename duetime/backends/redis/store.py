@@ -267,6 +267,12 @@ class SyncRedisStore(StoreRules):
         payload, failures, due = pipe.execute()
         return None if payload is None else _message(message_id, payload, failures or 0, due)
 
+    def _stored_ids(self, message_ids: Sequence[str]) -> set[str]:
+        pipe = self.client.pipeline(transaction=False)
+        for message_id in message_ids:
+            pipe.hexists(self.keys["payload"], message_id)
+        return {i for i, there in zip(message_ids, pipe.execute(), strict=True) if there}
+
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._act("cancel", message_id, now) == 1
 

@@ -115,6 +115,10 @@ SELECT min(claimed_until) FROM {table} WHERE claim_token IS NOT NULL;
 -- name: delete
 DELETE FROM {table} WHERE message_id = ?;
 
+-- The ids of a JSON array that are stored.
+-- name: stored_ids
+SELECT message_id FROM {table} WHERE message_id IN (SELECT value FROM json_each(?));
+
 -- name: increment_failure
 UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL
 WHERE message_id = ?;

@@ -8,6 +8,7 @@ claims come back when the lease runs out.
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 import uuid
@@ -192,6 +193,11 @@ class SyncSqliteStore(StoreRules):
         with self._lock:
             row = self._conn.execute(self.q["get"], (message_id,)).fetchone()
         return None if row is None else _message(row)
+
+    def _stored_ids(self, message_ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            rows = self._conn.execute(self.q["stored_ids"], (json.dumps(list(message_ids)),)).fetchall()
+        return {r[0] for r in rows}
 
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._write_each(self.q["delete_unclaimed"], [(message_id, to_micros(now))]) == 1
