@@ -212,7 +212,7 @@ def send_delayed_command(
 ) -> None:
     """Send a delayed message through the broker to <endpoint>.Timeouts (the front door).
 
-    For services that reach only the broker: the duetime service consuming that queue stores the
+    For services that reach only the broker: a `duetime run --front-door` consuming that queue stores the
     message once (by its id) and delivers it when it is due. Prints the message id.
     """
     from duetime.nservicebus.frontdoor import front_door_queue, send_delayed

@@ -31,10 +31,10 @@ from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher, run_until_signal
-from duetime.errors import DuetimeError, InvalidSetting, one_line
+from duetime.errors import ConfigurationError, DuetimeError, InvalidSetting, one_line
 from duetime.inputs.urls import redact
 from duetime.interfaces import ReceivingTransport, ServerClock
-from duetime.nservicebus.frontdoor import FrontDoor
+from duetime.nservicebus.frontdoor import FrontDoor, front_door_queue
 from duetime.observability.deliverylog import SqlDeliveryLog, open_delivery_log
 from duetime.observability.heartbeat import Heartbeat
 from duetime.observability.logs import LogFormat
@@ -116,9 +116,13 @@ def run(
     front_door: Annotated[
         bool,
         typer.Option(
-            help="Also store what arrives on the <endpoint>.Timeouts queue (the timeout manager queue NServiceBus senders use; the old name <endpoint>.timeouts too while it exists)."
+            "--front-door/--no-front-door",
+            envvar="DUETIME_FRONT_DOOR",
+            help="Also store what senders put on the <endpoint>.Timeouts queue (NServiceBus's timeout "
+            "manager queue; the old name <endpoint>.timeouts too while it exists). Needs a transport "
+            "duetime can read from: RabbitMQ, NATS, Redis streams or the store's own queue tables.",
         ),
-    ] = True,
+    ] = False,
     auto_setup: Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")] = True,
     delivery_log: Annotated[
         str | None,
@@ -190,6 +194,12 @@ def run(
             opened.push_async_callback(_close, s.close)
             t = open_transport(transport_url_for(store, transport))
             opened.push_async_callback(_close, t.close)
+            if front_door and not isinstance(t, ReceivingTransport):
+                raise ConfigurationError(
+                    f"--front-door needs a transport duetime can read the {front_door_queue(endpoint)} "
+                    f"queue from; {redact(transport_url_for(store, transport))} is not one (use RabbitMQ, "
+                    "NATS, Redis streams or the store's own queue tables), or leave --front-door out."
+                )
             if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
                 settings = settings.with_changes(transaction_mode=safest_mode(s, t))
             if auto_setup:
@@ -206,11 +216,12 @@ def run(
         broker password was said to be dispatching before it failed)."""
         await dispatcher.connected()
         logging.getLogger("duetime").info(
-            "dispatching endpoint %s from %s to %s, %s; Ctrl-C to stop",
+            "dispatching endpoint %s from %s to %s, %s%s; Ctrl-C to stop",
             endpoint,
             redact(store),
             redact(transport_url_for(store, transport)),
             settings.transaction_mode.value,
+            f", and storing what arrives on {front_door_queue(endpoint)}" if front_door else "",
         )
 
     async def _dispatch(dispatcher: Dispatcher, t: object, settings: DelayedDeliverySettings) -> None:

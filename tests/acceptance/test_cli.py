@@ -291,6 +291,46 @@ def test_run_on_the_default_store_is_exactly_once_and_logs_one_line_records(cli,
     assert (last["level"], last["exit_code"]) == ("ERROR", 1) and "does not exist" in last["message"], last
 
 
+def test_the_front_door_is_on_only_when_asked_for(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`run` declares and reads <endpoint>.Timeouts only with --front-door (or DUETIME_FRONT_DOOR),
+    says so in its start line, and refuses it on a transport it cannot read from."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import duetime_cmd
+
+    cli("setup", "--queue", "orders")
+    cli("run", "--burst")
+    assert "duetime.Timeouts" not in json.loads(cli("stats", "--json").stdout)["queues"]
+    cli("send-delayed", "orders", "hi", "--in", "1h", "--id", "fd1", "--transport", "sqlite:///duetime.db")
+    cli("run", "--burst")  # off: the envelope waits where it is
+    stats = json.loads(cli("stats", "--json").stdout)
+    assert stats["stored"] == 0 and stats["queues"]["duetime.Timeouts"] == 1, stats
+    cli("run", "--burst", env={"DUETIME_FRONT_DOOR": "1"})
+    stats = json.loads(cli("stats", "--json").stdout)
+    assert stats["stored"] == 1 and stats["queues"]["duetime.Timeouts"] == 0, stats
+    assert json.loads(cli("show", "fd1").stdout)["body"] == "hi"
+    refused = cli(
+        "run", "--burst", "--front-door", "--transport", "celery+amqp://u:p@nowhere.invalid//", ok=False
+    )
+    assert refused.returncode == 1 and "--front-door needs a transport" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and ":p@" not in refused.stderr
+    proc = subprocess.Popen(
+        duetime_cmd("run", "--front-door"), cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        line = ""
+        while "dispatching endpoint" not in line and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+        assert "and storing what arrives on duetime.Timeouts" in line, line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
 def test_run_logs_a_summary_line_while_it_works(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import os
     import signal

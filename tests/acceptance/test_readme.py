@@ -71,7 +71,7 @@ PRELUDES = {
     "send_delayed(transport": (
         "from datetime import timedelta\n"
         "transport = duetime.open_transport('sqlite:///duetime.db')\n"
-        "await transport.declare('shop.Timeouts')\n"  # what `duetime run --endpoint shop` declares
+        "await transport.declare('shop.Timeouts')\n"  # what `duetime run --endpoint shop --front-door` declares
     ),
     "NativeDelays(transport)": (
         "from duetime.backends.rabbitmq.transport import RabbitMqTransport as _T\n"

@@ -211,7 +211,9 @@ def test_send_delayed_from_the_command_line(tmp_path: Path) -> None:
             "--transport",
             broker,
         )
-        out = cli("run", "--burst", "--store", store, "--transport", broker, "--endpoint", "shop")
+        out = cli(
+            "run", "--burst", "--front-door", "--store", store, "--transport", broker, "--endpoint", "shop"
+        )
         assert "forwarded 1" in out
         received = [
             json.loads(x)

@@ -96,7 +96,7 @@ def test_everything_works_through_pgbouncer_and_leaves_no_session_behind(tmp_pat
         url = with_option(bouncer.url(pg), pooler="transaction", poll="0.2")
         _ok("setup", "--store", url, "--endpoint", "shop", "--queue", "orders")
         log = tmp_path / "run.log"
-        run = spawn_run(duetime_cmd("run", "--store", url, "--endpoint", "shop"), log)
+        run = spawn_run(duetime_cmd("run", "--front-door", "--store", url, "--endpoint", "shop"), log)
         try:
             wait_until_serving(log)
             errors: list[BaseException] = []

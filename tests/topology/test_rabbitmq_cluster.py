@@ -109,7 +109,10 @@ def test_a_node_leading_the_queues_killed_loses_nothing(tmp_path: Path) -> None:
         _ok("setup", "--store", store, "--endpoint", "shop", "--transport", url, "--queue", "orders")
         _ok("rabbitmq", "setup", "--transport", url)
         log = tmp_path / "run.log"
-        run = spawn_run(duetime_cmd("run", "--store", store, "--endpoint", "shop", "--transport", url), log)
+        run = spawn_run(
+            duetime_cmd("run", "--front-door", "--store", store, "--endpoint", "shop", "--transport", url),
+            log,
+        )
         tallies = {"s": Tally(), "n": Tally(), "d": Tally()}
         halt_producers, halt_consumer = threading.Event(), threading.Event()
         threads = [
