@@ -35,6 +35,7 @@ from duetime.dashboard.security import (
 )
 from duetime.dashboard.timeline import Timeline
 from duetime.engine.deadline import within
+from duetime.engine.summary import LatenessHistogram
 from duetime.errorqueue import (
     ERROR_ATTEMPTS,
     ERROR_MESSAGE,
@@ -191,9 +192,21 @@ def _seconds(ms: float | None) -> float | None:
     return None if ms is None else ms / 1000
 
 
-def _ms(value: float | None) -> str:
-    """A lateness bucket's upper bound."""
-    return "-" if value is None or math.isinf(value) else f"under {readable_duration(value)}"
+def _at_most(value: float | None) -> str:
+    """A lateness quantile as what it is: the upper bound of the bucket it fell in (buckets are a
+    quarter apart), never a figure it is not."""
+    if value is None:
+        return "-"
+    return "over 1 h" if math.isinf(value) else f"≤ {readable_duration(value)}"
+
+
+def _live_lateness(live: list[DispatcherInfo]) -> LatenessHistogram:
+    """How late the live dispatchers forwarded, since each started (their heartbeats' counts):
+    right from the first view, not only once the dashboard has sampled a while."""
+    total = LatenessHistogram()
+    for dispatcher in live:
+        total = total.plus(LatenessHistogram.from_sparse(dispatcher.lateness))
+    return total
 
 
 def _safe_back(value: str | None, fallback: str) -> str:
@@ -284,7 +297,7 @@ async def overview(request: Request) -> Response:
     samples = timeline.recent(seconds)
     recent = timeline.recent(300)
     reported = [s for s in samples if s.fresh]  # looks that learned nothing new are left out
-    lateness = timeline.lateness(300)
+    lateness = _live_lateness(live)
     charts = [
         line_chart(
             "Backlog",
@@ -321,8 +334,8 @@ async def overview(request: Request) -> Response:
         live_count=len(live),
         broker=broker,
         error_queue=dashboard.error_queue,
-        p50=_ms(lateness.quantile(0.5)),
-        p99=_ms(lateness.quantile(0.99)),
+        p50=_at_most(lateness.quantile(0.5)),
+        p99=_at_most(lateness.quantile(0.99)),
         dispatchers=None if everyone is None else [_dispatcher_row(d, now) for d in everyone],
         breakers=_breakers(everyone or [], now),
         elsewhere=_elsewhere(dashboard, everyone or [], now),

@@ -1,15 +1,17 @@
 """Line charts as inline SVG, drawn on the server.
 
 A chart here is a few lines over time with a scale and a legend; drawing it as SVG text keeps the
-dashboard one Python package that works without JavaScript, loads nothing from the internet (many
-operators' networks are closed) and shows the same in a screenshot as in a browser.
+dashboard one Python package that works without JavaScript (its CSP allows no inline script),
+loads nothing from the internet (many operators' networks are closed) and shows the same in a
+screenshot as in a browser. Each point carries its value as an SVG ``<title>``, which a browser
+shows on hover; times are UTC, as everywhere on the dashboard.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from html import escape
 
 from duetime.inputs.durations import readable_duration
@@ -17,6 +19,8 @@ from duetime.inputs.durations import readable_duration
 WIDTH, HEIGHT = 640, 180
 LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 40
 COLOURS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea")
+#: Points per series that answer a hover (evenly spread): an hour of samples stays a small page.
+HOVER_POINTS = 120
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +33,10 @@ def _label(value: float) -> str:
     if value >= 10_000:
         return f"{value / 1000:,.0f}k"
     return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
+
+
+def _clock(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%H:%M:%S")
 
 
 def seconds_label(value: float) -> str:
@@ -56,6 +64,9 @@ def line_chart(
     def y(v: float) -> float:
         return TOP + plot_h * (1 - v / top)
 
+    def shown(value: float) -> str:
+        return label(value) if label else _label(value) + unit
+
     parts = [
         f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {WIDTH} {HEIGHT}" '
         f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
@@ -66,12 +77,13 @@ def line_chart(
         value = top * fraction
         parts.append(
             f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11">'
-            f"{escape(label(value) if label else _label(value) + unit)}</text>"
+            f"{escape(shown(value))}</text>"
         )
-    for t, anchor in ((start, "start"), (end, "end")):
+    middle = start + (end - start) / 2
+    for t, anchor, suffix in ((start, "start", ""), (middle, "middle", ""), (end, "end", " UTC")):
         parts.append(
             f'<text x="{x(t):.1f}" y="{TOP + plot_h + 16}" text-anchor="{anchor}" font-size="11">'
-            f"{t.astimezone().strftime('%H:%M:%S')}</text>"
+            f"{_clock(t)}{suffix}</text>"
         )
     for i, s in enumerate(series):
         colour = COLOURS[i % len(COLOURS)]
@@ -89,6 +101,12 @@ def line_chart(
                 parts.append(
                     f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{" ".join(run)}"/>'
                 )
+        points = [(t, v) for t, v in s.points if v is not None]
+        for t, v in points[:: max(1, -(-len(points) // HOVER_POINTS))]:
+            parts.append(
+                f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="5" fill="{colour}" fill-opacity="0">'
+                f"<title>{escape(s.name)} at {_clock(t)} UTC: {escape(shown(v))}</title></circle>"
+            )
         legend_x = LEFT + i * 150
         parts.append(f'<rect x="{legend_x}" y="{HEIGHT - 14}" width="10" height="10" fill="{colour}"/>')
         parts.append(f'<text x="{legend_x + 14}" y="{HEIGHT - 5}" font-size="11">{escape(s.name)}</text>')

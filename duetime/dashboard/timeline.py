@@ -123,10 +123,3 @@ class Timeline:
             return []
         newest = self.samples[-1].at
         return [s for s in self.samples if (newest - s.at).total_seconds() <= seconds]
-
-    def lateness(self, seconds: float) -> LatenessHistogram:
-        """Lateness of everything forwarded in the last ``seconds``."""
-        total = LatenessHistogram()
-        for sample in self.recent(seconds):
-            total = total.plus(sample.lateness)
-        return total

@@ -479,7 +479,7 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
     neither, and "delivered" counted from when the dashboard started. Now: each destination's
     queue depth ("no queue" for one the broker lacks), the error queue's count (a non-default one,
     set by the environment) linking to its page, and what the live dispatchers delivered since
-    they started, from the first view."""
+    they started and how late (a bound), from the first view."""
     import asyncio
     import concurrent.futures
     import uuid
@@ -571,6 +571,9 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
         assert f"in the error queue <code>{errors}</code>" in html
         delivered = html.split('id="delivered-live"', 1)[1].split("</div>", 1)[0]
         assert ">2" in delivered and "1 live dispatcher since" in html, delivered
+        # how late those 2 were, from the dispatcher's own counts: a bound, said as one
+        late = html.split('id="lateness-p99"', 1)[1].split("</div>", 1)[0]
+        assert re.search(r">≤ [\d.]+ (ms|s)$", late), late
     finally:
         on_broker_now(fill=False)
 

@@ -44,7 +44,7 @@ def test_delivered_and_lateness_are_the_change_since_the_last_look() -> None:
     assert second.delivered_per_minute == 360.0
     assert second.fresh
     assert second.p99_ms is not None and 500 <= second.p99_ms < 700  # a's slow 60 are new
-    assert timeline.lateness(60).total == 90
+    assert second.lateness.total == 90
     # A look between two heartbeats learns nothing: the rate stands, the sample is not fresh.
     between = timeline.add(t10 + timedelta(seconds=2), COUNTS, [a, b])
     assert between.forwarded == 0 and not between.fresh and between.delivered_per_minute == 360.0
@@ -147,6 +147,11 @@ def test_every_page_writes_times_one_way_and_the_lateness_axis_fits() -> None:
         "Lateness", [Series("p99", [(T0, 6.294), (T0 + timedelta(seconds=60), 0.012)])], label=seconds_label
     )
     assert ">6.9 s<" in chart and " ms<" not in chart.split("6.9 s")[0]  # not "6,924 ms"
+    # each point says its value on hover (an SVG title), times in UTC as on the rest of the page
+    assert f"<title>p99 at {T0.astimezone(UTC):%H:%M:%S} UTC: 6.3 s</title>" in chart, chart
+    assert f">{(T0 + timedelta(seconds=60)).astimezone(UTC):%H:%M:%S} UTC</text>" in chart
+    many = line_chart("Backlog", [Series("stored", [(T0 + timedelta(seconds=i), i) for i in range(3600)])])
+    assert 100 <= many.count("<title>stored at") <= 120  # an hour of samples stays a small page
 
 
 def test_the_login_throttle_counts_per_client_and_overall_and_forgets_with_time() -> None:
