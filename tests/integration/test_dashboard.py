@@ -474,7 +474,9 @@ def test_sigterm_or_ctrl_c_stops_the_dashboard_with_exit_0(tmp_path: Path, stop_
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq", "nats"])
-def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_delivered(broker: str) -> None:
+def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_delivered(
+    broker: str, browser: Any
+) -> None:
     """With messages waiting in a broker's queue and one in the error queue, the overview showed
     neither, and "delivered" counted from when the dashboard started. Now: each destination's
     queue depth ("no queue" for one the broker lacks), the error queue's count (a non-default one,
@@ -500,9 +502,8 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
                 for name in (orders, errors):
                     await t.declare(name)
                 waiting = [DelayedMessage.create(orders, b"w", delay=0) for _ in range(3)]
-                assert (
-                    await t.send_batch([*waiting, DelayedMessage.create(errors, b"e", delay=0)]) == [None] * 4
-                )
+                failed = DelayedMessage.create(errors, b"e", delay=0, message_id=f"failed-{tag}")
+                assert await t.send_batch([*waiting, failed]) == [None] * 4
             else:
                 for name in (orders, errors):
                     await t.delete(name)
@@ -549,7 +550,12 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
                 )
                 board = dashboard(store_url, port, settings=env)
                 try:
-                    status, html = request(port, f"/?endpoint={ENDPOINT}", auth=basic("duetime", PASSWORD))
+                    page = page_for(browser)
+                    answer = page.goto(f"http://127.0.0.1:{port}/?endpoint={ENDPOINT}")
+                    status, html = answer.status, page.content()
+                    # the error page reads the error queue the environment names, not "error"
+                    page.click("#error-count a")
+                    errors_page = page.content()
                 finally:
                     stop(board)
             finally:
@@ -569,6 +575,7 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
         error_card = html.split('id="error-count"', 1)[1].split("</div>", 1)[0]
         assert f'/errors?endpoint={ENDPOINT}">1</a>' in error_card, error_card
         assert f"in the error queue <code>{errors}</code>" in html
+        assert f"failed-{tag}" in errors_page, errors_page[-2000:]
         delivered = html.split('id="delivered-live"', 1)[1].split("</div>", 1)[0]
         assert ">2" in delivered and "1 live dispatcher since" in html, delivered
         # how late those 2 were, from the dispatcher's own counts: a bound, said as one
