@@ -20,6 +20,11 @@ class InvalidMessage(DuetimeError, ValueError):
     """The delayed message is invalid: check the named field."""
 
 
+class InvalidSchedule(DuetimeError, ValueError):
+    """A recurring schedule that cannot be kept as given (a cron expression that never fires, an
+    unknown time zone, an interval of 0)."""
+
+
 class ConfigurationError(DuetimeError, ValueError):
     """duetime is configured in a way that cannot work: read the message for the fix."""
 

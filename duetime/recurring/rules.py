@@ -1,0 +1,236 @@
+"""When a recurring schedule ticks: a cron expression or an interval, in an IANA time zone.
+
+The cron expression itself is read by cronsim (5 fields, or 6 with seconds first; Debian cron's
+syntax: ranges, lists, steps, month and day names, ``L``, ``#``), a small, typed, well-kept
+library written to match Debian's cron. duetime walks the expression in *wall-clock* time and
+turns each wall time into an instant itself, so the daylight-saving rules are duetime's and are
+spelled out once, here:
+
+- a wall time that a spring-forward skips (02:30 on the night clocks go from 02:00 to 03:00)
+  fires once, at the instant of the jump (``skipped="run"``, as cron does), or not at all
+  (``skipped="skip"``); several skipped times collapse into that one tick;
+- a wall time that autumn repeats (02:30 twice) fires once, at its first occurrence;
+- an interval (``every 30s``) is elapsed time from its anchor, whatever the wall clock does.
+
+Every instant is UTC; the host's clock and time zone play no part.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from duetime.errors import InvalidSchedule
+from duetime.inputs.durations import parse_duration, parse_time
+
+Skipped = Literal["run", "skip"]
+CatchUp = Literal["none", "latest", "all"]
+
+#: The shortest interval a schedule may have: a tick is a stored message, not a busy loop.
+SHORTEST_INTERVAL = timedelta(seconds=1)
+#: A cron expression that fires less often than this never fires (``0 0 30 2 *``): cronsim
+#: walks day by day, so an expression is looked at this far ahead when it is given.
+NEVER_AFTER = timedelta(days=366 * 28)  # every weekday-and-date combination repeats within 28 years
+_EVERY = re.compile(r"^\s*(?:every\s+)?(?P<span>.+?)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """When a schedule ticks. Exactly one of ``cron`` and ``every``."""
+
+    cron: str | None = None
+    every: timedelta | None = None
+    zone: str = "UTC"
+    #: No tick before ``start`` (an interval counts from it: its anchor); none after ``end``;
+    #: at most ``count`` ticks in all.
+    start: datetime | None = None
+    end: datetime | None = None
+    count: int | None = None
+    skipped: Skipped = "run"
+    #: What a dispatcher that was away does with the ticks it missed: none, the latest, or all
+    #: of them (only those within ``catch_up_window`` of now, when it is set).
+    catch_up: CatchUp = "latest"
+    catch_up_window: timedelta | None = None
+    _tz: ZoneInfo = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.every is None):
+            raise InvalidSchedule(
+                "Give a schedule either a cron expression or an interval (every 30s), not both."
+            )
+        try:
+            object.__setattr__(self, "_tz", ZoneInfo(self.zone))
+        except (ZoneInfoNotFoundError, ValueError):
+            raise InvalidSchedule(
+                f"Unknown time zone {self.zone!r}; give an IANA name such as Europe/Paris or UTC."
+            ) from None
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise InvalidSchedule(f"The schedule's {name} needs an offset (2030-01-01T09:00:00+01:00).")
+        if self.start is not None and self.end is not None and self.end < self.start:
+            raise InvalidSchedule("The schedule ends before it starts; give an end after the start.")
+        if self.count is not None and self.count < 1:
+            raise InvalidSchedule(f"A schedule's count must be at least 1, got {self.count}.")
+        if self.skipped not in ("run", "skip"):
+            raise InvalidSchedule(f"skipped must be 'run' or 'skip', got {self.skipped!r}.")
+        if self.catch_up not in ("none", "latest", "all"):
+            raise InvalidSchedule(f"catch_up must be 'none', 'latest' or 'all', got {self.catch_up!r}.")
+        if self.every is not None:
+            if self.every < SHORTEST_INTERVAL:
+                raise InvalidSchedule(
+                    f"An interval must be at least {SHORTEST_INTERVAL.total_seconds():g} s, got "
+                    f"{self.every.total_seconds():g} s."
+                )
+            if self.every.microseconds:
+                raise InvalidSchedule("An interval is whole seconds (every 1.5s cannot be kept).")
+        else:
+            self._check_cron()
+
+    @classmethod
+    def parse(cls, when: str, **options: Any) -> Recurrence:
+        """``when`` as a user writes it: a cron expression (``0 9 * * MON-FRI``, 6 fields with
+        seconds first) or an interval (``every 30s``, ``every 1h``)."""
+        text = when.strip()
+        if text.lower().startswith("every"):
+            span = _EVERY.match(text)
+            try:
+                every = parse_duration(span.group("span") if span else text)
+            except ValueError as error:
+                raise InvalidSchedule(f"Cannot read the interval {when!r}: {error}") from None
+            return cls(every=every, **options)
+        return cls(cron=" ".join(text.split()), **options)
+
+    def _check_cron(self) -> None:
+        assert self.cron is not None
+        fields = self.cron.split()
+        if len(fields) not in (5, 6):
+            raise InvalidSchedule(
+                f"A cron expression has 5 fields (minute hour day month weekday), or 6 with seconds "
+                f"first; {self.cron!r} has {len(fields)}."
+            )
+        start = datetime(2000, 1, 1)
+        try:
+            first = next(CronSim(self.cron, start))
+        except CronSimError as error:
+            raise InvalidSchedule(f"Cannot read the cron expression {self.cron!r}: {error}.") from None
+        except StopIteration:
+            first = None
+        if first is None or first - start > NEVER_AFTER:
+            raise InvalidSchedule(f"The cron expression {self.cron!r} never fires.")
+
+    # --- the planned times ------------------------------------------------------------------
+    def after(self, instant: datetime) -> datetime | None:
+        """The first planned tick strictly after ``instant`` (UTC), or None when there is none
+        (past ``end``). ``count`` is the caller's to keep: it knows how many have ticked."""
+        return next(self.ticks(instant), None)
+
+    def ticks(self, after: datetime) -> Iterator[datetime]:
+        """The planned ticks strictly after ``after``, in order, as UTC instants."""
+        after = after.astimezone(UTC)
+        if self.start is not None and after < self.start:
+            after = self.start.astimezone(UTC) - timedelta(microseconds=1)
+        walk = self._intervals(after) if self.every is not None else self._cron(after)
+        for tick in walk:
+            if self.end is not None and tick > self.end:
+                return
+            yield tick
+
+    def _intervals(self, after: datetime) -> Iterator[datetime]:
+        assert self.every is not None
+        anchor = (self.start or datetime(2000, 1, 1, tzinfo=UTC)).astimezone(UTC)
+        step = self.every
+        n = max(0, (after - anchor) // step + 1) if after >= anchor else 0
+        while True:
+            yield anchor + n * step
+            n += 1
+
+    def _cron(self, after: datetime) -> Iterator[datetime]:
+        """Wall times from the expression, each made an instant by the rules above."""
+        assert self.cron is not None
+        tz, previous = self._tz, after
+        wall = after.astimezone(tz).replace(tzinfo=None)
+        # start a little before, so a skipped wall time just before ``after`` maps onto its jump
+        for local in CronSim(self.cron, wall - timedelta(hours=3)):
+            instant = self._instant(local)
+            if instant is None or instant <= previous:
+                continue
+            yield instant
+            previous = instant
+
+    def _instant(self, local: datetime) -> datetime | None:
+        """The instant a wall time names: its first occurrence when autumn repeats it; when a
+        spring-forward skips it, the jump's instant (``skipped="run"``) or None."""
+        tz = self._tz
+        first = local.replace(tzinfo=tz, fold=0)
+        back = first.astimezone(UTC).astimezone(tz).replace(tzinfo=None)
+        if back == local:
+            return first.astimezone(UTC)
+        if self.skipped == "skip":
+            return None
+        # skipped: the jump lies between the two readings of the wall time; find its instant
+        low = local.replace(tzinfo=tz, fold=1).astimezone(UTC)  # the later offset: before the gap
+        high = first.astimezone(UTC)  # the earlier offset: after the gap
+        low, high = min(low, high), max(low, high)
+        while high - low > timedelta(seconds=1):
+            middle = low + (high - low) / 2
+            if middle.astimezone(tz).replace(tzinfo=None) >= local:
+                high = middle
+            else:
+                low = middle
+        return high.replace(microsecond=0)
+
+    # --- a schedule's text form ---------------------------------------------------------------
+    def describe(self) -> str:
+        """One line a user reads: ``0 9 * * MON-FRI in Europe/Paris`` or ``every 30 s``."""
+        what = f"every {_span(self.every)}" if self.every is not None else f"{self.cron} in {self.zone}"
+        if self.count is not None:
+            what += f", {self.count} ticks"
+        return what
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cron": self.cron,
+            "every": None if self.every is None else self.every.total_seconds(),
+            "zone": self.zone,
+            "start": None if self.start is None else self.start.isoformat(),
+            "end": None if self.end is None else self.end.isoformat(),
+            "count": self.count,
+            "skipped": self.skipped,
+            "catch_up": self.catch_up,
+            "catch_up_window": None if self.catch_up_window is None else self.catch_up_window.total_seconds(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Recurrence:
+        def when(key: str) -> datetime | None:
+            return None if data.get(key) is None else parse_time(str(data[key]))
+
+        def span(key: str) -> timedelta | None:
+            return None if data.get(key) is None else timedelta(seconds=float(data[key]))
+
+        return cls(
+            cron=data.get("cron"),
+            every=span("every"),
+            zone=str(data.get("zone") or "UTC"),
+            start=when("start"),
+            end=when("end"),
+            count=data.get("count"),
+            skipped=data.get("skipped") or "run",
+            catch_up=data.get("catch_up") or "latest",
+            catch_up_window=span("catch_up_window"),
+        )
+
+
+def _span(every: timedelta) -> str:
+    seconds = int(every.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"

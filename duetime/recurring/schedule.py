@@ -1,0 +1,270 @@
+"""A recurring schedule, and the ticks it stores: each tick is a delayed message like any other.
+
+A tick's id is made from the schedule's id and the tick's planned time, so a tick stored twice is
+the same message: the store refuses the second. A schedule's row says how far its ticks are
+planned (``planned_until``); a planner stores the ticks up to a little ahead of now and moves
+``planned_until`` in the same transaction, and only if the row is still the version it read (see
+:mod:`duetime.recurring.planner`). That is what makes every tick go out once, whatever number of
+dispatchers plan at the same moment, crash half-way, or come back after a long time away.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, NamedTuple
+
+from duetime.errors import InvalidSchedule
+from duetime.inputs.durations import parse_time
+from duetime.message import DelayedMessage, check_headers
+from duetime.recurring.rules import Recurrence
+
+#: Headers every tick carries: which schedule, and the time it was planned for.
+SCHEDULE_HEADER = "duetime-schedule"
+PLANNED_HEADER = "duetime-planned-at"
+#: A tick sent by ``trigger`` or ``backfill``, not by the schedule's own clock.
+EXTRA_HEADER = "duetime-tick"
+#: A tick's id is the schedule's id, this, and the planned time (``nightly@2030-01-01T09:00:00Z``).
+TICK_SEPARATOR = "@"
+#: The group of every tick of a schedule (``cancel --group`` reaches them; removing a schedule
+#: removes its pending ticks this way).
+GROUP_PREFIX = "duetime-schedule:"
+#: A schedule id leaves room for the tick's time in a message id (250 characters).
+MAX_SCHEDULE_ID_LENGTH = 180
+
+
+def tick_id(schedule_id: str, planned: datetime) -> str:
+    return f"{schedule_id}{TICK_SEPARATOR}{_stamp(planned)}"
+
+
+def _stamp(planned: datetime) -> str:
+    at = planned.astimezone(UTC)
+    text = at.strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{at.microsecond:06d}Z" if at.microsecond else "Z")
+
+
+def group_of(schedule_id: str) -> str:
+    return GROUP_PREFIX + schedule_id
+
+
+def check_schedule_id(schedule_id: object) -> str:
+    if not isinstance(schedule_id, str) or not schedule_id.strip():
+        raise InvalidSchedule("A schedule needs an id: a short name such as nightly-invoices.")
+    if len(schedule_id) > MAX_SCHEDULE_ID_LENGTH:
+        raise InvalidSchedule(
+            f"A schedule id is at most {MAX_SCHEDULE_ID_LENGTH} characters; {len(schedule_id)} given."
+        )
+    if any(c in schedule_id for c in (TICK_SEPARATOR, "\x00")) or not schedule_id.isprintable():
+        raise InvalidSchedule(
+            f"A schedule id may not hold {TICK_SEPARATOR!r} or control characters (it is part of each tick's id)."
+        )
+    return schedule_id
+
+
+class ScheduleRow(NamedTuple):
+    """A schedule as a store keeps it: its id, its JSON text, how far its ticks are stored
+    (None: nothing more to plan, paused or ended), and its version (moved on by every change)."""
+
+    schedule_id: str
+    text: str
+    planned_until: datetime | None
+    version: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A message to deliver again and again: to ``destination``, with ``body`` and ``headers``,
+    at the times ``recurrence`` gives."""
+
+    schedule_id: str
+    destination: str
+    recurrence: Recurrence
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    paused: bool = False
+    #: Kept by the store: ticks stored so far, ticks a catch-up policy left out, the planned time
+    #: of the last tick stored, when it was made and last changed.
+    ticks_planned: int = 0
+    ticks_missed: int = 0
+    last_planned: datetime | None = None
+    created_at: datetime | None = None
+    changed_at: datetime | None = None
+    #: How far ticks are stored (None: nothing more to plan); the row's version.
+    planned_until: datetime | None = None
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        check_schedule_id(self.schedule_id)
+        # the tick messages check the rest (destination, headers) as every message is checked
+        DelayedMessage(tick_id(self.schedule_id, datetime(2000, 1, 1, tzinfo=UTC)), self.destination,
+                       datetime(2000, 1, 1, tzinfo=UTC), self.body, dict(self.headers),
+                       group=group_of(self.schedule_id))  # fmt: skip
+        check_headers(dict(self.headers))
+
+    @property
+    def ended(self) -> bool:
+        return self.planned_until is None and not self.paused
+
+    def state(self) -> str:
+        return "paused" if self.paused else "ended" if self.planned_until is None else "active"
+
+    def next_planned(self, now: datetime) -> datetime | None:
+        """The first planned time at or after ``now`` (None: paused or ended)."""
+        if self.paused or self.planned_until is None:
+            return None
+        return self.recurrence.after(now - timedelta(microseconds=1))
+
+    def tick(self, planned: datetime, due: datetime, *, extra: str | None = None) -> DelayedMessage:
+        """The message for the tick planned at ``planned``, due at ``due``."""
+        headers = {
+            **self.headers,
+            SCHEDULE_HEADER: self.schedule_id,
+            PLANNED_HEADER: planned.astimezone(UTC).isoformat(),
+        }
+        message_id = tick_id(self.schedule_id, planned)
+        if extra is not None:
+            headers[EXTRA_HEADER] = extra
+            message_id += f"+{extra}"
+        return DelayedMessage(
+            message_id, self.destination, due, self.body, headers, group=group_of(self.schedule_id)
+        )
+
+    # --- as a store keeps it --------------------------------------------------------------------
+    def to_text(self) -> str:
+        return json.dumps(
+            {
+                "destination": self.destination,
+                "body": self.body.decode("latin-1"),
+                "headers": dict(self.headers),
+                "recurrence": self.recurrence.to_json(),
+                "paused": self.paused,
+                "ticks_planned": self.ticks_planned,
+                "ticks_missed": self.ticks_missed,
+                "last_planned": _iso(self.last_planned),
+                "created_at": _iso(self.created_at),
+                "changed_at": _iso(self.changed_at),
+            },
+            separators=(",", ":"),
+        )
+
+    def row(self) -> ScheduleRow:
+        return ScheduleRow(self.schedule_id, self.to_text(), self.planned_until, self.version)
+
+    @classmethod
+    def from_row(cls, row: ScheduleRow) -> Schedule:
+        data: dict[str, Any] = json.loads(row.text)
+        return cls(
+            schedule_id=row.schedule_id,
+            destination=data["destination"],
+            recurrence=Recurrence.from_json(data["recurrence"]),
+            body=str(data.get("body", "")).encode("latin-1"),
+            headers=dict(data.get("headers") or {}),
+            paused=bool(data.get("paused")),
+            ticks_planned=int(data.get("ticks_planned") or 0),
+            ticks_missed=int(data.get("ticks_missed") or 0),
+            last_planned=_time(data.get("last_planned")),
+            created_at=_time(data.get("created_at")),
+            changed_at=_time(data.get("changed_at")),
+            planned_until=None if row.planned_until is None else row.planned_until.astimezone(UTC),
+            version=row.version,
+        )
+
+    def with_changes(self, **changes: Any) -> Schedule:
+        return replace(self, **changes)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _time(value: object) -> datetime | None:
+    return None if value is None else parse_time(str(value))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one planning step of a schedule stores: its ticks, the schedule as it is after, and
+    how many ticks a catch-up policy left out."""
+
+    ticks: list[DelayedMessage]
+    after: Schedule
+    missed: int
+
+
+#: A tick planned this long before now is late, not missed: planning runs every second or so.
+LATE_NOT_MISSED = timedelta(seconds=2)
+
+
+def plan(schedule: Schedule, now: datetime, ahead: timedelta, *, most: int = 1000) -> Plan:
+    """The ticks of ``schedule`` to store now: every planned time after ``planned_until`` up to
+    the first one past ``now + ahead`` (so the next tick is always stored, however far off).
+    Ticks planned before ``now`` were missed by a dispatcher that was away: its catch-up policy
+    says which of them still go (due now), and the rest are counted. ``most`` bounds one step."""
+    horizon = now + ahead
+    if schedule.paused or schedule.planned_until is None or schedule.planned_until > horizon:
+        return Plan([], schedule, 0)  # nothing to plan, or planned far enough already
+    r = schedule.recurrence
+    count_left = None if r.count is None else r.count - schedule.ticks_planned
+    planned: list[datetime] = []
+    ended = False
+    upcoming = r.ticks(schedule.planned_until)
+    while True:
+        if count_left is not None and len(planned) >= count_left:
+            ended = True
+            break
+        at = next(upcoming, None)
+        if at is None:  # past the recurrence's end
+            ended = True
+            break
+        planned.append(at)
+        if at > horizon or len(planned) >= most:
+            break
+    late_before = now - LATE_NOT_MISSED
+    missed_times = [at for at in planned if at < late_before]
+    kept = _catch_up(r, missed_times, now)
+    going = kept + [at for at in planned if at >= late_before]
+    missed = len(missed_times) - len(kept)
+    after = schedule.with_changes(
+        ticks_planned=schedule.ticks_planned + len(planned),
+        ticks_missed=schedule.ticks_missed + missed,
+        last_planned=going[-1] if going else schedule.last_planned,
+        planned_until=None if ended else (planned[-1] if planned else schedule.planned_until),
+    )
+    return Plan([schedule.tick(at, at) for at in going], after, missed)
+
+
+def _catch_up(r: Recurrence, missed: list[datetime], now: datetime) -> list[datetime]:
+    """Which of the missed ticks still go: none, the latest, or all (within the window)."""
+    if r.catch_up_window is not None:
+        missed = [at for at in missed if at >= now - r.catch_up_window]
+    if r.catch_up == "none" or not missed:
+        return []
+    if r.catch_up == "latest":
+        return missed[-1:]
+    return missed
+
+
+def new_schedule(
+    schedule_id: str,
+    destination: str,
+    recurrence: Recurrence,
+    now: datetime,
+    *,
+    body: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    paused: bool = False,
+) -> Schedule:
+    """A schedule as it is made: its ticks planned from ``now`` on (none before)."""
+    return Schedule(
+        schedule_id,
+        destination,
+        recurrence,
+        body,
+        dict(headers or {}),
+        paused=paused,
+        created_at=now,
+        changed_at=now,
+        planned_until=None if paused else now,
+    )
