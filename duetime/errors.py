@@ -25,6 +25,10 @@ class InvalidSchedule(DuetimeError, ValueError):
     unknown time zone, an interval of 0)."""
 
 
+class ScheduleNotFound(DuetimeError, LookupError):
+    """No recurring schedule with that id in the endpoint."""
+
+
 class ConfigurationError(DuetimeError, ValueError):
     """duetime is configured in a way that cannot work: read the message for the fix."""
 

@@ -24,8 +24,13 @@ from duetime.backends import SCHEMA_VERSION, AsyncStoreBridge, Duplicate, StoreR
 from duetime.clock import from_micros, to_micros
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import ScheduleRow
 
 _META = "\x00"  # keys that are not message ids start with a NUL (an id never does)
+
+
+def _micros(value: datetime | None) -> int | None:
+    return to_micros(value) if value is not None else None
 
 
 class DbmSyncStore(StoreRules):
@@ -196,6 +201,60 @@ class DbmSyncStore(StoreRules):
             for key, seen, _ in self._beats(endpoint):
                 if seen < to_micros(seen_before):
                     del self._db[key]
+
+    # --- recurring schedules: one key each, [definition, planned until (µs), version] ---------
+    def _schedule_key(self, schedule_id: str) -> str:
+        return f"{_META}schedule:{self._ready()}:{schedule_id}"
+
+    def _schedule_insert(self, row: ScheduleRow) -> bool:
+        with self._lock:
+            key = self._schedule_key(row.schedule_id)
+            if key in self._db:
+                return False
+            self._db[key] = json.dumps([row.text, _micros(row.planned_until), 0])
+            return True
+
+    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+        with self._lock:  # one process's threads: the lock makes the check and the writes one step
+            stored = self._schedule_get(row.schedule_id)
+            if stored is None or stored.version != row.version:
+                return False
+            self._db[self._schedule_key(row.schedule_id)] = json.dumps(
+                [row.text, _micros(row.planned_until), row.version + 1]
+            )
+            for tick in ticks:
+                if tick.message_id not in self._db:
+                    self._put(tick)
+            return True
+
+    def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
+        with self._lock:
+            found = self._db.get(self._schedule_key(schedule_id))
+        if found is None:
+            return None
+        text, until, version = json.loads(found)
+        return ScheduleRow(schedule_id, text, from_micros(until) if until is not None else None, version)
+
+    def _all_schedules(self) -> list[ScheduleRow]:
+        prefix = f"{_META}schedule:{self._ready()}:"
+        with self._lock:
+            ids = [key[len(prefix) :] for key in self._keys() if key.startswith(prefix)]
+            return [row for i in sorted(ids) if (row := self._schedule_get(i)) is not None]
+
+    def _schedule_page(self, after: str, limit: int) -> list[ScheduleRow]:
+        return [r for r in self._all_schedules() if r.schedule_id > after][:limit]
+
+    def _schedules_to_plan(self, until: datetime, limit: int) -> list[ScheduleRow]:
+        due = [r for r in self._all_schedules() if r.planned_until is not None and r.planned_until <= until]
+        return sorted(due, key=lambda r: r.planned_until or until)[:limit]
+
+    def _schedule_delete(self, schedule_id: str) -> bool:
+        with self._lock:
+            key = self._schedule_key(schedule_id)
+            if key not in self._db:
+                return False
+            del self._db[key]
+            return True
 
     def _close(self) -> None:
         with self._lock:

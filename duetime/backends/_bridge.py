@@ -11,14 +11,16 @@ dispatch and scheduling as fast, at-least-once dispatch about a tenth slower.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
+from duetime.backends._schedules import PLAN_AHEAD, PLAN_BATCH, PlanReport
 from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
 from duetime.backends._store import StoreRules, closed
 from duetime.errors import ConfigurationError, TransportUnavailable
@@ -33,6 +35,7 @@ from duetime.interfaces import (
 )
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import Schedule
 from duetime.settings import TransactionMode
 
 T = TypeVar("T")
@@ -215,6 +218,52 @@ class AsyncStoreBridge(AsyncClosing):
 
     async def server_time(self) -> datetime | None:
         return await self._call(self.sync.server_time)
+
+    # --- recurring schedules (the rules in duetime.backends._schedules) -------------------------
+    async def add_schedule(self, schedule: Schedule, now: datetime | None = None) -> Schedule:
+        return await self._planned(self.sync.add_schedule, schedule, now)
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        return await self._call(self.sync.get_schedule, schedule_id)
+
+    async def list_schedules(self, after: str = "", limit: int = 100) -> builtins.list[Schedule]:
+        return await self._call(self.sync.list_schedules, after, limit)
+
+    async def change_schedule(
+        self, schedule_id: str, change: Callable[[Schedule], Schedule], now: datetime | None = None
+    ) -> Schedule:
+        return await self._planned(self.sync.change_schedule, schedule_id, change, now)
+
+    async def pause_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        return await self._call(self.sync.pause_schedule, schedule_id, now)
+
+    async def resume_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        return await self._planned(self.sync.resume_schedule, schedule_id, now)
+
+    async def remove_schedule(self, schedule_id: str) -> int:
+        return await self._call(self.sync.remove_schedule, schedule_id)
+
+    async def trigger_schedule(self, schedule_id: str, now: datetime | None = None) -> DelayedMessage:
+        return await self._planned(self.sync.trigger_schedule, schedule_id, now)
+
+    async def backfill_schedule(
+        self, schedule_id: str, start: datetime, end: datetime, now: datetime | None = None
+    ) -> int:
+        return await self._planned(self.sync.backfill_schedule, schedule_id, start, end, now)
+
+    async def plan_schedules(
+        self, now: datetime | None = None, ahead: timedelta = PLAN_AHEAD, limit: int = PLAN_BATCH
+    ) -> PlanReport:
+        report = await self._call(self.sync.plan_schedules, now, ahead, limit)
+        if report.earliest is not None:
+            self.subscribers.notify(report.earliest)
+        return report
+
+    async def _planned(self, call: Callable[..., T], *args: Any) -> T:
+        """A schedule call that may have stored ticks: this process's dispatchers look again."""
+        result = await self._call(call, *args)
+        self.subscribers.notify(None)
+        return result
 
     def subscribe(self, callback: WakeupCallback) -> Callable[[], None]:
         unsubscribe = self.subscribers.add(callback)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from duetime.backends._schedules import ScheduleRules
 from duetime.backends._shared_commit import SharedCommits
 from duetime.clock import SystemClock, to_micros
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
@@ -149,7 +150,7 @@ def by_due(messages: Sequence[DelayedMessage]) -> list[DelayedMessage]:
     return sorted(messages, key=lambda m: (m.due_at, m.message_id))
 
 
-class StoreRules(Closing, ABC):
+class StoreRules(ScheduleRules, Closing, ABC):
     """A blocking delayed message store: the contract's rules here, the storage in the primitives.
 
     Thread-safe as long as the primitives are. ``clock`` is asked for "now" where the contract needs

@@ -116,17 +116,22 @@ class Schedule:
             return None
         return self.recurrence.after(now - timedelta(microseconds=1))
 
-    def tick(self, planned: datetime, due: datetime, *, extra: str | None = None) -> DelayedMessage:
-        """The message for the tick planned at ``planned``, due at ``due``."""
+    def tick(
+        self, planned: datetime, due: datetime, *, kind: str | None = None, own_id: bool = False
+    ) -> DelayedMessage:
+        """The message for the tick planned at ``planned``, due at ``due``. ``kind`` marks a tick
+        the schedule's clock did not make (``trigger``, ``backfill``); ``own_id`` gives it an id
+        of its own rather than the planned time's."""
         headers = {
             **self.headers,
             SCHEDULE_HEADER: self.schedule_id,
             PLANNED_HEADER: planned.astimezone(UTC).isoformat(),
         }
         message_id = tick_id(self.schedule_id, planned)
-        if extra is not None:
-            headers[EXTRA_HEADER] = extra
-            message_id += f"+{extra}"
+        if kind is not None:
+            headers[EXTRA_HEADER] = kind
+            if own_id:
+                message_id += f"+{kind}"
         return DelayedMessage(
             message_id, self.destination, due, self.body, headers, group=group_of(self.schedule_id)
         )

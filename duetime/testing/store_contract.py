@@ -8,12 +8,19 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
+from duetime.backends._schedules import ScheduleExists
 from duetime.backends._shared_commit import ROUND_LIMIT
-from duetime.errors import DuplicateMessageId, InvalidMessage, MessageInFlight, StoreNotReady
+from duetime.errors import (
+    DuplicateMessageId,
+    InvalidMessage,
+    MessageInFlight,
+    ScheduleNotFound,
+    StoreNotReady,
+)
 from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
@@ -24,6 +31,8 @@ from duetime.interfaces import (
 )
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
+from duetime.recurring.rules import Recurrence
+from duetime.recurring.schedule import group_of, new_schedule
 from duetime.settings import TransactionMode
 
 ENDPOINT = "contract"
@@ -31,6 +40,18 @@ ENDPOINT = "contract"
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+async def ticks_of(store: DelayedMessageStore, schedule_id: str) -> list[DelayedMessage]:
+    """The stored ticks of a schedule, in due order."""
+    found: list[DelayedMessage] = []
+    after = None
+    while True:
+        page = await store.list(ListQuery(group=group_of(schedule_id), limit=500, after=after))
+        found += page.messages
+        if page.next_cursor is None:
+            return found
+        after = page.next_cursor
 
 
 def msg(i: int, due: datetime, destination: str = "orders", **kw: object) -> DelayedMessage:
@@ -194,6 +215,80 @@ class StoreContract:
         await store.store_many(large[::2])
         assert await new_only.store_new(large) == ROUND_LIMIT
         assert (await store.counts(now())).total == 4 + 2 * ROUND_LIMIT
+
+    # --- recurring schedules ------------------------------------------------------------------
+    async def test_a_schedule_is_kept_and_its_ticks_stored_once_whoever_plans(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """Ticks are stored as planned, never twice: planning again, or from many threads at once
+        (each a dispatcher), stores each planned tick exactly once and none out of turn."""
+        s = cast(Any, store)
+        t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+        every_second = Recurrence(every=timedelta(seconds=1))
+        made = await s.add_schedule(new_schedule("ping", "health", every_second, t0, body=b"hi"), t0)
+        assert made.schedule_id == "ping" and made.state() == "active"
+        with pytest.raises(ScheduleExists):
+            await s.add_schedule(new_schedule("ping", "other", every_second, t0), t0)
+        first = await ticks_of(store, "ping")
+        assert [m.due_at for m in first] == [
+            t0 + timedelta(seconds=k) for k in range(1, 32)
+        ]  # 30 s ahead, and the next
+        assert first[0].message_id == "ping@2030-01-01T12:00:01Z" and first[0].body == b"hi"
+        assert first[0].headers["duetime-schedule"] == "ping"
+        assert (await s.plan_schedules(t0)).ticks == 0  # planned already
+        for i in range(10):
+            await s.add_schedule(new_schedule(f"s{i}", "q", every_second, t0), t0)
+
+        def planner(step: int) -> None:
+            for k in range(step, 60, 3):
+                cast(Any, self._sync_of(s)).plan_schedules(t0 + timedelta(seconds=k))
+
+        await asyncio.gather(*(asyncio.to_thread(planner, step) for step in range(3)))
+        await s.plan_schedules(t0 + timedelta(seconds=60))
+        for sid in ("ping", *(f"s{i}" for i in range(10))):
+            due = [m.due_at for m in await ticks_of(store, sid)]
+            assert due == [t0 + timedelta(seconds=k) for k in range(1, 92)], sid  # each once, none missing
+        assert [x.schedule_id for x in await s.list_schedules()] == ["ping", *(f"s{i}" for i in range(10))]
+        assert [x.schedule_id for x in await s.list_schedules("s4", 2)] == ["s5", "s6"]
+
+    def _sync_of(self, store: object) -> object:
+        return getattr(store, "sync", store)
+
+    async def test_pause_resume_change_trigger_backfill_and_remove(self, store: DelayedMessageStore) -> None:
+        s = cast(Any, store)
+        t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+        minutely = Recurrence(cron="* * * * *")
+        await s.add_schedule(new_schedule("m", "q", minutely, t0), t0)
+        assert [m.due_at for m in await ticks_of(store, "m")] == [t0 + timedelta(minutes=1)]
+        paused = await s.pause_schedule("m", t0)
+        assert paused.state() == "paused" and await ticks_of(store, "m") == []
+        assert (await s.plan_schedules(t0 + timedelta(hours=1))).ticks == 0
+        resumed = await s.resume_schedule("m", t0 + timedelta(minutes=10, seconds=30))
+        assert resumed.state() == "active" and resumed.ticks_missed == 0  # a pause misses nothing
+        # 30 s ahead of 12:10:30 and the first tick past that
+        assert [m.due_at for m in await ticks_of(store, "m")] == [t0 + timedelta(minutes=k) for k in (11, 12)]
+        hourly = Recurrence(cron="0 * * * *")
+        changed = await s.change_schedule(
+            "m", lambda x: x.with_changes(recurrence=hourly, body=b"new"), t0 + timedelta(minutes=20)
+        )
+        assert changed.recurrence == hourly and changed.state() == "active"
+        now_ticks = await ticks_of(store, "m")
+        assert [(m.due_at, m.body) for m in now_ticks] == [(t0 + timedelta(hours=1), b"new")]
+        extra = await s.trigger_schedule("m", t0 + timedelta(minutes=21))
+        assert extra.headers["duetime-tick"] == "trigger" and extra.message_id != now_ticks[0].message_id
+        stored = await s.backfill_schedule("m", t0 - timedelta(hours=3), t0, t0 + timedelta(minutes=22))
+        assert stored == 4  # 09:00, 10:00, 11:00 and 12:00, due now
+        assert await s.backfill_schedule("m", t0 - timedelta(hours=3), t0, t0 + timedelta(minutes=22)) == 0
+        assert len(await ticks_of(store, "m")) == 6
+        assert await s.remove_schedule("m") == 6
+        assert await ticks_of(store, "m") == []
+        for call in (
+            lambda: s.get_schedule("m"),
+            lambda: s.pause_schedule("m"),
+            lambda: s.remove_schedule("m"),
+        ):
+            with pytest.raises(ScheduleNotFound):
+                await call()
 
     async def test_ids_are_exact_strings(self, store: DelayedMessageStore) -> None:
         """No collation may fold case or trailing spaces: these are four different messages."""

@@ -20,6 +20,7 @@ from duetime.backends._store import (
 from duetime.backends.memory.transport import MemoryTransport
 from duetime.interfaces import Clock, ListQuery, Moved, MoveOutcome, StoreCounts
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import ScheduleRow
 
 
 @dataclass(slots=True)
@@ -41,6 +42,8 @@ class SyncMemoryStore(StoreRules):
         self._ready_endpoints: dict[str, int] = {}
         #: (endpoint, dispatcher id) -> (last seen, record JSON)
         self._presence: dict[tuple[str, str], tuple[datetime, str]] = {}
+        #: (endpoint, schedule id) -> its row
+        self._schedules: dict[tuple[str, str], ScheduleRow] = {}
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncMemoryStore:
@@ -63,6 +66,50 @@ class SyncMemoryStore(StoreRules):
                     raise Duplicate(message.message_id)
             for message in messages:
                 self._rows[message.message_id] = _Row(message)
+
+    # --- recurring schedules ------------------------------------------------------------------
+    def _schedule_insert(self, row: ScheduleRow) -> bool:
+        key = (self._ready(), row.schedule_id)
+        with self._lock:
+            if key in self._schedules:
+                return False
+            self._schedules[key] = row._replace(version=0)
+            return True
+
+    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+        key = (self._ready(), row.schedule_id)
+        with self._lock:
+            stored = self._schedules.get(key)
+            if stored is None or stored.version != row.version:
+                return False
+            self._schedules[key] = row._replace(version=row.version + 1)
+            for tick in ticks:
+                self._rows.setdefault(tick.message_id, _Row(tick))
+            return True
+
+    def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
+        with self._lock:
+            return self._schedules.get((self._ready(), schedule_id))
+
+    def _schedule_page(self, after: str, limit: int) -> list[ScheduleRow]:
+        endpoint = self._ready()
+        with self._lock:
+            rows = [r for (e, i), r in self._schedules.items() if e == endpoint and i > after]
+        return sorted(rows, key=lambda r: r.schedule_id)[:limit]
+
+    def _schedules_to_plan(self, until: datetime, limit: int) -> list[ScheduleRow]:
+        endpoint = self._ready()
+        with self._lock:
+            rows = [
+                r
+                for (e, _), r in self._schedules.items()
+                if e == endpoint and r.planned_until is not None and r.planned_until <= until
+            ]
+        return sorted(rows, key=lambda r: (r.planned_until, r.schedule_id))[:limit]
+
+    def _schedule_delete(self, schedule_id: str) -> bool:
+        with self._lock:
+            return self._schedules.pop((self._ready(), schedule_id), None) is not None
 
     def _due(self, at: datetime, limit: int) -> list[_Row]:
         due = [r for r in self._rows.values() if r.message.due_at <= at and r.claimable(at)]

@@ -51,6 +51,11 @@ SELECT version FROM duetime_schema WHERE component = %s;
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
 VALUES (%s, %s, %s, %s, %s, %s, %s);
 
+-- A tick of a recurring schedule, stored unless its id is there (duetime.backends._schedules).
+-- name: insert_new
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+VALUES (%s, %s, %s, %s, %s, %s, %s) ON DUPLICATE KEY UPDATE message_id = message_id;
+
 -- The index is forced: when most rows are due (a backlog, a fresh table) the optimizer would
 -- rather scan the table and sort, and FOR UPDATE then locks every due row, not the LIMIT's
 -- few, so every other claimer skips them all and finds nothing: dispatchers take turns.
@@ -142,3 +147,38 @@ SELECT info FROM duetime_dispatchers WHERE endpoint = %s;
 
 -- name: forget
 DELETE FROM duetime_dispatchers WHERE endpoint = %s AND seen_at < %s;
+
+-- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
+-- name: create_schedule_table
+CREATE TABLE IF NOT EXISTS duetime_schedules (
+    endpoint VARCHAR(200) NOT NULL,
+    schedule_id VARCHAR(200) NOT NULL,
+    definition LONGTEXT NOT NULL,
+    planned_until BIGINT NULL,
+    version BIGINT NOT NULL,
+    PRIMARY KEY (endpoint, schedule_id),
+    KEY duetime_schedules_plan (endpoint, planned_until)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
+
+-- name: schedule_insert
+INSERT INTO duetime_schedules (endpoint, schedule_id, definition, planned_until, version)
+VALUES (%s, %s, %s, %s, 0) ON DUPLICATE KEY UPDATE version = version;
+
+-- name: schedule_update
+UPDATE duetime_schedules SET definition = %s, planned_until = %s, version = version + 1
+WHERE endpoint = %s AND schedule_id = %s AND version = %s;
+
+-- name: schedule_get
+SELECT schedule_id, definition, planned_until, version FROM duetime_schedules
+WHERE endpoint = %s AND schedule_id = %s;
+
+-- name: schedule_page
+SELECT schedule_id, definition, planned_until, version FROM duetime_schedules
+WHERE endpoint = %s AND schedule_id > %s ORDER BY schedule_id LIMIT %s;
+
+-- name: schedules_to_plan
+SELECT schedule_id, definition, planned_until, version FROM duetime_schedules
+WHERE endpoint = %s AND planned_until IS NOT NULL AND planned_until <= %s ORDER BY planned_until LIMIT %s;
+
+-- name: schedule_delete
+DELETE FROM duetime_schedules WHERE endpoint = %s AND schedule_id = %s;

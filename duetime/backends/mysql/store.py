@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import pymysql
@@ -28,6 +28,7 @@ from pymysql.err import IntegrityError, InterfaceError, OperationalError, Progra
 
 from duetime.backends._bridge import AsyncStoreBridge, Subscribers, poll_next_due
 from duetime.backends._keepalive import keep_alive
+from duetime.backends._schedules import schedules_need_setup
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -51,6 +52,7 @@ from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option, redact, url_options
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import ScheduleRow
 from duetime.settings import TransactionMode
 
 QUERIES = load_queries("duetime.backends.mysql")
@@ -99,6 +101,13 @@ class MysqlOptions:
             connect_timeout=connect,
             display=redact(url),
         )
+
+
+T = TypeVar("T")
+
+
+def _micros(value: datetime | None) -> int | None:
+    return None if value is None else to_micros(value)
 
 
 def _ident(name: str) -> str:
@@ -238,6 +247,7 @@ class SyncMysqlStore(StoreRules):
                 if not cur.fetchone()[0]:  # a table of schema version 1: upgraded in place
                     cur.execute(q["add_group_column"])
                 cur.execute(q["create_presence_table"])
+                cur.execute(q["create_schedule_table"])
                 cur.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
             finally:
                 cur.execute(q["setup_unlock"])
@@ -335,6 +345,52 @@ class SyncMysqlStore(StoreRules):
         return (
             {r[0] for r in self._fetch(self.q["stored_ids"], (tuple(message_ids),))} if message_ids else set()
         )
+
+    # --- recurring schedules ------------------------------------------------------------------
+    def _schedule_insert(self, row: ScheduleRow) -> bool:
+        params = (self._ready(), row.schedule_id, row.text, _micros(row.planned_until))
+        # ON DUPLICATE KEY ... counts 0 rows for a row that is there (CLIENT.FOUND_ROWS is off)
+        return self._schedules(lambda: self._execute(self.q["schedule_insert"], params)) == 1
+
+    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+        q = self.q
+        params = (row.text, _micros(row.planned_until), self._ready(), row.schedule_id, row.version)
+
+        def work(cur: Any) -> bool:
+            if cur.execute(q["schedule_update"], params) != 1:
+                return False
+            if ticks:
+                cur.executemany(q["insert_new"], [micros_row(t) for t in ticks])
+            return True
+
+        return bool(self._schedules(lambda: self._run(work, transaction=True)))
+
+    def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
+        rows = self._schedule_rows("schedule_get", (self._ready(), schedule_id))
+        return rows[0] if rows else None
+
+    def _schedule_page(self, after: str, limit: int) -> list[ScheduleRow]:
+        return self._schedule_rows("schedule_page", (self._ready(), after, limit))
+
+    def _schedules_to_plan(self, until: datetime, limit: int) -> list[ScheduleRow]:
+        return self._schedule_rows("schedules_to_plan", (self._ready(), to_micros(until), limit))
+
+    def _schedule_delete(self, schedule_id: str) -> bool:
+        params = (self._ready(), schedule_id)
+        return self._schedules(lambda: self._execute(self.q["schedule_delete"], params)) == 1
+
+    def _schedule_rows(self, name: str, params: tuple[Any, ...]) -> list[ScheduleRow]:
+        rows = self._schedules(lambda: self._fetch(self.q[name], params))
+        return [ScheduleRow(r[0], r[1], None if r[2] is None else from_micros(r[2]), int(r[3])) for r in rows]
+
+    def _schedules(self, work: Callable[[], T]) -> T:
+        """A store set up before schedules existed has no table for them: `duetime setup` adds it."""
+        try:
+            return work()
+        except ProgrammingError as error:
+            if "duetime_schedules" in str(error):
+                raise schedules_need_setup() from None
+            raise
 
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._execute(self.q["delete_unclaimed"], (message_id, to_micros(now))) == 1

@@ -348,6 +348,8 @@ class PgNames:
             "index_group": ident(f"{table}_group"),
             "queues": f"{s}.duetime_queues",
             "presence": f"{s}.duetime_dispatchers",
+            "schedules": f"{s}.duetime_schedules",
+            "index_schedules_plan": "duetime_schedules_plan",
             "messages": f"{s}.duetime_queue_messages",
             "index_ready": "duetime_queue_messages_ready",
         }
@@ -368,6 +370,8 @@ class PgNames:
                 for index in ("index_due", "index_claim", "index_destination", "index_failing", "index_group")
             ),
             names["presence"],
+            names["schedules"],
+            f"{s}.{quote_identifier(names['index_schedules_plan'])}",
             *self.queue_relations,
         ]
         self.q = {name: sql.format(**names) for name, sql in QUERIES.items()}

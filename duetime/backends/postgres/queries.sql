@@ -83,6 +83,15 @@ WITH stored AS (
 )
 SELECT pg_notify(%(channel)s, %(payload)s) WHERE (SELECT count(*) FROM stored) > 0;
 
+-- The ticks of a recurring schedule, stored unless their ids are there (duetime.backends._schedules).
+-- name: insert_new
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+SELECT u.message_id, u.destination, u.due_at, u.headers::json, u.body, u.failure_count, u.group_key
+FROM unnest(%(ids)b::text[], %(destinations)b::text[], %(due)b::timestamptz[], %(headers)b::text[],
+            %(bodies)b::bytea[], %(failures)b::int[], %(groups)b::text[])
+     AS u(message_id, destination, due_at, headers, body, failure_count, group_key)
+ON CONFLICT (message_id) DO NOTHING;
+
 -- name: copy_in
 COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN;
 
@@ -301,3 +310,43 @@ SELECT info::text FROM {presence} WHERE endpoint = %(endpoint)s;
 
 -- name: forget
 DELETE FROM {presence} WHERE endpoint = %(endpoint)s AND seen_at < %(before)s;
+
+-- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
+-- name: create_schedule_table
+CREATE TABLE IF NOT EXISTS {schedules} (
+    endpoint varchar(200) NOT NULL,
+    schedule_id varchar(200) NOT NULL,
+    definition text NOT NULL,
+    planned_until timestamptz,
+    version bigint NOT NULL,
+    PRIMARY KEY (endpoint, schedule_id)
+);
+
+-- name: create_schedule_plan_index
+CREATE INDEX IF NOT EXISTS {index_schedules_plan} ON {schedules} (endpoint, planned_until)
+WHERE planned_until IS NOT NULL;
+
+-- name: schedule_insert
+INSERT INTO {schedules} (endpoint, schedule_id, definition, planned_until, version)
+VALUES (%(endpoint)s, %(id)s, %(definition)s, %(planned_until)s, 0)
+ON CONFLICT (endpoint, schedule_id) DO NOTHING;
+
+-- name: schedule_update
+UPDATE {schedules} SET definition = %(definition)s, planned_until = %(planned_until)s, version = version + 1
+WHERE endpoint = %(endpoint)s AND schedule_id = %(id)s AND version = %(version)s;
+
+-- name: schedule_get
+SELECT schedule_id, definition, planned_until, version FROM {schedules}
+WHERE endpoint = %(endpoint)s AND schedule_id = %(id)s;
+
+-- name: schedule_page
+SELECT schedule_id, definition, planned_until, version FROM {schedules}
+WHERE endpoint = %(endpoint)s AND schedule_id > %(after)s ORDER BY schedule_id COLLATE "C" LIMIT %(limit)s;
+
+-- name: schedules_to_plan
+SELECT schedule_id, definition, planned_until, version FROM {schedules}
+WHERE endpoint = %(endpoint)s AND planned_until IS NOT NULL AND planned_until <= %(until)s
+ORDER BY planned_until LIMIT %(limit)s;
+
+-- name: schedule_delete
+DELETE FROM {schedules} WHERE endpoint = %(endpoint)s AND schedule_id = %(id)s;

@@ -23,6 +23,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from duetime.backends._bridge import Subscribers, TransactionalBridge, poll_next_due
+from duetime.backends._schedules import schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, sql_filters
 from duetime.backends.postgres.common import (
@@ -46,6 +47,7 @@ from duetime.backends.postgres.locked_claims import HeldBatches
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
+from duetime.recurring.schedule import ScheduleRow
 
 log = logging.getLogger("duetime.postgres")
 #: Above this many rows (by the planner's estimate) counts are estimates, not full scans.
@@ -73,6 +75,8 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         (q["create_store_group_index"], {}),
         *[(sql, {}) for sql in queue_schema_statements(q)],
         (q["create_presence_table"], {}),
+        (q["create_schedule_table"], {}),
+        (q["create_schedule_plan_index"], {}),
         (q["record_version"], {"component": names.component(), "version": SCHEMA_VERSION}),
     ]
 
@@ -298,6 +302,58 @@ class SyncPostgresStore(StoreRules):
 
     def _forget(self, endpoint: str, seen_before: datetime) -> None:
         self._rowcount(self.names.q["forget"], {"endpoint": endpoint, "before": seen_before})
+
+    # --- recurring schedules ------------------------------------------------------------------
+    def _schedule_insert(self, row: ScheduleRow) -> bool:
+        return self._schedule_write("schedule_insert", self._schedule_params(row)) == 1
+
+    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+        q = self.names.q
+        try:
+            with pooled(self.pool, self.options) as conn, conn.transaction():
+                if conn.execute(q["schedule_update"], self._schedule_params(row)).rowcount != 1:
+                    return False
+                if ticks:
+                    columns = zip(*(copy_row(t) for t in ticks), strict=True)
+                    conn.execute(q["insert_new"], dict(zip(_ARRAYS, (list(c) for c in columns), strict=True)))
+                return True
+        except pg_errors.UndefinedTable:
+            raise schedules_need_setup() from None
+
+    def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
+        rows = self._schedule_rows("schedule_get", {"id": schedule_id})
+        return rows[0] if rows else None
+
+    def _schedule_page(self, after: str, limit: int) -> list[ScheduleRow]:
+        return self._schedule_rows("schedule_page", {"after": after, "limit": limit})
+
+    def _schedules_to_plan(self, until: datetime, limit: int) -> list[ScheduleRow]:
+        return self._schedule_rows("schedules_to_plan", {"until": until, "limit": limit})
+
+    def _schedule_delete(self, schedule_id: str) -> bool:
+        return self._schedule_write("schedule_delete", {"endpoint": self._ready(), "id": schedule_id}) == 1
+
+    def _schedule_params(self, row: ScheduleRow) -> dict[str, Any]:
+        return {
+            "endpoint": self._ready(),
+            "id": row.schedule_id,
+            "definition": row.text,
+            "planned_until": row.planned_until,
+            "version": row.version,
+        }
+
+    def _schedule_write(self, name: str, params: Mapping[str, Any]) -> int:
+        try:
+            return self._rowcount(self.names.q[name], params)
+        except pg_errors.UndefinedTable:
+            raise schedules_need_setup() from None
+
+    def _schedule_rows(self, name: str, params: Mapping[str, Any]) -> list[ScheduleRow]:
+        try:
+            rows = self._rows(self.names.q[name], {"endpoint": self._ready(), **params})
+        except pg_errors.UndefinedTable:
+            raise schedules_need_setup() from None
+        return [ScheduleRow(r[0], r[1], r[2], int(r[3])) for r in rows]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s")

@@ -55,6 +55,7 @@ from duetime.inputs.urls import redact, url_options
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import ScheduleRow
 
 log = logging.getLogger("duetime.redis")
 #: Seconds between two looks at the server's maxmemory-policy while the store is in use.
@@ -85,6 +86,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _micros(value: datetime | None) -> int | str:
+    return "" if value is None else to_micros(value)
+
+
 class SyncRedisStore(StoreRules):
     """Blocking Redis store; redis-py's client is thread-safe (a connection pool)."""
 
@@ -107,6 +112,10 @@ class SyncRedisStore(StoreRules):
         self._store_script = self.client.register_script(_script("store_many.lua"))
         self._change_script = self.client.register_script(_script("change.lua"))
         self._cancel_group_script = self.client.register_script(_script("cancel_group.lua"))
+        self._schedule_scripts = {
+            name: self.client.register_script(_script(f"schedule_{name}.lua"))
+            for name in ("insert", "update", "delete")
+        }
         self._policy_checked_at: float | None = None
 
     @classmethod
@@ -121,7 +130,8 @@ class SyncRedisStore(StoreRules):
 
     def keys_for(self, endpoint: str) -> dict[str, str]:
         base = f"{self.prefix}{check_name('endpoint', endpoint)}:"
-        names = ("ready", "payload", "claims", "failures", "due", "bydue", "groups")
+        names = ["ready", "payload", "claims", "failures", "due", "bydue", "groups"]
+        names += ["schedules", "schedule_versions", "schedule_plans", "schedule_ids"]
         return {name: base + name for name in names} | {
             "schema": base + "schema",
             "channel": base + "wake",
@@ -272,6 +282,58 @@ class SyncRedisStore(StoreRules):
         for message_id in message_ids:
             pipe.hexists(self.keys["payload"], message_id)
         return {i for i, there in zip(message_ids, pipe.execute(), strict=True) if there}
+
+    # --- recurring schedules ------------------------------------------------------------------
+    def _schedule_keys(self) -> list[str]:
+        return self._k("schedules", "schedule_versions", "schedule_plans", "schedule_ids")
+
+    def _schedule_insert(self, row: ScheduleRow) -> bool:
+        args = [row.schedule_id, row.text, _micros(row.planned_until)]
+        return bool(self._schedule_scripts["insert"](keys=self._schedule_keys(), args=args))
+
+    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+        args: list[Any] = [row.schedule_id, row.version, row.text, _micros(row.planned_until)]
+        for m in ticks:
+            args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
+        keys = self._schedule_keys()[:3] + self._k("ready", "payload", "bydue", "due", "groups", "failures")
+        try:
+            return bool(self._schedule_scripts["update"](keys=keys, args=args))
+        except redis.exceptions.OutOfMemoryError:
+            raise self._full() from None
+
+    def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
+        rows = self._schedule_rows([schedule_id])
+        return rows[0] if rows else None
+
+    def _schedule_page(self, after: str, limit: int) -> list[ScheduleRow]:
+        start = f"({after}" if after else "-"
+        ids = self.client.zrangebylex(self.keys["schedule_ids"], start, "+", start=0, num=limit)
+        return self._schedule_rows([_text(i) for i in ids])
+
+    def _schedules_to_plan(self, until: datetime, limit: int) -> list[ScheduleRow]:
+        ids = self.client.zrangebyscore(
+            self.keys["schedule_plans"], "-inf", to_micros(until), start=0, num=limit
+        )
+        return self._schedule_rows([_text(i) for i in ids])
+
+    def _schedule_delete(self, schedule_id: str) -> bool:
+        return bool(self._schedule_scripts["delete"](keys=self._schedule_keys(), args=[schedule_id]))
+
+    def _schedule_rows(self, ids: Sequence[str]) -> list[ScheduleRow]:
+        keys = self.keys
+        pipe = self.client.pipeline(transaction=True)  # one snapshot of each row
+        for schedule_id in ids:
+            pipe.hget(keys["schedules"], schedule_id)
+            pipe.hget(keys["schedule_versions"], schedule_id)
+            pipe.zscore(keys["schedule_plans"], schedule_id)
+        answers = pipe.execute()
+        rows = []
+        for i, schedule_id in enumerate(ids):
+            text, version, planned = answers[3 * i : 3 * i + 3]
+            if text is not None and version is not None:
+                until = None if planned is None else from_micros(int(planned))
+                rows.append(ScheduleRow(schedule_id, _text(text), until, int(version)))
+        return rows
 
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._act("cancel", message_id, now) == 1

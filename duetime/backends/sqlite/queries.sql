@@ -53,6 +53,11 @@ SELECT version FROM duetime_schema WHERE component = ?;
 INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
 VALUES (?, ?, ?, ?, ?, ?, ?);
 
+-- A tick of a recurring schedule, stored unless its id is there (duetime.backends._schedules).
+-- name: insert_new
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING;
+
 -- name: claim_due
 UPDATE {table} SET claim_token = :token, claimed_until = :until
 WHERE message_id IN (
@@ -242,3 +247,40 @@ SELECT info FROM duetime_dispatchers WHERE endpoint = ?;
 
 -- name: forget
 DELETE FROM duetime_dispatchers WHERE endpoint = ? AND seen_at < ?;
+
+-- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
+-- name: create_schedule_table
+CREATE TABLE IF NOT EXISTS duetime_schedules (
+    endpoint TEXT NOT NULL,
+    schedule_id TEXT NOT NULL,
+    definition TEXT NOT NULL,
+    planned_until INTEGER,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (endpoint, schedule_id)
+);
+
+-- name: create_schedule_plan_index
+CREATE INDEX IF NOT EXISTS duetime_schedules_plan ON duetime_schedules (endpoint, planned_until)
+WHERE planned_until IS NOT NULL;
+
+-- name: schedule_insert
+INSERT INTO duetime_schedules (endpoint, schedule_id, definition, planned_until, version) VALUES (?, ?, ?, ?, 0)
+ON CONFLICT (endpoint, schedule_id) DO NOTHING;
+
+-- name: schedule_update
+UPDATE duetime_schedules SET definition = ?, planned_until = ?, version = version + 1
+WHERE endpoint = ? AND schedule_id = ? AND version = ?;
+
+-- name: schedule_get
+SELECT schedule_id, definition, planned_until, version FROM duetime_schedules WHERE endpoint = ? AND schedule_id = ?;
+
+-- name: schedule_page
+SELECT schedule_id, definition, planned_until, version FROM duetime_schedules
+WHERE endpoint = ? AND schedule_id > ? ORDER BY schedule_id LIMIT ?;
+
+-- name: schedules_to_plan
+SELECT schedule_id, definition, planned_until, version FROM duetime_schedules
+WHERE endpoint = ? AND planned_until IS NOT NULL AND planned_until <= ? ORDER BY planned_until LIMIT ?;
+
+-- name: schedule_delete
+DELETE FROM duetime_schedules WHERE endpoint = ? AND schedule_id = ?;

@@ -15,9 +15,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from duetime.backends._bridge import Subscribers, TransactionalBridge
+from duetime.backends._schedules import schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
@@ -51,9 +52,17 @@ from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, url_options
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
+from duetime.recurring.schedule import ScheduleRow
 
 OPTIONS = {"table", "synchronous", "claim_timeout", "busy_timeout"}
 _COLUMNS = "message_id, destination, due_at, headers, body, failure_count, group_key"
+
+
+T = TypeVar("T")
+
+
+def _micros(value: datetime | None) -> int | None:
+    return None if value is None else to_micros(value)
 
 
 def _message(row: Sequence[Any]) -> DelayedMessage:
@@ -130,6 +139,8 @@ class SyncSqliteStore(StoreRules):
             self._conn.execute(q["create_store_group_index"])
             create_queue_schema(self._conn)
             self._conn.execute(q["create_presence_table"])
+            self._conn.execute(q["create_schedule_table"])
+            self._conn.execute(q["create_schedule_plan_index"])
             self._conn.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
 
     def _schema_version(self, endpoint: str) -> int | None:
@@ -218,6 +229,54 @@ class SyncSqliteStore(StoreRules):
 
     def _forget(self, endpoint: str, seen_before: datetime) -> None:
         self._write_each(QUERIES["forget"], [(endpoint, to_micros(seen_before))])
+
+    # --- recurring schedules ------------------------------------------------------------------
+    def _schedule_insert(self, row: ScheduleRow) -> bool:
+        params = (self._ready(), row.schedule_id, row.text, _micros(row.planned_until))
+        return self._schedules(lambda: self._write_each(QUERIES["schedule_insert"], [params])) == 1
+
+    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+        params = (row.text, _micros(row.planned_until), self._ready(), row.schedule_id, row.version)
+
+        def write() -> bool:
+            with self._lock, write_transaction(self._conn):
+                if self._conn.execute(QUERIES["schedule_update"], params).rowcount != 1:
+                    return False
+                self._conn.executemany(self.q["insert_new"], [micros_row(t) for t in ticks])
+                return True
+
+        return self._schedules(write)
+
+    def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
+        rows = self._schedule_rows("schedule_get", (self._ready(), schedule_id))
+        return rows[0] if rows else None
+
+    def _schedule_page(self, after: str, limit: int) -> list[ScheduleRow]:
+        return self._schedule_rows("schedule_page", (self._ready(), after, limit))
+
+    def _schedules_to_plan(self, until: datetime, limit: int) -> list[ScheduleRow]:
+        return self._schedule_rows("schedules_to_plan", (self._ready(), to_micros(until), limit))
+
+    def _schedule_delete(self, schedule_id: str) -> bool:
+        params = (self._ready(), schedule_id)
+        return self._schedules(lambda: self._write_each(QUERIES["schedule_delete"], [params])) == 1
+
+    def _schedule_rows(self, name: str, params: tuple[Any, ...]) -> list[ScheduleRow]:
+        def read() -> list[ScheduleRow]:
+            with self._lock:
+                rows = self._conn.execute(QUERIES[name], params).fetchall()
+            return [ScheduleRow(r[0], r[1], None if r[2] is None else from_micros(r[2]), r[3]) for r in rows]
+
+        return self._schedules(read)
+
+    def _schedules(self, work: Callable[[], T]) -> T:
+        """A store set up before schedules existed has no table for them: `duetime setup` adds it."""
+        try:
+            return work()
+        except sqlite3.OperationalError as error:
+            if "duetime_schedules" in str(error):
+                raise schedules_need_setup() from None
+            raise
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, ":{}", to_micros)

@@ -1,0 +1,256 @@
+"""Recurring schedules in a store, written once: a backend keeps rows, these rules keep the promise.
+
+A schedule's row is a JSON text, how far its ticks are stored (``planned_until``) and a version.
+Every change is a compare-and-set on the version: a writer that read an older row writes nothing
+and reads again. Planning (:meth:`ScheduleRules.plan_schedules`) writes the row and stores the new
+ticks in one transaction of the backend's, so ticks are stored exactly once, however many
+dispatchers plan at the same moment and wherever one is killed. The ticks are then delivered as
+every stored message is (exactly-once where the store and the destination share a transaction).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from duetime.errors import InvalidSchedule, ScheduleNotFound, StoreNotReady
+from duetime.interfaces import Clock
+from duetime.message import DelayedMessage
+from duetime.recurring.schedule import (
+    Schedule,
+    ScheduleRow,
+    check_schedule_id,
+    group_of,
+    plan,
+)
+
+#: Ticks planned this far ahead of now (and always the next one, however far off it is): a
+#: dispatcher away for less than this misses nothing, and a pause or a change removes few.
+PLAN_AHEAD = timedelta(seconds=30)
+#: Schedules planned in one step; the rest in the next.
+PLAN_BATCH = 500
+#: Tries of a change that keeps finding the row changed under it (a planner at work).
+CHANGE_TRIES = 20
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """What one planning step did: schedules planned, ticks stored, ticks a catch-up policy left
+    out (each logged), and the earliest new tick's due time."""
+
+    schedules: int = 0
+    ticks: int = 0
+    missed: int = 0
+    earliest: datetime | None = None
+    #: (schedule id, how many it missed), for the log.
+    missed_by: tuple[tuple[str, int], ...] = ()
+    #: Whether more schedules are waiting to be planned (the batch was full).
+    more: bool = False
+
+
+def schedules_need_setup() -> StoreNotReady:
+    return StoreNotReady(
+        "This store was set up before recurring schedules existed; run `duetime setup` once to add "
+        "their table (every stored message stays)."
+    )
+
+
+class ScheduleExists(InvalidSchedule):
+    """A schedule with that id is there already."""
+
+
+class ScheduleRules(ABC):
+    """The schedule side of :class:`duetime.backends.StoreRules`."""
+
+    clock: Clock
+
+    # --- what a backend supplies -----------------------------------------------------------
+    @abstractmethod
+    def _schedule_insert(self, row: ScheduleRow) -> bool:
+        """Insert ``row`` for the bound endpoint unless its id is there (False then)."""
+
+    @abstractmethod
+    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+        """In one transaction: if the stored row's version is ``row.version``, write ``row``'s
+        text and ``planned_until`` with the version one more, and store each of ``ticks`` whose id
+        is not stored yet; otherwise write nothing and return False."""
+
+    @abstractmethod
+    def _schedule_get(self, schedule_id: str) -> ScheduleRow | None: ...
+
+    @abstractmethod
+    def _schedule_page(self, after: str, limit: int) -> list[ScheduleRow]:
+        """Up to ``limit`` rows with ids after ``after``, by id."""
+
+    @abstractmethod
+    def _schedules_to_plan(self, until: datetime, limit: int) -> list[ScheduleRow]:
+        """Up to ``limit`` rows whose ``planned_until`` is at or before ``until``, earliest first."""
+
+    @abstractmethod
+    def _schedule_delete(self, schedule_id: str) -> bool: ...
+
+    # --- from the store (StoreRules) ------------------------------------------------------------
+    @abstractmethod
+    def _ready(self) -> str: ...
+
+    @abstractmethod
+    def _announce(self, due_at: datetime) -> None: ...
+
+    @abstractmethod
+    def cancel_group(self, group: str) -> int: ...
+
+    @abstractmethod
+    def store_new(self, messages: Sequence[DelayedMessage]) -> int: ...
+
+    # --- the rules ------------------------------------------------------------------------------
+    def add_schedule(self, schedule: Schedule, now: datetime | None = None) -> Schedule:
+        """Keep ``schedule`` and store its first ticks; ScheduleExists if its id is taken."""
+        self._ready()
+        now = now or self.clock.now()
+        if not self._schedule_insert(schedule.with_changes(version=0).row()):
+            raise ScheduleExists(
+                f"A schedule with id {schedule.schedule_id!r} exists; remove it first, or change it "
+                "with `duetime recurring change`."
+            )
+        self._plan_one(schedule.schedule_id, now, PLAN_AHEAD)
+        return self.get_schedule(schedule.schedule_id)
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        self._ready()
+        row = self._schedule_get(check_schedule_id(schedule_id))
+        if row is None:
+            raise ScheduleNotFound(
+                f"No schedule {schedule_id!r} in this endpoint; `duetime recurring list` shows them."
+            )
+        return Schedule.from_row(row)
+
+    def list_schedules(self, after: str = "", limit: int = 100) -> list[Schedule]:
+        """A page of schedules by id; pass the last id back as ``after``."""
+        self._ready()
+        return [Schedule.from_row(r) for r in self._schedule_page(after, limit)]
+
+    def change_schedule(
+        self, schedule_id: str, change: Callable[[Schedule], Schedule], now: datetime
+    ) -> Schedule:
+        """Apply ``change`` and plan again from ``now``: ticks stored for the old schedule and
+        not being delivered are removed first (it takes effect from its next tick). Meanwhile the
+        schedule is paused, so a planner adds nothing for the old one; a crash part-way leaves
+        it paused (``resume`` carries on), never ticking twice."""
+        now = now or self.clock.now()
+        target = change(self.get_schedule(schedule_id))
+        frozen = self._set(
+            schedule_id, lambda s: change(s).with_changes(paused=True, planned_until=None), now
+        )
+        self.cancel_group(group_of(schedule_id))
+        return frozen if target.paused else self._resume(schedule_id, now)
+
+    def pause_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        """No more ticks until resumed; stored ticks not being delivered are removed."""
+        now = now or self.clock.now()
+        paused = self._set(schedule_id, lambda s: s.with_changes(paused=True, planned_until=None), now)
+        self.cancel_group(group_of(schedule_id))
+        return paused
+
+    def resume_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        """Tick again from the next planned time after ``now`` (the ticks of the pause are not
+        sent, nor counted as missed)."""
+        return self._resume(schedule_id, now or self.clock.now())
+
+    def _resume(self, schedule_id: str, now: datetime) -> Schedule:
+        self._set(schedule_id, lambda s: s.with_changes(paused=False, planned_until=now), now)
+        self._plan_one(schedule_id, now, PLAN_AHEAD)
+        return self.get_schedule(schedule_id)
+
+    def remove_schedule(self, schedule_id: str) -> int:
+        """Forget the schedule and remove its stored ticks; how many ticks were removed (one
+        being delivered at that moment still goes). ScheduleNotFound if there is none."""
+        self._ready()
+        if not self._schedule_delete(check_schedule_id(schedule_id)):
+            raise ScheduleNotFound(f"No schedule {schedule_id!r} in this endpoint.")
+        return self.cancel_group(group_of(schedule_id))
+
+    def trigger_schedule(self, schedule_id: str, now: datetime | None = None) -> DelayedMessage:
+        """One tick now, beside the schedule's own (which go on as planned)."""
+        now = now or self.clock.now()
+        schedule = self.get_schedule(schedule_id)
+        tick = schedule.tick(now, now, kind="trigger", own_id=True)
+        self.store_new([tick])
+        return tick
+
+    def backfill_schedule(self, schedule_id: str, start: datetime, end: datetime, now: datetime | None = None) -> int:
+        """Send now every tick planned from ``start`` to ``end`` (both in the past); a tick with
+        that time still stored is not stored twice. How many were stored."""
+        now = now or self.clock.now()
+        if end > now:
+            raise InvalidSchedule("A backfill ends now at the latest; ticks to come are the schedule's own.")
+        if start > end:
+            raise InvalidSchedule("A backfill's start comes before its end.")
+        schedule = self.get_schedule(schedule_id)
+        times = []
+        for at in schedule.recurrence.ticks(start - timedelta(microseconds=1)):
+            if at > end:
+                break
+            times.append(at)
+            if len(times) > 100_000:
+                raise InvalidSchedule("A backfill is at most 100,000 ticks; give a shorter span.")
+        stored = 0
+        for i in range(0, len(times), 1000):
+            stored += self.store_new([schedule.tick(at, now, kind="backfill") for at in times[i : i + 1000]])
+        return stored
+
+    def plan_schedules(
+        self, now: datetime, ahead: timedelta = PLAN_AHEAD, limit: int = PLAN_BATCH
+    ) -> PlanReport:
+        """Store the ticks due within ``ahead`` of every schedule that needs them (a step of at
+        most ``limit`` schedules; ``more`` says when others wait)."""
+        self._ready()
+        now = now or self.clock.now()
+        rows = self._schedules_to_plan(now + ahead, limit)
+        ticks = missed = planned = 0
+        earliest: datetime | None = None
+        missed_by: list[tuple[str, int]] = []
+        for row in rows:
+            step = plan(Schedule.from_row(row), now, ahead)
+            if not self._schedule_update(step.after.row(), step.ticks):
+                continue  # another planner did it, or the schedule changed: its turn, or the next step
+            planned += 1
+            ticks += len(step.ticks)
+            if step.missed:
+                missed += step.missed
+                missed_by.append((row.schedule_id, step.missed))
+            if step.ticks:
+                first = min(t.due_at for t in step.ticks)
+                earliest = first if earliest is None else min(earliest, first)
+        if earliest is not None:
+            self._announce(earliest)
+        return PlanReport(planned, ticks, missed, earliest, tuple(missed_by), len(rows) >= limit)
+
+    def _plan_one(self, schedule_id: str, now: datetime, ahead: timedelta) -> None:
+        for _ in range(CHANGE_TRIES):
+            row = self._schedule_get(schedule_id)
+            if row is None:
+                return
+            step = plan(Schedule.from_row(row), now, ahead)
+            if not step.ticks and step.after == Schedule.from_row(row):
+                return
+            if self._schedule_update(step.after.row(), step.ticks):
+                if step.ticks:
+                    self._announce(min(t.due_at for t in step.ticks))
+                return
+
+    def _set(self, schedule_id: str, change: Callable[[Schedule], Schedule], now: datetime) -> Schedule:
+        """Compare-and-set: apply ``change`` to the row as read until no one changed it between."""
+        self._ready()
+        check_schedule_id(schedule_id)
+        for _ in range(CHANGE_TRIES):
+            row = self._schedule_get(schedule_id)
+            if row is None:
+                raise ScheduleNotFound(f"No schedule {schedule_id!r} in this endpoint.")
+            changed = change(Schedule.from_row(row)).with_changes(
+                schedule_id=schedule_id, version=row.version, changed_at=now
+            )
+            if self._schedule_update(changed.row(), []):
+                return changed.with_changes(version=row.version + 1)
+        raise InvalidSchedule(f"The schedule {schedule_id!r} kept changing under this call; try again.")
