@@ -25,6 +25,10 @@ class InvalidSchedule(DuetimeError, ValueError):
     unknown time zone, an interval of 0)."""
 
 
+class ScheduleExists(InvalidSchedule):
+    """A recurring schedule with that id is there already."""
+
+
 class ScheduleNotFound(DuetimeError, LookupError):
     """No recurring schedule with that id in the endpoint."""
 

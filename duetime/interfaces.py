@@ -17,6 +17,7 @@ from duetime.errors import ConfigurationError
 from duetime.inputs.durations import parse_time
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import PlanReport, Schedule
 from duetime.settings import TransactionMode
 
 #: Called by a store when something may now be due earlier than before; ``None`` means "another
@@ -320,6 +321,48 @@ class NewOnlyStore(Protocol):
     async def store_new(self, messages: Sequence[DelayedMessage]) -> int:
         """Store those of ``messages`` whose id is not stored (the first of an id repeated in the
         batch); return how many were stored. Never raises DuplicateMessageId."""
+
+
+@runtime_checkable
+class RecurringStore(Protocol):
+    """A store that keeps recurring schedules beside the messages (every duetime store does; a
+    store built on ``StoreRules`` implements six row primitives). Each tick is a stored message;
+    see :mod:`duetime.recurring`."""
+
+    async def add_schedule(self, schedule: Schedule, now: datetime | None = None) -> Schedule:
+        """Keep ``schedule`` and store its first ticks; ScheduleExists if its id is taken."""
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        """The schedule; ScheduleNotFound if there is none."""
+
+    async def list_schedules(self, after: str = "", limit: int = 100) -> list[Schedule]:
+        """A page of schedules by id; pass the last id back as ``after``."""
+
+    async def change_schedule(
+        self, schedule_id: str, change: Callable[[Schedule], Schedule], now: datetime | None = None
+    ) -> Schedule:
+        """Apply ``change``; it takes effect from the next tick (stored ticks are planned again)."""
+
+    async def pause_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        """No ticks until resumed; stored ones not being delivered are removed."""
+
+    async def resume_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        """Tick again from the next planned time."""
+
+    async def remove_schedule(self, schedule_id: str) -> int:
+        """Forget it and remove its stored ticks; how many ticks were removed."""
+
+    async def trigger_schedule(self, schedule_id: str, now: datetime | None = None) -> DelayedMessage:
+        """One extra tick now."""
+
+    async def backfill_schedule(
+        self, schedule_id: str, start: datetime, end: datetime, now: datetime | None = None
+    ) -> int:
+        """Send now the ticks planned between ``start`` and ``end``; how many were stored."""
+
+    async def plan_schedules(self, now: datetime | None = None) -> PlanReport:
+        """Store the ticks coming due soon of every schedule that needs them (dispatchers call
+        this every second or so; any number may, at once)."""
 
 
 @runtime_checkable

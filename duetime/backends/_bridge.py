@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
-from duetime.backends._schedules import PLAN_AHEAD, PLAN_BATCH, PlanReport
+from duetime.backends._schedules import PLAN_AHEAD, PLAN_BATCH
 from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
 from duetime.backends._store import StoreRules, closed
 from duetime.errors import ConfigurationError, TransportUnavailable
@@ -35,7 +35,7 @@ from duetime.interfaces import (
 )
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
-from duetime.recurring.schedule import Schedule
+from duetime.recurring.schedule import PlanReport, Schedule
 from duetime.settings import TransactionMode
 
 T = TypeVar("T")

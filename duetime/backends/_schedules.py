@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from duetime.errors import InvalidSchedule, ScheduleNotFound, StoreNotReady
+from duetime.errors import InvalidSchedule, ScheduleExists, ScheduleNotFound, StoreNotReady
 from duetime.interfaces import Clock
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import (
+    PlanReport,
     Schedule,
     ScheduleRow,
     check_schedule_id,
@@ -35,30 +35,11 @@ PLAN_BATCH = 500
 CHANGE_TRIES = 20
 
 
-@dataclass(frozen=True)
-class PlanReport:
-    """What one planning step did: schedules planned, ticks stored, ticks a catch-up policy left
-    out (each logged), and the earliest new tick's due time."""
-
-    schedules: int = 0
-    ticks: int = 0
-    missed: int = 0
-    earliest: datetime | None = None
-    #: (schedule id, how many it missed), for the log.
-    missed_by: tuple[tuple[str, int], ...] = ()
-    #: Whether more schedules are waiting to be planned (the batch was full).
-    more: bool = False
-
-
 def schedules_need_setup() -> StoreNotReady:
     return StoreNotReady(
         "This store was set up before recurring schedules existed; run `duetime setup` once to add "
         "their table (every stored message stays)."
     )
-
-
-class ScheduleExists(InvalidSchedule):
-    """A schedule with that id is there already."""
 
 
 class ScheduleRules(ABC):
@@ -179,7 +160,9 @@ class ScheduleRules(ABC):
         self.store_new([tick])
         return tick
 
-    def backfill_schedule(self, schedule_id: str, start: datetime, end: datetime, now: datetime | None = None) -> int:
+    def backfill_schedule(
+        self, schedule_id: str, start: datetime, end: datetime, now: datetime | None = None
+    ) -> int:
         """Send now every tick planned from ``start`` to ``end`` (both in the past); a tick with
         that time still stored is not stored twice. How many were stored."""
         now = now or self.clock.now()

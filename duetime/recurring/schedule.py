@@ -273,3 +273,18 @@ def new_schedule(
         changed_at=now,
         planned_until=None if paused else now,
     )
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """What one planning step did: schedules planned, ticks stored, ticks a catch-up policy left
+    out (each logged), and the earliest new tick's due time."""
+
+    schedules: int = 0
+    ticks: int = 0
+    missed: int = 0
+    earliest: datetime | None = None
+    #: (schedule id, how many it missed), for the log.
+    missed_by: tuple[tuple[str, int], ...] = ()
+    #: Whether more schedules are waiting to be planned (the batch was full).
+    more: bool = False

@@ -12,12 +12,12 @@ from typing import Any, cast
 
 import pytest
 
-from duetime.backends._schedules import ScheduleExists
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.errors import (
     DuplicateMessageId,
     InvalidMessage,
     MessageInFlight,
+    ScheduleExists,
     ScheduleNotFound,
     StoreNotReady,
 )
@@ -27,6 +27,7 @@ from duetime.interfaces import (
     DueCounter,
     ListQuery,
     NewOnlyStore,
+    RecurringStore,
     SyncDelayedMessageStore,
 )
 from duetime.live_dispatchers import DispatcherInfo
@@ -222,7 +223,8 @@ class StoreContract:
     ) -> None:
         """Ticks are stored as planned, never twice: planning again, or from many threads at once
         (each a dispatcher), stores each planned tick exactly once and none out of turn."""
-        s = cast(Any, store)
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
         t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
         every_second = Recurrence(every=timedelta(seconds=1))
         made = await s.add_schedule(new_schedule("ping", "health", every_second, t0, body=b"hi"), t0)
@@ -255,7 +257,8 @@ class StoreContract:
         return getattr(store, "sync", store)
 
     async def test_pause_resume_change_trigger_backfill_and_remove(self, store: DelayedMessageStore) -> None:
-        s = cast(Any, store)
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
         t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
         minutely = Recurrence(cron="* * * * *")
         await s.add_schedule(new_schedule("m", "q", minutely, t0), t0)

@@ -23,7 +23,7 @@ TOP_MODULES = {
 }  # fmt: skip
 SUBPACKAGES = {
     "backends", "bridges", "bulk", "cli", "dashboard", "engine", "inputs", "nservicebus",
-    "observability", "operations", "testing",
+    "observability", "operations", "recurring", "testing",
 }  # fmt: skip
 
 
