@@ -60,12 +60,14 @@ NOT_HERE = {
         "a Spark cluster and YARN; tests/bulk/test_cluster.py runs the jobs with spark-submit on a standalone cluster"
     ),
     **{
+        ("native-delays.md", first): "a RabbitMQ cluster; tests/topology/test_rabbitmq_cluster.py builds one"
+        for first in ("rabbitmqctl list_queues", "rabbitmq-upgrade -n NODE drain")
+    },
+    **{
         ("production.md", first): "a cluster or pooler of its own; tests/topology builds each"
         for first in (
             "export DUETIME_STORE='postgresql://app@db1:5432,db2:5432",
             "export DUETIME_TRANSPORT='amqp://app:PASSWORD@rabbit1:5672",
-            "rabbitmqctl list_queues",
-            "rabbitmq-upgrade -n NODE drain",
             "export DUETIME_TRANSPORT='nats://nats1:4222",
             "export DUETIME_STORE='redis+sentinel://",
             "export DUETIME_STORE='postgresql://app@pgbouncer:6432",
