@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Mapping
 from datetime import datetime
+from typing import Any
 
 from duetime import tracing
 from duetime.clock import SystemClock
-from duetime.errors import InvalidMessage
+from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     AsyncClosing,
@@ -16,7 +18,9 @@ from duetime.interfaces import (
     DelayedMessageStore,
     ListQuery,
     Page,
+    RecurringStore,
     SyncDelayedMessageStore,
+    SyncRecurringStore,
     require,
 )
 from duetime.message import (
@@ -29,6 +33,8 @@ from duetime.message import (
     check_text,
     resolve_due_time,
 )
+from duetime.recurring.rules import Recurrence
+from duetime.recurring.schedule import Schedule, changed, new_schedule
 from duetime.settings import TransactionMode
 
 
@@ -93,6 +99,27 @@ def _query(
         limit=limit,
         after=after,
         group=None if group is None else _group(group),
+    )
+
+
+def _keeps_none(store: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"{type(store).__name__} keeps no recurring schedules; duetime's own stores do (a store "
+        "built on StoreRules implements their six row primitives)."
+    )
+
+
+def _new(
+    clock: Clock,
+    schedule_id: str,
+    destination: str,
+    body: bytes,
+    when: Recurrence,
+    headers: Mapping[str, str] | None,
+    paused: bool,
+) -> Schedule:
+    return new_schedule(
+        schedule_id, destination, when, clock.now(), body=body, headers=headers, paused=paused
     )
 
 
@@ -172,6 +199,59 @@ class DelayedMessageClient(AsyncClosing):
     ) -> Page:
         return await self.store.list(_query(destination, due_before, limit, after, group))
 
+    # --- recurring schedules: each tick a stored message (duetime.recurring) --------------------
+    async def add_recurring(
+        self,
+        schedule_id: str,
+        destination: str,
+        body: bytes = b"",
+        *,
+        when: Recurrence,
+        headers: Mapping[str, str] | None = None,
+        paused: bool = False,
+    ) -> Schedule:
+        """Deliver ``body`` to ``destination`` at every time ``when`` gives (build it with
+        :func:`duetime.recurring.every` or :func:`duetime.recurring.cron`); ScheduleExists if the id is taken."""
+        made = _new(self.clock, schedule_id, destination, body, when, headers, paused)
+        return await self._schedules.add_schedule(made, self.clock.now())
+
+    async def recurring(self, schedule_id: str) -> Schedule:
+        return await self._schedules.get_schedule(schedule_id)
+
+    async def list_recurring(self, *, after: str = "", limit: int = 100) -> builtins.list[Schedule]:
+        return await self._schedules.list_schedules(after, limit)
+
+    async def change_recurring(self, schedule_id: str, **changes: Any) -> Schedule:
+        """Change what :func:`duetime.recurring.changed` names (``when``, ``destination``,
+        ``body``, ``headers``); it takes effect from the next tick."""
+        return await self._schedules.change_schedule(
+            schedule_id, lambda s: changed(s, **changes), self.clock.now()
+        )
+
+    async def pause_recurring(self, schedule_id: str) -> Schedule:
+        return await self._schedules.pause_schedule(schedule_id, self.clock.now())
+
+    async def resume_recurring(self, schedule_id: str) -> Schedule:
+        return await self._schedules.resume_schedule(schedule_id, self.clock.now())
+
+    async def trigger_recurring(self, schedule_id: str) -> DelayedMessage:
+        """One tick now, beside the schedule's own."""
+        return await self._schedules.trigger_schedule(schedule_id, self.clock.now())
+
+    async def backfill_recurring(self, schedule_id: str, start: datetime, end: datetime) -> int:
+        """Send now the ticks planned from ``start`` to ``end``; how many were stored."""
+        return await self._schedules.backfill_schedule(schedule_id, start, end, self.clock.now())
+
+    async def remove_recurring(self, schedule_id: str) -> int:
+        """Forget the schedule; how many of its stored ticks were removed with it."""
+        return await self._schedules.remove_schedule(schedule_id)
+
+    @property
+    def _schedules(self) -> RecurringStore:
+        if not isinstance(self.store, RecurringStore):
+            raise _keeps_none(self.store)
+        return self.store
+
 
 class SyncDelayedMessageClient(Closing):
     """The blocking client, for code that is not async (:func:`duetime.connect_sync` gives a ready one);
@@ -242,3 +322,47 @@ class SyncDelayedMessageClient(Closing):
         group: str | None = None,
     ) -> Page:
         return self.store.list(_query(destination, due_before, limit, after, group))
+
+    # --- recurring schedules (see the async client) --------------------------------------------
+    def add_recurring(
+        self,
+        schedule_id: str,
+        destination: str,
+        body: bytes = b"",
+        *,
+        when: Recurrence,
+        headers: Mapping[str, str] | None = None,
+        paused: bool = False,
+    ) -> Schedule:
+        made = _new(self.clock, schedule_id, destination, body, when, headers, paused)
+        return self._schedules.add_schedule(made, self.clock.now())
+
+    def recurring(self, schedule_id: str) -> Schedule:
+        return self._schedules.get_schedule(schedule_id)
+
+    def list_recurring(self, *, after: str = "", limit: int = 100) -> builtins.list[Schedule]:
+        return self._schedules.list_schedules(after, limit)
+
+    def change_recurring(self, schedule_id: str, **changes: Any) -> Schedule:
+        return self._schedules.change_schedule(schedule_id, lambda s: changed(s, **changes), self.clock.now())
+
+    def pause_recurring(self, schedule_id: str) -> Schedule:
+        return self._schedules.pause_schedule(schedule_id, self.clock.now())
+
+    def resume_recurring(self, schedule_id: str) -> Schedule:
+        return self._schedules.resume_schedule(schedule_id, self.clock.now())
+
+    def trigger_recurring(self, schedule_id: str) -> DelayedMessage:
+        return self._schedules.trigger_schedule(schedule_id, self.clock.now())
+
+    def backfill_recurring(self, schedule_id: str, start: datetime, end: datetime) -> int:
+        return self._schedules.backfill_schedule(schedule_id, start, end, self.clock.now())
+
+    def remove_recurring(self, schedule_id: str) -> int:
+        return self._schedules.remove_schedule(schedule_id)
+
+    @property
+    def _schedules(self) -> SyncRecurringStore:
+        if not isinstance(self.store, SyncRecurringStore):
+            raise _keeps_none(self.store)
+        return self.store

@@ -13,6 +13,7 @@ everything counted, charted, traced, recorded or reported is an observer's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ from duetime.engine.deadline import within
 from duetime.engine.failures import FailurePolicy
 from duetime.engine.observe import DispatchObserver, Observers
 from duetime.engine.outages import Outages
+from duetime.engine.planning import Planner
 from duetime.engine.sinks import DeliveryLogSink, DispatchStats, StatsSink, SummarySink, TracingSink
 from duetime.engine.strategies import AtLeastOnce, DeliveryStrategy, Engine, ExactlyOnce, Progress
 from duetime.engine.summary import LatenessHistogram
@@ -36,6 +38,7 @@ from duetime.interfaces import (
     Clock,
     DelayedMessageStore,
     DeliveryLog,
+    RecurringStore,
     ServerClock,
     StoreCounts,
     TransactionalStore,
@@ -140,6 +143,9 @@ class Dispatcher:
                 engine, claim_ahead=store.parallel_claims if isinstance(store, ClaimPolicy) else True
             )
         )
+
+        #: Keeps the ticks of recurring schedules stored ahead (a store that keeps schedules).
+        self.planner = Planner(store, self.clock.now) if isinstance(store, RecurringStore) else None
 
     @property
     def store(self) -> DelayedMessageStore:
@@ -339,9 +345,12 @@ class Dispatcher:
 
     async def run(self) -> None:
         """Serve until stopped. Raises :class:`CriticalError` if a circuit breaker tripped."""
+        planning: asyncio.Future[None] | None = None
         try:
             await self.start()
             self.summary.restart()
+            if self.planner is not None:
+                planning = asyncio.ensure_future(self.planner.run(self.wait_for_stop))
             while not self._stopping:
                 found = await self.dispatch_once()
                 if not self._stopping and not (found and self._full_round):
@@ -350,12 +359,18 @@ class Dispatcher:
                     # due by then, or stored meanwhile, makes the wait zero.
                     await self._sleep_until_next_due()
         finally:
+            if planning is not None:
+                planning.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await planning
             await self._finish()
 
     async def run_burst(self) -> DispatchStats:
         """Forward everything due now, then return (raises CriticalError like ``run``)."""
         try:
             await self.start()
+            if self.planner is not None:  # what the schedules have due now is stored first
+                await self.planner.plan_once()
             while not self._stopping and await self.dispatch_once():
                 pass
         finally:

@@ -228,6 +228,45 @@ class Recurrence:
         )
 
 
+def recurrence_of(
+    cron: str | None = None,
+    every: timedelta | str | None = None,
+    *,
+    zone: str = "UTC",
+    start: datetime | None = None,
+    end: datetime | None = None,
+    count: int | None = None,
+    skipped: Skipped = "run",
+    catch_up: CatchUp = "latest",
+    catch_up_window: timedelta | str | None = None,
+) -> Recurrence:
+    """A recurrence from what the API and the command line take: ``every`` and the window may
+    be written as durations (``30s``, ``1h``)."""
+    return Recurrence(
+        cron=None if cron is None else " ".join(cron.split()),
+        every=_duration("interval", every),
+        zone=zone,
+        start=start,
+        end=end,
+        count=count,
+        skipped=skipped,
+        catch_up=catch_up,
+        catch_up_window=_duration("catch-up window", catch_up_window),
+    )
+
+
+def _duration(name: str, value: timedelta | str | None) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    text = value.strip()
+    if text.lower().startswith("every"):
+        text = text[5:]
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise InvalidSchedule(f"Cannot read the {name} {value!r}: {error}") from None
+
+
 def _span(every: timedelta) -> str:
     seconds = int(every.total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):

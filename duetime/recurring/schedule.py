@@ -251,6 +251,19 @@ def _catch_up(r: Recurrence, missed: list[datetime], now: datetime) -> list[date
     return missed
 
 
+def changed(
+    schedule: Schedule,
+    *,
+    when: Recurrence | None = None,
+    destination: str | None = None,
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Schedule:
+    """``schedule`` with what is given changed (the rest as it was)."""
+    given = {"recurrence": when, "destination": destination, "body": body, "headers": headers}
+    return schedule.with_changes(**{k: v for k, v in given.items() if v is not None})
+
+
 def new_schedule(
     schedule_id: str,
     destination: str,

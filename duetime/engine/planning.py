@@ -1,0 +1,82 @@
+"""Recurring schedules from inside a dispatcher: their ticks stored a little ahead of time.
+
+Every dispatcher of an endpoint plans, every :data:`PLAN_EVERY` seconds: the store's
+compare-and-set lets any number plan at once without a tick stored twice, so there is no leader
+to elect and nothing to fail over (a dispatcher killed while planning leaves nothing half done).
+The ticks are then ordinary stored messages, delivered by the same rounds as every other one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+
+from duetime.engine.deadline import within
+from duetime.errors import StoreNotReady, one_line
+from duetime.interfaces import RecurringStore
+from duetime.recurring.schedule import PlanReport
+
+log = logging.getLogger("duetime.recurring")
+
+#: Seconds between two planning steps of a dispatcher (ticks are stored 30 s ahead).
+PLAN_EVERY = 1.0
+#: Seconds a planning step may take before it is given up (and tried again next time).
+PLAN_WITHIN = 10.0
+
+
+class Planner:
+    """Plans the schedules of one store; ``plan_once`` is a step, ``run`` the loop."""
+
+    def __init__(self, store: RecurringStore, now: Callable[[], datetime]) -> None:
+        self.store = store
+        self.now = now
+        self._failing: str | None = None
+        #: Ticks stored and missed since it started (the heartbeat and metrics read them).
+        self.ticks_planned = 0
+        self.ticks_missed = 0
+
+    async def plan_once(self) -> PlanReport | None:
+        """One step, until no schedule waits; None when the store cannot plan (said once)."""
+        total: PlanReport | None = None
+        while True:
+            try:
+                report = await within(
+                    self.store.plan_schedules(self.now()), PLAN_WITHIN, "planning schedules"
+                )
+            except StoreNotReady as error:  # a store set up before schedules: `duetime setup`
+                self._say_once(str(error))
+                return None
+            except Exception as error:  # an outage: the dispatcher's breakers see it in its rounds
+                self._say_once(f"planning recurring schedules failed: {one_line(error)}")
+                return None
+            if self._failing is not None:
+                log.info("planning recurring schedules again")
+                self._failing = None
+            self._count(report)
+            total = report if total is None else total
+            if not report.more:
+                return total
+
+    def _count(self, report: PlanReport) -> None:
+        self.ticks_planned += report.ticks
+        self.ticks_missed += report.missed
+        for schedule_id, missed in report.missed_by:
+            log.warning(
+                "schedule %s: %s tick(s) missed while no dispatcher ran (its catch-up policy left them out)",
+                schedule_id,
+                missed,
+                extra={"fields": {"schedule": schedule_id, "ticks_missed": missed}},
+            )
+
+    def _say_once(self, text: str) -> None:
+        if text != self._failing:
+            log.warning("%s", text)
+            self._failing = text
+
+    async def run(self, wait_for_stop: Callable[[float], Awaitable[bool]]) -> None:
+        """Plan, then wait :data:`PLAN_EVERY` (or until stopped), until stopped."""
+        while True:
+            await self.plan_once()
+            if await wait_for_stop(PLAN_EVERY):
+                return
