@@ -22,6 +22,7 @@ from duetime.recurring.schedule import (
     Schedule,
     ScheduleRow,
     check_schedule_id,
+    extra_group_of,
     group_of,
     plan,
 )
@@ -150,10 +151,11 @@ class ScheduleRules(ABC):
         self._ready()
         if not self._schedule_delete(check_schedule_id(schedule_id)):
             raise ScheduleNotFound(f"No schedule {schedule_id!r} in this endpoint.")
-        return self.cancel_group(group_of(schedule_id))
+        return self.cancel_group(group_of(schedule_id)) + self.cancel_group(extra_group_of(schedule_id))
 
     def trigger_schedule(self, schedule_id: str, now: datetime | None = None) -> DelayedMessage:
-        """One tick now, beside the schedule's own (which go on as planned)."""
+        """One tick now, beside the schedule's own (which go on as planned); a pause or a change
+        does not take it back."""
         now = now or self.clock.now()
         schedule = self.get_schedule(schedule_id)
         tick = schedule.tick(now, now, kind="trigger", own_id=True)

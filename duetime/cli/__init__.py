@@ -23,6 +23,7 @@ from duetime.observability.logs import quiet_drivers
 for _group in (
     "run",
     "messages",
+    "recurring",
     "errors",
     "queues",
     "dashboard",

@@ -31,8 +31,12 @@ TICK_SEPARATOR = "@"
 #: The group of every tick of a schedule (``cancel --group`` reaches them; removing a schedule
 #: removes its pending ticks this way).
 GROUP_PREFIX = "duetime-schedule:"
-#: A schedule id leaves room for the tick's time in a message id (250 characters).
-MAX_SCHEDULE_ID_LENGTH = 180
+#: The group of the ticks ``trigger`` and ``backfill`` store: a pause or a change leaves them be
+#: (they were asked for), removing the schedule removes them too.
+EXTRA_GROUP_SUFFIX = "+extra"
+#: A schedule id leaves room for the tick's time in a message id (250 characters) and for the
+#: prefix and suffix of its groups (200).
+MAX_SCHEDULE_ID_LENGTH = 170
 
 
 def tick_id(schedule_id: str, planned: datetime) -> str:
@@ -47,6 +51,10 @@ def _stamp(planned: datetime) -> str:
 
 def group_of(schedule_id: str) -> str:
     return GROUP_PREFIX + schedule_id
+
+
+def extra_group_of(schedule_id: str) -> str:
+    return GROUP_PREFIX + schedule_id + EXTRA_GROUP_SUFFIX
 
 
 def check_schedule_id(schedule_id: object) -> str:
@@ -127,14 +135,13 @@ class Schedule:
             SCHEDULE_HEADER: self.schedule_id,
             PLANNED_HEADER: planned.astimezone(UTC).isoformat(),
         }
-        message_id = tick_id(self.schedule_id, planned)
+        message_id, group = tick_id(self.schedule_id, planned), group_of(self.schedule_id)
         if kind is not None:
             headers[EXTRA_HEADER] = kind
+            group = extra_group_of(self.schedule_id)
             if own_id:
                 message_id += f"+{kind}"
-        return DelayedMessage(
-            message_id, self.destination, due, self.body, headers, group=group_of(self.schedule_id)
-        )
+        return DelayedMessage(message_id, self.destination, due, self.body, headers, group=group)
 
     # --- as a store keeps it --------------------------------------------------------------------
     def to_text(self) -> str:

@@ -1,0 +1,345 @@
+"""`duetime recurring …`: messages delivered again and again (every 30 s, 09:00 each working day).
+
+Each tick is a stored delayed message, planned a little ahead by the running dispatchers
+(`duetime run`), so recurring messages need nothing else running.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from typing import Annotated, Any, TypeVar, cast
+from zoneinfo import ZoneInfo
+
+import typer
+
+from duetime.cli.common import (
+    DEFAULT_STORE,
+    EndpointOpt,
+    HeaderOpt,
+    StoreOpt,
+    TransportOpt,
+    app,
+    headers_from_pairs,
+    open_ready_store,
+    warn_undeclared,
+)
+from duetime.cli.terminal import console, err, show, table
+from duetime.cli.terminal import run_async as _run
+from duetime.clock import SYSTEM
+from duetime.errors import ConfigurationError, InvalidSchedule
+from duetime.inputs.durations import parse_time
+from duetime.interfaces import RecurringStore
+from duetime.recurring.rules import CatchUp, Recurrence, Skipped, recurrence_of
+from duetime.recurring.schedule import Schedule, changed, new_schedule
+
+T = TypeVar("T")
+
+recurring_app = typer.Typer(
+    help="Messages delivered again and again: add, list, show, next, change, pause, resume, trigger, "
+    "backfill, remove. The running dispatchers (duetime run) send each tick once.",
+    no_args_is_help=True,
+)
+app.add_typer(recurring_app, name="recurring")
+
+IdArg = Annotated[str, typer.Argument(help="The schedule's id (a name: nightly-invoices).")]
+CronOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--cron",
+        help="When, as a cron expression: '0 9 * * MON-FRI' (minute hour day month weekday), or 6 "
+        "fields with seconds first.",
+    ),
+]
+EveryOpt = Annotated[str | None, typer.Option("--every", help="Or an interval of elapsed time: 30s, 5m, 1h.")]
+ZoneOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--zone", help="The time zone the cron expression is read in (IANA: Europe/Paris). Default UTC."
+    ),
+]
+StartOpt = Annotated[
+    str | None,
+    typer.Option("--start", help="No tick before this (ISO 8601 with offset); an interval counts from it."),
+]
+EndOpt = Annotated[str | None, typer.Option("--end", help="No tick after this (ISO 8601 with offset).")]
+CountOpt = Annotated[int | None, typer.Option("--count", min=1, help="At most this many ticks in all.")]
+SkippedOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--skipped",
+        help="A wall time that a spring-forward skips: 'run' fires once at the jump (as cron does), "
+        "'skip' does not fire. Default run.",
+    ),
+]
+CatchUpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--catch-up",
+        help="Ticks missed while no dispatcher ran: 'none', 'latest' (the default) or 'all'; those "
+        "left out are counted and logged.",
+    ),
+]
+WindowOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--catch-up-window", help="With --catch-up all: only the missed ticks of the last 1h (say)."
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="JSON, as read.")]
+
+
+def _store_call(store: str, endpoint: str, work: Callable[[RecurringStore], Awaitable[T]]) -> T:
+    async def go() -> T:
+        s = await open_ready_store(store, endpoint)
+        try:
+            if not isinstance(s, RecurringStore):
+                raise ConfigurationError(f"The store {type(s).__name__} keeps no recurring schedules.")
+            return await work(s)
+        finally:
+            await s.close()
+
+    return _run(go)
+
+
+def _when(
+    cron: str | None,
+    every: str | None,
+    zone: str | None,
+    start: str | None,
+    end: str | None,
+    count: int | None,
+    skipped: str | None,
+    catch_up: str | None,
+    window: str | None,
+    base: Recurrence | None = None,
+) -> Recurrence:
+    """The recurrence the options give, over ``base`` (a change keeps what is not given)."""
+    if cron is not None and every is not None:
+        raise InvalidSchedule("Give --cron or --every, not both.")
+    if base is None and cron is None and every is None:
+        raise InvalidSchedule("Say when: --cron '0 9 * * MON-FRI' or --every 30s.")
+    cron_: str | None = cron
+    every_: timedelta | str | None = every
+    if cron is None and every is None and base is not None:
+        cron_, every_ = base.cron, base.every
+    return recurrence_of(
+        cron=cron_,
+        every=every_,
+        zone=zone or (base.zone if base else "UTC"),
+        start=parse_time(start) if start else (base.start if base else None),
+        end=parse_time(end) if end else (base.end if base else None),
+        count=count if count is not None else (base.count if base else None),
+        skipped=cast(
+            Skipped, _choice("--skipped", skipped, ("run", "skip"), base.skipped if base else "run")
+        ),
+        catch_up=cast(
+            CatchUp,
+            _choice("--catch-up", catch_up, ("none", "latest", "all"), base.catch_up if base else "latest"),
+        ),
+        catch_up_window=window if window is not None else (base.catch_up_window if base else None),
+    )
+
+
+def _choice(flag: str, value: str | None, allowed: tuple[str, ...], default: str) -> str:
+    if value is None:
+        return default
+    if value not in allowed:
+        raise InvalidSchedule(f"{flag} is one of {', '.join(allowed)}; got {value!r}.")
+    return value
+
+
+def _row(s: Schedule, now: datetime) -> dict[str, Any]:
+    following = s.next_planned(now)
+    return {
+        "id": s.schedule_id,
+        "destination": s.destination,
+        "when": s.recurrence.describe(),
+        "state": s.state(),
+        "next": None if following is None else following.isoformat(),
+        "last_planned": None if s.last_planned is None else s.last_planned.isoformat(),
+        "ticks_planned": s.ticks_planned,
+        "ticks_missed": s.ticks_missed,
+        "recurrence": s.recurrence.to_json(),
+        "headers": dict(s.headers),
+        "body": s.body.decode("utf-8", "backslashreplace"),
+    }
+
+
+def _said(s: Schedule, verb: str) -> None:
+    following = s.next_planned(SYSTEM.now())
+    then = "" if following is None else f"; next tick {following.isoformat()}"
+    console.print(f"{verb} {s.schedule_id}: {s.recurrence.describe()} -> {s.destination} ({s.state()}){then}")
+
+
+@recurring_app.command()
+def add(
+    schedule_id: IdArg,
+    destination: Annotated[str, typer.Argument(help="The queue each tick is for.")],
+    body: Annotated[str, typer.Argument(help="Each tick's body (text).")] = "",
+    cron: CronOpt = None,
+    every: EveryOpt = None,
+    zone: ZoneOpt = None,
+    start: StartOpt = None,
+    end: EndOpt = None,
+    count: CountOpt = None,
+    skipped: SkippedOpt = None,
+    catch_up: CatchUpOpt = None,
+    catch_up_window: WindowOpt = None,
+    header: HeaderOpt = [],  # noqa: B006
+    paused: Annotated[
+        bool, typer.Option("--paused", help="Keep it, but send nothing until resumed.")
+    ] = False,
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+    transport: TransportOpt = None,
+) -> None:
+    """Add a recurring message.
+
+    \b
+      duetime recurring add invoices invoices.close '{}' --cron '0 9 * * MON-FRI' --zone Europe/Paris
+      duetime recurring add ping health --every 30s
+    """
+    when = _when(cron, every, zone, start, end, count, skipped, catch_up, catch_up_window)
+    made = new_schedule(
+        schedule_id,
+        destination,
+        when,
+        SYSTEM.now(),
+        body=body.encode(),
+        headers=headers_from_pairs(header),
+        paused=paused,
+    )
+    _said(_store_call(store, endpoint, lambda s: s.add_schedule(made)), "added")
+    _run(lambda: warn_undeclared(store, transport, [destination]))
+
+
+@recurring_app.command("list")
+def list_(
+    store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime", as_json: JsonOpt = False
+) -> None:
+    """Every schedule: when, its state, the next tick, ticks sent and missed."""
+
+    async def every_page(s: RecurringStore) -> list[Schedule]:
+        found: list[Schedule] = []
+        while True:
+            page = await s.list_schedules(found[-1].schedule_id if found else "", 500)
+            found += page
+            if len(page) < 500:
+                return found
+
+    schedules = _store_call(store, endpoint, every_page)
+    now = SYSTEM.now()
+    if as_json:
+        sys.stdout.writelines(json.dumps(_row(s, now)) + "\n" for s in schedules)
+        return
+    if not schedules:
+        err.print("no recurring schedules (duetime recurring add ... adds one)")
+        return
+    t = table("id", "destination", "when", "state", "next tick (UTC)", "planned", "missed")
+    for s in schedules:
+        r = _row(s, now)
+        t.add_row(
+            r["id"],
+            r["destination"],
+            r["when"],
+            r["state"],
+            r["next"] or "-",
+            str(s.ticks_planned),
+            str(s.ticks_missed),
+        )
+    show(t)
+
+
+@recurring_app.command("show")
+def show_(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+    """One schedule, whole, as JSON."""
+    s = _store_call(store, endpoint, lambda st: st.get_schedule(schedule_id))
+    print(json.dumps(_row(s, SYSTEM.now()), indent=2))
+
+
+@recurring_app.command("next")
+def next_(
+    schedule_id: IdArg,
+    count: Annotated[int, typer.Option("--count", "-n", min=1, max=1000, help="How many.")] = 10,
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+) -> None:
+    """The next planned tick times, in UTC and in the schedule's zone."""
+    s = _store_call(store, endpoint, lambda st: st.get_schedule(schedule_id))
+    zone = ZoneInfo(s.recurrence.zone)
+    for at in islice(s.recurrence.ticks(SYSTEM.now()), count):
+        print(f"{at.astimezone(UTC).isoformat()}  {at.astimezone(zone).isoformat()} {s.recurrence.zone}")
+
+
+@recurring_app.command()
+def change(
+    schedule_id: IdArg,
+    destination: Annotated[str | None, typer.Option("--destination", help="A new destination.")] = None,
+    body: Annotated[str | None, typer.Option("--body", help="A new body (text).")] = None,
+    cron: CronOpt = None,
+    every: EveryOpt = None,
+    zone: ZoneOpt = None,
+    start: StartOpt = None,
+    end: EndOpt = None,
+    count: CountOpt = None,
+    skipped: SkippedOpt = None,
+    catch_up: CatchUpOpt = None,
+    catch_up_window: WindowOpt = None,
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+) -> None:
+    """Change a schedule; it takes effect from its next tick (what is not given stays)."""
+
+    def apply(s: Schedule) -> Schedule:
+        when = _when(cron, every, zone, start, end, count, skipped, catch_up, catch_up_window, s.recurrence)
+        return changed(s, when=when, destination=destination, body=None if body is None else body.encode())
+
+    async def go(s: RecurringStore) -> Schedule:
+        apply(await s.get_schedule(schedule_id))  # bad input: one line, nothing changed
+        return await s.change_schedule(schedule_id, apply)
+
+    _said(_store_call(store, endpoint, go), "changed")
+
+
+@recurring_app.command()
+def pause(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+    """Send no tick until resumed (stored ticks not being delivered are removed)."""
+    _said(_store_call(store, endpoint, lambda s: s.pause_schedule(schedule_id)), "paused")
+
+
+@recurring_app.command()
+def resume(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+    """Tick again from the next planned time (the ticks of the pause are not sent)."""
+    _said(_store_call(store, endpoint, lambda s: s.resume_schedule(schedule_id)), "resumed")
+
+
+@recurring_app.command()
+def trigger(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+    """Send one tick now, beside the planned ones; prints its message id."""
+    tick = _store_call(store, endpoint, lambda s: s.trigger_schedule(schedule_id))
+    print(tick.message_id)
+
+
+@recurring_app.command()
+def backfill(
+    schedule_id: IdArg,
+    start: Annotated[str, typer.Argument(help="From (ISO 8601 with offset).")],
+    end: Annotated[str, typer.Argument(help="To (ISO 8601 with offset), now at the latest.")],
+    store: StoreOpt = DEFAULT_STORE,
+    endpoint: EndpointOpt = "duetime",
+) -> None:
+    """Send now the ticks planned between two past times (a tick still stored is not doubled)."""
+    begin, finish = parse_time(start), parse_time(end)
+    stored = _store_call(store, endpoint, lambda s: s.backfill_schedule(schedule_id, begin, finish))
+    console.print(f"stored {stored:,} tick(s) of {schedule_id}, due now")
+
+
+@recurring_app.command()
+def remove(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+    """Forget a schedule and its stored ticks (one being delivered right now still goes)."""
+    removed = _store_call(store, endpoint, lambda s: s.remove_schedule(schedule_id))
+    console.print(f"removed {schedule_id} and {removed:,} stored tick(s)")
