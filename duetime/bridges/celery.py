@@ -20,6 +20,7 @@ cancels every copy.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, tzinfo
 from typing import Any
@@ -32,9 +33,16 @@ from duetime.backends.celery.envelope import PUBLISH_HEADER, TASK_HEADER, Celery
 from duetime.bridges.store import ProcessClient, as_timedelta
 from duetime.errors import ConfigurationError
 from duetime.message import Delay
+from duetime.recurring import Recurrence, Schedule
 
 #: ``Producer.publish`` arguments that say how to publish, not what: not kept.
 _HOW = ("retry", "retry_policy", "timeout", "confirm_timeout", "mandatory", "immediate")
+
+
+class _Taking(threading.local):
+    """Per thread: while :meth:`CeleryBridge.recurring` takes a task's publish, where to put it."""
+
+    value: list[tuple[str, bytes, CeleryPublish, str]] | None = None
 
 
 class _Capture:
@@ -135,6 +143,8 @@ class CeleryBridge:
         self.min_delay = as_timedelta(min_delay)
         self._send: Callable[..., Any] | None = None
         self._revoke: Callable[..., Any] | None = None
+        #: Set by :meth:`recurring` while it takes a task's publish instead of storing it.
+        self._taking = _Taking()
 
     def install(self) -> CeleryBridge:
         """Route the app's delayed publishes and revokes through the bridge (once; idempotent)."""
@@ -161,6 +171,9 @@ class CeleryBridge:
         if capture.published is None:  # Celery decided not to publish (nothing to keep)
             return None
         body, publish, destination = stored_publish(*capture.published)
+        if self._taking.value is not None:  # recurring(): the task's publish, kept as a schedule's
+            self._taking.value.append((destination, body, publish, name))
+            return None
         task_id = str(headers["id"])
         retries = int(headers.get("retries") or 0)
         self.client.get().schedule(
@@ -172,6 +185,27 @@ class CeleryBridge:
             group=task_id,
         )
         return None
+
+    def recurring(self, schedule_id: str, signature: Any, *, when: Recurrence) -> Schedule:
+        """Run the task ``signature`` (``close_invoices.s(7)``) at every time ``when`` gives,
+        each tick a task of its own (its id the tick's message id): what a ``beat_schedule``
+        entry did, sent once per tick however many dispatchers run."""
+        taken: list[tuple[str, bytes, CeleryPublish, str]] = []
+        self._taking.value = taken
+        try:
+            signature.apply_async(countdown=max(3600, self.min_delay.total_seconds() + 3600))
+        finally:
+            self._taking.value = None
+        if not taken:
+            raise ConfigurationError("Celery did not publish that task; nothing to repeat.")
+        destination, body, publish, name = taken[0]
+        return self.client.get().add_recurring(
+            schedule_id,
+            destination,
+            body,
+            when=when,
+            headers={PUBLISH_HEADER: publish.to_header(), TASK_HEADER: name},
+        )
 
     def revoke(self, task_id: str | list[str], *args: Any, **kwargs: Any) -> Any:
         """``app.control.revoke``: cancel the stored copies too, then tell the workers as usual

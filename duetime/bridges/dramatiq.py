@@ -32,6 +32,7 @@ from dramatiq.common import current_millis, q_name
 from duetime.bridges.store import ProcessClient, as_timedelta
 from duetime.errors import ConfigurationError
 from duetime.message import Delay
+from duetime.recurring import Recurrence, Schedule
 
 ACTOR_HEADER = "dramatiq-actor"
 #: Options that belong to one trip through a broker, not to the message.
@@ -103,6 +104,19 @@ class DramatiqBridge:
         )
         self.broker.emit_after("enqueue", message, due - now)
         return ready.copy(options={"eta": due})
+
+    def recurring(self, schedule_id: str, message: Message[Any], *, when: Recurrence) -> Schedule:
+        """Enqueue ``message`` (``actor.message(7)``) at every time ``when`` gives, each tick a
+        message of its own (its id the tick's message id), sent once per tick however many
+        dispatchers run."""
+        ready = plain(message)
+        return self.client.get().add_recurring(
+            schedule_id,
+            ready.queue_name,
+            ready.encode(),
+            when=when,
+            headers={ACTOR_HEADER: message.actor_name},
+        )
 
     def cancel(self, message_id: str) -> int:
         """Cancel the stored message (and its stored retries); how many were removed."""

@@ -41,7 +41,7 @@ bridge = duetime.bridges.celery.install(app, store=os.environ["T_STORE"])
 @app.task(name="record", bind=True)
 def record(self, tag):
     with open(os.environ["T_LOG"], "a") as log:
-        log.write(json.dumps({"tag": tag, "at": time.time(), "eta": self.request.eta}) + "\\n")
+        log.write(json.dumps({"tag": tag, "at": time.time(), "eta": self.request.eta, "id": self.request.id}) + "\\n")
 """
 
 DRAMATIQ_APP = """

@@ -102,3 +102,35 @@ def test_a_worker_killed_while_thousands_wait_loses_none(tmp_path: Path) -> None
         time.sleep(0.5)
         counts = once_each(a.ran())
         assert len(counts) == total and set(counts.values()) == {1}
+
+
+@pytest.mark.slow
+def test_a_recurring_task_runs_each_tick_once_with_a_task_id_of_its_own(tmp_path: Path) -> None:
+    """What a beat_schedule entry did, through the bridge: each tick a task of its own."""
+    from duetime.recurring import every
+    from duetime.recurring.schedule import tick_id
+
+    url = BROKERS["amqp"]
+    require(url)
+    queue = unique("celery")
+    store = f"sqlite:///{tmp_path}/duetime.db"
+    with app(
+        tmp_path, CELERY_APP, f"app_{queue}", {"T_BROKER": url, "T_QUEUE": queue, "T_STORE": store}
+    ) as a:
+        tasks = a.load()
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+        made = tasks.bridge.recurring("beat", tasks.record.s("beat"), when=every("1s", start=start, count=3))
+        assert made.destination == queue
+        start_worker(a, queue)
+        a.dispatcher(store, f"celery+{url}")
+        a.wait_for(3, 60)
+        time.sleep(1.5)  # a fourth would come now
+        ran = a.ran()
+        assert [r["tag"] for r in ran] == ["beat"] * 3
+        assert sorted(r["id"] for r in ran) == [
+            tick_id("beat", start + timedelta(seconds=k)) for k in range(3)
+        ]
+        assert all(
+            r["at"] >= (start + timedelta(seconds=k)).timestamp()
+            for k, r in enumerate(sorted(ran, key=lambda r: r["at"]))
+        )

@@ -104,3 +104,29 @@ def test_a_worker_killed_while_thousands_wait_loses_none(tmp_path: Path) -> None
         time.sleep(0.5)
         counts = once_each(a.ran())
         assert len(counts) == total and set(counts.values()) == {1}
+
+
+@pytest.mark.slow
+def test_a_recurring_message_runs_each_tick_once(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from duetime.recurring import every
+
+    url = BROKERS["amqp"]
+    require(url)
+    queue = unique("dramatiq")
+    store = f"sqlite:///{tmp_path}/duetime.db"
+    with app(tmp_path, DRAMATIQ_APP, f"app_{queue}", settings(queue, url, store)) as a:
+        tasks = a.load()
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+        made = tasks.bridge.recurring(
+            "beat", tasks.record.message("beat"), when=every("1s", start=start, count=3)
+        )
+        assert made.destination == queue
+        start_worker(a, queue)
+        a.dispatcher(store, transport(url, queue))
+        a.wait_for(3, 60)
+        time.sleep(1.5)  # a fourth would come now
+        ran = sorted(a.ran(), key=lambda r: r["at"])
+        assert [r["tag"] for r in ran] == ["beat"] * 3
+        assert all(r["at"] >= (start + timedelta(seconds=k)).timestamp() for k, r in enumerate(ran))

@@ -85,18 +85,23 @@ class CeleryPublish:
                 f"the {PUBLISH_HEADER} header is not what the bridge writes: {error!r}"
             ) from None
 
-    def due(self, due_at: datetime) -> CeleryPublish:
+    def due(self, due_at: datetime, *, task_id: str | None = None) -> CeleryPublish:
         """The publish as it leaves when due: the worker sees the stored due time as the ETA (a
         rescheduled task carries its new time), and a routing key meant for RabbitMQ's native
-        delayed delivery asks for no delay (the store did the waiting)."""
+        delayed delivery asks for no delay (the store did the waiting). ``task_id``: the task
+        gets that id (each tick of a recurring schedule is a task of its own)."""
         headers = dict(self.headers)
+        properties = dict(self.properties)
         if headers.get("eta"):
             headers["eta"] = due_at.isoformat()
+        if task_id is not None:
+            headers["id"] = headers["root_id"] = task_id
+            properties["correlation_id"] = task_id
         return CeleryPublish(
             self.exchange,
             without_delay(self.routing_key),
             headers,
-            self.properties,
+            properties,
             self.content_type,
             self.content_encoding,
             self.delivery_mode,

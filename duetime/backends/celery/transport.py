@@ -34,6 +34,7 @@ from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import SCHEDULE_HEADER
 
 BROKERS = {"celery+amqp": "amqp", "celery+amqps": "amqps", "celery+redis": "redis", "celery+rediss": "rediss"}
 
@@ -175,7 +176,8 @@ class CeleryTransport(AsyncClosing):
         text = message.headers.get(PUBLISH_HEADER)
         publish = CeleryPublish.from_header(text) if text else None
         if publish is not None and message.destination == publish.destination:
-            return publish.due(message.due_at)
+            tick = message.message_id if SCHEDULE_HEADER in message.headers else None
+            return publish.due(message.due_at, task_id=tick)
         if publish is None and ERROR_TYPE not in message.headers:
             CeleryPublish.from_header(text)  # raises: not stored by the bridge
         return CeleryPublish(

@@ -37,6 +37,7 @@ from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, url_options
 from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
+from duetime.recurring.schedule import SCHEDULE_HEADER
 
 BROKERS = {
     "dramatiq+amqp": "amqp",
@@ -207,7 +208,10 @@ class DramatiqTransport(AsyncClosing):
                 message_id=stored.message_id,
             )
         if stored.destination == message.queue_name:
-            return message
+            # each tick of a recurring schedule is a message of its own to the worker
+            return (
+                message.copy(message_id=stored.message_id) if SCHEDULE_HEADER in stored.headers else message
+            )
         if ERROR_TYPE not in stored.headers:
             raise InvalidMessage(
                 f"message {stored.message_id} is for queue {message.queue_name!r}, not {stored.destination!r}."
