@@ -30,7 +30,7 @@ from kombu.compression import compress
 from kombu.serialization import dumps
 
 from duetime.backends.celery.envelope import PUBLISH_HEADER, TASK_HEADER, CeleryPublish, unprefixed
-from duetime.bridges.store import ProcessClient, as_timedelta
+from duetime.bridges.store import ProcessClient, as_timedelta, put_recurring
 from duetime.errors import ConfigurationError
 from duetime.message import Delay
 from duetime.recurring import Recurrence, Schedule
@@ -189,7 +189,8 @@ class CeleryBridge:
     def recurring(self, schedule_id: str, signature: Any, *, when: Recurrence) -> Schedule:
         """Run the task ``signature`` (``close_invoices.s(7)``) at every time ``when`` gives,
         each tick a task of its own (its id the tick's message id): what a ``beat_schedule``
-        entry did, sent once per tick however many dispatchers run."""
+        entry did, sent once per tick however many dispatchers run. A schedule with that id is
+        changed to this one (from its next tick), so the app may say it at every start."""
         taken: list[tuple[str, bytes, CeleryPublish, str]] = []
         self._taking.value = taken
         try:
@@ -199,13 +200,8 @@ class CeleryBridge:
         if not taken:
             raise ConfigurationError("Celery did not publish that task; nothing to repeat.")
         destination, body, publish, name = taken[0]
-        return self.client.get().add_recurring(
-            schedule_id,
-            destination,
-            body,
-            when=when,
-            headers={PUBLISH_HEADER: publish.to_header(), TASK_HEADER: name},
-        )
+        headers = {PUBLISH_HEADER: publish.to_header(), TASK_HEADER: name}
+        return put_recurring(self.client.get(), schedule_id, destination, body, when, headers)
 
     def revoke(self, task_id: str | list[str], *args: Any, **kwargs: Any) -> Any:
         """``app.control.revoke``: cancel the stored copies too, then tell the workers as usual

@@ -29,7 +29,7 @@ from typing import Any
 from dramatiq import Broker, Message
 from dramatiq.common import current_millis, q_name
 
-from duetime.bridges.store import ProcessClient, as_timedelta
+from duetime.bridges.store import ProcessClient, as_timedelta, put_recurring
 from duetime.errors import ConfigurationError
 from duetime.message import Delay
 from duetime.recurring import Recurrence, Schedule
@@ -108,15 +108,11 @@ class DramatiqBridge:
     def recurring(self, schedule_id: str, message: Message[Any], *, when: Recurrence) -> Schedule:
         """Enqueue ``message`` (``actor.message(7)``) at every time ``when`` gives, each tick a
         message of its own (its id the tick's message id), sent once per tick however many
-        dispatchers run."""
+        dispatchers run. A schedule with that id is changed to this one (from its next tick), so
+        the app may say it at every start."""
         ready = plain(message)
-        return self.client.get().add_recurring(
-            schedule_id,
-            ready.queue_name,
-            ready.encode(),
-            when=when,
-            headers={ACTOR_HEADER: message.actor_name},
-        )
+        headers = {ACTOR_HEADER: message.actor_name}
+        return put_recurring(self.client.get(), schedule_id, ready.queue_name, ready.encode(), when, headers)
 
     def cancel(self, message_id: str) -> int:
         """Cancel the stored message (and its stored retries); how many were removed."""

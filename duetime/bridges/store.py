@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from duetime.client import SyncDelayedMessageClient
+from duetime.errors import ScheduleExists
 from duetime.inputs.identifiers import check_name
 from duetime.message import Delay, resolve_due_time
+from duetime.recurring import Recurrence, Schedule
 from duetime.registry import check_store_url, connect_sync, store_url
 
 
@@ -49,3 +52,21 @@ _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 def as_timedelta(delay: Delay) -> timedelta:
     """A delay as the client takes it (seconds, a timedelta, ``"10m"``), checked the same way."""
     return resolve_due_time(due_at=None, delay=delay, now=_EPOCH) - _EPOCH
+
+
+def put_recurring(
+    client: SyncDelayedMessageClient,
+    schedule_id: str,
+    destination: str,
+    body: bytes,
+    when: Recurrence,
+    headers: Mapping[str, str],
+) -> Schedule:
+    """Add the schedule, or, if its id is there, make it this one (from its next tick): what a
+    ``beat_schedule`` entry declared, so an app may say it at every start."""
+    try:
+        return client.add_recurring(schedule_id, destination, body, when=when, headers=headers)
+    except ScheduleExists:
+        return client.change_recurring(
+            schedule_id, when=when, destination=destination, body=body, headers=headers
+        )

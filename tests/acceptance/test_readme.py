@@ -160,7 +160,7 @@ def test_the_worker_modules_send_nothing_when_a_worker_imports_them(
     import sqlite3
     import sys
 
-    modules = [code for _, code in BLOCKS if code.startswith("# shop.py")]
+    modules = [code for _, code in BLOCKS if code.startswith("# shop.py") and "bridge.recurring(" not in code]
     assert len(modules) == 2
     monkeypatch.syspath_prepend(str(tmp_path))
     for number, block in enumerate(modules):
@@ -179,3 +179,28 @@ def test_the_worker_modules_send_nothing_when_a_worker_imports_them(
             shop.bridge.close()
         finally:
             sys.modules.pop("shop", None)
+
+
+def test_a_recurring_entry_in_the_worker_module_is_kept_once_however_often_it_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recurring page's ``shop.py`` says its schedule at every start (each worker imports it):
+    one schedule, its next tick stored once."""
+    import sys
+
+    from duetime import connect_sync
+    from duetime.recurring.schedule import group_of
+
+    [module] = [code for _, code in BLOCKS if code.startswith("# shop.py") and "bridge.recurring(" in code]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shop.py").write_text(module.replace("amqp://guest:guest@localhost/", RABBITMQ))
+    for _ in range(3):  # three workers starting
+        try:
+            __import__("shop").bridge.close()
+        finally:
+            sys.modules.pop("shop", None)
+    with connect_sync(f"sqlite:///{tmp_path / 'duetime.db'}") as client:
+        assert [s.schedule_id for s in client.list_recurring()] == ["close-invoices"]
+        ticks = client.list(group=group_of("close-invoices")).messages
+        assert len(ticks) == 1 and ticks[0].headers["celery-task"].endswith("close_invoices")
