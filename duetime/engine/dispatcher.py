@@ -145,7 +145,9 @@ class Dispatcher:
         )
 
         #: Keeps the ticks of recurring schedules stored ahead (a store that keeps schedules).
-        self.planner = Planner(store, self.clock.now) if isinstance(store, RecurringStore) else None
+        self.planner = (
+            Planner(store, self.clock.now, self.observer) if isinstance(store, RecurringStore) else None
+        )
 
     @property
     def store(self) -> DelayedMessageStore:

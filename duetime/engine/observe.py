@@ -71,6 +71,10 @@ class DispatchObserver:
     def front_door(self, stored: int, rejected: int, duplicates: int) -> None:
         """Front-door messages stored, sent to the error queue as unreadable, already stored."""
 
+    def planned(self, ticks: int, missed: int) -> None:
+        """Recurring schedules' ticks stored by a planning step, and ticks their catch-up policy
+        left out (missed while no dispatcher ran)."""
+
     async def round_ended(self) -> None:
         """Awaited after every round, found or not: the place for I/O (a log written elsewhere)."""
 
@@ -120,6 +124,10 @@ class Observers(DispatchObserver):
 
     def front_door(self, stored: int, rejected: int, duplicates: int) -> None:
         self._each("front_door", stored, rejected, duplicates)
+
+    def planned(self, ticks: int, missed: int) -> None:
+        if ticks or missed:
+            self._each("planned", ticks, missed)
 
     async def round_ended(self) -> None:
         for observer in self._all:

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from duetime.engine.deadline import within
+from duetime.engine.observe import DispatchObserver
 from duetime.errors import StoreNotReady, one_line
 from duetime.interfaces import RecurringStore
 from duetime.recurring.schedule import PlanReport
@@ -28,9 +29,12 @@ PLAN_WITHIN = 10.0
 class Planner:
     """Plans the schedules of one store; ``plan_once`` is a step, ``run`` the loop."""
 
-    def __init__(self, store: RecurringStore, now: Callable[[], datetime]) -> None:
+    def __init__(
+        self, store: RecurringStore, now: Callable[[], datetime], observer: DispatchObserver | None = None
+    ) -> None:
         self.store = store
         self.now = now
+        self.observer = observer or DispatchObserver()
         self._failing: str | None = None
         #: Ticks stored and missed since it started (the heartbeat and metrics read them).
         self.ticks_planned = 0
@@ -61,6 +65,7 @@ class Planner:
     def _count(self, report: PlanReport) -> None:
         self.ticks_planned += report.ticks
         self.ticks_missed += report.missed
+        self.observer.planned(report.ticks, report.missed)
         for schedule_id, missed in report.missed_by:
             log.warning(
                 "schedule %s: %s tick(s) missed while no dispatcher ran (its catch-up policy left them out)",

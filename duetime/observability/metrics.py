@@ -128,6 +128,14 @@ class PrometheusObserver(DispatchObserver):
         self._door_duplicates = counter(
             "duetime_front_door_duplicates", "Front-door messages already stored (redeliveries)."
         )
+        self._ticks = counter(
+            "duetime_recurring_ticks_stored",
+            "Ticks of recurring schedules stored by this dispatcher's planning (each then delivered as a message).",
+        )
+        self._ticks_missed = counter(
+            "duetime_recurring_ticks_missed",
+            "Ticks of recurring schedules missed while no dispatcher ran and left out by their catch-up policy.",
+        )
         self._lateness = FastHistogram(
             "duetime_lateness_seconds",
             "Seconds from a message's due time to its delivery.",
@@ -149,7 +157,14 @@ class PrometheusObserver(DispatchObserver):
             buckets=BATCH_SECONDS_BUCKETS,
             registry=registry,
         ).labels(endpoint)
-        for each in (self._claimed, self._door_stored, self._door_rejected, self._door_duplicates):
+        for each in (
+            self._claimed,
+            self._door_stored,
+            self._door_rejected,
+            self._door_duplicates,
+            self._ticks,
+            self._ticks_missed,
+        ):
             each.labels(endpoint)  # present (at 0) from the first scrape
 
     def claimed(self, count: int) -> None:
@@ -178,6 +193,12 @@ class PrometheusObserver(DispatchObserver):
             self._door_rejected.labels(self.endpoint).inc(rejected)
         if duplicates:
             self._door_duplicates.labels(self.endpoint).inc(duplicates)
+
+    def planned(self, ticks: int, missed: int) -> None:
+        if ticks:
+            self._ticks.labels(self.endpoint).inc(ticks)
+        if missed:
+            self._ticks_missed.labels(self.endpoint).inc(missed)
 
 
 class Backlog:

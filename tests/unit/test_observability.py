@@ -47,6 +47,24 @@ async def test_counters_and_lateness_follow_what_the_dispatcher_did() -> None:
     assert value(found, "duetime_breaker_state", endpoint="unit", breaker="fetch") == 0
 
 
+async def test_recurring_ticks_stored_and_missed_are_counted() -> None:
+    from prometheus_client import generate_latest
+
+    from duetime.recurring import every
+    from duetime.recurring.schedule import new_schedule
+
+    rig = await Rig().setup("orders")
+    registry, _ = instrument(rig.dispatcher, max_destinations=5)
+    then = rig.clock.now() - timedelta(minutes=10, seconds=30)
+    away = new_schedule("away", "orders", every("1m", start=then), then)
+    await rig.store.add_schedule(away, then)  # one tick stored then; nine planned while away
+    await rig.dispatcher.run_burst()
+    found = samples(generate_latest(registry))
+    assert value(found, "duetime_recurring_ticks_missed_total", endpoint="unit") == 8  # the latest goes
+    # the latest missed, then up to the first tick more than 30 s ahead (+11 and +12 min)
+    assert value(found, "duetime_recurring_ticks_stored_total", endpoint="unit") == 3
+
+
 async def test_oldest_due_age_and_armed_breakers_show() -> None:
     from prometheus_client import generate_latest
 
