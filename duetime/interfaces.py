@@ -367,21 +367,38 @@ class RecurringStore(Protocol):
 
 @runtime_checkable
 class SyncRecurringStore(Protocol):
-    """The blocking twin of :class:`RecurringStore` (the same methods, not awaited)."""
+    """The blocking twin of :class:`RecurringStore`: the same promises, not awaited."""
 
-    def add_schedule(self, schedule: Schedule, now: datetime | None = None) -> Schedule: ...
-    def get_schedule(self, schedule_id: str) -> Schedule: ...
-    def list_schedules(self, after: str = "", limit: int = 100) -> list[Schedule]: ...
+    def add_schedule(self, schedule: Schedule, now: datetime | None = None) -> Schedule:
+        """Keep ``schedule`` and store its first ticks; ScheduleExists if its id is taken."""
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        """The schedule; ScheduleNotFound if there is none."""
+
+    def list_schedules(self, after: str = "", limit: int = 100) -> list[Schedule]:
+        """A page of schedules by id; pass the last id back as ``after``."""
+
     def change_schedule(
         self, schedule_id: str, change: Callable[[Schedule], Schedule], now: datetime | None = None
-    ) -> Schedule: ...
-    def pause_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule: ...
-    def resume_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule: ...
-    def remove_schedule(self, schedule_id: str) -> int: ...
-    def trigger_schedule(self, schedule_id: str, now: datetime | None = None) -> DelayedMessage: ...
+    ) -> Schedule:
+        """Apply ``change``; it takes effect from the next tick."""
+
+    def pause_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        """No ticks until resumed; stored ones not being delivered are removed."""
+
+    def resume_schedule(self, schedule_id: str, now: datetime | None = None) -> Schedule:
+        """Tick again from the next planned time."""
+
+    def remove_schedule(self, schedule_id: str) -> int:
+        """Forget it and remove its stored ticks; how many ticks were removed."""
+
+    def trigger_schedule(self, schedule_id: str, now: datetime | None = None) -> DelayedMessage:
+        """One extra tick now."""
+
     def backfill_schedule(
         self, schedule_id: str, start: datetime, end: datetime, now: datetime | None = None
-    ) -> int: ...
+    ) -> int:
+        """Send now the ticks planned between ``start`` and ``end``; how many were stored."""
 
 
 @runtime_checkable
