@@ -48,8 +48,10 @@ from duetime.errors import (
     ConfigurationError,
     DeadlineExceeded,
     DuetimeError,
+    InvalidSchedule,
     MessageInFlight,
     MissingExtra,
+    ScheduleNotFound,
     one_line,
 )
 from duetime.inputs.durations import parse_duration, parse_time, readable_duration
@@ -61,6 +63,7 @@ from duetime.interfaces import (
     InspectableQueue,
     ListQuery,
     ReceivedMessage,
+    RecurringStore,
     StoreCounts,
     cursor_text,
     read_cursor,
@@ -78,6 +81,7 @@ from duetime.operations.error_queue import (
     take,
 )
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
+from duetime.recurring.schedule import group_of
 
 try:
     from starlette.applications import Starlette
@@ -737,6 +741,87 @@ async def errors_discard(request: Request) -> Response:
     return await _error_action(request, retry=False)
 
 
+#: Schedules on one page of the recurring page.
+SCHEDULES_PER_PAGE = 100
+
+
+async def recurring(request: Request) -> Response:
+    dashboard: Dashboard = request.app.state.dashboard
+    endpoint = _endpoint(request, dashboard)
+    store = dashboard.stores[endpoint]
+    if not isinstance(store, RecurringStore):
+        return _page(
+            request,
+            "recurring.html",
+            dashboard,
+            endpoint,
+            rows=[],
+            problem="This store keeps no recurring schedules.",
+        )
+    after = request.query_params.get("after") or ""
+    found = await store.list_schedules(after, SCHEDULES_PER_PAGE + 1)
+    shown = found[:SCHEDULES_PER_PAGE]
+    now = SYSTEM.now()
+    rows = [
+        {
+            "id": s.schedule_id,
+            "group": group_of(s.schedule_id),
+            "destination": s.destination,
+            "when": s.recurrence.describe(),
+            "state": s.state(),
+            "next": _time(s.next_planned(now)),
+            "last": _time(s.last_planned),
+            "planned": f"{s.ticks_planned:,}",
+            "missed": f"{s.ticks_missed:,}",
+            "actions": [
+                ("resume", "Resume") if s.paused else ("pause", "Pause"),
+                ("trigger", "Send one now"),
+            ],
+        }
+        for s in shown
+    ]
+    more = len(found) > SCHEDULES_PER_PAGE and shown
+    next_link = (
+        f"/recurring?{urlencode({'endpoint': endpoint, 'after': shown[-1].schedule_id})}" if more else None
+    )
+    return _page(request, "recurring.html", dashboard, endpoint, rows=rows, next_link=next_link, problem=None)
+
+
+async def _schedule_action(request: Request, action: str) -> Response:
+    dashboard, form, endpoint, _ = await _form(request)
+    if not dashboard.can_change:
+        return _read_only()
+    back = _safe_back(str(form.get("back") or ""), f"/recurring?endpoint={endpoint}")
+    schedule_id = str(form.get("id") or "")
+    store = dashboard.stores[endpoint]
+    if not isinstance(store, RecurringStore):
+        return _done(request, back, "this store keeps no recurring schedules", error=True)
+    try:
+        if action == "pause":
+            await store.pause_schedule(schedule_id)
+        elif action == "resume":
+            await store.resume_schedule(schedule_id)
+        else:
+            await store.trigger_schedule(schedule_id)
+    except (ScheduleNotFound, InvalidSchedule) as error:
+        return _done(request, back, str(error), error=True)
+    done = {"pause": "paused", "resume": "resumed", "trigger": "sent one tick of"}[action]
+    log.info("dashboard: %s %s in endpoint %s", done, schedule_id, endpoint)
+    return _done(request, back, f"{done} {schedule_id}")
+
+
+async def recurring_pause(request: Request) -> Response:
+    return await _schedule_action(request, "pause")
+
+
+async def recurring_resume(request: Request) -> Response:
+    return await _schedule_action(request, "resume")
+
+
+async def recurring_trigger(request: Request) -> Response:
+    return await _schedule_action(request, "trigger")
+
+
 async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok\n")
 
@@ -806,6 +891,7 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
         Route("/messages", answering(messages)),
         Route("/message", answering(message)),
         Route("/errors", answering(errors)),
+        Route("/recurring", answering(recurring)),
         Route("/healthz", healthz),
         Route("/metrics", metrics),
         Route("/actions/cancel", answering(cancel), methods=["POST"]),
@@ -813,6 +899,9 @@ def create_app(dashboard: Dashboard, *, secret: str) -> Any:
         Route("/actions/send-now", answering(send_now), methods=["POST"]),
         Route("/errors/retry", answering(errors_retry), methods=["POST"]),
         Route("/errors/discard", answering(errors_discard), methods=["POST"]),
+        Route("/recurring/pause", answering(recurring_pause), methods=["POST"]),
+        Route("/recurring/resume", answering(recurring_resume), methods=["POST"]),
+        Route("/recurring/trigger", answering(recurring_trigger), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(

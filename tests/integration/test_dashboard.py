@@ -610,3 +610,41 @@ def test_the_overview_stands_when_the_broker_does_not_answer() -> None:
     assert status == 200, html
     assert 'id="broker-problem"' in html and "could not read the queues" in html, html
     assert took < 4, took  # half the page's time for the broker, the rest to spare
+
+
+def test_the_recurring_page_pauses_resumes_and_sends_one_now(world: dict[str, Any], browser: Any) -> None:
+    """The schedules with their next tick and state; pause, resume and "send one now" go through
+    the page's forms (with its CSRF token), and an id that is markup stays text."""
+    from duetime.interfaces import ListQuery
+    from duetime.recurring import cron
+    from duetime.recurring.schedule import group_of, new_schedule
+
+    store: SyncPostgresStore = world["store"]
+    now = store_now()
+    hostile = "<b>bold</b>"
+    for schedule_id in ("monthly", hostile):
+        store.add_schedule(
+            new_schedule(schedule_id, "orders", cron("0 6 1 * *", zone="Europe/Paris"), now), now
+        )
+    try:
+        page = page_for(browser)
+        page.goto(f"http://127.0.0.1:{world['port']}/recurring?endpoint={ENDPOINT}")
+        row = page.locator('#schedules tr[data-id="monthly"]')
+        assert "0 6 1 * * in Europe/Paris" in row.inner_text() and "active" in row.inner_text()
+        assert page.locator("#schedules b").count() == 0 and hostile in page.inner_text("#schedules")
+        row.locator("button[name=pause]").click()
+        assert "paused monthly" in page.inner_text(".note")
+        assert (
+            store.get_schedule("monthly").paused
+            and store.list(ListQuery(group=group_of("monthly"))).messages == []
+        )
+        page.locator('#schedules tr[data-id="monthly"] button[name=resume]').click()
+        assert not store.get_schedule("monthly").paused
+        page.locator('#schedules tr[data-id="monthly"] button[name=trigger]').click()
+        assert "sent one tick of monthly" in page.inner_text(".note")
+        form = f"endpoint={ENDPOINT}&id=monthly".encode()  # logged in, no token: refused
+        status, text = request(world["port"], "/recurring/pause", data=form, auth=basic("duetime", PASSWORD))
+        assert status == 403 and "did not match" in text and not store.get_schedule("monthly").paused
+    finally:
+        for schedule_id in ("monthly", hostile):
+            store.remove_schedule(schedule_id)
