@@ -214,18 +214,22 @@ class DbmSyncStore(StoreRules):
             self._db[key] = json.dumps([row.text, _micros(row.planned_until), 0])
             return True
 
-    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
-        with self._lock:  # one process's threads: the lock makes the check and the writes one step
-            stored = self._schedule_get(row.schedule_id)
-            if stored is None or stored.version != row.version:
-                return False
-            self._db[self._schedule_key(row.schedule_id)] = json.dumps(
-                [row.text, _micros(row.planned_until), row.version + 1]
-            )
-            for tick in ticks:
-                if tick.message_id not in self._db:
-                    self._put(tick)
-            return True
+    def _schedule_update(self, changes: Sequence[tuple[ScheduleRow, Sequence[DelayedMessage]]]) -> list[bool]:
+        written = []
+        with self._lock:  # one process's threads: the lock makes each check and its writes one step
+            for row, ticks in changes:
+                stored = self._schedule_get(row.schedule_id)
+                if stored is None or stored.version != row.version:
+                    written.append(False)
+                    continue
+                self._db[self._schedule_key(row.schedule_id)] = json.dumps(
+                    [row.text, _micros(row.planned_until), row.version + 1]
+                )
+                for tick in ticks:
+                    if tick.message_id not in self._db:
+                        self._put(tick)
+                written.append(True)
+        return written
 
     def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
         with self._lock:

@@ -10,6 +10,7 @@ every stored message is (exactly-once where the store and the destination share 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -27,6 +28,8 @@ from duetime.recurring.schedule import (
     plan,
 )
 
+#: A schedule's row as planned, and the ticks to store with it.
+Planned = tuple[ScheduleRow, Sequence[DelayedMessage]]
 #: Ticks planned this far ahead of now (and always the next one, however far off it is): a
 #: dispatcher away for less than this misses nothing, and a pause or a change removes few.
 PLAN_AHEAD = timedelta(seconds=30)
@@ -54,10 +57,11 @@ class ScheduleRules(ABC):
         """Insert ``row`` for the bound endpoint unless its id is there (False then)."""
 
     @abstractmethod
-    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
-        """In one transaction: if the stored row's version is ``row.version``, write ``row``'s
-        text and ``planned_until`` with the version one more, and store each of ``ticks`` whose id
-        is not stored yet; otherwise write nothing and return False."""
+    def _schedule_update(self, changes: Sequence[Planned]) -> list[bool]:
+        """In one transaction, for each (row, ticks): if the stored row's version is
+        ``row.version``, write ``row``'s text and ``planned_until`` with the version one more, and
+        store each of ``ticks`` whose id is not stored yet; otherwise write nothing for it. Says,
+        in order, which were written."""
 
     @abstractmethod
     def _schedule_get(self, schedule_id: str) -> ScheduleRow | None: ...
@@ -193,18 +197,25 @@ class ScheduleRules(ABC):
         self._ready()
         now = now or self.clock.now()
         rows = self._schedules_to_plan(now + ahead, limit)
+        # in id order: every planner writes rows in the same order, so two never wait on each
+        # other in a circle (a deadlock)
+        ordered = sorted(rows, key=lambda r: r.schedule_id)
+        steps = [(row.schedule_id, plan(Schedule.from_row(row), now, ahead)) for row in ordered]
+        # another planner's, or a changed schedule: its turn, or the next step's
+        written = (
+            self._schedule_update([(step.after.row(), step.ticks) for _, step in steps]) if steps else []
+        )
         ticks = missed = planned = 0
         earliest: datetime | None = None
         missed_by: list[tuple[str, int]] = []
-        for row in rows:
-            step = plan(Schedule.from_row(row), now, ahead)
-            if not self._schedule_update(step.after.row(), step.ticks):
-                continue  # another planner did it, or the schedule changed: its turn, or the next step
+        for (schedule_id, step), done in zip(steps, written, strict=True):
+            if not done:
+                continue
             planned += 1
             ticks += len(step.ticks)
             if step.missed:
                 missed += step.missed
-                missed_by.append((row.schedule_id, step.missed))
+                missed_by.append((schedule_id, step.missed))
             if step.ticks:
                 first = min(t.due_at for t in step.ticks)
                 earliest = first if earliest is None else min(earliest, first)
@@ -213,14 +224,16 @@ class ScheduleRules(ABC):
         return PlanReport(planned, ticks, missed, earliest, tuple(missed_by), len(rows) >= limit)
 
     def _plan_one(self, schedule_id: str, now: datetime, ahead: timedelta) -> None:
-        for _ in range(CHANGE_TRIES):
+        for attempt in range(CHANGE_TRIES):
+            if attempt:
+                time.sleep(min(0.02 * attempt, 0.2))
             row = self._schedule_get(schedule_id)
             if row is None:
                 return
             step = plan(Schedule.from_row(row), now, ahead)
             if not step.ticks and step.after == Schedule.from_row(row):
                 return
-            if self._schedule_update(step.after.row(), step.ticks):
+            if self._schedule_update([(step.after.row(), step.ticks)])[0]:
                 if step.ticks:
                     self._announce(min(t.due_at for t in step.ticks))
                 return
@@ -229,13 +242,15 @@ class ScheduleRules(ABC):
         """Compare-and-set: apply ``change`` to the row as read until no one changed it between."""
         self._ready()
         check_schedule_id(schedule_id)
-        for _ in range(CHANGE_TRIES):
+        for attempt in range(CHANGE_TRIES):
+            if attempt:
+                time.sleep(min(0.02 * attempt, 0.2))  # a planner holds the row: let it finish
             row = self._schedule_get(schedule_id)
             if row is None:
                 raise ScheduleNotFound(f"No schedule {schedule_id!r} in this endpoint.")
             changed = change(Schedule.from_row(row)).with_changes(
                 schedule_id=schedule_id, version=row.version, changed_at=now
             )
-            if self._schedule_update(changed.row(), []):
+            if self._schedule_update([(changed.row(), [])])[0]:
                 return changed.with_changes(version=row.version + 1)
         raise InvalidSchedule(f"The schedule {schedule_id!r} kept changing under this call; try again.")

@@ -37,6 +37,8 @@ SHORTEST_INTERVAL = timedelta(seconds=1)
 #: A cron expression that fires less often than this never fires (``0 0 30 2 *``): cronsim
 #: walks day by day, so an expression is looked at this far ahead when it is given.
 NEVER_AFTER = timedelta(days=366 * 28)  # every weekday-and-date combination repeats within 28 years
+#: How far back a walk starts after a clock change (longer than any change's gap).
+REWIND = timedelta(hours=3)
 _EVERY = re.compile(r"^\s*(?:every\s+)?(?P<span>.+?)\s*$", re.IGNORECASE)
 
 
@@ -155,9 +157,14 @@ class Recurrence:
         """Wall times from the expression, each made an instant by the rules above."""
         assert self.cron is not None
         tz, previous = self._tz, after
-        wall = after.astimezone(tz).replace(tzinfo=None)
-        # start a little before, so a skipped wall time just before ``after`` maps onto its jump
-        for local in CronSim(self.cron, wall - timedelta(hours=3)):
+        here = after.astimezone(tz)
+        start = here.replace(tzinfo=None)
+        rewound = (after - REWIND).astimezone(tz)
+        if rewound.utcoffset() != here.utcoffset():
+            # the clocks changed a little before: a wall time skipped then maps onto the change,
+            # which may come after ``after``; walk from before it
+            start = rewound.replace(tzinfo=None)
+        for local in CronSim(self.cron, start):
             instant = self._instant(local)
             if instant is None or instant <= previous:
                 continue

@@ -10,6 +10,7 @@ dispatchers plan at the same moment, crash half-way, or come back after a long t
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -170,7 +171,7 @@ class Schedule:
         return cls(
             schedule_id=row.schedule_id,
             destination=data["destination"],
-            recurrence=Recurrence.from_json(data["recurrence"]),
+            recurrence=_recurrence(json.dumps(data["recurrence"], sort_keys=True)),
             body=str(data.get("body", "")).encode("latin-1"),
             headers=dict(data.get("headers") or {}),
             paused=bool(data.get("paused")),
@@ -185,6 +186,12 @@ class Schedule:
 
     def with_changes(self, **changes: Any) -> Schedule:
         return replace(self, **changes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _recurrence(text: str) -> Recurrence:
+    """A stored recurrence, read (and checked) once per distinct one: many schedules share one."""
+    return Recurrence.from_json(json.loads(text))
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duetime.backends._bridge import AsyncStoreBridge
+from duetime.backends._schedules import Planned
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -76,16 +77,20 @@ class SyncMemoryStore(StoreRules):
             self._schedules[key] = row._replace(version=0)
             return True
 
-    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
-        key = (self._ready(), row.schedule_id)
+    def _schedule_update(self, changes: Sequence[Planned]) -> list[bool]:
+        endpoint = self._ready()
+        written = []
         with self._lock:
-            stored = self._schedules.get(key)
-            if stored is None or stored.version != row.version:
-                return False
-            self._schedules[key] = row._replace(version=row.version + 1)
-            for tick in ticks:
-                self._rows.setdefault(tick.message_id, _Row(tick))
-            return True
+            for row, ticks in changes:
+                stored = self._schedules.get((endpoint, row.schedule_id))
+                if stored is None or stored.version != row.version:
+                    written.append(False)
+                    continue
+                self._schedules[(endpoint, row.schedule_id)] = row._replace(version=row.version + 1)
+                for tick in ticks:
+                    self._rows.setdefault(tick.message_id, _Row(tick))
+                written.append(True)
+        return written
 
     def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
         with self._lock:

@@ -28,7 +28,7 @@ from pymysql.err import IntegrityError, InterfaceError, OperationalError, Progra
 
 from duetime.backends._bridge import AsyncStoreBridge, Subscribers, poll_next_due
 from duetime.backends._keepalive import keep_alive
-from duetime.backends._schedules import schedules_need_setup
+from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -352,18 +352,23 @@ class SyncMysqlStore(StoreRules):
         # ON DUPLICATE KEY ... counts 0 rows for a row that is there (CLIENT.FOUND_ROWS is off)
         return self._schedules(lambda: self._execute(self.q["schedule_insert"], params)) == 1
 
-    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
-        q = self.q
-        params = (row.text, _micros(row.planned_until), self._ready(), row.schedule_id, row.version)
+    def _schedule_update(self, changes: Sequence[Planned]) -> list[bool]:
+        q, endpoint = self.q, self._ready()
 
-        def work(cur: Any) -> bool:
-            if cur.execute(q["schedule_update"], params) != 1:
-                return False
-            if ticks:
-                cur.executemany(q["insert_new"], [micros_row(t) for t in ticks])
-            return True
+        def work(cur: Any) -> list[bool]:
+            written = []
+            new: list[DelayedMessage] = []
+            for row, ticks in changes:
+                params = (row.text, _micros(row.planned_until), endpoint, row.schedule_id, row.version)
+                done = cur.execute(q["schedule_update"], params) == 1
+                if done:
+                    new += ticks
+                written.append(done)
+            if new:
+                cur.executemany(q["insert_new"], [micros_row(t) for t in new])
+            return written
 
-        return bool(self._schedules(lambda: self._run(work, transaction=True)))
+        return list(self._schedules(lambda: self._run(work, transaction=True)))
 
     def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
         rows = self._schedule_rows("schedule_get", (self._ready(), schedule_id))

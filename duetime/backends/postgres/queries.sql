@@ -331,9 +331,21 @@ INSERT INTO {schedules} (endpoint, schedule_id, definition, planned_until, versi
 VALUES (%(endpoint)s, %(id)s, %(definition)s, %(planned_until)s, 0)
 ON CONFLICT (endpoint, schedule_id) DO NOTHING;
 
+-- Many rows in one statement, each only at the version it was read; the ones written come back.
+-- Rows are locked in id order, and one another planner holds is skipped (it is planning it):
+-- two planners never wait on each other in a circle.
 -- name: schedule_update
-UPDATE {schedules} SET definition = %(definition)s, planned_until = %(planned_until)s, version = version + 1
-WHERE endpoint = %(endpoint)s AND schedule_id = %(id)s AND version = %(version)s;
+WITH u AS (
+    SELECT * FROM unnest(%(ids)b::text[], %(versions)b::bigint[], %(definitions)b::text[],
+                         %(untils)b::timestamptz[]) AS u(schedule_id, version, definition, planned_until)
+), mine AS (
+    SELECT s.schedule_id FROM {schedules} AS s JOIN u ON s.schedule_id = u.schedule_id AND s.version = u.version
+    WHERE s.endpoint = %(endpoint)s ORDER BY s.schedule_id FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE {schedules} AS s SET definition = u.definition, planned_until = u.planned_until, version = s.version + 1
+FROM u JOIN mine ON mine.schedule_id = u.schedule_id
+WHERE s.endpoint = %(endpoint)s AND s.schedule_id = u.schedule_id AND s.version = u.version
+RETURNING s.schedule_id;
 
 -- name: schedule_get
 SELECT schedule_id, definition, planned_until, version FROM {schedules}

@@ -23,7 +23,7 @@ from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from duetime.backends._bridge import Subscribers, TransactionalBridge, poll_next_due
-from duetime.backends._schedules import schedules_need_setup
+from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, sql_filters
 from duetime.backends.postgres.common import (
@@ -307,18 +307,26 @@ class SyncPostgresStore(StoreRules):
     def _schedule_insert(self, row: ScheduleRow) -> bool:
         return self._schedule_write("schedule_insert", self._schedule_params(row)) == 1
 
-    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
+    def _schedule_update(self, changes: Sequence[Planned]) -> list[bool]:
         q = self.names.q
+        rows = [row for row, _ in changes]
+        params = {
+            "endpoint": self._ready(),
+            "ids": [r.schedule_id for r in rows],
+            "versions": [r.version for r in rows],
+            "definitions": [r.text for r in rows],
+            "untils": [r.planned_until for r in rows],
+        }
         try:
             with pooled(self.pool, self.options) as conn, conn.transaction():
-                if conn.execute(q["schedule_update"], self._schedule_params(row)).rowcount != 1:
-                    return False
+                done = {r[0] for r in conn.execute(q["schedule_update"], params).fetchall()}
+                ticks = [t for row, each in changes if row.schedule_id in done for t in each]
                 if ticks:
                     columns = zip(*(copy_row(t) for t in ticks), strict=True)
                     conn.execute(q["insert_new"], dict(zip(_ARRAYS, (list(c) for c in columns), strict=True)))
-                return True
         except pg_errors.UndefinedTable:
             raise schedules_need_setup() from None
+        return [row.schedule_id in done for row in rows]
 
     def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
         rows = self._schedule_rows("schedule_get", {"id": schedule_id})

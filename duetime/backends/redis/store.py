@@ -39,6 +39,7 @@ from duetime.backends._redis_database import (
     not_redis,
     redis_client,
 )
+from duetime.backends._schedules import Planned
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -291,15 +292,19 @@ class SyncRedisStore(StoreRules):
         args = [row.schedule_id, row.text, _micros(row.planned_until)]
         return bool(self._schedule_scripts["insert"](keys=self._schedule_keys(), args=args))
 
-    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
-        args: list[Any] = [row.schedule_id, row.version, row.text, _micros(row.planned_until)]
-        for m in ticks:
-            args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
+    def _schedule_update(self, changes: Sequence[Planned]) -> list[bool]:
         keys = self._schedule_keys()[:3] + self._k("ready", "payload", "bydue", "due", "groups", "failures")
-        try:
-            return bool(self._schedule_scripts["update"](keys=keys, args=args))
-        except redis.exceptions.OutOfMemoryError:
-            raise self._full() from None
+        script = self._schedule_scripts["update"]
+        with self.client.pipeline(transaction=False) as pipe:  # one round trip; each row's script atomic
+            for row, ticks in changes:
+                args: list[Any] = [row.schedule_id, row.version, row.text, _micros(row.planned_until)]
+                for m in ticks:
+                    args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
+                script(keys=keys, args=args, client=pipe)
+            try:
+                return [bool(done) for done in pipe.execute()]
+            except redis.exceptions.OutOfMemoryError:
+                raise self._full() from None
 
     def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
         rows = self._schedule_rows([schedule_id])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from duetime.backends._bridge import Subscribers, TransactionalBridge
-from duetime.backends._schedules import schedules_need_setup
+from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
@@ -235,15 +235,19 @@ class SyncSqliteStore(StoreRules):
         params = (self._ready(), row.schedule_id, row.text, _micros(row.planned_until))
         return self._schedules(lambda: self._write_each(QUERIES["schedule_insert"], [params])) == 1
 
-    def _schedule_update(self, row: ScheduleRow, ticks: Sequence[DelayedMessage]) -> bool:
-        params = (row.text, _micros(row.planned_until), self._ready(), row.schedule_id, row.version)
+    def _schedule_update(self, changes: Sequence[Planned]) -> list[bool]:
+        endpoint = self._ready()
 
-        def write() -> bool:
+        def write() -> list[bool]:
+            written = []
             with self._lock, write_transaction(self._conn):
-                if self._conn.execute(QUERIES["schedule_update"], params).rowcount != 1:
-                    return False
-                self._conn.executemany(self.q["insert_new"], [micros_row(t) for t in ticks])
-                return True
+                for row, ticks in changes:
+                    params = (row.text, _micros(row.planned_until), endpoint, row.schedule_id, row.version)
+                    done = self._conn.execute(QUERIES["schedule_update"], params).rowcount == 1
+                    if done and ticks:
+                        self._conn.executemany(self.q["insert_new"], [micros_row(t) for t in ticks])
+                    written.append(done)
+            return written
 
         return self._schedules(write)
 
