@@ -1,4 +1,4 @@
-"""What an idle deployment costs: `duetime run` (dispatcher, front door, heartbeat) and a consumer
+"""What an idle deployment costs: `duetime run` (dispatcher, schedule planner, front door, heartbeat) and a consumer
 waiting on its queue, with nothing to deliver, as a share of one core.
 
     .venv/bin/python bench/idle_bench.py             # 30 s per store
@@ -68,7 +68,7 @@ def measure(url: str, module: str, cls: str, seconds: float, server: bool) -> di
         [sys.executable, "-m", "duetime", "setup", "--store", url, "--endpoint", "idle"], check=True
     )
     run = subprocess.Popen(
-        [sys.executable, "-m", "duetime", "run", "--store", url, "--endpoint", "idle"],
+        [sys.executable, "-m", "duetime", "run", "--front-door", "--store", url, "--endpoint", "idle"],
         stderr=subprocess.DEVNULL,
     )
     consumer = subprocess.Popen([sys.executable, "-c", CONSUMER.format(module=module, cls=cls), url])

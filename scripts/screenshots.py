@@ -29,6 +29,9 @@ from playwright.sync_api import sync_playwright
 
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.sqlite import SyncSqliteStore
+from duetime.clock import SYSTEM
+from duetime.recurring import cron, every
+from duetime.recurring.schedule import new_schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 PORT = 18765
@@ -63,6 +66,13 @@ def main() -> None:
         DelayedMessage.create("orders", b"later %d" % i, delay=timedelta(hours=2 + i)) for i in range(40)
     ]
     store.store_many(messages)
+    now = SYSTEM.now()
+    for schedule in (
+        new_schedule("ping", "orders", every("10s"), now, body=b"ping"),
+        new_schedule("close-invoices", "invoices", cron("0 9 * * MON-FRI", zone="Europe/Paris"), now),
+        new_schedule("monthly-report", "invoices", cron("0 6 1 * *", zone="America/New_York"), now, paused=True),
+    ):
+        store.add_schedule(schedule, now)
     env = {**os.environ, "DUETIME_DASHBOARD_PASSWORD": "demo"}
     board = duetime("dashboard", "--store", url, "--port", str(PORT), "--sample-every", "2s", env=env)
     time.sleep(4)
@@ -87,6 +97,8 @@ def main() -> None:
             page.goto(base + "/errors")
             page.locator("#errors details").first.click()
             page.screenshot(path=str(ROOT / "docs/dashboard-errors.png"), full_page=True)
+            page.goto(base + "/recurring")
+            page.screenshot(path=str(ROOT / "docs/dashboard-recurring.png"), full_page=True)
             browser.close()
         with urllib.request.urlopen(base + "/healthz") as answer:
             assert answer.status == 200
