@@ -17,7 +17,6 @@ Every instant is UTC; the host's clock and time zone play no part.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -39,7 +38,6 @@ SHORTEST_INTERVAL = timedelta(seconds=1)
 NEVER_AFTER = timedelta(days=366 * 28)  # every weekday-and-date combination repeats within 28 years
 #: How far back a walk starts after a clock change (longer than any change's gap).
 REWIND = timedelta(hours=3)
-_EVERY = re.compile(r"^\s*(?:every\s+)?(?P<span>.+?)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -101,12 +99,7 @@ class Recurrence:
         seconds first) or an interval (``every 30s``, ``every 1h``)."""
         text = when.strip()
         if text.lower().startswith("every"):
-            span = _EVERY.match(text)
-            try:
-                every = parse_duration(span.group("span") if span else text)
-            except ValueError as error:
-                raise InvalidSchedule(f"Cannot read the interval {when!r}: {error}") from None
-            return cls(every=every, **options)
+            return cls(every=_duration("interval", text), **options)
         return cls(cron=" ".join(text.split()), **options)
 
     def _check_cron(self) -> None:
