@@ -139,19 +139,27 @@ def dashboard(
             answer_within=answer_within,
         )
         address, bound = sock.getsockname()[:2]
-        log.info(
-            "dashboard of %s on http://%s:%d/ (%s)",
-            redact(store),
-            address,
-            bound,
-            "read-only"
-            if not board.can_change
-            else f"changes need user {credentials.user if credentials else ''!r} and the password",
-        )
-        if credentials is None and not read_only:
-            log.info("set DUETIME_DASHBOARD_PASSWORD to cancel, reschedule and retry from the dashboard")
+
+        def ready() -> None:
+            """Said once the server runs and a stop signal ends it cleanly: a script that stops
+            it when it reads this line never kills it half-started (exit 143)."""
+            log.info(
+                "dashboard of %s on http://%s:%d/ (%s)",
+                redact(store),
+                address,
+                bound,
+                "read-only"
+                if not board.can_change
+                else f"changes need user {credentials.user if credentials else ''!r} and the password",
+            )
+            if credentials is None and not read_only:
+                log.info("set DUETIME_DASHBOARD_PASSWORD to cancel, reschedule and retry from the dashboard")
+
         config = uvicorn.Config(
-            create_app(board, secret=secret()), log_level="warning", access_log=False, lifespan="on"
+            create_app(board, secret=secret(), ready=ready),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
         )
         try:
             await _stopped_cleanly_by_signals(uvicorn.Server)(config).serve(sockets=[sock])

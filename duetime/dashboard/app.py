@@ -873,12 +873,14 @@ def answering(handler: Handler) -> Handler:
     return guarded
 
 
-def create_app(dashboard: Dashboard, *, secret: str) -> Any:
-    """The ASGI app: pages, actions, the sampler running beside them, login and CSRF around."""
+def create_app(dashboard: Dashboard, *, secret: str, ready: Callable[[], None] = lambda: None) -> Any:
+    """The ASGI app: pages, actions, the sampler running beside them, login and CSRF around.
+    ``ready`` is called once the server has started (its stop signals are handled from then on)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         sampler = asyncio.get_running_loop().create_task(dashboard.sample_forever())
+        ready()
         try:
             yield
         finally:
