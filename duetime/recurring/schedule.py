@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from duetime.errors import InvalidSchedule
 from duetime.inputs.durations import parse_time
-from duetime.message import DelayedMessage, check_headers
+from duetime.message import DelayedMessage
 from duetime.recurring.rules import Recurrence
 
 #: Headers every tick carries: which schedule, and the time it was planned for.
@@ -72,6 +72,9 @@ def check_schedule_id(schedule_id: object) -> str:
     return schedule_id
 
 
+_CHECKED_AT = datetime(2000, 1, 1, tzinfo=UTC)
+
+
 class ScheduleRow(NamedTuple):
     """A schedule as a store keeps it: its id, its JSON text, how far its ticks are stored
     (None: nothing more to plan, paused or ended), and its version (moved on by every change)."""
@@ -106,11 +109,9 @@ class Schedule:
 
     def __post_init__(self) -> None:
         check_schedule_id(self.schedule_id)
-        # the tick messages check the rest (destination, headers) as every message is checked
-        DelayedMessage(tick_id(self.schedule_id, datetime(2000, 1, 1, tzinfo=UTC)), self.destination,
-                       datetime(2000, 1, 1, tzinfo=UTC), self.body, dict(self.headers),
-                       group=group_of(self.schedule_id))  # fmt: skip
-        check_headers(dict(self.headers))
+        # a tick is checked as every message is (destination, body, headers): make one now, so a
+        # schedule whose ticks could not be stored is refused when it is given
+        self.tick(_CHECKED_AT, _CHECKED_AT)
 
     @property
     def ended(self) -> bool:
