@@ -1,3 +1,4 @@
+-- include: put_message.lua
 -- Compare-and-set a recurring schedule and store its new ticks, all or nothing
 -- (duetime.backends._schedules). Returns 1, or 0 when the row is gone or its version moved on.
 -- KEYS: 1 definitions hash, 2 versions hash, 3 planned-until zset, then the message keys as
@@ -16,19 +17,10 @@ if ARGV[4] == '' then
 else
     redis.call('ZADD', KEYS[3], ARGV[4], ARGV[1])
 end
+local m = {KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]}
 for i = 5, #ARGV, 5 do
     if redis.call('HEXISTS', KEYS[5], ARGV[i]) == 0 then
-        redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
-        redis.call('ZADD', KEYS[4], ARGV[i + 2], ARGV[i])
-        redis.call('ZADD', KEYS[6], ARGV[i + 2], ARGV[i])
-        redis.call('HSET', KEYS[7], ARGV[i], ARGV[i + 2])
-        if ARGV[i + 3] ~= '' then
-            redis.call('HSET', KEYS[8], ARGV[i], ARGV[i + 3])
-            redis.call('SADD', KEYS[8] .. ':' .. ARGV[i + 3], ARGV[i])
-        end
-        if ARGV[i + 4] ~= '0' then
-            redis.call('HSET', KEYS[9], ARGV[i], ARGV[i + 4])
-        end
+        put_message(m, ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
     end
 end
 return 1

@@ -64,7 +64,17 @@ POLICY_CHECK_SECONDS = 30.0
 
 
 def _script(name: str) -> str:
-    return resources.files("duetime.backends.redis").joinpath(name).read_text(encoding="utf-8")
+    """A Lua script of this folder; a line ``-- include: other.lua`` is that file's text (a
+    function the script calls), so what several scripts do is written once."""
+    text = resources.files("duetime.backends.redis").joinpath(name).read_text(encoding="utf-8")
+    return "\n".join(
+        _script(line.removeprefix(INCLUDE).strip()) if line.startswith(INCLUDE) else line
+        for line in text.splitlines()
+    )
+
+
+#: The line that puts another script's text in its place (see ``_script``).
+INCLUDE = "-- include: "
 
 
 def _payload(m: DelayedMessage) -> bytes:
