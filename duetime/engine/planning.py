@@ -36,13 +36,9 @@ class Planner:
         self.now = now
         self.observer = observer or DispatchObserver()
         self._failing: str | None = None
-        #: Ticks stored and missed since it started (the heartbeat and metrics read them).
-        self.ticks_planned = 0
-        self.ticks_missed = 0
 
-    async def plan_once(self) -> PlanReport | None:
-        """One step, until no schedule waits; None when the store cannot plan (said once)."""
-        total: PlanReport | None = None
+    async def plan_once(self) -> None:
+        """Plan until no schedule waits; a store that cannot plan is said once and left."""
         while True:
             try:
                 report = await within(
@@ -50,21 +46,18 @@ class Planner:
                 )
             except StoreNotReady as error:  # a store set up before schedules: `duetime setup`
                 self._say_once(str(error))
-                return None
+                return
             except Exception as error:  # an outage: the dispatcher's breakers see it in its rounds
                 self._say_once(f"planning recurring schedules failed: {one_line(error)}")
-                return None
+                return
             if self._failing is not None:
                 log.info("planning recurring schedules again")
                 self._failing = None
             self._count(report)
-            total = report if total is None else total
             if not report.more:
-                return total
+                return
 
     def _count(self, report: PlanReport) -> None:
-        self.ticks_planned += report.ticks
-        self.ticks_missed += report.missed
         self.observer.planned(report.ticks, report.missed)
         for schedule_id, missed in report.missed_by:
             log.warning(

@@ -113,10 +113,6 @@ class Schedule:
         # schedule whose ticks could not be stored is refused when it is given
         self.tick(_CHECKED_AT, _CHECKED_AT)
 
-    @property
-    def ended(self) -> bool:
-        return self.planned_until is None and not self.paused
-
     def state(self) -> str:
         return "paused" if self.paused else "ended" if self.planned_until is None else "active"
 

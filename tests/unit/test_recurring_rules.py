@@ -243,3 +243,39 @@ def test_a_schedule_id_that_would_break_tick_ids_is_refused() -> None:
     for bad in ("", "a@b", "x" * 171, "tab\there"):
         with pytest.raises(InvalidSchedule):
             new_schedule(bad, "q", Recurrence(every=timedelta(seconds=1)), NOW)
+
+
+async def test_a_planner_whose_store_fails_says_so_once_and_plans_again_when_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store outage (or one set up before schedules) is one warning, not one a second, and never
+    ends the dispatcher; the planner says when it plans again."""
+    from duetime.engine.planning import Planner
+    from duetime.errors import StoreNotReady
+    from duetime.recurring.schedule import PlanReport
+
+    answers: list[object] = [
+        ConnectionError("down"),
+        ConnectionError("down"),
+        PlanReport(),
+        StoreNotReady("run setup"),
+    ]
+
+    class Store:
+        async def plan_schedules(self, now: datetime | None = None) -> PlanReport:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            assert isinstance(answer, PlanReport)
+            return answer
+
+    caplog.set_level("INFO", "duetime.recurring")
+    planner = Planner(Store(), lambda: NOW)  # type: ignore[arg-type]
+    for _ in range(4):
+        await planner.plan_once()
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "planning recurring schedules failed: ConnectionError: down",
+        "planning recurring schedules again",
+        "run setup",
+    ], said
