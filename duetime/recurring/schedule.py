@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 
 from duetime.errors import InvalidSchedule
 from duetime.inputs.durations import parse_time
-from duetime.message import DelayedMessage
+from duetime.message import DelayedMessage, check_size
+from duetime.nservicebus import headers as nservicebus
 from duetime.recurring.rules import Recurrence
 
 #: Headers every tick carries: which schedule, and the time it was planned for.
@@ -111,7 +112,7 @@ class Schedule:
         check_schedule_id(self.schedule_id)
         # a tick is checked as every message is (destination, body, headers): make one now, so a
         # schedule whose ticks could not be stored is refused when it is given
-        self.tick(_CHECKED_AT, _CHECKED_AT)
+        check_size(self.tick(_CHECKED_AT, _CHECKED_AT))
 
     def state(self) -> str:
         return "paused" if self.paused else "ended" if self.planned_until is None else "active"
@@ -139,6 +140,12 @@ class Schedule:
             group = extra_group_of(self.schedule_id)
             if own_id:
                 message_id += f"+{kind}"
+        if nservicebus.ENCLOSED_TYPES in headers:
+            # for an NServiceBus endpoint: each tick its own message id (its outbox would take a
+            # schedule's one id, copied onto every tick, for a duplicate and drop all but the
+            # first), and sent at its planned time (its critical time counts from there)
+            headers[nservicebus.MESSAGE_ID] = message_id
+            headers[nservicebus.TIME_SENT] = nservicebus.to_wire(planned)
         return DelayedMessage(message_id, self.destination, due, self.body, headers, group=group)
 
     # --- as a store keeps it --------------------------------------------------------------------

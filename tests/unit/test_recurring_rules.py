@@ -279,3 +279,17 @@ async def test_a_planner_whose_store_fails_says_so_once_and_plans_again_when_it_
         "planning recurring schedules again",
         "run setup",
     ], said
+
+
+def test_a_tick_for_an_nservicebus_endpoint_has_its_own_message_id_and_time_sent() -> None:
+    copied = {"NServiceBus.EnclosedMessageTypes": "Billing.CloseInvoices", "NServiceBus.MessageId": "same"}
+    s = new_schedule("close", "billing", Recurrence(every=timedelta(seconds=10)), NOW, headers=copied)
+    ticks = plan(s, NOW, timedelta(seconds=25)).ticks
+    assert [t.headers["NServiceBus.MessageId"] for t in ticks] == [t.message_id for t in ticks]
+    assert ticks[0].headers["NServiceBus.TimeSent"] == "2030-01-01 12:00:10:000000 Z"
+    plain = plan(
+        new_schedule("ping", "health", Recurrence(every=timedelta(seconds=10)), NOW),
+        NOW,
+        timedelta(seconds=25),
+    )
+    assert not any(h.startswith("NServiceBus.") for t in plain.ticks for h in t.headers)
