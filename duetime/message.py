@@ -20,6 +20,14 @@ from duetime.nservicebus import headers as nservicebus
 MAX_ID_LENGTH = 250
 MAX_DESTINATION_LENGTH = 200
 MAX_GROUP_LENGTH = 200
+#: What one message may carry, checked where messages come in (a store's ``store`` calls, the
+#: front door, bulk rows), never on what a store already holds: so nothing that gets in can make a
+#: dispatcher, ``show`` or the dashboard hold gigabytes. A larger payload belongs in object
+#: storage, with its address in the message. 16 MiB is also RabbitMQ's own default limit.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+#: The headers' size as stores keep them (compact JSON, UTF-8): far above what NServiceBus,
+#: Celery or Dramatiq put on a message, far below what makes a page slow.
+MAX_HEADERS_BYTES = 256 * 1024
 #: The most failures a message can count: the stores keep the count in a 32-bit column.
 MAX_FAILURE_COUNT = 2**31 - 1
 #: Due times must fall in this window; it keeps every store's integer column and every
@@ -125,6 +133,38 @@ def check_headers(value: object) -> Mapping[str, str]:
             raise InvalidMessage("header names must not be empty.")
         check_encodable(f"header {key[:50]!r}", key + item)
     return MappingProxyType(dict(value))
+
+
+def dump_headers(headers: Mapping[str, str]) -> str:
+    """Headers as every store keeps them: a compact JSON object of text to text."""
+    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
+
+
+def check_body_size(size: int) -> None:
+    if size > MAX_BODY_BYTES:
+        raise InvalidMessage(
+            f"the body is {size:,} bytes; the limit is {MAX_BODY_BYTES:,} (16 MiB). Keep a large payload "
+            "elsewhere (object storage, a database) and send its address."
+        )
+
+
+def check_headers_size(size: int) -> None:
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidMessage(
+            f"the headers are {size:,} bytes (as JSON); the limit is {MAX_HEADERS_BYTES:,} (256 KiB). "
+            "Send fewer or shorter headers; put data in the body."
+        )
+
+
+def check_size(message: DelayedMessage) -> DelayedMessage:
+    """``message`` if it fits :data:`MAX_BODY_BYTES` and :data:`MAX_HEADERS_BYTES`; InvalidMessage
+    saying which it exceeds otherwise. The headers are encoded only when they might be near the
+    limit (a character takes at most six bytes in JSON), so the common message costs a sum."""
+    check_body_size(len(message.body))
+    headers = message.headers
+    if 6 * sum(len(k) + len(v) + 1 for k, v in headers.items()) + 2 > MAX_HEADERS_BYTES:
+        check_headers_size(len(dump_headers(headers).encode()))
+    return message
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,14 @@ from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option
 from duetime.interfaces import Clock, Closing, ListQuery, Page, StoreCounts
 from duetime.live_dispatchers import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
-from duetime.message import MAX_GROUP_LENGTH, DelayedMessage, check_due_time, check_text
+from duetime.message import (
+    MAX_GROUP_LENGTH,
+    DelayedMessage,
+    check_due_time,
+    check_size,
+    check_text,
+    dump_headers,
+)
 from duetime.settings import TransactionMode
 
 #: The layout every store writes; a store refuses tables or keys written by a newer duetime, and
@@ -66,11 +73,6 @@ def closed() -> StoreNotReady:
 
 def not_initialized() -> StoreNotReady:
     return StoreNotReady("The store is not initialized: call initialize(endpoint, mode) first.")
-
-
-def dump_headers(headers: Mapping[str, str]) -> str:
-    """Headers as every store keeps them: a compact JSON object of text to text."""
-    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
 
 
 def micros_row(m: DelayedMessage) -> tuple[str, str, int, str, bytes, int, str | None]:
@@ -324,7 +326,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def store(self, message: DelayedMessage) -> None:
         """Store one message; returns once it is durable. Calls from several threads at once
         share a transaction (each still gets its own answer)."""
-        self._shared.store(message)
+        self._shared.store(check_size(message))
 
     def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         self._ready()
@@ -332,6 +334,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
             return 0
         seen: set[str] = set()
         for m in messages:
+            check_size(m)
             if m.message_id in seen:
                 raise duplicate_id(m.message_id)
             seen.add(m.message_id)
@@ -348,7 +351,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
         self._ready()
         first: dict[str, DelayedMessage] = {}
         for m in messages:
-            first.setdefault(m.message_id, m)
+            first.setdefault(check_size(m).message_id, m)
         fresh = list(first.values())
         for _ in range(NEW_ONLY_TRIES):
             there = self._stored_ids([m.message_id for m in fresh])

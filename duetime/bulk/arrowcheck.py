@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from duetime.bulk.records import COMPACT_HEADERS, EARLIEST_US, GROUP_OPEN, LATEST_US, PLAIN_TEXT
-from duetime.message import MAX_DESTINATION_LENGTH, MAX_ID_LENGTH
+from duetime.message import MAX_BODY_BYTES, MAX_DESTINATION_LENGTH, MAX_HEADERS_BYTES, MAX_ID_LENGTH
 from duetime.nservicebus.headers import EMPTY_GUID
 
 _INT32_MAX = 2**31 - 1
@@ -65,7 +65,11 @@ def split_plainly_fine(
         plain = pc.and_kleene(pc.match_substring_regex(group, _PLAIN_GROUP), pc.not_equal(group, EMPTY_GUID))
         checks.append(pc.or_kleene(pc.is_null(group), plain))
     if not pa.types.is_null(headers.type):
-        checks.append(pc.or_kleene(pc.is_null(headers), pc.match_substring_regex(headers, COMPACT_HEADERS)))
+        compact = pc.match_substring_regex(headers, COMPACT_HEADERS)
+        small = pc.less_equal(pc.binary_length(headers), MAX_HEADERS_BYTES)
+        checks.append(pc.or_kleene(pc.is_null(headers), pc.and_kleene(compact, small)))
+    if not pa.types.is_null(body.type):
+        checks.append(pc.or_kleene(pc.is_null(body), pc.less_equal(pc.binary_length(body), MAX_BODY_BYTES)))
     if not pa.types.is_null(encoded.type):  # base64 is decoded (strictly) in Python
         checks.append(pc.or_kleene(pc.is_valid(body), pc.is_null(encoded)))
     if not pa.types.is_null(failures.type):

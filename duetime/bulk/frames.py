@@ -20,10 +20,10 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from duetime.bulk.arrowcheck import split_plainly_fine
-from duetime.bulk.records import Record, due_us_of, dump_headers, group_extra, problem
+from duetime.bulk.records import Record, due_us_of, group_extra, problem
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.inputs.identifiers import check_name
-from duetime.message import MAX_FAILURE_COUNT, kind
+from duetime.message import MAX_FAILURE_COUNT, dump_headers, kind
 
 T = TypeVar("T")
 #: Pairs a bulk job carries: the record, and why it cannot be used (None when it can).

@@ -13,11 +13,16 @@ from duetime.errors import InvalidMessage
 from duetime.message import (
     EARLIEST_DUE,
     LATEST_DUE,
+    MAX_BODY_BYTES,
     MAX_DESTINATION_LENGTH,
     MAX_FAILURE_COUNT,
+    MAX_HEADERS_BYTES,
     MAX_ID_LENGTH,
     DelayedMessage,
+    check_body_size,
+    check_headers_size,
     check_text,
+    dump_headers,
 )
 from duetime.nservicebus.headers import EMPTY_GUID
 
@@ -71,6 +76,8 @@ def problem(record: Record) -> str | None:
             raise InvalidMessage(f"due_at {_moment(record.due_us)} is outside the supported years 1970-9998.")
         if "" in parse_headers(record.headers):
             raise InvalidMessage("header names must not be empty.")
+        check_body_size(len(record.body))
+        check_headers_size(len(record.headers.encode()) if record.headers else 0)
         if not 0 <= record.failure_count <= MAX_FAILURE_COUNT:
             raise InvalidMessage(f"failure_count must be a whole number from 0 to {MAX_FAILURE_COUNT:,}.")
     except InvalidMessage as error:
@@ -102,7 +109,7 @@ def plainly_fine_sql(exprs: Sequence[str]) -> str:
     headers of plain strings; anything else is simply checked in Python. A test holds it to
     :func:`problem` over generated rows.
     """
-    ident, destination, due, headers, _, failures, _ = exprs
+    ident, destination, due, headers, body, failures, _ = exprs
     checks = [
         f"({ident}) ~ '{PLAIN_TEXT}'",
         f"length({ident}) <= {MAX_ID_LENGTH}",
@@ -113,6 +120,8 @@ def plainly_fine_sql(exprs: Sequence[str]) -> str:
         f"({headers}) ~ '{COMPACT_HEADERS}'",
         f"position('null' in ({headers})) = 0",
         f"position('{MSMQ_PROPERTIES}' in ({headers})) = 0",
+        f"octet_length({headers}) <= {MAX_HEADERS_BYTES}",
+        f"coalesce(octet_length({body}), 0) <= {MAX_BODY_BYTES}",
         f"({failures}) >= 0",
     ]
     return "coalesce(" + " AND ".join(checks) + ", false)"
@@ -291,7 +300,3 @@ def due_us_of(value: Any) -> int | None:
             )
         return to_micros(moment)
     return int(value)
-
-
-def dump_headers(headers: dict[str, str]) -> str:
-    return json.dumps(headers, separators=(",", ":"), ensure_ascii=False)

@@ -24,7 +24,7 @@ from typing import Any
 from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.interfaces import DelayedMessageStore, NewOnlyStore
-from duetime.message import DelayedMessage, check_encodable, kind
+from duetime.message import DelayedMessage, check_encodable, check_size, kind
 
 KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id", "group"}
 
@@ -67,7 +67,7 @@ def parse_line(text: str | bytes, number: int, now: datetime) -> DelayedMessage:
         delay: Any = row.get("delay")
         if isinstance(delay, str):
             delay = parse_duration(delay)
-        return DelayedMessage.create(
+        made = DelayedMessage.create(
             row.get("destination"),  # type: ignore[arg-type]
             body,
             due_at=due_at,
@@ -77,6 +77,7 @@ def parse_line(text: str | bytes, number: int, now: datetime) -> DelayedMessage:
             now=now,
             group=row.get("group"),
         )
+        return check_size(made)  # the store checks again; here each line is told before any is stored
     except InvalidMessage as error:
         raise InvalidMessage(f"line {number}: {error}") from None
 

@@ -31,7 +31,7 @@ from duetime.interfaces import (
     SyncDelayedMessageStore,
 )
 from duetime.live_dispatchers import DispatcherInfo
-from duetime.message import DelayedMessage
+from duetime.message import MAX_BODY_BYTES, MAX_HEADERS_BYTES, DelayedMessage
 from duetime.recurring.rules import Recurrence
 from duetime.recurring.schedule import group_of, new_schedule
 from duetime.settings import TransactionMode
@@ -216,6 +216,27 @@ class StoreContract:
         await store.store_many(large[::2])
         assert await new_only.store_new(large) == ROUND_LIMIT
         assert (await store.counts(now())).total == 4 + 2 * ROUND_LIMIT
+
+    async def test_a_message_over_the_size_limits_is_refused_and_nothing_of_its_batch_stored(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """The limits are checked where messages come in, so nothing a store holds can make a
+        dispatcher, ``show`` or the dashboard hold gigabytes; headers at their limit are kept."""
+        t = now() + timedelta(hours=1)
+        at_limit = msg(1, t).with_changes(headers={"h": "x" * (MAX_HEADERS_BYTES - len('{"h":""}'))})
+        big_body = msg(2, t).with_changes(body=b"b" * (MAX_BODY_BYTES + 1))
+        many = msg(3, t).with_changes(headers={f"h{i}": "" for i in range(MAX_HEADERS_BYTES // 6)})
+        for bad, said in ((big_body, "the body is 16,777,217 bytes"), (many, "the headers are")):
+            with pytest.raises(InvalidMessage, match=said):
+                await store.store(bad)
+            with pytest.raises(InvalidMessage, match=said):
+                await store.store_many([msg(4, t), bad])
+            if isinstance(store, (NewOnlyStore, SyncSide)):
+                with pytest.raises(InvalidMessage, match=said):
+                    await cast(NewOnlyStore, store).store_new([msg(4, t), bad])
+            assert await store.get(bad.message_id) is None and await store.get("m-00004") is None
+        await store.store(at_limit)
+        assert await store.get(at_limit.message_id) == at_limit
 
     # --- recurring schedules ------------------------------------------------------------------
     async def test_a_schedule_is_kept_and_its_ticks_stored_once_whoever_plans(

@@ -210,3 +210,32 @@ def test_a_column_of_another_type_leaves_every_row_to_python() -> None:
     )
     fine, rest = split_plainly_fine(batch, "e", _endpoint_fine)
     assert fine is None and rest.num_rows == 1
+
+
+def test_a_body_or_headers_over_the_size_limits_are_left_to_python_which_names_the_limit() -> None:
+    from duetime.message import MAX_BODY_BYTES, MAX_HEADERS_BYTES
+
+    base = {
+        "due_at": 1_900_000_000_000_000,
+        "endpoint": None,
+        "failure_count": None,
+        "body_base64": None,
+        "group": None,
+    }
+    rows = [
+        base
+        | {"message_id": "big", "destination": "q", "headers": None, "body": b"b" * (MAX_BODY_BYTES + 1)},
+        base
+        | {
+            "message_id": "wide",
+            "destination": "q",
+            "headers": '{"h":"' + "x" * MAX_HEADERS_BYTES + '"}',
+            "body": b"",
+        },
+        base | {"message_id": "ok", "destination": "q", "headers": "{}", "body": b"b"},
+    ]
+    fine, rest = split_plainly_fine(_batch(rows, text_bodies=False), "e", _endpoint_fine)
+    assert fine is not None and rest.column("message_id").to_pylist() == ["big", "wide"]
+    reasons = [check_row(row, "e")[1] for row in rest.to_pylist()]
+    assert reasons[0] is not None and "the body is 16,777,217 bytes" in reasons[0]
+    assert reasons[1] is not None and "the headers are 262,152 bytes" in reasons[1]

@@ -100,3 +100,22 @@ def test_microseconds_become_the_same_instant_in_the_server(pg: psycopg.Connecti
     23:59:59.999999 came out as 9999-01-01 00:00:00, outside the supported years."""
     got = pg.execute(f"SELECT {timestamptz_sql('m')} FROM (SELECT %s::bigint AS m) AS t", [micros]).fetchone()
     assert got is not None and got[0] == from_micros(micros)
+
+
+def test_the_server_leaves_a_body_or_headers_over_the_size_limits_to_python(
+    pg: psycopg.Connection[Any],
+) -> None:
+    from duetime.message import MAX_BODY_BYTES, MAX_HEADERS_BYTES
+
+    sure = plainly_fine_sql(["'id'", "'orders'", "1800000000000000", "h", "b", "0", "NULL"])
+    wide = '{"h":"' + "x" * MAX_HEADERS_BYTES + '"}'
+    cases = [("{}", b"b" * (MAX_BODY_BYTES + 1)), (wide, b""), ("{}", b"b")]
+    got = [
+        pg.execute(f"SELECT {sure} FROM (SELECT %s::text AS h, %s::bytea AS b) AS t", c).fetchone()
+        for c in cases
+    ]
+    assert got == [(False,), (False,), (True,)]
+    assert problem(Record("e", "id", "orders", 1800000000000000, wide, b"", 0)) == (
+        f"the headers are {len(wide):,} bytes (as JSON); the limit is {MAX_HEADERS_BYTES:,} (256 KiB). "
+        "Send fewer or shorter headers; put data in the body."
+    )

@@ -174,7 +174,9 @@ def test_a_body_over_max_allowed_packet_fails_alone_in_one_line(tmp_path: Path) 
     with mariadb_database() as url:
         assert run_cli("setup", "--store", url).returncode == 0
         big = tmp_path / "big.bin"
-        big.write_bytes(b"\x00'" * (9 * 1024 * 1024))  # 18 MB, 36 MB escaped; the server allows 16 MB
+        big.write_bytes(
+            b"\x00'" * (9 * 512 * 1024)
+        )  # 9 MiB (under duetime's 16), 18 escaped; the server allows 16
         done = run_cli("schedule", "orders", "--body-file", str(big), "--in", "1h", "--store", url)
         assert done.returncode == 1, done.stderr
         [line] = done.stderr.strip().splitlines()
@@ -188,7 +190,9 @@ def test_a_body_over_max_allowed_packet_fails_alone_in_one_line(tmp_path: Path) 
             small = [
                 DelayedMessage.create("orders", f"m{i}".encode(), delay=timedelta(hours=1)) for i in range(20)
             ]
-            huge = DelayedMessage.create("orders", b"y" * (17 * 1024 * 1024), delay=timedelta(hours=1))
+            huge = DelayedMessage.create(
+                "orders", b"y" * (9 * 1024 * 1024), delay=timedelta(hours=1)
+            )  # counted twice
 
             def one(m: DelayedMessage) -> None:
                 try:

@@ -15,7 +15,6 @@ from duetime.backends._keepalive import LIBPQ
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     claim_timeout_option,
-    dump_headers,
     load_headers,
     table_name,
 )
@@ -24,7 +23,7 @@ from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError, connection_failed, no_answer, one_line
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, redact
-from duetime.message import DelayedMessage
+from duetime.message import DelayedMessage, dump_headers
 
 if TYPE_CHECKING:
     import psycopg

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from duetime.backends._store import dump_headers, load_headers
+from duetime.backends._store import load_headers
 from duetime.backends.sqlfiles import load_queries
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, StorageFull
+from duetime.message import dump_headers
 
 QUERIES = load_queries("duetime.backends.sqlite")
 SYNCHRONOUS = {"off", "normal", "full", "extra"}
