@@ -118,6 +118,16 @@ def read_cursor(text: str) -> tuple[datetime, str]:
     return parse_time(due), message_id
 
 
+def about(n: int, estimated: bool) -> str:
+    """``n`` with thousands separators, or for an estimate ``about`` and two significant figures
+    (``about 10.0 M``, ``about 52,000``): a figure from statistics must never read as a count."""
+    if not estimated:
+        return f"{n:,}"
+    if n >= 1_000_000:
+        return f"about {n / 1_000_000:.1f} M"
+    return f"about {round(n, 2 - len(str(n))):,}"
+
+
 @dataclass(frozen=True, slots=True)
 class StoreCounts:
     """What a store holds at a moment."""
@@ -132,6 +142,21 @@ class StoreCounts:
     by_destination: Mapping[str, int] = field(default_factory=dict)
     more_destinations: int = 0
     more_messages: int = 0
+    #: The total and the per-destination figures are the database's statistics, not a count: a
+    #: store of over a million messages is not scanned to answer (shown as "about").
+    estimated: bool = False
+
+    def said(self, n: int) -> str:
+        """One of these figures as a person reads it: ``about(n, self.estimated)``."""
+        return about(n, self.estimated)
+
+    def rest_said(self) -> str:
+        """The line for the destinations not listed (empty: none)."""
+        if not self.more_messages and not self.more_destinations:
+            return ""
+        if not self.more_destinations:
+            return "destinations not counted (a store this large is not scanned)"
+        return f"and {about(self.more_destinations, self.estimated)} more destinations"
 
     def oldest_due_waited(self, counted_at: datetime) -> float | None:
         """Seconds the oldest due message had waited when these counts were taken at

@@ -468,6 +468,8 @@ class StoreRules(ScheduleRules, Closing, ABC):
         """Per destination, the DESTINATIONS_SHOWN holding the most, and the rest said in two
         numbers (how many more destinations, holding how many): never cut without a word."""
         by = counts.by_destination
+        if counts.estimated:  # figures the store made up whole from its statistics
+            return counts
         if len(by) > DESTINATIONS_SHOWN:  # a store that counted every destination
             ranked = sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))
             rest = ranked[DESTINATIONS_SHOWN:]

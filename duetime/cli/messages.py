@@ -44,6 +44,7 @@ from duetime.interfaces import (
     AddressTopology,
     DispatcherRegistry,
     Page,
+    StoreCounts,
     cursor_text,
     read_cursor,
 )
@@ -531,7 +532,7 @@ def stats(
 ) -> None:
     """Counts: stored, due, in flight, failing, next due, per destination, and queue depths."""
 
-    async def go() -> dict[str, Any]:
+    async def go() -> tuple[dict[str, Any], StoreCounts]:
         s = await open_ready_store(store, endpoint)
         try:
             counts = await s.counts(SYSTEM.now())
@@ -547,13 +548,14 @@ def stats(
             "by_destination": dict(counts.by_destination),
             "more_destinations": counts.more_destinations,
             "more_messages": counts.more_messages,
+            "estimated": counts.estimated,
             "dispatchers": [d.as_dict(SYSTEM.now()) for d in present],
         }
         try:
             shown = transport_url_for(store, transport)
             t = open_transport(shown)
         except ConfigurationError:
-            return result  # a store without a default transport: no queues to show
+            return result, counts  # a store without a default transport: no queues to show
         # A broker cannot list its queues: the ones this endpoint's messages go to are looked up.
         candidates = [DelayedDeliverySettings.from_env().error_queue, front_door_queue(endpoint)]
         result["queues_on"] = redact(shown)
@@ -572,31 +574,35 @@ def stats(
         elsewhere = delivered_elsewhere(shown, present, SYSTEM.now())
         if elsewhere:
             result["queues_note"] = elsewhere_note(shown, elsewhere)
-        return result
+        return result, counts
 
-    result = _run(go)
+    result, counted = _run(go)
     if as_json:
         print(json.dumps(result))
         return
     overview = table("what", "value", show_header=False)
     for key in ("stored", "due", "in_flight", "failing", "next_due"):
         value = result[key]
-        shown = str(value) if value is not None else "nothing stored"
+        shown = "nothing stored" if value is None else counted.said(value) if key == "stored" else str(value)
         overview.add_row(key.replace("_", " "), shown)
     show_table(overview)
-    if result["by_destination"]:
+    if result["by_destination"] or result["more_messages"]:
         lacking = set(result.get("without_queue", []))
         per = table("destination", "stored", *(["queue"] if lacking else []))
         for name, count in result["by_destination"].items():
             mark = ["none: to the error queue when due" if name in lacking else ""] if lacking else []
-            per.add_row(name, str(count), *mark)
-        if result["more_destinations"]:
-            per.add_row(
-                f"and {result['more_destinations']:,} more destinations",
-                str(result["more_messages"]),
-                *([""] if lacking else []),
-            )
+            per.add_row(name, counted.said(count), *mark)
+        if rest := counted.rest_said():
+            per.add_row(rest, counted.said(result["more_messages"]), *([""] if lacking else []))
         show_table(per)
+    if counted.estimated:
+        say(
+            "note:",
+            "yellow",
+            "figures marked 'about' are the database's statistics (refreshed by ANALYZE): a store "
+            "of over a million messages is not counted row by row",
+            to=err,
+        )
     _show_dispatchers(result["dispatchers"])
     if result.get("queues"):
         qt = table(f"queue on {result['queues_on']}", "waiting")

@@ -360,7 +360,7 @@ def check(
             raise _NotOk(_said("store", store, error)) from None
         finally:
             await _quietly(s.close())
-        answers = f"store {redact(store)} answers ({counts.total:,} stored, {counts.due:,} due)"
+        answers = f"store {redact(store)} answers ({counts.said(counts.total)} stored, {counts.due:,} due)"
         if transport_url is None:
             return f"{answers}; no transport given (--transport), so none checked{skew}"
         try:

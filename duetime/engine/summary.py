@@ -117,6 +117,7 @@ def summary_fields(
         "lateness_p50_ms": ms(0.5),
         "lateness_p99_ms": ms(0.99),
         "stored": None if backlog is None else backlog.total,
+        "stored_estimated": None if backlog is None else backlog.estimated,
         "due": None if backlog is None else backlog.due,
         "in_flight": None if backlog is None else backlog.claimed,
     }
@@ -134,4 +135,5 @@ def summary_line(
     )
     if backlog is None:
         return parts + "; backlog unknown (the store did not answer)"
-    return parts + f"; backlog {backlog.total:,} stored, {backlog.due:,} due, {backlog.claimed:,} in flight"
+    stored = backlog.said(backlog.total)
+    return parts + f"; backlog {stored} stored, {backlog.due:,} due, {backlog.claimed:,} in flight"

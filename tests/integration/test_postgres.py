@@ -513,3 +513,43 @@ def test_behind_a_pooler_nothing_is_pipelined_and_a_queue_still_reads_in_index_o
                 assert conn.execute("SHOW enable_sort").fetchone() == ("on",)
     finally:
         store.close()
+
+
+def test_a_store_too_large_to_count_says_its_figures_are_estimates_and_lists_its_destinations(
+    pg: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the exact-count limit (a million rows; lowered here) `stats` takes the planner's
+    statistics: the total and each destination's share, with the rest on an "and N more" line,
+    every figure marked "about". It had printed the estimate as a count and no destination."""
+    import psycopg
+    from typer.testing import CliRunner
+
+    import duetime.backends.postgres.store as pg_store
+    from duetime.cli import app
+
+    store = prepare(pg, "duetime")
+    later = datetime.now(UTC) + timedelta(hours=1)
+    # 60 destinations: 'big' holds a third, the rest share the others
+    names = ["big"] * 10_000 + [f"d{i % 59}" for i in range(20_000)]
+    try:
+        store.store_many([DelayedMessage(f"m{i}", n, later) for i, n in enumerate(names)])
+    finally:
+        store.close()
+    with psycopg.connect(pg.split("?")[0], autocommit=True) as conn:
+        schema = dict(p.split("=") for p in pg.split("?")[1].split("&"))["schema"]
+        conn.execute(f'ANALYZE "{schema}"."duetime.delayed"')
+    monkeypatch.setattr(pg_store, "EXACT_COUNT_LIMIT", 1_000)
+    store = SyncPostgresStore.from_url(pg)
+    store.initialize("duetime", TransactionMode.AT_LEAST_ONCE)
+    try:
+        counts = store.counts(datetime.now(UTC))
+    finally:
+        store.close()
+    assert counts.estimated and 27_000 <= counts.total <= 33_000, counts
+    assert 9_000 <= counts.by_destination["big"] <= 11_000, counts.by_destination
+    assert sum(counts.by_destination.values()) + counts.more_messages == counts.total
+    assert len(counts.by_destination) + counts.more_destinations == 60
+    shown = CliRunner().invoke(app, ["stats", "--store", pg])
+    assert shown.exit_code == 0, shown.output
+    assert "about 30,000" in shown.output or "about 29,000" in shown.output or "about 31,000" in shown.output
+    assert "figures marked 'about' are the database's statistics" in shown.output

@@ -186,3 +186,22 @@ async def test_a_scrape_during_a_refresh_shows_the_last_whole_reading() -> None:
     found = samples(generate_latest(registry))
     assert value(found, "duetime_backlog_stored", endpoint="unit") == 1
     assert value(found, "duetime_dispatchers", endpoint="unit", status="live") == 1
+
+
+def test_an_estimated_backlog_never_reads_as_a_count() -> None:
+    from duetime.engine.summary import LatenessHistogram, Tally, summary_line
+    from duetime.interfaces import StoreCounts, about
+
+    assert [about(n, True) for n in (0, 339, 52_345, 10_000_000)] == [
+        "about 0",
+        "about 340",
+        "about 52,000",
+        "about 10.0 M",
+    ]
+    assert about(52_345, False) == "52,345"
+    big = StoreCounts(10_000_000, 5, 0, 0, None, {"a": 6_000_000}, 199, 4_000_000, estimated=True)
+    assert "backlog about 10.0 M stored, 5 due" in summary_line(60, Tally(), LatenessHistogram(), big)
+    assert big.rest_said() == "and about 200 more destinations"
+    uncounted = StoreCounts(2_000_000, 0, 0, 0, None, {}, 0, 2_000_000, estimated=True)
+    assert uncounted.rest_said() == "destinations not counted (a store this large is not scanned)"
+    assert StoreCounts(3, 0, 0, 0, None, {"a": 3}).rest_said() == ""

@@ -51,6 +51,11 @@ CREATE INDEX IF NOT EXISTS {index_claim} ON {table} (claimed_until) WHERE claim_
 -- name: create_store_destination_index
 CREATE INDEX IF NOT EXISTS {index_destination} ON {table} (destination, due_at);
 
+-- The planner keeps the share of up to 500 destinations (100 by default), which is what `stats`
+-- shows per destination of a store too large to count (destination_statistics).
+-- name: destination_statistics_target
+ALTER TABLE {table} ALTER COLUMN destination SET STATISTICS 500;
+
 -- name: create_store_failing_index
 CREATE INDEX IF NOT EXISTS {index_failing} ON {table} (due_at) WHERE failure_count > 0;
 
@@ -175,6 +180,12 @@ AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(id)s FOR 
 
 -- name: estimate_rows
 SELECT reltuples::bigint FROM pg_class WHERE oid = %(regclass)s::regclass;
+
+-- The destinations' shares as ANALYZE last sampled them, and how many there are (negative: a
+-- fraction of the rows).
+-- name: destination_statistics
+SELECT most_common_vals::text::text[], most_common_freqs, n_distinct FROM pg_stats
+WHERE schemaname = %(schema)s AND tablename = %(table)s AND attname = 'destination';
 
 -- name: count_total
 SELECT count(*) FROM {table};

@@ -15,6 +15,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -71,6 +72,7 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         (q["create_store_due_index"], {}),
         (q["create_store_claim_index"], {}),
         (q["create_store_destination_index"], {}),
+        (q["destination_statistics_target"], {}),
         (q["create_store_failing_index"], {}),
         (q["create_store_group_index"], {}),
         *[(sql, {}) for sql in queue_schema_statements(q)],
@@ -79,6 +81,25 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         (q["create_schedule_plan_index"], {}),
         (q["record_version"], {"component": names.component(), "version": SCHEMA_VERSION}),
     ]
+
+
+def estimated_counts(counts: StoreCounts, sampled: tuple[Any, Any, Any] | None) -> StoreCounts:
+    """``counts`` of a store too large to count, per destination from the planner's sample
+    (``destination_statistics``): each common destination's share of the estimated total, and
+    the rest said as "more destinations" holding the remainder, so nothing is cut without a word."""
+    values, shares, distinct = sampled or (None, None, 0)
+    total = counts.total
+    pairs = sorted(zip(values or [], shares or [], strict=True), key=lambda vf: (-vf[1], vf[0]))
+    by = {v: round(f * total) for v, f in pairs}
+    many = int(distinct if distinct >= 0 else -distinct * total)
+    rest = max(total - sum(by.values()), 0)
+    return replace(
+        counts,
+        by_destination=by,
+        more_destinations=max(many - len(by), 1 if rest else 0),
+        more_messages=rest,
+        estimated=True,
+    )
 
 
 def _duplicate(error: Exception, messages: Sequence[DelayedMessage]) -> Duplicate:
@@ -392,7 +413,7 @@ class SyncPostgresStore(StoreRules):
 
             estimate = one("estimate_rows", {"regclass": names.qualified})[0][0]
             large = estimate > EXACT_COUNT_LIMIT
-            return StoreCounts(
+            exact = StoreCounts(
                 total=estimate if large else one("count_total")[0][0],
                 due=one("count_due", {"at": at})[0][0],
                 # Leases anywhere, locks of this process (another process's locks do not show).
@@ -401,6 +422,10 @@ class SyncPostgresStore(StoreRules):
                 next_due=None,
                 by_destination={} if large else dict(one("count_by_destination")),
             )
+            if not large:
+                return exact
+            sampled = one("destination_statistics", {"schema": names.schema, "table": names.table})
+            return estimated_counts(exact, sampled[0] if sampled else None)
 
     def move_due(
         self,
