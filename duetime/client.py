@@ -174,10 +174,15 @@ class DelayedMessageClient(AsyncClosing):
     async def cancel(self, message_id: str) -> bool:
         return await self.store.cancel(_id(message_id))
 
-    async def cancel_group(self, group: str) -> int:
-        """Cancel every stored message of ``group``; how many. One being forwarded right now is
-        not stopped (it is on its way)."""
-        return await self.store.cancel_group(_group(group))
+    async def cancel_group(self, group: str, *, limit: int | None = None) -> int:
+        """Cancel every stored message of ``group``, or at most ``limit`` of them in one
+        transaction (call again until it returns 0: a large group in batches, each whole); how
+        many. One being forwarded right now is not stopped (it is on its way)."""
+        return await self.store.cancel_group(_group(group), limit)
+
+    async def count_group(self, group: str) -> int:
+        """How many stored messages ``group`` holds."""
+        return await self.store.count_group(_group(group))
 
     async def reschedule(
         self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None
@@ -298,9 +303,12 @@ class SyncDelayedMessageClient(Closing):
     def cancel(self, message_id: str) -> bool:
         return self.store.cancel(_id(message_id))
 
-    def cancel_group(self, group: str) -> int:
-        """Cancel every stored message of ``group``; how many (see the async client)."""
-        return self.store.cancel_group(_group(group))
+    def cancel_group(self, group: str, *, limit: int | None = None) -> int:
+        """Cancel every stored message of ``group``, or at most ``limit``; how many (see the async client)."""
+        return self.store.cancel_group(_group(group), limit)
+
+    def count_group(self, group: str) -> int:
+        return self.store.count_group(_group(group))
 
     def reschedule(
         self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None

@@ -232,8 +232,13 @@ class DelayedMessageStore(Protocol):
         """Remove a message no dispatcher is forwarding; False if it is not there. One being
         forwarded raises MessageInFlight (it may be delivered already)."""
 
-    async def cancel_group(self, group: str) -> int:
-        """Cancel every stored message of ``group`` no dispatcher is forwarding; how many."""
+    async def cancel_group(self, group: str, limit: int | None = None) -> int:
+        """Cancel every stored message of ``group`` no dispatcher is forwarding, or at most
+        ``limit`` of them in one transaction (a large group in batches); how many."""
+        ...
+
+    async def count_group(self, group: str) -> int:
+        """How many stored messages ``group`` holds."""
         ...
 
     async def reschedule(self, message_id: str, due_at: datetime) -> bool:
@@ -297,8 +302,11 @@ class SyncDelayedMessageStore(Protocol):
     def cancel(self, message_id: str) -> bool:
         """As :meth:`DelayedMessageStore.cancel`, blocking."""
 
-    def cancel_group(self, group: str) -> int:
+    def cancel_group(self, group: str, limit: int | None = None) -> int:
         """As :meth:`DelayedMessageStore.cancel_group`, blocking."""
+
+    def count_group(self, group: str) -> int:
+        """As :meth:`DelayedMessageStore.count_group`, blocking."""
 
     def reschedule(self, message_id: str, due_at: datetime) -> bool:
         """As :meth:`DelayedMessageStore.reschedule`, blocking."""

@@ -150,11 +150,11 @@ class DbmSyncStore(StoreRules):
             del self._db[message_id]
             return True
 
-    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+    def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
         with self._lock:
             gone = [
                 m.message_id for m, held in self._rows() if m.group == group and (held is None or held <= now)
-            ]
+            ][:limit]
             for message_id in gone:
                 del self._db[message_id]
             return len(gone)

@@ -192,8 +192,11 @@ class AsyncStoreBridge(AsyncClosing):
     async def cancel(self, message_id: str) -> bool:
         return await self._call(self.sync.cancel, message_id)
 
-    async def cancel_group(self, group: str) -> int:
-        return await self._call(self.sync.cancel_group, group)
+    async def cancel_group(self, group: str, limit: int | None = None) -> int:
+        return await self._call(self.sync.cancel_group, group, limit)
+
+    async def count_group(self, group: str) -> int:
+        return await self._call(self.sync.count_group, group)
 
     async def reschedule(self, message_id: str, due_at: datetime) -> bool:
         done = await self._call(self.sync.reschedule, message_id, due_at)

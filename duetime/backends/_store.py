@@ -42,6 +42,8 @@ SCHEMA_VERSION = 2
 DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
 #: Destinations counted one by one in ``counts`` (the queries stop there); the rest are summed.
 DESTINATIONS_SHOWN = 1000
+#: A page of the default group count (:meth:`StoreRules._count_group`).
+GROUP_PAGE = 10_000
 #: Looks at what a batch holds already before ``store_new`` stores its messages one at a time
 #: (only a writer storing the same ids at that moment makes a second look necessary).
 NEW_ONLY_TRIES = 3
@@ -229,8 +231,20 @@ class StoreRules(ScheduleRules, Closing, ABC):
         """Delete the message only if no live claim holds it."""
 
     @abstractmethod
-    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
-        """Delete the group's messages no live claim holds; how many."""
+    def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
+        """Delete the group's messages no live claim holds, at most ``limit`` of them (None: all),
+        in one transaction; how many."""
+
+    def _count_group(self, group: str) -> int:
+        """How many messages ``group`` holds. This default reads the group's pages; a store with
+        an index on the group counts there."""
+        found, after = 0, None
+        while True:
+            page = self._select(ListQuery(group=group, after=after, limit=GROUP_PAGE), GROUP_PAGE)
+            found += len(page)
+            if len(page) < GROUP_PAGE:
+                return found
+            after = (page[-1].due_at, page[-1].message_id)
 
     @abstractmethod
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
@@ -410,12 +424,21 @@ class StoreRules(ScheduleRules, Closing, ABC):
             return True
         return self._refuse_in_flight(message_id)
 
-    def cancel_group(self, group: str) -> int:
-        """Cancel every message of ``group`` no dispatcher holds; those in flight are forwarded
-        (as a single :meth:`cancel` would refuse them). Returns how many were cancelled."""
+    def cancel_group(self, group: str, limit: int | None = None) -> int:
+        """Cancel every message of ``group`` no dispatcher holds, or at most ``limit`` of them (a
+        large group in batches, each whole); those in flight are forwarded (as a single
+        :meth:`cancel` would refuse them). Returns how many were cancelled."""
+        check_text("group", group, MAX_GROUP_LENGTH)
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ConfigurationError(f"limit must be a whole number of at least 1, got {limit!r}.")
+        self._ready()
+        return self._delete_group_unclaimed(group, self.clock.now(), limit)
+
+    def count_group(self, group: str) -> int:
+        """How many stored messages ``group`` holds (in flight or not)."""
         check_text("group", group, MAX_GROUP_LENGTH)
         self._ready()
-        return self._delete_group_unclaimed(group, self.clock.now())
+        return self._count_group(group)
 
     def reschedule(self, message_id: str, due_at: datetime) -> bool:
         """Move a stored message's due time; MessageInFlight while a dispatcher holds it."""

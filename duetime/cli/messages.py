@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
+import threading
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -473,30 +475,51 @@ def cancel(
     )
 
 
+#: What ``cancel --group`` cancels in one transaction: a large group goes a batch at a time, each
+#: whole, so Ctrl-C stops it between two batches with nothing half done.
+CANCEL_BATCH = 5_000
+
+
 def _cancel_group(group: str, yes: bool, store: str, endpoint: str) -> None:
-    """Count the group (for the question), then cancel it in one call to the store."""
+    """Count the group (for the question), then cancel it a batch at a time with a progress bar;
+    Ctrl-C stops after the batch under way and says what is left."""
+    stop = threading.Event()
 
     async def go() -> tuple[int, int]:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         try:
-            found = 0
-            async for page in _pages(client, None, None, 10_000, None, group):
-                found += len(page.messages)
+            found = await client.count_group(group)
             if not found:
                 return 0, 0
             confirm_many(
-                f"Cancel the {found} stored message{'' if found == 1 else 's'} of group {group!r}?", yes
+                f"Cancel the {found:,} stored message{'' if found == 1 else 's'} of group {group!r}?", yes
             )
-            return found, await client.cancel_group(group)
+            done = 0
+            with progress_bar("cancelling", found) as advance:
+                while not stop.is_set() and (n := await client.cancel_group(group, limit=CANCEL_BATCH)):
+                    done += n
+                    advance(n)
+            return found, done
         finally:
             await client.close()
 
-    found, done = _run(go)
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        found, done = _run(go)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     if not found:
         raise fail(f"no stored message in group {group!r} (delivered, cancelled, or a different key?)")
+    if stop.is_set():
+        again = command("duetime", "cancel", "--group", group)
+        raise fail(
+            f"stopped: cancelled {done:,} of {found:,}, each batch whole; the rest are stored. "
+            f"`{again}` cancels them",
+            code=130,
+        )
     busy = found - done
     console.print(
-        f"cancelled {done} of {found}" + (f"; {busy} were being delivered right then" if busy else "")
+        f"cancelled {done:,} of {found:,}" + (f"; {busy:,} were being delivered right then" if busy else "")
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.errors import (
+    ConfigurationError,
     DuplicateMessageId,
     InvalidMessage,
     MessageInFlight,
@@ -430,6 +431,23 @@ class StoreContract:
             "m-00009",
         }
         assert await store.cancel_group("never-used") == 0
+
+    async def test_a_large_group_is_counted_and_cancelled_in_batches_each_whole(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """``cancel --group`` of a large group: counted for the question, then cancelled a batch
+        at a time (each batch one transaction), so it can be stopped between batches and resumed;
+        a message in flight is counted, never cancelled."""
+        t = now()
+        await store.store_many([msg(i, t + timedelta(hours=1, seconds=i), group="big") for i in range(25)])
+        await store.store_many([msg(90, t - timedelta(seconds=1), group="big"), msg(91, t, group="small")])
+        assert [m.message_id for m in await store.fetch_due(t, 1)] == ["m-00090"]  # in flight
+        assert await store.count_group("big") == 26 and await store.count_group("none") == 0
+        assert [await store.cancel_group("big", 10) for _ in range(4)] == [10, 10, 5, 0]
+        assert await store.count_group("big") == 1 and await store.get("m-00090") is not None
+        assert await store.count_group("small") == 1  # another group untouched
+        with pytest.raises(ConfigurationError, match="limit must be a whole number"):
+            await store.cancel_group("big", 0)
 
     async def test_cancel_group_leaves_a_message_in_flight_and_forgets_delivered_ones(
         self, store: DelayedMessageStore

@@ -430,6 +430,48 @@ def test_a_group_is_scheduled_listed_and_cancelled_together(cli) -> None:  # typ
     assert both.returncode != 0 and "give one of" in both.stderr
 
 
+def test_a_large_group_is_cancelled_in_whole_batches_and_ctrl_c_stops_between_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of CANCEL_BATCH, each one transaction: Ctrl-C (here sent by the store itself after
+    the second batch) stops the command between batches, says how many went and how to go on; the
+    same command again cancels the rest."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    import duetime.cli.messages as messages
+    from duetime import DelayedMessage, TransactionMode, open_sync_store
+    from duetime.backends._store import StoreRules
+    from duetime.cli import app
+
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    with open_sync_store(url) as store:
+        store.initialize("duetime", TransactionMode.AT_LEAST_ONCE)
+        due = datetime(2040, 1, 1, tzinfo=UTC)
+        store.store_many([DelayedMessage(f"m{i}", "orders", due, group="big") for i in range(25)])
+    monkeypatch.setattr(messages, "CANCEL_BATCH", 10)
+    calls = []
+    original = StoreRules.cancel_group
+
+    def interrupted_after_two(self: StoreRules, group: str, limit: int | None = None) -> int:
+        calls.append(limit)
+        done = original(self, group, limit)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return done
+
+    monkeypatch.setattr(StoreRules, "cancel_group", interrupted_after_two)
+    stopped = CliRunner().invoke(app, ["cancel", "--group", "big", "--yes", "--store", url])
+    assert stopped.exit_code == 130 and calls == [10, 10], (stopped.output, calls)
+    assert "stopped: cancelled 20 of 25, each batch whole; the rest are stored" in stopped.output
+    assert "duetime cancel --group big" in stopped.output
+    monkeypatch.setattr(StoreRules, "cancel_group", original)
+    rest = CliRunner().invoke(app, ["cancel", "--group", "big", "--yes", "--store", url])
+    assert rest.exit_code == 0 and "cancelled 5 of 5" in rest.output, rest.output
+
+
 def test_tables_keep_ids_and_times_whole_on_a_narrow_terminal(cli) -> None:  # type: ignore[no-untyped-def]
     mid = "a-very-long-message-id-" + "x" * 60
     cli("setup")

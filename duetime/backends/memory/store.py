@@ -172,12 +172,16 @@ class SyncMemoryStore(StoreRules):
             del self._rows[message_id]
             return True
 
-    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+    def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
         with self._lock:
             gone = [i for i, r in self._rows.items() if r.message.group == group and r.claimable(now)]
-            for message_id in gone:
+            for message_id in gone[:limit]:
                 del self._rows[message_id]
-            return len(gone)
+            return len(gone[:limit])
+
+    def _count_group(self, group: str) -> int:
+        with self._lock:
+            return sum(1 for r in self._rows.values() if r.message.group == group)
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         with self._lock:

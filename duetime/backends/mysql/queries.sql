@@ -32,7 +32,7 @@ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'group_key
 ALTER TABLE {table} ADD COLUMN group_key VARCHAR(200) NULL, ADD KEY duetime_group (group_key);
 
 -- name: delete_group_unclaimed
-DELETE FROM {table} WHERE group_key = %s AND (claim_token IS NULL OR claimed_until <= %s);
+DELETE FROM {table} WHERE group_key = %s AND (claim_token IS NULL OR claimed_until <= %s) LIMIT %s;
 
 -- name: setup_lock
 SELECT GET_LOCK('duetime_setup', 60);
@@ -95,6 +95,9 @@ WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s);
 
 -- name: estimate_rows
 SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s;
+
+-- name: count_group
+SELECT COUNT(*) FROM {table} WHERE group_key = %s;
 
 -- name: count_total
 SELECT COUNT(*) FROM {table};

@@ -400,8 +400,11 @@ class SyncMysqlStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._execute(self.q["delete_unclaimed"], (message_id, to_micros(now))) == 1
 
-    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
-        return self._execute(self.q["delete_group_unclaimed"], (group, to_micros(now)))
+    def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
+        return self._execute(self.q["delete_group_unclaimed"], (group, to_micros(now), limit or 2**62))
+
+    def _count_group(self, group: str) -> int:
+        return int(self._fetch(self.q["count_group"], (group,))[0][0])
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         params = (to_micros(due_at), message_id, to_micros(now))

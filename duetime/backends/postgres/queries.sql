@@ -39,6 +39,7 @@ CREATE INDEX IF NOT EXISTS {index_group} ON {table} (group_key) WHERE group_key 
 DELETE FROM {table} WHERE message_id IN (
     SELECT message_id FROM {table}
     WHERE group_key = %(group)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 );
 
@@ -186,6 +187,9 @@ SELECT reltuples::bigint FROM pg_class WHERE oid = %(regclass)s::regclass;
 -- name: destination_statistics
 SELECT most_common_vals::text::text[], most_common_freqs, n_distinct FROM pg_stats
 WHERE schemaname = %(schema)s AND tablename = %(table)s AND attname = 'destination';
+
+-- name: count_group
+SELECT count(*) FROM {table} WHERE group_key = %(group)s;
 
 -- name: count_total
 SELECT count(*) FROM {table};

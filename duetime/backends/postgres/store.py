@@ -307,8 +307,12 @@ class SyncPostgresStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._rowcount(self.names.q["delete_unclaimed"], {"id": message_id, "now": now}) == 1
 
-    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
-        return self._rowcount(self.names.q["delete_group_unclaimed"], {"group": group, "now": now})
+    def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
+        params = {"group": group, "now": now, "limit": limit}  # LIMIT NULL: all
+        return self._rowcount(self.names.q["delete_group_unclaimed"], params)
+
+    def _count_group(self, group: str) -> int:
+        return int(self._rows(self.names.q["count_group"], {"group": group})[0][0])
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         params = {"id": message_id, "due_at": due_at, "now": now}

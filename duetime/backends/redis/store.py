@@ -353,9 +353,14 @@ class SyncRedisStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._act("cancel", message_id, now) == 1
 
-    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
+    def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
         keys = self._k("ready", "payload", "claims", "failures", "due", "bydue", "groups")
-        return int(self._cancel_group_script(keys=keys, args=[group, to_micros(now)]))
+        return int(self._cancel_group_script(keys=keys, args=[group, to_micros(now), limit or 0]))
+
+    def _count_group(self, group: str) -> int:
+        """The group's members (one cancelled while a crash cut its deletes short may still be
+        counted until the next cancel of the group sweeps it)."""
+        return int(self.client.scard(self._k("groups")[0] + ":" + group))
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         return self._act("reschedule", message_id, now, to_micros(due_at)) == 1

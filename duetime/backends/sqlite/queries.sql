@@ -31,7 +31,9 @@ SELECT name FROM pragma_table_info(:table);
 CREATE INDEX IF NOT EXISTS {index_group} ON {table} (group_key) WHERE group_key IS NOT NULL;
 
 -- name: delete_group_unclaimed
-DELETE FROM {table} WHERE group_key = ? AND (claim_token IS NULL OR claimed_until <= ?);
+DELETE FROM {table} WHERE message_id IN (
+    SELECT message_id FROM {table} WHERE group_key = ? AND (claim_token IS NULL OR claimed_until <= ?) LIMIT ?
+);
 
 -- name: create_store_due_index
 CREATE INDEX IF NOT EXISTS {index_due} ON {table} (due_at, message_id);
@@ -145,6 +147,9 @@ WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
 
 -- name: count_due
 SELECT count(*) FROM {table} WHERE due_at <= :at;
+
+-- name: count_group
+SELECT count(*) FROM {table} WHERE group_key = ?;
 
 -- name: count_all
 SELECT count(*), coalesce(sum(due_at <= :at), 0),

@@ -213,8 +213,13 @@ class SyncSqliteStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         return self._write_each(self.q["delete_unclaimed"], [(message_id, to_micros(now))]) == 1
 
-    def _delete_group_unclaimed(self, group: str, now: datetime) -> int:
-        return self._write_each(self.q["delete_group_unclaimed"], [(group, to_micros(now))])
+    def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
+        row = (group, to_micros(now), -1 if limit is None else limit)  # LIMIT -1: all
+        return self._write_each(self.q["delete_group_unclaimed"], [row])
+
+    def _count_group(self, group: str) -> int:
+        with self._lock:
+            return int(self._conn.execute(self.q["count_group"], (group,)).fetchone()[0])
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         row = (to_micros(due_at), message_id, to_micros(now))
