@@ -151,7 +151,23 @@ def checked(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProce
     return done
 
 
-_WORDS = "order line item price quantity customer address street city note total tax paid due ship".split()
+_WORDS = [
+    "order",
+    "line",
+    "item",
+    "price",
+    "quantity",
+    "customer",
+    "address",
+    "street",
+    "city",
+    "note",
+    "total",
+    "tax",
+    "paid",
+    "due",
+    "ship",
+]
 
 
 def _body(i: int) -> bytes:
