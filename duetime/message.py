@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
+from duetime import nservicebus_wire as nservicebus
 from duetime.clock import SYSTEM
 from duetime.errors import InvalidMessage
 from duetime.inputs.durations import parse_duration
-from duetime.nservicebus import headers as nservicebus
 
 MAX_ID_LENGTH = 250
 MAX_DESTINATION_LENGTH = 200

@@ -18,7 +18,7 @@ from typing import Any
 
 from duetime.bulk.records import COMPACT_HEADERS, EARLIEST_US, GROUP_OPEN, LATEST_US, PLAIN_TEXT
 from duetime.message import MAX_BODY_BYTES, MAX_DESTINATION_LENGTH, MAX_HEADERS_BYTES, MAX_ID_LENGTH
-from duetime.nservicebus.headers import EMPTY_GUID
+from duetime.nservicebus_wire import EMPTY_GUID
 
 _INT32_MAX = 2**31 - 1
 #: A group JSON writes as it is (printable ASCII but the quote and the backslash), so its extra

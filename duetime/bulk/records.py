@@ -24,7 +24,7 @@ from duetime.message import (
     check_text,
     dump_headers,
 )
-from duetime.nservicebus.headers import EMPTY_GUID
+from duetime.nservicebus_wire import EMPTY_GUID
 
 
 class Record(NamedTuple):

@@ -1,3 +1,4 @@
-"""NServiceBus, exactly: its headers on the wire (``headers``) and the timeout manager's front door
-(``frontdoor``), which takes delayed messages off an endpoint's timeouts queue.
+"""NServiceBus's timeout manager, as duetime plays it: the front door (``frontdoor``), which takes
+delayed messages off an endpoint's timeouts queue. Its wire format (header names, dates) is
+:mod:`duetime.nservicebus_wire`, in the core, since the message itself needs it.
 """

@@ -40,7 +40,7 @@ from duetime.interfaces import (
     Transport,
 )
 from duetime.message import DUE_AT_HEADER, Delay, DelayedMessage, check_headers, new_message_id
-from duetime.nservicebus.headers import (
+from duetime.nservicebus_wire import (
     CLEAR_TIMEOUTS,
     DUE_ON_ARRIVAL,
     DUE_ON_ARRIVAL_WITHIN,
@@ -61,7 +61,7 @@ DELIVER_AT_HEADER = "duetime-deliver-at"
 NSB_EXPIRE = EXPIRE
 NSB_ROUTE_TO = ROUTE_TO
 #: duetime's own routing headers; the destination does not get them. NServiceBus's stay, as its
-#: timeout manager keeps every incoming header (see duetime.nservicebus.headers).
+#: timeout manager keeps every incoming header (see duetime.nservicebus_wire).
 ENVELOPE_HEADERS = (DESTINATION_HEADER, DELIVER_AT_HEADER, DUE_AT_HEADER)
 #: How often the front door looks again whether the old-named queue exists.
 LEGACY_CHECK_SECONDS = 60.0
@@ -131,7 +131,7 @@ def refused_destination(destination: str, error_queue: str) -> str | None:
 
 def _mark_due_on_arrival(message: DelayedMessage, now: datetime) -> DelayedMessage:
     """An NServiceBus timeout already due on arrival is forwarded with its headers as they came,
-    as NServiceBus does (see :data:`~duetime.nservicebus.headers.DUE_ON_ARRIVAL`)."""
+    as NServiceBus does (see :data:`~duetime.nservicebus_wire.DUE_ON_ARRIVAL`)."""
     if not is_timeout(message.headers) or message.due_at - DUE_ON_ARRIVAL_WITHIN > now:
         return message
     return message.with_changes(headers={**message.headers, DUE_ON_ARRIVAL: "true"})

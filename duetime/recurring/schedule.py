@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
+from duetime import nservicebus_wire as nservicebus
 from duetime.errors import InvalidSchedule
 from duetime.inputs.durations import parse_time
 from duetime.message import DelayedMessage, check_size
-from duetime.nservicebus import headers as nservicebus
 from duetime.recurring.rules import Recurrence
 
 #: Headers every tick carries: which schedule, and the time it was planned for.

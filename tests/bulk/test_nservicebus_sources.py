@@ -22,7 +22,7 @@ from duetime.bulk.migrate import MigrationSpec, migrate
 from duetime.bulk.preview import preview
 from duetime.bulk.records import to_header_infos
 from duetime.errors import ConfigurationError
-from duetime.nservicebus.headers import EMPTY_GUID, to_wire
+from duetime.nservicebus_wire import EMPTY_GUID, to_wire
 from duetime.registry import open_sync_store
 from tests.bulk.conftest import count
 from tests.bulk.test_migrate import store_rows

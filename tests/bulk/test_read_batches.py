@@ -21,7 +21,7 @@ from duetime.bulk.migrate import MigrationSpec, _current_run, process_batch
 from duetime.bulk.sources import DbSource
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, to_micros
-from duetime.nservicebus.headers import EMPTY_GUID
+from duetime.nservicebus_wire import EMPTY_GUID
 from duetime.registry import open_sync_store
 from tests.bulk.conftest import create_timeoutdata, timeout_rows
 from tests.bulk.test_migrate import store_rows

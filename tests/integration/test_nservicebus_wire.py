@@ -22,7 +22,7 @@ from duetime.backends.rabbitmq.transport import RabbitMqTransport
 from duetime.backends.rabbitmq.wire import Int32, Int64
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
 from duetime.nservicebus.frontdoor import front_door_queue, legacy_front_door_queue
-from duetime.nservicebus.headers import from_wire, to_wire
+from duetime.nservicebus_wire import from_wire, to_wire
 from tests.services import RABBITMQ, require
 
 pytestmark = pytest.mark.slow

@@ -731,7 +731,7 @@ async def test_front_door_speaks_the_timeout_managers_headers() -> None:
     """N6: destination from RouteExpiredTimeoutTo, else ReplyToAddress; SagaId is the group;
     ClearTimeouts removes the saga's timeouts; one without a saga id, or without Expire, is an error."""
     from duetime.nservicebus.frontdoor import FrontDoor
-    from duetime.nservicebus.headers import to_wire
+    from duetime.nservicebus_wire import to_wire
 
     rig = await Rig().setup("orders", "replies", "error")
     door = FrontDoor(rig.dispatcher, rig.queues, wait=0)

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from duetime.message import DUE_AT_HEADER
-from duetime.nservicebus.headers import DELAY_IN_SECONDS
+from duetime.nservicebus_wire import DELAY_IN_SECONDS
 
 #: Bookkeeping RabbitMQ adds when it dead-letters; stripped on arrival.
 DEATH_HEADERS = (

@@ -29,7 +29,7 @@ from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DestinationNotFound, InvalidMessage, TransportError
 from duetime.inputs.identifiers import check_name
 from duetime.message import Delay, DelayedMessage, outgoing_headers
-from duetime.nservicebus.headers import DELAY_IN_SECONDS
+from duetime.nservicebus_wire import DELAY_IN_SECONDS
 
 __all__ = [
     "DEATH_HEADERS",

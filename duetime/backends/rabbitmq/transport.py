@@ -59,7 +59,7 @@ from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option, one_url_per_host, redact
 from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
-from duetime.nservicebus.headers import amqp_properties
+from duetime.nservicebus_wire import amqp_properties
 
 log = logging.getLogger("duetime.rabbitmq")
 
