@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from duetime.bulk.spark_session import local_path
+from duetime.bulk.spark_session import first_line, local_path
 from duetime.errors import ConfigurationError
 
 #: Spark's writers mark a completely committed folder with this file.
@@ -214,12 +214,6 @@ def unreadable(path: str, fmt: str, error: Exception) -> str:
     one line."""
     said = re.sub(r"^[\w.$]+(Exception|Error): ", "", first_line(error))  # the Java class's name
     return f"{path}: cannot be read as {fmt} ({said[:300]}); check the path and the format."
-
-
-def first_line(error: Exception) -> str:
-    """A JVM error's first line: what failed, without the Java stack."""
-    text = str(getattr(error, "java_exception", None) or error)
-    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
 
 
 def _why(path: str, error: Exception) -> str:

@@ -70,8 +70,6 @@ def spark_session(
         if log is not None:  # started: the log is only noise now, gone with the process
             atexit.register(_remove, log)
     except Exception as error:  # the JVM's reason is on stderr (or in its log); this is one line
-        from duetime.bulk.hadoopfs import first_line
-
         where = f"; Spark's own log: {log}" if log else ""
         raise ConfigurationError(
             f"Spark did not start ({first_line(error)[:300]}); check --master, --conf and Java 17{where}."
@@ -115,6 +113,12 @@ def runs_here(master: str | None) -> bool:
     """Whether a job started with ``master`` runs in local mode in this process (driver and
     executors on this machine), not under spark-submit or on a cluster."""
     return not _submitted() and (master or DEFAULT_MASTER).startswith("local")
+
+
+def first_line(error: Exception) -> str:
+    """A JVM error's first line: what failed, without the Java stack."""
+    text = str(getattr(error, "java_exception", None) or error)
+    return next((line.strip() for line in text.splitlines() if line.strip()), type(error).__name__)
 
 
 def local_path(path: str, master: str | None, conf: Mapping[str, str]) -> str | None:
