@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from duetime.backends.sqlfiles import load_queries
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, split_options
 
 T = TypeVar("T")
 DIALECTS = {
@@ -62,8 +62,7 @@ class Database:
                 f"{redact(url)} is not a database URL bulk jobs can read; use postgresql://, "
                 "mysql:// or sqlite:///, or a parquet:/ or jsonl:/ path."
             )
-        ours = dict(parse_qsl(parts.query, keep_blank_values=True))
-        rest = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in BULK_OPTIONS]
+        driver_url, ours = split_options(url, BULK_OPTIONS)
         layout = ours.get("layout", "duetime").lower()
         if layout not in ("duetime", "timeoutdata", "msmq"):
             raise ConfigurationError(
@@ -73,7 +72,7 @@ class Database:
         table = ours.get("table")
         schema = ours.get("schema")
         return cls(
-            url=_without_query(url) + (f"?{urlencode(rest)}" if rest else ""),
+            url=driver_url,
             dialect=dialect,
             layout=layout,
             table=None if table is None else check_name("table", table),
@@ -268,8 +267,3 @@ def _is_deadlock(error: Exception) -> bool:
         return True
     args: tuple[Any, ...] = tuple(getattr(error, "args", ()))
     return len(args) > 0 and args[0] in (1213, 1205)  # MariaDB: deadlock, lock wait timeout
-
-
-def _without_query(url: str) -> str:
-    """The URL before its query; not urlunsplit, which turns sqlite://// into sqlite://."""
-    return url.split("?", 1)[0]

@@ -24,6 +24,7 @@ from duetime.bulk.layouts import DuetimeLayout
 from duetime.bulk.records import Destination, Record, group_of, group_sql, store_headers, timestamptz_sql
 from duetime.clock import from_micros
 from duetime.errors import ConfigurationError
+from duetime.inputs.urls import redact, split_options
 
 
 class _IdTaken(Exception):
@@ -496,16 +497,10 @@ class NativeDelayTarget:
     written after the broker confirmed the batch, and a crash in between publishes it again."""
 
     def __init__(self, url: str) -> None:
-        from urllib.parse import parse_qsl, urlencode, urlunsplit
-
-        parts = urlsplit(url)
-        options = dict(parse_qsl(parts.query))
-        rest = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("native", "ledger", "levels")]
-        self.amqp = urlunsplit(parts._replace(query=urlencode(rest)))
+        self.amqp, options = split_options(url, ("native", "ledger", "levels"))
         self.names = options.get("native", "duetime")
         self.levels = int(options.get("levels", "28"))
         self.ledger_path = Path(options.get("ledger", "duetime-native-ledger.db"))
-        from duetime.inputs.urls import redact
 
         self.display = f"RabbitMQ native delays ({self.names}) at {redact(self.amqp)}"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection, Mapping
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from duetime.errors import ConfigurationError
 
@@ -204,13 +204,37 @@ def number_option(
     return value
 
 
+def options_of(url: str) -> dict[str, str]:
+    """A URL's options by name, decoded (a name given twice keeps its last value; an empty value
+    is kept): the one reader of a URL's query. A test looks for other callers of the parser."""
+    return dict(option_pairs(url))
+
+
+def option_pairs(url: str) -> list[tuple[str, str]]:
+    """A URL's options in their order, decoded, a repeated name as often as given."""
+    return parse_qsl(urlsplit(url).query, keep_blank_values=True)
+
+
 def url_options(url: str, known: Collection[str], what: str) -> tuple[str, dict[str, str]]:
-    """The URL without its query, and its options by name (a name given twice keeps its last
-    value): the one reader of a backend URL's options. A name not in ``known`` is refused."""
-    parts = urlsplit(url)
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    """The URL without its query, and its options by name. A name not in ``known`` is refused."""
+    options = options_of(url)
     refuse_unknown(options, known, what, url)
-    return urlunsplit(parts._replace(query="")), options
+    return before_query(url), options
+
+
+def split_options(url: str, ours: Collection[str]) -> tuple[str, dict[str, str]]:
+    """duetime's own options of a URL that also carries its driver's: the URL with only the
+    driver's (in their order, encoded again), and ours by name."""
+    pairs = option_pairs(url)
+    rest = [(k, v) for k, v in pairs if k not in ours]
+    query = f"?{urlencode(rest)}" if rest else ""
+    return before_query(url) + query, {k: v for k, v in pairs if k in ours}
+
+
+def before_query(url: str) -> str:
+    """The URL before its query; not urlunsplit, which drops an empty host (``sqlite:////abs``
+    becomes ``sqlite://abs``, ``postgresql:///db`` loses the local socket)."""
+    return url.split("?", 1)[0]
 
 
 def refuse_unknown(options: Mapping[str, str], known: Collection[str], what: str, url: str) -> None:

@@ -111,3 +111,15 @@ def test_file_seconds_adds_up_each_files_tests_from_a_report(tmp_path: Path) -> 
     out = tmp_path / "file-seconds.json"
     module.main(str(report), out)
     assert json.loads(out.read_text()) == {"tests/contract/test_b.py": 9.0, "tests/unit/test_a.py": 3.5}
+
+
+def test_url_options_are_read_in_one_place() -> None:
+    """duetime.inputs.urls reads every URL's query (options_of, split_options, url_options):
+    seven modules once parsed it each their own way (blank values kept or dropped, the rest
+    encoded again or not, an empty host lost)."""
+    readers = [
+        str(path.relative_to(ROOT))
+        for path in PACKAGE.rglob("*.py")
+        if re.search(r"\bparse_qsl?\b", path.read_text()) and path != PACKAGE / "inputs" / "urls.py"
+    ]
+    assert readers == []

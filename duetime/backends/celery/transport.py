@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from kombu import Connection, Exchange, Producer, Queue
 
@@ -31,7 +31,7 @@ from duetime.errors import (
     server_reason,
 )
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import options_of, redact
 from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import SCHEDULE_HEADER
@@ -95,7 +95,7 @@ class CeleryTransport(AsyncClosing):
             raise ConfigurationError(
                 f"{redact(url)} is not a Celery broker URL: write celery+amqp://… or celery+redis://…"
             )
-        options = {k: _option(v) for k, v in parse_qsl(parts.query)}
+        options = {k: _option(v) for k, v in options_of(url).items()}
         if scheme.startswith("amqp"):
             options.setdefault("confirm_publish", True)
         return cls(check_database(urlunsplit(parts._replace(scheme=scheme, query=""))), options)

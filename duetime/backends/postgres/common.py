@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from duetime.backends._keepalive import LIBPQ
 from duetime.backends._store import (
@@ -22,7 +22,7 @@ from duetime.backends.sqlfiles import load_queries
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError, connection_failed, no_answer, one_line
 from duetime.inputs.identifiers import check_name, quote_identifier
-from duetime.inputs.urls import number_option, redact
+from duetime.inputs.urls import number_option, option_pairs, options_of, redact
 from duetime.message import DelayedMessage, dump_headers
 
 if TYPE_CHECKING:
@@ -81,10 +81,8 @@ class PgOptions:
         parts = urlsplit(url)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ConfigurationError(f"Not a PostgreSQL URL: {redact(url)}; write postgresql://user@host/db.")
-        ours: dict[str, str] = {}
-        theirs: list[tuple[str, str]] = []
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            (ours.__setitem__(key, value) if key in OPTIONS else theirs.append((key, value)))
+        ours = {k: v for k, v in options_of(url).items() if k in OPTIONS}
+        theirs = [(k, v) for k, v in option_pairs(url) if k not in OPTIONS]
         if not any(key == "connect_timeout" for key, _ in theirs):
             theirs.append(("connect_timeout", "5"))  # an unreachable server fails fast, not in minutes
         given = {key for key, _ in theirs}

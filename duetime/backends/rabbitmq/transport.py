@@ -22,7 +22,7 @@ import logging
 from collections.abc import Collection, Sequence
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aio_pika
 import aiormq
@@ -56,7 +56,7 @@ from duetime.errors import (
     one_line,
 )
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import number_option, one_url_per_host, redact
+from duetime.inputs.urls import number_option, one_url_per_host, options_of, redact, split_options
 from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.nservicebus_wire import amqp_properties
@@ -124,11 +124,9 @@ class RabbitMqTransport(AsyncClosing):
 
     @classmethod
     def from_url(cls, url: str) -> RabbitMqTransport:
-        parts = urlsplit(url)
-        ours = dict(parse_qsl(parts.query))
+        ours = options_of(url)
         check_broker_options(ours, url)
-        kept = [(k, v) for k, v in parse_qsl(parts.query) if k not in OWN]
-        plain = urlunsplit(parts._replace(query="&".join(f"{k}={v}" for k, v in kept)))
+        plain, _ = split_options(url, OWN)
         return cls(
             plain,
             queue_type=ours.get("queue_type", "classic"),
@@ -585,7 +583,7 @@ def _with_heartbeat(url: str) -> str:
     """Ask for a 10 s heartbeat unless the URL says otherwise: a partitioned connection is then
     noticed within half a minute, also by a consumer that is only waiting."""
     parts = urlsplit(url)
-    if any(k == "heartbeat" for k, _ in parse_qsl(parts.query)):
+    if "heartbeat" in options_of(url):
         return url
     query = f"{parts.query}&heartbeat=10" if parts.query else "heartbeat=10"
     return urlunsplit(parts._replace(query=query))

@@ -17,7 +17,6 @@ import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, InvalidResponse, ResponseError
@@ -37,7 +36,7 @@ from duetime.backends._redis_database import (
 from duetime.backends.queue_rows import first, received, those
 from duetime.errors import ConfigurationError, DestinationNotFound, TransportUnavailable, server_reason
 from duetime.inputs.identifiers import check_name
-from duetime.inputs.urls import number_option, redact
+from duetime.inputs.urls import number_option, redact, split_options
 from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 
@@ -96,12 +95,8 @@ class RedisTransport(AsyncClosing):
 
     @classmethod
     def from_url(cls, url: str) -> RedisTransport:
-        parts = urlsplit(url)
         ours = {"mode", "prefix", "group", "visibility_timeout", "wait", "wait_timeout"}
-        options = dict(parse_qsl(parts.query))
-        plain = urlunsplit(
-            parts._replace(query="&".join(f"{k}={v}" for k, v in options.items() if k not in ours))
-        )
+        plain, options = split_options(url, ours)
         return cls(
             plain,
             mode=options.get("mode", "stream"),

@@ -11,12 +11,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from duetime.backends._store import load_headers
 from duetime.backends.sqlfiles import load_queries
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, StorageFull
+from duetime.inputs.urls import options_of
 from duetime.message import dump_headers
 
 QUERIES = load_queries("duetime.backends.sqlite")
@@ -46,7 +47,7 @@ def parse_sqlite_url(url: str) -> tuple[Path, dict[str, str]]:
     raw = unquote(parts.path)
     if not raw.startswith("/") or raw == "/":
         raise ConfigurationError(f"SQLite URL {url!r} names no file; e.g. sqlite:///duetime.db.")
-    options = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    options = options_of(url)
     return Path(raw[1:]), options
 
 
