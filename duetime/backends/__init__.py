@@ -8,6 +8,7 @@ small store on Python's ``dbm`` that the test suite runs through it).
 """
 
 from duetime.backends._bridge import AsyncStoreBridge
+from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
@@ -19,6 +20,7 @@ from duetime.backends._store import (
 
 __all__ = [
     "DEFAULT_CLAIM_TIMEOUT",
+    "ROUND_LIMIT",
     "SCHEMA_VERSION",
     "AsyncStoreBridge",
     "Duplicate",

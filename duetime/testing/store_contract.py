@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from duetime.backends._shared_commit import ROUND_LIMIT
+from duetime.backends import ROUND_LIMIT
 from duetime.errors import (
     ConfigurationError,
     DuplicateMessageId,

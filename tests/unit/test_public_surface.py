@@ -101,3 +101,29 @@ def test_every_capability_method_says_what_it_must_guarantee() -> None:
         and not (member.fget if isinstance(member, property) else member).__doc__
     ]
     assert undocumented == []
+
+
+#: Each public subpackage's names, as its ``__all__`` lists them: a change is made on purpose
+#: (and the CHANGELOG says so).
+SUBPACKAGE_SURFACES = {
+    "duetime.backends": {
+        "AsyncStoreBridge", "DEFAULT_CLAIM_TIMEOUT", "Duplicate", "ROUND_LIMIT", "SCHEMA_VERSION",
+        "StoreRules", "by_due", "matches",
+    },
+    "duetime.bulk": {
+        "Exported", "FileTarget", "MigrationResult", "MigrationSpec", "Preview", "Report", "Scheduled",
+        "StoreTarget", "Target", "abort", "backlog", "export", "import_", "lateness", "migrate",
+        "open_target", "preview", "schedule", "spark_session", "write_csv", "write_html",
+    },
+    "duetime.recurring": {"PLANNED_HEADER", "Recurrence", "SCHEDULE_HEADER", "Schedule", "changed", "cron", "every"},
+}  # fmt: skip
+
+
+def test_each_public_subpackage_lists_exactly_its_surface() -> None:
+    import importlib
+
+    for name, surface in SUBPACKAGE_SURFACES.items():
+        module = importlib.import_module(name)
+        listed = set(module.__all__)
+        assert all(hasattr(module, n) for n in listed), name
+        assert listed == surface, f"{name}'s public surface changed: update SUBPACKAGE_SURFACES on purpose"
