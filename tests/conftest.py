@@ -104,6 +104,15 @@ def cli(tmp_path: Path):  # type: ignore[no-untyped-def]
     return call
 
 
+@pytest.fixture
+def pg() -> Iterator[str]:
+    """A PostgreSQL URL whose ``schema=`` is the test's own, dropped afterwards."""
+    from tests.services import postgres_schema
+
+    with postgres_schema() as url:
+        yield url
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """At the end, how many tests were skipped for what (a server that did not answer, a program
     not installed), so a run that skipped says what to install: ``python3 scripts/services.py``."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.services import POSTGRES, RABBITMQ, REDIS, postgres_schema
+from tests.services import POSTGRES, RABBITMQ, REDIS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -99,12 +99,6 @@ async def _run(code: str, namespace: dict[str, Any]) -> None:
     result = eval(compiled, namespace)
     if asyncio.iscoroutine(result):
         await result
-
-
-@pytest.fixture
-def pg() -> Iterator[str]:
-    with postgres_schema() as url:
-        yield url
 
 
 def test_every_python_block_runs_as_written(pg: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

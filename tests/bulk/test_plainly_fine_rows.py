@@ -55,7 +55,7 @@ _ROW = st.tuples(
 
 
 @pytest.fixture(scope="module")
-def pg() -> Iterator[psycopg.Connection[Any]]:
+def conn() -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(POSTGRES, autocommit=True) as conn:
         yield conn
 
@@ -63,11 +63,11 @@ def pg() -> Iterator[psycopg.Connection[Any]]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(_ROW, min_size=1, max_size=40))
 def test_the_server_vouches_only_for_rows_python_finds_nothing_wrong_with(
-    pg: psycopg.Connection[Any], rows: list[tuple[Any, ...]]
+    conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]
 ) -> None:
     columns = list(zip(*rows, strict=True))
     sure = plainly_fine_sql(["i", "d", "u", "h", "NULL", "f", "NULL"])
-    found = pg.execute(
+    found = conn.execute(
         f"SELECT {sure} FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::int[]) "
         "WITH ORDINALITY AS t(i, d, u, h, f, n) ORDER BY n",
         [list(c) for c in columns],
@@ -79,7 +79,7 @@ def test_the_server_vouches_only_for_rows_python_finds_nothing_wrong_with(
             assert store_ready(row[3]), row
 
 
-def test_what_nservicebus_and_duetime_write_is_vouched_for(pg: psycopg.Connection[Any]) -> None:
+def test_what_nservicebus_and_duetime_write_is_vouched_for(conn: psycopg.Connection[Any]) -> None:
     """Else the fast path never fires: compact JSON, escapes and any language's letters."""
     headers = [
         json.dumps({"NServiceBus.MessageId": "7", "Ünïcode": "✓"}, separators=(",", ":"), ensure_ascii=False),
@@ -87,7 +87,7 @@ def test_what_nservicebus_and_duetime_write_is_vouched_for(pg: psycopg.Connectio
         "{}",
     ]
     sure = plainly_fine_sql(["'Sales@host'", "'orders'", "1800000000000000", "h", "NULL", "0", "NULL"])
-    got = pg.execute(f"SELECT {sure} FROM unnest(%s::text[]) AS t(h)", [headers]).fetchall()
+    got = conn.execute(f"SELECT {sure} FROM unnest(%s::text[]) AS t(h)", [headers]).fetchall()
     assert got == [(True,)] * len(headers)
 
 
@@ -95,15 +95,19 @@ def test_what_nservicebus_and_duetime_write_is_vouched_for(pg: psycopg.Connectio
     "micros",
     [0, 1, 999_999, 1_000_000, 1_700_000_000_123_456, 9_007_199_254_740_993, 253_370_764_799_999_999],
 )
-def test_microseconds_become_the_same_instant_in_the_server(pg: psycopg.Connection[Any], micros: int) -> None:
+def test_microseconds_become_the_same_instant_in_the_server(
+    conn: psycopg.Connection[Any], micros: int
+) -> None:
     """``micros * interval '1 microsecond'`` multiplies in double precision: 9998-12-31
     23:59:59.999999 came out as 9999-01-01 00:00:00, outside the supported years."""
-    got = pg.execute(f"SELECT {timestamptz_sql('m')} FROM (SELECT %s::bigint AS m) AS t", [micros]).fetchone()
+    got = conn.execute(
+        f"SELECT {timestamptz_sql('m')} FROM (SELECT %s::bigint AS m) AS t", [micros]
+    ).fetchone()
     assert got is not None and got[0] == from_micros(micros)
 
 
 def test_the_server_leaves_a_body_or_headers_over_the_size_limits_to_python(
-    pg: psycopg.Connection[Any],
+    conn: psycopg.Connection[Any],
 ) -> None:
     from duetime.message import MAX_BODY_BYTES, MAX_HEADERS_BYTES
 
@@ -111,7 +115,7 @@ def test_the_server_leaves_a_body_or_headers_over_the_size_limits_to_python(
     wide = '{"h":"' + "x" * MAX_HEADERS_BYTES + '"}'
     cases = [("{}", b"b" * (MAX_BODY_BYTES + 1)), (wide, b""), ("{}", b"b")]
     got = [
-        pg.execute(f"SELECT {sure} FROM (SELECT %s::text AS h, %s::bytea AS b) AS t", c).fetchone()
+        conn.execute(f"SELECT {sure} FROM (SELECT %s::text AS h, %s::bytea AS b) AS t", c).fetchone()
         for c in cases
     ]
     assert got == [(False,), (False,), (True,)]

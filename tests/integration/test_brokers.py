@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,48 +24,9 @@ from duetime import (
     Transport,
     open_store,
 )
-from tests.services import NATS, RABBITMQ, REDIS, postgres_schema, require
+from tests.services import NATS, REDIS, postgres_schema, require
 
 BROKERS = ["rabbitmq", "redis-stream", "redis-list", "nats"]
-
-
-async def open_broker(kind: str) -> Any:
-    tag = uuid.uuid4().hex[:8]
-    if kind == "rabbitmq":
-        from duetime.backends.rabbitmq import RabbitMqTransport
-
-        require(RABBITMQ)
-        t: Any = RabbitMqTransport.from_url(RABBITMQ)
-    elif kind.startswith("redis"):
-        from duetime.backends.redis import RedisTransport
-
-        require(REDIS)
-        t = RedisTransport.from_url(f"{REDIS}?mode={kind.split('-')[1]}&prefix=duetime-e2e-{tag}:")
-    else:
-        from duetime.backends.nats import NatsTransport
-
-        require(NATS)
-        t = NatsTransport.from_url(f"{NATS}?subject_prefix=duetime-e2e-{tag}.")
-    await t.start()
-    return t
-
-
-async def cleanup(kind: str, t: Any) -> None:
-    if kind.startswith("redis"):
-        keys = [k async for k in t.redis.scan_iter(match=f"{t.prefix}*")]
-        if keys:
-            await t.redis.delete(*keys)
-    else:
-        for queue in list(t.declared):
-            await t.delete(queue)
-    await t.close()
-
-
-@pytest.fixture(params=BROKERS)
-async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    t = await open_broker(request.param)
-    yield t
-    await cleanup(request.param, t)
 
 
 @contextmanager
@@ -125,10 +86,13 @@ async def deliver_and_check(store_url: str, transport: Transport, total: int = 3
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broker", BROKERS, indirect=True)
 @pytest.mark.parametrize("store_kind", ["sqlite", "postgres"])
-async def test_stores_deliver_through_each_broker(broker: Any, store_kind: str, tmp_path: Path) -> None:
+async def test_stores_deliver_through_each_broker(
+    broker: tuple[str, Any], store_kind: str, tmp_path: Path
+) -> None:
     with store_url(store_kind, tmp_path) as url:
-        await deliver_and_check(url, broker)
+        await deliver_and_check(url, broker[1])
 
 
 @pytest.mark.slow

@@ -22,38 +22,31 @@ from duetime import (
 )
 from duetime.backends.sqlite import SqliteStore, SyncSqliteStore
 from duetime.nservicebus.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, front_door_queue
+from tests.integration.conftest import open_broker
 from tests.integration.proxy import proxy_for
-from tests.integration.test_brokers import cleanup, open_broker
 from tests.services import postgres_schema
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["rabbitmq", "redis-stream"])
-async def broker(request: pytest.FixtureRequest) -> Any:
-    t = await open_broker(request.param)
-    yield t
-    await cleanup(request.param, t)
-
-
-async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis-stream"], indirect=True)
+async def test_front_door_on_a_broker(broker: tuple[str, Any], tmp_path: Path) -> None:
+    t = broker[1]
     endpoint = f"shop-{uuid.uuid4().hex[:6]}"
     error_queue = f"{endpoint}.error"
-    await broker.declare("orders-" + endpoint)
+    await t.declare("orders-" + endpoint)
     orders = "orders-" + endpoint
     sync = SyncSqliteStore(tmp_path / "s.db")
     sync.setup_infrastructure(endpoint)
     store = SqliteStore(sync)
-    dispatcher = Dispatcher(
-        store, broker, DelayedDeliverySettings(error_queue=error_queue), endpoint=endpoint
-    )
+    dispatcher = Dispatcher(store, t, DelayedDeliverySettings(error_queue=error_queue), endpoint=endpoint)
     await dispatcher.start()
-    door = FrontDoor(dispatcher, broker, wait=0.2)
+    door = FrontDoor(dispatcher, t, wait=0.2)
     await door.start()
     now = datetime.now(UTC)
-    await send_delayed(broker, endpoint, orders, b"now", delay=0, message_id="due-now")
-    await send_delayed(broker, endpoint, orders, b"later", delay=3600, message_id="later", headers={"k": "v"})
-    await send_delayed(broker, endpoint, orders, b"later", delay=3600, message_id="later")  # redelivery
+    await send_delayed(t, endpoint, orders, b"now", delay=0, message_id="due-now")
+    await send_delayed(t, endpoint, orders, b"later", delay=3600, message_id="later", headers={"k": "v"})
+    await send_delayed(t, endpoint, orders, b"later", delay=3600, message_id="later")  # redelivery
     nsb_due = "2031-05-06 07:08:09:123456 Z"
     raw = [
         DelayedMessage(
@@ -90,16 +83,16 @@ async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
             },
         ),
     ]
-    assert await broker.send_batch(raw) == [None] * 5
+    assert await t.send_batch(raw) == [None] * 5
     running = asyncio.gather(dispatcher.run(), door.run())
     got: list[Any] = []
     for _ in range(50):
-        got += await broker.receive(orders, 10, 0.1)
+        got += await t.receive(orders, 10, 0.1)
         if got and door.stored >= 5:
             break
-    await broker.acknowledge(got)
-    dead = await broker.receive(error_queue, 10, 2.0)
-    await broker.acknowledge(dead)
+    await t.acknowledge(got)
+    dead = await t.receive(error_queue, 10, 2.0)
+    await t.acknowledge(dead)
     dispatcher.stop()
     await running
     assert [m.message_id for m in got] == ["due-now"] and got[0].body == b"now"
@@ -116,11 +109,13 @@ async def test_front_door_on_a_broker(broker: Any, tmp_path: Path) -> None:
     assert forged is not None and forged.headers["kept"] == "yes"
     assert not [name for name in forged.headers if name.startswith("duetime-error-")], forged.headers
     assert (await store.counts(datetime.now(UTC))).total == 3  # later (once), nsb and forged
-    assert await broker.receive(front_door_queue(endpoint), 10, 0.3) == []  # all acknowledged
+    assert await t.receive(front_door_queue(endpoint), 10, 0.3) == []  # all acknowledged
     await store.close()
 
 
-async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> None:
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis-stream"], indirect=True)
+async def test_storage_outage_leaves_envelopes_on_the_broker(broker: tuple[str, Any]) -> None:
+    kind, t = broker
     endpoint = f"out-{uuid.uuid4().hex[:6]}"
     with postgres_schema() as pg, proxy_for(pg) as proxy:
         from duetime.backends.postgres import PostgresStore, SyncPostgresStore
@@ -133,24 +128,24 @@ async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> Non
             failure_backoff=timedelta(seconds=0.2),
             error_queue=f"{endpoint}.error",
         )
-        dispatcher = Dispatcher(store, broker, settings, endpoint=endpoint)
+        dispatcher = Dispatcher(store, t, settings, endpoint=endpoint)
         await dispatcher.start()
-        door = FrontDoor(dispatcher, broker, wait=0.2)
+        door = FrontDoor(dispatcher, t, wait=0.2)
         await door.start()
-        await broker.declare("orders")
+        await t.declare("orders")
         for i in range(3):
-            await send_delayed(broker, endpoint, "orders", b"x", delay=3600, message_id=f"o{i}")
+            await send_delayed(t, endpoint, "orders", b"x", delay=3600, message_id=f"o{i}")
         proxy.cut()
         with pytest.raises(CriticalError, match="fetching timeouts from storage"):
             await asyncio.wait_for(asyncio.gather(dispatcher.run(), door.run()), 30)
         await store.close()
         direct.close()
     # nothing was acknowledged: a fresh consumer gets all three back
-    again = await open_broker("rabbitmq" if type(broker).__name__.startswith("Rabbit") else "redis-stream")
-    if type(broker).__name__.startswith("Redis"):
-        again.prefix, again.visibility_ms = broker.prefix, 0
+    again = await open_broker(kind)
+    if kind.startswith("redis"):
+        again.prefix, again.visibility_ms = t.prefix, 0
     else:
-        await broker.close()  # the unacknowledged deliveries go back to the queue
+        await t.close()  # the unacknowledged deliveries go back to the queue
     got: list[Any] = []
     for _ in range(20):
         got += await again.receive(front_door_queue(endpoint), 10, 0.2)
@@ -159,8 +154,8 @@ async def test_storage_outage_leaves_envelopes_on_the_broker(broker: Any) -> Non
     await again.acknowledge(got)
     assert sorted(m.message_id for m in got) == ["o0", "o1", "o2"]
     await again.close()
-    if type(broker).__name__.startswith("Rabbit"):
-        await broker.start()
+    if kind == "rabbitmq":
+        await t.start()
 
 
 def test_send_delayed_from_the_command_line(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,7 +28,7 @@ from duetime.live_dispatchers import EXPIRY, HEARTBEAT_INTERVAL
 from tests.conftest import duetime_cmd, run_cli
 from tests.integration.proxy import proxy_for
 from tests.integration.test_rabbitmq_crash import RabbitConsumer
-from tests.services import RABBITMQ, free_port, postgres_schema, require, shown, until
+from tests.services import RABBITMQ, free_port, require, shown, until
 
 pytestmark = pytest.mark.slow
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -69,12 +69,6 @@ def scrape_until(port: int, check: Callable[[Samples], bool], seconds: float, wh
 
     until(look, seconds, what)
     return found[0]
-
-
-@pytest.fixture
-def pg() -> Iterator[str]:
-    with postgres_schema() as url:
-        yield url
 
 
 def setup_store(url: str, endpoint: str) -> SyncPostgresStore:

@@ -10,7 +10,6 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,13 +31,7 @@ from duetime.backends.postgres import (
 )
 from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
 from tests.integration.consumer import RecordingConsumer
-from tests.services import postgres_schema, with_option
-
-
-@pytest.fixture
-def pg() -> Iterator[str]:
-    with postgres_schema() as url:
-        yield url
+from tests.services import with_option
 
 
 def prepare(url: str, endpoint: str, *queues: str) -> SyncPostgresStore:

@@ -30,15 +30,8 @@ from duetime.backends.postgres import (
 from duetime.backends.sqlite import SqliteQueueTransport, SyncSqliteQueue
 from duetime.nservicebus.frontdoor import envelope_headers
 from tests.integration.proxy import TcpProxy, proxy_for
-from tests.services import postgres_schema
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def pg() -> Iterator[str]:
-    with postgres_schema() as url:
-        yield url
 
 
 @pytest.fixture

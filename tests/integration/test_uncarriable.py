@@ -11,7 +11,6 @@ it cannot (the same limits) it stays stored, its failure counted and tried again
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,19 +20,13 @@ import pytest
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode, open_store
 from duetime.clock import SYSTEM
 from duetime.errorqueue import ERROR_MESSAGE, kept_in_store
+from duetime.message import MAX_BODY_BYTES
 from duetime.operations.error_queue import discard, goes_to, send_back, take
 from tests.conftest import run_cli
-from tests.integration.test_brokers import cleanup, open_broker
+from tests.integration.conftest import cleanup, open_broker
 from tests.services import RABBITMQ
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(params=["rabbitmq", "nats"])
-async def broker(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, Any]]:
-    t = await open_broker(request.param)
-    yield request.param, t
-    await cleanup(request.param, t)
 
 
 def refused_on(kind: str) -> dict[str, dict[str, str] | bytes]:
@@ -56,6 +49,7 @@ def refused_on(kind: str) -> dict[str, dict[str, str] | bytes]:
     }
 
 
+@pytest.mark.parametrize("broker", ["rabbitmq", "nats"], indirect=True)
 async def test_a_message_the_broker_can_never_carry_fails_alone(
     broker: tuple[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -229,7 +223,10 @@ async def test_a_message_that_breaks_the_connection_fails_alone_and_the_rest_is_
     try:
         good = [DelayedMessage.create(queue, f"good {i}".encode(), delay=0) for i in range(5)]
         bad = DelayedMessage.create(queue, body, delay=0, headers=headers)
-        await store.store_many([good[0], bad, *good[1:]])
+        if len(body) > MAX_BODY_BYTES:  # stored before sizes were bounded: read as it is
+            await asyncio.to_thread(store.sync._insert, [good[0], bad, *good[1:]])  # type: ignore[attr-defined]
+        else:
+            await store.store_many([good[0], bad, *good[1:]])
         dispatcher = Dispatcher(store, transport, settings, endpoint="s")
         stats = await dispatcher.run_burst()
         got = await transport.receive(queue, 20, 2.0)
