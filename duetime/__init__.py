@@ -45,6 +45,7 @@ from duetime.interfaces import (
 from duetime.message import DelayedMessage, new_message_id
 from duetime.nservicebus.frontdoor import FrontDoor, send_delayed
 from duetime.registry import connect, connect_sync, open_store, open_sync_store, open_transport
+from duetime.service import Service
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 from duetime.version import __version__ as __version__
 
@@ -77,6 +78,7 @@ __all__ = [
     "ReceivingTransport",
     "ScheduleExists",
     "ScheduleNotFound",
+    "Service",
     "Settled",
     "StoreCounts",
     "StoreNotReady",

@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
@@ -30,19 +31,16 @@ from duetime.cli.terminal import EXIT_CRITICAL, console, fail, guarded, say
 from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
-from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher, run_until_signal
-from duetime.errors import ConfigurationError, DuetimeError, InvalidSetting, one_line
+from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher
+from duetime.errors import DuetimeError, InvalidSetting, one_line
 from duetime.inputs.urls import redact
-from duetime.interfaces import ReceivingTransport, ServerClock
-from duetime.nservicebus.frontdoor import FrontDoor, front_door_queue
+from duetime.interfaces import DeliveryLog, ServerClock
+from duetime.nservicebus.frontdoor import front_door_queue
 from duetime.observability.deliverylog import SqlDeliveryLog, open_delivery_log
-from duetime.observability.heartbeat import Heartbeat
 from duetime.observability.logs import LogFormat
 from duetime.registry import has_default_transport, open_store, open_transport
+from duetime.service import Service
 from duetime.settings import DelayedDeliverySettings, TransactionMode
-
-if TYPE_CHECKING:
-    from duetime.observability.probes import ProbeServer
 
 
 @app.command()
@@ -88,85 +86,105 @@ def setup(
         say("declared:", "green", f"{', '.join(names)} on {redact(where)}")
 
 
+# The options of `duetime run`.
+ModeOpt = Annotated[
+    TransactionMode | None,
+    typer.Option(
+        help="Default: exactly-once where the transport shares the store's transaction (a SQLite "
+        "or PostgreSQL store delivering into its own queue tables), at-least-once otherwise."
+    ),
+]
+
+BurstOpt = Annotated[
+    bool,
+    typer.Option(help="Store what waits at the front door, forward what is due now, then exit (cron-style)."),
+]
+
+RetriesOpt = Annotated[int | None, typer.Option(help="NumberOfRetries before the error queue (default 0).")]
+
+BatchSizeOpt = Annotated[int | None, typer.Option(help="Messages claimed per round trip (default 100).")]
+
+FrontDoorOpt = Annotated[
+    bool,
+    typer.Option(
+        "--front-door/--no-front-door",
+        envvar="DUETIME_FRONT_DOOR",
+        help="Also store what senders put on the <endpoint>.Timeouts queue (NServiceBus's timeout "
+        "manager queue; the old name <endpoint>.timeouts too while it exists). Needs a transport "
+        "duetime can read from: RabbitMQ, NATS, Redis streams or the store's own queue tables.",
+    ),
+]
+
+SetupOpt = Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")]
+
+DeliveryLogOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Log every delivery for `duetime bulk report`: jsonl:/folder, or a database URL "
+        "(table duetime_delivery_log).",
+        envvar="DUETIME_DELIVERY_LOG",
+    ),
+]
+
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Log every batch (debug level).")]
+
+LogFormatOpt = Annotated[
+    LogFormat,
+    typer.Option(
+        "--log-format",
+        envvar="DUETIME_LOG_FORMAT",
+        help="text (one line per record, UTC timestamps) or json (one object per line).",
+    ),
+]
+
+MetricsPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        envvar="DUETIME_METRICS_PORT",
+        min=0,
+        max=65535,
+        help="Serve Prometheus metrics on /metrics and the probes /healthz (alive) and /readyz "
+        "(store and transport reachable) on this port. Needs duetime\\[metrics].",
+    ),
+]
+
+MetricsHostOpt = Annotated[
+    str,
+    typer.Option(
+        envvar="DUETIME_METRICS_HOST",
+        help="Address the metrics port listens on; 0.0.0.0 to let other machines (Prometheus, "
+        "a kubelet) reach it.",
+    ),
+]
+
+ReadyAfterOpt = Annotated[
+    float,
+    typer.Option(
+        envvar="DUETIME_READY_AFTER",
+        min=0,
+        help="/readyz answers 503 once a circuit breaker has been failing this many seconds.",
+    ),
+]
+
+
 @app.command()
 def run(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
     transport: TransportOpt = None,
-    mode: Annotated[
-        TransactionMode | None,
-        typer.Option(
-            help="Default: exactly-once where the transport shares the store's transaction (a SQLite "
-            "or PostgreSQL store delivering into its own queue tables), at-least-once otherwise."
-        ),
-    ] = None,
-    burst: Annotated[
-        bool,
-        typer.Option(
-            help="Store what waits at the front door, forward what is due now, then exit (cron-style)."
-        ),
-    ] = False,
-    retries: Annotated[
-        int | None, typer.Option(help="NumberOfRetries before the error queue (default 0).")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Messages claimed per round trip (default 100).")
-    ] = None,
+    mode: ModeOpt = None,
+    burst: BurstOpt = False,
+    retries: RetriesOpt = None,
+    batch_size: BatchSizeOpt = None,
     error_queue: ErrorQueueOpt = "error",
-    front_door: Annotated[
-        bool,
-        typer.Option(
-            "--front-door/--no-front-door",
-            envvar="DUETIME_FRONT_DOOR",
-            help="Also store what senders put on the <endpoint>.Timeouts queue (NServiceBus's timeout "
-            "manager queue; the old name <endpoint>.timeouts too while it exists). Needs a transport "
-            "duetime can read from: RabbitMQ, NATS, Redis streams or the store's own queue tables.",
-        ),
-    ] = False,
-    auto_setup: Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")] = True,
-    delivery_log: Annotated[
-        str | None,
-        typer.Option(
-            help="Log every delivery for `duetime bulk report`: jsonl:/folder, or a database URL "
-            "(table duetime_delivery_log).",
-            envvar="DUETIME_DELIVERY_LOG",
-        ),
-    ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every batch (debug level).")] = False,
-    log_format: Annotated[
-        LogFormat,
-        typer.Option(
-            "--log-format",
-            envvar="DUETIME_LOG_FORMAT",
-            help="text (one line per record, UTC timestamps) or json (one object per line).",
-        ),
-    ] = LogFormat.TEXT,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            envvar="DUETIME_METRICS_PORT",
-            min=0,
-            max=65535,
-            help="Serve Prometheus metrics on /metrics and the probes /healthz (alive) and /readyz "
-            "(store and transport reachable) on this port. Needs duetime\\[metrics].",
-        ),
-    ] = None,
-    metrics_host: Annotated[
-        str,
-        typer.Option(
-            envvar="DUETIME_METRICS_HOST",
-            help="Address the metrics port listens on; 0.0.0.0 to let other machines (Prometheus, "
-            "a kubelet) reach it.",
-        ),
-    ] = "127.0.0.1",
-    ready_after: Annotated[
-        float,
-        typer.Option(
-            envvar="DUETIME_READY_AFTER",
-            min=0,
-            help="/readyz answers 503 once a circuit breaker has been failing this many seconds.",
-        ),
-    ] = 10.0,
+    front_door: FrontDoorOpt = False,
+    auto_setup: SetupOpt = True,
+    delivery_log: DeliveryLogOpt = None,
+    verbose: VerboseOpt = False,
+    log_format: LogFormatOpt = LogFormat.TEXT,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
+    ready_after: ReadyAfterOpt = 10.0,
 ) -> None:
     """Run the dispatcher until SIGTERM/SIGINT. Settings also come from DUETIME_* variables.
 
@@ -174,17 +192,10 @@ def run(
     exit code 3, so a supervisor restarts it; a stop signal finishes the batch in flight first.
     """
     configure_logging(verbose, log_format)
-    flags = {"transaction_mode": "--mode", "number_of_retries": "--retries", "batch_size": "--batch-size"}
-    flags["error_queue"] = "--error-queue"
-    given: dict[str, Any] = {"transaction_mode": mode, "number_of_retries": retries, "batch_size": batch_size}
-    given["error_queue"] = error_queue
-    changes = {key: value for key, value in given.items() if value is not None}
-    try:  # refused before anything opens, naming the flag as it was typed
-        base_settings = DelayedDeliverySettings.from_env().with_changes(**changes)
-    except InvalidSetting as wrong:
-        if wrong.setting in changes:
-            raise wrong.named(f"{flags[wrong.setting]} {changes[wrong.setting]}") from None
-        raise
+    base_settings = _settings(
+        {"--mode": mode, "--retries": retries, "--batch-size": batch_size, "--error-queue": error_queue}
+    )
+    shown = transport_url_for(store, transport)
 
     async def go() -> None:
         settings = base_settings
@@ -192,91 +203,118 @@ def run(
             # whatever was opened is closed, also when a later step of the start fails
             s = open_store(store, claim_timeout=settings.claim_timeout)
             opened.push_async_callback(_close, s.close)
-            t = open_transport(transport_url_for(store, transport))
+            t = open_transport(shown)
             opened.push_async_callback(_close, t.close)
-            if front_door and not isinstance(t, ReceivingTransport):
-                raise ConfigurationError(
-                    f"--front-door needs a transport duetime can read the {front_door_queue(endpoint)} "
-                    f"queue from; {redact(transport_url_for(store, transport))} is not one (use RabbitMQ, "
-                    "NATS, Redis streams or the store's own queue tables), or leave --front-door out."
-                )
             if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
                 settings = settings.with_changes(transaction_mode=safest_mode(s, t))
-            if auto_setup:
-                await s.setup_infrastructure(endpoint)
-            log = None if delivery_log is None else open_delivery_log(delivery_log)
-            if log is not None:
-                opened.push_async_callback(_close, log.close)
-            if isinstance(log, SqlDeliveryLog):
-                await asyncio.to_thread(log.reach)
-            await _dispatch(Dispatcher(s, t, settings, endpoint=endpoint, delivery_log=log), t, settings)
-
-    async def _say_dispatching(dispatcher: Dispatcher, settings: DelayedDeliverySettings) -> None:
-        """ "dispatching" once it is: the store answered and the transport connected (a wrong
-        broker password was said to be dispatching before it failed)."""
-        await dispatcher.connected()
-        logging.getLogger("duetime").info(
-            "dispatching endpoint %s from %s to %s, %s%s; Ctrl-C to stop",
-            endpoint,
-            redact(store),
-            redact(transport_url_for(store, transport)),
-            settings.transaction_mode.value,
-            f", and storing what arrives on {front_door_queue(endpoint)}" if front_door else "",
-        )
-
-    async def _dispatch(dispatcher: Dispatcher, t: object, settings: DelayedDeliverySettings) -> None:
-        try:
-            await _dispatch_until_stopped(dispatcher, t, settings)
-        finally:
-            _leave_if_stuck(dispatcher, settings)
-
-    async def _dispatch_until_stopped(
-        dispatcher: Dispatcher, t: object, settings: DelayedDeliverySettings
-    ) -> None:
-        if burst:
-            if front_door and isinstance(t, ReceivingTransport):
-                await dispatcher.start()
-                door = FrontDoor(dispatcher, t, wait=0.5)
-                await door.start()
-                while await door.process_once():  # take in what waits at the front door first
-                    pass
-            stats = await dispatcher.run_burst()
-            # recorded as a dispatcher that ran and stopped: `stats` said none had run
-            await Heartbeat(dispatcher, redact(transport_url_for(store, transport))).beat(stopped=True)
-            console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
-            return
-        # the probes' port first: one in use is an error before any companion coroutine exists
-        probes = (
-            None if metrics_port is None else _probes(dispatcher, metrics_host, metrics_port, ready_after)
-        )
-        extra = [
-            Heartbeat(dispatcher, redact(transport_url_for(store, transport))).run(),
-            _on_stop(dispatcher, lambda: _leave_if_stuck(dispatcher, settings)),
-        ]
-        if probes is not None:
-            extra.append(probes.run())
-        if front_door and isinstance(t, ReceivingTransport):
-            extra.append(FrontDoor(dispatcher, t).run())
-        extra.append(_say_dispatching(dispatcher, settings))
-        await run_until_signal(dispatcher, *extra)
-        done = dispatcher.stats
-        logging.getLogger("duetime").info(
-            "stopped: forwarded %s, to the error queue %s, retried %s, outages %s since it started",
-            f"{done.forwarded:,}",
-            f"{done.dead_lettered:,}",
-            f"{done.retries:,}",
-            f"{done.outages:,}",
-            extra={
-                "fields": {
-                    "forwarded": done.forwarded,
-                    "dead_lettered": done.dead_lettered,
-                    "retried": done.retries,
-                    "outages": done.outages,
-                }
-            },
-        )
+            log = await _open_log(delivery_log, opened)
+            service = Service(
+                s,
+                t,
+                settings,
+                endpoint=endpoint,
+                front_door=front_door,
+                metrics_port=None if burst else metrics_port,
+                metrics_host=metrics_host,
+                ready_after=ready_after,
+                delivery_log=log,
+                setup=auto_setup,
+                transport_name=redact(shown),
+            )
+            try:
+                await (_burst(service) if burst else _serve(service, redact(store)))
+            finally:
+                _leave_if_stuck(service.dispatcher, settings)
 
     _run(go)
+
+
+#: The settings each of `run`'s flags sets.
+_FLAGS = {
+    "--mode": "transaction_mode",
+    "--retries": "number_of_retries",
+    "--batch-size": "batch_size",
+    "--error-queue": "error_queue",
+}
+
+
+def _settings(flags: dict[str, Any]) -> DelayedDeliverySettings:
+    """The settings from DUETIME_* variables and the flags given; a wrong value is refused before
+    anything opens, naming the flag as it was typed."""
+    changes = {_FLAGS[flag]: value for flag, value in flags.items() if value is not None}
+    try:
+        return DelayedDeliverySettings.from_env().with_changes(**changes)
+    except InvalidSetting as wrong:
+        flag = next((f for f, name in _FLAGS.items() if name == wrong.setting), None)
+        if flag is not None and flags[flag] is not None:
+            raise wrong.named(f"{flag} {flags[flag]}") from None
+        raise
+
+
+async def _open_log(where: str | None, opened: contextlib.AsyncExitStack) -> DeliveryLog | None:
+    """The delivery log asked for, open and reachable, closed with the rest of the run."""
+    if where is None:
+        return None
+    log = open_delivery_log(where)
+    opened.push_async_callback(_close, log.close)
+    if isinstance(log, SqlDeliveryLog):
+        await asyncio.to_thread(log.reach)
+    return log
+
+
+async def _burst(service: Service) -> None:
+    stats = await service.run_burst()
+    console.print(f"forwarded {stats.forwarded}, to the error queue {stats.dead_lettered}")
+
+
+async def _serve(service: Service, store: str) -> None:
+    """The service until SIGTERM or SIGINT (or a tripped breaker), with the lines an operator
+    reads: "dispatching" once the store answered and the transport connected (a wrong broker
+    password was said to be dispatching before it failed), and what it did when it stops."""
+    dispatcher = service.dispatcher
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop)
+    watch = asyncio.ensure_future(
+        _on_stop(dispatcher, lambda: _leave_if_stuck(dispatcher, dispatcher.settings))
+    )
+    try:
+        await service.start()
+        if not dispatcher.stopping:
+            door = (
+                f", and storing what arrives on {front_door_queue(service.endpoint)}"
+                if service.front_door
+                else ""
+            )
+            logging.getLogger("duetime").info(
+                "dispatching endpoint %s from %s to %s, %s%s; Ctrl-C to stop",
+                service.endpoint,
+                store,
+                service.transport_name,
+                dispatcher.settings.transaction_mode.value,
+                door,
+            )
+        await service.wait()
+    finally:
+        watch.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    done = dispatcher.stats
+    logging.getLogger("duetime").info(
+        "stopped: forwarded %s, to the error queue %s, retried %s, outages %s since it started",
+        f"{done.forwarded:,}",
+        f"{done.dead_lettered:,}",
+        f"{done.retries:,}",
+        f"{done.outages:,}",
+        extra={
+            "fields": {
+                "forwarded": done.forwarded,
+                "dead_lettered": done.dead_lettered,
+                "retried": done.retries,
+                "outages": done.outages,
+            }
+        },
+    )
 
 
 async def _on_stop(dispatcher: Dispatcher, then: Callable[[], None]) -> None:
@@ -397,21 +435,6 @@ async def _quietly(closing: Awaitable[None]) -> None:
         await within(closing, 5.0, "closing")
     except Exception as error:
         logging.getLogger("duetime").debug("closing failed: %s", one_line(error))
-
-
-def _probes(dispatcher: Dispatcher, host: str, port: int, ready_after: float) -> ProbeServer:
-    """The metrics and probe server, its port bound now (a port in use is a one-line error)."""
-    from duetime.observability.metrics import instrument
-    from duetime.observability.probes import ProbeServer, bind
-
-    sock = bind(host, port)
-    registry, backlog = instrument(dispatcher)
-    server = ProbeServer(dispatcher, registry, backlog, sock, ready_after=ready_after)
-    address, bound = server.address
-    logging.getLogger("duetime").info(
-        "metrics on http://%s:%d/metrics, probes /healthz and /readyz", address, bound
-    )
-    return server
 
 
 #: The demo keeps every id it scheduled to check each arrives once: bounded, so a typo of a few

@@ -456,20 +456,6 @@ class Dispatcher:
             wake.target, wake.asleep = None, False
 
 
-async def run_until_signal(dispatcher: Dispatcher, *extra: Awaitable[None]) -> None:
-    """Run the dispatcher (and companions such as the front door) until SIGTERM/SIGINT."""
-    import signal
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, dispatcher.stop)
-    try:
-        await asyncio.gather(dispatcher.run(), *extra)
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-
-
 def check_dispatcher_inputs(store: object, transport: object) -> None:
     """A clear error when someone passes a URL or the wrong object where a backend belongs."""
     require(store, DelayedMessageStore, "the store", "duetime.open_store(url) opens one from a URL.")

@@ -314,7 +314,9 @@ def test_the_front_door_is_on_only_when_asked_for(cli, tmp_path) -> None:  # typ
     refused = cli(
         "run", "--burst", "--front-door", "--transport", "celery+amqp://u:p@nowhere.invalid//", ok=False
     )
-    assert refused.returncode == 1 and "--front-door needs a transport" in refused.stderr, refused.stderr
+    assert refused.returncode == 1 and "front door (--front-door) needs a transport" in refused.stderr, (
+        refused.stderr
+    )
     assert len(refused.stderr.strip().splitlines()) == 1 and ":p@" not in refused.stderr
     proc = subprocess.Popen(
         duetime_cmd("run", "--front-door"), cwd=tmp_path, stderr=subprocess.PIPE, text=True

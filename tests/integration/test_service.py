@@ -1,0 +1,94 @@
+"""duetime.Service inside an application's own process: a plain asyncio program, and a web app's
+lifespan (Starlette's, which is FastAPI's) served by uvicorn. Each delivers what it is given and
+stops cleanly when the program or the server ends: the batch in flight finished, no task left."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import duetime
+from duetime.interfaces import ReceivedMessage
+
+
+async def _receive(transport: Any, queue: str, seconds: float) -> list[ReceivedMessage]:
+    got: list[ReceivedMessage] = []
+    for _ in range(int(seconds / 0.2)):
+        got += await transport.receive(queue, 10, 0.2)
+        if got:
+            await transport.acknowledge(got)
+            return got
+    return got
+
+
+def _leftover_tasks() -> set[asyncio.Task[Any]]:
+    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()}
+
+
+async def test_a_service_in_an_asyncio_program_delivers_and_stops_cleanly(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    before = _leftover_tasks()
+    async with duetime.open_store(url) as store, duetime.open_transport(url) as transport:
+        await transport.declare("orders")
+        async with duetime.Service(store, transport, endpoint="shop") as service:
+            client = await duetime.DelayedMessageClient(store, endpoint="shop").open()
+            sent = await client.schedule("orders", b"ship it", delay=0.3)
+            got = await _receive(transport, "orders", 10)
+            assert [m.message_id for m in got] == [sent.message_id]
+            assert service.dispatcher.started
+        assert service.dispatcher.stopping and service.dispatcher.critical_error is None
+        listed = await store.dispatchers()  # type: ignore[attr-defined]
+        assert [d.endpoint for d in listed] == ["shop"]  # its heartbeat said it was there
+    assert _leftover_tasks() <= before  # nothing of the service is left running
+
+
+async def test_a_service_in_a_web_apps_lifespan_serves_while_the_app_does(tmp_path: Path) -> None:
+    """The lifespan FastAPI documents (``FastAPI(lifespan=...)``) is Starlette's: an endpoint
+    schedules, the service delivers, and stopping the server stops the service."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    url = f"sqlite:///{tmp_path / 'web.db'}"
+    store, transport = duetime.open_store(url), duetime.open_transport(url)
+    services: list[duetime.Service] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await transport.declare("emails")
+        async with duetime.Service(store, transport, endpoint="web") as service:
+            services.append(service)
+            app.state.client = await duetime.DelayedMessageClient(store, endpoint="web").open()
+            yield
+        await store.close()
+
+    async def remind(request: Request) -> PlainTextResponse:
+        sent = await request.app.state.client.schedule("emails", await request.body(), delay=0.2)
+        return PlainTextResponse(sent.message_id)
+
+    app = Starlette(routes=[Route("/remind", remind, methods=["POST"])], lifespan=lifespan)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="on", log_level="warning"))
+    serving = asyncio.ensure_future(server.serve())
+    for _ in range(100):
+        if server.started:
+            break
+        await asyncio.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    asked = urllib.request.Request(f"http://127.0.0.1:{port}/remind", data=b"hello", method="POST")
+    message_id = await asyncio.to_thread(lambda: urllib.request.urlopen(asked, timeout=10).read().decode())
+    reader = duetime.open_transport(url)
+    got = await _receive(reader, "emails", 10)
+    assert [(m.message_id, m.body) for m in got] == [(message_id, b"hello")]
+    server.should_exit = True
+    await asyncio.wait_for(serving, 30)
+    assert services[0].dispatcher.stopping and services[0].dispatcher.critical_error is None
+    await reader.close()
+    await transport.close()
