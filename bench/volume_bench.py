@@ -339,6 +339,7 @@ def first_line_and_memory(p: Place) -> tuple[float, float]:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+    drain.join(10)
     sink.close()
     return first, memory
 
