@@ -44,6 +44,10 @@ CREATE INDEX IF NOT EXISTS {index_claim} ON {table} (claimed_until) WHERE claim_
 -- name: create_store_destination_index
 CREATE INDEX IF NOT EXISTS {index_destination} ON {table} (destination, due_at);
 
+-- Counting what failed reads this, not every row (a million rows of bodies took a second).
+-- name: create_store_failing_index
+CREATE INDEX IF NOT EXISTS {index_failing} ON {table} (due_at) WHERE failure_count > 0;
+
 -- name: record_version
 INSERT INTO duetime_schema (component, version) VALUES (?, ?)
 ON CONFLICT (component) DO UPDATE SET version = max(version, excluded.version);
@@ -151,11 +155,15 @@ SELECT count(*) FROM {table} WHERE due_at <= :at;
 -- name: count_group
 SELECT count(*) FROM {table} WHERE group_key = ?;
 
--- name: count_all
-SELECT count(*), coalesce(sum(due_at <= :at), 0),
-       coalesce(sum(claim_token IS NOT NULL AND claimed_until > :at), 0),
-       coalesce(sum(failure_count > 0), 0)
-FROM {table};
+-- Each count reads an index, never the rows (with their bodies).
+-- name: count_total
+SELECT count(*) FROM {table};
+
+-- name: count_claimed
+SELECT count(*) FROM {table} WHERE claim_token IS NOT NULL AND claimed_until > :at;
+
+-- name: count_failing
+SELECT count(*) FROM {table} WHERE failure_count > 0;
 
 -- name: count_by_destination
 SELECT destination, count(*) FROM {table} GROUP BY destination ORDER BY count(*) DESC LIMIT 1000;

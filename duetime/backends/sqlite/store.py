@@ -8,11 +8,12 @@ claims come back when the lease runs out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -90,6 +91,11 @@ class SyncSqliteStore(StoreRules):
         self._table_override = None if table is None else check_name("table", table)
         self._conn = connect(self.path, synchronous, busy_timeout)
         self._lock = threading.RLock()
+        # what an operator reads (counts, pages, a group's size) goes through a connection of its
+        # own: WAL lets it read while the dispatcher writes, so a count of a million rows never
+        # holds the dispatcher's connection (it made deliveries a second late)
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncSqliteStore:
@@ -114,6 +120,7 @@ class SyncSqliteStore(StoreRules):
             "index_claim": quote_identifier(f"{table}_claim"),
             "index_destination": quote_identifier(f"{table}_destination"),
             "index_group": quote_identifier(f"{table}_group"),
+            "index_failing": quote_identifier(f"{table}_failing"),
         }
         return {"table": names["table"]} | {name: sql.format(**names) for name, sql in QUERIES.items()}
 
@@ -131,6 +138,7 @@ class SyncSqliteStore(StoreRules):
                 "create_store_due_index",
                 "create_store_claim_index",
                 "create_store_destination_index",
+                "create_store_failing_index",
             ):
                 self._conn.execute(q[name])
             columns = {r[0] for r in self._conn.execute(q["store_columns"], {"table": table})}
@@ -218,8 +226,8 @@ class SyncSqliteStore(StoreRules):
         return self._write_each(self.q["delete_group_unclaimed"], [row])
 
     def _count_group(self, group: str) -> int:
-        with self._lock:
-            return int(self._conn.execute(self.q["count_group"], (group,)).fetchone()[0])
+        with self._reading() as conn:
+            return int(conn.execute(self.q["count_group"], (group,)).fetchone()[0])
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         row = (to_micros(due_at), message_id, to_micros(now))
@@ -287,13 +295,21 @@ class SyncSqliteStore(StoreRules):
                 raise schedules_need_setup() from None
             raise
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The operator's connection (opened on first use), for reads that may take long."""
+        with self._read_lock:
+            if self._reader is None:
+                self._reader = connect(self.path, "normal", self._conn.write_lock_timeout)
+            yield self._reader
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, ":{}", to_micros)
         sql = (
             f"SELECT {_COLUMNS} FROM {self.q['table']} WHERE {where} ORDER BY due_at, message_id LIMIT :limit"
         )
-        with self._lock:
-            rows = self._conn.execute(sql, params | {"limit": limit}).fetchall()
+        with self._reading() as conn:
+            rows = conn.execute(sql, params | {"limit": limit}).fetchall()
         return [_message(r) for r in rows]
 
     def _count_due(self, at: datetime) -> int:
@@ -301,20 +317,29 @@ class SyncSqliteStore(StoreRules):
             return int(self._conn.execute(self.q["count_due"], {"at": to_micros(at)}).fetchone()[0])
 
     def _count_destinations(self) -> int:
-        return int(self._conn.execute(self.q["count_destinations"]).fetchone()[0])
+        with self._reading() as conn:
+            return int(conn.execute(self.q["count_destinations"]).fetchone()[0])
 
     def _count(self, at: datetime) -> StoreCounts:
-        q = self.q
-        with self._lock:
-            total, due, claimed, failing = self._conn.execute(
-                q["count_all"], {"at": to_micros(at)}
-            ).fetchone()
-            by_destination = dict(self._conn.execute(q["count_by_destination"]).fetchall())
+        q, now = self.q, {"at": to_micros(at)}
+        with self._reading() as conn:
+            conn.execute("BEGIN")  # one snapshot for every figure
+            try:
+                total, due, claimed, failing = (
+                    conn.execute(q[name], now if ":at" in q[name] else {}).fetchone()[0]
+                    for name in ("count_total", "count_due", "count_claimed", "count_failing")
+                )
+                by_destination = dict(conn.execute(q["count_by_destination"]).fetchall())
+            finally:
+                conn.execute("COMMIT")
         return StoreCounts(total, due, claimed, failing, None, by_destination)
 
     def _close(self) -> None:
         with self._lock:
             self._conn.close()
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
 
     def data_version(self) -> int:
         """Changes whenever another connection commits to the file (cross-process wake-ups)."""
