@@ -10,7 +10,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from duetime.engine.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
+from duetime.engine.circuit import (
+    BreakerEvents,
+    FailureRateCircuitBreaker,
+    RepeatedFailuresOverTimeCircuitBreaker,
+)
 from duetime.engine.deadline import within
 from duetime.engine.pinpoint import send_pinpointing
 from duetime.errors import CriticalError, TransportError, one_line
@@ -29,11 +33,12 @@ class Breakers:
         settings: DelayedDeliverySettings,
         trip: Callable[[CriticalError], None],
         monotonic: Callable[[], float],
+        events: BreakerEvents,
     ) -> None:
         s = settings
 
         def timed(name: str, seconds: float, message: str) -> RepeatedFailuresOverTimeCircuitBreaker:
-            return RepeatedFailuresOverTimeCircuitBreaker(name, seconds, trip, monotonic, message)
+            return RepeatedFailuresOverTimeCircuitBreaker(name, seconds, trip, monotonic, message, events)
 
         self.fetch = timed(
             "fetch",
@@ -56,6 +61,7 @@ class Breakers:
             trip,
             monotonic,
             "Failed to execute error handling for delayed message forwarding.",
+            events,
         )
 
     def timed(self) -> tuple[RepeatedFailuresOverTimeCircuitBreaker, ...]:

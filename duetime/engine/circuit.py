@@ -2,6 +2,8 @@
 
 A breaker never raises by itself; when it trips it calls its ``trigger`` with a
 :class:`~duetime.errors.CriticalError`, and the dispatcher makes sure that call happens and stops.
+It tells ``events`` (the dispatcher's observers) when it arms, disarms and trips; the log line of
+each is the log observer's.
 """
 
 from __future__ import annotations
@@ -9,10 +11,21 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 from duetime.errors import CriticalError
 
 log = logging.getLogger("duetime.circuit")
+
+
+class BreakerEvents(Protocol):
+    """What a breaker tells (a :class:`~duetime.engine.observe.DispatchObserver` is one)."""
+
+    def breaker_armed(self, name: str, error: BaseException) -> None: ...
+
+    def breaker_disarmed(self, name: str, failures: int) -> None: ...
+
+    def breaker_tripped(self, name: str, failures: int, error: CriticalError) -> None: ...
 
 
 class RepeatedFailuresOverTimeCircuitBreaker:
@@ -25,8 +38,10 @@ class RepeatedFailuresOverTimeCircuitBreaker:
         trigger: Callable[[CriticalError], None],
         monotonic: Callable[[], float],
         message: str,
+        events: BreakerEvents,
     ) -> None:
         self.name = name
+        self.events = events
         self.time_to_trigger = time_to_trigger
         self._trigger = trigger
         self._monotonic = monotonic
@@ -41,7 +56,7 @@ class RepeatedFailuresOverTimeCircuitBreaker:
 
     def success(self) -> None:
         if self.armed_at is not None:
-            log.info("circuit breaker %s disarmed after %d failures", self.name, self.failures)
+            self.events.breaker_disarmed(self.name, self.failures)
         self.armed_at = None
         self.failures = 0
 
@@ -50,13 +65,13 @@ class RepeatedFailuresOverTimeCircuitBreaker:
         self.failures += 1
         if self.armed_at is None:
             self.armed_at = now
-            log.warning("circuit breaker %s armed: %s", self.name, error)
+            self.events.breaker_armed(self.name, error)
             return
         if not self.tripped and now - self.armed_at >= self.time_to_trigger:
             self.tripped = True
             critical = CriticalError(_describe(self._message, error))
             critical.__cause__ = error
-            log.error("circuit breaker %s tripped after %d failures", self.name, self.failures)
+            self.events.breaker_tripped(self.name, self.failures, critical)
             self._trigger(critical)
 
 
@@ -70,8 +85,10 @@ class FailureRateCircuitBreaker:
         trigger: Callable[[CriticalError], None],
         monotonic: Callable[[], float],
         message: str,
+        events: BreakerEvents,
     ) -> None:
         self.name = name
+        self.events = events
         self.maximum = maximum_per_second
         self._trigger = trigger
         self._monotonic = monotonic
@@ -90,6 +107,7 @@ class FailureRateCircuitBreaker:
             self.tripped = True
             critical = CriticalError(_describe(self._message, error))
             critical.__cause__ = error
+            self.events.breaker_tripped(self.name, self._count, critical)
             self._trigger(critical)
 
 

@@ -27,7 +27,7 @@ from duetime.engine.failures import FailurePolicy
 from duetime.engine.observe import DispatchObserver, Observers
 from duetime.engine.outages import Outages
 from duetime.engine.planning import Planner
-from duetime.engine.sinks import DeliveryLogSink, DispatchStats, StatsSink, SummarySink, TracingSink
+from duetime.engine.sinks import DeliveryLogSink, DispatchStats, LogSink, StatsSink, SummarySink, TracingSink
 from duetime.engine.strategies import AtLeastOnce, DeliveryStrategy, Engine, ExactlyOnce, Progress
 from duetime.engine.summary import LatenessHistogram
 from duetime.engine.wakeups import WakeUps
@@ -109,14 +109,14 @@ class Dispatcher:
         self._log_sink = DeliveryLogSink(delivery_log)
         self.summary = SummarySink(counts, self.clock, s.summary_interval.total_seconds(), self._backlog)
         #: Every observer: the dispatcher's own sinks first, then the caller's.
-        self.observer = Observers([counts, TracingSink(self.clock), self._log_sink, self.summary])
+        self.observer = Observers([counts, TracingSink(self.clock), self._log_sink, self.summary, LogSink()])
         if observer is not None:
             self.observer.add(observer)
         #: What it did since it started, and every delivery's lateness (the heartbeat carries it).
         self.stats: DispatchStats = counts.stats
         self.lateness: LatenessHistogram = counts.lateness
 
-        self.breakers = Breakers(s, self.trip, self.clock.monotonic)
+        self.breakers = Breakers(s, self.trip, self.clock.monotonic, self.observer)
         self.calls = EngineCalls(store, transport, s, self.breakers)
         self.outages = Outages(s, self.breakers.dispatch, self.clock, self.observer, self.wakeups.event)
         self.progress = Progress()
@@ -335,7 +335,7 @@ class Dispatcher:
         if self._critical is None or self._critical_reported:
             return
         self._critical_reported = True
-        log.critical("%s", self._critical)
+        self.observer.critical(self._critical)
         if self._on_critical_error is None:
             return
         try:

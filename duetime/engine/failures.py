@@ -87,7 +87,6 @@ class FailurePolicy:
             if not counted:
                 continue  # cancelled meanwhile
             self.observer.retried(message, attempts, error)
-            log.info("forwarding %s failed (attempt %d), will retry: %s", message.message_id, attempts, error)
         if dead:
             await self.dead_letter(dead)
 
@@ -110,19 +109,9 @@ class FailurePolicy:
         # Sorted by the originals, with the error each was dead-lettered for.
         reasons = {m.message_id: e for m, e in dead}
         answer = Triage.of([m for m, _ in dead], results)
-        for message in answer.carried:
-            log.warning(
-                "message %s sent to the error queue: %s",
-                message.message_id,
-                one_line(reasons[message.message_id]),
-            )
         if answer.carried and await self.calls.remove([m.message_id for m in answer.carried]):
             self.observer.dead_lettered(
-                [
-                    Settled(m.message_id, m.destination, m.due_at, max(m.failure_count, 1))
-                    for m in answer.carried
-                ],
-                now,
+                [Settled.of(m, reason=one_line(reasons[m.message_id])) for m in answer.carried], now
             )
         if answer.outage is not None:
             await self.give_back(answer.unreachable, answer.outage, doing, pause=False)
@@ -141,15 +130,7 @@ class FailurePolicy:
         until = self.clock.now() + PARKED_FOR
         store, seconds = self.calls.store, self.calls.deadline(self.breakers.store)
         for message, reason in parked:
-            log.error(
-                "message %s can be carried neither to %s nor to the error queue: %s; it stays stored "
-                "and is tried again at %s (fix the server's limit, or cancel it: duetime cancel %s)",
-                message.message_id,
-                message.destination,
-                one_line(reason),
-                until.isoformat(timespec="seconds"),
-                message.message_id,
-            )
+            self.observer.parked(message, reason, until)
             try:
                 await within(store.increment_failure_count(message.message_id), seconds, "counting a failure")
                 await within(

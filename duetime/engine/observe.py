@@ -9,12 +9,16 @@ another (``Dispatcher(..., observer=...)`` or ``dispatcher.observer.add(...)``).
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
+from duetime.errors import CriticalError
+from duetime.interfaces import Moved
 from duetime.message import DelayedMessage
+from duetime.tracing import traced
 
 log = logging.getLogger("duetime.observe")
 
@@ -30,6 +34,23 @@ class Settled(NamedTuple):
     attempts: int
     #: Its W3C ``traceparent`` header, if it has one (the forward span links to it).
     trace: str | None = None
+    #: Why it went to the error queue (for one dead-lettered).
+    reason: str | None = None
+
+    @classmethod
+    def moved(cls, moved: Moved) -> Settled:
+        """A message an exactly-once move delivered: it is read back without its failures, so its
+        try is counted as its first."""
+        return cls(moved.message_id, moved.destination, moved.due_at, 1, moved.trace)
+
+    @classmethod
+    def of(cls, message: DelayedMessage, *, reason: str | None = None) -> Settled:
+        """``message`` as settled now: delivered by this try (its failures so far plus this one),
+        or dead-lettered with ``reason`` (its failures, this one counted already, at least one)."""
+        attempts = max(message.failure_count, 1) if reason is not None else message.failure_count + 1
+        return cls(
+            message.message_id, message.destination, message.due_at, attempts, traced(message.headers), reason
+        )
 
     def lateness(self, at: datetime) -> float:
         """Seconds from its due time to ``at`` (negative: early, which the engine never is)."""
@@ -75,12 +96,30 @@ class DispatchObserver:
         """Recurring schedules' ticks stored by a planning step, and ticks their catch-up policy
         left out (missed while no dispatcher ran)."""
 
+    def parked(self, message: DelayedMessage, reason: BaseException, until: datetime) -> None:
+        """Neither its destination nor the error queue can carry ``message``: it stays stored,
+        its failure counted, and is tried again at ``until``."""
+
+    def breaker_armed(self, name: str, error: BaseException) -> None:
+        """The circuit breaker ``name`` saw a first failure: it trips if failures go on."""
+
+    def breaker_disarmed(self, name: str, failures: int) -> None:
+        """The circuit breaker ``name`` saw a success after ``failures`` failures."""
+
+    def breaker_tripped(self, name: str, failures: int, error: CriticalError) -> None:
+        """The circuit breaker ``name`` tripped: the dispatcher stops with ``error``."""
+
+    def critical(self, error: CriticalError) -> None:
+        """The critical error that stops the dispatcher (told once)."""
+
     async def round_ended(self) -> None:
         """Awaited after every round, found or not: the place for I/O (a log written elsewhere)."""
 
 
 class Observers(DispatchObserver):
-    """Every observer of one dispatcher, told each event in the order they were added."""
+    """Every observer of one dispatcher, told each event in the order they were added. Its
+    methods are made from :class:`DispatchObserver`'s own list (below), so an event is declared
+    once; an event whose sequence is empty (nothing delivered in a round) is not told."""
 
     def __init__(self, observers: Iterable[DispatchObserver] = ()) -> None:
         self._all = list(observers)
@@ -89,45 +128,12 @@ class Observers(DispatchObserver):
         """Tell ``observer`` of every event from now on."""
         self._all.append(observer)
 
-    def _each(self, event: str, *args: object) -> None:
+    def emit(self, event: str, *args: object) -> None:
         for observer in self._all:
             try:
                 getattr(observer, event)(*args)
             except Exception:
                 log.exception("observer %s failed on %s", type(observer).__name__, event)
-
-    def round_started(self) -> None:
-        self._each("round_started")
-
-    def claimed(self, count: int) -> None:
-        self._each("claimed", count)
-
-    def delivered(self, done: Sequence[Settled], at: datetime) -> None:
-        if done:
-            self._each("delivered", done, at)
-
-    def dead_lettered(self, done: Sequence[Settled], at: datetime) -> None:
-        if done:
-            self._each("dead_lettered", done, at)
-
-    def retried(self, message: DelayedMessage, attempts: int, error: Exception) -> None:
-        self._each("retried", message, attempts, error)
-
-    def unreachable(self, error: BaseException, doing: str) -> None:
-        self._each("unreachable", error, doing)
-
-    def fetch_failed(self, error: Exception) -> None:
-        self._each("fetch_failed", error)
-
-    def batch(self, size: int, seconds: float) -> None:
-        self._each("batch", size, seconds)
-
-    def front_door(self, stored: int, rejected: int, duplicates: int) -> None:
-        self._each("front_door", stored, rejected, duplicates)
-
-    def planned(self, ticks: int, missed: int) -> None:
-        if ticks or missed:
-            self._each("planned", ticks, missed)
 
     async def round_ended(self) -> None:
         for observer in self._all:
@@ -135,3 +141,27 @@ class Observers(DispatchObserver):
                 await observer.round_ended()
             except Exception:
                 log.exception("observer %s failed after a round", type(observer).__name__)
+
+
+def _teller(event: str) -> Callable[..., None]:
+    def tell(self: Observers, *args: object) -> None:
+        if args and (_empty(args[0]) or all(a == 0 and type(a) is int for a in args)):
+            return  # nothing happened: no message in a batch, nothing planned
+        self.emit(event, *args)
+
+    tell.__name__ = event
+    return tell
+
+
+def _empty(value: object) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, str) and not value
+
+
+#: The synchronous events, read off DispatchObserver: the one list of them.
+EVENTS = [
+    name
+    for name, member in vars(DispatchObserver).items()
+    if callable(member) and not name.startswith("_") and not inspect.iscoroutinefunction(member)
+]
+for _event in EVENTS:
+    setattr(Observers, _event, _teller(_event))

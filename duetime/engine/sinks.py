@@ -14,10 +14,12 @@ from datetime import datetime
 from duetime import tracing
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.summary import LatenessHistogram, Tally, summary_fields, summary_line
+from duetime.errors import CriticalError, one_line
 from duetime.interfaces import Clock, Delivery, DeliveryLog, StoreCounts
 from duetime.message import DelayedMessage
 
 log = logging.getLogger("duetime.dispatcher")
+circuit_log = logging.getLogger("duetime.circuit")
 
 
 @dataclass(slots=True)
@@ -158,3 +160,39 @@ class SummarySink(DispatchObserver):
         backlog = await self.backlog()
         fields = summary_fields(round(elapsed), done, since, backlog)
         log.info(summary_line(round(elapsed), done, since, backlog), extra={"fields": fields})
+
+
+class LogSink(DispatchObserver):
+    """The line each outcome is logged with, written once here: what went to the error queue and
+    why, a retry, a message parked, a circuit breaker armed, disarmed or tripped, the critical
+    error. The engine only tells what happened."""
+
+    def dead_lettered(self, done: Sequence[Settled], at: datetime) -> None:
+        for s in done:
+            log.warning("message %s sent to the error queue: %s", s.message_id, s.reason)
+
+    def retried(self, message: DelayedMessage, attempts: int, error: Exception) -> None:
+        log.info("forwarding %s failed (attempt %d), will retry: %s", message.message_id, attempts, error)
+
+    def parked(self, message: DelayedMessage, reason: BaseException, until: datetime) -> None:
+        log.error(
+            "message %s can be carried neither to %s nor to the error queue: %s; it stays stored "
+            "and is tried again at %s (fix the server's limit, or cancel it: duetime cancel %s)",
+            message.message_id,
+            message.destination,
+            one_line(reason),
+            until.isoformat(timespec="seconds"),
+            message.message_id,
+        )
+
+    def breaker_armed(self, name: str, error: BaseException) -> None:
+        circuit_log.warning("circuit breaker %s armed: %s", name, error)
+
+    def breaker_disarmed(self, name: str, failures: int) -> None:
+        circuit_log.info("circuit breaker %s disarmed after %d failures", name, failures)
+
+    def breaker_tripped(self, name: str, failures: int, error: CriticalError) -> None:
+        circuit_log.error("circuit breaker %s tripped after %d failures", name, failures)
+
+    def critical(self, error: CriticalError) -> None:
+        log.critical("%s", error)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from duetime import tracing
 from duetime.engine.calls import EngineCalls
 from duetime.engine.deadline import within
 from duetime.engine.failures import FailurePolicy
@@ -165,15 +164,7 @@ class AtLeastOnce:
         if answer.carried:
             if not await e.calls.remove([m.message_id for m in answer.carried]):
                 e.wakeups.forget_ahead()
-            e.observer.delivered(  # after the removal: no observer ever delays it
-                [
-                    Settled(
-                        m.message_id, m.destination, m.due_at, m.failure_count + 1, tracing.traced(m.headers)
-                    )
-                    for m in answer.carried
-                ],
-                sent_at,
-            )
+            e.observer.delivered([Settled.of(m) for m in answer.carried], sent_at)  # after the removal
         if len(answer.carried) < len(batch):
             e.wakeups.forget_ahead()
         transport_failures = answer.transport_failures
@@ -239,18 +230,8 @@ class ExactlyOnce:
         if not moved:
             return Round(False, full)
         e.observer.claimed(moved)
-        e.observer.delivered(
-            [Settled(m.message_id, m.destination, m.due_at, 1, m.trace) for m in outcome.moved], moved_at
-        )
-        for message, reason in outcome.dead_lettered:
-            log.warning("message %s sent to the error queue: %s", message.message_id, reason)
-        e.observer.dead_lettered(
-            [
-                Settled(m.message_id, m.destination, m.due_at, max(m.failure_count, 1))
-                for m, _ in outcome.dead_lettered
-            ],
-            moved_at,
-        )
+        e.observer.delivered([Settled.moved(m) for m in outcome.moved], moved_at)
+        e.observer.dead_lettered([Settled.of(m, reason=r) for m, r in outcome.dead_lettered], moved_at)
         e.observer.batch(moved, e.clock.monotonic() - started)
         return Round(True, full)
 

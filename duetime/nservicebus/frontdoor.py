@@ -206,6 +206,7 @@ class FrontDoor:
             dispatcher.trip,
             dispatcher.clock.monotonic,
             OUTAGE_MESSAGE,
+            dispatcher.observer,
         )
         #: Each part that is failing right now: attempts failed, and when a warning was last logged.
         self._failing: dict[str, tuple[int, float]] = {}

@@ -21,7 +21,7 @@ from datetime import datetime
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import Dispatcher
 from duetime.engine.observe import DispatchObserver, Settled
-from duetime.errors import MissingExtra, one_line
+from duetime.errors import CriticalError, MissingExtra, one_line
 from duetime.interfaces import DispatcherRegistry, StoreCounts
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
@@ -136,6 +136,15 @@ class PrometheusObserver(DispatchObserver):
             "duetime_recurring_ticks_missed",
             "Ticks of recurring schedules missed while no dispatcher ran and left out by their catch-up policy.",
         )
+        self._parked = counter(
+            "duetime_parked",
+            "Messages neither their destination nor the error queue could carry, kept stored and tried again later.",
+        )
+        self._trips = counter(
+            "duetime_breaker_trips",
+            "Circuit breakers that tripped (each stops its dispatcher with a critical error), by breaker.",
+            ["endpoint", "breaker"],
+        )
         self._lateness = FastHistogram(
             "duetime_lateness_seconds",
             "Seconds from a message's due time to its delivery.",
@@ -164,6 +173,7 @@ class PrometheusObserver(DispatchObserver):
             self._door_duplicates,
             self._ticks,
             self._ticks_missed,
+            self._parked,
         ):
             each.labels(endpoint)  # present (at 0) from the first scrape
 
@@ -181,6 +191,12 @@ class PrometheusObserver(DispatchObserver):
 
     def retried(self, message: DelayedMessage, attempts: int, error: Exception) -> None:
         self._retried.labels(self.endpoint, self.cap(message.destination)).inc()
+
+    def parked(self, message: DelayedMessage, reason: BaseException, until: datetime) -> None:
+        self._parked.labels(self.endpoint).inc()
+
+    def breaker_tripped(self, name: str, failures: int, error: CriticalError) -> None:
+        self._trips.labels(self.endpoint, name).inc()
 
     def batch(self, size: int, seconds: float) -> None:
         self._batch_size.observe(size)

@@ -12,7 +12,7 @@ from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher
 from duetime.backends.memory import MemoryStore, MemoryTransport
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.strategies import AtLeastOnce, DeliveryStrategy, ExactlyOnce
-from duetime.errors import TransportUnavailable
+from duetime.errors import CriticalError, MessageRefused, TransportUnavailable
 from tests.unit.helpers import Rig
 
 
@@ -108,3 +108,70 @@ async def test_both_strategies_tell_observers_the_same_events(mode: str) -> None
     assert journal.named("delivered") == [["a"]]
     assert journal.named("dead_lettered") == [[("b", 1)]]
     assert (d.stats.forwarded, d.stats.dead_lettered) == (1, 1)
+
+
+class Outcomes(DispatchObserver):
+    """Writes down the outcome events, in the order they come."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def dead_lettered(self, done: Sequence[Settled], at: datetime) -> None:
+        self.events += [("dead_lettered", f"{s.message_id}: {s.reason}") for s in done]
+
+    def parked(self, message: DelayedMessage, reason: BaseException, until: datetime) -> None:
+        self.events.append(("parked", message.message_id))
+
+    def breaker_armed(self, name: str, error: BaseException) -> None:
+        self.events.append(("armed", name))
+
+    def breaker_disarmed(self, name: str, failures: int) -> None:
+        self.events.append(("disarmed", name))
+
+    def breaker_tripped(self, name: str, failures: int, error: CriticalError) -> None:
+        self.events.append(("tripped", name))
+
+    def critical(self, error: CriticalError) -> None:
+        self.events.append(("critical", str(error).split(".")[0]))
+
+
+async def test_every_outcome_is_an_event_told_once_in_order_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A message dead-lettered, one parked (neither its queue nor the error queue can carry it),
+    then the broker down until the dispatch breaker arms and trips, and the critical error: each
+    an event for every observer, once and in order, and each one line of the log observer's."""
+    rig = await Rig(number_of_retries=0, failure_backoff=timedelta(0)).setup("orders", "error")
+    outcomes = Outcomes()
+    rig.dispatcher.observer.add(outcomes)
+    rig.transport.fail = lambda m: (
+        MessageRefused("over the broker's size limit") if m.body == b"huge" else None
+    )
+    huge = rig.message(2, 0).with_changes(body=b"huge")
+    await rig.store.store_many([rig.message(1, 0, destination="nowhere"), huge])
+    with caplog.at_level(logging.INFO, logger="duetime"):
+        await rig.dispatcher.run_burst()
+        rig.transport.down = ConnectionError("broker unreachable")
+        await rig.store.store(rig.message(3, 0))
+        await rig.start()
+        await rig.tick(1, steps=31)
+        with pytest.raises(CriticalError):
+            await rig.task  # type: ignore[misc]
+    assert [event for event, _ in outcomes.events] == [
+        "dead_lettered",
+        "parked",
+        "armed",
+        "tripped",
+        "critical",
+    ]
+    assert outcomes.events[0][1].startswith("m1: ") and "nowhere" in outcomes.events[0][1]
+    assert outcomes.events[-1] == ("critical", "Failed to dispatch delayed messages to destination")
+    lines = [r.getMessage() for r in caplog.records]
+    for said in (
+        "message m1 sent to the error queue",
+        "message m2 can be carried neither to orders nor to the error queue",
+        "circuit breaker dispatch armed",
+        "circuit breaker dispatch tripped",
+        "Failed to dispatch delayed messages to destination",
+    ):
+        assert sum(said in line for line in lines) == 1, (said, lines)
