@@ -195,10 +195,9 @@ def run(
     base_settings = _settings(
         {"--mode": mode, "--retries": retries, "--batch-size": batch_size, "--error-queue": error_queue}
     )
-    shown = transport_url_for(store, transport)
 
     async def go() -> None:
-        settings = base_settings
+        settings, shown = base_settings, transport_url_for(store, transport)
         async with contextlib.AsyncExitStack() as opened:
             # whatever was opened is closed, also when a later step of the start fails
             s = open_store(store, claim_timeout=settings.claim_timeout)
