@@ -118,8 +118,11 @@ def sql_filters(
     datetime into the column's type (microseconds for SQLite and MariaDB). Ordered by
     ``(due_at, message_id)``, so the cursor is the last row's pair.
     """
-    where = [f"failure_count >= {mark.format('min_failures')}"]
-    params: dict[str, Any] = {"min_failures": query.min_failures}
+    where: list[str] = ["1 = 1"]
+    params: dict[str, Any] = {}
+    if query.min_failures:  # only when asked: a condition on every row's own column
+        where.append(f"failure_count >= {mark.format('min_failures')}")
+        params["min_failures"] = query.min_failures
     if query.destination is not None:
         where.append(f"destination = {mark.format('destination')}")
         params["destination"] = query.destination
@@ -133,7 +136,11 @@ def sql_filters(
         where.append(f"due_at >= {mark.format('due_after')}")
         params["due_after"] = to_db(query.due_after)
     if query.after is not None:
-        where.append(f"(due_at, message_id) > ({mark.format('after_due')}, {mark.format('after_id')})")
+        # (due_at, message_id) > (d, i), written so that every database reads it as a range of
+        # the due-time index: MariaDB does not for a row comparison, and a page 25 days into a
+        # million messages read every row before it (63 s)
+        due, ident = mark.format("after_due"), mark.format("after_id")
+        where.append(f"due_at >= {due} AND (due_at > {due} OR message_id > {ident})")
         params["after_due"], params["after_id"] = to_db(query.after[0]), query.after[1]
     return " AND ".join(where), params
 

@@ -171,6 +171,11 @@ class SyncMysqlStore(StoreRules):
         self.options = options
         self._lock = threading.RLock()
         self._conn: pymysql.connections.Connection[Any] | None = None
+        # what an operator reads (counts, pages, a group's size) goes through a connection of its
+        # own, so a count of a million rows never holds the dispatcher's (it made deliveries
+        # seconds late)
+        self._read_lock = threading.Lock()
+        self._reader: pymysql.connections.Connection[Any] | None = None
         self._table: str | None = None
         self._max_packet: int | None = None
 
@@ -205,6 +210,27 @@ class SyncMysqlStore(StoreRules):
             except (OperationalError, InterfaceError):
                 self._drop()
                 raise
+
+    def _read(self, work: Callable[[Any], Any]) -> Any:
+        """``work(cursor)`` on the operator's connection (opened on first use, dropped if it breaks)."""
+        with self._read_lock:
+            if self._reader is None:
+                self._reader = mysql_connect(self.options, autocommit=True)
+            try:
+                with self._reader.cursor() as cur:
+                    return work(cur)
+            except (OperationalError, InterfaceError):
+                with contextlib.suppress(Exception):
+                    self._reader.close()
+                self._reader = None
+                raise
+
+    def _read_all(self, sql: str, params: Any = ()) -> list[Any]:
+        def work(cur: Any) -> list[Any]:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+        return list(self._read(work))
 
     def _execute(self, sql: str, params: Any = (), *, transaction: bool = False) -> int:
         return int(self._run(lambda cur: cur.execute(sql, params), transaction))
@@ -246,6 +272,9 @@ class SyncMysqlStore(StoreRules):
                 cur.execute(q["has_group_column"], (table,))
                 if not cur.fetchone()[0]:  # a table of schema version 1: upgraded in place
                     cur.execute(q["add_group_column"])
+                cur.execute(q["has_failing_key"], (table,))
+                if not cur.fetchone()[0]:
+                    cur.execute(q["add_failing_key"])
                 cur.execute(q["create_presence_table"])
                 cur.execute(q["create_schedule_table"])
                 cur.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
@@ -404,7 +433,7 @@ class SyncMysqlStore(StoreRules):
         return self._execute(self.q["delete_group_unclaimed"], (group, to_micros(now), limit or 2**62))
 
     def _count_group(self, group: str) -> int:
-        return int(self._fetch(self.q["count_group"], (group,))[0][0])
+        return int(self._read_all(self.q["count_group"], (group,))[0][0])
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         params = (to_micros(due_at), message_id, to_micros(now))
@@ -423,13 +452,13 @@ class SyncMysqlStore(StoreRules):
         where, params = sql_filters(query, "%({})s", to_micros)
         table = _ident(self._table or "")
         sql = f"SELECT {_COLUMNS} FROM {table} WHERE {where} ORDER BY due_at, message_id LIMIT %(limit)s"
-        return [_message(r) for r in self._fetch(sql, params | {"limit": limit})]
+        return [_message(r) for r in self._read_all(sql, params | {"limit": limit})]
 
     def _count_due(self, at: datetime) -> int:
         return int(self._fetch(self.q["count_due"], (to_micros(at),))[0][0])
 
     def _count_destinations(self) -> int:
-        return int(self._fetch(self.q["count_destinations"])[0][0])
+        return int(self._read_all(self.q["count_destinations"])[0][0])
 
     def _count(self, at: datetime) -> StoreCounts:
         now, q = to_micros(at), self.q
@@ -459,12 +488,17 @@ class SyncMysqlStore(StoreRules):
                 estimated=large,
             )
 
-        counts: StoreCounts = self._run(work)
+        counts: StoreCounts = self._read(work)
         return counts
 
     def _close(self) -> None:
         with self._lock:
             self._drop()
+        with self._read_lock:
+            if self._reader is not None:
+                with contextlib.suppress(Exception):
+                    self._reader.close()
+                self._reader = None
 
 
 class MysqlStore(AsyncStoreBridge):
