@@ -397,13 +397,22 @@ class SyncRedisStore(StoreRules):
             if not rows:
                 break
             offset += len(rows)
-            for raw_id in rows:
-                message = self._get(_text(raw_id))
-                if message is not None and matches(query, message):
-                    picked.append(message)
-                    if len(picked) == limit:
-                        break
-        return picked
+            picked += [m for m in self._get_many([_text(r) for r in rows]) if matches(query, m)]
+        return picked[:limit]
+
+    def _get_many(self, message_ids: Sequence[str]) -> list[DelayedMessage]:
+        """The stored ones of ``message_ids``, in their order, in one round trip (a page filtered
+        by destination read a message per round trip: 1.9 s beside a million)."""
+        keys = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        for name in ("payload", "failures", "due"):
+            pipe.hmget(keys[name], list(message_ids))
+        payloads, failures, dues = pipe.execute()
+        return [
+            _message(i, p, f or 0, d)
+            for i, p, f, d in zip(message_ids, payloads, failures, dues, strict=True)
+            if p is not None
+        ]
 
     def _select_group(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         """A page of a group: its members' due times in one read, sorted here, and only the page
@@ -422,13 +431,12 @@ class SyncRedisStore(StoreRules):
             and (after is None or (int(due), message_id) > after)
         )
         picked: list[DelayedMessage] = []
-        for _, message_id in ordered:
-            message = self._get(message_id)
-            if message is not None and matches(query, message):
-                picked.append(message)
-                if len(picked) == limit:
-                    break
-        return picked
+        for start in range(0, len(ordered), 500):
+            if len(picked) >= limit:
+                break
+            chunk = [message_id for _, message_id in ordered[start : start + 500]]
+            picked += [m for m in self._get_many(chunk) if matches(query, m)]
+        return picked[:limit]
 
     def _server_time(self) -> datetime | None:
         seconds, micros = self.client.time()
