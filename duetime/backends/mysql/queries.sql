@@ -24,6 +24,10 @@ CREATE TABLE IF NOT EXISTS {table} (
     KEY duetime_failing (failure_count)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
 
+-- The columns of a table of the store's name: one that lacks duetime's is another program's.
+-- name: table_columns
+SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s;
+
 -- Schema version 2: a table of version 1 gets the group key on `duetime setup`.
 -- name: has_group_column
 SELECT COUNT(*) FROM information_schema.COLUMNS
