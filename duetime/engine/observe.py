@@ -119,7 +119,7 @@ class DispatchObserver:
 class Observers(DispatchObserver):
     """Every observer of one dispatcher, told each event in the order they were added. Its
     methods are made from :class:`DispatchObserver`'s own list (below), so an event is declared
-    once; an event whose sequence is empty (nothing delivered in a round) is not told."""
+    once; an event that says nothing happened (an empty batch, counts of zero) is not told."""
 
     def __init__(self, observers: Iterable[DispatchObserver] = ()) -> None:
         self._all = list(observers)
