@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -67,6 +67,34 @@ def duplicate_id(message_id: str | None) -> DuplicateMessageId:
 
 def in_flight(message_id: str) -> MessageInFlight:
     return MessageInFlight(f"Message {message_id!r} is being forwarded right now; it cannot be changed.")
+
+
+#: The columns every SQL store table has had since the first version: a table of the store's name
+#: without them is another program's, and setup changes nothing of it.
+STORE_COLUMNS = frozenset(
+    {
+        "message_id",
+        "destination",
+        "due_at",
+        "headers",
+        "body",
+        "failure_count",
+        "claim_token",
+        "claimed_until",
+    }
+)
+
+
+def check_store_columns(table: str, where: str, columns: Iterable[str]) -> None:
+    """ConfigurationError if a table called ``table`` (with ``columns``) is not a duetime store:
+    asked before setup adds anything to it."""
+    missing = sorted(STORE_COLUMNS - {c.lower() for c in columns})
+    if missing:
+        raise ConfigurationError(
+            f"Table {table!r} in {where} exists but is not a duetime store (it has no "
+            f"{', '.join(missing)}: a table of another program with the same name?); give duetime "
+            "another table with ?table=…."
+        )
 
 
 def closed() -> StoreNotReady:

@@ -114,3 +114,75 @@ def test_setup_upgrades_a_version_1_store_in_place(
     assert store.cancel_group("saga-1") == 1
     assert store.get("kept") is not None
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "mariadb"])
+def test_setup_changes_nothing_of_a_table_of_its_name_that_is_not_a_store(kind: str, tmp_path: Path) -> None:
+    """Another program's table called like the store's: setup said so only after adding its
+    group column (and, on MariaDB, failed on a key it could not build). Now one line, and the table
+    is as it was."""
+    from contextlib import ExitStack
+
+    from tests.conftest import run_cli
+
+    with ExitStack() as stack:
+        if kind == "sqlite":
+            path = tmp_path / "theirs.db"
+            url = f"sqlite:///{path}"
+            with sqlite3.connect(path) as conn:
+                conn.execute('CREATE TABLE "duetime.delayed" (id INTEGER, note TEXT)')
+
+            def columns() -> set[str]:
+                with sqlite3.connect(path) as conn:
+                    return {r[1] for r in conn.execute("PRAGMA table_info('duetime.delayed')")}
+        elif kind == "postgresql":
+            import psycopg
+
+            url = stack.enter_context(postgres_schema())
+            base, schema = url.split("?")[0], url.split("schema=", 1)[1]
+            with psycopg.connect(base, autocommit=True) as conn:
+                conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                conn.execute(f'CREATE TABLE "{schema}"."duetime.delayed" (id integer, note text)')
+
+            def columns() -> set[str]:
+                with psycopg.connect(base) as conn:
+                    rows = conn.execute(
+                        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+                        "AND table_name = 'duetime.delayed'",
+                        [schema],
+                    ).fetchall()
+                return {r[0] for r in rows}
+        else:
+            from urllib.parse import unquote, urlsplit
+
+            import pymysql
+
+            url = stack.enter_context(mariadb_database())
+            at = urlsplit(url)
+            where = {
+                "host": at.hostname or "127.0.0.1",
+                "port": at.port or 3306,
+                "user": unquote(at.username or "root"),
+                "password": unquote(at.password or ""),
+                "database": at.path.lstrip("/"),
+            }
+
+            def mariadb(sql: str) -> list[Any]:
+                conn = pymysql.connect(**where, autocommit=True)  # type: ignore[arg-type]
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute(sql)
+                        return list(cur.fetchall())
+                finally:
+                    conn.close()
+
+            mariadb("CREATE TABLE `duetime.delayed` (id INT, note TEXT)")
+
+            def columns() -> set[str]:
+                return {r[0] for r in mariadb("SHOW COLUMNS FROM `duetime.delayed`")}
+
+        done = run_cli("setup", "--store", url)
+        said = done.stderr.strip()
+        assert done.returncode == 1 and len(said.splitlines()) == 1, said
+        assert "exists but is not a duetime store" in said and "give duetime another table" in said, said
+        assert columns() == {"id", "note"}  # nothing added

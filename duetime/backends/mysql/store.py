@@ -34,6 +34,7 @@ from duetime.backends._store import (
     SCHEMA_VERSION,
     Duplicate,
     StoreRules,
+    check_store_columns,
     claim_timeout_option,
     load_headers,
     micros_row,
@@ -163,21 +164,6 @@ def _escaped_size(body: bytes) -> int:
     return len(body) + sum(body.count(bytes([c])) for c in _ESCAPED)
 
 
-#: The columns every duetime store table has had (a table of its name without them is not one).
-_OWN_COLUMNS = frozenset(
-    {
-        "message_id",
-        "destination",
-        "due_at",
-        "headers",
-        "body",
-        "failure_count",
-        "claim_token",
-        "claimed_until",
-    }
-)
-
-
 class SyncMysqlStore(StoreRules):
     """Blocking MariaDB/MySQL store; one connection behind a lock, re-opened after it breaks."""
 
@@ -285,13 +271,7 @@ class SyncMysqlStore(StoreRules):
                 cur.execute(q["create_schema_table"])
                 cur.execute(q["create_store_table"])
                 cur.execute(q["table_columns"], (table,))
-                missing = sorted(_OWN_COLUMNS - {str(r[0]).lower() for r in cur.fetchall()})
-                if missing:  # changed nothing of it: not ours to alter
-                    raise ConfigurationError(
-                        f"Table {table!r} in {self.options.display} exists but is not a duetime store "
-                        f"(it has no {', '.join(missing)}: a table of another program with the same "
-                        "name?); give duetime another table with ?table=…."
-                    )
+                check_store_columns(table, self.options.display, (str(r[0]) for r in cur.fetchall()))
                 cur.execute(q["has_group_column"], (table,))
                 if not cur.fetchone()[0]:  # a table of schema version 1: upgraded in place
                     cur.execute(q["add_group_column"])

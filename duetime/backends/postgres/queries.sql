@@ -28,6 +28,9 @@ CREATE TABLE IF NOT EXISTS {table} (
 SELECT 1 FROM pg_attribute
 WHERE attrelid = %(regclass)s::regclass AND attname = 'group_key' AND NOT attisdropped;
 
+-- name: table_columns
+SELECT attname FROM pg_attribute WHERE attrelid = %(regclass)s::regclass AND attnum > 0 AND NOT attisdropped;
+
 -- name: add_group_column
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS group_key varchar(200);
 

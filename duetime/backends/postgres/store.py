@@ -26,7 +26,7 @@ from psycopg_pool import ConnectionPool
 from duetime.backends._bridge import Subscribers, TransactionalBridge, poll_next_due
 from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
-from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, sql_filters
+from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, check_store_columns, sql_filters
 from duetime.backends.postgres.common import (
     PgNames,
     PgOptions,
@@ -186,6 +186,8 @@ class SyncPostgresStore(StoreRules):
         with pooled(self.pool, self.options) as conn, conn.transaction():
             for sql, params in statements[:4]:  # the lock, the schema, the version table, the table
                 conn.execute(sql, params)
+            columns = conn.execute(names.q["table_columns"], {"regclass": names.qualified}).fetchall()
+            check_store_columns(names.table, self.options.display, (r[0] for r in columns))
             found = conn.execute(names.q["has_group_column"], {"regclass": names.qualified}).fetchone()
             if found is None:  # a table of schema version 1, upgraded in place. Only then: ALTER
                 conn.execute(names.q["add_group_column"])  # TABLE locks out running dispatchers

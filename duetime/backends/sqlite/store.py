@@ -26,6 +26,7 @@ from duetime.backends._store import (
     SCHEMA_VERSION,
     Duplicate,
     StoreRules,
+    check_store_columns,
     claim_timeout_option,
     micros_row,
     sql_filters,
@@ -133,15 +134,16 @@ class SyncSqliteStore(StoreRules):
         q = self._queries(table)
         with self._lock, write_transaction(self._conn):
             self._conn.execute(q["create_schema_table"])
+            self._conn.execute(q["create_store_table"])
+            columns = {r[0] for r in self._conn.execute(q["store_columns"], {"table": table})}
+            check_store_columns(table, str(self.path), columns)
             for name in (
-                "create_store_table",
                 "create_store_due_index",
                 "create_store_claim_index",
                 "create_store_destination_index",
                 "create_store_failing_index",
             ):
                 self._conn.execute(q[name])
-            columns = {r[0] for r in self._conn.execute(q["store_columns"], {"table": table})}
             if "group_key" not in columns:  # a table of schema version 1: upgraded in place
                 self._conn.execute(q["add_group_column"])
             self._conn.execute(q["create_store_group_index"])
