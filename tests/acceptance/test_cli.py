@@ -846,3 +846,13 @@ def test_stats_marks_destinations_that_have_no_queue(cli) -> None:  # type: igno
         line.split("│")[1].strip(): line for line in cli("stats").stdout.splitlines() if line.count("│") >= 3
     }
     assert "to the error queue when due" in rows["nowhere"] and "error queue" not in rows["orders"]
+
+
+def test_a_body_over_the_size_limit_is_one_line_and_nothing_is_stored(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cli("setup")
+    (tmp_path / "big.bin").write_bytes(b"\x00" * (16 * 1024 * 1024 + 1))
+    done = cli("schedule", "orders", "--body-file", "big.bin", "--in", "1h", ok=False)
+    said = done.stderr.strip()
+    assert done.returncode == 1 and len(said.splitlines()) == 1, said
+    assert "the body is 16,777,217 bytes; the limit is 16,777,216 (16 MiB)" in said
+    assert cli("list", "--json").stdout == ""
