@@ -98,16 +98,32 @@ class System:
         return subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=log, stderr=log)
 
 
-class CeleryBeat(System):
+class Consuming(System):
+    """A system whose ticks arrive as messages a thread of the bench consumes."""
+
+    def listen(self) -> None:
+        self.seen: list[Tick] = []
+        self.halt = threading.Event()
+        self.consumer = threading.Thread(target=self._consume, daemon=True)
+        self.consumer.start()
+
+    def _consume(self) -> None:
+        raise NotImplementedError
+
+    def ticks(self) -> list[Tick]:
+        time.sleep(2)  # what was sent last is received
+        self.halt.set()
+        self.consumer.join(10)
+        return self.seen
+
+
+class CeleryBeat(Consuming):
     name = "Celery beat"
 
     def prepare(self) -> None:
-        self.seen: list[Tick] = []
-        self.halt = threading.Event()
         with kombu.Connection(AMQP) as conn:
             conn.SimpleQueue(BEAT_QUEUE).clear()
-        self.consumer = threading.Thread(target=self._consume, daemon=True)
-        self.consumer.start()
+        self.listen()
 
     def _consume(self) -> None:
         with kombu.Connection(AMQP) as conn:
@@ -138,12 +154,6 @@ class CeleryBeat(System):
         ]
         return self.spawn(argv, n)
 
-    def ticks(self) -> list[Tick]:
-        time.sleep(2)
-        self.halt.set()
-        self.consumer.join(10)
-        return self.seen
-
     def finish(self) -> None:
         with kombu.Connection(AMQP) as conn:
             conn.SimpleQueue(BEAT_QUEUE).queue.delete()
@@ -172,7 +182,7 @@ class APScheduler(System):
             conn.execute(f"DROP TABLE IF EXISTS {APS_TABLE}")
 
 
-class Duetime(System):
+class Duetime(Consuming):
     name = "duetime"
 
     def prepare(self) -> None:
@@ -186,10 +196,7 @@ class Duetime(System):
         with duetime.connect_sync(URL, endpoint=ENDPOINT) as client:
             for i in range(self.schedules):
                 client.add_recurring(f"s{i}", QUEUE, b"tick", when=every(f"{self.every}s"))
-        self.seen: list[Tick] = []
-        self.halt = threading.Event()
-        self.consumer = threading.Thread(target=self._consume, daemon=True)
-        self.consumer.start()
+        self.listen()
 
     def _consume(self) -> None:
         with SyncPostgresQueue.from_url(URL) as q:
@@ -204,12 +211,6 @@ class Duetime(System):
 
     def start(self, n: int) -> subprocess.Popen[bytes]:
         return self.spawn([sys.executable, "-m", "duetime", "run", "--store", URL, "--endpoint", ENDPOINT], n)
-
-    def ticks(self) -> list[Tick]:
-        time.sleep(2)
-        self.halt.set()
-        self.consumer.join(10)
-        return self.seen
 
     def finish(self) -> None:
         with psycopg.connect(BASE, autocommit=True) as conn:
