@@ -10,6 +10,7 @@ A path without a scheme means what it means to Spark: the cluster's default file
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import uuid
@@ -154,10 +155,14 @@ def check_readable_here(path: str, master: str | None, conf: Mapping[str, str]) 
     """Refuse a path with nothing to read where this machine's disk can tell, before Spark takes
     seconds to start (:func:`input_files` says the same later for any filesystem)."""
     local = local_path(path, master, conf)
-    if local is None or any(c in local for c in "*?[{") or os.path.exists(local):
+    if local is None or "{" in local:  # Hadoop's {a,b} has no counterpart in Python's glob
         return
+    globbed = any(c in local for c in "*?[")
+    if glob.glob(local, include_hidden=True) if globbed else os.path.exists(local):
+        return
+    what = "matches no file" if globbed else "does not exist"
     raise ConfigurationError(
-        f"file:{os.path.abspath(local)}: does not exist, so there is nothing to read; check the path."
+        f"file:{os.path.abspath(local)}: {what}, so there is nothing to read; check the path."
     )
 
 

@@ -167,12 +167,16 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         (["schedule", "jsonl:nothing-here", "--to", "sqlite:///x.db", "--job", "j"], "nothing-here: does not exist"),
         (["migrate", "--from", "jsonl:nothing-here", "--to", "sqlite:///x.db"], "nothing-here: does not exist"),
         (["report", "--store", "sqlite:///x.db", "--delivery-log", "jsonl:nothing-here"], "nothing-here: does not exist"),
+        (["import", "--from", "jsonl:in/*.jsonl", "--to", "sqlite:///x.db"], "/in/*.jsonl: matches no file"),
     ):  # fmt: skip
         early = run_cli("bulk", *command, cwd=tmp_path)
         assert early.returncode == 1 and said in early.stderr, early.stderr[-2000:]
         assert len(early.stderr.strip().splitlines()) == 1, early.stderr[-2000:]  # before Spark
-    missing = run_cli("bulk", "import", "--from", "jsonl:in/*.jsonl", "--to", "sqlite:///x.db", cwd=tmp_path)
-    assert missing.returncode == 1 and "/in/*.jsonl: matches no file" in missing.stderr, missing.stderr[
+    # a pattern only Hadoop reads ({a,b}) is looked at by Spark, which says the same
+    missing = run_cli(
+        "bulk", "import", "--from", "jsonl:in/{a,b}.jsonl", "--to", "sqlite:///x.db", cwd=tmp_path
+    )
+    assert missing.returncode == 1 and "/in/{a,b}.jsonl: matches no file" in missing.stderr, missing.stderr[
         -2000:
     ]
     assert not (tmp_path / "out").exists() and not (tmp_path / "typo.db").exists()

@@ -84,7 +84,8 @@ def test_delayed_messages_run_once_when_due_and_cancel_works(tmp_path: Path, bro
 @pytest.mark.slow
 def test_a_worker_killed_while_thousands_wait_loses_none(tmp_path: Path) -> None:
     """Plain Dramatiq keeps delayed messages in the worker's memory until due; with the bridge
-    they wait in the store, so a SIGKILL costs nothing."""
+    they wait in the store, so a SIGKILL costs nothing. The dispatcher starts after the kill, so
+    that what is measured is the wait, whatever the machine's speed (see the Celery test)."""
     url = BROKERS["amqp"]
     require(url)
     queue, total = unique("dramatiq"), 2000
@@ -92,14 +93,12 @@ def test_a_worker_killed_while_thousands_wait_loses_none(tmp_path: Path) -> None
     with app(tmp_path, DRAMATIQ_APP, f"app_{queue}", settings(queue, url, store)) as a:
         tasks = a.load()
         start_worker(a, queue)
-        a.dispatcher(store, transport(url, queue))
         for i in range(total):
-            tasks.record.send_with_options(args=(str(i),), delay=20000 + (i % 40) * 100)
-        # On a loaded machine scheduling can outlast the shortest delay; the promise holds either
-        # way, but the kill must find thousands still waiting for the test to mean much.
-        assert stored(store) >= total // 2, "most messages were already due before the worker died"
+            tasks.record.send_with_options(args=(str(i),), delay=5000 + (i % 40) * 100)
+        assert stored(store) == total, "a delayed message went to the broker, not the store"
         a.kill(a.workers[0])
         start_worker(a, queue)
+        a.dispatcher(store, transport(url, queue))
         a.wait_for(total, 90)
         time.sleep(0.5)
         counts = once_each(a.ran())
