@@ -44,6 +44,9 @@ from pathlib import Path
 
 import psycopg
 
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 import duetime
 from bench.lateness import CONSUMER, python
 from duetime import DelayedMessage
@@ -52,6 +55,9 @@ POSTGRES = os.environ.get("DUETIME_TEST_POSTGRES", "postgresql://postgres@127.0.
 RABBITMQ = os.environ.get("DUETIME_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TICK = os.sysconf("SC_CLK_TCK")
+#: py-spy samples only the thread holding the GIL: Python's own CPU, not its waits (a thread
+#: blocked on a queue or in epoll reads as busy to py-spy on this kernel).
+SPY_OPTIONS = ("--gil",)
 DUETIME_PATHS = ("sqlite", "pg-queue", "rabbitmq", "redis")
 PEERS = ("dramatiq", "celery")
 
@@ -193,7 +199,7 @@ def duetime_path(name: str, folder: Path) -> Iterator[tuple[str, str | None, str
                 client.delete(key)
 
 
-def run_duetime(name: str, rate: int, folder: Path) -> Result:
+def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None) -> Result:
     out = folder / f"{name}-{rate}.arrivals"
     out.write_text("")
     with duetime_path(name, folder) as (store, transport, queue):
@@ -211,6 +217,15 @@ def run_duetime(name: str, rate: int, folder: Path) -> Result:
             time.sleep(3.0)  # started and idle
             dues = due_times(rate, lead_for(int(rate * window(rate))))
             before = cpu_of_session(dispatcher.pid), cpu_of_session(consumer.pid)
+            spy = None
+            if profile is not None:  # py-spy's samples of the dispatcher, collapsed stacks
+                profile.mkdir(parents=True, exist_ok=True)
+                out_file = profile / f"{name}-{rate}.txt"
+                spy = subprocess.Popen(
+                    ["py-spy", "record", "--format", "raw", "-o", str(out_file), "-p", str(dispatcher.pid),
+                     "-d", str(int(lead_for(len(dues)) + window(rate) + 2)), "-r", "250", *SPY_OPTIONS],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
             messages = [
                 DelayedMessage(f"m{i}", queue, datetime.fromtimestamp(due, UTC), body=b"x" * 100)
                 for i, due in enumerate(dues)
@@ -221,6 +236,8 @@ def run_duetime(name: str, rate: int, folder: Path) -> Result:
                 raise SystemExit(f"{name} at {rate}/s: storing outlasted the lead; raise lead_for")
             pairs = wait_lines(out, len(dues), window(rate) + 60)
             after = cpu_of_session(dispatcher.pid), cpu_of_session(consumer.pid)
+            if spy is not None:
+                spy.wait()
         finally:
             end(dispatcher)
             end(consumer)
@@ -309,6 +326,11 @@ def main() -> None:
     parser.add_argument("--rates", default="10,100,250,1000,10000", help="messages a second, comma-separated")
     parser.add_argument("--only", default=",".join(PEERS + DUETIME_PATHS), help="paths, comma-separated")
     parser.add_argument("--plot", type=Path, help="draw the curves into this PNG")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="sample each duetime dispatcher with py-spy into this folder (collapsed stacks)",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     only = args.only.split(",")
@@ -323,7 +345,11 @@ def main() -> None:
         for rate in rates:
             baseline: float | None = None
             for name in only:
-                result = (run_peer if name in PEERS else run_duetime)(name, rate, Path(folder))
+                result = (
+                    run_peer(name, rate, Path(folder))
+                    if name in PEERS
+                    else run_duetime(name, rate, Path(folder), args.profile)
+                )
                 results.append(result)
                 if name == "dramatiq":
                     baseline = result.per_message_ms

@@ -41,12 +41,23 @@ except ImportError:  # the extra is not installed: no spans
     _tracer = None
 
 
+#: Once an application has set its tracer provider, OpenTelemetry keeps it for good: asked once.
+_PROVIDER_SET: list[bool] = []
+
+
 def enabled() -> bool:
     """Whether spans are recorded: the package is installed and the application has set a tracer
-    provider (until then OpenTelemetry's default records nothing, and duetime skips the work)."""
+    provider (until then OpenTelemetry's default records nothing, and duetime skips the work).
+    Asked every round: once the answer is yes it is kept (looking costs an environment lookup)."""
     if _tracer is None:
         return False
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    if _PROVIDER_SET:
+        return True
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return False
+    _PROVIDER_SET.append(True)
+    return True
 
 
 def _link(traceparent: str | None, tracestate: str | None = None) -> Any:

@@ -22,7 +22,7 @@ from duetime.clock import SystemClock, to_micros
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option
-from duetime.interfaces import Clock, Closing, ListQuery, Page, StoreCounts
+from duetime.interfaces import Clock, Closing, ListQuery, NextDue, Page, StoreCounts
 from duetime.live_dispatchers import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
 from duetime.message import (
     MAX_GROUP_LENGTH,
@@ -242,6 +242,15 @@ class StoreRules(ScheduleRules, Closing, ABC):
     @abstractmethod
     def _next_due(self) -> datetime | None:
         """The earliest moment something can be claimed: an unclaimed due time or a claim's end."""
+
+    def _next_due_after_move(self) -> NextDue | None:
+        """The next due time read at the end of a move, on the move's own thread (see
+        :class:`MoveOutcome`); None when the read fails: the move has committed and stands, and
+        the dispatcher asks for itself."""
+        try:
+            return NextDue(self._next_due())
+        except Exception:
+            return None
 
     @abstractmethod
     def _delete(self, message_ids: Sequence[str]) -> int: ...

@@ -428,23 +428,27 @@ class Dispatcher:
     async def _sleep_until_next_due(self) -> None:
         wake = self.wakeups
         ahead = wake.take_ahead()
-        try:
-            next_due = await within(
-                self.store.next_due() if ahead is None else ahead,
-                self.calls.deadline(self.fetch_breaker),
-                "next due time",
-            )
-        except Exception as error:
-            await self._fetch_failed(error)
-            return
+        if ahead is not None and ahead.done() and not ahead.cancelled() and ahead.exception() is None:
+            next_due = ahead.result()  # read by the round's own call
+        else:
+            try:
+                next_due = await within(
+                    self.store.next_due() if ahead is None else ahead,
+                    self.calls.deadline(self.fetch_breaker),
+                    "next due time",
+                )
+            except Exception as error:
+                await self._fetch_failed(error)
+                return
         told = wake.take_told()
         if told is not None and (next_due is None or told < next_due):
             next_due = told
         cap = self.settings.max_sleep.total_seconds()
         if next_due is None:
             timeout = cap
-        else:
-            timeout = min(max((next_due - self.clock.now()).total_seconds(), 0.0), cap)
+        else:  # woken within the budget after it is due: the round takes what came due meanwhile
+            wake_at = next_due + self.settings.lateness_budget
+            timeout = min(max((wake_at - self.clock.now()).total_seconds(), 0.0), cap)
         owed = self.summary.due_in()
         if owed is not None:
             timeout = min(timeout, owed)

@@ -207,6 +207,7 @@ class ExactlyOnce:
     async def round(self, now: datetime) -> Round:
         e, limit, batch_size = self.e, self.limit, self.e.settings.batch_size
         started = e.clock.monotonic()
+        e.wakeups.mark()
         try:
             outcome = await within(
                 self.store.move_due(
@@ -227,6 +228,8 @@ class ExactlyOnce:
         moved = len(outcome.moved) + len(outcome.dead_lettered)
         full = moved >= limit
         self.limit = min(limit * 2, batch_size * MOVE_GROWTH, MOVE_MOST) if full else batch_size
+        if outcome.next_due is not None and not full:
+            e.wakeups.know_ahead(outcome.next_due.at)
         if not moved:
             return Round(False, full)
         e.observer.claimed(moved)

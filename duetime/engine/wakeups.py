@@ -47,6 +47,20 @@ class WakeUps:
         self.told = None
         self._ahead = asyncio.ensure_future(question)
 
+    def mark(self) -> None:
+        """A round is about to read the next due time in its own call (:meth:`know_ahead`): what
+        is told from now on is kept on top of that answer; what was told before, it includes."""
+        self.forget_ahead()
+        self.told = None
+
+    def know_ahead(self, due: datetime | None) -> None:
+        """The next due time a round's own call read after :meth:`mark`: the wait that follows
+        takes it without asking."""
+        self.forget_ahead()
+        known: asyncio.Future[datetime | None] = asyncio.get_running_loop().create_future()
+        known.set_result(due)
+        self._ahead = known
+
     def forget_ahead(self) -> None:
         """Drop the next due time asked ahead: a message given back or failed is due again, which
         that answer (asked while it was claimed) does not know."""

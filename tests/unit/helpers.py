@@ -66,6 +66,8 @@ class Rig:
         self.queues = MemoryTransport()
         self.transport = FlakyTransport(self.queues)
         self.criticals: list[CriticalError] = []
+        # On the fake clock a wake is exact: the tests say when, so no lateness budget unless asked.
+        settings.setdefault("lateness_budget", timedelta(0))
         self.settings = DelayedDeliverySettings(**settings)  # type: ignore[arg-type]
         self.dispatcher = self.build(self.store, self.transport)
         self.task: asyncio.Task[None] | None = None

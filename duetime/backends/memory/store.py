@@ -252,7 +252,7 @@ class SyncMemoryStore(StoreRules):
                     transport.enqueue_locked(error_queue, message, error_headers(message, reason))
                     dead.append((message, reason))
                 del self._rows[message.message_id]
-            return MoveOutcome(moved, dead)
+            return MoveOutcome(moved, dead, self._next_due_after_move())
 
 
 class MemoryStore(AsyncStoreBridge):

@@ -443,38 +443,49 @@ class SyncPostgresStore(StoreRules):
         """Take due rows (SKIP LOCKED), enqueue them, delete them: one transaction, exactly-once.
         The batch goes into the queues in one statement that keeps what has a declared queue and
         wakes its receivers (as the queue's own send); the rest go to the error queue."""
+        with pooled(self.pool, self.options) as conn, conn.transaction():
+            moved, dead = self._move(conn, at, limit, error_queue, error_headers)
+        return MoveOutcome(moved, dead, self._next_due_after_move())
+
+    def _move(
+        self,
+        conn: Any,
+        at: datetime,
+        limit: int,
+        error_queue: str,
+        error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+    ) -> tuple[list[Moved], list[tuple[DelayedMessage, str]]]:
         q = self.names.q
         moved: list[Moved] = []
         dead: list[tuple[DelayedMessage, str]] = []
-        with pooled(self.pool, self.options) as conn, conn.transaction():
-            rows = conn.execute(q["take_due"], {"at": check_due_time(at, "at"), "limit": limit}).fetchall()
-            if not rows:
-                return MoveOutcome(moved, dead)
-            due = [r[2].astimezone(UTC) for r in rows]
-            sent = enqueue_declared(
-                conn,
-                self.names,
-                [
-                    (r[1], r[0], outgoing_headers_json(r[3], when, r[0]), r[4])
-                    for r, when in zip(rows, due, strict=True)
-                ],
+        rows = conn.execute(q["take_due"], {"at": check_due_time(at, "at"), "limit": limit}).fetchall()
+        if not rows:
+            return moved, dead
+        due = [r[2].astimezone(UTC) for r in rows]
+        sent = enqueue_declared(
+            conn,
+            self.names,
+            [
+                (r[1], r[0], outgoing_headers_json(r[3], when, r[0]), r[4])
+                for r, when in zip(rows, due, strict=True)
+            ],
+        )
+        undeliverable: list[QueueEntry] = []
+        for row, due_at in zip(rows, due, strict=True):
+            message_id, destination, _, headers_json, body = row[:5]
+            if message_id in sent:
+                moved.append(Moved(message_id, destination, due_at, traceparent_of(headers_json)))
+                continue
+            message = decode(row)
+            reason = f"Destination {destination!r} does not exist."
+            undeliverable.append(
+                (error_queue, message_id, dump_headers(error_headers(message, reason)), body)
             )
-            undeliverable: list[QueueEntry] = []
-            for row, due_at in zip(rows, due, strict=True):
-                message_id, destination, _, headers_json, body = row[:5]
-                if message_id in sent:
-                    moved.append(Moved(message_id, destination, due_at, traceparent_of(headers_json)))
-                    continue
-                message = decode(row)
-                reason = f"Destination {destination!r} does not exist."
-                undeliverable.append(
-                    (error_queue, message_id, dump_headers(error_headers(message, reason)), body)
-                )
-                dead.append((message, reason))
-            if undeliverable:
-                conn.execute(q["declare_queue"], {"name": error_queue})
-                enqueue_declared(conn, self.names, undeliverable)
-        return MoveOutcome(moved, dead)
+            dead.append((message, reason))
+        if undeliverable:
+            conn.execute(q["declare_queue"], {"name": error_queue})
+            enqueue_declared(conn, self.names, undeliverable)
+        return moved, dead
 
     def _close(self) -> None:
         if self._pool is not None:

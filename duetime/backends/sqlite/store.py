@@ -363,26 +363,33 @@ class SyncSqliteStore(StoreRules):
         exist, odd headers) is moved row by row.
         """
         now = to_micros(check_due_time(at, "at"))
+        with self._lock:
+            with write_transaction(self._conn):
+                moved, dead = self._move(now, limit, error_queue, error_headers)
+            return MoveOutcome(moved, dead, self._next_due_after_move())
+
+    def _move(
+        self,
+        now: int,
+        limit: int,
+        error_queue: str,
+        error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+    ) -> tuple[list[Moved], list[tuple[DelayedMessage, str]]]:
         q = self.q
         window = {"at": now, "limit": limit}
-        with self._lock, write_transaction(self._conn):
-            look = self._conn.execute(q["move_due_look"], window).fetchall()
-            if not look:
-                return MoveOutcome([], [])
-            known = {
-                destination: queue_exists(self._conn, destination) for destination in {r[1] for r in look}
-            }
-            if not all(known.values()) or any(r[4] for r in look):
-                return self._move_by_hand(now, limit, known, error_queue, error_headers)
-            inserted = self._conn.execute(q["move_due_enqueue"], window | {"now": now}).rowcount
-            deleted = self._conn.execute(q["move_due_delete"], window).rowcount
-            if inserted != len(look) or deleted != len(look):  # never expected: roll back, say so
-                raise RuntimeError(
-                    f"a move saw {len(look)} due rows, copied {inserted} and deleted {deleted}"
-                )
-        return MoveOutcome(
-            [Moved(r[0], r[1], from_micros(r[2]), traceparent_of(r[3]) if r[3] else None) for r in look], []
-        )
+        look = self._conn.execute(q["move_due_look"], window).fetchall()
+        if not look:
+            return [], []
+        known = {destination: queue_exists(self._conn, destination) for destination in {r[1] for r in look}}
+        if not all(known.values()) or any(r[4] for r in look):
+            return self._move_by_hand(now, limit, known, error_queue, error_headers)
+        inserted = self._conn.execute(q["move_due_enqueue"], window | {"now": now}).rowcount
+        deleted = self._conn.execute(q["move_due_delete"], window).rowcount
+        if inserted != len(look) or deleted != len(look):  # never expected: roll back, say so
+            raise RuntimeError(f"a move saw {len(look)} due rows, copied {inserted} and deleted {deleted}")
+        return [
+            Moved(r[0], r[1], from_micros(r[2]), traceparent_of(r[3]) if r[3] else None) for r in look
+        ], []
 
     def _move_by_hand(
         self,
@@ -391,7 +398,7 @@ class SyncSqliteStore(StoreRules):
         known: dict[str, bool],
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
-    ) -> MoveOutcome:
+    ) -> tuple[list[Moved], list[tuple[DelayedMessage, str]]]:
         """The move a row at a time, in the caller's transaction, for batches SQL cannot move alone."""
         moved: list[Moved] = []
         dead: list[tuple[DelayedMessage, str]] = []
@@ -413,7 +420,7 @@ class SyncSqliteStore(StoreRules):
         self._conn.executemany(self.q["delete"], [(r[0],) for r in rows])
         if dead:
             self._conn.execute(QUERIES["declare_queue"], (error_queue, now))
-        return MoveOutcome(moved, dead)
+        return moved, dead
 
 
 class SqliteStore(TransactionalBridge):
@@ -445,47 +452,14 @@ class SqliteStore(TransactionalBridge):
         return self.sync.path
 
     async def _watch_file(self, subscribers: Subscribers) -> None:
-        """Tell subscribers when another process commits: asleep on the file's write events
-        (:mod:`.filewatch`), reading ``data_version`` every ``watch_interval`` where those
-        cannot be had and for a moment after each event."""
-        watch = watch_file(self.path)
+        """Tell subscribers when another process commits, from a thread of its own (:class:`_Watcher`)
+        until cancelled."""
+        watcher = _Watcher(self, subscribers, asyncio.get_running_loop())
+        watcher.start()
         try:
-            version = await self._call(self.sync.data_version)
-            close_until = 0.0
-            while True:
-                if watch is None:
-                    await asyncio.sleep(self.watch_interval)
-                elif SYSTEM.monotonic() < close_until:
-                    await asyncio.sleep(2 * SETTLE_POLL)
-                elif await watch.wait(RECHECK):
-                    close_until = SYSTEM.monotonic() + SETTLE
-                try:
-                    current = await self._call(self.sync.data_version)
-                except Exception:
-                    continue
-                if current != version:
-                    version = current
-                    await self._tell(subscribers)
+            await asyncio.Future()  # until cancelled (the store closes)
         finally:
-            if watch is not None:
-                watch.close()
-
-    async def _tell(self, subscribers: Subscribers) -> None:
-        """Tell subscribers what another process's commit means: the earliest due time now, so a
-        sleeping dispatcher wakes only if that is before the time it sleeps until.
-
-        Most commits by others are not new messages — a consumer of a queue in the same file
-        commits twice for each message it takes — and each used to wake the dispatcher for a
-        round that found nothing: a write transaction in the consumer's way. Nothing stored: no
-        one to wake. The question failing: "unknown" (None), which wakes the dispatcher.
-        """
-        try:
-            due = await self._call(self.sync.next_due)
-        except Exception:
-            subscribers.notify(None)
-            return
-        if due is not None:
-            subscribers.notify(due)
+            watcher.stop()
 
     def shares_transaction_with(self, transport: object) -> bool:
         return isinstance(transport, SqliteQueueTransport) and _same_file(transport.path, self.path)
@@ -493,3 +467,71 @@ class SqliteStore(TransactionalBridge):
 
 def _same_file(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
+
+
+class _Watcher:
+    """The SQLite store's wake-up: asleep on the file's write events (:mod:`.filewatch`), reading
+    ``data_version`` every ``watch_interval`` where those cannot be had and for a moment after each
+    event, and on a change telling the subscribers the earliest due time (on their loop).
+
+    It runs on a thread of its own rather than on the event loop: while a consumer takes messages
+    from a queue in the same file, the file changes a few hundred times a second, and each look
+    made on the loop (a timer, a hand-off to the store's thread and back) cost the dispatcher more
+    CPU than delivering the message (bench/rate_cost_bench.py). Here a look is a few microseconds,
+    and the loop hears only of a commit by another process.
+
+    Most commits by others are not new messages: the earliest due time is told, and a sleeping
+    dispatcher wakes only if that is before the time it sleeps until. The question failing:
+    "unknown" (None), which wakes it.
+    """
+
+    def __init__(self, store: SqliteStore, subscribers: Subscribers, loop: asyncio.AbstractEventLoop) -> None:
+        self._store, self._subscribers, self._loop = store, subscribers, loop
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="duetime-sqlite-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread at its next look (at most ``RECHECK`` seconds; it holds nothing)."""
+        self._stopped.set()
+
+    def _run(self) -> None:
+        sync, stopped = self._store.sync, self._stopped
+        watch = watch_file(self._store.path)
+        try:
+            version = self._version()
+            close_until = 0.0
+            while not stopped.is_set():
+                if watch is None:
+                    stopped.wait(self._store.watch_interval)
+                elif SYSTEM.monotonic() < close_until:
+                    stopped.wait(2 * SETTLE_POLL)
+                elif watch.try_wait(RECHECK):
+                    close_until = SYSTEM.monotonic() + SETTLE
+                current = self._version()
+                if current is not None and current != version and not stopped.is_set():
+                    version = current
+                    self._tell(sync)
+        except RuntimeError:  # the loop closed under us: nobody is left to tell
+            pass
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _version(self) -> int | None:
+        try:
+            return self._store.sync.data_version()
+        except Exception:  # closed, or the file busy for a moment: look again later
+            return None
+
+    def _tell(self, sync: SyncSqliteStore) -> None:
+        try:
+            due: datetime | None = sync.next_due()
+        except Exception:
+            due = None
+        else:
+            if due is None:
+                return  # nothing stored: no one to wake
+        self._loop.call_soon_threadsafe(self._subscribers.notify, due)
