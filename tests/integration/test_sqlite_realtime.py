@@ -14,7 +14,7 @@ import pytest
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
-from duetime.backends.sqlite import queue as queue_module
+from duetime.backends.sqlite import filewatch
 from duetime.nservicebus.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, envelope_headers
 from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
 from tests.integration.consumer import RecordingConsumer
@@ -203,7 +203,7 @@ def test_a_waiting_receiver_sleeps_until_another_process_writes(
     100 ms of CPU in 3 s), and woken by another process's commit itself: with the look it takes
     anyway now and then pushed past the wait, only the write event can wake it before 20 s. (The
     bound is loose on purpose: a loaded machine once took 0.3 s to run the woken thread.)"""
-    monkeypatch.setattr(queue_module, "RECHECK", 60.0)
+    monkeypatch.setattr(filewatch, "RECHECK", 60.0)
     db = tmp_path / "sleep.db"
     prepare(db, "idle", "orders").close()
     receiver = SyncSqliteQueue(db)

@@ -25,7 +25,7 @@ from duetime.backends.sqlite.connection import (
     parse_sqlite_url,
     write_transaction,
 )
-from duetime.backends.sqlite.filewatch import RECHECK, SETTLE, SETTLE_POLL, FileWatch
+from duetime.backends.sqlite.filewatch import FileWatch, Looks
 from duetime.backends.sqlite.filewatch import watch as watch_file
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import DestinationNotFound
@@ -141,14 +141,12 @@ class SyncSqliteQueue(Closing):
             taken = self._try_receive(queue, max_messages)
             if taken or SYSTEM.monotonic() >= deadline:
                 return taken
-            close_until = 0.0
+            looks = Looks()
             while (left := deadline - SYSTEM.monotonic()) > 0:  # wait for another connection to write
-                if SYSTEM.monotonic() < close_until:
-                    time.sleep(min(left, SETTLE_POLL))
-                elif (written := None if watch is None else watch.try_wait(min(left, RECHECK))) is None:
-                    time.sleep(min(left, self.poll_interval))
-                elif written:
-                    close_until = SYSTEM.monotonic() + SETTLE
+                if (written := None if watch is None else watch.try_wait(min(left, looks.timeout()))) is None:
+                    time.sleep(min(left, self.poll_interval))  # no watch, or another thread is on it
+                else:
+                    looks.after(written)
                 with self._lock:
                     if self._conn.execute("PRAGMA data_version").fetchone()[0] != version:
                         break

@@ -41,7 +41,7 @@ from duetime.backends.sqlite.connection import (
     write_statement,
     write_transaction,
 )
-from duetime.backends.sqlite.filewatch import RECHECK, SETTLE, SETTLE_POLL
+from duetime.backends.sqlite.filewatch import Looks
 from duetime.backends.sqlite.filewatch import watch as watch_file
 from duetime.backends.sqlite.queue import (
     SqliteQueueTransport,
@@ -49,7 +49,7 @@ from duetime.backends.sqlite.queue import (
     enqueue,
     queue_exists,
 )
-from duetime.clock import SYSTEM, from_micros, to_micros
+from duetime.clock import from_micros, to_micros
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, url_options
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
@@ -502,14 +502,12 @@ class _Watcher:
         watch = watch_file(self._store.path)
         try:
             version = self._version()
-            close_until = 0.0
+            looks = Looks()
             while not stopped.is_set():
                 if watch is None:
                     stopped.wait(self._store.watch_interval)
-                elif SYSTEM.monotonic() < close_until:
-                    stopped.wait(2 * SETTLE_POLL)
-                elif watch.try_wait(RECHECK):
-                    close_until = SYSTEM.monotonic() + SETTLE
+                else:
+                    looks.after(bool(watch.try_wait(looks.timeout())))
                 current = self._version()
                 if current is not None and current != version and not stopped.is_set():
                     version = current
