@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, FrontDoor, TransactionMode
-from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
-from duetime.backends.sqlite import filewatch
+from duetime.backends.sqlite import (
+    SqliteQueueTransport,
+    SqliteStore,
+    SyncSqliteQueue,
+    SyncSqliteStore,
+    filewatch,
+)
 from duetime.nservicebus.frontdoor import NSB_EXPIRE, NSB_ROUTE_TO, envelope_headers
 from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
 from tests.integration.consumer import RecordingConsumer
