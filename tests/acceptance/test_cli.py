@@ -742,12 +742,15 @@ def test_queues_receive_returns_as_soon_as_it_has_what_is_there(cli) -> None:  #
         cli("schedule", "orders", body, "--in", "0s")
     cli("run", "--burst")
     started = time.monotonic()
+    cli("--version")  # what starting the command costs on this machine now (seconds when it is busy)
+    start_up = time.monotonic() - started
+    started = time.monotonic()
     got = cli("queues", "receive", "orders")
-    assert time.monotonic() - started < 4, "it waited for more than was there"
+    assert time.monotonic() - started < start_up + 4, "it waited for more than was there"
     assert [json.loads(line)["body"] for line in got.stdout.splitlines()] == ["one", "two"]
     started = time.monotonic()
     cli("queues", "receive", "orders", "--count", "3", "--wait", "1.5")
-    assert 1.4 < time.monotonic() - started < 6, "--count waits for the rest, up to --wait"
+    assert 1.4 < time.monotonic() - started < start_up + 6, "--count waits for the rest, up to --wait"
 
 
 def test_a_flag_out_of_range_is_named_as_typed(tmp_path: Path) -> None:

@@ -104,6 +104,7 @@ def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
         assert len(early.stderr.strip().splitlines()) == 1, early.stderr[-2000:]  # no Spark log line
 
 
+@pytest.mark.timeout(420)  # thirty commands, a few of them starting Spark
 def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_path: Path) -> None:
     """A wrong master, a database or table that is not there, a missing input: each once stopped
     with "internal error" and a Java or Python stack (an unreachable master after a minute)."""
@@ -174,7 +175,14 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         assert len(early.stderr.strip().splitlines()) == 1, early.stderr[-2000:]  # before Spark
     # a pattern only Hadoop reads ({a,b}) is looked at by Spark, which says the same
     missing = run_cli(
-        "bulk", "import", "--from", "jsonl:in/{a,b}.jsonl", "--to", "sqlite:///x.db", cwd=tmp_path
+        "bulk",
+        "import",
+        "--from",
+        "jsonl:in/{a,b}.jsonl",
+        "--to",
+        "sqlite:///x.db",
+        cwd=tmp_path,
+        timeout=180,
     )
     assert missing.returncode == 1 and "/in/{a,b}.jsonl: matches no file" in missing.stderr, missing.stderr[
         -2000:

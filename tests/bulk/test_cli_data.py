@@ -16,6 +16,7 @@ from tests.services import postgres_schema
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(540)  # two Spark jobs over SFTP, each given 240 s: minutes on a busy machine
 def test_the_readmes_sftp_export_as_a_user_runs_it(tmp_path: Path) -> None:
     """README, "Files": `duetime bulk export --to parquet:sftp://… --conf spark.hadoop.fs.sftp…`
     in local mode, then an import back from there the same way."""
