@@ -4,6 +4,7 @@ beside Dramatiq's and Celery's own delayed messages, in one run.
     .venv/bin/python bench/rate_cost_bench.py                         # every path, every rate
     .venv/bin/python bench/rate_cost_bench.py --rates 250 --only sqlite,dramatiq
     .venv/bin/python bench/rate_cost_bench.py --plot docs/cost-per-rate.png
+    .venv/bin/python bench/rate_cost_bench.py --rates 250 --only sqlite --profile /tmp/prof  # py-spy
 
 Per rate (messages a second) and path, messages are due uniformly over a window (20 s; 10 s at
 1,000/s and more, 5 s at 10,000/s), sent before the window opens:
@@ -330,7 +331,7 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="sample each duetime dispatcher with py-spy into this folder (collapsed stacks)",
+        help="sample each duetime dispatcher with py-spy into this folder (collapsed stacks; pip install py-spy)",
     )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
