@@ -428,18 +428,18 @@ class Dispatcher:
     async def _sleep_until_next_due(self) -> None:
         wake = self.wakeups
         ahead = wake.take_ahead()
-        if ahead is not None and ahead.done() and not ahead.cancelled() and ahead.exception() is None:
-            next_due = ahead.result()  # read by the round's own call
-        else:
-            try:
+        try:
+            if ahead is not None and ahead.done():  # answered already (by the round's own call)
+                next_due = ahead.result()
+            else:
                 next_due = await within(
                     self.store.next_due() if ahead is None else ahead,
                     self.calls.deadline(self.fetch_breaker),
                     "next due time",
                 )
-            except Exception as error:
-                await self._fetch_failed(error)
-                return
+        except Exception as error:
+            await self._fetch_failed(error)
+            return
         told = wake.take_told()
         if told is not None and (next_due is None or told < next_due):
             next_due = told

@@ -14,8 +14,6 @@ Linux, or the ``inotify_simple`` package missing) :func:`watch` answers None and
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 from pathlib import Path
@@ -26,6 +24,8 @@ log = logging.getLogger("duetime.sqlite")
 #: WAL is synced: a few milliseconds, more on a busy disk), and their first look's delay.
 SETTLE = 0.1
 SETTLE_POLL = 0.001
+#: How long callers sleep on the watch at most before they look anyway.
+RECHECK = 1.0
 
 
 class Looks:
@@ -57,9 +57,6 @@ class Looks:
             self._pause = self._pause * 2 if self._waited < SETTLE else None
 
 
-#: How long callers sleep on the watch at most before they look anyway.
-RECHECK = 1.0
-
 try:
     from inotify_simple import INotify, flags  # type: ignore[import-untyped]
 except ImportError:  # not Linux, or not installed: callers poll
@@ -76,9 +73,6 @@ class FileWatch:
         self._names = {path.name, f"{path.name}-wal"}
         self._turn = threading.Lock()
 
-    def fileno(self) -> int:
-        return int(self._inotify.fileno())
-
     def _changed(self, timeout_ms: int) -> bool:
         return any(event.name in self._names for event in self._inotify.read(timeout=timeout_ms))
 
@@ -91,18 +85,6 @@ class FileWatch:
             return self._changed(max(int(seconds * 1000), 0))
         finally:
             self._turn.release()
-
-    async def wait(self, seconds: float) -> bool:
-        """:meth:`try_wait` for an event loop (the loop watches the file descriptor)."""
-        loop = asyncio.get_running_loop()
-        readable = asyncio.Event()
-        loop.add_reader(self.fileno(), readable.set)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(readable.wait(), seconds)
-        finally:
-            loop.remove_reader(self.fileno())
-        return readable.is_set() and self._changed(0)  # taken: the next wait sleeps again
 
     def close(self) -> None:
         self._inotify.close()

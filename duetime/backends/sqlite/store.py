@@ -498,7 +498,7 @@ class _Watcher:
         self._stopped.set()
 
     def _run(self) -> None:
-        sync, stopped = self._store.sync, self._stopped
+        stopped = self._stopped
         watch = watch_file(self._store.path)
         try:
             version = self._version()
@@ -511,7 +511,7 @@ class _Watcher:
                 current = self._version()
                 if current is not None and current != version and not stopped.is_set():
                     version = current
-                    self._tell(sync)
+                    self._tell()
         except RuntimeError:  # the loop closed under us: nobody is left to tell
             pass
         finally:
@@ -524,9 +524,9 @@ class _Watcher:
         except Exception:  # closed, or the file busy for a moment: look again later
             return None
 
-    def _tell(self, sync: SyncSqliteStore) -> None:
+    def _tell(self) -> None:
         try:
-            due: datetime | None = sync.next_due()
+            due: datetime | None = self._store.sync.next_due()
         except Exception:
             due = None
         else:
