@@ -170,6 +170,19 @@ def until(check: Callable[[], Any], seconds: float, what: str) -> Any:
     raise AssertionError(f"not within {seconds} s: {what}")
 
 
+def delete_redis_keys(prefix: str) -> None:
+    """Remove what a test wrote to the shared Redis under ``prefix``."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
+
+
 def delete_rabbitmq_queues(*queues: str) -> None:
     """Remove queues a test declared on the shared RabbitMQ."""
     import pika

@@ -24,7 +24,7 @@ from duetime import (
     Transport,
     open_store,
 )
-from tests.services import NATS, REDIS, postgres_schema, require
+from tests.services import NATS, REDIS, delete_redis_keys, postgres_schema, require
 
 BROKERS = ["rabbitmq", "redis-stream", "redis-list", "nats"]
 
@@ -99,8 +99,6 @@ async def test_stores_deliver_through_each_broker(
 async def test_redis_store_wakes_a_sleeping_dispatcher_from_another_process() -> None:
     import subprocess
 
-    import redis as redis_sync
-
     from duetime.backends.redis import RedisStore, RedisTransport, SyncRedisStore
     from tests.conftest import duetime_cmd
 
@@ -141,11 +139,7 @@ async def test_redis_store_wakes_a_sleeping_dispatcher_from_another_process() ->
         await store.close()
         await transport.close()
         other.close()
-        client = redis_sync.Redis.from_url(REDIS)
-        keys = list(client.scan_iter(match=f"duetime-wake-{tag}:*"))
-        if keys:
-            client.delete(*keys)
-        client.close()
+        delete_redis_keys(f"duetime-wake-{tag}:")
 
 
 async def test_nats_environments_with_their_own_subject_prefix_share_a_server() -> None:

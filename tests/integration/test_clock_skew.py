@@ -18,7 +18,14 @@ import pytest
 
 from duetime import DelayedMessage, TransactionMode, open_sync_store
 from tests.conftest import duetime_cmd, run_cli
-from tests.services import REDIS, mariadb_database, postgres_schema, require, require_program
+from tests.services import (
+    REDIS,
+    delete_redis_keys,
+    mariadb_database,
+    postgres_schema,
+    require,
+    require_program,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -88,10 +95,4 @@ def test_a_dispatcher_45_seconds_ahead_never_takes_another_ones_claims() -> None
             assert re.search(r"this host's clock is 4[456]\.\d s ahead", done.stderr), done.stderr
         finally:
             store.close()
-            import redis
-
-            client = redis.Redis.from_url(REDIS)
-            keys = list(client.scan_iter(match=f"{prefix}*"))
-            if keys:
-                client.delete(*keys)
-            client.close()
+            delete_redis_keys(prefix)
