@@ -213,9 +213,15 @@ class _CrashNotes:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.pluginmanager.hasplugin("xdist") and not os.environ.get("PYTEST_XDIST_WORKER"):
-        config.pluginmanager.register(_CrashNotes(), "duetime-crash-notes")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker and "SPARK_SUBMIT_OPTS" not in os.environ:  # the workers inherit it
+        from tests.spark_jvm import options
+
+        spark_options = options()
+        if spark_options:
+            os.environ["SPARK_SUBMIT_OPTS"] = spark_options
+    if config.pluginmanager.hasplugin("xdist") and not worker:
+        config.pluginmanager.register(_CrashNotes(), "duetime-crash-notes")
     if worker:
         default = float(config.getoption("timeout", None) or config.getini("timeout") or 0)
         config.pluginmanager.register(_HangNotes(worker, default), "duetime-hang-notes")
