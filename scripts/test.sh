@@ -18,8 +18,8 @@ echo "== mypy (strict)"; .venv/bin/mypy && .venv/bin/mypy --strict docs/examples
 echo "== import layers (import-linter, contracts in pyproject.toml)"; .venv/bin/lint-imports --no-cache
 # Six workers, each test file whole on one of them (a file's shared fixtures stay shared), the
 # longest files first (tests/file-seconds.json): most tests wait on servers, timers and
-# subprocesses, so six fit two cores (a clean clone here: 15:04 in pytest, 16:13 with the set-up;
-# 16:15 on four workers). DUETIME_TEST_WORKERS=0 runs everything in this process.
+# subprocesses, so six fit two cores (here: 11:34 in pytest, Spark's JVM started as
+# tests/spark_jvm.py says). DUETIME_TEST_WORKERS=0 runs everything in this process.
 workers="${DUETIME_TEST_WORKERS:-6}"
 parallel=()
 # --max-worker-restart=0: a worker that dies (pytest-timeout ends a test that runs over by ending
