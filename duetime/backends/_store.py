@@ -18,6 +18,7 @@ from typing import Any
 
 from duetime.backends._schedules import ScheduleRules
 from duetime.backends._shared_commit import SharedCommits
+from duetime.backends.store_row import CLAIM_COLUMNS, STORE_COLUMNS
 from duetime.clock import SystemClock, to_micros
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
 from duetime.inputs.identifiers import check_name
@@ -69,26 +70,15 @@ def in_flight(message_id: str) -> MessageInFlight:
     return MessageInFlight(f"Message {message_id!r} is being forwarded right now; it cannot be changed.")
 
 
-#: The columns every SQL store table has had since the first version: a table of the store's name
-#: without them is another program's, and setup changes nothing of it.
-STORE_COLUMNS = frozenset(
-    {
-        "message_id",
-        "destination",
-        "due_at",
-        "headers",
-        "body",
-        "failure_count",
-        "claim_token",
-        "claimed_until",
-    }
-)
+#: The columns every SQL store table has had since the first version (all but the group): a table
+#: of the store's name without them is another program's, and setup changes nothing of it.
+FIRST_VERSION_COLUMNS = frozenset({*STORE_COLUMNS, *CLAIM_COLUMNS} - {"group_key"})
 
 
 def check_store_columns(table: str, where: str, columns: Iterable[str]) -> None:
     """ConfigurationError if a table called ``table`` (with ``columns``) is not a duetime store:
     asked before setup adds anything to it."""
-    missing = sorted(STORE_COLUMNS - {c.lower() for c in columns})
+    missing = sorted(FIRST_VERSION_COLUMNS - {c.lower() for c in columns})
     if missing:
         raise ConfigurationError(
             f"Table {table!r} in {where} exists but is not a duetime store (it has no "

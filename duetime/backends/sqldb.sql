@@ -188,61 +188,15 @@ DELETE FROM {ledger} WHERE run_id=%s
 -- name: is_duetime_store
 SELECT message_id, claim_token FROM {table} WHERE 1=0
 
--- name: existing_ids.postgres
--- Joined, not message_id = ANY(%s): with 100,000 ids the planner scanned the whole target.
-SELECT t.message_id FROM {table} AS t JOIN unnest(%s::text[]) AS wanted(id) ON t.message_id = wanted.id
-
--- name: existing_ids
-SELECT message_id FROM {table} WHERE message_id IN ({marks})
-
--- Which of the ids {ids} selects (a column named id) the store table holds already.
--- name: ids_in_store.postgres
-SELECT s.id FROM ({ids}) AS s JOIN {table} AS t ON t.message_id = s.id
-
--- A batch moved into the store in one statement, within one database: {taken} deletes the rows
--- from where they were and returns them as c0..c6 (id, destination, due µs, headers JSON text,
--- body, failure count, group); the answer is how many were taken, how many stored (the same, or
--- the statement is rolled back by its caller) and the earliest due time taken, in µs.
--- name: move_into_store.postgres
-WITH moved AS ({taken}),
-ins AS (
-    INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-    SELECT c0, c1, {due}, c3::json, c4, c5, {group} FROM moved RETURNING 1
-)
-SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2) FROM moved)
-
--- name: create_incoming.postgres
-CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (
-    message_id text, destination text, due_us bigint, headers text, body bytea, failure_count integer,
-    group_key text
-) ON COMMIT DROP
-
--- name: empty_incoming.postgres
-TRUNCATE duetime_bulk_in
-
--- name: copy_incoming.postgres
-COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)
-
--- name: copy_messages.postgres
-COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN (FORMAT BINARY)
-
--- The due time is records.timestamptz_sql("due_us"): µs since 1970 to timestamptz exactly.
--- name: insert_from_incoming.postgres
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-SELECT message_id, destination, {due}, headers::json, body, failure_count,
-       group_key
-FROM duetime_bulk_in ON CONFLICT (message_id) DO NOTHING RETURNING message_id
-
--- Only for staged rows whose headers a store keeps as they are (records.store_ready); the group
--- is duetime's own or an NServiceBus SagaId (not the empty GUID), as records.group_of says.
--- name: insert_from_staged.postgres
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-SELECT message_id, destination, {due}, coalesce(headers, '{{}}')::json, body, failure_count,
-       {group_of_extra}
+-- An endpoint's staged rows of a batch as a store keeps them, but for the ids given (their problems),
+-- for the store's bulk writer (duetime.backends.postgres.bulk_rows) in the same database. Only for
+-- rows whose headers a store keeps as they are (records.store_ready); the group is duetime's own or
+-- an NServiceBus SagaId (not the empty GUID), as records.group_of says.
+-- name: staged_store_rows.postgres
+SELECT message_id, destination, due_us, coalesce(headers, '{{}}'), body, failure_count, {group_of_extra}
 FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
-ON CONFLICT (message_id) DO NOTHING RETURNING message_id
 
--- The same rows as insert_from_staged, for a store in another PostgreSQL database: one server's
+-- The same rows as staged_store_rows, for a store in another PostgreSQL database: one server's
 -- COPY feeds the other's, in binary, so the types are exactly the store table's columns.
 -- name: copy_staged_out.postgres
 COPY (
@@ -250,18 +204,6 @@ COPY (
            ({group_of_extra})::text
     FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
 ) TO STDOUT (FORMAT BINARY)
-
--- name: copy_store_in.postgres
-COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN (FORMAT BINARY)
-
--- {values} is one "(%s, %s, %s, %s, %s, %s, %s)" per row.
--- name: insert_messages_ignoring.mysql
-INSERT IGNORE INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key) VALUES {values}
-RETURNING message_id
-
--- name: insert_message
-INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
 
 -- ---------------------------------------------------------------------------------------------
 -- `bulk schedule`: the ids each job has stored, so a rerun stores none twice.

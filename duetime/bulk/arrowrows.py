@@ -13,9 +13,9 @@ from typing import Any
 
 from duetime.bulk.records import MSMQ_PROPERTIES, store_headers
 
-#: The store table's columns, in the order of ``insert_message`` and ``copy_messages``; the batch
-#: column each comes from.
-STORE_COLUMNS = ("message_id", "destination", "due_us", "headers", "body", "failure_count", "group")
+#: For each of the store's columns (:data:`~duetime.backends.store_row.STORE_COLUMNS`), in its
+#: order, the record batch's column it comes from.
+BATCH_COLUMNS = ("message_id", "destination", "due_us", "headers", "body", "failure_count", "group")
 
 
 def store_rows(batch: Any) -> list[tuple[Any, ...]]:
@@ -24,7 +24,7 @@ def store_rows(batch: Any) -> list[tuple[Any, ...]]:
     body, failure count, group."""
     columns = [
         (store_headers_column(batch.column(name)) if name == "headers" else batch.column(name)).to_pylist()
-        for name in STORE_COLUMNS
+        for name in BATCH_COLUMNS
     ]
     return list(zip(*columns, strict=True))
 

@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from duetime.backends.sqldb import Database
+from duetime.backends.store_row import STORE_COLUMNS
 from duetime.bulk.records import (
     Record,
+    bulk_row,
     due_us_of,
     group_extra,
-    group_of,
     parse_headers,
-    store_headers,
     to_header_infos,
 )
 from duetime.clock import from_micros, to_micros
@@ -105,7 +105,7 @@ class DuetimeLayout(Layout):
     """duetime's own store tables. Rows a live dispatcher has claimed are in flight: left alone."""
 
     name = "duetime"
-    columns = ("message_id", "destination", "due_at", "headers", "body", "failure_count", "group_key")
+    columns = STORE_COLUMNS
     key = "message_id"
     due = "due_at"
     suffix = ".delayed"
@@ -151,18 +151,9 @@ class DuetimeLayout(Layout):
         return "group_key"
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
-        """The row a duetime store keeps: headers as its JSON, the group from the source's
-        (duetime's group, NServiceBus's SagaId)."""
-        assert record.due_us is not None
-        return (
-            record.message_id,
-            record.destination,
-            self.due_param(record.due_us),
-            store_headers(record.headers),
-            record.body,
-            record.failure_count,
-            group_of(record),
-        )
+        """The row a duetime store keeps (:func:`bulk_row`), its due time as this database takes it."""
+        row = bulk_row(record)
+        return (*row[:2], self.due_param(row[2]), *row[3:])
 
 
 #: The timeout migration tool's cutoff when none is given: ``DateTime.Parse("2012-01-01")`` in its

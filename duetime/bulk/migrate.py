@@ -45,7 +45,6 @@ from duetime.bulk.records import (
     plainly_fine_sql,
     problem,
     store_ready,
-    timestamptz_sql,
 )
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import StoreTarget, Target, open_target
@@ -345,7 +344,6 @@ def _move_batch(
     d, lay = source.db, source.layout
     table = d.qualified(batch.table)
     store_table = target.layout.table_for(batch.endpoint)
-    target_table = target.db.qualified(store_table)
     with d.session() as conn:
         exprs = source.server_records(conn)
         if exprs is None:  # a server that cannot convert exactly: the staged path, through Python
@@ -353,16 +351,8 @@ def _move_batch(
         ident = exprs[0]
         if not source.claim_status(conn, run_id, batch.number, "pending"):
             return None
-        present = [
-            r[0]
-            for r in d.execute(
-                conn,
-                d.query(
-                    "ids_in_store", ids=f"SELECT {ident} AS id FROM {table} WHERE {where}", table=target_table
-                ),
-                params,
-            ).fetchall()
-        ]
+        store = target.pg_rows(store_table)
+        present = store.ids_present(conn, f"SELECT {ident} AS id FROM {table} WHERE {where}", params)
         # A long list as an anti-join: ``<> ALL(ids)`` is hashed only from PostgreSQL 15 on, and
         # compared id by id a batch whose 100,000 rows the target all holds is 10^10 comparisons.
         # A short one (the usual: none) as the array, which is the faster plan when it is short.
@@ -372,22 +362,15 @@ def _move_batch(
             if len(present) > 1_000
             else f"({ident}) <> ALL(%s::text[])"
         )
-        cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], lay.group_expr()]))
+        # The store's row: c0..c6 (the group as duetime keeps it: no empty GUID)
+        cols = ", ".join(
+            f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], group_value_sql(lay.group_expr())])
+        )
         take = f"DELETE FROM {table} WHERE {where} AND {plainly_fine_sql(exprs)} AND {not_present} RETURNING {cols}"
-        counts = d.execute(
-            conn,
-            d.query(
-                "move_into_store",
-                taken=take,
-                table=target_table,
-                due=timestamptz_sql("c2"),
-                group=group_value_sql("c6"),
-            ),
-            [*params, present],
-        ).fetchone()
-        if counts[0] != counts[1]:
-            raise RuntimeError(f"batch {batch.number}: moved {counts[0]} rows but inserted {counts[1]}")
-        moved, earliest = int(counts[0]), [int(counts[2])] if counts[2] is not None else []
+        moved, stored, first_us = store.move(conn, take, [*params, present])
+        if moved != stored:
+            raise RuntimeError(f"batch {batch.number}: moved {moved} rows but inserted {stored}")
+        earliest = [first_us] if first_us is not None else []
         # What is left (the server could not vouch for it) is checked here, usually nothing.
         rest = [
             Record(batch.endpoint, r[0], r[1], r[2], r[3], bytes(r[4]), int(r[5]), r[6])
@@ -424,8 +407,7 @@ def _move_batch(
             [moved + left, moved, left, "\n".join(notes), run_id, batch.number],
         )
         if moved:
-            first = Record(batch.endpoint, "", None, min(earliest), None, b"", 0)
-            target.announce_written(conn, {store_table: [first]}, {store_table: moved})
+            target.written(conn, {store_table: min(earliest)}, {store_table: moved})
     return moved
 
 

@@ -161,14 +161,19 @@ def group_extra(group: str) -> str:
     return '{"group": ' + json.dumps(group) + "}"
 
 
-def timestamptz_sql(micros: str) -> str:
-    """A PostgreSQL expression turning ``micros`` (µs since 1970, a bigint) into a timestamptz
-    exactly. ``micros * interval '1 microsecond'`` (and ``to_timestamp``) multiply in double
-    precision, exact only up to 2^53 µs (the year 2255): 9998-12-31 23:59:59.999999 came out as
-    9999-01-01. Whole seconds times a second, plus the rest, stay exact."""
+def bulk_row(record: Record) -> tuple[Any, ...]:
+    """The row a duetime store keeps for a checked record, as the stores' bulk writes take it
+    (``duetime.backends.<store>.bulk_rows``): id, destination, due µs, headers as the store keeps
+    them, body, failure count, group (duetime's own, or an NServiceBus saga's)."""
+    assert record.due_us is not None  # checked records only
     return (
-        f"(timestamptz 'epoch' + ({micros}) / 1000000 * interval '1 second' "
-        f"+ mod({micros}, 1000000) * interval '1 microsecond')"
+        record.message_id,
+        record.destination,
+        record.due_us,
+        store_headers(record.headers),
+        record.body,
+        record.failure_count,
+        group_of(record),
     )
 
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from duetime.backends.sqldb import Database
@@ -21,10 +21,12 @@ from duetime.bulk.copybinary import HEADER, TRAILER, copy_rows
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import CHUNK_ROWS, checked_of, chunked
 from duetime.bulk.layouts import DuetimeLayout
-from duetime.bulk.records import Destination, Record, group_of, group_sql, store_headers, timestamptz_sql
-from duetime.clock import from_micros
+from duetime.bulk.records import Destination, Record, bulk_row, group_sql
 from duetime.errors import ConfigurationError
 from duetime.inputs.urls import redact, split_options
+
+if TYPE_CHECKING:
+    from duetime.backends.postgres.bulk_rows import PgBulkRows
 
 
 class _IdTaken(Exception):
@@ -143,21 +145,20 @@ class StoreTarget(_TakesAll):
                 return done
             conflicts: list[str] = []
             inserted = 0
-            earliest: dict[str, list[Record]] = {}
+            earliest: dict[str, int | None] = {}
             added: dict[str, int] = {}
             for chunk in chunks:
-                for table, rows, first in self._by_table(chunk):
+                for table, rows, first_us in self._by_table(chunk):
                     got, clash = self.insert_rows(conn, table, rows)
                     inserted += got
                     added[table] = added.get(table, 0) + got
                     conflicts += clash
-                    earliest[table] = [*earliest.get(table, []), first]
+                    earliest[table] = _earliest(earliest.get(table), first_us)
             written = Written(inserted, tuple(conflicts))
             self.db.execute(
                 conn, self.db.query("insert_ledger_row"), [run_id, batch, inserted, json.dumps(conflicts)]
             )
-            if self.db.dialect == "postgres":
-                self.announce_written(conn, earliest, added)
+            self.written(conn, earliest, added)
             return written
 
     def shares_database(self, other: Database) -> bool:
@@ -173,6 +174,12 @@ class StoreTarget(_TakesAll):
             return False
         return self.db.place()[:-1] == other.place()[:-1]  # the schema aside: one database
 
+    def pg_rows(self, table: str) -> PgBulkRows:
+        """The PostgreSQL store's bulk writer for one endpoint's ``table``."""
+        from duetime.backends.postgres.bulk_rows import PgBulkRows
+
+        return PgBulkRows(self.db.schema or "public", table)
+
     def write_from_staging(
         self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
     ) -> Written:
@@ -182,6 +189,9 @@ class StoreTarget(_TakesAll):
     def _write_from_staging(
         self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
     ) -> Written:
+        staged_rows = self.db.query(
+            "staged_store_rows", staged=staged_table, group_of_extra=group_sql("extra")
+        )
         with self.db.session() as conn:
             done = self._ledger(conn, run_id, batch)
             if done is not None:
@@ -192,21 +202,14 @@ class StoreTarget(_TakesAll):
                     by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
             new: set[str] = set()
             added: dict[str, int] = {}
+            earliest: dict[str, int | None] = {}
             for table, rows in by_table.items():
-                cur = self.db.execute(
-                    conn,
-                    self.db.query(
-                        "insert_from_staged",
-                        table=self.db.qualified(table),
-                        staged=staged_table,
-                        group_of_extra=group_sql("extra"),
-                        due=timestamptz_sql("due_us"),
-                    ),
-                    [run_id, batch, rows[0].endpoint, list(skip)],
+                ids = self.pg_rows(table).insert_selected(
+                    conn, staged_rows, [run_id, batch, rows[0].endpoint, list(skip)]
                 )
-                ids = {r[0] for r in cur.fetchall()}
                 new |= ids
                 added[table] = len(ids)
+                earliest[table] = min((r.due_us for r in rows if r.due_us is not None), default=None)
             wanted = [r.message_id for rows in by_table.values() for r in rows]
             written = Written(len(new), tuple(_not_written(wanted, new)))
             self.db.execute(
@@ -214,7 +217,7 @@ class StoreTarget(_TakesAll):
                 self.db.query("insert_ledger_row"),
                 [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
             )
-            self.announce_written(conn, by_table, added)
+            self.written(conn, earliest, added)
             return written
 
     def pipes_from(self, source: Database) -> bool:
@@ -251,7 +254,7 @@ class StoreTarget(_TakesAll):
         endpoints: Mapping[str, tuple[int, int | None]],
         skip: set[str],
     ) -> Written:
-        import psycopg
+        from duetime.backends.postgres.bulk_rows import timestamptz_sql
 
         out = source.query(  # {staged}: the source's own staging table
             "copy_staged_out", group_of_extra=group_sql("extra"), due=timestamptz_sql("due_us")
@@ -261,45 +264,39 @@ class StoreTarget(_TakesAll):
             if done is not None:
                 return done
             added: dict[str, int] = {}
-            earliest: dict[str, list[Record]] = {}
+            earliest: dict[str, int | None] = {}
             with source.session(write=False) as reading:
                 for endpoint, (count, first_us) in endpoints.items():
                     table = self.layout.table_for(endpoint)
-                    into = self.db.query("copy_store_in", table=self.db.qualified(table))
-                    try:
-                        with (
-                            reading.cursor() as src,
-                            src.copy(out, [run_id, batch, endpoint, list(skip)]) as rows_out,
-                            conn.cursor() as dst,
-                        ):
-                            with dst.copy(into) as rows_in:
-                                for chunk in rows_out:
-                                    rows_in.write(chunk)
-                            copied = dst.rowcount
-                    except psycopg.errors.UniqueViolation:
-                        raise _IdTaken() from None  # the session rolls back every table's rows
+                    with (
+                        reading.cursor() as src,
+                        src.copy(out, [run_id, batch, endpoint, list(skip)]) as rows_out,
+                    ):
+                        copied = self.pg_rows(table).copy_encoded(conn, rows_out)
+                    if copied is None:
+                        raise _IdTaken()  # the session rolls back every table's rows
                     if copied != count:
                         raise RuntimeError(f"batch {batch}: {copied} rows piped into {table}, {count} staged")
                     added[table] = count
-                    earliest[table] = [Record(endpoint, "", None, first_us, None, b"", 0)]
+                    earliest[table] = first_us
             written = Written(sum(added.values()))
             self.db.execute(
                 conn,
                 self.db.query("insert_ledger_row"),
                 [run_id, batch, written.inserted, json.dumps([])],
             )
-            self.announce_written(conn, earliest, added)
+            self.written(conn, earliest, added)
             return written
 
-    def _by_table(self, chunk: list[Record] | Any) -> list[tuple[str, list[Record] | Any, Record]]:
+    def _by_table(self, chunk: list[Record] | Any) -> list[tuple[str, list[Record] | Any, int | None]]:
         """A chunk's rows by store table (a table may take several endpoints' rows), each part
-        with a record holding its earliest due time."""
+        with its earliest due time (µs)."""
         if isinstance(chunk, list):
             by_table: dict[str, list[Record]] = {}
             for record in chunk:
                 by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
             return [
-                (table, rows, min(rows, key=lambda r: r.due_us if r.due_us is not None else 2**63))
+                (table, rows, min((r.due_us for r in rows if r.due_us is not None), default=None))
                 for table, rows in by_table.items()
             ]
         import pyarrow.compute as pc
@@ -307,130 +304,50 @@ class StoreTarget(_TakesAll):
         parts = []
         for endpoint in pc.unique(chunk.column("endpoint")).to_pylist():
             rows = chunk.filter(pc.equal(chunk.column("endpoint"), endpoint))
-            first = Record(endpoint, "", None, pc.min(rows.column("due_us")).as_py(), None, b"", 0)
-            parts.append((self.layout.table_for(endpoint), rows, first))
+            parts.append((self.layout.table_for(endpoint), rows, pc.min(rows.column("due_us")).as_py()))
         return parts
 
     def insert_rows(self, conn: Any, table: str, rows: Sequence[Record] | Any) -> tuple[int, list[str]]:
-        """Rows (records, or an Arrow batch of them) into ``table``: how many went in, and the
-        ids that were there already. PostgreSQL COPYs them; an id already in the table makes this
-        task insert through a temporary table from then on (``ON CONFLICT`` tells them apart)."""
+        """Rows (records, or an Arrow batch of them) into ``table`` through the store's bulk
+        writer: how many went in, and the ids that were there already (or given twice: the
+        first wins). PostgreSQL COPYs them; an id already in the table makes this task insert
+        through a temporary table from then on (``ON CONFLICT`` tells them apart)."""
         d = self.db
-        target = d.qualified(table)
-        if d.dialect == "postgres" and self._straight:
-            import psycopg
-
-            # A savepoint in the caller's transaction (it holds the ledger row too): an id
-            # already there undoes this COPY alone.
-            conn.execute("SAVEPOINT duetime_copy")
-            try:
-                self._copy_straight(conn, target, rows)
-            except psycopg.errors.UniqueViolation:
-                conn.execute("ROLLBACK TO SAVEPOINT duetime_copy")
-                self._straight = False  # ids clash here: the rest of this task sorts them out
-            else:
-                conn.execute("RELEASE SAVEPOINT duetime_copy")
-                return len(rows), []
-        if d.dialect != "postgres":
-            return self._insert_rows(conn, target, self._store_rows(rows))
-        if not isinstance(rows, Sequence):
-            rows = [record for record, _ in checked_of([rows])]
-        ids = [r.message_id for r in rows]
-        cur = conn.cursor()
-        cur.execute(d.query("create_incoming"))
-        cur.execute(d.query("empty_incoming"))
-        with cur.copy(d.query("copy_incoming")) as copy:
-            copy.set_types(["text", "text", "int8", "text", "bytea", "int4", "text"])
-            for r in rows:
-                copy.write_row(
-                    (
-                        r.message_id,
-                        r.destination,
-                        r.due_us,
-                        store_headers(r.headers),
-                        r.body,
-                        r.failure_count,
-                        group_of(r),
-                    )
+        arrow = not isinstance(rows, Sequence)
+        if d.dialect == "postgres":
+            pg = self.pg_rows(table)
+            if self._straight:
+                copied = (
+                    pg.copy_encoded(conn, [HEADER, copy_rows(rows), TRAILER])
+                    if arrow
+                    else pg.copy(conn, [bulk_row(r) for r in rows])
                 )
-        cur.execute(d.query("insert_from_incoming", table=target, due=timestamptz_sql("due_us")))
-        new = {r[0] for r in cur.fetchall()}
-        return len(new), _not_written(ids, new)
-
-    def _store_rows(self, rows: Sequence[Record] | Any) -> list[tuple[Any, ...]]:
-        """SQLite, MariaDB: the store table's rows for records, or for an Arrow batch of them
-        (column by column, :func:`store_rows`)."""
-        if isinstance(rows, Sequence):
-            return [self.layout.to_row(r) for r in rows]
-        return store_rows(rows)
-
-    def _insert_rows(self, conn: Any, target: str, rows: Sequence[tuple[Any, ...]]) -> tuple[int, list[str]]:
-        """SQLite, MariaDB: store rows into ``target``, an id there already (or given twice: the
-        first wins) left out; how many went in, and the ids left out."""
-        d = self.db
-        ids = [r[0] for r in rows]
+                if copied is not None:
+                    return copied, []
+                self._straight = False  # ids clash here: the rest of this task sorts them out
+            if arrow:
+                rows = [record for record, _ in checked_of([rows])]
+            new = pg.insert_new(conn, [bulk_row(r) for r in rows])
+            return len(new), _not_written([r.message_id for r in rows], new)
+        store_rows_ = store_rows(rows) if arrow else [bulk_row(r) for r in rows]
+        ids = [r[0] for r in store_rows_]
         if d.dialect == "mysql":
-            new: set[str] = set()
-            for chunk in d.chunks(rows, 500):
-                values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(chunk))
-                flat = [v for r in chunk for v in r]
-                cur = d.execute(conn, d.query("insert_messages_ignoring", table=target, values=values), flat)
-                new |= {r[0] for r in cur.fetchall()}
+            from duetime.backends.mysql.bulk_rows import MariaDbBulkRows
+
+            new = MariaDbBulkRows(table).insert_new(conn.cursor(), store_rows_)
             return len(new), _not_written(ids, new)
-        present: set[str] = set()
-        for chunk in d.chunks(ids, 500):
-            marks = d.in_list(len(chunk))
-            found = d.execute(conn, d.query("existing_ids", table=target, marks=marks), chunk).fetchall()
-            present |= {r[0] for r in found}
-        fresh = []
-        for r in rows:  # the first of an id given twice; the second is a conflict
-            if r[0] not in present:
-                present.add(r[0])
-                fresh.append(r)
-        d.executemany(conn, d.query("insert_message", table=target), fresh)
+        from duetime.backends.sqlite.bulk_rows import SqliteBulkRows
+
+        fresh = SqliteBulkRows(table).insert_new(conn, store_rows_)
         return len(fresh), _not_written(ids, {r[0] for r in fresh})
 
-    def _copy_straight(self, conn: Any, target: str, rows: Sequence[Record] | Any) -> None:
-        """Rows into the store table by one COPY: a third less of the server's time than COPY
-        into a temporary table and ``INSERT … ON CONFLICT`` from it (100,000 rows: 0.44 s against
-        0.69 s), which only an id already in the table needs."""
-        if not isinstance(rows, Sequence):  # an Arrow batch, encoded by Arrow
-            with conn.cursor().copy(self.db.query("copy_messages", table=target)) as copy:
-                copy.write(HEADER)
-                copy.write(copy_rows(rows))
-                copy.write(TRAILER)
-            return
-        with conn.cursor().copy(self.db.query("copy_messages", table=target)) as copy:
-            # The headers as text: COPY hands a json column its binary form, which is the text
-            # itself (psycopg's json type would encode the text as a JSON string).
-            copy.set_types(["text", "text", "timestamptz", "text", "bytea", "int4", "text"])
-            for r in rows:
-                assert r.due_us is not None  # checked records only
-                copy.write_row(
-                    (
-                        r.message_id,
-                        r.destination,
-                        from_micros(r.due_us),
-                        store_headers(r.headers),
-                        r.body,
-                        r.failure_count,
-                        group_of(r),
-                    )
-                )
-
-    def announce_written(self, conn: Any, by_table: dict[str, list[Record]], added: dict[str, int]) -> None:
-        """PostgreSQL, in the transaction that wrote ``added`` rows per table (``by_table`` holds at
-        least each table's earliest): wake the target's dispatchers (they LISTEN) for the earliest
-        message, and give a table filled from (nearly) empty fresh planner statistics, so they use
-        its due index at once (``refresh_planner_stats``)."""
-        from duetime.backends.postgres.common import PgNames, announce, refresh_planner_stats
-
-        for table, rows in by_table.items():
-            earliest = min((r.due_us for r in rows if r.due_us is not None), default=None)
-            if earliest is not None:
-                announce(conn, PgNames(self.db.schema or "public", table), from_micros(earliest))
-        for table, count in added.items():
-            refresh_planner_stats(conn, self.db.qualified(table), count)
+    def written(self, conn: Any, earliest: Mapping[str, int | None], added: Mapping[str, int]) -> None:
+        """In the transaction that wrote ``added`` rows per table, the earliest due (µs) of each:
+        PostgreSQL wakes the store's dispatchers and refreshes a filled table's statistics
+        (SQLite's and MariaDB's dispatchers notice new rows themselves)."""
+        if self.db.dialect == "postgres":
+            for table, count in added.items():
+                self.pg_rows(table).written(conn, earliest.get(table), count)
 
     def write_once(self, job: str, records: Sequence[Record]) -> Written:
         return self.db.retrying(lambda: self._write_once(job, records))
@@ -451,13 +368,14 @@ class StoreTarget(_TakesAll):
                 by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)
             inserted, conflicts = 0, []
             added: dict[str, int] = {}
+            earliest: dict[str, int | None] = {}
             for table, rows_ in by_table.items():
                 got, clash = self.insert_rows(conn, table, rows_)
                 inserted += got
                 added[table] = got
                 conflicts += clash
-            if d.dialect == "postgres":
-                self.announce_written(conn, by_table, added)
+                earliest[table] = min((r.due_us for r in rows_ if r.due_us is not None), default=None)
+            self.written(conn, earliest, added)
             return Written(inserted, tuple(conflicts))
 
     def _claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:
@@ -660,3 +578,7 @@ def _not_written(ids: Sequence[str], new: set[str]) -> list[str]:
         else:
             clashes.append(message_id)
     return clashes
+
+
+def _earliest(known: int | None, found: int | None) -> int | None:
+    return found if known is None else known if found is None else min(known, found)

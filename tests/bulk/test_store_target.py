@@ -1,21 +1,27 @@
-"""Writing records into a PostgreSQL store: straight COPY into the store table while no id is
-there already; an id that is (or comes twice) undoes only that COPY, and the write goes on the
-careful way (a temporary table, then INSERT … ON CONFLICT), counting it as a conflict. No Spark."""
+"""Writing records into a store, through each SQL store's bulk writer (the contract every store's
+``bulk_rows`` keeps: conflicts counted, never overwritten, a batch whole or not at all, once), and
+PostgreSQL's own ways: straight COPY into the store table while no id is there already; an id that
+is (or comes twice) undoes only that COPY, and the write goes on the careful way (a temporary
+table, then INSERT … ON CONFLICT), counting it as a conflict. No Spark."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import pytest
 
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.sqldb import Database
 from duetime.bulk.frames import CHUNK_ROWS
 from duetime.bulk.records import Record, group_extra
-from duetime.bulk.targets import StoreTarget
+from duetime.bulk.targets import StoreTarget, Written
 from duetime.clock import to_micros
 from duetime.registry import open_sync_store
 from tests.bulk.test_migrate import store_rows
-from tests.services import postgres_schema
+from tests.services import mariadb_database, postgres_schema
 
 DUE = datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
 
@@ -72,6 +78,72 @@ def test_an_id_given_twice_is_written_once_and_counted_as_a_conflict_on_sqlite(t
     written = target.write("run-1", 0, [_record(1), _record(1, "other"), _record(2)])
     assert (written.inserted, written.conflicts) == (2, ("m1",))
     assert store_rows(url, "Sales")["m1"].destination == "orders"
+
+
+@contextmanager
+def _store_of(kind: str, tmp_path: Path) -> Iterator[str]:
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        with postgres_schema() if kind == "postgresql" else mariadb_database() as url:
+            yield url
+
+
+#: Every SQL store's bulk writer (duetime/backends/<store>/bulk_rows.py), through the bulk jobs' target.
+STORES = ["sqlite", "postgresql", "mariadb"]
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_stores_bulk_write_keeps_what_is_there_and_writes_a_batch_once(kind: str, tmp_path: Path) -> None:
+    """Ids the store holds already are conflicts and never overwritten; an id given twice in a
+    batch is written once (the first); an empty batch writes nothing; a batch written once is never
+    written again (its ledger row commits with it), even after its messages are gone."""
+    with _store_of(kind, tmp_path) as url:
+        store = open_sync_store(url)
+        store.setup_infrastructure("Sales")
+        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
+        store.store(DelayedMessage("m3", "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
+        target = StoreTarget(Database.from_url(url))
+        target.prepare(["Sales"])
+        assert target.write("run-1", 0, []) == Written(0, ())
+        written = target.write("run-1", 1, [_record(i) for i in range(5)] + [_record(1, "other")])
+        assert (written.inserted, sorted(written.conflicts)) == (4, ["m1", "m3"])
+        stored = store_rows(url, "Sales")
+        assert (stored["m3"].destination, stored["m1"].destination) == ("elsewhere", "orders")
+        first = stored["m4"]
+        assert (first.due_at, first.headers, first.body, first.failure_count, first.group) == (
+            DUE,
+            {"n": "4"},
+            bytes([4]),
+            1,
+            "g4",
+        )
+        store.cancel("m0")
+        again = target.write("run-1", 1, [_record(i) for i in range(5)])
+        assert again == written  # the ledger's answer: m0 is not written a second time
+        assert "m0" not in store_rows(url, "Sales")
+        store.close()
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_bulk_write_that_fails_half_way_writes_nothing(kind: str, tmp_path: Path) -> None:
+    """The records stop with an error after a chunk has gone in: the store keeps none of the
+    batch and no ledger row, so the batch's next try writes it whole."""
+
+    def broken() -> Iterator[Record]:
+        yield from (_record(i) for i in range(CHUNK_ROWS + 10))
+        raise RuntimeError("the source went away")
+
+    with _store_of(kind, tmp_path) as url:
+        target = StoreTarget(Database.from_url(url))
+        target.prepare(["Sales"])
+        with pytest.raises(RuntimeError, match="went away"):
+            target.write("run-1", 0, broken())
+        assert store_rows(url, "Sales") == {}
+        assert target.ledger("run-1", 0) is None
+        written = target.write("run-1", 0, [_record(i) for i in range(CHUNK_ROWS + 10)])
+        assert written == Written(CHUNK_ROWS + 10, ())
+        assert len(store_rows(url, "Sales")) == CHUNK_ROWS + 10
 
 
 async def test_a_bulk_write_wakes_a_sleeping_dispatcher_with_the_due_time_it_announced() -> None:

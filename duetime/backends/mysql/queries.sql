@@ -199,3 +199,9 @@ WHERE endpoint = %s AND planned_until IS NOT NULL AND planned_until <= %s ORDER 
 
 -- name: schedule_delete
 DELETE FROM duetime_schedules WHERE endpoint = %s AND schedule_id = %s;
+
+-- Whole batches of store rows (duetime.backends.mysql.bulk_rows), in the caller's transaction;
+-- {{values}} (doubled: filled in after {table}) is one "(%s, %s, %s, %s, %s, %s, %s)" per row.
+-- name: bulk_insert_ignoring
+INSERT IGNORE INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+VALUES {{values}} RETURNING message_id

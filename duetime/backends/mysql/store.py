@@ -42,6 +42,7 @@ from duetime.backends._store import (
     table_name,
 )
 from duetime.backends.sqlfiles import load_queries
+from duetime.backends.store_row import STORE_COLUMNS
 from duetime.clock import from_micros, to_micros
 from duetime.errors import (
     ConfigurationError,
@@ -58,7 +59,7 @@ from duetime.settings import TransactionMode
 
 QUERIES = load_queries("duetime.backends.mysql")
 EXACT_COUNT_LIMIT = 1_000_000
-_COLUMNS = "message_id, destination, due_at, headers, body, failure_count, group_key"
+_COLUMNS = ", ".join(STORE_COLUMNS)
 _OPTIONS = {"table", "claim_timeout", "poll_interval", "connect_timeout"}
 
 
@@ -111,7 +112,9 @@ def _micros(value: datetime | None) -> int | None:
     return None if value is None else to_micros(value)
 
 
-def _ident(name: str) -> str:
+def table_identifier(name: str) -> str:
+    """A table's name as MariaDB takes it: backquoted, and within its 64 characters (a long one
+    cut, with a hash of the whole to keep it apart): the store and its bulk writes alike."""
     if len(name) > 64:
         name = name[:53] + "_" + hashlib.sha1(name.encode()).hexdigest()[:10]
     return "`" + name.replace("`", "``") + "`"
@@ -250,7 +253,10 @@ class SyncMysqlStore(StoreRules):
             self._conn = None
 
     def _queries(self, table: str, collation: str) -> dict[str, str]:
-        return {name: sql.format(table=_ident(table), collation=collation) for name, sql in QUERIES.items()}
+        return {
+            name: sql.format(table=table_identifier(table), collation=collation)
+            for name, sql in QUERIES.items()
+        }
 
     def table_for(self, endpoint: str) -> str:
         return table_name(endpoint, self.options.table)
@@ -453,7 +459,7 @@ class SyncMysqlStore(StoreRules):
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s", to_micros)
-        table = _ident(self._table or "")
+        table = table_identifier(self._table or "")
         sql = f"SELECT {_COLUMNS} FROM {table} WHERE {where} ORDER BY due_at, message_id LIMIT %(limit)s"
         return [_message(r) for r in self._read_all(sql, params | {"limit": limit})]
 

@@ -380,3 +380,42 @@ ORDER BY planned_until LIMIT %(limit)s;
 
 -- name: schedule_delete
 DELETE FROM {schedules} WHERE endpoint = %(endpoint)s AND schedule_id = %(id)s;
+
+-- ---------------------------------------------------------------------------------------------
+-- Whole batches of store rows (duetime.backends.postgres.bulk_rows), in the caller's transaction.
+-- {{rows}} and {{taken}} (doubled: filled in after {table}) are the caller's statements giving
+-- store rows as c0..c6: id, destination, due time in µs since 1970 (bigint), headers as JSON text,
+-- body, failure count, group; {{due}} is bulk_rows.timestamptz_sql("c2"). Parameters: the caller's %s.
+
+-- name: bulk_copy
+COPY {table} (message_id, destination, due_at, headers, body, failure_count, group_key) FROM STDIN (FORMAT BINARY)
+
+-- name: bulk_create_incoming
+CREATE TEMP TABLE IF NOT EXISTS duetime_bulk_in (
+    c0 text, c1 text, c2 bigint, c3 text, c4 bytea, c5 integer, c6 text
+) ON COMMIT DROP
+
+-- name: bulk_empty_incoming
+TRUNCATE duetime_bulk_in
+
+-- name: bulk_copy_incoming
+COPY duetime_bulk_in FROM STDIN (FORMAT BINARY)
+
+-- name: bulk_insert_selected
+INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+SELECT c0, c1, {{due}}, c3::json, c4, c5, c6 FROM ({{rows}}) AS s (c0, c1, c2, c3, c4, c5, c6)
+ON CONFLICT (message_id) DO NOTHING RETURNING message_id
+
+-- Moved in one statement: {{taken}} deletes rows from where they were and returns them. The answer:
+-- how many were taken, how many stored (the same, or the caller rolls back) and the earliest due.
+-- name: bulk_move
+WITH moved AS ({{taken}}),
+ins AS (
+    INSERT INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
+    SELECT c0, c1, {{due}}, c3::json, c4, c5, c6 FROM moved RETURNING 1
+)
+SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2) FROM moved)
+
+-- Which of the ids {{ids}} selects (a column named id) the table holds already.
+-- name: bulk_ids_present
+SELECT s.id FROM ({{ids}}) AS s JOIN {table} AS t ON t.message_id = s.id

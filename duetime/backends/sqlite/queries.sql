@@ -297,3 +297,8 @@ WHERE endpoint = ? AND planned_until IS NOT NULL AND planned_until <= ? ORDER BY
 
 -- name: schedule_delete
 DELETE FROM duetime_schedules WHERE endpoint = ? AND schedule_id = ?;
+
+-- Whole batches of store rows (duetime.backends.sqlite.bulk_rows), in the caller's transaction;
+-- {{marks}} (doubled: filled in after {table}) is one "?" per id.
+-- name: bulk_existing_ids
+SELECT message_id FROM {table} WHERE message_id IN ({{marks}});

@@ -49,6 +49,7 @@ from duetime.backends.sqlite.queue import (
     enqueue,
     queue_exists,
 )
+from duetime.backends.store_row import STORE_COLUMNS
 from duetime.clock import from_micros, to_micros
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, url_options
@@ -57,7 +58,7 @@ from duetime.message import DelayedMessage, check_due_time, outgoing_headers_jso
 from duetime.recurring.schedule import ScheduleRow
 
 OPTIONS = {"table", "synchronous", "claim_timeout", "busy_timeout"}
-_COLUMNS = "message_id, destination, due_at, headers, body, failure_count, group_key"
+_COLUMNS = ", ".join(STORE_COLUMNS)
 
 
 T = TypeVar("T")

@@ -1,0 +1,43 @@
+"""The SQLite store's bulk writes: whole batches of rows into one endpoint's table, inside the
+caller's transaction (a bulk job's ledger row commits with them).
+
+The only writer of a SQLite store table besides the store itself. A row here is the store's:
+``(id, destination, due µs since 1970, headers JSON text, body, failure count, group)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from duetime.backends.sqlite.connection import QUERIES
+from duetime.inputs.identifiers import quote_identifier
+
+#: Ids a look-up: well under SQLite's 32,766 parameters.
+IDS_A_LOOK = 500
+
+
+class SqliteBulkRows:
+    """One endpoint's table (``table``, unquoted) of a SQLite store, written a batch at a time."""
+
+    def __init__(self, table: str) -> None:
+        quoted = quote_identifier(table)
+        self.existing = QUERIES["bulk_existing_ids"].format(table=quoted)
+        self.insert = QUERIES["insert"].format(table=quoted)
+
+    def insert_new(self, conn: Any, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """``rows`` whose ids the table does not hold (the first of an id given twice): the rows
+        that went in. The caller's transaction holds the write lock, so nobody adds one between."""
+        present: set[str] = set()
+        ids = [r[0] for r in rows]
+        for start in range(0, len(ids), IDS_A_LOOK):
+            chunk = ids[start : start + IDS_A_LOOK]
+            look = self.existing.replace("{marks}", ", ".join("?" * len(chunk)))
+            present |= {r[0] for r in conn.execute(look, chunk).fetchall()}
+        fresh = []
+        for row in rows:
+            if row[0] not in present:
+                present.add(row[0])
+                fresh.append(row)
+        conn.executemany(self.insert, fresh)
+        return fresh
