@@ -47,7 +47,7 @@ from duetime.bulk.records import (
     store_ready,
 )
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
-from duetime.bulk.targets import StoreTarget, Target, open_target
+from duetime.bulk.targets import RedisStoreTarget, StoreTarget, Target, open_target
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
@@ -118,6 +118,8 @@ def reach_target(url: str) -> None:
     that is not SQLite's is said now, not by a Spark task); folders and RabbitMQ are checked by
     the job."""
     target = open_target(url)
+    if isinstance(target, RedisStoreTarget):
+        target.reach()
     if not isinstance(target, StoreTarget):
         return
     if target.db.dialect == "sqlite":

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.filetarget import write_frame
 from duetime.bulk.frames import (
     CHUNK_ROWS,
@@ -28,7 +27,7 @@ from duetime.bulk.frames import (
 )
 from duetime.bulk.hadoopfs import Folder, check_writable, input_files
 from duetime.bulk.progress import Progress, RowCounter, watched
-from duetime.bulk.targets import StoreTarget
+from duetime.bulk.targets import open_store_target
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
 
@@ -108,7 +107,7 @@ def check_schedule(
         check_name("endpoint", endpoint)
     if isinstance(rows, str) and file_kind(rows) is None:
         raise ConfigurationError(f"{rows!r} is not a parquet: or jsonl: path.")
-    StoreTarget(Database.from_url(store_url))
+    open_store_target(store_url)
 
 
 def _schedule(
@@ -122,14 +121,14 @@ def _schedule(
 ) -> Scheduled:
     from pyspark.sql import functions as F
 
-    target = StoreTarget(Database.from_url(store_url))
+    target = open_store_target(store_url)
     valid = frame.where(F.col("problem").isNull())
     target.prepare([r[0] for r in valid.select("endpoint").distinct().collect()])
     url = store_url
     counter = RowCounter(frame.sparkSession)
 
     def write(_: int, pairs: Iterator[Checked]) -> list[tuple[int, int, int, int]]:
-        store = StoreTarget(Database.from_url(url))
+        store = open_store_target(url)
         seen = stored = good = 0
         for chunk in chunked(pairs, CHUNK_ROWS):  # a partition of any size, in bounded memory
             seen += len(chunk)

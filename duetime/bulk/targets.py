@@ -27,6 +27,7 @@ from duetime.inputs.urls import redact, split_options
 
 if TYPE_CHECKING:
     from duetime.backends.postgres.bulk_rows import PgBulkRows
+    from duetime.backends.redis.bulk_rows import RedisBulkRows
 
 
 class _IdTaken(Exception):
@@ -408,6 +409,79 @@ class StoreTarget(_TakesAll):
             self.db.execute(conn, self.db.query("forget_run"), [run_id])
 
 
+class RedisStoreTarget(_TakesAll):
+    """A duetime Redis store (``redis://…``, ``redis+sentinel://…``), written through its bulk
+    writer (:mod:`duetime.backends.redis.bulk_rows`): each chunk of a batch once, its answer in
+    the run's ledger hash beside the store's keys, so a re-run never writes a batch twice."""
+
+    def __init__(self, url: str) -> None:
+        from duetime.backends.redis.store import SyncRedisStore
+
+        self.url = url
+        self.display = redact(url)
+        self._store = SyncRedisStore.from_url(url)  # checks the URL; connects when first used
+        self._rows: RedisBulkRows | None = None
+
+    def __getstate__(self) -> dict[str, str]:
+        """Sent to Spark's tasks as its URL: each task connects on its own."""
+        return {"url": self.url}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        self.__init__(state["url"])  # type: ignore[misc]
+
+    def _writer(self) -> RedisBulkRows:
+        if self._rows is None:
+            from duetime.backends.redis.bulk_rows import RedisBulkRows
+
+            self._rows = RedisBulkRows(self._store)
+        return self._rows
+
+    def prepare(self, endpoints: Sequence[str]) -> None:
+        for endpoint in sorted(set(endpoints)):
+            self._store.setup_infrastructure(endpoint)
+
+    def ledger(self, run_id: str, batch: int) -> Written | None:
+        found = self._writer().answer(run_id, str(batch))
+        return None if found is None else Written(found[0], tuple(found[1]))
+
+    def write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
+        """Each endpoint's rows of the batch in chunks, each once (``batch.endpoint.chunk`` in the
+        ledger); then the batch's whole answer, which a re-run reads instead."""
+        done = self.ledger(run_id, batch)
+        if done is not None:
+            return done
+        by_endpoint: dict[str, list[tuple[Any, ...]]] = {}
+        for record in records:
+            by_endpoint.setdefault(record.endpoint, []).append(bulk_row(record))
+        stored, held = 0, []
+        for endpoint, rows in by_endpoint.items():
+            got, there = self._writer().write(endpoint, rows, run_id=run_id, field=f"{batch}.{endpoint}")
+            stored += got
+            held += there
+        self._writer().keep(run_id, str(batch), stored, held)
+        return Written(stored, tuple(held))
+
+    def write_once(self, job: str, records: Sequence[Record]) -> Written:
+        """Each id at most once per job, ever (the job's set of ids beside the store's keys)."""
+        by_endpoint: dict[str, list[tuple[Any, ...]]] = {}
+        for record in {r.message_id: r for r in records}.values():
+            by_endpoint.setdefault(record.endpoint, []).append(bulk_row(record))
+        stored, held = 0, []
+        for endpoint, rows in by_endpoint.items():
+            got, there = self._writer().write(endpoint, rows, job=job)
+            stored += got
+            held += there
+        return Written(stored, tuple(held))
+
+    def forget(self, run_id: str) -> None:
+        self._writer().forget(run_id)
+
+    def reach(self) -> None:
+        """Ask the server now (before Spark starts): one line if it does not answer, or if it
+        may evict what the store keeps."""
+        self._store.check_eviction_policy()
+
+
 class NativeDelayTarget:
     """RabbitMQ's native delay topology (``amqp://…?native=duetime``): each record is published
     with the delay left until its due time, rounded up to the second. A broker cannot share a
@@ -545,10 +619,16 @@ class NativeDelayTarget:
             conn.close()
 
 
+#: The stores bulk jobs write: a SQL database's tables (:class:`StoreTarget`), or Redis's keys.
+REDIS_SCHEMES = ("redis", "redis+sentinel")
+
+
 def open_target(url: str) -> Target | FileTarget | NativeDelayTarget:
-    """``postgresql://…``, ``mysql://…``, ``sqlite:///…`` (a duetime store) or ``parquet:DIR`` /
-    ``jsonl:DIR``."""
+    """``postgresql://…``, ``mysql://…``, ``sqlite:///…``, ``redis://…`` (a duetime store) or
+    ``parquet:DIR`` / ``jsonl:DIR``, or RabbitMQ's native delays."""
     scheme, _, rest = url.partition(":")
+    if scheme.lower() in REDIS_SCHEMES:
+        return RedisStoreTarget(url)
     if scheme in ("parquet", "jsonl"):
         return FileTarget(_file_path(rest), scheme)
     if scheme in ("amqp", "amqps"):
@@ -557,6 +637,18 @@ def open_target(url: str) -> Target | FileTarget | NativeDelayTarget:
                 "A RabbitMQ target is the native delay topology: add ?native=duetime (or nsb-v2, nsb-v1)."
             )
         return NativeDelayTarget(url)
+    return StoreTarget(Database.from_url(url))
+
+
+def open_store_target(url: str) -> StoreTarget | RedisStoreTarget:
+    """A duetime store for ``bulk schedule``: one line for anything else."""
+    if url.partition(":")[0].lower() in REDIS_SCHEMES:
+        return RedisStoreTarget(url)
+    if url.partition(":")[0].lower() in ("parquet", "jsonl", "amqp", "amqps"):
+        raise ConfigurationError(
+            f"{redact(url)} is not a duetime store; give --to a store's URL (postgresql://, mysql://, "
+            "sqlite:/// or redis://)."
+        )
     return StoreTarget(Database.from_url(url))
 
 

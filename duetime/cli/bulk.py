@@ -268,7 +268,14 @@ def migrate(
             "(parquet:/dir, jsonl:/dir).",
         ),
     ],
-    target: Annotated[str, typer.Option("--to", help="A duetime store URL, or parquet:/dir, jsonl:/dir.")],
+    target: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            help="A duetime store (postgresql://…, mysql://…, sqlite:///…, redis://…), parquet:/dir, "
+            "jsonl:/dir, or RabbitMQ's native delays (amqp://…?native=duetime).",
+        ),
+    ],
     endpoint: EndpointOpt = None,
     cutoff: Annotated[
         str | None,

@@ -176,3 +176,78 @@ def test_jobs_report_rows_done_of_rows_in_all_off_a_terminal(tmp_path: Path) -> 
     for said in (scheduled.stderr, exported.stderr, imported.stderr):
         for noise in ("log4j", "WARN", "incubator", "NativeCodeLoader"):
             assert noise not in said, said
+
+
+@pytest.mark.timeout(420)  # three Spark applications
+def test_a_redis_store_takes_import_schedule_and_migrate_as_a_user_runs_them(tmp_path: Path) -> None:
+    """Bulk jobs write a Redis store through its bulk writer: an import counts an id the store
+    holds and an id given twice as conflicts; a schedule job re-run stores nothing twice; a
+    migration from NServiceBus's SQL persistence moves every timeout. What they stored reads back
+    as the store's own messages (destination, due time, headers, body, group)."""
+    from datetime import UTC, datetime
+
+    from duetime import DelayedMessage, TransactionMode
+    from duetime.registry import open_sync_store
+    from tests.bulk.conftest import create_timeoutdata, timeout_rows
+    from tests.services import REDIS, delete_redis_keys, require, unique, with_option
+
+    require(REDIS)
+    prefix = unique("bulkcli") + ":"
+    redis_url = with_option(REDIS, prefix=prefix)
+    lines = [
+        {"message_id": i, "destination": d, "due_at": "2031-01-01T00:00:00+00:00", "endpoint": "cli",
+         "headers": {"tenant": "7"}, "body": "hello", "group": "g1"}
+        for i, d in (("twice", "first"), ("twice", "second"), ("new", "orders"), ("held", "from-file"))
+    ]  # fmt: skip
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    try:
+        store = open_sync_store(redis_url)
+        store.setup_infrastructure("cli")
+        store.initialize("cli", TransactionMode.AT_LEAST_ONCE)
+        store.store(DelayedMessage("held", "kept", datetime(2032, 1, 1, tzinfo=UTC)))
+        store.close()
+        done = run_cli(
+            "bulk",
+            "import",
+            "--from",
+            "jsonl:rows.jsonl",
+            "--to",
+            redis_url,
+            "--json",
+            cwd=tmp_path,
+            timeout=240,
+        )
+        assert done.returncode == 0, done.stderr
+        assert (json.loads(done.stdout)["inserted"], json.loads(done.stdout)["put_back"]) == (2, 2)
+        stored = store_rows(redis_url, "cli")
+        assert sorted(stored) == ["held", "new", "twice"]
+        assert stored["held"].destination == "kept"  # never overwritten
+        new = stored["new"]
+        assert (new.destination, new.due_at, new.body, new.group) == (
+            "orders", datetime(2031, 1, 1, tzinfo=UTC), b"hello", "g1"
+        )  # fmt: skip
+        assert new.headers["tenant"] == "7"
+
+        plan = [{"id": f"r{i}", "destination": "crm", "due_at": "2031-02-01T00:00:00Z"} for i in range(5)]
+        (tmp_path / "plan.jsonl").write_text("".join(json.dumps(line) + "\n" for line in plan))
+        for expected in ("5 stored", "0 stored"):  # the job's re-run stores nothing twice
+            done = run_cli(
+                "bulk", "schedule", "jsonl:plan.jsonl", "--to", redis_url, "--endpoint", "crm", "--job", "plan",
+                "--transport", REDIS, cwd=tmp_path, timeout=240,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert expected in done.stdout, done.stdout
+        assert sorted(store_rows(redis_url, "crm")) == [f"r{i}" for i in range(5)]
+
+        with postgres_schema() as pg:
+            create_timeoutdata(pg, "Sales_TimeoutData", timeout_rows(300))
+            source = f"{pg}&layout=timeoutdata" if "?" in pg else f"{pg}?layout=timeoutdata"
+            done = run_cli(
+                "bulk", "migrate", "--from", source, "--to", redis_url, "--endpoint", "Sales", "--mode", "migrate",
+                "--json", cwd=tmp_path, timeout=240,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout)["inserted"] == 300, done.stdout
+        assert len(store_rows(redis_url, "Sales")) == 300
+    finally:
+        delete_redis_keys(prefix)

@@ -17,11 +17,19 @@ from duetime import DelayedMessage, TransactionMode
 from duetime.backends.sqldb import Database
 from duetime.bulk.frames import CHUNK_ROWS
 from duetime.bulk.records import Record, group_extra
-from duetime.bulk.targets import StoreTarget, Written
+from duetime.bulk.targets import StoreTarget, Written, open_target
 from duetime.clock import to_micros
 from duetime.registry import open_sync_store
 from tests.bulk.test_migrate import store_rows
-from tests.services import mariadb_database, postgres_schema
+from tests.services import (
+    REDIS,
+    delete_redis_keys,
+    mariadb_database,
+    postgres_schema,
+    require,
+    unique,
+    with_option,
+)
 
 DUE = datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
 
@@ -84,13 +92,20 @@ def test_an_id_given_twice_is_written_once_and_counted_as_a_conflict_on_sqlite(t
 def _store_of(kind: str, tmp_path: Path) -> Iterator[str]:
     if kind == "sqlite":
         yield f"sqlite:///{tmp_path / 'store.db'}"
+    elif kind == "redis":
+        require(REDIS)
+        prefix = unique("bulk") + ":"
+        try:
+            yield with_option(REDIS, prefix=prefix)
+        finally:
+            delete_redis_keys(prefix)
     else:
         with postgres_schema() if kind == "postgresql" else mariadb_database() as url:
             yield url
 
 
-#: Every SQL store's bulk writer (duetime/backends/<store>/bulk_rows.py), through the bulk jobs' target.
-STORES = ["sqlite", "postgresql", "mariadb"]
+#: Every store's bulk writer (duetime/backends/<store>/bulk_rows.py), through the bulk jobs' target.
+STORES = ["sqlite", "postgresql", "mariadb", "redis"]
 
 
 @pytest.mark.parametrize("kind", STORES)
@@ -103,7 +118,7 @@ def test_a_stores_bulk_write_keeps_what_is_there_and_writes_a_batch_once(kind: s
         store.setup_infrastructure("Sales")
         store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
         store.store(DelayedMessage("m3", "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
-        target = StoreTarget(Database.from_url(url))
+        target = open_target(url)
         target.prepare(["Sales"])
         assert target.write("run-1", 0, []) == Written(0, ())
         written = target.write("run-1", 1, [_record(i) for i in range(5)] + [_record(1, "other")])
@@ -135,7 +150,7 @@ def test_a_bulk_write_that_fails_half_way_writes_nothing(kind: str, tmp_path: Pa
         raise RuntimeError("the source went away")
 
     with _store_of(kind, tmp_path) as url:
-        target = StoreTarget(Database.from_url(url))
+        target = open_target(url)
         target.prepare(["Sales"])
         with pytest.raises(RuntimeError, match="went away"):
             target.write("run-1", 0, broken())
@@ -144,6 +159,46 @@ def test_a_bulk_write_that_fails_half_way_writes_nothing(kind: str, tmp_path: Pa
         written = target.write("run-1", 0, [_record(i) for i in range(CHUNK_ROWS + 10)])
         assert written == Written(CHUNK_ROWS + 10, ())
         assert len(store_rows(url, "Sales")) == CHUNK_ROWS + 10
+
+
+def test_a_redis_batch_cut_off_between_two_chunks_is_finished_by_its_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis takes a batch a chunk (one script) at a time: a connection lost after the first
+    chunk leaves that chunk stored; the batch's retry reads its answer from the ledger and stores
+    the rest, each row once, and answers as a batch written whole would."""
+    from duetime.backends.redis.bulk_rows import ROWS_A_SCRIPT, RedisBulkRows
+
+    count = 2 * ROWS_A_SCRIPT + 10
+    with _store_of("redis", tmp_path) as url:
+        store = open_sync_store(url)
+        store.setup_infrastructure("Sales")
+        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
+        store.store(DelayedMessage(f"m{ROWS_A_SCRIPT + 1}", "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
+        target = open_target(url)
+        target.prepare(["Sales"])
+        real = RedisBulkRows._run
+        calls = 0
+
+        def cut_off(self: RedisBulkRows, keys: list[str], args: list[object]) -> object:
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise ConnectionError("the connection went away")
+            return real(self, keys, args)
+
+        monkeypatch.setattr(RedisBulkRows, "_run", cut_off)
+        with pytest.raises(ConnectionError):
+            target.write("run-1", 0, [_record(i) for i in range(count)])
+        assert len(store_rows(url, "Sales")) == ROWS_A_SCRIPT + 1  # the first chunk, and m1001
+        store.cancel("m0")  # delivered meanwhile: the retry must not store it again
+        written = target.write("run-1", 0, [_record(i) for i in range(count)])
+        assert (written.inserted, written.conflicts) == (count - 1, (f"m{ROWS_A_SCRIPT + 1}",))
+        stored = store_rows(url, "Sales")
+        assert len(stored) == count - 1 and "m0" not in stored
+        assert stored[f"m{ROWS_A_SCRIPT + 1}"].destination == "elsewhere"
+        assert target.write("run-1", 0, []) == written  # the batch's answer, from the ledger
+        store.close()
 
 
 async def test_a_bulk_write_wakes_a_sleeping_dispatcher_with_the_due_time_it_announced() -> None:

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -62,12 +62,12 @@ log = logging.getLogger("duetime.redis")
 POLICY_CHECK_SECONDS = 30.0
 
 
-def _script(name: str) -> str:
+def load_script(name: str) -> str:
     """A Lua script of this folder; a line ``-- include: other.lua`` is that file's text (a
     function the script calls), so what several scripts do is written once."""
     text = resources.files("duetime.backends.redis").joinpath(name).read_text(encoding="utf-8")
     return "\n".join(
-        _script(line.removeprefix(INCLUDE).strip()) if line.startswith(INCLUDE) else line
+        load_script(line.removeprefix(INCLUDE).strip()) if line.startswith(INCLUDE) else line
         for line in text.splitlines()
     )
 
@@ -77,11 +77,17 @@ INCLUDE = "-- include: "
 
 
 def _payload(m: DelayedMessage) -> bytes:
-    meta: dict[str, Any] = {"d": m.destination, "h": dict(m.headers)}
-    if m.group is not None:
-        meta["g"] = m.group
+    return payload_of(m.destination, m.headers, m.group, m.body)
+
+
+def payload_of(destination: str, headers: Mapping[str, str], group: str | None, body: bytes) -> bytes:
+    """How the store keeps a message's all but its id, due time and failures: one line of JSON
+    (destination, headers, group), a newline, the body as it is. The store and its bulk writes."""
+    meta: dict[str, Any] = {"d": destination, "h": dict(headers)}
+    if group is not None:
+        meta["g"] = group
     head = json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
-    return head.encode() + b"\n" + m.body
+    return head.encode() + b"\n" + body
 
 
 def _message(message_id: str, payload: bytes, failures: Any, due: Any) -> DelayedMessage:
@@ -118,12 +124,12 @@ class SyncRedisStore(StoreRules):
         # Any: redis-py types every answer as one union of its sync and async forms (bytes | str |
         # Awaitable ...); the sync client's real answers are used as such below.
         self.client: Any = redis_client(url, socket_keepalive=True, socket_keepalive_options=socket_options())
-        self._claim_script = self.client.register_script(_script("claim.lua"))
-        self._store_script = self.client.register_script(_script("store_many.lua"))
-        self._change_script = self.client.register_script(_script("change.lua"))
-        self._cancel_group_script = self.client.register_script(_script("cancel_group.lua"))
+        self._claim_script = self.client.register_script(load_script("claim.lua"))
+        self._store_script = self.client.register_script(load_script("store_many.lua"))
+        self._change_script = self.client.register_script(load_script("change.lua"))
+        self._cancel_group_script = self.client.register_script(load_script("cancel_group.lua"))
         self._schedule_scripts = {
-            name: self.client.register_script(_script(f"schedule_{name}.lua"))
+            name: self.client.register_script(load_script(f"schedule_{name}.lua"))
             for name in ("insert", "update", "delete")
         }
         self._policy_checked_at: float | None = None
@@ -175,13 +181,13 @@ class SyncRedisStore(StoreRules):
         except redis.ConnectionError as error:
             raise connection_failed(redact(self.url), error) from None
         except redis.exceptions.OutOfMemoryError:
-            raise self._full() from None
+            raise self.full() from None
         except redis.ResponseError as error:
             raise no_such_database(self.url, error) or error from None
         except redis.exceptions.InvalidResponse as error:
             raise not_redis(self.url, error) from None
 
-    def _keeps_everything(self) -> None:
+    def check_eviction_policy(self) -> None:
         """ConfigurationError if the server may evict what the store keeps: under any
         ``maxmemory-policy`` but ``noeviction`` a full Redis drops keys without a word, after
         answering OK to their writes (``allkeys-*`` any key, ``volatile-*`` those with a time to
@@ -206,26 +212,26 @@ class SyncRedisStore(StoreRules):
     def _create(self, endpoint: str) -> None:
         """Nothing to create but the version; version 1 keys need nothing to become version 2
         (their messages have no group)."""
-        self._keeps_everything()
+        self.check_eviction_policy()
         key = self.keys_for(endpoint)["schema"]
         with self._reaching():
             if int(self.client.get(key) or 0) < SCHEMA_VERSION:
                 self.client.set(key, SCHEMA_VERSION)
 
     def _schema_version(self, endpoint: str) -> int | None:
-        self._keeps_everything()
+        self.check_eviction_policy()
         with self._reaching():
             version = self.client.get(self.keys_for(endpoint)["schema"])
         return None if version is None else int(version)
 
-    def _full(self) -> StorageFull:
+    def full(self) -> StorageFull:
         return StorageFull(
             f"Redis at {redact(self.url)} is out of memory (its maxmemory is reached); free some, "
             "or raise maxmemory, then try again. Nothing was stored by this call."
         )
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
-        self._keeps_everything()
+        self.check_eviction_policy()
         args: list[Any] = []
         for m in messages:
             args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
@@ -244,7 +250,7 @@ class SyncRedisStore(StoreRules):
                         f"{len(messages)} message(s) stored at {redact(self.url)}, but {short}"
                     )
         except redis.exceptions.OutOfMemoryError:
-            raise self._full() from None
+            raise self.full() from None
         if duplicate:
             raise Duplicate(_text(duplicate))
         self._announce(min(m.due_at for m in messages))
@@ -253,7 +259,7 @@ class SyncRedisStore(StoreRules):
         self.client.publish(self.keys["channel"], str(to_micros(due_at)))
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
-        self._keeps_everything()
+        self.check_eviction_policy()
         rows = self._claim_script(
             keys=self._k("ready", "payload", "claims", "failures", "due"),
             args=[to_micros(at), limit, to_micros(until)],
@@ -313,7 +319,7 @@ class SyncRedisStore(StoreRules):
             try:
                 return [bool(done) for done in pipe.execute()]
             except redis.exceptions.OutOfMemoryError:
-                raise self._full() from None
+                raise self.full() from None
 
     def _schedule_get(self, schedule_id: str) -> ScheduleRow | None:
         rows = self._schedule_rows([schedule_id])
