@@ -629,6 +629,7 @@ def open_target(url: str) -> Target | FileTarget | NativeDelayTarget:
     scheme, _, rest = url.partition(":")
     if scheme.lower() in REDIS_SCHEMES:
         return RedisStoreTarget(url)
+    _check_writable(url, "a parquet:/ or jsonl:/ folder, or amqp://…?native=duetime")
     if scheme in ("parquet", "jsonl"):
         return FileTarget(_file_path(rest), scheme)
     if scheme in ("amqp", "amqps"):
@@ -644,12 +645,23 @@ def open_store_target(url: str) -> StoreTarget | RedisStoreTarget:
     """A duetime store for ``bulk schedule``: one line for anything else."""
     if url.partition(":")[0].lower() in REDIS_SCHEMES:
         return RedisStoreTarget(url)
-    if url.partition(":")[0].lower() in ("parquet", "jsonl", "amqp", "amqps"):
-        raise ConfigurationError(
-            f"{redact(url)} is not a duetime store; give --to a store's URL (postgresql://, mysql://, "
-            "sqlite:/// or redis://)."
-        )
+    _check_writable(url, "")
     return StoreTarget(Database.from_url(url))
+
+
+def _check_writable(url: str, or_else: str) -> None:
+    """One line for a URL bulk jobs cannot write into: a store without a bulk writer (the memory
+    store, a store of one's own), or not a store at all."""
+    from duetime.backends.sqldb import DIALECTS
+
+    scheme = url.partition(":")[0].lower()
+    if scheme in DIALECTS or (or_else and scheme in ("parquet", "jsonl", "amqp", "amqps")):
+        return
+    stores = "postgresql://, mysql://, sqlite:/// or redis://"
+    raise ConfigurationError(
+        f"{redact(url)} is not a store bulk jobs can write into; give --to {stores}"
+        + (f", {or_else}." if or_else else ".")
+    )
 
 
 def _file_path(rest: str) -> str:

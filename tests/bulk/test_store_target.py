@@ -249,3 +249,20 @@ async def test_a_bulk_write_wakes_a_sleeping_dispatcher_with_the_due_time_it_ann
             await listener.close()
             await transport.close()
             await store.close()
+
+
+@pytest.mark.parametrize("url", ["memory://", "dbm:///tmp/store", "parquet:/tmp/folder"])
+def test_a_store_without_a_bulk_writer_is_refused_in_one_line(url: str) -> None:
+    """The memory store and a store of one's own (docs/examples/dbm_store.py) have no bulk
+    writer: bulk jobs say so before anything starts; a folder is no store to schedule into."""
+    from duetime.bulk.targets import open_store_target
+    from duetime.errors import ConfigurationError
+
+    if not url.startswith("parquet"):
+        with pytest.raises(ConfigurationError, match="not a store bulk jobs can write into") as refused:
+            open_target(url)
+        assert "redis://" in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(
+        ConfigurationError, match=r"give --to postgresql://, mysql://, sqlite:/// or redis://\.$"
+    ):
+        open_store_target(url)
