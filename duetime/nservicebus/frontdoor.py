@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 
 from duetime import tracing
 from duetime.engine.circuit import RepeatedFailuresOverTimeCircuitBreaker
+from duetime.engine.companions import FrontDoorHost
 from duetime.engine.deadline import within
-from duetime.engine.dispatcher import Dispatcher
 from duetime.errorqueue import PREFIX as ERROR_PREFIX
 from duetime.errorqueue import error_headers
 from duetime.errors import (
@@ -186,7 +186,7 @@ class FrontDoor:
     """Consumes ``<endpoint>.Timeouts`` (and the old ``<endpoint>.timeouts`` while it exists) into
     the dispatcher's store while the dispatcher runs."""
 
-    def __init__(self, dispatcher: Dispatcher, receiver: ReceivingTransport, *, wait: float = 0.5) -> None:
+    def __init__(self, dispatcher: FrontDoorHost, receiver: ReceivingTransport, *, wait: float = 0.5) -> None:
         self.dispatcher = dispatcher
         self.receiver = receiver
         self.queue = front_door_queue(dispatcher.endpoint)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 
+from duetime.engine.companions import Reported
 from duetime.engine.deadline import within
-from duetime.engine.dispatcher import Dispatcher
 from duetime.errors import one_line
 from duetime.interfaces import DispatcherRegistry
 from duetime.live_dispatchers import HEARTBEAT_INTERVAL, DispatcherInfo
@@ -21,7 +21,7 @@ class Heartbeat:
     """Writes ``info`` for ``dispatcher`` every ``interval`` seconds, and "stopped" at the end."""
 
     def __init__(
-        self, dispatcher: Dispatcher, transport: str, *, interval: float = HEARTBEAT_INTERVAL.total_seconds()
+        self, dispatcher: Reported, transport: str, *, interval: float = HEARTBEAT_INTERVAL.total_seconds()
     ) -> None:
         self.dispatcher = dispatcher
         self.interval = interval

@@ -18,8 +18,8 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from duetime.engine.companions import Reported
 from duetime.engine.deadline import within
-from duetime.engine.dispatcher import Dispatcher
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.errors import CriticalError, MissingExtra, one_line
 from duetime.interfaces import DispatcherRegistry, StoreCounts
@@ -220,7 +220,7 @@ class PrometheusObserver(DispatchObserver):
 class Backlog:
     """The last backlog count and dispatcher list read from the store, refreshed by :meth:`run`."""
 
-    def __init__(self, dispatcher: Dispatcher, interval: float) -> None:
+    def __init__(self, dispatcher: Reported, interval: float) -> None:
         self.dispatcher = dispatcher
         self.interval = interval
         self.counts: StoreCounts | None = None
@@ -255,7 +255,7 @@ class Backlog:
 class DispatcherCollector:
     """Gauges read at scrape time: the backlog, breakers, the last batch, live dispatchers."""
 
-    def __init__(self, dispatcher: Dispatcher, backlog: Backlog, cap: LabelCap) -> None:
+    def __init__(self, dispatcher: Reported, backlog: Backlog, cap: LabelCap) -> None:
         self.dispatcher = dispatcher
         self.backlog = backlog
         self.cap = cap
@@ -369,7 +369,7 @@ class DispatcherCollector:
 
 
 def instrument(
-    dispatcher: Dispatcher, *, backlog_interval: float = 10.0, max_destinations: int = 50
+    dispatcher: Reported, *, backlog_interval: float = 10.0, max_destinations: int = 50
 ) -> tuple[CollectorRegistry, Backlog]:
     """A registry with the dispatcher's metrics (and the process's CPU and memory); the dispatcher
     reports into it from now on. Run the returned :class:`Backlog` to keep its gauges current."""

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import socket
 
+from duetime.engine.companions import Probed
 from duetime.engine.deadline import within
-from duetime.engine.dispatcher import Dispatcher
 from duetime.errors import MissingExtra, one_line
 from duetime.observability import webserver
 from duetime.observability.metrics import Backlog
@@ -37,7 +37,7 @@ except ImportError as missing:  # pragma: no cover - depends on what is installe
 STORE_CHECK_SECONDS = 2.0
 
 
-def health(dispatcher: Dispatcher) -> str | None:
+def health(dispatcher: Probed) -> str | None:
     """Why the dispatcher is not alive, or None when it is."""
     tripped = [b.name for b in dispatcher.breakers.timed() if b.tripped]
     if tripped:
@@ -48,7 +48,7 @@ def health(dispatcher: Dispatcher) -> str | None:
     return None
 
 
-async def readiness(dispatcher: Dispatcher, ready_after: float) -> str | None:
+async def readiness(dispatcher: Probed, ready_after: float) -> str | None:
     """Why the dispatcher is not ready to deliver, or None when it is."""
     problem = health(dispatcher)
     if problem is not None:
@@ -67,7 +67,7 @@ async def readiness(dispatcher: Dispatcher, ready_after: float) -> str | None:
     return None
 
 
-def app(dispatcher: Dispatcher, registry: CollectorRegistry, ready_after: float) -> Starlette:
+def app(dispatcher: Probed, registry: CollectorRegistry, ready_after: float) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -97,7 +97,7 @@ class ProbeServer:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Probed,
         registry: CollectorRegistry,
         backlog: Backlog,
         sock: socket.socket,

@@ -94,6 +94,22 @@ async def test_health_says_when_the_loop_is_stuck_and_readiness_when_the_store_i
     assert (await readiness(d, 10) or "").startswith("store unreachable: ")
 
 
+def test_the_health_probe_needs_only_its_view_of_a_dispatcher() -> None:
+    """The companions take a narrow view (duetime.engine.companions), not the Dispatcher: the
+    health probe reads a breaker list, a clock and when the loop last turned, nothing more."""
+    from types import SimpleNamespace
+
+    from duetime.testing import FakeClock
+
+    clock = FakeClock()
+    view = SimpleNamespace(
+        breakers=SimpleNamespace(timed=lambda: []), clock=clock, turned_at=clock.monotonic(), stuck_after=60.0
+    )
+    assert health(view) is None  # the fields health reads, and no more
+    clock.advance(61)
+    assert "has not turned for 61 s" in (health(view) or "")
+
+
 def test_label_cap() -> None:
     cap = LabelCap(2)
     assert [cap(x) for x in ("a", "b", "c", "a", "d", "b")] == ["a", "b", OTHER, "a", OTHER, "b"]
