@@ -136,7 +136,7 @@ conn.execute("DROP TABLE raw_delayed")
 RAW_MOVE_POSTGRES = r"""
 import json, sys, time
 import psycopg
-from duetime.backends.postgres.common import QUEUE_TABLES, channel_of
+from duetime.backends.postgres.connection import QUEUE_TABLES, channel_of
 url, schema, plan, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 rows = json.load(open(plan))
 table = f'"{schema}".raw_delayed'

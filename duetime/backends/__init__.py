@@ -7,7 +7,7 @@ the suite every built-in store passes; run it on yours (``docs/examples/dbm_stor
 small store on Python's ``dbm`` that the test suite runs through it).
 """
 
-from duetime.backends._bridge import AsyncStoreBridge
+from duetime.backends._on_a_thread import AsyncStoreBridge
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,

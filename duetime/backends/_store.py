@@ -4,7 +4,7 @@ A change to what a store promises (the in-flight rule for cancel and reschedule,
 error, the "not set up" error, list filters and cursor paging, header encoding, URL options) is one
 edit here. A backend subclasses :class:`StoreRules` and implements the ``_``-prefixed primitives with
 its named queries, Lua scripts or dict; the async store is that blocking store behind the one bridge
-in :mod:`duetime.backends._bridge`.
+in :mod:`duetime.backends._on_a_thread`.
 """
 
 from __future__ import annotations

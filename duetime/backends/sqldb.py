@@ -153,7 +153,7 @@ class Database:
         """A new DB-API connection, not in autocommit; the caller commits. A server that cannot
         be reached, or a database that is not there, is one line (:class:`ConnectionFailed`)."""
         if self.dialect == "postgres":
-            from duetime.backends.postgres.common import PgOptions, connect
+            from duetime.backends.postgres.connection import PgOptions, connect
 
             return connect(PgOptions.from_url(self.url))
         if self.dialect == "mysql":

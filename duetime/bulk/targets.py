@@ -167,7 +167,7 @@ class StoreTarget(_TakesAll):
         staged rows inside the server."""
         if self.db.dialect != "postgres" or other.dialect != "postgres":
             return False
-        from duetime.backends.postgres.common import PgOptions
+        from duetime.backends.postgres.connection import PgOptions
 
         if PgOptions.from_url(self.db.url).conninfo == PgOptions.from_url(other.url).conninfo:
             return True  # spelled alike (the usual case; this is asked once per batch): no round trip

@@ -23,13 +23,13 @@ from duetime.cli.common import (
 )
 from duetime.cli.terminal import console, err, fail, say, show, table
 from duetime.cli.terminal import run_async as _run
-from duetime.errorqueue import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME, kept_in_store
+from duetime.error_headers import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME, kept_in_store
 from duetime.errors import ConfigurationError
 from duetime.inputs.durations import parse_duration
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.interfaces import InspectableQueue, ReceivedMessage
-from duetime.operations.error_queue import (
+from duetime.operations.retry_or_discard import (
     LOOKED_AT,
     chosen,
     discard,

@@ -36,7 +36,7 @@ from duetime.dashboard.security import (
 from duetime.dashboard.timeline import Timeline
 from duetime.engine.deadline import within
 from duetime.engine.summary import LatenessHistogram
-from duetime.errorqueue import (
+from duetime.error_headers import (
     ERROR_ATTEMPTS,
     ERROR_MESSAGE,
     ERROR_STACKTRACE,
@@ -70,7 +70,8 @@ from duetime.interfaces import (
 )
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage, check_due_time
-from duetime.operations.error_queue import (
+from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
+from duetime.operations.retry_or_discard import (
     LOOKED_AT,
     chosen,
     discard,
@@ -80,7 +81,6 @@ from duetime.operations.error_queue import (
     send_back,
     take,
 )
-from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
 from duetime.recurring.schedule import group_of
 
 try:

@@ -28,7 +28,7 @@ from duetime.engine.observe import DispatchObserver, Observers
 from duetime.engine.outages import Outages
 from duetime.engine.planning import Planner
 from duetime.engine.sinks import DeliveryLogSink, DispatchStats, LogSink, StatsSink, SummarySink, TracingSink
-from duetime.engine.strategies import AtLeastOnce, DeliveryStrategy, Engine, ExactlyOnce, Progress
+from duetime.engine.strategies import AtLeastOnce, DeliveryStrategy, ExactlyOnce, Progress, StrategyParts
 from duetime.engine.summary import LatenessHistogram
 from duetime.engine.wakeups import WakeUps
 from duetime.errors import ConfigurationError, CriticalError, UnsupportedTransactionMode, one_line
@@ -123,7 +123,7 @@ class Dispatcher:
         self.failures = FailurePolicy(
             self.calls, self.outages, self.observer, self.clock, self.endpoint, lambda: self._stopping
         )
-        engine = Engine(
+        engine = StrategyParts(
             self.calls,
             self.failures,
             self.outages,

@@ -19,7 +19,7 @@ from duetime.engine.deadline import within
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.outages import Outages
 from duetime.engine.triage import NOT_RETRIED, Triage
-from duetime.errorqueue import KEPT_IN_STORE, error_headers
+from duetime.error_headers import KEPT_IN_STORE, error_headers
 from duetime.errors import MessageInFlight, one_line
 from duetime.interfaces import Clock
 from duetime.message import DelayedMessage

@@ -23,7 +23,7 @@ from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.outages import Outages
 from duetime.engine.triage import Triage
 from duetime.engine.wakeups import WakeUps
-from duetime.errorqueue import error_headers
+from duetime.error_headers import error_headers
 from duetime.interfaces import Clock, TransactionalStore
 from duetime.message import DelayedMessage
 from duetime.settings import DelayedDeliverySettings
@@ -62,7 +62,7 @@ class Progress:
 
 
 @dataclass
-class Engine:
+class StrategyParts:
     """The parts a strategy works with, shared with the loop that runs it."""
 
     calls: EngineCalls
@@ -100,7 +100,7 @@ class DeliveryStrategy(Protocol):
 class AtLeastOnce:
     """Claim, send, remove: a message may arrive twice after a crash, never not at all."""
 
-    def __init__(self, engine: Engine, *, claim_ahead: bool) -> None:
+    def __init__(self, engine: StrategyParts, *, claim_ahead: bool) -> None:
         self.e = engine
         #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
         self.claim_ahead = claim_ahead
@@ -197,7 +197,7 @@ class AtLeastOnce:
 class ExactlyOnce:
     """Move due messages into a queue in the store's own transaction: none lost, none twice."""
 
-    def __init__(self, engine: Engine, store: TransactionalStore) -> None:
+    def __init__(self, engine: StrategyParts, store: TransactionalStore) -> None:
         self.e = engine
         self.store = store
         #: How many the next move may take: ``batch_size``, doubling while each move comes back

@@ -21,8 +21,8 @@ from duetime import tracing
 from duetime.engine.circuit import RepeatedFailuresOverTimeCircuitBreaker
 from duetime.engine.companions import FrontDoorHost
 from duetime.engine.deadline import within
-from duetime.errorqueue import PREFIX as ERROR_PREFIX
-from duetime.errorqueue import error_headers
+from duetime.error_headers import PREFIX as ERROR_PREFIX
+from duetime.error_headers import error_headers
 from duetime.errors import (
     ConfigurationError,
     DuplicateMessageId,

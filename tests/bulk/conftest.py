@@ -110,7 +110,7 @@ def store_planner_rows(url: str, endpoint: str) -> float:
     """How many rows PostgreSQL's planner believes the endpoint's store table holds (-1: never
     analyzed): a table a bulk job filled from empty must not look empty to it."""
     from duetime.backends.postgres import SyncPostgresStore
-    from duetime.backends.postgres.common import planner_rows
+    from duetime.backends.postgres.connection import planner_rows
 
     store = SyncPostgresStore.from_url(url)
     try:

@@ -211,7 +211,7 @@ async def test_a_bulk_write_wakes_a_sleeping_dispatcher_with_the_due_time_it_ann
     import psycopg
 
     from duetime import DelayedDeliverySettings, Dispatcher, open_store, open_transport
-    from duetime.backends.postgres.common import PgNames, announced_due
+    from duetime.backends.postgres.connection import PgNames, announced_due
 
     with postgres_schema() as pg:
         store = open_store(pg)

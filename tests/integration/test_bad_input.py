@@ -855,7 +855,7 @@ async def test_errors_list_looks_at_a_bounded_part_of_a_huge_error_queue_and_say
     """A listing read every message of the error queue (on a broker: read and put back) to find
     one endpoint's failures; it looks at the first 10,000 and says so."""
     from duetime import DelayedMessage, open_transport
-    from duetime.errorqueue import ERROR_ENDPOINT
+    from duetime.error_headers import ERROR_ENDPOINT
 
     url = f"sqlite:///{tmp_path / 'q.db'}"
     assert cli("setup", "--store", url).returncode == 0

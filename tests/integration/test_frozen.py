@@ -28,7 +28,7 @@ import pytest
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends.postgres import PostgresQueueTransport, PostgresStore, SyncPostgresStore
-from duetime.backends.postgres.common import PgOptions
+from duetime.backends.postgres.connection import PgOptions
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
 from tests.services import postgres_schema
 

@@ -367,7 +367,7 @@ def test_an_unknown_claims_option_is_one_clear_error(pg: str) -> None:
 
 
 def test_a_batch_is_acknowledged_in_one_statement_and_an_expired_receipt_deletes_nothing(pg: str) -> None:
-    from duetime.backends.postgres.common import PgOptions
+    from duetime.backends.postgres.connection import PgOptions
     from duetime.backends.postgres.queue import SyncPostgresQueue
 
     with SyncPostgresQueue(PgOptions.from_url(pg), visibility_timeout=timedelta(seconds=0.3)) as queue:
@@ -415,7 +415,7 @@ def test_a_queue_is_read_down_its_ready_index_whatever_the_statistics_say(pg: st
     """A queue table's statistics lag behind its traffic (a fresh table, a new queue name): the
     planner then expects a handful of rows and would read and sort every waiting row to hand out
     the oldest (54 ms a receive at 50,000 waiting, measured). The queue's connections never sort."""
-    from duetime.backends.postgres.common import planner_rows
+    from duetime.backends.postgres.connection import planner_rows
 
     now = datetime.now(UTC)
     with SyncPostgresQueue.from_url(pg) as queue:

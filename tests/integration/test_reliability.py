@@ -37,7 +37,7 @@ from duetime import (
 from duetime.backends.postgres import PostgresQueueTransport, PostgresStore, SyncPostgresStore
 from duetime.backends.rabbitmq import RabbitMqTransport
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqliteQueue, SyncSqliteStore
-from duetime.errorqueue import ERROR_MESSAGE
+from duetime.error_headers import ERROR_MESSAGE
 from duetime.errors import TransportUnavailable
 from duetime.nservicebus.frontdoor import front_door_queue
 from tests.integration.proxy import TcpProxy, proxy_for

@@ -19,9 +19,9 @@ import pytest
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode, open_store
 from duetime.clock import SYSTEM
-from duetime.errorqueue import ERROR_MESSAGE, kept_in_store
+from duetime.error_headers import ERROR_MESSAGE, kept_in_store
 from duetime.message import MAX_BODY_BYTES
-from duetime.operations.error_queue import discard, goes_to, send_back, take
+from duetime.operations.retry_or_discard import discard, goes_to, send_back, take
 from tests.conftest import run_cli
 from tests.integration.conftest import cleanup, open_broker
 from tests.services import RABBITMQ

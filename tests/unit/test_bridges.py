@@ -193,7 +193,7 @@ async def test_a_polled_store_tells_of_a_later_next_due_once_the_earlier_one_has
     """A store that cannot be told (MariaDB; PostgreSQL behind a pooler) is asked its next due time
     every interval. Seen t1, then (t1 delivered, t2 stored between two looks) t2 later than t1: the
     dispatcher sleeping toward nothing must hear of t2, or it sleeps its whole minute."""
-    from duetime.backends._bridge import Subscribers, poll_next_due
+    from duetime.backends._on_a_thread import Subscribers, poll_next_due
 
     t1 = datetime(2030, 1, 1, tzinfo=UTC)
     answers = iter([t1, t1, t1 + timedelta(seconds=5), None, t1])

@@ -16,7 +16,7 @@ from duetime import (
     Dispatcher,
     UnsupportedTransactionMode,
 )
-from duetime import errorqueue as eq
+from duetime import error_headers as eq
 from duetime.backends.memory import MemoryStore, MemoryTransport
 from duetime.testing import FlakyTransport, settle
 from tests.unit.helpers import FailingStore, Rig

@@ -402,7 +402,7 @@ def test_a_bulk_json_body_in_base64_may_be_broken_into_lines() -> None:
 def test_postgresql_urls_reach_libpq_whole_or_are_refused_in_one_line() -> None:
     """``postgresql:///db`` (the local socket) lost its ``//`` (urlunsplit drops an empty host);
     an option libpq does not know was an "internal error" at the first connection."""
-    from duetime.backends.postgres.common import PgOptions
+    from duetime.backends.postgres.connection import PgOptions
 
     local = PgOptions.from_url("postgresql:///app?schema=shop&sslmode=disable")
     assert local.conninfo.startswith("postgresql:///app?sslmode=disable&connect_timeout=5")
@@ -418,7 +418,7 @@ def test_a_postgresql_url_says_what_sits_between_and_where_to_listen() -> None:
     """Behind a pooler in transaction mode: no prepared statements, no start-up options (PgBouncer
     refuses them), lease claims and no LISTEN through the pooler unless the server itself is named;
     every mistake in these options is one line that says what to write."""
-    from duetime.backends.postgres.common import PgOptions
+    from duetime.backends.postgres.connection import PgOptions
 
     direct = PgOptions.from_url("postgresql://u:pw@db/app")
     assert (

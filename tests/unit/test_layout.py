@@ -18,7 +18,7 @@ ROOT = PACKAGE.parent
 #: error queue's and the live dispatchers' records, NServiceBus's wire format, tracing) and the entry points (the clients,
 #: URL -> backend, ``python -m duetime``).
 TOP_MODULES = {
-    "__init__", "__main__", "client", "clock", "errorqueue", "errors", "interfaces",
+    "__init__", "__main__", "client", "clock", "error_headers", "errors", "interfaces",
     "live_dispatchers", "message", "nservicebus_wire", "registry", "service", "settings", "tracing",
     "version",
 }  # fmt: skip

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kombu import Connection, Exchange, Producer, Queue
 
-from duetime.backends._bridge import BlockingCalls, transport_closed
+from duetime.backends._on_a_thread import BlockingCalls, transport_closed
 from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
 from duetime.backends.refusals import send_each
-from duetime.errorqueue import ERROR_TYPE
+from duetime.error_headers import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
     TransportUnavailable,

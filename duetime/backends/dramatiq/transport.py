@@ -23,10 +23,10 @@ from urllib.parse import urlsplit, urlunsplit
 from dramatiq import Broker, Message
 from dramatiq.errors import BrokerConnectionError, DecodeError
 
-from duetime.backends._bridge import BlockingCalls, transport_closed
+from duetime.backends._on_a_thread import BlockingCalls, transport_closed
 from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends.refusals import send_each
-from duetime.errorqueue import ERROR_TYPE
+from duetime.error_headers import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
     InvalidMessage,

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from duetime.backends._bridge import AsyncStoreBridge
+from duetime.backends._on_a_thread import AsyncStoreBridge
 from duetime.backends._schedules import Planned
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,

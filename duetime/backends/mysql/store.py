@@ -26,8 +26,8 @@ from urllib.parse import unquote, urlsplit
 import pymysql
 from pymysql.err import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from duetime.backends._bridge import AsyncStoreBridge, Subscribers, poll_next_due
 from duetime.backends._keepalive import keep_alive
+from duetime.backends._on_a_thread import AsyncStoreBridge, Subscribers, poll_next_due
 from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,

@@ -28,7 +28,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import BadRequestError, NoStreamResponseError, NotFoundError
 
 from duetime.backends.queue_rows import first, those
-from duetime.errorqueue import PREFIX as ERROR_PREFIX
+from duetime.error_headers import PREFIX as ERROR_PREFIX
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from duetime.backends.postgres.common import PgNames, announce, refresh_planner_stats
+from duetime.backends.postgres.connection import PgNames, announce, refresh_planner_stats
 from duetime.clock import from_micros
 
 #: A store row for a bulk write: id, destination, due (µs), headers JSON, body, failures, group.

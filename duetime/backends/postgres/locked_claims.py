@@ -12,7 +12,7 @@ The transaction commits without waiting for its WAL flush (``SET LOCAL synchrono
 it writes is removals and failure counts, and a server crash that undoes a few of them only makes
 those messages due again — a second send, which at-least-once allows. The last statement of a
 batch is pipelined with its ``COMMIT`` (one round trip; behind a pooler two, see
-:func:`~duetime.backends.postgres.common.one_round_trip`). Measured: 0.66x -> 0.74x the raw loop.
+:func:`~duetime.backends.postgres.connection.one_round_trip`). Measured: 0.66x -> 0.74x the raw loop.
 
 The claim never sorts (``SET LOCAL enable_sort``, sent with the ``BEGIN``): it asks for the first
 due rows in the due index's own order, and a store's statistics lag behind its traffic, so the
@@ -37,7 +37,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from duetime.backends.postgres.common import PgOptions, decode, one_round_trip, pooler_unsaid
+from duetime.backends.postgres.connection import PgOptions, decode, one_round_trip, pooler_unsaid
 from duetime.message import DelayedMessage
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from duetime.backends._bridge import AsyncQueueBridge
-from duetime.backends.postgres.common import (
+from duetime.backends._on_a_thread import AsyncQueueBridge
+from duetime.backends.postgres.connection import (
     QUEUE_TABLES,
     PgNames,
     PgOptions,
@@ -74,7 +74,7 @@ def _asked(conn: psycopg.Connection[Any], options: PgOptions, sql: str, params: 
     connection with other clients (a session setting would reach them) by one said for this
     question alone. Both go in one message of the simple protocol, which the server runs as one
     transaction (the setting ends with it) and a pooler passes on whole (psycopg's pipeline would
-    not do: see :func:`~duetime.backends.postgres.common.one_round_trip`)."""
+    not do: see :func:`~duetime.backends.postgres.connection.one_round_trip`)."""
     if not options.session_free:
         return conn.execute(sql, params).fetchall()
     with psycopg.ClientCursor(conn) as cursor:

@@ -23,11 +23,11 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
-from duetime.backends._bridge import Subscribers, TransactionalBridge, poll_next_due
+from duetime.backends._on_a_thread import Subscribers, TransactionalBridge, poll_next_due
 from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, check_store_columns, sql_filters
-from duetime.backends.postgres.common import (
+from duetime.backends.postgres.connection import (
     PgNames,
     PgOptions,
     QueueEntry,

@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 import redis
 
-from duetime.backends._bridge import AsyncStoreBridge, Subscribers
 from duetime.backends._keepalive import socket_options
+from duetime.backends._on_a_thread import AsyncStoreBridge, Subscribers
 from duetime.backends._redis_database import (
     NO_WAIT,
     Replication,

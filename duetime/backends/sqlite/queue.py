@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from duetime.backends._bridge import AsyncQueueBridge
+from duetime.backends._on_a_thread import AsyncQueueBridge
 from duetime.backends.queue_rows import received
 from duetime.backends.sqlite.connection import (
     QUERIES,

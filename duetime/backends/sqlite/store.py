@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from duetime.backends._bridge import Subscribers, TransactionalBridge
+from duetime.backends._on_a_thread import Subscribers, TransactionalBridge
 from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (

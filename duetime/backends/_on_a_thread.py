@@ -1,4 +1,4 @@
-"""The one way duetime's async stores and queues are made: a blocking implementation behind a bridge.
+"""The one way duetime's async stores and queues are made: a blocking implementation on a thread.
 
 Every backend is written once, blocking (producers, web apps and Spark executors use that directly);
 the async side runs the same calls on a small thread pool, so the event loop never waits on a

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from duetime.clock import SYSTEM
-from duetime.errorqueue import (
+from duetime.error_headers import (
     ERROR_ENDPOINT,
     ORIGINAL_DESTINATION,
     failed_in,
