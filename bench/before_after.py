@@ -6,6 +6,10 @@ Checks REV out into a temporary git worktree, then runs the same bench script (t
 alternately against REV's ``duetime`` package and this tree's, ``--rounds`` times each, so both
 see the same machine noise. Prints every "ratio" line of each run and the median per line: the
 ratios (duetime against the raw driver loop measured in the same run) are what to compare.
+``--figure REGEX`` picks other lines (groups ``what`` and ``ratio``), e.g. the bulk benches':
+
+    .venv/bin/python bench/before_after.py REV --rounds 2 --bench cluster_bench.py \
+        --figure '(?P<what>migrate)\s+[\d.]+ s\s+= (?P<ratio>[\d.]+)x' --migrate-rounds 1 --rows 500000
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ ROOT = HERE.parent
 RATIO = re.compile(r"^\s*(?P<what>.+?)\s+[\d,]+ msg/s\s+ratio (?P<ratio>[\d.]+)")
 
 
-def run(code: Path, bench: str, extra: list[str]) -> dict[str, float]:
+def run(code: Path, bench: str, extra: list[str], figure: re.Pattern[str] = RATIO) -> dict[str, float]:
+    """The bench's figures, run with ``code``'s duetime (PYTHONPATH: the benches put the
+    repository's root last on their path, so it wins, in Spark's Python workers too)."""
     env = os.environ | {"PYTHONPATH": str(code)}
     out = subprocess.run(
         [sys.executable, str(HERE / bench), *extra], env=env, capture_output=True, text=True, check=True
     ).stdout
-    return {m["what"].strip(): float(m["ratio"]) for line in out.splitlines() if (m := RATIO.match(line))}
+    return {m["what"].strip(): float(m["ratio"]) for line in out.splitlines() if (m := figure.search(line))}
 
 
 def main() -> None:
@@ -40,6 +46,13 @@ def main() -> None:
     parser.add_argument("rev", help="the earlier revision (a commit, tag or branch)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--bench", default="postgres_bench.py")
+    parser.add_argument(
+        "--figure",
+        type=re.compile,
+        default=RATIO,
+        help="a regular expression with groups 'what' and 'ratio' picking the lines to compare "
+        "(default: the 'NNN msg/s ratio R' lines of the scheduling and dispatch benches)",
+    )
     args, extra = parser.parse_known_args()
     extra = extra or ["--quick", "--only", "scheduling,dispatch"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,7 +67,7 @@ def main() -> None:
             }
             for i in range(args.rounds):
                 for label, code in (("before", before), ("after", ROOT)):
-                    for what, ratio in run(code, args.bench, extra).items():
+                    for what, ratio in run(code, args.bench, extra, args.figure).items():
                         results[label][what].append(ratio)
                         print(f"round {i + 1} {label:<6} {what:<36} ratio {ratio:.2f}", flush=True)
         finally:

@@ -27,8 +27,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-if __package__ in (None, ""):  # run as a file: the repository's root, for `bench`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench` (last: a
+    # PYTHONPATH given, as before_after.py gives an earlier revision's, picks the duetime measured)
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench.cpu import CpuWatch
 from duetime.bulk.migrate import MigrationSpec, migrate

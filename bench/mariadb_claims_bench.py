@@ -20,8 +20,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a file: the repository's root, for `bench` and `tests`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench` and `tests` (last:
+    # a PYTHONPATH given, as before_after.py gives an earlier revision's, picks the duetime measured)
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.mysql import SyncMysqlStore

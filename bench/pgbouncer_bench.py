@@ -22,7 +22,8 @@ from pathlib import Path
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# The repository's root, last: a PYTHONPATH given (before_after.py) picks the duetime measured.
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 import duetime
 from duetime import DelayedDeliverySettings, Dispatcher, TransactionMode

@@ -45,8 +45,9 @@ from pathlib import Path
 
 import psycopg
 
-if __package__ in (None, ""):  # run as a file: the repository's root, for `bench`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as a file: the repository's root, for `bench` (last: a
+    # PYTHONPATH given, as before_after.py gives an earlier revision's, picks the duetime measured)
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 import duetime
 from bench.lateness import CONSUMER, python

@@ -10,6 +10,7 @@ from xml.etree import ElementTree
 
 from duetime.clock import from_micros, to_micros
 from duetime.errors import InvalidMessage
+from duetime.inputs.durations import parse_time
 from duetime.message import (
     EARLIEST_DUE,
     LATEST_DUE,
@@ -298,10 +299,5 @@ def due_us_of(value: Any) -> int | None:
     if isinstance(value, datetime):
         return to_micros(value if value.tzinfo else value.replace(tzinfo=UTC))
     if isinstance(value, str):
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        if moment.tzinfo is None:
-            raise InvalidMessage(
-                f"due time {value!r} has no UTC offset; write e.g. 2030-01-01T09:00:00+00:00."
-            )
-        return to_micros(moment)
+        return to_micros(parse_time(value))
     return int(value)
