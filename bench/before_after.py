@@ -1,4 +1,4 @@
-"""An earlier revision beside the working tree, in one run: did a change make duetime slower?
+r"""An earlier revision beside the working tree, in one run: did a change make duetime slower?
 
     .venv/bin/python bench/before_after.py REV [--rounds 3] [--bench postgres_bench.py --only dispatch]
 

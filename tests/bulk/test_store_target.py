@@ -251,6 +251,46 @@ async def test_a_bulk_write_wakes_a_sleeping_dispatcher_with_the_due_time_it_ann
             await store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "mariadb", "redis"])
+async def test_a_bulk_write_wakes_a_dispatcher_asleep_on_any_store(kind: str, tmp_path: Path) -> None:
+    """As on PostgreSQL (above): a dispatcher asleep toward a message an hour away delivers one a
+    bulk job stores due now within moments (SQLite's watcher sees the file change, Redis's store
+    hears the job's publish, MariaDB's dispatchers look again), not after its five-minute sleep."""
+    import asyncio
+
+    from duetime import DelayedDeliverySettings, Dispatcher, open_store, open_transport
+
+    with _store_of(kind, tmp_path) as url:
+        store = open_store(url)
+        own_queue = kind == "sqlite"
+        transport = open_transport(url if own_queue else "memory://")
+        await transport.declare("orders")
+        await store.setup_infrastructure("Sales")
+        mode = TransactionMode.EXACTLY_ONCE if own_queue else TransactionMode.AT_LEAST_ONCE
+        await store.initialize("Sales", mode)
+        await store.store(DelayedMessage("later", "orders", datetime.now(UTC) + timedelta(hours=1)))
+        settings = DelayedDeliverySettings(transaction_mode=mode, max_sleep=timedelta(minutes=5))
+        dispatcher = Dispatcher(store, transport, settings, endpoint="Sales")
+        task = asyncio.create_task(dispatcher.run())
+        try:
+            while not dispatcher.started or dispatcher.stats.rounds == 0:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)  # asleep toward "later"
+            record = Record("Sales", "now", "orders", to_micros(datetime.now(UTC)), "{}", b"b", 0, None)
+            target = open_target(url)
+            await asyncio.to_thread(target.prepare, ["Sales"])
+            await asyncio.to_thread(target.write, "run-1", 0, [record])
+            started = asyncio.get_running_loop().time()
+            got = await transport.receive("orders", 10, 5.0)
+            assert [m.message_id for m in got] == ["now"]
+            assert asyncio.get_running_loop().time() - started < 2.0  # woken, not the 5-minute sleep
+        finally:
+            dispatcher.stop()
+            await task
+            await transport.close()
+            await store.close()
+
+
 @pytest.mark.parametrize("url", ["memory://", "dbm:///tmp/store", "parquet:/tmp/folder"])
 def test_a_store_without_a_bulk_writer_is_refused_in_one_line(url: str) -> None:
     """The memory store and a store of one's own (docs/examples/dbm_store.py) have no bulk
