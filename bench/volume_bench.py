@@ -22,6 +22,13 @@ by side:
 3. the bytes on disk per message against its body and headers (PostgreSQL, SQLite).
 
 Prints one table: each figure on the empty store, on the full one, and the ratio.
+
+``--bulk`` (PostgreSQL) measures instead the bulk jobs on the full store: ``bulk export`` to
+Parquet beside one process streaming the table into Parquet (a server-side cursor and pyarrow),
+and ``bulk report`` beside one process asking the server for the same backlog figures (by
+destination, by day, failing, the largest).
+
+    .venv/bin/python bench/volume_bench.py --bulk                    # 10,000,000 (about 25 minutes)
 """
 
 from __future__ import annotations
@@ -463,12 +470,78 @@ def storage(kind: str, p: Place) -> dict[str, float]:
     }
 
 
+def bulk_jobs(p: Place, work: Path, rows: int) -> dict[str, float]:
+    """``bulk export`` and ``bulk report`` of the store, each beside one process doing the same."""
+    import psycopg
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = p.store.rsplit("schema=", 1)[1]
+    table = f'"{schema}"."{ENDPOINT}.delayed"'
+
+    def export_one_process() -> None:
+        folder = work / "one-process-export"
+        folder.mkdir()
+        names = ["message_id", "destination", "due_at", "headers", "body", "failure_count", "group"]
+        with psycopg.connect(POSTGRES) as conn:
+            cur = conn.cursor(name="export")
+            cur.itersize = 50_000
+            cur.execute(
+                "SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key "
+                f"FROM {table}"
+            )
+            writer = None
+            written = 0
+            while chunk := cur.fetchmany(100_000):
+                batch = pa.table(
+                    {n: pa.array(c) for n, c in zip(names, zip(*chunk, strict=True), strict=True)}
+                )
+                writer = writer or pq.ParquetWriter(folder / "part-0.parquet", batch.schema)
+                writer.write_table(batch)
+                written += len(chunk)
+            if writer is not None:
+                writer.close()
+        assert written == rows, written
+
+    def report_one_process() -> None:
+        with psycopg.connect(POSTGRES) as conn:
+            conn.execute(
+                f"SELECT destination, count(*), min(due_at) FROM {table} GROUP BY destination"
+            ).fetchall()
+            conn.execute(f"SELECT date_trunc('day', due_at), count(*) FROM {table} GROUP BY 1").fetchall()
+            conn.execute(f"SELECT count(*) FROM {table} WHERE failure_count > 0").fetchall()
+            conn.execute(
+                f"SELECT message_id, octet_length(body) FROM {table} ORDER BY 2 DESC LIMIT 20"
+            ).fetchall()
+
+    found: dict[str, float] = {}
+    started = time.perf_counter()
+    checked(cli("bulk", "export", "--from", p.store, "--to", f"parquet:{work / 'bulk-export'}"))
+    found["bulk export (s)"] = time.perf_counter() - started
+    found["export, one process (s)"] = timed(export_one_process, times=1)
+    started = time.perf_counter()
+    checked(cli("bulk", "report", "--store", p.store, "--html", str(work / "report.html")))
+    found["bulk report (s)"] = time.perf_counter() - started
+    found["report, one process (s)"] = timed(report_one_process, times=1)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", default="postgresql", choices=["postgresql", "sqlite", "mariadb", "redis"])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--stream", type=int, default=20_000, help="messages due over 20 s")
+    parser.add_argument(
+        "--bulk",
+        action="store_true",
+        help="instead: bulk export and bulk report of the full store (PostgreSQL)",
+    )
     args = parser.parse_args()
+    if args.bulk:
+        if args.kind != "postgresql":
+            raise SystemExit("--bulk measures a PostgreSQL store")
+        bulk_only(args.rows, datetime.now(UTC))
+        return
     now = datetime.now(UTC)
     with tempfile.TemporaryDirectory(dir=os.environ.get("DUETIME_BENCH_DIR")) as folder:
         work = Path(folder)
@@ -498,6 +571,26 @@ def main() -> None:
             if b < 100
             else f"| {key} | {shown_a} | {b:,.0f} | {ratio} |"
         )
+
+
+def bulk_only(rows: int, now: datetime) -> None:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DUETIME_BENCH_DIR")) as folder:
+        work = Path(folder)
+        with place("postgresql", work, "full") as full:
+            checked(cli("setup", "--store", full.store, "--endpoint", ENDPOINT))
+            took = fill(full, rows, now)
+            print(f"filled {rows:,} messages in {took:.0f} s ({rows / took:,.0f} a second)", flush=True)
+            got = bulk_jobs(full, work, rows)
+    print(f"\npostgresql, bulk jobs on {rows:,} messages, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
+    print("| | seconds | rows a second |\n|---|---|---|")
+    for key, seconds in got.items():
+        print(f"| {key} | {seconds:,.1f} | {rows / seconds:,.0f} |")
+    print(
+        f"\nbulk export / one process: {got['bulk export (s)'] / got['export, one process (s)']:.2f}x the time"
+    )
+    print(
+        f"bulk report / one process: {got['bulk report (s)'] / got['report, one process (s)']:.2f}x the time"
+    )
 
 
 if __name__ == "__main__":

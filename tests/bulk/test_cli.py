@@ -84,7 +84,7 @@ def test_cli_errors_name_the_fix(tmp_path: Path) -> None:
             "Export writes files: --to parquet:/folder",
         ),
         (["import", "--from", "out", "--to", "sqlite:///x.db"], "Import reads files: --from parquet:/folder"),
-        (["import", "--from", "parquet:out", "--to", "redis://localhost/0"], "not a database URL"),
+        (["import", "--from", "parquet:out", "--to", "memory://"], "not a store bulk jobs can write into"),
         (["report", "--store", "redis://localhost/0"], "not a database URL"),
         (
             ["report", "--store", "sqlite:///x.db", "--delivery-log", "logs/"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -178,15 +179,18 @@ def test_jobs_report_rows_done_of_rows_in_all_off_a_terminal(tmp_path: Path) -> 
             assert noise not in said, said
 
 
-@pytest.mark.timeout(420)  # three Spark applications
-def test_a_redis_store_takes_import_schedule_and_migrate_as_a_user_runs_them(tmp_path: Path) -> None:
-    """Bulk jobs write a Redis store through its bulk writer: an import counts an id the store
-    holds and an id given twice as conflicts; a schedule job re-run stores nothing twice; a
-    migration from NServiceBus's SQL persistence moves every timeout. What they stored reads back
-    as the store's own messages (destination, due time, headers, body, group)."""
+@pytest.mark.timeout(300)
+def test_a_redis_store_takes_import_schedule_and_migrate(spark: Any, tmp_path: Path) -> None:
+    """Bulk jobs write a Redis store through its bulk writer: an import (as a user runs it)
+    counts an id the store holds and an id given twice as conflicts; a schedule job re-run
+    stores nothing twice; a migration from NServiceBus's SQL persistence moves every timeout.
+    What they stored reads back as the store's own messages (destination, due time, headers,
+    body, group)."""
     from datetime import UTC, datetime
 
     from duetime import DelayedMessage, TransactionMode
+    from duetime.bulk.migrate import MigrationSpec, migrate
+    from duetime.bulk.schedule import schedule
     from duetime.registry import open_sync_store
     from tests.bulk.conftest import create_timeoutdata, timeout_rows
     from tests.services import REDIS, delete_redis_keys, require, unique, with_option
@@ -230,24 +234,21 @@ def test_a_redis_store_takes_import_schedule_and_migrate_as_a_user_runs_them(tmp
 
         plan = [{"id": f"r{i}", "destination": "crm", "due_at": "2031-02-01T00:00:00Z"} for i in range(5)]
         (tmp_path / "plan.jsonl").write_text("".join(json.dumps(line) + "\n" for line in plan))
-        for expected in ("5 stored", "0 stored"):  # the job's re-run stores nothing twice
-            done = run_cli(
-                "bulk", "schedule", "jsonl:plan.jsonl", "--to", redis_url, "--endpoint", "crm", "--job", "plan",
-                "--transport", REDIS, cwd=tmp_path, timeout=240,
-            )  # fmt: skip
-            assert done.returncode == 0, done.stderr
-            assert expected in done.stdout, done.stdout
-        assert sorted(store_rows(redis_url, "crm")) == [f"r{i}" for i in range(5)]
+        rows = f"jsonl:{tmp_path / 'plan.jsonl'}"
+        assert schedule(spark, rows, redis_url, endpoint="crm", job="plan").stored == 5
+        gone = open_sync_store(redis_url)
+        gone.initialize("crm", TransactionMode.AT_LEAST_ONCE)
+        gone.remove("r0")  # delivered meanwhile: the job's re-run must not store it again
+        gone.close()
+        again = schedule(spark, rows, redis_url, endpoint="crm", job="plan")
+        assert (again.stored, again.skipped) == (0, 5)
+        assert sorted(store_rows(redis_url, "crm")) == [f"r{i}" for i in range(1, 5)]
 
         with postgres_schema() as pg:
             create_timeoutdata(pg, "Sales_TimeoutData", timeout_rows(300))
             source = f"{pg}&layout=timeoutdata" if "?" in pg else f"{pg}?layout=timeoutdata"
-            done = run_cli(
-                "bulk", "migrate", "--from", source, "--to", redis_url, "--endpoint", "Sales", "--mode", "migrate",
-                "--json", cwd=tmp_path, timeout=240,
-            )  # fmt: skip
-            assert done.returncode == 0, done.stderr
-            assert json.loads(done.stdout)["inserted"] == 300, done.stdout
+            moved = migrate(spark, MigrationSpec(source, redis_url, "Sales"))
+            assert moved.inserted == 300, moved
         assert len(store_rows(redis_url, "Sales")) == 300
     finally:
         delete_redis_keys(prefix)

@@ -75,6 +75,48 @@ async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher
 
 
 @pytest.mark.slow
+async def test_a_lateness_budget_delivers_what_comes_due_within_it_in_one_round_never_early(
+    tmp_path: Path,
+) -> None:
+    """Forty messages due within 20 ms, a budget of 50 ms: the dispatcher wakes once, the budget
+    after the first is due, and one round (or two, on a busy machine) moves them all, exactly-once
+    into the file's queue; none leaves before it is due."""
+    db = tmp_path / "budget.db"
+    store_ = prepare(db, "budget", "orders", mode=TransactionMode.EXACTLY_ONCE)
+    first = datetime.now(UTC) + timedelta(seconds=1.5)
+    dues = {f"m{i}": first + timedelta(microseconds=500 * i) for i in range(40)}
+    store_.store_many([DelayedMessage(i, "orders", due) for i, due in dues.items()])
+    store_.close()
+    store, transport = SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db)
+    settings = DelayedDeliverySettings(
+        transaction_mode=TransactionMode.EXACTLY_ONCE, lateness_budget=timedelta(milliseconds=50)
+    )
+    dispatcher = Dispatcher(store, transport, settings, endpoint="budget")
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        while not dispatcher.started or dispatcher.stats.rounds == 0:
+            await asyncio.sleep(0.01)
+        rounds_before = dispatcher.stats.rounds
+        consumer = SyncSqliteQueue(db)
+        got: list[str] = []
+        while len(got) < len(dues):
+            taken = await asyncio.to_thread(consumer.receive, "orders", 100, 5.0)
+            assert taken, f"{len(got)} of {len(dues)} arrived"
+            arrived = datetime.now(UTC)
+            for m in taken:
+                assert arrived >= dues[m.message_id], f"{m.message_id} left before it was due"
+                got.append(m.message_id)
+        consumer.close()
+        assert sorted(got) == sorted(dues)
+        assert dispatcher.stats.rounds - rounds_before <= 3, dispatcher.stats.rounds - rounds_before
+    finally:
+        dispatcher.stop()
+        await task
+        await store.close()
+        await transport.close()
+
+
+@pytest.mark.slow
 async def test_a_consumer_at_work_in_the_same_file_does_not_wake_the_dispatcher(tmp_path: Path) -> None:
     """Every commit in the file by another connection reaches the dispatcher; a consumer's
     receipts and acknowledgements do not change what is due next, so they must not cost it a
