@@ -23,7 +23,7 @@ from duetime.errors import NotReplicated
 from duetime.inputs.urls import redact
 
 #: Rows a script: Redis runs one script at a time, so this bounds how long a bulk job keeps the
-#: store's dispatchers waiting (about 10 ms here).
+#: store's dispatchers waiting (10-20 ms here).
 ROWS_A_SCRIPT = 1_000
 
 
