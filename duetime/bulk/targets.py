@@ -1,9 +1,11 @@
-"""Where bulk jobs write: a duetime store (SQLite, PostgreSQL, MariaDB) or Parquet / JSON Lines files.
+"""Where bulk jobs write: a duetime store (SQLite, PostgreSQL, MariaDB, Redis), Parquet / JSON
+Lines files, or RabbitMQ's native delays.
 
 Every write of a batch is idempotent and leaves a ledger entry in the same commit (a row in the
-target database), so a re-run never writes a batch twice, even when the target's own dispatcher
-has meanwhile delivered and removed its messages. Files are written by Spark for the whole cluster
-(:mod:`duetime.bulk.filetarget`).
+target database; on Redis, each part of a batch with its own), so a re-run never writes a batch
+twice, even when the target's own dispatcher has meanwhile delivered and removed its messages.
+The rows go into a store only through its bulk writer (``duetime.backends.<store>.bulk_rows``).
+Files are written by Spark for the whole cluster (:mod:`duetime.bulk.filetarget`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class _TakesAll:
 
 
 class StoreTarget(_TakesAll):
-    """A duetime store's tables, written directly: COPY on PostgreSQL, multi-row inserts elsewhere."""
+    """A duetime store in a SQL database, written through the store's bulk writer
+    (``duetime.backends.<store>.bulk_rows``: COPY on PostgreSQL, multi-row inserts on MariaDB
+    and SQLite), each batch in one transaction with its ledger row."""
 
     def __init__(self, db: Database) -> None:
         if db.layout != "duetime":
