@@ -473,45 +473,14 @@ def storage(kind: str, p: Place) -> dict[str, float]:
 def bulk_jobs(p: Place, work: Path, rows: int) -> dict[str, float]:
     """``bulk export`` and ``bulk report`` of the store, each beside one process doing the same."""
     import psycopg
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from bench.cluster_bench import export_table
 
     schema = p.store.rsplit("schema=", 1)[1]
     table = f'"{schema}"."{ENDPOINT}.delayed"'
 
     def export_one_process() -> None:
-        folder = work / "one-process-export"
-        folder.mkdir()
-        schema = pa.schema(
-            [
-                ("message_id", pa.string()),
-                ("destination", pa.string()),
-                ("due_at", pa.timestamp("us", tz="UTC")),
-                ("headers", pa.string()),
-                ("body", pa.binary()),
-                ("failure_count", pa.int32()),
-                ("group", pa.string()),
-            ]
-        )
-        with psycopg.connect(POSTGRES) as conn:
-            cur = conn.cursor(name="export")
-            cur.itersize = 50_000
-            cur.execute(
-                "SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key "
-                f"FROM {table}"
-            )
-            writer = None
-            written = 0
-            while chunk := cur.fetchmany(100_000):
-                columns = zip(*chunk, strict=True)
-                batch = pa.table(
-                    [pa.array(c, f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
-                )
-                writer = writer or pq.ParquetWriter(folder / "part-0.parquet", schema)
-                writer.write_table(batch)
-                written += len(chunk)
-            if writer is not None:
-                writer.close()
+        written = export_table(POSTGRES, table, work / "one-process-export")
         assert written == rows, written
 
     def report_one_process() -> None:
