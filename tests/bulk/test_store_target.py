@@ -19,6 +19,7 @@ from duetime.bulk.frames import CHUNK_ROWS
 from duetime.bulk.records import Record, group_extra
 from duetime.bulk.targets import StoreTarget, Written, open_target
 from duetime.clock import to_micros
+from duetime.interfaces import SyncDelayedMessageStore
 from duetime.registry import open_sync_store
 from tests.bulk.test_migrate import store_rows
 from tests.services import (
@@ -47,13 +48,19 @@ def _record(i: int, destination: str = "orders") -> Record:
     )
 
 
+def _holding(url: str, message_id: str) -> SyncDelayedMessageStore:
+    """The store at ``url``, set up for Sales, already holding ``message_id`` (for elsewhere)."""
+    store = open_sync_store(url)
+    store.setup_infrastructure("Sales")
+    store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
+    store.store(DelayedMessage(message_id, "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
+    return store
+
+
 def test_straight_copy_until_an_id_is_there_then_conflicts_are_counted_and_nothing_is_doubled() -> None:
     with postgres_schema() as pg:
-        store = open_sync_store(pg)
-        store.setup_infrastructure("Sales")
-        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
         clash = CHUNK_ROWS + 5  # in the second chunk: the first went straight in
-        store.store(DelayedMessage(f"m{clash}", "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
+        store = _holding(pg, f"m{clash}")
         store.close()
         target = StoreTarget(Database.from_url(pg))
         target.prepare(["Sales"])
@@ -114,10 +121,7 @@ def test_a_stores_bulk_write_keeps_what_is_there_and_writes_a_batch_once(kind: s
     batch is written once (the first); an empty batch writes nothing; a batch written once is never
     written again (its ledger row commits with it), even after its messages are gone."""
     with _store_of(kind, tmp_path) as url:
-        store = open_sync_store(url)
-        store.setup_infrastructure("Sales")
-        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
-        store.store(DelayedMessage("m3", "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
+        store = _holding(url, "m3")
         target = open_target(url)
         target.prepare(["Sales"])
         assert target.write("run-1", 0, []) == Written(0, ())
@@ -171,10 +175,7 @@ def test_a_redis_batch_cut_off_between_two_chunks_is_finished_by_its_retry(
 
     count = 2 * ROWS_A_SCRIPT + 10
     with _store_of("redis", tmp_path) as url:
-        store = open_sync_store(url)
-        store.setup_infrastructure("Sales")
-        store.initialize("Sales", TransactionMode.AT_LEAST_ONCE)
-        store.store(DelayedMessage(f"m{ROWS_A_SCRIPT + 1}", "elsewhere", datetime(2031, 1, 1, tzinfo=UTC)))
+        store = _holding(url, f"m{ROWS_A_SCRIPT + 1}")
         target = open_target(url)
         target.prepare(["Sales"])
         real = RedisBulkRows._run
