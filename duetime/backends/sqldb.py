@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from duetime.backends.sqlfiles import load_queries
 from duetime.errors import ConfigurationError
-from duetime.inputs.identifiers import check_name
+from duetime.inputs.identifiers import check_name, mariadb_name, postgres_name
 from duetime.inputs.urls import redact, split_options
 
 T = TypeVar("T")
@@ -40,6 +40,18 @@ STATE_TABLES = {
     "scheduled": "duetime_bulk_scheduled",
     "log": "duetime_delivery_log",
 }
+
+
+class SourceRows(Protocol):
+    """A table a migration takes rows out of, in the caller's transaction (:meth:`Database.source_rows`)."""
+
+    def take_keys(self, conn: Any, key: str, keys: Sequence[Any]) -> int:
+        """Delete the rows whose ``key`` (a quoted column) is one of ``keys``: how many went."""
+        ...
+
+    def put_back(self, conn: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Rows taken out, back into the table (``columns``: quoted, in the rows' order)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -112,8 +124,14 @@ class Database:
 
     def qualified(self, table: str) -> str:
         if self.dialect == "postgres":
-            return f"{self.quote(self.schema or 'public')}.{self.quote(table)}"
-        return self.quote(table)
+            return f"{self.quote(self.schema or 'public')}.{self.quote(self.kept_name(table))}"
+        return self.quote(self.kept_name(table))
+
+    def kept_name(self, table: str) -> str:
+        """``table``'s name as this database keeps it: a long one cut as the stores cut theirs."""
+        if self.dialect == "postgres":
+            return postgres_name(table)
+        return mariadb_name(table) if self.dialect == "mysql" else table
 
     def query(self, name: str, **names: object) -> str:
         """The statement ``name`` of ``sqldb.sql`` in this dialect, with the state tables, the column
@@ -146,6 +164,21 @@ class Database:
 
     def key_text(self, length: int) -> str:
         return "TEXT" if self.dialect == "sqlite" else f"VARCHAR({length})"
+
+    def source_rows(self, table: str) -> SourceRows:
+        """``table`` of this database as a migration takes rows out of it and puts them back, with
+        the statements of this database's backend (its ``bulk_rows`` module)."""
+        if self.dialect == "postgres":
+            from duetime.backends.postgres.bulk_rows import PgSourceRows
+
+            return PgSourceRows(self.qualified(table))
+        if self.dialect == "mysql":
+            from duetime.backends.mysql.bulk_rows import MariaDbSourceRows
+
+            return MariaDbSourceRows(self.qualified(table))
+        from duetime.backends.sqlite.bulk_rows import SqliteSourceRows
+
+        return SqliteSourceRows(self.qualified(table))
 
     # -- connections --------------------------------------------------------------------------------
 
@@ -243,7 +276,8 @@ class Database:
             cur.executemany(self.sql(text), [tuple(r) for r in rows])
 
     def table_exists(self, conn: Any, table: str) -> bool:
-        where = [self.schema or "public", table] if self.dialect == "postgres" else [table]
+        name = self.kept_name(table)
+        where = [self.schema or "public", name] if self.dialect == "postgres" else [name]
         return self.execute(conn, self.query("table_exists"), where).fetchone() is not None
 
     def tables(self, conn: Any) -> list[str]:

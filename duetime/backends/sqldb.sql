@@ -129,6 +129,13 @@ FROM {batches} WHERE run_id=%s ORDER BY batch
 -- name: rows_in_states
 SELECT COALESCE(SUM(planned), 0) FROM {batches} WHERE run_id=%s AND status IN ({marks})
 
+-- PostgreSQL: a batch's rows in one statement from the source table into the staging table;
+-- {taken} deletes them there and returns them as c0..c6 (duetime.backends.postgres.bulk_rows).
+-- name: stage_taken.postgres
+WITH moved AS ({taken})
+INSERT INTO {staged} (run_id, batch, endpoint, message_id, destination, due_us, headers, body, failure_count, extra)
+SELECT %s, %s, %s, c0, c1, c2, c3, c4, c5, c6 FROM moved
+
 -- name: copy_staged.postgres
 COPY {staged} (run_id, batch, endpoint, message_id, destination, due_us, headers, body, failure_count, extra)
 FROM STDIN

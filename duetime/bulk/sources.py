@@ -15,7 +15,7 @@ from typing import Any
 
 from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.layouts import Layout, layout_for
-from duetime.bulk.records import FIELDS, Destination, Record, due_us_of, plainly_fine_sql
+from duetime.bulk.records import Destination, Record, due_us_of, plainly_fine_sql
 from duetime.errors import ConfigurationError
 
 RUNS = STATE_TABLES["runs"]
@@ -286,14 +286,14 @@ class DbSource:
                 return -1  # someone else took it: the caller reads the state again
             exprs = self.server_records(conn)
             if exprs is not None:
-                # One statement in the server: DELETE … RETURNING feeds the staging INSERT.
-                moved_cols = ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
+                # One statement in the server: the rows the source gives up feed the staging INSERT.
+                from duetime.backends.postgres.bulk_rows import PgSourceRows
+
+                taken = PgSourceRows(source).take_sql(
+                    where, ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
+                )
                 cur = d.execute(
-                    conn,
-                    f"WITH moved AS (DELETE FROM {source} WHERE {where} RETURNING {moved_cols}) "
-                    f"INSERT INTO {d.qualified(STAGED)} ({', '.join(('run_id', 'batch', *FIELDS))}) "
-                    f"SELECT %s, %s, %s, {', '.join(f'c{i}' for i in range(len(exprs)))} FROM moved",
-                    [*params, run_id, batch.number, batch.endpoint],
+                    conn, d.query("stage_taken", taken=taken), [*params, run_id, batch.number, batch.endpoint]
                 )
                 staged = cur.rowcount
                 self._set_staged(conn, run_id, batch.number, staged)
@@ -306,6 +306,7 @@ class DbSource:
                 r[0] for r in d.execute(conn, f"SELECT {key} FROM {source} WHERE {where}", params).fetchall()
             ]
             lock = "" if d.dialect == "sqlite" else " FOR UPDATE"
+            rows_out = d.source_rows(batch.table)
             staged = removed = 0
             for chunk in d.chunks(keys, 1000):
                 marks = d.in_list(len(chunk))
@@ -316,12 +317,7 @@ class DbSource:
                 ).fetchall()
                 records = [lay.to_record(batch.endpoint, r) for r in rows]
                 self._insert_staged(conn, run_id, batch.number, records)
-                taken = [lay.to_row(r)[0] for r in records]
-                if taken:
-                    cur = d.execute(
-                        conn, f"DELETE FROM {source} WHERE {key} IN ({d.in_list(len(taken))})", taken
-                    )
-                    removed += cur.rowcount
+                removed += rows_out.take_keys(conn, key, [lay.to_row(r)[0] for r in records])
                 staged += len(records)
             if removed != staged:
                 raise RuntimeError(
@@ -411,12 +407,8 @@ class DbSource:
         records = [
             r for r in self._staged_in(conn, run_id, batch.number) if only is None or r.message_id in only
         ]
-        cols = ", ".join(self.db.quote(c) for c in self.layout.columns)
-        marks = ", ".join(["%s"] * len(self.layout.columns))
-        self.db.executemany(
-            conn,
-            f"INSERT INTO {self.db.qualified(batch.table)} ({cols}) VALUES ({marks})",
-            [self.layout.to_row(r) for r in records],
+        self.db.source_rows(batch.table).put_back(
+            conn, [self.db.quote(c) for c in self.layout.columns], [self.layout.to_row(r) for r in records]
         )
         return len(records)
 

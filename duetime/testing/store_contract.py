@@ -142,6 +142,26 @@ class StoreContract:
                 await call()
         await s.close()
 
+    async def test_an_endpoint_name_as_long_as_allowed_is_set_up_and_used(
+        self, make_either: Callable[[], DelayedMessageStore]
+    ) -> None:
+        """Endpoint names may be 100 characters: longer than a PostgreSQL (63 bytes) or MariaDB
+        (64) table name may be. Each of two that differ only at the end is set up (and a
+        second set-up finds it there), stores and reads back its message."""
+        opened: list[DelayedMessageStore] = []
+        try:
+            for i, name in enumerate(["e" * 99 + "1", "e" * 99 + "2"]):
+                opened.append(s := make_either())
+                await s.setup_infrastructure(name)
+                await s.setup_infrastructure(name)
+                await s.initialize(name, TransactionMode.AT_LEAST_ONCE)
+                await s.store(msg(i, now() + timedelta(hours=1)))
+                found = await s.get(f"m-{i:05d}")
+                assert found is not None and found.body == f"body {i}".encode()
+        finally:
+            for s in opened:  # a store of one's own may hand out one object: closed at the end
+                await s.close()
+
     async def test_round_trip_keeps_every_field_exactly(self, store: DelayedMessageStore) -> None:
         due = datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
         original = DelayedMessage("id/ü", "dest.é", due, b"\x00\x01\xffbody", {"k": "v", "ü": "ß"})

@@ -251,7 +251,14 @@ def test_the_native_target_refuses_before_anything_moves_and_sends_what_nservice
             for k, v in json.loads(persister_row("ok", now, destination=dest)[5]).items()
             if v is not None
         }
-        arrived = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in props.headers.items()}
+        # RabbitMQ adds x-death and x-first-death-* as a delay level's queue passes the message
+        # on: the broker's, there when the delay had not run out as the message was sent (a
+        # migration done in under 3 s), not the migration's.
+        arrived = {
+            k: (v.decode() if isinstance(v, bytes) else v)
+            for k, v in props.headers.items()
+            if not k.startswith("x-")
+        }
         assert "NServiceBus.RelatedToTimeoutId" not in arrived and "NServiceBus.TimeSent" not in arrived
         assert {k: arrived[k] for k in stored if k != "NServiceBus.Timeout.Expire"} == {
             k: v for k, v in stored.items() if k != "NServiceBus.Timeout.Expire"

@@ -307,3 +307,21 @@ def test_a_store_without_a_bulk_writer_is_refused_in_one_line(url: str) -> None:
         ConfigurationError, match=r"give --to postgresql://, mysql://, sqlite:/// or redis://\.$"
     ):
         open_store_target(url)
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_bulk_write_for_an_endpoint_as_long_as_allowed_lands_in_the_stores_own_table(
+    kind: str, tmp_path: Path
+) -> None:
+    """A 100-character endpoint's table name is longer than PostgreSQL and MariaDB take: the bulk
+    jobs find and write the table the store made for it (the name cut the one way)."""
+    endpoint = "Sales" + "x" * 95
+    with _store_of(kind, tmp_path) as url:
+        store = open_sync_store(url)
+        store.setup_infrastructure(endpoint)
+        store.close()
+        target = open_target(url)
+        target.prepare([endpoint])
+        written = target.write("run-1", 0, [_record(i)._replace(endpoint=endpoint) for i in range(3)])
+        assert written == Written(3, ())
+        assert sorted(store_rows(url, endpoint)) == ["m0", "m1", "m2"]

@@ -1,6 +1,7 @@
 """The store's row is defined once (``duetime.backends.store_row``), and only a store's own backend
 folder writes rows into its table: the bulk jobs hand their batches to the store's bulk writer
-(``duetime/backends/<store>/bulk_rows.py``) instead of statements of their own."""
+(``duetime/backends/<store>/bulk_rows.py``) instead of statements of their own, and take a
+migration's rows out of the table it reads the same way (``Database.source_rows``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ STORE_BACKENDS = ("postgres", "mysql", "sqlite")
 #: A column list of the store's row, as SQL or Python spells it: ``message_id, destination,
 #: due_at`` and the names (with casts) that follow.
 ROW_LIST = re.compile(r"(?<![\w.])message_id,\s*destination,\s*due_at(?:,\s*[a-z_]+(?:::[a-z]+)?)*")
+#: A statement that changes a table, and the table it names (SQL's keywords are upper case here;
+#: a docstring's "COPY on PostgreSQL" names no table, since no clause follows).
+TABLE_WRITE = re.compile(
+    r"\b(?:INSERT(?:\s+IGNORE|\s+OR\s+[A-Z]+)?\s+INTO|COPY|UPDATE|DELETE\s+FROM)\s+"
+    r"(\{[^}]*\}|[A-Za-z_][\w.]*)(?=\s*(?:\(|WHERE\b|SET\b|VALUES\b|SELECT\b|FROM\b|RETURNING\b))",
+)
+#: The tables the bulk jobs keep for themselves (``duetime.backends.sqldb.STATE_TABLES`` as the
+#: shared statements name them, and the native-delay target's own SQLite ledger).
+BULK_OWN_TABLES = {"{runs}", "{batches}", "{staged}", "{ledger}", "{scheduled}", "{log}", "ledger"}
 #: A statement that puts rows into a table by naming the store's columns.
 ROW_WRITE = re.compile(
     r"\b(?:INSERT(?:\s+IGNORE)?\s+INTO|COPY)\s+\S+\s*\(\s*message_id,\s*destination,\s*due_at", re.IGNORECASE
@@ -78,3 +88,18 @@ def test_the_bulk_jobs_shared_statements_name_no_store_table() -> None:
     delivery log) and reads of the legacy layouts: no write to a ``{table}``."""
     text = (PACKAGE / "backends" / "sqldb.sql").read_text()
     assert re.findall(r"\b(?:INSERT(?:\s+IGNORE)?\s+INTO|COPY|UPDATE|DELETE\s+FROM)\s+\{table\}", text) == []
+
+
+def test_outside_the_stores_folders_nothing_writes_any_table_but_the_bulk_jobs_own() -> None:
+    """``INSERT``, ``COPY``, ``UPDATE`` and ``DELETE`` on a store's or a queue's table (or on a
+    table a migration reads) are written only in that backend's folder: elsewhere a statement
+    that changes a table names one of the bulk jobs' own."""
+    inside = [PACKAGE / "backends" / name for name in (*STORE_BACKENDS, "redis")]
+    found = [
+        (path.relative_to(PACKAGE.parent), m.group(1))
+        for path in _sources()
+        if not any(folder in path.parents for folder in inside)
+        for m in TABLE_WRITE.finditer(_statements(path))
+    ]
+    assert len(found) >= 10  # the bulk jobs' own statements are seen
+    assert [f"{path}: {table}" for path, table in found if table not in BULK_OWN_TABLES] == []

@@ -205,3 +205,12 @@ DELETE FROM duetime_schedules WHERE endpoint = %s AND schedule_id = %s;
 -- name: bulk_insert_ignoring
 INSERT IGNORE INTO {table} (message_id, destination, due_at, headers, body, failure_count, group_key)
 VALUES {{values}} RETURNING message_id
+
+-- Taking rows out of a table a bulk job migrates (a store's, or another layout's) and putting
+-- them back when the job aborts (duetime.backends.mysql.bulk_rows.MariaDbSourceRows): {{key}} is
+-- the key column, {{columns}} a row's columns, {{marks}} a %s for each of them or of the keys.
+-- name: bulk_take_keys
+DELETE FROM {table} WHERE {{key}} IN ({{marks}})
+
+-- name: bulk_put_back
+INSERT INTO {table} ({{columns}}) VALUES ({{marks}})

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -50,7 +49,7 @@ from duetime.errors import (
     connection_failed,
     no_answer,
 )
-from duetime.inputs.identifiers import check_name
+from duetime.inputs.identifiers import check_name, mariadb_name
 from duetime.inputs.urls import number_option, redact, url_options
 from duetime.interfaces import ListQuery, StoreCounts
 from duetime.message import DelayedMessage
@@ -115,9 +114,7 @@ def _micros(value: datetime | None) -> int | None:
 def table_identifier(name: str) -> str:
     """A table's name as MariaDB takes it: backquoted, and within its 64 characters (a long one
     cut, with a hash of the whole to keep it apart): the store and its bulk writes alike."""
-    if len(name) > 64:
-        name = name[:53] + "_" + hashlib.sha1(name.encode()).hexdigest()[:10]
-    return "`" + name.replace("`", "``") + "`"
+    return "`" + mariadb_name(name).replace("`", "``") + "`"
 
 
 def _message(row: Sequence[Any]) -> DelayedMessage:
@@ -267,6 +264,7 @@ class SyncMysqlStore(StoreRules):
 
     def _create(self, endpoint: str) -> None:
         table = self.table_for(endpoint)
+        kept = mariadb_name(table)  # the catalogue's name for it
 
         def work(cur: Any) -> None:
             cur.execute("SELECT VERSION()")
@@ -276,12 +274,12 @@ class SyncMysqlStore(StoreRules):
             try:
                 cur.execute(q["create_schema_table"])
                 cur.execute(q["create_store_table"])
-                cur.execute(q["table_columns"], (table,))
+                cur.execute(q["table_columns"], (kept,))
                 check_store_columns(table, self.options.display, (str(r[0]) for r in cur.fetchall()))
-                cur.execute(q["has_group_column"], (table,))
+                cur.execute(q["has_group_column"], (kept,))
                 if not cur.fetchone()[0]:  # a table of schema version 1: upgraded in place
                     cur.execute(q["add_group_column"])
-                cur.execute(q["has_failing_key"], (table,))
+                cur.execute(q["has_failing_key"], (kept,))
                 if not cur.fetchone()[0]:
                     cur.execute(q["add_failing_key"])
                 cur.execute(q["create_presence_table"])

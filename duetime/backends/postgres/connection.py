@@ -21,7 +21,7 @@ from duetime.backends._store import (
 from duetime.backends.sqlfiles import load_queries
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError, connection_failed, no_answer, one_line
-from duetime.inputs.identifiers import check_name, quote_identifier
+from duetime.inputs.identifiers import check_name, postgres_name, quote_identifier
 from duetime.inputs.urls import number_option, option_pairs, options_of, redact
 from duetime.message import DelayedMessage, dump_headers
 
@@ -330,10 +330,7 @@ class PgNames:
         s = quote_identifier(schema)
 
         def ident(name: str) -> str:
-            if len(name.encode()) > 63:
-                digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-                name = name.encode()[:52].decode(errors="ignore") + "_" + digest
-            return quote_identifier(name)
+            return quote_identifier(postgres_name(name))
 
         names = {
             "schema_table": f"{s}.duetime_schema",

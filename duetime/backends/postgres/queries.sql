@@ -419,3 +419,17 @@ SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2)
 -- Which of the ids {{ids}} selects (a column named id) the table holds already.
 -- name: bulk_ids_present
 SELECT s.id FROM ({{ids}}) AS s JOIN {table} AS t ON t.message_id = s.id
+
+-- Taking rows out of a table a bulk job reads (a store's, or another layout's it migrates) and
+-- putting them back when the job aborts (duetime.backends.postgres.bulk_rows.PgSourceRows):
+-- {{where}} picks the rows, {{returning}} is what each gives back, {{key}} the key column,
+-- {{columns}} a row's columns and {{marks}} a %s for each of them or of the keys.
+
+-- name: bulk_take
+DELETE FROM {table} WHERE {{where}} RETURNING {{returning}}
+
+-- name: bulk_take_keys
+DELETE FROM {table} WHERE {{key}} IN ({{marks}})
+
+-- name: bulk_put_back
+INSERT INTO {table} ({{columns}}) VALUES ({{marks}})
