@@ -450,7 +450,11 @@ class RedisStoreTarget(_TakesAll):
 
     def write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
         """Each endpoint's rows of the batch in chunks, each once (``batch.endpoint.chunk`` in the
-        ledger); then the batch's whole answer, which a re-run reads instead."""
+        ledger); then the batch's whole answer, which a re-run reads instead.
+
+        A chunk is known by its number, so a re-run must cut the batch into the same chunks:
+        the rows go in order of their ids, not as they came (a migration's staged rows come
+        back in any order; a chunk found done would otherwise skip rows never written)."""
         done = self.ledger(run_id, batch)
         if done is not None:
             return done
@@ -458,7 +462,8 @@ class RedisStoreTarget(_TakesAll):
         for record in records:
             by_endpoint.setdefault(record.endpoint, []).append(bulk_row(record))
         stored, held = 0, []
-        for endpoint, rows in by_endpoint.items():
+        for endpoint, rows in sorted(by_endpoint.items()):
+            rows.sort(key=lambda row: row[0])  # stable: of an id given twice, the first still wins
             got, there = self._writer().write(endpoint, rows, run_id=run_id, field=f"{batch}.{endpoint}")
             stored += got
             held += there
