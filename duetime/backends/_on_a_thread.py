@@ -120,14 +120,28 @@ class BlockingCalls:
 
 
 class AsyncStoreBridge(AsyncClosing):
-    """The async store contract over a blocking store, with an optional wake-up hook."""
+    """The async store contract over a blocking store, with an optional wake-up hook.
+
+    ``reads_apart``: an operator's reads (counts, pages of messages, a group's count, one
+    message, the dispatchers) run on a thread of their own, so a count that reads a million rows
+    never waits in front of the dispatcher's claims on the one thread (on MariaDB it held
+    deliveries up to 0.4 s every ten seconds, while the backlog gauge counted). Only for a
+    blocking store whose methods may be called from two threads at once."""
 
     def __init__(
-        self, sync: StoreRules, *, threads: int = 1, name: str, watch: WatchHook | None = None
+        self,
+        sync: StoreRules,
+        *,
+        threads: int = 1,
+        name: str,
+        watch: WatchHook | None = None,
+        reads_apart: bool = False,
     ) -> None:
         self.sync = sync
         self._threads = BlockingCalls(threads, name, closed)
         self._call = self._threads.call
+        self._reads = BlockingCalls(1, f"{name}-reads", closed) if reads_apart and threads else self._threads
+        self._read = self._reads.call
         self.subscribers = Subscribers()
         self._watch = watch
         self._watcher: asyncio.Task[None] | None = None
@@ -187,7 +201,7 @@ class AsyncStoreBridge(AsyncClosing):
         return await self._call(self.sync.release, list(message_ids))
 
     async def get(self, message_id: str) -> DelayedMessage | None:
-        return await self._call(self.sync.get, message_id)
+        return await self._read(self.sync.get, message_id)
 
     async def cancel(self, message_id: str) -> bool:
         return await self._call(self.sync.cancel, message_id)
@@ -196,7 +210,7 @@ class AsyncStoreBridge(AsyncClosing):
         return await self._call(self.sync.cancel_group, group, limit)
 
     async def count_group(self, group: str) -> int:
-        return await self._call(self.sync.count_group, group)
+        return await self._read(self.sync.count_group, group)
 
     async def reschedule(self, message_id: str, due_at: datetime) -> bool:
         done = await self._call(self.sync.reschedule, message_id, due_at)
@@ -208,13 +222,13 @@ class AsyncStoreBridge(AsyncClosing):
         await self._call(self.sync.beat, info)
 
     async def dispatchers(self) -> list[DispatcherInfo]:
-        return await self._call(self.sync.dispatchers)
+        return await self._read(self.sync.dispatchers)
 
     async def list(self, query: ListQuery) -> Page:
-        return await self._call(self.sync.list, query)
+        return await self._read(self.sync.list, query)
 
     async def counts(self, at: datetime) -> StoreCounts:
-        return await self._call(self.sync.counts, at)
+        return await self._read(self.sync.counts, at)
 
     async def count_due(self, at: datetime) -> int:
         return await self._call(self.sync.count_due, at)
@@ -282,6 +296,8 @@ class AsyncStoreBridge(AsyncClosing):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watcher
             self._watcher = None
+        if self._reads is not self._threads:
+            self._reads.shutdown()  # a read in flight ends on its own; its connection closes below
         await self._call(self.sync.close)
         self._threads.shutdown()
 

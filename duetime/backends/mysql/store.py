@@ -515,7 +515,7 @@ class MysqlStore(AsyncStoreBridge):
     sync: SyncMysqlStore
 
     def __init__(self, sync: SyncMysqlStore) -> None:
-        super().__init__(sync, name="mysql-store", watch=self._poll_next_due)
+        super().__init__(sync, name="mysql-store", watch=self._poll_next_due, reads_apart=True)
         self._poller = SyncMysqlStore(sync.options)
 
     @classmethod

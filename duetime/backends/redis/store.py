@@ -480,7 +480,7 @@ class RedisStore(AsyncStoreBridge):
     sync: SyncRedisStore
 
     def __init__(self, sync: SyncRedisStore) -> None:
-        super().__init__(sync, name="redis-store", watch=self._listen)
+        super().__init__(sync, name="redis-store", watch=self._listen, reads_apart=True)
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> RedisStore:

@@ -436,7 +436,7 @@ class SqliteStore(TransactionalBridge):
     needs = "a SQLite queue transport on the same file"
 
     def __init__(self, sync: SyncSqliteStore, *, watch_interval: float = 0.02) -> None:
-        super().__init__(sync, name="sqlite-store", watch=self._watch_file)
+        super().__init__(sync, name="sqlite-store", watch=self._watch_file, reads_apart=True)
         self.watch_interval = watch_interval
 
     @classmethod
