@@ -18,11 +18,18 @@ import pytest
 from duetime import DelayedMessage, TransactionMode
 from duetime.interfaces import ListQuery
 from duetime.registry import open_store
-from tests.services import REDIS, delete_redis_keys, mariadb_database, require, unique, with_option
+from tests.services import (
+    REDIS,
+    delete_redis_keys,
+    mariadb_database,
+    postgres_schema,
+    require,
+    unique,
+    with_option,
+)
 
-#: The stores that run a blocking driver on threads (PostgreSQL's is async: its reads take
-#: another connection of the pool).
-BRIDGED = ["sqlite", "mariadb", "redis"]
+#: Every store that ships with duetime (each runs a blocking driver on threads).
+BRIDGED = ["sqlite", "postgresql", "mariadb", "redis"]
 
 
 @contextmanager
@@ -37,7 +44,7 @@ def _url(kind: str, tmp_path: Path) -> Iterator[str]:
         finally:
             delete_redis_keys(prefix)
     else:
-        with mariadb_database() as url:
+        with postgres_schema() if kind == "postgresql" else mariadb_database() as url:
             yield url
 
 

@@ -502,8 +502,9 @@ class PostgresStore(TransactionalBridge):
     needs = "a PostgreSQL queue transport on the same database and schema"
 
     def __init__(self, sync: SyncPostgresStore, *, listen_check: float = 5.0) -> None:
-        # One thread, as for every store: two measured no faster (bench/RESULTS.md).
-        super().__init__(sync, name="pg-store", watch=self._watch)
+        # One thread for the dispatcher's calls, as for every store: two measured no faster
+        # (bench/RESULTS.md); an operator's reads on another, each with a connection of the pool.
+        super().__init__(sync, name="pg-store", watch=self._watch, reads_apart=True)
         self.listen_check = listen_check
 
     @classmethod
