@@ -1,7 +1,8 @@
 """``duetime bulk report``: a store's backlog and the dispatcher's lateness, as numbers, CSV and HTML.
 
-The backlog is read from the store in parallel partitions (in-flight messages included); lateness
-comes from the dispatcher's delivery log (``duetime run --delivery-log …``).
+The backlog is read from the store in parallel partitions (in-flight messages included), and
+counted by the server itself where it can (:mod:`duetime.bulk.server_backlog`); lateness comes
+from the dispatcher's delivery log (``duetime run --delivery-log …``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.hadoopfs import Folder, input_files
 from duetime.bulk.preview import source_frame
 from duetime.bulk.progress import Progress, RowCounter, watched
+from duetime.bulk.server_backlog import count_in_server, planned
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.errors import ConfigurationError
 
@@ -83,6 +85,16 @@ def backlog(
     told the rows read of the rows the store held when the report was planned."""
     moment = now or SYSTEM.now()
     now_us = to_micros(moment)
+    batches = planned(store_url, endpoint, now_us)
+    if batches is not None:  # the server counts: only the figures cross the network
+        figures = count_in_server(spark, store_url, batches, now_us, HORIZONS, top, progress)
+        report = Report(moment)
+        report.by_destination = sorted(figures.by_destination.items(), key=lambda kv: (-kv[1], kv[0]))
+        report.total = sum(figures.by_destination.values())
+        report.horizons = [(name, figures.horizons.get(name, 0)) for name, _ in HORIZONS]
+        report.failures = sorted(figures.failures.items())
+        report.largest = figures.largest
+        return report
     from pyspark.sql import functions as F
 
     counter = RowCounter(spark)

@@ -479,3 +479,47 @@ def test_a_timestamp_without_a_time_zone_is_utc_whatever_the_sessions_zone(
     assert stored["winter"].due_at == datetime(2031, 1, 1, 9, 0, tzinfo=UTC)
     assert stored["gap"].due_at == datetime(2031, 3, 9, 2, 30, 0, 123456, tzinfo=UTC)
     assert stored["ntz"].due_at == datetime(2031, 1, 1, 9, 0, tzinfo=UTC)
+
+
+def test_the_servers_report_is_what_reading_every_row_reports(spark: Any, monkeypatch: Any) -> None:
+    """On PostgreSQL the server counts the backlog itself (only the figures cross the network):
+    the same report, figure for figure, as reading every row into Spark, for a duetime store
+    (messages in flight included, bodies tied in size ordered by id as Spark orders them) and
+    for NServiceBus's TimeoutData."""
+    import duetime.bulk.report as report_module
+    from tests.bulk.conftest import create_timeoutdata, timeout_rows
+
+    now = datetime.now(UTC)
+    offsets = [-30, 30, 1800, 40_000, 300_000, 10**7]
+    messages = [
+        DelayedMessage(
+            f"{prefix}{i}",
+            ["dest0", "dest1", "dëst2"][i % 3],
+            now + timedelta(seconds=offsets[i % len(offsets)] + i),
+            b"x" * (i % 4),
+            {},
+            i % 3,
+        )
+        for i in range(60)
+        for prefix in ("B", "a", "é")
+    ]
+    with postgres_schema() as url:
+        store = open_sync_store(url)
+        store.setup_infrastructure("rep")
+        store.initialize("rep", TransactionMode.AT_LEAST_ONCE)
+        store.store_many(messages)
+        assert len(store.fetch_due(now, 5)) == 5  # in flight: counted too
+        create_timeoutdata(url, "Crm_TimeoutData", timeout_rows(300, start=now - timedelta(minutes=1)))
+        reports = []
+        for source, endpoint in ((url, "rep"), (f"{url}&layout=timeoutdata", "Crm")):
+            assert report_module.planned(source, endpoint, 0) is not None
+            server = backlog(spark, source, endpoint, now=now, top=7)
+            with monkeypatch.context() as rows_way:
+                rows_way.setattr(report_module, "planned", lambda *args: None)
+                read = backlog(spark, source, endpoint, now=now, top=7)
+            assert server == read
+            reports.append(server)
+        store.close()
+    assert reports[0].total == 180 and len(reports[0].largest) == 7
+    assert [r[2] for r in reports[0].largest[:3]] == ["B11", "B15", "B19"]  # size 3, then by id
+    assert reports[1].total == 300

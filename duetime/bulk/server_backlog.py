@@ -1,0 +1,131 @@
+"""``bulk report``'s backlog figures counted by the database itself, where it can.
+
+Reading every row into Spark to count it cost a report of 10,000,000 stored messages 164 s, where
+the server gives the same figures from its own scan in 14 s. So, on PostgreSQL 14 or later (where
+the layout's record expressions are exact, :meth:`DbSource.server_records`), each of the store's
+planned batches is a Spark task that asks the server for its counts (by destination, due-time
+bucket and failure count, in one scan) and its largest bodies, and the driver adds them up. Only
+those few rows cross the network. Elsewhere the report reads the rows as before.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from duetime.backends.sqldb import Database
+from duetime.bulk.progress import Progress, RowCounter, watched
+from duetime.bulk.sources import Batch, DbSource
+from duetime.errors import ConfigurationError
+
+#: Rows a batch holds when the report plans the store (a task each).
+BATCH_ROWS = 500_000
+
+
+@dataclass
+class Figures:
+    """One batch's figures, or all of them added up."""
+
+    by_destination: Counter[str] = field(default_factory=Counter)
+    horizons: Counter[str] = field(default_factory=Counter)
+    failures: Counter[int] = field(default_factory=Counter)
+    #: (size in bytes, endpoint, message id, destination)
+    largest: list[tuple[int, str, str, str]] = field(default_factory=list)
+
+    def add(self, other: Figures, top: int) -> None:
+        self.by_destination.update(other.by_destination)
+        self.horizons.update(other.horizons)
+        self.failures.update(other.failures)
+        self.largest = sorted([*self.largest, *other.largest], key=lambda r: (-r[0], r[2]))[:top]
+
+
+def planned(store_url: str, endpoint: str | None, now_us: int) -> list[Batch] | None:
+    """The store's batches, if its server can count them itself; None for the rows' way."""
+    try:
+        db = Database.from_url(store_url)
+    except ConfigurationError:  # files, or a URL the rows' way explains as it reads
+        return None
+    if db.dialect != "postgres":
+        return None
+    source = DbSource(db, in_flight=True)
+    with db.session(write=False) as conn:
+        if source.server_records(conn) is None:
+            return None
+    return source.plan(endpoint, None, now_us, BATCH_ROWS)
+
+
+def count_in_server(
+    spark: Any,
+    store_url: str,
+    batches: Sequence[Batch],
+    now_us: int,
+    horizons: Sequence[tuple[str, float | None]],
+    top: int,
+    progress: Progress | None,
+) -> Figures:
+    """Every batch's figures, a Spark task each, added up on the driver."""
+    counter = RowCounter(spark)
+    counter.total = sum(b.planned for b in batches)
+    items = list(batches)
+
+    def task(index: int) -> Figures:
+        figures = batch_figures(store_url, items[index], now_us, horizons, top)
+        counter.add(items[index].planned)
+        return figures
+
+    each = watched(
+        lambda: spark.sparkContext.parallelize(range(len(items)), max(1, len(items))).map(task).collect(),
+        counter.reporter("reading", progress),
+    )
+    total = Figures()
+    for figures in each:
+        total.add(figures, top)
+    return total
+
+
+def batch_figures(
+    store_url: str, batch: Batch, now_us: int, horizons: Sequence[tuple[str, float | None]], top: int
+) -> Figures:
+    """One batch's figures, from two statements the server answers from one scan each."""
+    source = DbSource(Database.from_url(store_url), in_flight=True)
+    db = source.db
+    where, params = source.bucket_where(batch, None, now_us)
+    table = db.qualified(batch.table)
+    figures = Figures()
+    with db.session(write=False) as conn:
+        exprs = source.server_records(conn)
+        assert exprs is not None  # planned() asked the same server
+        ident, dest, due, body, failures = exprs[0], exprs[1], exprs[2], exprs[4], exprs[5]
+        # The first bucket whose bound the due time is within, as the rows' way picks it.
+        cases = " ".join(
+            f"WHEN ({due}) - %s <= {int(bound * 1_000_000)} THEN '{name}'"
+            for name, bound in horizons
+            if bound is not None
+        )
+        horizon = f"CASE WHEN ({due}) IS NULL THEN 'later' {cases} ELSE 'later' END"
+        bounded = [now_us for _, bound in horizons if bound is not None]
+        rows = db.execute(
+            conn,
+            f"SELECT d, h, f, GROUPING(d, h, f), count(*) FROM ("
+            f"SELECT COALESCE({dest}, '') AS d, {horizon} AS h, {failures} AS f FROM {table} WHERE {where}"
+            f") AS s GROUP BY GROUPING SETS ((d), (h), (f))",
+            [*bounded, *params],
+        ).fetchall()
+        for d, h, f, grouping, n in rows:
+            if grouping == 0b011:
+                figures.by_destination[d] += int(n)
+            elif grouping == 0b101:
+                figures.horizons[h] += int(n)
+            else:
+                figures.failures[int(f)] += int(n)
+        # octet_length reads a compressed body's size from its header: no body is unpacked
+        largest = db.execute(
+            conn,
+            f"SELECT COALESCE(octet_length({body}), 0) AS s, {ident} AS i, COALESCE({dest}, '') "
+            f'FROM {table} WHERE {where} ORDER BY s DESC, ({ident}) COLLATE "C" LIMIT %s',
+            [*params, top],
+        ).fetchall()
+        figures.largest = [(int(s), batch.endpoint, str(i), str(d)) for s, i, d in largest]
+    return figures
