@@ -77,6 +77,14 @@ def _load(target: str, what: str) -> type[Any]:
     """The class ``module:attr`` names; ``what`` names it to a user whose extra is missing."""
     module_name, _, attr = target.partition(":")
     try:
+        # Each package before its module: importing ``a.b.c`` by name locks ``c`` and then
+        # imports ``a.b``, while a thread importing ``a.b`` holds its lock and wants ``c`` (its
+        # ``__init__`` imports it): importlib's deadlock error, every time one thread opened a
+        # SQLite store while another opened its queue. Taken in this order, no two threads
+        # wait on each other.
+        parts = module_name.split(".")
+        for depth in range(1, len(parts)):
+            importlib.import_module(".".join(parts[:depth]))
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         missing = MissingExtra.for_module(error, what)
