@@ -542,8 +542,8 @@ def main() -> None:
                 f"filled {args.rows:,} messages in {took:.0f} s ({args.rows / took:,.0f} a second)",
                 flush=True,
             )
-            # The fill's gigabytes are still being written to disk; a commit's fsync would wait
-            # behind them (SQLite: p99 163 ms). That is the fill's cost, not a full store's.
+            # What the fill wrote goes to disk first, so that its flush (gigabytes, for a large
+            # store) cannot land in a commit's fsync while the full store is measured.
             settle_started = time.perf_counter()
             os.sync()
             print(f"  the disk took {time.perf_counter() - settle_started:.0f} s to settle", flush=True)

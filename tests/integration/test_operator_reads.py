@@ -10,7 +10,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,15 +27,14 @@ from tests.services import (
     with_option,
 )
 
-#: Every store that ships with duetime (each runs a blocking driver on threads).
-BRIDGED = ["sqlite", "postgresql", "mariadb", "redis"]
+#: The stores whose reads run apart. SQLite's stay on the dispatcher's thread: they read indexes
+#: only, and beside its writes they made its commits wait longer (see SqliteStore).
+BRIDGED = ["postgresql", "mariadb", "redis"]
 
 
 @contextmanager
-def _url(kind: str, tmp_path: Path) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    elif kind == "redis":
+def _url(kind: str) -> Iterator[str]:
+    if kind == "redis":
         require(REDIS)
         prefix = unique("reads") + ":"
         try:
@@ -50,8 +48,8 @@ def _url(kind: str, tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.parametrize("kind", BRIDGED)
 @pytest.mark.parametrize("read", ["counts", "list", "count_group"])
-async def test_a_slow_read_never_holds_up_claims_and_removals(kind: str, read: str, tmp_path: Path) -> None:
-    with _url(kind, tmp_path) as url:
+async def test_a_slow_read_never_holds_up_claims_and_removals(kind: str, read: str) -> None:
+    with _url(kind) as url:
         store: Any = open_store(url)
         await store.setup_infrastructure("reads")
         await store.initialize("reads", TransactionMode.AT_LEAST_ONCE)
