@@ -10,6 +10,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -181,6 +182,24 @@ def delete_redis_keys(prefix: str) -> None:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@contextmanager
+def store_url(kind: str, folder: Path) -> Iterator[str]:
+    """A URL of a store of ``kind`` (sqlite, postgresql, mariadb, redis) of this test's own: a
+    file in ``folder``, a schema, a database or a key prefix, removed afterwards."""
+    if kind == "sqlite":
+        yield f"sqlite:///{folder / 'store.db'}"
+    elif kind == "redis":
+        require(REDIS)
+        prefix = unique("store") + ":"
+        try:
+            yield with_option(REDIS, prefix=prefix)
+        finally:
+            delete_redis_keys(prefix)
+    else:
+        with postgres_schema() if kind == "postgresql" else mariadb_database() as url:
+            yield url
 
 
 def delete_rabbitmq_queues(*queues: str) -> None:

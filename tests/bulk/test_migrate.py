@@ -43,6 +43,20 @@ def store_rows(url: str, endpoint: str) -> dict[str, DelayedMessage]:
         store.close()
 
 
+#: The migration module itself, for its steps one at a time (``_current_run``, ``batch_of``).
+MIGRATE = sys.modules["duetime.bulk.migrate"]
+
+
+def _run_started(spec: MigrationSpec) -> tuple[DbSource, str, list[dict[str, Any]]]:
+    """The spec's source with its state tables, and a run of it started (planned, nothing
+    moved): the source, the run's id and its batches' rows."""
+    src = DbSource(Database.from_url(spec.source))
+    src.ensure_state_tables()
+    run_id, _ = MIGRATE._current_run(src, spec, to_micros(datetime.now(UTC)))
+    assert run_id is not None
+    return src, run_id, src.batches(run_id)
+
+
 def test_timeoutdata_in_postgres_moves_into_the_duetime_store_with_problems_left_behind(spark: Any) -> None:
     with postgres_schema() as pg:
         rows = timeout_rows(2500)
@@ -140,11 +154,7 @@ def test_a_move_into_a_store_in_another_postgres_database_pipes_rows_exactly(
         store.store(taken)
         store.close()
         spec = MigrationSpec(pg + "&layout=timeoutdata", other, "Sales", batch_rows=250)
-        src = DbSource(Database.from_url(spec.source))
-        src.ensure_state_tables()
-        m = sys.modules["duetime.bulk.migrate"]
-        run_id, _ = m._current_run(src, spec, to_micros(datetime.now(UTC)))
-        assert run_id is not None
+        src, run_id, _ = _run_started(spec)
         StoreTarget(Database.from_url(other)).prepare(["Sales"])
         ways: list[str] = []
         for name in ("write_piped", "write"):
@@ -291,19 +301,13 @@ def test_a_migration_stopped_at_each_step_resumes_without_losing_or_doubling(spa
         legacy = create_timeoutdata(pg, "Crm_TimeoutData", timeout_rows(1000))
         source = pg + "&layout=timeoutdata"
         spec = MigrationSpec(source, pg, "Crm", batch_rows=250)
-        src = DbSource(Database.from_url(source))
-        src.ensure_state_tables()
-        m = sys.modules["duetime.bulk.migrate"]
-
-        run_id, _ = m._current_run(src, spec, to_micros(datetime.now(UTC)))
-        assert run_id is not None
+        src, run_id, batches = _run_started(spec)
         target = StoreTarget(Database.from_url(pg))
         target.prepare(["Crm"])
-        batches = src.batches(run_id)
         assert [b["status"] for b in batches] == ["pending"] * 4
         # batch 0: staged only (killed before writing); batch 1: written, killed before completing
-        src.stage(run_id, m.batch_of(batches[0]), None, to_micros(datetime.now(UTC)))
-        src.stage(run_id, m.batch_of(batches[1]), None, to_micros(datetime.now(UTC)))
+        src.stage(run_id, MIGRATE.batch_of(batches[0]), None, to_micros(datetime.now(UTC)))
+        src.stage(run_id, MIGRATE.batch_of(batches[1]), None, to_micros(datetime.now(UTC)))
         written = target.write(run_id, 1, src.staged(run_id, 1))
         assert written.inserted == batches[1]["planned"]
         # the target's dispatcher delivers (removes) some of batch 1 before the resume
@@ -327,15 +331,9 @@ def test_abort_puts_back_everything_the_target_has_not_committed(spark: Any) -> 
         before = table_rows(legacy, "Ops_TimeoutData", "Id")
         source = pg + "&layout=timeoutdata"
         spec = MigrationSpec(source, pg, "Ops", batch_rows=200)
-        src = DbSource(Database.from_url(source))
-        src.ensure_state_tables()
-        m = sys.modules["duetime.bulk.migrate"]
-
-        run_id, _ = m._current_run(src, spec, to_micros(datetime.now(UTC)))
-        assert run_id is not None
-        batches = src.batches(run_id)
+        src, run_id, batches = _run_started(spec)
         for row in batches:
-            src.stage(run_id, m.batch_of(row), None, to_micros(datetime.now(UTC)))
+            src.stage(run_id, MIGRATE.batch_of(row), None, to_micros(datetime.now(UTC)))
         target = StoreTarget(Database.from_url(pg))
         target.prepare(["Ops"])
         committed = target.write(run_id, 0, src.staged(run_id, 0))  # batch 0 reached the target
@@ -564,13 +562,8 @@ def test_a_store_staged_and_aborted_gets_every_message_back_as_it_was(
     target = f"sqlite:///{tmp_path / 'target.db'}"
     StoreTarget(Database.from_url(target)).prepare(["Ops"])
     spec = MigrationSpec(any_sql_url, target, "Ops", batch_rows=100)
-    src = DbSource(Database.from_url(any_sql_url))
-    src.ensure_state_tables()
-    m = sys.modules["duetime.bulk.migrate"]
-    run_id, _ = m._current_run(src, spec, to_micros(datetime.now(UTC)))
-    assert run_id is not None
-    batches = src.batches(run_id)
-    staged = sum(src.stage(run_id, m.batch_of(b), None, to_micros(datetime.now(UTC))) for b in batches)
+    src, run_id, batches = _run_started(spec)
+    staged = sum(src.stage(run_id, MIGRATE.batch_of(b), None, to_micros(datetime.now(UTC))) for b in batches)
     assert staged == 250 and store_rows(any_sql_url, "Ops") == {}
     assert abort(spec).status == "aborted"
     back = store_rows(any_sql_url, "Ops")

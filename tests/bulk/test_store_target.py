@@ -7,7 +7,6 @@ table, then INSERT … ON CONFLICT), counting it as a conflict. No Spark."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,13 +22,8 @@ from duetime.interfaces import SyncDelayedMessageStore
 from duetime.registry import open_sync_store
 from tests.bulk.test_migrate import store_rows
 from tests.services import (
-    REDIS,
-    delete_redis_keys,
-    mariadb_database,
     postgres_schema,
-    require,
-    unique,
-    with_option,
+    store_url,
 )
 
 DUE = datetime(9998, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC)
@@ -95,22 +89,6 @@ def test_an_id_given_twice_is_written_once_and_counted_as_a_conflict_on_sqlite(t
     assert store_rows(url, "Sales")["m1"].destination == "orders"
 
 
-@contextmanager
-def _store_of(kind: str, tmp_path: Path) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    elif kind == "redis":
-        require(REDIS)
-        prefix = unique("bulk") + ":"
-        try:
-            yield with_option(REDIS, prefix=prefix)
-        finally:
-            delete_redis_keys(prefix)
-    else:
-        with postgres_schema() if kind == "postgresql" else mariadb_database() as url:
-            yield url
-
-
 #: Every store's bulk writer (duetime/backends/<store>/bulk_rows.py), through the bulk jobs' target.
 STORES = ["sqlite", "postgresql", "mariadb", "redis"]
 
@@ -120,7 +98,7 @@ def test_a_stores_bulk_write_keeps_what_is_there_and_writes_a_batch_once(kind: s
     """Ids the store holds already are conflicts and never overwritten; an id given twice in a
     batch is written once (the first); an empty batch writes nothing; a batch written once is never
     written again (its ledger row commits with it), even after its messages are gone."""
-    with _store_of(kind, tmp_path) as url:
+    with store_url(kind, tmp_path) as url:
         store = _holding(url, "m3")
         target = open_target(url)
         target.prepare(["Sales"])
@@ -153,7 +131,7 @@ def test_a_bulk_write_that_fails_half_way_writes_nothing(kind: str, tmp_path: Pa
         yield from (_record(i) for i in range(CHUNK_ROWS + 10))
         raise RuntimeError("the source went away")
 
-    with _store_of(kind, tmp_path) as url:
+    with store_url(kind, tmp_path) as url:
         target = open_target(url)
         target.prepare(["Sales"])
         with pytest.raises(RuntimeError, match="went away"):
@@ -175,7 +153,7 @@ def test_a_redis_batch_cut_off_between_two_chunks_is_finished_by_its_retry(
     from duetime.backends.redis.bulk_rows import ROWS_A_SCRIPT, RedisBulkRows
 
     count = 2 * ROWS_A_SCRIPT + 10
-    with _store_of("redis", tmp_path) as url:
+    with store_url("redis", tmp_path) as url:
         store = _holding(url, f"m{ROWS_A_SCRIPT + 1}")
         target = open_target(url)
         target.prepare(["Sales"])
@@ -263,7 +241,7 @@ async def test_a_bulk_write_wakes_a_dispatcher_asleep_on_any_store(kind: str, tm
 
     from duetime import DelayedDeliverySettings, Dispatcher, open_store, open_transport
 
-    with _store_of(kind, tmp_path) as url:
+    with store_url(kind, tmp_path) as url:
         store = open_store(url)
         own_queue = kind == "sqlite"
         transport = open_transport(url if own_queue else "memory://")
@@ -318,7 +296,7 @@ def test_a_bulk_write_for_an_endpoint_as_long_as_allowed_lands_in_the_stores_own
     """A 100-character endpoint's table name is longer than PostgreSQL and MariaDB take: the bulk
     jobs find and write the table the store made for it (the name cut the one way)."""
     endpoint = "Sales" + "x" * 95
-    with _store_of(kind, tmp_path) as url:
+    with store_url(kind, tmp_path) as url:
         store = open_sync_store(url)
         store.setup_infrastructure(endpoint)
         store.close()

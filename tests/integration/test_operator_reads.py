@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,39 +16,17 @@ import pytest
 from duetime import DelayedMessage, TransactionMode
 from duetime.interfaces import ListQuery
 from duetime.registry import open_store
-from tests.services import (
-    REDIS,
-    delete_redis_keys,
-    mariadb_database,
-    postgres_schema,
-    require,
-    unique,
-    with_option,
-)
+from tests.services import store_url
 
 #: The stores whose reads run apart. SQLite's stay on the dispatcher's thread: they read indexes
 #: only, and beside its writes they made its commits wait longer (see SqliteStore).
 BRIDGED = ["postgresql", "mariadb", "redis"]
 
 
-@contextmanager
-def _url(kind: str) -> Iterator[str]:
-    if kind == "redis":
-        require(REDIS)
-        prefix = unique("reads") + ":"
-        try:
-            yield with_option(REDIS, prefix=prefix)
-        finally:
-            delete_redis_keys(prefix)
-    else:
-        with postgres_schema() if kind == "postgresql" else mariadb_database() as url:
-            yield url
-
-
 @pytest.mark.parametrize("kind", BRIDGED)
 @pytest.mark.parametrize("read", ["counts", "list", "count_group"])
-async def test_a_slow_read_never_holds_up_claims_and_removals(kind: str, read: str) -> None:
-    with _url(kind) as url:
+async def test_a_slow_read_never_holds_up_claims_and_removals(kind: str, read: str, tmp_path: Path) -> None:
+    with store_url(kind, tmp_path) as url:
         store: Any = open_store(url)
         await store.setup_infrastructure("reads")
         await store.initialize("reads", TransactionMode.AT_LEAST_ONCE)
