@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
+from duetime.backends.source_rows import SourceRows
 from duetime.backends.sqlfiles import load_queries
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name, mariadb_name, postgres_name
@@ -40,18 +41,6 @@ STATE_TABLES = {
     "scheduled": "duetime_bulk_scheduled",
     "log": "duetime_delivery_log",
 }
-
-
-class SourceRows(Protocol):
-    """A table a migration takes rows out of, in the caller's transaction (:meth:`Database.source_rows`)."""
-
-    def take_keys(self, conn: Any, key: str, keys: Sequence[Any]) -> int:
-        """Delete the rows whose ``key`` (a quoted column) is one of ``keys``: how many went."""
-        ...
-
-    def put_back(self, conn: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        """Rows taken out, back into the table (``columns``: quoted, in the rows' order)."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -169,16 +158,12 @@ class Database:
         """``table`` of this database as a migration takes rows out of it and puts them back, with
         the statements of this database's backend (its ``bulk_rows`` module)."""
         if self.dialect == "postgres":
-            from duetime.backends.postgres.bulk_rows import PgSourceRows
-
-            return PgSourceRows(self.qualified(table))
-        if self.dialect == "mysql":
-            from duetime.backends.mysql.bulk_rows import MariaDbSourceRows
-
-            return MariaDbSourceRows(self.qualified(table))
-        from duetime.backends.sqlite.bulk_rows import SqliteSourceRows
-
-        return SqliteSourceRows(self.qualified(table))
+            from duetime.backends.postgres.bulk_rows import source_rows
+        elif self.dialect == "mysql":
+            from duetime.backends.mysql.bulk_rows import source_rows
+        else:
+            from duetime.backends.sqlite.bulk_rows import source_rows
+        return source_rows(self.qualified(table))
 
     # -- connections --------------------------------------------------------------------------------
 

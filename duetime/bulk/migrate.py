@@ -343,7 +343,7 @@ def _move_batch(
     the few left are read, checked in Python by :func:`problem`, and the good ones written from
     here (their headers rewritten where a store cannot keep them as they are). Ids the target
     holds already stay in the source as conflicts; rows with a problem stay for their problem."""
-    from duetime.backends.postgres.bulk_rows import PgSourceRows
+    from duetime.backends.postgres.bulk_rows import take_sql
 
     d, lay = source.db, source.layout
     table = d.qualified(batch.table)
@@ -370,8 +370,7 @@ def _move_batch(
         cols = ", ".join(
             f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], group_value_sql(lay.group_expr())])
         )
-        rows_out = PgSourceRows(table)
-        take = rows_out.take_sql(f"{where} AND {plainly_fine_sql(exprs)} AND {not_present}", cols)
+        take = take_sql(table, f"{where} AND {plainly_fine_sql(exprs)} AND {not_present}", cols)
         moved, stored, first_us = store.move(conn, take, [*params, present])
         if moved != stored:
             raise RuntimeError(f"batch {batch.number}: moved {moved} rows but inserted {stored}")
@@ -392,7 +391,7 @@ def _move_batch(
                 r[0]
                 for r in d.execute(
                     conn,
-                    rows_out.take_sql(f"{where} AND ({ident}) = ANY(%s::text[])", ident),
+                    take_sql(table, f"{where} AND ({ident}) = ANY(%s::text[])", ident),
                     [*params, [r.message_id for r in good]],
                 ).fetchall()
             }

@@ -287,11 +287,9 @@ class DbSource:
             exprs = self.server_records(conn)
             if exprs is not None:
                 # One statement in the server: the rows the source gives up feed the staging INSERT.
-                from duetime.backends.postgres.bulk_rows import PgSourceRows
+                from duetime.backends.postgres.bulk_rows import take_sql
 
-                taken = PgSourceRows(source).take_sql(
-                    where, ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs))
-                )
+                taken = take_sql(source, where, ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs)))
                 cur = d.execute(
                     conn, d.query("stage_taken", taken=taken), [*params, run_id, batch.number, batch.endpoint]
                 )

@@ -3,7 +3,7 @@ caller's transaction (a bulk job's ledger row commits with them), 500 rows a sta
 
 The only writer of a MariaDB store table besides the store itself. A row here is the store's:
 ``(id, destination, due µs since 1970, headers JSON text, body, failure count, group)``.
-:class:`MariaDbSourceRows` is the other side of a migration: taking rows out of the table it
+:func:`source_rows` is the other side of a migration: taking rows out of the table it
 reads (a store's, or another layout's) and putting them back if the job aborts.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from duetime.backends.mysql.store import QUERIES, table_identifier
+from duetime.backends.source_rows import SourceRows
 
 #: Rows a statement: 7 parameters each, well under the server's 65,535 placeholders.
 ROWS_A_STATEMENT = 500
@@ -36,25 +37,9 @@ class MariaDbBulkRows:
         return new
 
 
-class MariaDbSourceRows:
-    """A table a bulk job takes rows out of (``table``: its quoted name), in the caller's
-    transaction; any layout's, so the caller names the columns."""
-
-    def __init__(self, table: str) -> None:
-        self.take = QUERIES["bulk_take_keys"].format(table=table)
-        self.back = QUERIES["bulk_put_back"].format(table=table)
-
-    def take_keys(self, conn: Any, key: str, keys: Sequence[Any]) -> int:
-        """Delete the rows whose ``key`` (a quoted column) is one of ``keys``: how many went."""
-        if not keys:
-            return 0
-        text = self.take.replace("{key}", key).replace("{marks}", ", ".join(["%s"] * len(keys)))
-        cursor = conn.cursor()
-        return int(cursor.execute(text, list(keys)))
-
-    def put_back(self, conn: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        """Rows taken out, back into the table (``columns``: quoted, in the rows' order)."""
-        if rows:
-            marks = ", ".join(["%s"] * len(columns))
-            text = self.back.replace("{columns}", ", ".join(columns)).replace("{marks}", marks)
-            conn.cursor().executemany(text, [tuple(r) for r in rows])
+def source_rows(table: str) -> SourceRows:
+    """A table (``table``: its quoted name) a migration takes rows out of and puts back, with this
+    backend's statements."""
+    return SourceRows(
+        QUERIES["bulk_take_keys"].format(table=table), QUERIES["bulk_put_back"].format(table=table), "%s"
+    )

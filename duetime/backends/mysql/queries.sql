@@ -207,7 +207,7 @@ INSERT IGNORE INTO {table} (message_id, destination, due_at, headers, body, fail
 VALUES {{values}} RETURNING message_id
 
 -- Taking rows out of a table a bulk job migrates (a store's, or another layout's) and putting
--- them back when the job aborts (duetime.backends.mysql.bulk_rows.MariaDbSourceRows): {{key}} is
+-- them back when the job aborts (duetime.backends.mysql.bulk_rows.source_rows): {{key}} is
 -- the key column, {{columns}} a row's columns, {{marks}} a %s for each of them or of the keys.
 -- name: bulk_take_keys
 DELETE FROM {table} WHERE {{key}} IN ({{marks}})

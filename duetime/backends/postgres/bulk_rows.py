@@ -4,7 +4,7 @@ the caller's transaction (a bulk job's ledger row commits with them), by COPY wh
 This module is the only writer of a PostgreSQL store table besides the store itself; the bulk
 jobs hand it rows, or statements that give rows, and never name the table's columns. A row here
 is ``(id, destination, due µs since 1970, headers JSON text, body, failure count, group)``.
-:class:`PgSourceRows` is the other side of a migration: taking rows out of the table it reads
+:func:`source_rows` and :func:`take_sql` are the other side of a migration: taking rows out of the table it reads
 (a store's, or another layout's) and putting them back if the job aborts.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from duetime.backends.postgres.connection import QUERIES, PgNames, announce, refresh_planner_stats
+from duetime.backends.source_rows import SourceRows
 from duetime.clock import from_micros
 
 #: A store row for a bulk write: id, destination, due (µs), headers JSON, body, failures, group.
@@ -121,33 +122,17 @@ class PgBulkRows:
         refresh_planner_stats(conn, self.table, added)
 
 
-class PgSourceRows:
-    """A table a bulk job takes rows out of (``table``: its schema-qualified, quoted name), in
-    the caller's transaction; any layout's, so the caller names the columns."""
+def source_rows(table: str) -> SourceRows:
+    """A table (``table``: its schema-qualified, quoted name) a migration takes rows out of by key
+    and puts back, with this backend's statements."""
+    return SourceRows(
+        QUERIES["bulk_take_keys"].format(table=table), QUERIES["bulk_put_back"].format(table=table)
+    )
 
-    def __init__(self, table: str) -> None:
-        self.q = {
-            name: QUERIES[name].format(table=table)
-            for name in ("bulk_take", "bulk_take_keys", "bulk_put_back")
-        }
 
-    def take_sql(self, where: str, returning: str) -> str:
-        """The statement that deletes the rows ``where`` picks and returns ``returning`` of each:
-        for a caller to feed into the statement that stores them (one round trip, and the rows
-        never leave the server). Its parameters are ``where``'s."""
-        return self.q["bulk_take"].replace("{where}", where).replace("{returning}", returning)
-
-    def take_keys(self, conn: Any, key: str, keys: Sequence[Any]) -> int:
-        """Delete the rows whose ``key`` (a quoted column) is one of ``keys``: how many went."""
-        if not keys:
-            return 0
-        marks = ", ".join(["%s"] * len(keys))
-        text = self.q["bulk_take_keys"].replace("{key}", key).replace("{marks}", marks)
-        return int(conn.execute(text, list(keys)).rowcount)
-
-    def put_back(self, conn: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        """Rows taken out, back into the table (``columns``: quoted, in the rows' order)."""
-        if rows:
-            marks = ", ".join(["%s"] * len(columns))
-            text = self.q["bulk_put_back"].replace("{columns}", ", ".join(columns)).replace("{marks}", marks)
-            conn.cursor().executemany(text, [tuple(r) for r in rows])
+def take_sql(table: str, where: str, returning: str) -> str:
+    """The statement that deletes the rows of ``table`` (quoted) that ``where`` picks and returns
+    ``returning`` of each: for a caller to feed into the statement that stores them (one round
+    trip, and the rows never leave the server). Its parameters are ``where``'s."""
+    text = QUERIES["bulk_take"].format(table=table)
+    return text.replace("{where}", where).replace("{returning}", returning)

@@ -421,7 +421,7 @@ SELECT (SELECT COUNT(*) FROM moved), (SELECT COUNT(*) FROM ins), (SELECT MIN(c2)
 SELECT s.id FROM ({{ids}}) AS s JOIN {table} AS t ON t.message_id = s.id
 
 -- Taking rows out of a table a bulk job reads (a store's, or another layout's it migrates) and
--- putting them back when the job aborts (duetime.backends.postgres.bulk_rows.PgSourceRows):
+-- putting them back when the job aborts (duetime.backends.postgres.bulk_rows: source_rows, take_sql):
 -- {{where}} picks the rows, {{returning}} is what each gives back, {{key}} the key column,
 -- {{columns}} a row's columns and {{marks}} a %s for each of them or of the keys.
 

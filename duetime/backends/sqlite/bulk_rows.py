@@ -3,7 +3,7 @@ caller's transaction (a bulk job's ledger row commits with them).
 
 The only writer of a SQLite store table besides the store itself. A row here is the store's:
 ``(id, destination, due µs since 1970, headers JSON text, body, failure count, group)``.
-:class:`SqliteSourceRows` is the other side of a migration: taking rows out of the table it
+:func:`source_rows` is the other side of a migration: taking rows out of the table it
 reads (a store's, or another layout's) and putting them back if the job aborts.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from duetime.backends.source_rows import SourceRows
 from duetime.backends.sqlite.connection import QUERIES
 from duetime.inputs.identifiers import quote_identifier
 
@@ -45,25 +46,9 @@ class SqliteBulkRows:
         return fresh
 
 
-class SqliteSourceRows:
-    """A table a bulk job takes rows out of (``table``: its quoted name), in the caller's
-    transaction; any layout's, so the caller names the columns."""
-
-    def __init__(self, table: str) -> None:
-        self.take = QUERIES["bulk_take_keys"].format(table=table)
-        self.back = QUERIES["bulk_put_back"].format(table=table)
-
-    def take_keys(self, conn: Any, key: str, keys: Sequence[Any]) -> int:
-        """Delete the rows whose ``key`` (a quoted column) is one of ``keys``: how many went."""
-        if not keys:
-            return 0
-        text = self.take.replace("{key}", key).replace("{marks}", ", ".join("?" * len(keys)))
-        return int(conn.execute(text, list(keys)).rowcount)
-
-    def put_back(self, conn: Any, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        """Rows taken out, back into the table (``columns``: quoted, in the rows' order)."""
-        if rows:
-            text = self.back.replace("{columns}", ", ".join(columns)).replace(
-                "{marks}", ", ".join("?" * len(columns))
-            )
-            conn.executemany(text, [tuple(r) for r in rows])
+def source_rows(table: str) -> SourceRows:
+    """A table (``table``: its quoted name) a migration takes rows out of and puts back, with this
+    backend's statements."""
+    return SourceRows(
+        QUERIES["bulk_take_keys"].format(table=table), QUERIES["bulk_put_back"].format(table=table), "?"
+    )

@@ -304,7 +304,7 @@ DELETE FROM duetime_schedules WHERE endpoint = ? AND schedule_id = ?;
 SELECT message_id FROM {table} WHERE message_id IN ({{marks}});
 
 -- Taking rows out of a table a bulk job migrates (a store's, or another layout's) and putting
--- them back when the job aborts (duetime.backends.sqlite.bulk_rows.SqliteSourceRows): {{key}} is
+-- them back when the job aborts (duetime.backends.sqlite.bulk_rows.source_rows): {{key}} is
 -- the key column, {{columns}} a row's columns, {{marks}} a ? for each of them or of the keys.
 -- name: bulk_take_keys
 DELETE FROM {table} WHERE {{key}} IN ({{marks}});
