@@ -11,7 +11,7 @@ import base64
 import csv
 import html
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -67,6 +67,26 @@ class Report:
     lateness: list[Lateness] = field(default_factory=list)
     lateness_period: str = "minute"
 
+    @classmethod
+    def counted(
+        cls,
+        moment: datetime,
+        by_destination: Mapping[str, int],
+        horizons: Mapping[str, int],
+        failures: Mapping[int, int],
+        largest: list[tuple[int, str, str, str]],
+    ) -> Report:
+        """The report of counts however they were made (by Spark from the rows, or by the server):
+        the largest destinations first, the due-time buckets in their order."""
+        return cls(
+            moment,
+            total=sum(by_destination.values()),
+            by_destination=sorted(by_destination.items(), key=lambda kv: (-kv[1], kv[0])),
+            horizons=[(name, horizons.get(name, 0)) for name, _ in HORIZONS],
+            failures=sorted(failures.items()),
+            largest=largest,
+        )
+
     @property
     def lateness_step(self) -> timedelta:
         """How long one lateness period is."""
@@ -87,14 +107,8 @@ def backlog(
     now_us = to_micros(moment)
     batches = planned(store_url, endpoint, now_us)
     if batches is not None:  # the server counts: only the figures cross the network
-        figures = count_in_server(spark, store_url, batches, now_us, HORIZONS, top, progress)
-        report = Report(moment)
-        report.by_destination = sorted(figures.by_destination.items(), key=lambda kv: (-kv[1], kv[0]))
-        report.total = sum(figures.by_destination.values())
-        report.horizons = [(name, figures.horizons.get(name, 0)) for name, _ in HORIZONS]
-        report.failures = sorted(figures.failures.items())
-        report.largest = figures.largest
-        return report
+        f = count_in_server(spark, store_url, batches, now_us, HORIZONS, top, progress)
+        return Report.counted(moment, f.by_destination, f.horizons, f.failures, f.largest)
     from pyspark.sql import functions as F
 
     counter = RowCounter(spark)
@@ -115,30 +129,25 @@ def backlog(
         "message_id",
     ).cache()
     try:
-        report = Report(moment)
         # the first action reads the store (and fills the cache): the one worth watching
         by_destination = watched(
             lambda: slim.groupBy("destination").count().collect(), counter.reporter("reading", progress)
         )
-        report.by_destination = sorted(
-            ((r[0], int(r[1])) for r in by_destination), key=lambda kv: (-kv[1], kv[0])
+        return Report.counted(
+            moment,
+            {r[0]: int(r[1]) for r in by_destination},
+            {r[0]: int(r[1]) for r in slim.groupBy("horizon").count().collect()},
+            {int(r[0]): int(r[1]) for r in slim.groupBy("failure_count").count().collect()},
+            [
+                (int(r[0]), r[1], r[2], r[3])
+                for r in slim.orderBy(F.col("size").desc(), "message_id")
+                .select("size", "endpoint", "message_id", "destination")
+                .limit(top)
+                .collect()
+            ],
         )
-        report.total = sum(c for _, c in report.by_destination)
-        counted = {r[0]: int(r[1]) for r in slim.groupBy("horizon").count().collect()}
-        report.horizons = [(name, counted.get(name, 0)) for name, _ in HORIZONS]
-        report.failures = sorted(
-            (int(r[0]), int(r[1])) for r in slim.groupBy("failure_count").count().collect()
-        )
-        report.largest = [
-            (int(r[0]), r[1], r[2], r[3])
-            for r in slim.orderBy(F.col("size").desc(), "message_id")
-            .select("size", "endpoint", "message_id", "destination")
-            .limit(top)
-            .collect()
-        ]
     finally:
         slim.unpersist()
-    return report
 
 
 def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
