@@ -554,7 +554,10 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
                     answer = page.goto(f"http://127.0.0.1:{port}/?endpoint={ENDPOINT}")
                     status, html = answer.status, page.content()
                     # the error page reads the error queue the environment names, not "error"
-                    page.click("#error-count a")
+                    # content() does not wait: read the new page once it has loaded, not the
+                    # empty document a slow answer leaves between the click and the load
+                    with page.expect_navigation(wait_until="load"):
+                        page.click("#error-count a")
                     errors_page = page.content()
                 finally:
                     stop(board)
