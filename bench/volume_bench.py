@@ -9,12 +9,18 @@ ones anything, and does every screen still answer in a second?
 Two stores of the same kind: one empty, one filled with ``--rows`` messages due over the next 30
 days (200 destinations, bodies of 200 bytes to 4 KB of JSON-like text of random words, three
 headers, one group of 100,000), written by ``store_many`` in batches of 20,000 (COPY on PostgreSQL). On
-each (the empty one first, before the fill, on a quiet server; the full one after it):
+each:
 
 1. the due stream: ``--stream`` messages due evenly over 20 s (1,000 a second), delivered by one
    ``duetime run`` (exactly-once into the store's own queue on PostgreSQL and SQLite), lateness at
-   the consumer p50/p99 and the drain rate; the scheduling rate, one call a message and batched;
-2. the screens, each a fresh command as an operator types it (Python's start-up included; its
+   the consumer p50/p99 and the drain rate; the scheduling rate, one call a message and batched.
+   Measured after the fill, once the server is quiet again (PostgreSQL: the table vacuumed and a
+   checkpoint taken; MariaDB: InnoDB's purge caught up; everything written synced to disk), on
+   the two stores in turn, ``--rounds`` times each; each figure is the median of its rounds. In
+   turn, because this machine's disk stalls now and then (one fsync in several thousand waits
+   a tenth of a second or more): one stall in a 20 s stream makes its p99, and measuring one
+   store before the other handed such stalls to one side only;
+2. the screens (the empty store's before the fill), each a fresh command as an operator types it (Python's start-up included; its
    floor is ``duetime --version``): ``stats``, ``stats --json``, ``list`` (first page, and a page
    25 days in), ``list --all --json`` (time to its first line, and its memory after 20 s),
    ``show``, ``cancel --group`` of 100,000, ``setup`` (nothing to do), a ``/metrics`` scrape, and
@@ -313,6 +319,49 @@ def due_stream(p: Place, count: int, metrics_port: int, work: Path) -> dict[str,
     }
 
 
+P99 = "due stream: lateness p99 (ms)"
+
+
+def medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds."""
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
+def settle(kind: str, p: Place) -> float:
+    """Wait until what the fill set going is done, so that it weighs on neither store; seconds.
+
+    Everything written goes to disk (a flush of gigabytes could otherwise land in a commit's
+    fsync); on PostgreSQL the table is vacuumed (autovacuum would do it, for minutes, during the
+    measurements) and a checkpoint writes the server's dirty pages; on MariaDB InnoDB's purge
+    catches up. A store filled over weeks is in this state."""
+    started = time.perf_counter()
+    if kind == "postgresql":
+        import psycopg
+
+        schema = p.store.split("schema=", 1)[1]
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'VACUUM (ANALYZE) "{schema}"."{ENDPOINT}.delayed"')
+            conn.execute("CHECKPOINT")
+    elif kind == "mariadb":
+        import pymysql
+
+        server = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+        try:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                cursor = server.cursor()
+                cursor.execute("SHOW ENGINE INNODB STATUS")
+                status = str((cursor.fetchone() or ("", "", ""))[2])
+                length = int(status.split("History list length", 1)[1].split()[0])
+                if length < 1_000:
+                    break
+                time.sleep(2)
+        finally:
+            server.close()
+    os.sync()
+    return time.perf_counter() - started
+
+
 def first_line_and_memory(p: Place) -> tuple[float, float]:
     """`list --all --json`: seconds to its first line, and its memory (MB) after 20 s (or at the end)."""
     started = time.perf_counter()
@@ -517,6 +566,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--stream", type=int, default=20_000, help="messages due over 20 s")
     parser.add_argument(
+        "--rounds", type=int, default=3, help="due streams on each store, in turn (figures: their medians)"
+    )
+    parser.add_argument(
         "--bulk",
         action="store_true",
         help="instead: bulk export and bulk report of the full store (PostgreSQL)",
@@ -533,26 +585,31 @@ def main() -> None:
         with place(args.kind, work, "empty") as empty, place(args.kind, work, "full") as full:
             for p in (empty, full):
                 checked(cli("setup", "--store", p.store, "--endpoint", ENDPOINT))
-            # The empty store first, on a quiet server: the fill leaves the server busy for a
-            # while (autovacuum, InnoDB's purge), which then weighs on the full store only.
-            results = [due_stream(empty, args.stream, 19_100, work) | screens(empty, work, 19_200)]
-            print("  measured the empty store", flush=True)
+            results = [screens(empty, work, 19_200)]
+            print("  measured the empty store's screens", flush=True)
             took = fill(full, args.rows, now)
             print(
                 f"filled {args.rows:,} messages in {took:.0f} s ({args.rows / took:,.0f} a second)",
                 flush=True,
             )
-            # What the fill wrote goes to disk first, so that its flush (gigabytes, for a large
-            # store) cannot land in a commit's fsync while the full store is measured.
-            settle_started = time.perf_counter()
-            os.sync()
-            print(f"  the disk took {time.perf_counter() - settle_started:.0f} s to settle", flush=True)
+            settled = settle(args.kind, full)
+            print(f"  the server and the disk took {settled:.0f} s to settle", flush=True)
             got = storage(args.kind, full)
-            got |= due_stream(full, args.stream, 19_101, work)
+            streams: tuple[list[dict[str, float]], list[dict[str, float]]] = ([], [])
+            for round_ in range(args.rounds):  # in turn: a disk stall lands on either side
+                for side, p in enumerate((empty, full)):
+                    streams[side].append(due_stream(p, args.stream, 19_100 + side, work))
+                print(f"  due streams, round {round_ + 1} of {args.rounds}", flush=True)
+            results[0] |= medians(streams[0])
+            got |= medians(streams[1])
             got |= screens(full, work, 19_201)
             results.append(got)
             print("  measured the full store", flush=True)
     print(f"\n{args.kind}, {args.rows:,} messages waiting, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
+    for side, label in enumerate(("empty", "full")):
+        each = ", ".join(f"{r[P99]:.1f}" for r in streams[side])
+        print(f"due stream lateness p99, each round, {label}: {each} ms")
+    print()
     print(f"| | empty | {args.rows:,} waiting | ratio |\n|---|---|---|---|")
     for key in results[1]:
         a, b = results[0].get(key), results[1][key]
