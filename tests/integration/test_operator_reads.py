@@ -18,9 +18,8 @@ from duetime.interfaces import ListQuery
 from duetime.registry import open_store
 from tests.services import store_url
 
-#: The stores whose reads run apart. SQLite's stay on the dispatcher's thread: they read indexes
-#: only, and beside its writes they made its commits wait longer (see SqliteStore).
-BRIDGED = ["postgresql", "mariadb", "redis"]
+#: Every store that ships with duetime (each runs a blocking driver on threads).
+BRIDGED = ["sqlite", "postgresql", "mariadb", "redis"]
 
 
 @pytest.mark.parametrize("kind", BRIDGED)
