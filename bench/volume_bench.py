@@ -20,11 +20,11 @@ each:
    turn, because this machine's disk stalls now and then (one fsync in several thousand waits
    a tenth of a second or more): one stall in a 20 s stream makes its p99, and measuring one
    store before the other handed such stalls to one side only;
-2. the screens (the empty store's before the fill), each a fresh command as an operator types it (Python's start-up included; its
-   floor is ``duetime --version``): ``stats``, ``stats --json``, ``list`` (first page, and a page
-   25 days in), ``list --all --json`` (time to its first line, and its memory after 20 s),
-   ``show``, ``cancel --group`` of 100,000, ``setup`` (nothing to do), a ``/metrics`` scrape, and
-   the dashboard's pages;
+2. the screens (the empty store's before the fill), each a fresh command as an operator types
+   it (Python's start-up included; its floor is ``duetime --version``): ``stats``,
+   ``stats --json``, ``list`` (first page, and a page 25 days in), ``list --all --json`` (time to
+   its first line, and its memory after 20 s), ``show``, ``cancel --group`` of 100,000,
+   ``setup`` (nothing to do), a ``/metrics`` scrape, and the dashboard's pages;
 3. the bytes on disk per message against its body and headers (PostgreSQL, SQLite).
 
 Prints one table: each figure on the empty store, on the full one, and the ratio.
