@@ -220,15 +220,16 @@ def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None)
             time.sleep(3.0)  # started and idle
             dues = due_times(rate, lead_for(int(rate * window(rate))))
             before = cpu_of_session(dispatcher.pid), cpu_of_session(consumer.pid)
-            spy = None
-            if profile is not None:  # py-spy's samples of the dispatcher, collapsed stacks
+            spies = []
+            if profile is not None:  # py-spy's samples of the dispatcher and the consumer
                 profile.mkdir(parents=True, exist_ok=True)
-                out_file = profile / f"{name}-{rate}.txt"
-                spy = subprocess.Popen(
-                    ["py-spy", "record", "--format", "raw", "-o", str(out_file), "-p", str(dispatcher.pid),
-                     "-d", str(int(lead_for(len(dues)) + window(rate) + 2)), "-r", "250", *SPY_OPTIONS],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                )  # fmt: skip
+                for role, pid in (("dispatcher", dispatcher.pid), ("consumer", consumer.pid)):
+                    spies.append(subprocess.Popen(
+                        ["py-spy", "record", "--format", "raw", "-o", str(profile / f"{name}-{rate}-{role}.txt"),
+                         "-p", str(pid), "-d", str(int(lead_for(len(dues)) + window(rate) + 2)), "-r", "250",
+                         *SPY_OPTIONS],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    ))  # fmt: skip
             messages = [
                 DelayedMessage(f"m{i}", queue, datetime.fromtimestamp(due, UTC), body=b"x" * 100)
                 for i, due in enumerate(dues)
@@ -239,7 +240,7 @@ def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None)
                 raise SystemExit(f"{name} at {rate}/s: storing outlasted the lead; raise lead_for")
             pairs = wait_lines(out, len(dues), window(rate) + 60)
             after = cpu_of_session(dispatcher.pid), cpu_of_session(consumer.pid)
-            if spy is not None:
+            for spy in spies:
                 spy.wait()
         finally:
             end(dispatcher)
@@ -332,7 +333,7 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         type=Path,
-        help="sample each duetime dispatcher with py-spy into this folder (collapsed stacks; pip install py-spy)",
+        help="sample each duetime dispatcher and its consumer with py-spy into this folder (collapsed stacks; pip install py-spy)",
     )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]

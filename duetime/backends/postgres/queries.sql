@@ -127,16 +127,76 @@ ORDER BY due_at, message_id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
+-- The rows come back in due order (a DELETE's own RETURNING has none): the queues get them so.
 -- name: take_due
-DELETE FROM {table} AS t
-WHERE t.message_id IN (
-    SELECT message_id FROM {table}
-    WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
-    ORDER BY due_at, message_id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+WITH taken AS (
+    DELETE FROM {table} AS t
+    WHERE t.message_id IN (
+        SELECT message_id FROM {table}
+        WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
+        ORDER BY due_at, message_id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count, t.group_key
 )
-RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count, t.group_key;
+SELECT * FROM taken ORDER BY due_at, message_id;
+
+-- An exactly-once move in one statement (one transaction, one round trip): the due rows are
+-- locked, and when SQL alone can forward every one of them they are deleted, copied into their
+-- queues with `duetime-due-at` spliced into the stored headers text (the rule of
+-- duetime.message.outgoing_headers_json), and their queues' receivers woken; the same statement
+-- reads the next due time, leaving out the rows it deletes (its snapshot still holds them).
+-- A row only Python can forward (a destination with no queue, an NServiceBus timeout, headers
+-- that are not a bare JSON object, a due time before 1970) leaves the batch untouched and is
+-- counted in `strays`: the caller then moves that batch row by row. The result is one row per
+-- moved message, or one row of NULLs with the counts when none moved.
+-- name: move_due_at_once
+WITH due AS (
+    SELECT d.message_id,
+           d.due_at >= '1970-01-01T00:00:00Z'
+           AND left(d.headers::text, 1) = '{{' AND right(d.headers::text, 1) = '}}'
+           AND strpos(d.headers::text, '"NServiceBus.Timeout.Expire"') = 0
+           AND d.destination IN (SELECT name FROM {queues}) AS plain
+    FROM {table} AS d
+    WHERE d.due_at <= %(at)s AND (d.claim_token IS NULL OR d.claimed_until <= %(at)s)
+    ORDER BY d.due_at, d.message_id
+    LIMIT %(limit)s
+    FOR UPDATE OF d SKIP LOCKED
+), strays AS (
+    SELECT count(*) FILTER (WHERE NOT plain) AS strays FROM due
+), taken AS (
+    DELETE FROM {table} AS t
+    USING due
+    WHERE t.message_id = due.message_id AND (SELECT strays FROM strays) = 0
+    RETURNING t.message_id, t.destination, t.due_at, t.headers::text AS headers, t.body
+), sent AS (
+    INSERT INTO {messages} (queue, message_id, headers, body)
+    SELECT destination, message_id,
+           (CASE headers WHEN '{{}}' THEN '{{' ELSE left(headers, -1) || ',' END
+            || '"duetime-due-at":"' || to_char(due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+            || CASE to_char(due_at AT TIME ZONE 'UTC', 'US') WHEN '000000' THEN ''
+                    ELSE '.' || to_char(due_at AT TIME ZONE 'UTC', 'US') END
+            || '+00:00"}}')::json,
+           body
+    FROM taken
+    ORDER BY due_at, message_id
+), woken AS (
+    SELECT pg_notify(%(channel)s, d.destination) FROM (SELECT DISTINCT destination FROM taken) AS d
+), left_after AS (
+    SELECT (
+        SELECT due_at FROM {table}
+        WHERE claim_token IS NULL AND message_id <> ALL(ARRAY(SELECT message_id FROM taken))
+        ORDER BY due_at, message_id LIMIT 1
+    ) AS first, (
+        SELECT min(claimed_until) FROM {table} WHERE claim_token IS NOT NULL
+    ) AS expiry
+)
+SELECT t.message_id, t.destination, t.due_at,
+       CASE WHEN strpos(t.headers, '"traceparent"') > 0 THEN t.headers END,
+       s.strays, l.first, l.expiry
+FROM strays AS s CROSS JOIN left_after AS l LEFT JOIN taken AS t ON true
+WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- The earliest unclaimed message, leaving out those this store holds locked itself (a batch
 -- being sent: the dispatcher asks while it sends), and the earliest end of a lease; one round trip.
