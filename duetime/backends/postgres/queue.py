@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -146,6 +147,8 @@ class SyncPostgresQueue(Closing):
                     for sql, params in queue_setup(self.names):
                         conn.execute(sql, params)
         self._listener = _Listener(options.listen_conninfo, self.names.queue_channel)
+        #: Queues found empty of what could be taken, by name (see :meth:`receive`).
+        self._quiet: dict[str, _Quiet] = {}
         if options.listen_conninfo is None:  # nothing to wait on: look every `poll` seconds
             self.poll_interval = max(poll_interval, options.poll)
 
@@ -189,21 +192,34 @@ class SyncPostgresQueue(Closing):
     def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
         """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first: asleep on the
         queue channel's NOTIFY (every enqueue sends one), looking again at least every
-        ``recheck`` seconds for messages whose visibility timeout ran out."""
+        ``recheck`` seconds for messages whose visibility timeout ran out.
+
+        A look that came back with less than it could take found all there was; until the queue
+        is woken or ``recheck`` passes, nothing new can be there, so the next receive waits
+        without asking (at a few hundred messages a second that question was a third of a
+        consumer's statements, each answered "nothing")."""
         deadline = SYSTEM.monotonic() + wait
-        listening = False
         while True:
-            params = self._receive_params(queue, max_messages)
-            with pooled(self.pool, self.options) as conn:
-                rows = _asked(conn, self.options, self.names.q["receive"], params)
+            heard = self._listener.heard(queue)
+            quiet = self._quiet.get(queue)
+            if quiet is None or quiet.heard != heard or SYSTEM.monotonic() >= quiet.until:
+                params = self._receive_params(queue, max_messages)
+                with pooled(self.pool, self.options) as conn:
+                    rows = _asked(conn, self.options, self.names.q["receive"], params)
+                if heard is not None and len(rows) < max_messages:
+                    quiet = self._quiet[queue] = _Quiet(heard, SYSTEM.monotonic() + self.recheck)
+                else:
+                    self._quiet.pop(queue, None)
+                    quiet = None
+                if rows:
+                    return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
             left = deadline - SYSTEM.monotonic()
-            if rows or left <= 0:
-                return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
-            if not listening:  # listen first, then look once more: nothing slips in between
-                listening = self._listener.listen()
-                if listening:
-                    continue
-            if not (listening and self._listener.wait_for(queue, min(left, self.recheck))):
+            if left <= 0:
+                return []
+            if heard is None and self._listener.listen():
+                continue  # listening now: look once more, so nothing slips in between
+            until = left if quiet is None else min(left, quiet.until - SYSTEM.monotonic())
+            if heard is None or not self._listener.wait_for(queue, heard, max(until, 0.0)):
                 time.sleep(min(left, self.poll_interval))
 
     def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
@@ -237,15 +253,37 @@ class SyncPostgresQueue(Closing):
         self.pool.close()
 
 
+@dataclass(frozen=True)
+class _Quiet:
+    """A queue found empty of what could be taken: as its wake-ups stood before that look, and
+    until when that answer holds (visibility timeouts end without a wake-up)."""
+
+    heard: tuple[int, int]
+    until: float
+
+
 class _Listener:
     """One connection LISTENing on the queue channel, shared by this queue's receivers: one waits
     on it at a time, the others poll (``wait_for`` answers False); a lost connection is opened
-    again on the next wait, and until then receivers poll."""
+    again on the next wait, and until then receivers poll.
+
+    Every wake-up read is counted by queue, whoever reads it: a receiver compares counts
+    (:meth:`heard`) instead of hoping to be the one reading its own queue's wake-up."""
 
     def __init__(self, conninfo: str | None, channel: str) -> None:
         self.conninfo, self.channel = conninfo, channel
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
+        #: Wake-ups read, by queue, since the connection was opened (its generation).
+        self._counts: dict[str, int] = {}
+        self._generation = 0
+
+    def heard(self, queue: str) -> tuple[int, int] | None:
+        """Where ``queue``'s wake-ups stand (equal marks: none read in between); None while not
+        listening (wake-ups are missed then)."""
+        if self._conn is None:
+            return None
+        return self._generation, self._counts.get(queue, 0)
 
     def listen(self) -> bool:
         """Whether this queue is listening now (connected, or connected just now)."""
@@ -257,6 +295,7 @@ class _Listener:
             if self._conn is None:
                 conn = psycopg.connect(self.conninfo, autocommit=True)
                 conn.execute(f"LISTEN {self.channel}")
+                self._counts, self._generation = {}, self._generation + 1
                 self._conn = conn
             return True
         except psycopg.Error as error:
@@ -265,19 +304,19 @@ class _Listener:
         finally:
             self._lock.release()
 
-    def wait_for(self, queue: str, seconds: float) -> bool:
-        """Sleep until a message is put in ``queue`` or ``seconds`` pass; False if this receiver
-        cannot wait here (another is waiting, or the connection is lost) and must poll."""
+    def wait_for(self, queue: str, since: tuple[int, int], seconds: float) -> bool:
+        """Sleep until ``queue`` is woken after ``since`` (a :meth:`heard` mark) or ``seconds``
+        pass; False if this receiver cannot wait here (another is waiting, or the connection is
+        lost) and must poll."""
         if not self._lock.acquire(blocking=False):
             return False
         try:
             if self._conn is None:
                 return False
             end = SYSTEM.monotonic() + seconds
-            while (left := end - SYSTEM.monotonic()) > 0:
+            while self.heard(queue) == since and (left := end - SYSTEM.monotonic()) > 0:
                 for note in self._conn.notifies(timeout=left, stop_after=1):
-                    if note.payload == queue:
-                        return True
+                    self._counts[note.payload] = self._counts.get(note.payload, 0) + 1
             return True
         except psycopg.Error:
             self._drop()
