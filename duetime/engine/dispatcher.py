@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
-from duetime.clock import ServerAlignedClock, SystemClock
+from duetime.clock import TIMER_LATENESS, ServerAlignedClock, SystemClock
 from duetime.engine.calls import Breakers, EngineCalls
 from duetime.engine.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.engine.deadline import within
@@ -455,7 +455,11 @@ class Dispatcher:
         wake.target, wake.asleep = next_due, True
         self.turned_at = self.clock.monotonic()
         try:
-            await self.clock.wait(wake.event, timeout)
+            if isinstance(self.clock, SystemClock):  # (asyncio's own timer, within the budget)
+                slack = min(self.settings.lateness_budget.total_seconds(), TIMER_LATENESS)
+                await self.clock.wait(wake.event, timeout, slack=slack)
+            else:
+                await self.clock.wait(wake.event, timeout)
         finally:
             wake.target, wake.asleep = None, False
 

@@ -49,3 +49,23 @@ async def test_a_cancelled_wait_leaves_no_task_behind(monkeypatch: pytest.Monkey
     await asyncio.sleep(0)
     others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not [t for t in others if not t.done()], others
+
+
+async def test_a_wait_with_a_millisecond_of_slack_ends_in_it_on_asyncios_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dispatcher's lateness budget: ending anywhere in the last millisecond is on time, so no
+    thread is asked to sleep the end precisely; never before the slack begins."""
+
+    def no_thread(pid: int) -> None:
+        raise AssertionError("a wait with slack used the timer thread")
+
+    monkeypatch.setattr(clock, "_timer_threads", no_thread)
+    event = asyncio.Event()
+    for timeout in (0.0005, 0.003, 0.02):
+        started = time.monotonic()
+        assert await SystemClock().wait(event, timeout, slack=clock.TIMER_LATENESS) is False
+        waited = time.monotonic() - started
+        assert waited >= timeout - clock.TIMER_LATENESS, (timeout, waited)
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await SystemClock().wait(event, 5.0, slack=clock.TIMER_LATENESS) is True
