@@ -20,14 +20,29 @@ T = TypeVar("T")
 
 
 async def within(awaitable: Awaitable[T], seconds: float, what: str) -> T:
-    """The result of ``awaitable``, or :class:`DeadlineExceeded` after ``seconds``."""
+    """The result of ``awaitable``, or :class:`DeadlineExceeded` after ``seconds``.
+
+    What ``asyncio.wait`` does for one task and a timeout, without its sets and extra futures:
+    it runs several times a round."""
     task = asyncio.ensure_future(awaitable)
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(seconds, wake)
+    task.add_done_callback(wake)
     try:
-        done, _ = await asyncio.wait({task}, timeout=seconds)
+        await waiter
     except asyncio.CancelledError:
         task.cancel()
         raise
-    if task in done:
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+    if task.done():
         return task.result()
     task.cancel()
     task.add_done_callback(_forget)
