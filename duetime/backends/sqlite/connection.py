@@ -57,6 +57,8 @@ class Connection(sqlite3.Connection):
     write_lock_timeout: float = 30.0
     #: The file, for the one line that says it cannot be written.
     path: Path | None = None
+    #: Its ``PRAGMA synchronous``: full and extra wait for the disk at each commit.
+    synchronous: str = "full"
 
 
 def check_folder(path: Path) -> None:
@@ -109,6 +111,7 @@ def connect(path: Path, synchronous: str = "full", busy_timeout: float = 30.0) -
         conn.close()
         raise cannot_open(path, error) or error from None
     conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+    conn.synchronous = synchronous
     return conn
 
 
@@ -183,13 +186,26 @@ def many_rows(insert: str, count: int) -> str:
 
 
 @contextlib.contextmanager
-def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE``: take the write lock up front, so readers never deadlock upgrading."""
-    with _writable(conn):
-        _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), getattr(conn, "write_lock_timeout", 30.0))
-        try:
-            yield conn
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+def write_transaction(conn: sqlite3.Connection, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE``: take the write lock up front, so readers never deadlock upgrading.
+
+    ``durable=False``: the commit does not wait for the disk (``synchronous=NORMAL`` for this
+    transaction; the next flushed commit by any connection flushes it too). For writes a power cut
+    may undo without harm: a queue receipt, whose loss hands the message out again as a consumer
+    that died would. A process killed at any moment loses nothing either way."""
+    level = getattr(conn, "synchronous", "full")
+    relaxed = not durable and level in ("full", "extra")
+    if relaxed:
+        conn.execute("PRAGMA synchronous=NORMAL")
+    try:
+        with _writable(conn):
+            _retry_locked(lambda: conn.execute("BEGIN IMMEDIATE"), getattr(conn, "write_lock_timeout", 30.0))
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+    finally:
+        if relaxed:
+            conn.execute(f"PRAGMA synchronous={level.upper()}")
