@@ -220,8 +220,14 @@ async def test_a_message_that_breaks_the_connection_fails_alone_and_the_rest_is_
     await store.setup_infrastructure("s")
     await store.initialize("s", TransactionMode.AT_LEAST_ONCE)
     # Claiming a 129 MiB row rewrites it (the lease is in the row): 2 s alone, past the default
-    # 10 s deadline on a loaded machine (a full suite run). The deadline is not what is tested.
-    settings = DelayedDeliverySettings(error_queue=error_queue, operation_timeout=timedelta(seconds=60))
+    # 10 s deadline on a loaded machine (a full suite run; once past 15 s, half the fetch
+    # breaker's default time, which caps a call's deadline). The deadline is not what is tested.
+    settings = DelayedDeliverySettings(
+        error_queue=error_queue,
+        operation_timeout=timedelta(seconds=60),
+        time_to_trigger_fetch_circuit_breaker=timedelta(seconds=120),
+        time_to_trigger_store_circuit_breaker=timedelta(seconds=120),
+    )
     try:
         good = [DelayedMessage.create(queue, f"good {i}".encode(), delay=0) for i in range(5)]
         bad = DelayedMessage.create(queue, body, delay=0, headers=headers)

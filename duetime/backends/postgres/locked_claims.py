@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from duetime.backends.postgres.connection import PgOptions, decode, one_round_trip, pooler_unsaid
@@ -79,9 +80,15 @@ class HeldBatches:
             # Not in a pipeline: a transaction begun in one was not ended by the server when left
             # idle (idle_in_transaction_session_timeout, which frees a frozen claimer's rows). The
             # pipeline that ends a batch (run) leaves no such trace: a later claim on the same
-            # connection is still ended (checked by hand on PostgreSQL 15).
-            conn.execute(self._begin)
-            rows = conn.execute(sql, params).fetchall()
+            # connection is still ended (checked by hand on PostgreSQL 15). The BEGIN and the
+            # claim go as one query string of the simple protocol instead (one round trip; its
+            # two parameters, a time and a count, bound on this side); the transaction it begins
+            # stays open after it, as any BEGIN's does.
+            with psycopg.ClientCursor(conn) as cursor:
+                cursor.execute(f"{self._begin}; {sql}", params)
+                while cursor.description is None and cursor.nextset():
+                    pass
+                rows = cursor.fetchall()
             if not rows:
                 conn.execute("COMMIT")
                 pool.putconn(conn)
