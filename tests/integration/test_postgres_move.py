@@ -25,10 +25,9 @@ from duetime.backends.postgres import SyncPostgresQueue, SyncPostgresStore
 from duetime.backends.postgres.connection import pooled
 from duetime.clock import from_micros, to_micros
 from duetime.message import DUE_AT_HEADER, LATEST_DUE
-from tests.integration.test_sqlite_move import no_error_headers, stored_headers
+from tests.integration.test_sqlite_move import QUEUES, TIMEOUT, no_error_headers, stored_headers
 
 ENDPOINT = "moves"
-QUEUES = ("moves.a", "moves.b")
 LATEST_US = to_micros(LATEST_DUE) - 1
 
 due_micros = st.one_of(
@@ -141,19 +140,11 @@ def test_a_batch_with_a_row_only_python_can_forward_moves_whole_row_by_row(pg: s
     store = prepared(pg)
     try:
         due = 1_764_000_000_000_000
-        timeout = json.dumps(
-            {
-                "NServiceBus.Timeout.Expire": "2025-11-24 16:00:00:000000 Z",
-                "NServiceBus.Timeout.RouteExpiredTimeoutTo": QUEUES[1],
-                "NServiceBus.MessageId": "m001",
-            },
-            separators=(",", ":"),
-        )
         fill(
             store,
             [
                 ('{"a":"1"}', due, QUEUES[0], b"1"),
-                (timeout, due + 1, QUEUES[1], b"2"),
+                (TIMEOUT, due + 1, QUEUES[1], b"2"),
                 ("{}", due + 2, "gone", b"3"),
             ],
         )

@@ -64,6 +64,18 @@ rows = st.lists(
 )
 
 
+#: An NServiceBus timeout stored as the second message (m001) of a batch, routed to QUEUES[1]:
+#: only the row-by-row move gives it what the timeout manager adds when it dispatches.
+TIMEOUT = json.dumps(
+    {
+        "NServiceBus.Timeout.Expire": "2025-11-24 16:00:00:000000 Z",
+        "NServiceBus.Timeout.RouteExpiredTimeoutTo": QUEUES[1],
+        "NServiceBus.MessageId": "m001",
+    },
+    separators=(",", ":"),
+)
+
+
 def fresh(folder: Path, name: str, content: list[tuple[str, int, str, bytes]]) -> SyncSqliteStore:
     path = folder / f"{name}.db"
     store = prepare(path, ENDPOINT, *QUEUES, mode=TransactionMode.EXACTLY_ONCE)
@@ -131,20 +143,12 @@ def test_a_batch_with_a_missing_destination_or_a_timeout_is_moved_row_by_row(tmp
     """Neither can be moved by SQL alone: one goes to the error queue, the other gets the headers
     NServiceBus's timeout manager adds when it dispatches. The rest of the batch moves with them."""
     due = 1_764_000_000_000_000
-    timeout = json.dumps(
-        {
-            "NServiceBus.Timeout.Expire": "2025-11-24 16:00:00:000000 Z",
-            "NServiceBus.Timeout.RouteExpiredTimeoutTo": QUEUES[1],
-            "NServiceBus.MessageId": "m001",
-        },
-        separators=(",", ":"),
-    )
     store = fresh(
         tmp_path,
         "mixed",
         [
             ('{"a":"1"}', due, QUEUES[0], b"1"),
-            (timeout, due + 1, QUEUES[1], b"2"),
+            (TIMEOUT, due + 1, QUEUES[1], b"2"),
             ("{}", due + 2, "gone", b"3"),
         ],
     )

@@ -453,7 +453,7 @@ class SyncPostgresStore(StoreRules):
         Python can forward moves row by row (:meth:`_move`): into the queues in one statement
         that keeps what has a declared queue and wakes its receivers (as the queue's own send),
         the rest to the error queue."""
-        if not self._held.held()[0]:  # (rows claimed here would be left out of the next due time)
+        if not self._held.held_count():  # (rows claimed here would be left out of the next due time)
             at_once = self._move_at_once(check_due_time(at, "at"), limit)
             if at_once is not None:
                 return at_once
