@@ -152,6 +152,19 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+def lines_until(proc: subprocess.Popen[str], text: str, seconds: float) -> list[str]:
+    """``proc``'s stderr lines up to the first holding ``text`` (or its end, or ``seconds``)."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + seconds
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        seen.append(line)
+        if not line or text in line:
+            break
+    return seen
+
+
 async def test_a_long_broker_outage_ends_in_exit_3_after_the_breaker_time(
     tmp_path: Path, rabbit: TcpProxy, broker_queue: tuple[RabbitMqTransport, str]
 ) -> None:
@@ -196,12 +209,15 @@ async def test_a_dispatcher_started_while_the_broker_is_down_waits_for_it(
         ["run", "--store", f"sqlite:///{db}", "--endpoint", "late", "--transport", rabbit.url(RABBITMQ)],
         {"DUETIME_FAILURE_BACKOFF": "200ms"},
     )
-    await asyncio.sleep(3)
-    assert proc.poll() is None, proc.communicate()[1]
+    # The broker comes back once the dispatcher has met it down (a fixed wait let a slow start
+    # on a loaded machine reach the broker only after it was back).
+    seen = await asyncio.to_thread(lines_until, proc, "transport unreachable", 60)
+    assert proc.poll() is None, "".join(seen) + proc.communicate()[1]
     rabbit.restore()
     got = await drain(direct, queue, 20, 30)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = await asyncio.to_thread(proc.communicate, timeout=30)
+    _, rest = await asyncio.to_thread(proc.communicate, timeout=30)
+    stderr = "".join(seen) + rest
     assert proc.returncode == 0, stderr
     assert len(set(got)) == 20
     assert "Traceback" not in stderr, stderr
