@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/free_space_bench.py                     # 3,000,000 waiting (about 8 minutes)
     .venv/bin/python bench/free_space_bench.py --rows 10000000
+    DUETIME_BENCH_POSTGRES=postgresql://postgres@127.0.0.1:55432/test .venv/bin/python bench/free_space_bench.py
+                                                    # a server of your own, its settings yours to change
 
 ``volume_bench.py`` finds scheduling into ten million stored messages slower than into an empty
 store. This shows why: two stores, one empty and one filled as ``volume_bench.py`` fills it
@@ -9,7 +11,8 @@ store. This shows why: two stores, one empty and one filled as ``volume_bench.py
 small messages scheduled in batches of 1,000; how fast, how many heap pages they landed in,
 and how many whole pages (full-page images) and bytes of WAL the server wrote meanwhile
 (``pg_stat_wal``, the server's own counters: anything else the server did meanwhile counts too,
-so run it on a quiet server). The full store's figures beside the empty one's, as ratios.
+so run it on a quiet server). The full store's figures beside the empty one's, as ratios, under
+the server's settings that bear on them (printed with the table).
 """
 
 from __future__ import annotations
@@ -43,6 +46,18 @@ def wal(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     row = conn.execute("SELECT wal_fpi, wal_bytes FROM pg_stat_wal").fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+#: The server's settings that could change what a scattered insert costs.
+SETTINGS = ("shared_buffers", "wal_compression", "full_page_writes", "max_wal_size", "checkpoint_timeout")
+
+
+def settings(conn: psycopg.Connection[Any]) -> str:
+    """The server's :data:`SETTINGS`, as ``name = value`` pairs."""
+    return ", ".join(
+        f"{name} = {conn.execute(f'SHOW {name}').fetchone()[0]}"  # type: ignore[index]
+        for name in SETTINGS
+    )
 
 
 def one_round(store: Any, table: str, conn: psycopg.Connection[Any], tag: str) -> dict[str, float]:
@@ -88,6 +103,7 @@ def main() -> None:
             print(f"filled {args.rows:,} in {took:.0f} s; settled in {settle('postgresql', full):.0f} s")
             figures: dict[str, list[dict[str, float]]] = {"empty": [], "full": []}
             with psycopg.connect(POSTGRES, autocommit=True) as conn:
+                server = settings(conn)
                 for round_ in range(args.rounds):
                     for name, p in (("empty", empty), ("full", full)):
                         schema = p.store.split("schema=", 1)[1]
@@ -100,6 +116,7 @@ def main() -> None:
     print(
         f"just after a checkpoint, medians of {args.rounds} rounds, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n"
     )
+    print(f"the server: {server}\n")
     print(f"| | empty | {args.rows:,} waiting | ratio |\n|---|---|---|---|")
     for key in figures["empty"][0]:
         a = statistics.median(r[key] for r in figures["empty"])
