@@ -62,14 +62,13 @@ async def main():
     await t.declare(queue)
     with open(out, "a", buffering=1) as f:
         print("ready", file=sys.stderr, flush=True)
+        items = []
         while True:
-            items = await t.receive(queue, 500, 0.5)
+            items = await t.receive(queue, 500, 0.5, done=items)  # the last ones acknowledged first
             now = time.time()
             for i in items:
                 due = datetime.fromisoformat(i.headers["duetime-due-at"]).timestamp()
                 f.write(f"{i.message_id} {due:.6f} {now:.6f}\n")
-            if items:
-                await t.acknowledge(items)
 asyncio.run(main())
 """
 

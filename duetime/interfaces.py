@@ -488,9 +488,15 @@ class ReceivedMessage:
 class ReceivingTransport(Protocol):
     """A transport a program (or the front door) can consume from."""
 
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+    async def receive(
+        self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]:
         """Up to ``max_messages`` from ``queue``, waiting up to ``wait`` seconds for the first; each
-        hidden from other receivers until acknowledged or its visibility time ends."""
+        hidden from other receivers until acknowledged or its visibility time ends.
+
+        ``done``: messages handled since the last call, acknowledged before anything is taken (in
+        the same statement, on the SQL queues: a consumer's loop then costs one round trip a
+        batch, not two). If the call raises, they may come back, as unacknowledged ones do."""
 
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         """Remove handled messages for good; how many were still held (a receipt that expired

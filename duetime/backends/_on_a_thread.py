@@ -351,7 +351,9 @@ class SyncQueue(Protocol):
     def declare(self, queue: str) -> None: ...
     def queues(self) -> dict[str, int]: ...
     def send(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]: ...
-    def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]: ...
+    def receive(
+        self, queue: str, max_messages: int, wait: float, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]: ...
     def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int: ...
     def peek(self, queue: str, limit: int) -> list[ReceivedMessage]: ...
     def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]: ...
@@ -404,10 +406,12 @@ class AsyncQueueBridge(AsyncClosing):
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         return await self._call(lambda q: q.send(messages))
 
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+    async def receive(
+        self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]:
         if wait <= 0:
-            return await self._call(lambda q: q.receive(queue, max_messages, 0.0))
-        return await self._waits.call(lambda: self._sync().receive(queue, max_messages, wait))
+            return await self._call(lambda q: q.receive(queue, max_messages, 0.0, done))
+        return await self._waits.call(lambda: self._sync().receive(queue, max_messages, wait, done))
 
     async def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         return await self._call(lambda q: q.acknowledge(messages))

@@ -15,6 +15,10 @@ from typing import Any
 
 from duetime.interfaces import ReceivedMessage
 
+#: How long a queue table's receive may keep a consumer's handled messages (its ``done``) before
+#: acknowledging them alone, when no look that could carry them in its own statement comes sooner.
+ACKNOWLEDGE_WITHIN = 0.2
+
 
 def as_text(value: Any) -> str:
     """Text for a header value or id of any type: bytes as UTF-8, anything else as JSON."""

@@ -144,6 +144,21 @@ class TransportContract(ContainmentContract):
         assert isinstance(transport, ReceivingTransport)
         assert await transport.receive(queue, 10, 0.3) == []
 
+    async def test_a_receive_acknowledges_what_was_done_before_it_takes(
+        self, transport: Transport, queue: str
+    ) -> None:
+        """``receive(..., done=...)`` acknowledges the consumer's handled messages first: with
+        more waiting, with the last one, and with nothing left to take."""
+        assert isinstance(transport, ReceivingTransport)
+        await transport.declare(queue)
+        await transport.send_batch([msg(i, queue) for i in range(3)])
+        first = await transport.receive(queue, 1, 2.0)
+        second = await transport.receive(queue, 1, 2.0, done=first)
+        third = await transport.receive(queue, 10, 2.0, done=second)
+        assert [m.message_id for m in first + second + third] == ["t-0000", "t-0001", "t-0002"]
+        assert await transport.receive(queue, 10, 0.3, done=third) == []
+        assert await transport.acknowledge(first + second + third) == 0  # each was acknowledged already
+
     async def test_declare_is_idempotent_and_an_empty_batch_is_fine(
         self, transport: Transport, queue: str
     ) -> None:

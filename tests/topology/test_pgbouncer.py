@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import duetime
-from duetime import ConfigurationError
+from duetime import ConfigurationError, ReceivedMessage
 from duetime.backends.postgres import SyncPostgresQueue
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.services import POSTGRES, free_port, postgres_schema, until, with_option
@@ -126,12 +126,13 @@ def test_everything_works_through_pgbouncer_and_leaves_no_session_behind(tmp_pat
             got: dict[str, int] = {}
             with SyncPostgresQueue.from_url(url) as queue:
                 deadline = time.monotonic() + 60
+                batch: list[ReceivedMessage] = []
                 while len(got) < 205 and time.monotonic() < deadline:
-                    batch = queue.receive("orders", 100, wait=1.0)
+                    # the last batch is acknowledged in the same statement
+                    batch = queue.receive("orders", 100, wait=1.0, done=batch)
                     for m in batch:
                         got[m.message_id] = got.get(m.message_id, 0) + 1
-                    queue.acknowledge(batch)
-                assert queue.receive("orders", 100, wait=1.0) == []  # nothing more: none twice
+                assert queue.receive("orders", 100, wait=1.0, done=batch) == []  # nothing more: none twice
             sent = {f"p{n}-{i}" for n in range(4) for i in range(50)} | {f"d{i}" for i in range(5)}
             assert set(got) == sent, (sorted(sent - set(got)), log.read_text()[-3000:])
             assert set(got.values()) == {1}, "a message arrived twice"

@@ -62,7 +62,11 @@ class MemoryTransport(AsyncClosing):
                 results.append(None)
         return results
 
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+    async def receive(
+        self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]:
+        if done:
+            await self.acknowledge(done)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:

@@ -323,7 +323,11 @@ class NatsTransport(AsyncClosing):
             "after a server of the cluster was lost?)"
         )
 
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+    async def receive(
+        self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]:
+        if done:
+            await self.acknowledge(done)
         sub = self._subs.get(queue)
         if sub is None:
             stream = await self._stream_of(queue)

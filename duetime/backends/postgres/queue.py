@@ -31,7 +31,7 @@ from duetime.backends.postgres.connection import (
     pooled,
     reach,
 )
-from duetime.backends.queue_rows import received
+from duetime.backends.queue_rows import ACKNOWLEDGE_WITHIN, received
 from duetime.clock import SYSTEM
 from duetime.errors import ConnectionFailed, DestinationNotFound, TransportUnavailable
 from duetime.inputs.identifiers import check_name
@@ -189,7 +189,13 @@ class SyncPostgresQueue(Closing):
             )
         return results
 
-    def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
+    def receive(
+        self,
+        queue: str,
+        max_messages: int = 100,
+        wait: float = 0.0,
+        done: Sequence[ReceivedMessage] = (),
+    ) -> list[ReceivedMessage]:
         """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first: asleep on the
         queue channel's NOTIFY (every enqueue sends one), looking again at least every
         ``recheck`` seconds for messages whose visibility timeout ran out.
@@ -197,15 +203,24 @@ class SyncPostgresQueue(Closing):
         A look that came back with less than it could take found all there was; until the queue
         is woken or ``recheck`` passes, nothing new can be there, so the next receive waits
         without asking (at a few hundred messages a second that question was a third of a
-        consumer's statements, each answered "nothing")."""
-        deadline = SYSTEM.monotonic() + wait
+        consumer's statements, each answered "nothing"). ``done`` is acknowledged in the
+        statement of the next look, or alone once :data:`ACKNOWLEDGE_WITHIN` passes without one
+        (or the wait ends): at a few hundred messages a second, one statement a message."""
+        now = SYSTEM.monotonic()
+        deadline = now + wait
+        acknowledge_by = now + min(wait, ACKNOWLEDGE_WITHIN)
         while True:
             heard = self._listener.heard(queue)
             quiet = self._quiet.get(queue)
             if quiet is None or quiet.heard != heard or SYSTEM.monotonic() >= quiet.until:
                 params = self._receive_params(queue, max_messages)
+                sql = self.names.q["receive"]
+                if done:
+                    seqs, receipts = zip(*(_receipt(m) for m in done), strict=True)
+                    params |= {"seqs": list(seqs), "receipts": list(receipts)}
+                    sql, done = self.names.q["receive_acknowledging"], ()
                 with pooled(self.pool, self.options) as conn:
-                    rows = _asked(conn, self.options, self.names.q["receive"], params)
+                    rows = _asked(conn, self.options, sql, params)
                 if heard is not None and len(rows) < max_messages:
                     quiet = self._quiet[queue] = _Quiet(heard, SYSTEM.monotonic() + self.recheck)
                 else:
@@ -213,12 +228,18 @@ class SyncPostgresQueue(Closing):
                     quiet = None
                 if rows:
                     return [_received(r, params["token"]) for r in sorted(rows, key=lambda r: r[0])]
-            left = deadline - SYSTEM.monotonic()
+            now = SYSTEM.monotonic()
+            if done and now >= min(acknowledge_by, deadline):  # no look came in time to carry them
+                self.acknowledge(done)
+                done = ()
+            left = deadline - now
             if left <= 0:
                 return []
             if heard is None and self._listener.listen():
                 continue  # listening now: look once more, so nothing slips in between
-            until = left if quiet is None else min(left, quiet.until - SYSTEM.monotonic())
+            until = left if quiet is None else min(left, quiet.until - now)
+            if done:
+                until = min(until, acknowledge_by - now)
             if heard is None or not self._listener.wait_for(queue, heard, max(until, 0.0)):
                 time.sleep(min(left, self.poll_interval))
 

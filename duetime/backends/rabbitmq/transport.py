@@ -417,7 +417,11 @@ class RabbitMqTransport(AsyncClosing):
             self._buffers[queue] = buffer
         return self._buffers[queue]
 
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+    async def receive(
+        self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]:
+        if done:
+            await self.acknowledge(done)
         buffer = await self._buffer(queue)
         taken: list[AbstractIncomingMessage] = []
         with contextlib.suppress(TimeoutError, asyncio.QueueEmpty):

@@ -186,7 +186,11 @@ class RedisTransport(AsyncClosing):
             ]
         return results
 
-    async def receive(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
+    async def receive(
+        self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]:
+        if done:
+            await self.acknowledge(done)
         if self.mode == "list":
             return await self._receive_list(queue, max_messages, wait)
         key = self.key(queue)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from duetime.backends._on_a_thread import AsyncQueueBridge
-from duetime.backends.queue_rows import received
+from duetime.backends.queue_rows import ACKNOWLEDGE_WITHIN, received
 from duetime.backends.sqlite.connection import (
     QUERIES,
     connect,
@@ -114,35 +114,58 @@ class SyncSqliteQueue(Closing):
             self._conn.executemany(QUERIES["enqueue"], rows)
         return results
 
-    def _try_receive(self, queue: str, max_messages: int) -> list[ReceivedMessage]:
+    def _try_receive(
+        self, queue: str, max_messages: int, done: Sequence[ReceivedMessage], alone: bool
+    ) -> tuple[list[ReceivedMessage], Sequence[ReceivedMessage]]:
+        """Take what is ready, acknowledging ``done`` in the same transaction (a durable one: see
+        :meth:`acknowledge`); with nothing ready, ``done`` is acknowledged only if ``alone``.
+        What was taken, and what of ``done`` is still to acknowledge."""
         token = uuid.uuid4().hex
         now = _now()
         until = now + int(self.visibility_timeout.total_seconds() * 1_000_000)
         with self._lock:
             if not self._conn.execute(QUERIES["any_ready"], {"queue": queue, "now": now}).fetchone()[0]:
-                return []
-        with self._lock, write_transaction(self._conn, durable=False):  # a receipt: see write_transaction
-            rows = self._conn.execute(
-                QUERIES["receive"],
-                {"until": until, "token": token, "queue": queue, "now": now, "limit": max_messages},
-            ).fetchall()
+                if done and alone:
+                    self._acknowledge_locked(done)
+                    return [], ()
+                return [], done
+            # a receipt alone need not wait for the disk (see write_transaction); an acknowledgement does
+            with write_transaction(self._conn, durable=bool(done)):
+                for message in done:
+                    self._acknowledge_one(message)
+                rows = self._conn.execute(
+                    QUERIES["receive"],
+                    {"until": until, "token": token, "queue": queue, "now": now, "limit": max_messages},
+                ).fetchall()
         rows.sort(key=lambda r: r[0])
-        return [_received(r, token) for r in rows]
+        return [_received(r, token) for r in rows], ()
 
-    def receive(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[ReceivedMessage]:
+    def receive(
+        self,
+        queue: str,
+        max_messages: int = 100,
+        wait: float = 0.0,
+        done: Sequence[ReceivedMessage] = (),
+    ) -> list[ReceivedMessage]:
         """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first to arrive:
         asleep until another process writes the file (:mod:`.filewatch`), polling where that
-        cannot be had."""
-        deadline = SYSTEM.monotonic() + wait
+        cannot be had. ``done`` is acknowledged in the transaction of the look that takes the
+        next messages, or alone once :data:`ACKNOWLEDGE_WITHIN` passes without one (or the wait
+        ends): one transaction a message instead of two."""
+        now = SYSTEM.monotonic()
+        deadline = now + wait
+        acknowledge_by = min(now + ACKNOWLEDGE_WITHIN, deadline)
         watch = self._watch() if wait > 0 else None  # before the version is read: no write slips by
         while True:
             with self._lock:
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            taken = self._try_receive(queue, max_messages)
-            if taken or SYSTEM.monotonic() >= deadline:
+            taken, done = self._try_receive(queue, max_messages, done, SYSTEM.monotonic() >= acknowledge_by)
+            if taken or (not done and SYSTEM.monotonic() >= deadline):
                 return taken
             looks = Looks()
             while (left := deadline - SYSTEM.monotonic()) > 0:  # wait for another connection to write
+                if done and (left := min(left, acknowledge_by - SYSTEM.monotonic())) <= 0:
+                    break  # time to acknowledge them alone
                 if (written := None if watch is None else watch.try_wait(min(left, looks.timeout()))) is None:
                     time.sleep(min(left, self.poll_interval))  # no watch, or another thread is on it
                 else:
@@ -170,12 +193,17 @@ class SyncSqliteQueue(Closing):
         return [_received(row, token) for row in sorted(rows, key=lambda r: r[0])]
 
     def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
-        done = 0
-        with self._lock, write_transaction(self._conn):
-            for message in messages:
-                seq, _, token = message.receipt.partition(":")
-                done += self._conn.execute(QUERIES["acknowledge"], (int(seq), token)).rowcount
-        return done
+        with self._lock:
+            return self._acknowledge_locked(messages)
+
+    def _acknowledge_locked(self, messages: Sequence[ReceivedMessage]) -> int:
+        with write_transaction(self._conn):
+            return sum(self._acknowledge_one(m) for m in messages)
+
+    def _acknowledge_one(self, message: ReceivedMessage) -> int:
+        """Remove one received message in the open transaction; 1 if its receipt still held."""
+        seq, _, token = message.receipt.partition(":")
+        return int(self._conn.execute(QUERIES["acknowledge"], (int(seq), token)).rowcount)
 
     def peek(self, queue: str, limit: int = 100) -> list[ReceivedMessage]:
         with self._lock:
