@@ -349,6 +349,12 @@ class SyncSqliteStore(StoreRules):
         with self._lock:
             return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
 
+    def own_changes(self) -> int:
+        """Rows this store's own connection has changed since it opened: what this process did (a
+        dispatcher's move), which ``data_version`` leaves out."""
+        with self._lock:
+            return self._conn.total_changes
+
     def move_due(
         self,
         at: datetime,
@@ -483,13 +489,17 @@ class _Watcher:
 
     Most commits by others are not new messages: the earliest due time is told, and a sleeping
     dispatcher wakes only if that is before the time it sleeps until. The question failing:
-    "unknown" (None), which wakes it.
+    "unknown" (None), which wakes it. An answer the subscribers heard already (the same earliest
+    due time, and nothing changed by this process since) is not told again: a consumer taking
+    messages from a queue in the same file commits once a message, and each tell wakes the loop.
     """
 
     def __init__(self, store: SqliteStore, subscribers: Subscribers, loop: asyncio.AbstractEventLoop) -> None:
         self._store, self._subscribers, self._loop = store, subscribers, loop
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="duetime-sqlite-watch", daemon=True)
+        #: The last answer told: the earliest due time, and this process's own changes when it was read.
+        self._told: tuple[datetime, int] | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -527,10 +537,15 @@ class _Watcher:
 
     def _tell(self) -> None:
         try:
+            # read before the due time: a move of this process in between makes the next answer new
+            changes = self._store.sync.own_changes()
             due: datetime | None = self._store.sync.next_due()
         except Exception:
-            due = None
+            due, self._told = None, None
         else:
             if due is None:
                 return  # nothing stored: no one to wake
+            if (due, changes) == self._told:
+                return  # heard already, and nothing here changed since
+            self._told = (due, changes)
         self._loop.call_soon_threadsafe(self._subscribers.notify, due)
