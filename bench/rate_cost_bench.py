@@ -5,6 +5,7 @@ beside Dramatiq's and Celery's own delayed messages, in one run.
     .venv/bin/python bench/rate_cost_bench.py --rates 250 --only sqlite,dramatiq
     .venv/bin/python bench/rate_cost_bench.py --plot docs/cost-per-rate.png
     .venv/bin/python bench/rate_cost_bench.py --rates 250 --only sqlite --profile /tmp/prof  # py-spy
+    .venv/bin/python bench/rate_cost_bench.py --burst 20000           # all due at once instead
 
 Per rate (messages a second) and path, messages are due uniformly over a window (20 s; 10 s at
 1,000/s and more, 5 s at 10,000/s), sent before the window opens:
@@ -24,6 +25,9 @@ CPU is read from /proc from the first send to the last arrival (what each proces
 the messages in, holding them and handing them on; the producer's own cost is left out for every
 path). Lateness is the arrival (or the task's start) minus the due time. The baseline of the
 ratio column is Dramatiq's CPU per message at the same rate.
+
+``--burst N`` sends ``N`` messages due at one instant instead of the rates: the latest arrival
+("max") is then the time the burst took to drain.
 """
 
 from __future__ import annotations
@@ -128,11 +132,12 @@ class Result:
         return (self.cpu + (self.consumer_cpu or 0.0)) * 1000 / self.count
 
 
-def due_times(rate: int, lead: float) -> list[float]:
-    """Epoch seconds, ``rate`` a second over the window, the first ``lead`` seconds from now."""
-    count = int(rate * window(rate))
-    first = time.time() + lead
-    return [first + i / rate for i in range(count)]
+def due_times(rate: int, burst: int) -> list[float]:
+    """Epoch seconds, ``rate`` a second over the window, or ``burst`` of them at one instant (when
+    ``burst`` is not 0); the first far enough ahead that every message is sent before it."""
+    count = burst or int(rate * window(rate))
+    first = time.time() + lead_for(count)
+    return [first] * burst if burst else [first + i / rate for i in range(count)]
 
 
 def lead_for(count: int) -> float:
@@ -202,7 +207,7 @@ def duetime_path(name: str, folder: Path) -> Iterator[tuple[str, str | None, str
                 client.delete(key)
 
 
-def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None) -> Result:
+def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None, burst: int = 0) -> Result:
     out = folder / f"{name}-{rate}.arrivals"
     out.write_text("")
     with duetime_path(name, folder) as (store, transport, queue):
@@ -218,7 +223,7 @@ def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None)
         dispatcher = spawn([sys.executable, "-m", "duetime", "run", *args], folder)
         try:
             time.sleep(3.0)  # started and idle
-            dues = due_times(rate, lead_for(int(rate * window(rate))))
+            dues = due_times(rate, burst)
             before = cpu_of_session(dispatcher.pid), cpu_of_session(consumer.pid)
             spies = []
             if profile is not None:  # py-spy's samples of the dispatcher and the consumer
@@ -250,7 +255,7 @@ def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None)
     )
 
 
-def run_peer(name: str, rate: int, folder: Path) -> Result:
+def run_peer(name: str, rate: int, folder: Path, burst: int = 0) -> Result:
     queue = f"bench_rate_{uuid.uuid4().hex[:8]}"
     module = f"rateapp_{queue}"
     (folder / f"{module}.py").write_text(DRAMATIQ_APP if name == "dramatiq" else CELERY_APP)
@@ -270,7 +275,7 @@ def run_peer(name: str, rate: int, folder: Path) -> Result:
     worker = spawn(command, folder, env)
     try:
         time.sleep(5.0)  # started and idle
-        dues = due_times(rate, lead_for(int(rate * window(rate))))
+        dues = due_times(rate, burst)
         before = cpu_of_session(worker.pid)
         send: Callable[[float], object]
         if name == "dramatiq":
@@ -335,8 +340,11 @@ def main() -> None:
         type=Path,
         help="sample each duetime dispatcher and its consumer with py-spy into this folder (collapsed stacks; pip install py-spy)",
     )
+    parser.add_argument(
+        "--burst", type=int, default=0, help="send this many due at one instant instead of the rates"
+    )
     args = parser.parse_args()
-    rates = [int(r) for r in args.rates.split(",")]
+    rates = [0] if args.burst else [int(r) for r in args.rates.split(",")]
     only = args.only.split(",")
     if unknown := set(only) - set(PEERS + DUETIME_PATHS):
         parser.error(f"--only takes {', '.join(PEERS + DUETIME_PATHS)}, not {', '.join(sorted(unknown))}")
@@ -350,21 +358,22 @@ def main() -> None:
             baseline: float | None = None
             for name in only:
                 result = (
-                    run_peer(name, rate, Path(folder))
+                    run_peer(name, rate, Path(folder), args.burst)
                     if name in PEERS
-                    else run_duetime(name, rate, Path(folder), args.profile)
+                    else run_duetime(name, rate, Path(folder), args.profile, args.burst)
                 )
                 results.append(result)
                 if name == "dramatiq":
                     baseline = result.per_message_ms
                 ratio = f"{result.per_message_ms / baseline:.2f}x" if baseline else ""
                 alone = result.cpu * 1000 / result.count
+                label = f"burst of {args.burst:,}" if args.burst else f"{rate:,}"
                 print(
-                    f"| {rate:,} | {name} | {result.count:,} | {alone:.3f} | {result.per_message_ms:.3f} | {ratio} "
+                    f"| {label} | {name} | {result.count:,} | {alone:.3f} | {result.per_message_ms:.3f} | {ratio} "
                     f"| {statistics.median(result.late_ms):.1f} | {result.p(0.99):.1f} | {max(result.late_ms):.1f} |",
                     flush=True,
                 )
-    if args.plot:
+    if args.plot and not args.burst:
         plot(results, args.plot)
         print(f"curves drawn in {args.plot}")
 
