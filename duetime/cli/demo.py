@@ -19,6 +19,7 @@ from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqlit
 from duetime.clock import SYSTEM, SystemClock
 from duetime.engine.dispatcher import Dispatcher
 from duetime.errors import ConfigurationError
+from duetime.interfaces import ReceivedMessage
 from duetime.message import DUE_AT_HEADER, DelayedMessage
 from duetime.settings import DelayedDeliverySettings, TransactionMode
 
@@ -37,14 +38,14 @@ class Consumer(threading.Thread):
 
     def run(self) -> None:
         clock = SystemClock()
+        items: list[ReceivedMessage] = []
         while not self.stop.is_set():
-            items = self.queue.receive(QUEUE, 500, wait=0.1)
+            items = self.queue.receive(QUEUE, 500, wait=0.1, done=items)  # the last ones acknowledged first
             arrived = clock.now()
             for item in items:
                 due = datetime.fromisoformat(item.headers[DUE_AT_HEADER])
                 self.arrivals.append((item.message_id, due, arrived))
-            if items:
-                self.queue.acknowledge(items)
+        self.queue.acknowledge(items)
         self.queue.close()
 
 
