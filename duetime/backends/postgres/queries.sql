@@ -331,23 +331,11 @@ SELECT message_id FROM sent WHERE (SELECT count(*) FROM woken) >= 0;
 -- name: notify_queues
 SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q;
 
+-- A receive, which first acknowledges what the consumer handled since its last one (`done`; the
+-- arrays are empty when there is none): one statement, one round trip. The rows it deletes are
+-- left out of what it takes (a row whose receipt ran out could be both; one statement must not
+-- change a row twice).
 -- name: receive
-UPDATE {messages} AS m
-SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1
-FROM (
-    SELECT seq FROM {messages}
-    WHERE queue = %(queue)s AND visible_at <= clock_timestamp()
-    ORDER BY visible_at, seq
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-) AS c
-WHERE m.seq = c.seq
-RETURNING m.seq, m.queue, m.message_id, m.headers::text, m.body, m.delivery_count;
-
--- A receive that first acknowledges what the consumer handled since its last one: one statement,
--- one round trip. The rows it deletes are left out of what it takes (a row whose receipt ran out
--- could be both; one statement must not change a row twice).
--- name: receive_acknowledging
 WITH acknowledged AS (
     DELETE FROM {messages} AS m
     USING unnest(%(seqs)s::bigint[], %(receipts)s::uuid[]) AS a(seq, receipt)

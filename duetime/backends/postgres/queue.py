@@ -94,6 +94,12 @@ def _receipt(message: ReceivedMessage) -> tuple[int, uuid.UUID]:
     return int(seq), uuid.UUID(token)
 
 
+def _acknowledging(messages: Sequence[ReceivedMessage]) -> dict[str, list[Any]]:
+    """The parameters that acknowledge ``messages`` (none: empty arrays)."""
+    receipts = [_receipt(m) for m in messages]
+    return {"seqs": [s for s, _ in receipts], "receipts": [r for _, r in receipts]}
+
+
 def _split(
     messages: Sequence[DelayedMessage], known: set[str]
 ) -> tuple[list[tuple[Any, ...]], list[Exception | None]]:
@@ -156,8 +162,10 @@ class SyncPostgresQueue(Closing):
     def from_url(cls, url: str) -> SyncPostgresQueue:
         return cls(PgOptions.from_url(url))
 
-    def _receive_params(self, queue: str, limit: int) -> dict[str, Any]:
-        return {"visibility": self.visibility_timeout, "token": uuid.uuid4(), "queue": queue, "limit": limit}
+    def _receive_params(self, queue: str, limit: int, done: Sequence[ReceivedMessage] = ()) -> dict[str, Any]:
+        """A receive's parameters; ``done`` is what it acknowledges first."""
+        lease = {"visibility": self.visibility_timeout, "token": uuid.uuid4(), "queue": queue, "limit": limit}
+        return lease | _acknowledging(done)
 
     def declare(self, queue: str) -> None:
         with pooled(self.pool, self.options) as conn:
@@ -213,14 +221,10 @@ class SyncPostgresQueue(Closing):
             heard = self._listener.heard(queue)
             quiet = self._quiet.get(queue)
             if quiet is None or quiet.heard != heard or SYSTEM.monotonic() >= quiet.until:
-                params = self._receive_params(queue, max_messages)
-                sql = self.names.q["receive"]
-                if done:
-                    seqs, receipts = zip(*(_receipt(m) for m in done), strict=True)
-                    params |= {"seqs": list(seqs), "receipts": list(receipts)}
-                    sql, done = self.names.q["receive_acknowledging"], ()
+                params = self._receive_params(queue, max_messages, done)
+                done = ()
                 with pooled(self.pool, self.options) as conn:
-                    rows = _asked(conn, self.options, sql, params)
+                    rows = _asked(conn, self.options, self.names.q["receive"], params)
                 if heard is not None and len(rows) < max_messages:
                     quiet = self._quiet[queue] = _Quiet(heard, SYSTEM.monotonic() + self.recheck)
                 else:
@@ -247,10 +251,8 @@ class SyncPostgresQueue(Closing):
         """Remove a batch in one statement; a receipt that expired (handed out again) is skipped."""
         if not messages:
             return 0
-        seqs, receipts = zip(*(_receipt(m) for m in messages), strict=True)
         with pooled(self.pool, self.options) as conn:
-            params = {"seqs": list(seqs), "receipts": list(receipts)}
-            return conn.execute(self.names.q["acknowledge"], params).rowcount
+            return conn.execute(self.names.q["acknowledge"], _acknowledging(messages)).rowcount
 
     def take(self, queue: str, message_ids: Collection[str]) -> list[ReceivedMessage]:
         """Receive these particular messages (an operator sending errors back)."""
