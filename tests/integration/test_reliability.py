@@ -153,7 +153,8 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def lines_until(proc: subprocess.Popen[str], text: str, seconds: float) -> list[str]:
-    """``proc``'s stderr lines up to the first holding ``text`` (or its end, or ``seconds``)."""
+    """``proc``'s stderr lines up to the first holding ``text`` (or its end). ``seconds`` is looked
+    at between lines: a process that says nothing at all is left to the test's own timeout."""
     assert proc.stderr is not None
     deadline = time.monotonic() + seconds
     seen: list[str] = []

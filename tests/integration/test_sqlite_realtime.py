@@ -301,3 +301,39 @@ def test_a_receiver_with_nothing_to_take_stays_out_of_the_writers_way(tmp_path: 
     queue.send([DelayedMessage("m1", "orders", datetime.now(UTC))])
     assert [m.message_id for m in queue.receive("orders", 10, 0.0)] == ["m1"]
     queue.close()
+
+
+def test_the_watcher_tells_an_answer_once_until_it_or_this_process_changes(tmp_path: Path) -> None:
+    """A consumer's commits to the file change nothing a dispatcher sleeps on: the same earliest
+    due time is not told twice. A new earliest is; so is the same one after this process changed
+    the store (it may have moved the message that time was, and another stored one just as due)."""
+    from duetime.backends._on_a_thread import Subscribers
+    from duetime.backends.sqlite.store import _Watcher
+
+    db = tmp_path / "told.db"
+    sync = prepare(db, "told", "orders")
+    store = SqliteStore(sync)
+    told: list[datetime | None] = []
+    subscribers = Subscribers()
+    subscribers.add(told.append)
+
+    class Loop:  # the watcher hands each answer to the loop's thread; here, at once
+        def call_soon_threadsafe(self, callback: object, *args: object) -> None:
+            callback(*args)  # type: ignore[operator]
+
+    watcher = _Watcher(store, subscribers, Loop())  # type: ignore[arg-type]
+    first = datetime.now(UTC) + timedelta(minutes=5)
+    other = SyncSqliteStore(db)  # another process's connection
+    other.initialize("told", TransactionMode.AT_LEAST_ONCE)
+    other.store(DelayedMessage("a", "orders", first))
+    watcher._tell()
+    watcher._tell()  # e.g. a consumer's commit: nothing new
+    assert told == [first]
+    other.store(DelayedMessage("b", "orders", first - timedelta(minutes=1)))
+    watcher._tell()
+    assert told == [first, first - timedelta(minutes=1)]
+    sync.store(DelayedMessage("c", "orders", first + timedelta(minutes=1)))  # this process changed it
+    watcher._tell()
+    assert told == [first, first - timedelta(minutes=1), first - timedelta(minutes=1)]
+    other.close()
+    sync.close()
