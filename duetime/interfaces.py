@@ -589,6 +589,29 @@ class ServerClock(Protocol):
         compares due times and claims with it, never with its host's clock alone."""
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A claimed batch, and the earliest due time left once it was claimed (``next_due``; None:
+    not read, because the batch came back full or the store could not read it in the claim)."""
+
+    messages: list[DelayedMessage]
+    next_due: NextDue | None = None
+
+
+@runtime_checkable
+class ClaimsWithNextDue(Protocol):
+    """A store that can read the next due time in the claim's own call.
+
+    A dispatcher that claims a short batch (nothing else is due) sleeps toward the next due time
+    afterwards; read with the claim, it costs no second call: at a few hundred messages a second
+    that call was a fifth of an at-least-once round."""
+
+    async def fetch_due_and_next(self, at: datetime, limit: int) -> Claimed:
+        """As :meth:`DelayedMessageStore.fetch_due`, and for a batch shorter than ``limit`` the
+        earliest due time left, as :meth:`DelayedMessageStore.next_due` would answer just after
+        (never later than the truth)."""
+
+
 @runtime_checkable
 class ClaimPolicy(Protocol):
     """A store that says whether a dispatcher may claim its next batch while the last one is

@@ -26,6 +26,7 @@ from duetime.backends._store import StoreRules, closed
 from duetime.errors import ConfigurationError, TransportUnavailable
 from duetime.interfaces import (
     AsyncClosing,
+    Claimed,
     ListQuery,
     MoveOutcome,
     Page,
@@ -184,6 +185,9 @@ class AsyncStoreBridge(AsyncClosing):
 
     async def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
         return await self._call(self.sync.fetch_due, at, limit)
+
+    async def fetch_due_and_next(self, at: datetime, limit: int) -> Claimed:
+        return await self._call(self.sync.fetch_due_and_next, at, limit)
 
     async def next_due(self) -> datetime | None:
         return await self._call(self.sync.next_due)

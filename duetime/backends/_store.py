@@ -23,7 +23,7 @@ from duetime.clock import SystemClock, to_micros
 from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option
-from duetime.interfaces import Clock, Closing, ListQuery, NextDue, Page, StoreCounts
+from duetime.interfaces import Claimed, Clock, Closing, ListQuery, NextDue, Page, StoreCounts
 from duetime.live_dispatchers import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
 from duetime.message import (
     MAX_GROUP_LENGTH,
@@ -229,6 +229,13 @@ class StoreRules(ScheduleRules, Closing, ABC):
         """Mark up to ``limit`` unclaimed (or expired-claim) messages due at ``at`` as claimed
         until ``until``, oldest first, so no other caller receives them."""
 
+    def _claim_and_next(
+        self, at: datetime, until: datetime, limit: int
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
+        """:meth:`_claim`, and the next due time left once claimed where the store reads it in the
+        same call (a statement or script of its own); None here: the dispatcher asks apart."""
+        return self._claim(at, until, limit), None
+
     @abstractmethod
     def _next_due(self) -> datetime | None:
         """The earliest moment something can be claimed: an unclaimed due time or a claim's end."""
@@ -427,6 +434,12 @@ class StoreRules(ScheduleRules, Closing, ABC):
         at = check_due_time(at, "at")
         self._ready()
         return by_due(self._claim(at, at + self.claim_timeout, limit))
+
+    def fetch_due_and_next(self, at: datetime, limit: int) -> Claimed:
+        at = check_due_time(at, "at")
+        self._ready()
+        messages, next_due = self._claim_and_next(at, at + self.claim_timeout, limit)
+        return Claimed(by_due(messages), next_due if len(messages) < limit else None)
 
     def next_due(self) -> datetime | None:
         self._ready()

@@ -24,7 +24,7 @@ from duetime.engine.outages import Outages
 from duetime.engine.triage import Triage
 from duetime.engine.wakeups import WakeUps
 from duetime.error_headers import error_headers
-from duetime.interfaces import Clock, TransactionalStore
+from duetime.interfaces import ClaimsWithNextDue, Clock, NextDue, TransactionalStore
 from duetime.message import DelayedMessage
 from duetime.settings import DelayedDeliverySettings
 
@@ -112,10 +112,17 @@ class AtLeastOnce:
         store = e.calls.store
         seconds = e.calls.deadline(e.calls.breakers.fetch)
         started = e.clock.monotonic()
+        ahead: NextDue | None = None  # the next due time, when the claim read it
         try:
             if self._prefetch is not None:
                 prefetched, self._prefetch = self._prefetch, None
                 batch = await within(prefetched, seconds, "claiming due messages")
+            elif isinstance(store, ClaimsWithNextDue):
+                e.wakeups.mark()
+                claimed = await within(
+                    store.fetch_due_and_next(now, settings.batch_size), seconds, "claiming due messages"
+                )
+                batch, ahead = claimed.messages, claimed.next_due
             else:
                 batch = await within(
                     store.fetch_due(now, settings.batch_size), seconds, "claiming due messages"
@@ -126,6 +133,8 @@ class AtLeastOnce:
         e.calls.breakers.fetch.success()
         e.progress.last_batch_at = e.clock.now()
         if not batch:
+            if ahead is not None:
+                e.wakeups.know_ahead(ahead.at)
             return Round(False, False)
         full = len(batch) >= settings.batch_size
         e.observer.claimed(len(batch))
@@ -136,6 +145,8 @@ class AtLeastOnce:
             # due when claimed (never early), and are sent only after this batch is removed, so a
             # kill still re-sends at most one batch.
             self._prefetch = asyncio.ensure_future(store.fetch_due(e.clock.now(), settings.batch_size))
+        elif ahead is not None and not e.stopping():
+            e.wakeups.know_ahead(ahead.at)  # read by the claim itself, after mark()
         elif not e.stopping():
             # A short batch: nothing else is due, and the wait that follows needs the next due
             # time. Asked now, the question runs beside the send and removal instead of after them

@@ -23,6 +23,7 @@ from duetime.errors import (
     StoreNotReady,
 )
 from duetime.interfaces import (
+    ClaimsWithNextDue,
     DelayedMessageStore,
     DispatcherRegistry,
     DueCounter,
@@ -84,6 +85,9 @@ class StoreContract:
     every test runs on both sides."""
 
     claim_timeout = timedelta(seconds=30)
+    #: Whether the store reads the next due time in a short claim's own call (an optional
+    #: capability: without it the dispatcher asks apart); True makes the contract require it.
+    next_due_in_claim = False
 
     @pytest.fixture
     def make_store(self) -> Callable[[], DelayedMessageStore]:
@@ -386,6 +390,47 @@ class StoreContract:
         await store.fetch_due(t, 1)
         nxt = await store.next_due()
         assert nxt is not None and t < nxt <= t + self.claim_timeout + timedelta(seconds=1)
+
+    async def test_a_short_claim_reads_the_next_due_time_as_next_due_would(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """The next due time read in the claim's own call leaves the claimed batch out and is
+        what :meth:`next_due` answers just after: never later (a message slept past), and not
+        earlier either (a round that finds nothing)."""
+        assert isinstance(store, (ClaimsWithNextDue, SyncSide))
+        t = now()
+        soon = t + timedelta(seconds=10)
+        await store.store_many([msg(i, t - timedelta(seconds=i)) for i in range(3)] + [msg(9, soon)])
+        full = await store.fetch_due_and_next(t, 2)
+        assert [m.message_id for m in full.messages] == ["m-00002", "m-00001"]
+        assert full.next_due is None or full.next_due.at == await store.next_due()
+        short = await store.fetch_due_and_next(t, 5)
+        assert [m.message_id for m in short.messages] == ["m-00000"]
+        assert short.next_due is not None or not self.next_due_in_claim
+        assert short.next_due is None or short.next_due.at == soon == await store.next_due()
+        assert await store.remove_many(["m-00000", "m-00001", "m-00002", "m-00009"]) == 4
+        empty = await store.fetch_due_and_next(t, 5)
+        assert empty.messages == []
+        assert empty.next_due is not None or not self.next_due_in_claim
+        assert empty.next_due is None or empty.next_due.at is None
+
+    async def test_a_claim_that_takes_a_lapsed_lease_reads_no_lapsed_time(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """A message whose lease ran out and is claimed again counts from its new lease: the
+        next due time read with that claim is not the old lease's end (a round at once, for
+        nothing), nor later than the other messages."""
+        assert isinstance(store, (ClaimsWithNextDue, SyncSide))
+        t = now()
+        later = t + self.claim_timeout + timedelta(minutes=5)
+        await store.store_many([msg(1, t), msg(2, later)])
+        assert len(await store.fetch_due(t, 10)) == 1
+        again = t + self.claim_timeout + timedelta(seconds=1)
+        claimed = await store.fetch_due_and_next(again, 10)
+        assert [m.message_id for m in claimed.messages] == ["m-00001"]
+        assert claimed.next_due is not None or not self.next_due_in_claim
+        if claimed.next_due is not None:
+            assert claimed.next_due.at is not None and again < claimed.next_due.at <= later
 
     async def test_remove(self, store: DelayedMessageStore) -> None:
         await store.store_many([msg(1, now()), msg(2, now()), msg(3, now())])

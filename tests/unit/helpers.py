@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
 from duetime.backends.memory import MemoryStore, MemoryTransport
 from duetime.errors import CriticalError
-from duetime.interfaces import DelayedMessageStore, Transport
+from duetime.interfaces import Claimed, DelayedMessageStore, Transport
 from duetime.testing import FakeClock, FlakyTransport, settle
 
 
@@ -27,6 +27,11 @@ class FailingStore(MemoryStore):
         if self.fail_fetch:
             raise ConnectionError("database is down")
         return await super().fetch_due(at, limit)
+
+    async def fetch_due_and_next(self, at: datetime, limit: int) -> Claimed:
+        if self.fail_fetch:
+            raise ConnectionError("database is down")
+        return await super().fetch_due_and_next(at, limit)
 
     async def next_due(self) -> datetime | None:
         if self.fail_fetch:

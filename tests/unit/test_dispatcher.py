@@ -160,10 +160,35 @@ class _CountsQuestions(FailingStore):
         return await super().next_due()
 
 
-async def test_the_next_due_time_is_asked_while_a_short_batch_is_sent() -> None:
-    """The question the wait needs runs beside the send and removal, not after them."""
+class _AsksApart(_CountsQuestions):
+    """A store that cannot read the next due time in its claim (no ``fetch_due_and_next``)."""
+
+    fetch_due_and_next = None  # type: ignore[assignment]
+
+
+async def test_the_next_due_time_is_read_in_the_claim_of_a_short_batch() -> None:
+    """A store that reads it with the claim is not asked again: one call a round, not two."""
     rig = Rig()
     store, transport = _CountsQuestions(), _HeldSend(rig.queues)
+    rig.store, rig.transport = store, transport
+    rig.dispatcher = Dispatcher(store, transport, rig.settings, endpoint="unit", clock=rig.clock)
+    await rig.setup("orders")
+    await store.store_many([rig.message(1, 0), rig.message(2, 10)])
+    await rig.start()
+    transport.go.set()
+    await settle()
+    assert rig.delivered() == ["m1"]
+    await rig.tick(10)
+    assert rig.delivered() == ["m1", "m2"] and store.asked == 0  # on time, and never asked apart
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_the_next_due_time_is_asked_while_a_short_batch_is_sent() -> None:
+    """Where the claim cannot read it, the question the wait needs runs beside the send and
+    removal, not after them."""
+    rig = Rig()
+    store, transport = _AsksApart(), _HeldSend(rig.queues)
     rig.store, rig.transport = store, transport
     rig.dispatcher = Dispatcher(store, transport, rig.settings, endpoint="unit", clock=rig.clock)
     await rig.setup("orders")

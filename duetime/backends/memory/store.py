@@ -19,7 +19,7 @@ from duetime.backends._store import (
     matches,
 )
 from duetime.backends.memory.transport import MemoryTransport
-from duetime.interfaces import Clock, ListQuery, Moved, MoveOutcome, StoreCounts
+from duetime.interfaces import Clock, ListQuery, Moved, MoveOutcome, NextDue, StoreCounts
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import ScheduleRow
 
@@ -127,6 +127,12 @@ class SyncMemoryStore(StoreRules):
             for row in rows:
                 row.claimed_until = until
             return [r.message for r in rows]
+
+    def _claim_and_next(
+        self, at: datetime, until: datetime, limit: int
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
+        with self._lock:  # one step: nothing stored or claimed in between
+            return self._claim(at, until, limit), NextDue(self._next_due())
 
     def _next_due(self) -> datetime | None:
         with self._lock:

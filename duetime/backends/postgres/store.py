@@ -239,12 +239,34 @@ class SyncPostgresStore(StoreRules):
         self._rowcount(names.q["notify"], {"channel": names.channel, "payload": due_payload(due_at)})
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        return self._claim_and_next(at, until, limit)[0]
+
+    def _claim_and_next(
+        self, at: datetime, until: datetime, limit: int
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
+        """One statement claims and, for a short batch, reads what :meth:`_next_due` would answer
+        after it; that answer is left to the caller when the earliest row left is due already
+        (who holds it is another question, asked apart)."""
         if self.holds_locks:
             self._held.settle_stale(self._stale_after)
-            if self._held.open_batches() < self.options.pool_size - 1:
-                return self._held.claim(self.names.q["lock_due"], {"at": at, "limit": limit})
-        params = {"token": uuid.uuid4(), "until": until, "at": at, "limit": limit}
-        return [decode(r) for r in self._rows(self.names.q["claim_due"], params)]
+        ours = self._held.held()[0]
+        if self.holds_locks and self._held.open_batches() < self.options.pool_size - 1:
+            params: dict[str, Any] = {"at": at, "limit": limit, "ours": ours}
+            rows = self._held.claim(self.names.q["lock_due"], params)
+            leases = None
+        else:
+            params = {"token": uuid.uuid4(), "until": until, "at": at, "limit": limit, "ours": ours}
+            rows = self._rows(self.names.q["claim_due"], params)
+            leases = until
+        messages = [decode(r) for r in rows if r[0] is not None]
+        if len(messages) >= limit or not rows:
+            return messages, None
+        first, expiry = rows[0][7], rows[0][8]
+        if first is not None and first <= self.clock.now():
+            return messages, None
+        if messages and leases is not None:
+            expiry = leases if expiry is None else min(expiry, leases)
+        return messages, NextDue(self._earliest(None, first, expiry, self._held.held()[1]))
 
     def _next_due(self) -> datetime | None:
         """The earliest unclaimed due time no one holds locked, or a lease's end. A due row some

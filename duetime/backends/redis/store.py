@@ -52,7 +52,7 @@ from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError, NotReplicated, StorageFull, connection_failed, no_answer
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, url_options
-from duetime.interfaces import ListQuery, StoreCounts
+from duetime.interfaces import ListQuery, NextDue, StoreCounts
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import ScheduleRow
@@ -259,12 +259,22 @@ class SyncRedisStore(StoreRules):
         self.client.publish(self.keys["channel"], str(to_micros(due_at)))
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        return self._claim_and_next(at, until, limit)[0]
+
+    def _claim_and_next(
+        self, at: datetime, until: datetime, limit: int
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
+        """The claim script also reads the lowest score left for a short batch: :meth:`_next_due`'s
+        answer, in the same call."""
         self.check_eviction_policy()
-        rows = self._claim_script(
+        rows, first = self._claim_script(
             keys=self._k("ready", "payload", "claims", "failures", "due"),
             args=[to_micros(at), limit, to_micros(until)],
         )
-        return [_message(_text(r[0]), r[1], r[2], r[3]) for r in rows]
+        messages = [_message(_text(r[0]), r[1], r[2], r[3]) for r in rows]
+        if first is None:  # a full batch: not read
+            return messages, None
+        return messages, NextDue(from_micros(int(float(first))) if first not in ("", b"") else None)
 
     def _next_due(self) -> datetime | None:
         first = self.client.zrange(self.keys["ready"], 0, 0, withscores=True)
