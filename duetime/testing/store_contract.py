@@ -23,6 +23,7 @@ from duetime.errors import (
     StoreNotReady,
 )
 from duetime.interfaces import (
+    Claimed,
     ClaimsWithNextDue,
     DelayedMessageStore,
     DispatcherRegistry,
@@ -401,15 +402,15 @@ class StoreContract:
         t = now()
         soon = t + timedelta(seconds=10)
         await store.store_many([msg(i, t - timedelta(seconds=i)) for i in range(3)] + [msg(9, soon)])
-        full = await store.fetch_due_and_next(t, 2)
+        full = cast(Claimed, await store.fetch_due_and_next(t, 2))
         assert [m.message_id for m in full.messages] == ["m-00002", "m-00001"]
         assert full.next_due is None or full.next_due.at == await store.next_due()
-        short = await store.fetch_due_and_next(t, 5)
+        short = cast(Claimed, await store.fetch_due_and_next(t, 5))
         assert [m.message_id for m in short.messages] == ["m-00000"]
         assert short.next_due is not None or not self.next_due_in_claim
         assert short.next_due is None or short.next_due.at == soon == await store.next_due()
         assert await store.remove_many(["m-00000", "m-00001", "m-00002", "m-00009"]) == 4
-        empty = await store.fetch_due_and_next(t, 5)
+        empty = cast(Claimed, await store.fetch_due_and_next(t, 5))
         assert empty.messages == []
         assert empty.next_due is not None or not self.next_due_in_claim
         assert empty.next_due is None or empty.next_due.at is None
@@ -426,7 +427,7 @@ class StoreContract:
         await store.store_many([msg(1, t), msg(2, later)])
         assert len(await store.fetch_due(t, 10)) == 1
         again = t + self.claim_timeout + timedelta(seconds=1)
-        claimed = await store.fetch_due_and_next(again, 10)
+        claimed = cast(Claimed, await store.fetch_due_and_next(again, 10))
         assert [m.message_id for m in claimed.messages] == ["m-00001"]
         assert claimed.next_due is not None or not self.next_due_in_claim
         if claimed.next_due is not None:
