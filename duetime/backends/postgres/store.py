@@ -262,11 +262,13 @@ class SyncPostgresStore(StoreRules):
         if len(messages) >= limit or not rows:
             return messages, None
         first, expiry = rows[0][7], rows[0][8]
-        if first is not None and first <= self.clock.now():
+        now = self.clock.now()
+        if first is not None and first <= now:
             return messages, None
         if messages and leases is not None:
             expiry = leases if expiry is None else min(expiry, leases)
-        return messages, NextDue(self._earliest(None, first, expiry, self._held.held()[1]))
+        # first is not due at `now`: nothing left to ask of a connection
+        return messages, NextDue(self._earliest(None, first, expiry, self._held.held()[1], now))
 
     def _next_due(self) -> datetime | None:
         """The earliest unclaimed due time no one holds locked, or a lease's end. A due row some
@@ -287,11 +289,17 @@ class SyncPostgresStore(StoreRules):
             return self._earliest(conn, first, expiry, oldest)
 
     def _earliest(
-        self, conn: Any, first: datetime | None, expiry: datetime | None, oldest: float | None
+        self,
+        conn: Any,
+        first: datetime | None,
+        expiry: datetime | None,
+        oldest: float | None,
+        now: datetime | None = None,
     ) -> datetime | None:
         """The next due time from the earliest unclaimed row (``first``), the earliest lease end
-        and the oldest batch held here; asks ``conn`` who holds ``first`` only when it is due."""
-        now = self.clock.now()
+        and the oldest batch held here; asks ``conn`` who holds ``first`` only when it is due at
+        ``now`` (the clock's, unless given)."""
+        now = self.clock.now() if now is None else now
         unlocked = None
         if first is not None and first <= now:
             free = conn.execute(self.names.q["next_unlocked"]).fetchone()
