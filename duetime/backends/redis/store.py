@@ -280,19 +280,23 @@ class SyncRedisStore(StoreRules):
         first = self.client.zrange(self.keys["ready"], 0, 0, withscores=True)
         return from_micros(int(first[0][1])) if first else None
 
-    def _act(self, action: str, message_id: str, now: datetime | None = None, due: int = 0) -> int:
+    def _act(self, action: str, message_ids: Sequence[str], now: datetime | None = None, due: int = 0) -> int:
+        """``action`` on each message, in one script call; how many it was done to."""
+        if not message_ids:
+            return 0
         keys = self._k("ready", "payload", "claims", "failures", "due", "bydue", "groups")
         moment = to_micros(now or self.clock.now())
-        return int(self._change_script(keys=keys, args=[action, message_id, moment, due]))
+        answers = self._change_script(keys=keys, args=[action, moment, due, *message_ids])
+        return sum(int(a) == 1 for a in answers)
 
     def _delete(self, message_ids: Sequence[str]) -> int:
-        return sum(self._act("remove", i) == 1 for i in message_ids)
+        return self._act("remove", message_ids)
 
     def _fail(self, message_id: str) -> bool:
-        return self._act("fail", message_id) == 1
+        return self._act("fail", [message_id]) == 1
 
     def _release(self, message_ids: Sequence[str]) -> int:
-        return sum(self._act("release", i) == 1 for i in message_ids)
+        return self._act("release", message_ids)
 
     def _get(self, message_id: str) -> DelayedMessage | None:
         keys = self.keys
@@ -366,7 +370,7 @@ class SyncRedisStore(StoreRules):
         return rows
 
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
-        return self._act("cancel", message_id, now) == 1
+        return self._act("cancel", [message_id], now) == 1
 
     def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
         keys = self._k("ready", "payload", "claims", "failures", "due", "bydue", "groups")
@@ -378,7 +382,7 @@ class SyncRedisStore(StoreRules):
         return int(self.client.scard(self._k("groups")[0] + ":" + group))
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
-        return self._act("reschedule", message_id, now, to_micros(due_at)) == 1
+        return self._act("reschedule", [message_id], now, to_micros(due_at)) == 1
 
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
         """A hash of records, each keeping its own last-seen time (fields cannot expire)."""
