@@ -125,6 +125,8 @@ class TestPostgresLeaseStore(TestPostgresStore):
 
 
 class TestMariadbStore(StoreContract):
+    next_due_in_claim = True
+
     @pytest.fixture
     def url(self) -> Iterator[str]:
         with mariadb_database() as url:

@@ -81,11 +81,11 @@ ORDER BY due_at, message_id
 LIMIT %s
 FOR UPDATE SKIP LOCKED;
 
--- name: next_unclaimed
-SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at, message_id LIMIT 1;
-
--- name: next_claim_expiry
-SELECT MIN(claimed_until) FROM {table} WHERE claim_token IS NOT NULL;
+-- The earliest unclaimed due time and the earliest claim's end, in one round trip: asked alone,
+-- or at the end of a claim's own transaction (its rows claimed already, so left out as unclaimed).
+-- name: next_times
+SELECT (SELECT due_at FROM {table} WHERE claim_token IS NULL ORDER BY due_at, message_id LIMIT 1),
+       (SELECT MIN(claimed_until) FROM {table} WHERE claim_token IS NOT NULL);
 
 -- name: delete
 DELETE FROM {table} WHERE message_id = %s;

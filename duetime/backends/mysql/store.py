@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -51,7 +51,7 @@ from duetime.errors import (
 )
 from duetime.inputs.identifiers import check_name, mariadb_name
 from duetime.inputs.urls import number_option, redact, url_options
-from duetime.interfaces import ListQuery, StoreCounts
+from duetime.interfaces import ListQuery, NextDue, StoreCounts
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import ScheduleRow
 from duetime.settings import TransactionMode
@@ -162,6 +162,14 @@ _ESCAPED = b"\x00\n\r\x1a'\"\\"
 def _escaped_size(body: bytes) -> int:
     """A body's size as PyMySQL sends it: each of the seven bytes it escapes takes two."""
     return len(body) + sum(body.count(bytes([c])) for c in _ESCAPED)
+
+
+def _earliest(cur: Any, q: Mapping[str, str]) -> datetime | None:
+    """The earliest unclaimed due time or claim's end, asked on ``cur``."""
+    cur.execute(q["next_times"])
+    row = cur.fetchone()
+    times = [t for t in (row or ()) if t is not None]
+    return from_micros(min(times)) if times else None
 
 
 class SyncMysqlStore(StoreRules):
@@ -332,16 +340,24 @@ class SyncMysqlStore(StoreRules):
             ) from None
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        return self._claim_and_next(at, until, limit)[0]
+
+    def _claim_and_next(
+        self, at: datetime, until: datetime, limit: int
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
+        """A short batch's transaction also asks the next due time, once its rows are marked
+        claimed (one round trip more before the commit, where asking apart took a call of its own)."""
         now, token, q = to_micros(at), uuid.uuid4().hex, self.q
 
-        def work(cur: Any) -> list[Any]:
+        def work(cur: Any) -> tuple[list[Any], NextDue | None]:
             cur.execute(q["select_due_for_claim"], (now, now, limit))
             rows = list(cur.fetchall())
             if rows:
                 cur.execute(q["mark_claimed"], (token, to_micros(until), tuple(r[0] for r in rows)))
-            return rows
+            return rows, (NextDue(_earliest(cur, q)) if len(rows) < limit else None)
 
-        return [_message(r) for r in self._run(work, transaction=True)]
+        rows, next_due = self._run(work, transaction=True)
+        return [_message(r) for r in rows], next_due
 
     def _server_time(self) -> datetime | None:
         def work(cur: Any) -> Any:
@@ -351,17 +367,7 @@ class SyncMysqlStore(StoreRules):
         return self._run(work).replace(tzinfo=UTC)  # type: ignore[no-any-return]
 
     def _next_due(self) -> datetime | None:
-        q = self.q
-
-        def work(cur: Any) -> list[Any]:
-            cur.execute(q["next_unclaimed"])
-            a = cur.fetchone()
-            cur.execute(q["next_claim_expiry"])
-            b = cur.fetchone()
-            return [r[0] for r in (a, b) if r is not None and r[0] is not None]
-
-        times = self._run(work)
-        return from_micros(min(times)) if times else None
+        return self._run(lambda cur: _earliest(cur, self.q))  # type: ignore[no-any-return]
 
     def _delete(self, message_ids: Sequence[str]) -> int:
         return self._execute(self.q["delete_many"], (tuple(message_ids),))

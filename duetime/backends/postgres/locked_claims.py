@@ -60,7 +60,9 @@ class HeldBatches:
         self._options = options
         # jit off: with sorting off, any sort left in a plan is costed past JIT's threshold, and
         # compiling it took 245 ms where the claim takes 0.5 ms
-        self._begin = "BEGIN; SET LOCAL synchronous_commit TO off; SET LOCAL enable_sort TO off; SET LOCAL jit TO off"
+        self._begin = (
+            "BEGIN; SET LOCAL synchronous_commit TO off; SET LOCAL enable_sort TO off; SET LOCAL jit TO off"
+        )
         if options.pooler != "none":
             # a pooler passes no start-up options: the claim's transaction sets the server's
             # idle-in-transaction limit itself
