@@ -33,6 +33,8 @@ class TestMemoryStore(StoreContract):
 
 
 class TestSqliteStore(StoreContract):
+    next_due_in_claim = True
+
     @pytest.fixture
     def url(self, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path}/store.db"

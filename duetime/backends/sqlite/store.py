@@ -53,7 +53,7 @@ from duetime.backends.store_row import STORE_COLUMNS
 from duetime.clock import from_micros, to_micros
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, url_options
-from duetime.interfaces import ListQuery, Moved, MoveOutcome, StoreCounts
+from duetime.interfaces import ListQuery, Moved, MoveOutcome, NextDue, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 from duetime.recurring.schedule import ScheduleRow
 
@@ -185,16 +185,27 @@ class SyncSqliteStore(StoreRules):
                 raise Duplicate() from None
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
+        return self._claim_and_next(at, until, limit)[0]
+
+    def _claim_and_next(
+        self, at: datetime, until: datetime, limit: int
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
+        """A short batch's claim reads the next due time in its own write transaction: in-process,
+        a few microseconds, where asking apart waited for the store's one thread again."""
         params = {"token": uuid.uuid4().hex, "until": to_micros(until), "at": to_micros(at), "limit": limit}
         with self._lock, write_transaction(self._conn):
             rows = self._conn.execute(self.q["claim_due"], params).fetchall()
-        return [_message(r) for r in rows]
+            next_due = NextDue(self._earliest()) if len(rows) < limit else None
+        return [_message(r) for r in rows], next_due
 
     def _next_due(self) -> datetime | None:
-        q = self.q
         with self._lock:
-            unclaimed = self._conn.execute(q["next_unclaimed"]).fetchone()
-            expiry = self._conn.execute(q["next_claim_expiry"]).fetchone()
+            return self._earliest()
+
+    def _earliest(self) -> datetime | None:
+        """The earliest unclaimed due time or claim's end (the caller holds the lock)."""
+        unclaimed = self._conn.execute(self.q["next_unclaimed"]).fetchone()
+        expiry = self._conn.execute(self.q["next_claim_expiry"]).fetchone()
         times = [r[0] for r in (unclaimed, expiry) if r is not None and r[0] is not None]
         return from_micros(min(times)) if times else None
 
