@@ -94,7 +94,7 @@ DELETE FROM {table} WHERE message_id = %s;
 UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
 
 -- name: release
-UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
+UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id IN %s;
 
 -- name: get
 SELECT message_id, destination, due_at, headers, body, failure_count, group_key FROM {table}

@@ -376,8 +376,7 @@ class SyncMysqlStore(StoreRules):
         return self._execute(self.q["increment_failure"], (message_id,)) == 1
 
     def _release(self, message_ids: Sequence[str]) -> int:
-        q = self.q
-        return int(self._run(lambda cur: sum(cur.execute(q["release"], (i,)) for i in message_ids), True))
+        return self._execute(self.q["release"], (tuple(message_ids),)) if message_ids else 0
 
     def _get(self, message_id: str) -> DelayedMessage | None:
         rows = self._fetch(self.q["get"], (message_id,))
