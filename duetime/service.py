@@ -146,6 +146,7 @@ class Service:
             await door.start()
             while await door.process_once():
                 pass
+            await door.finish()
         stats = await self.dispatcher.run_burst()
         await Heartbeat(self.dispatcher, self.transport_name).beat(stopped=True)
         return stats

@@ -3,7 +3,7 @@
 That is the queue an NServiceBus endpoint sends its deferred messages to; ``<endpoint>.timeouts``
 (the name duetime 0.1 used) is consumed too while it exists. Each message carries its
 destination and due time in headers. It is stored, and acknowledged only after the store
-committed, so nothing is lost; a saga's ``ClearTimeouts`` message cancels the saga's stored
+committed (with the queue's next receive, or at the stop), so nothing is lost; a saga's ``ClearTimeouts`` message cancels the saga's stored
 timeouts (its group); a redelivered message whose id is already stored is just
 acknowledged. Malformed ones go to the error queue with the reason. If storing (or receiving) keeps
 failing for ``time_to_wait_before_triggering_critical_error_on_timeout_outages`` (2 minutes), the
@@ -210,6 +210,9 @@ class FrontDoor:
         )
         #: Each part that is failing right now: attempts failed, and when a warning was last logged.
         self._failing: dict[str, tuple[int, float]] = {}
+        #: Stored messages not acknowledged yet, by queue: the queue's next receive acknowledges
+        #: them (``done=``; on the SQL queues in the same statement), or the stop does.
+        self._handled: dict[str, list[ReceivedMessage]] = {}
 
     async def start(self) -> None:
         """Declare the queue as an NServiceBus endpoint's address (with a broker's routing
@@ -259,6 +262,22 @@ class FrontDoor:
                 declared = True
                 self._working(QUEUE)
             await self.process_once()
+        await self.finish()
+
+    async def finish(self) -> None:
+        """Acknowledge what was stored and waits for a receive that will not come (at a stop, or
+        after the last :meth:`process_once` of a burst)."""
+        handled, self._handled = self._handled, {}
+        for queue, stored in handled.items():
+            try:
+                await within(self.receiver.acknowledge(stored), self._deadline, "acknowledging")
+            except Exception as error:  # stored already: the redelivery is recognised by its id
+                log.warning(
+                    "front door: acknowledging %d stored messages of %s failed: %s",
+                    len(stored),
+                    queue,
+                    one_line(error),
+                )
 
     def _outage(self, part: str, doing: str, error: Exception) -> None:
         """``part`` (the queue or the store) failed: the breaker counts every failure; the log says
@@ -305,13 +324,17 @@ class FrontDoor:
     async def _process_queue(self, queue: str, wait: float) -> int:
         """A queue that cannot be read counts against the outage breaker like a store that cannot
         be written: either way delayed messages are not getting in."""
+        done = self._handled.pop(queue, [])
         try:
             received = await within(
-                self.receiver.receive(queue, self.dispatcher.settings.batch_size, wait),
+                self.receiver.receive(queue, self.dispatcher.settings.batch_size, wait, done=done),
                 wait + self._deadline,
                 f"receiving from {queue}",
             )
         except Exception as error:
+            # acknowledged or not: again with the next receive (a receipt acknowledged twice, or
+            # a message stored twice, is recognised)
+            self._handled[queue] = done + self._handled.get(queue, [])
             self._outage(QUEUE, f"receiving from {queue}", error)
             await self.dispatcher.back_off()
             return 0
@@ -352,12 +375,7 @@ class FrontDoor:
         self.dispatcher.observer.front_door(len(stored) - len(cleared) - duplicates, rejected, duplicates)
         if stored:
             self.stored += len(stored) - len(cleared)
-            try:
-                await within(self.receiver.acknowledge(stored), self._deadline, "acknowledging")
-            except Exception as error:  # stored already: the redelivery is recognised by its id
-                log.warning(
-                    "front door: acknowledging %d stored messages failed: %s", len(stored), one_line(error)
-                )
+            self._handled.setdefault(queue, []).extend(stored)  # acknowledged by the next receive
         return len(received)
 
     async def _clear(self, clears: Sequence[tuple[ReceivedMessage, ClearTimeouts]]) -> list[ReceivedMessage]:

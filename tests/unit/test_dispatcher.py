@@ -709,6 +709,8 @@ async def test_front_door_sends_a_message_the_store_refuses_to_the_error_queue()
     assert [await rig.store.get(f"m{i}") is not None for i in (1, 2, 3)] == [True, False, True]
     [dead] = rig.queues.messages("error")
     assert dead.message_id == "m2" and "cannot hold this value" in dead.headers["duetime-error-message"]
+    assert len(rig.queues._in_flight) == 2  # the stored two: acknowledged with the next receive
+    assert await door.process_once() == 0
     assert rig.queues.messages("unit.Timeouts") == [] and not rig.queues._in_flight  # all acknowledged
     assert not door.outage_breaker.armed and door.stored == 2 and door.rejected == 1
 
@@ -937,3 +939,40 @@ async def test_a_lateness_budget_takes_what_comes_due_within_it_in_one_round_and
     assert rig.delivered() == ["m1", "m2", "m3"]
     rig.dispatcher.stop()
     await rig.task  # type: ignore[misc]
+
+
+async def test_front_door_acknowledges_what_it_stored_with_its_next_receive_or_at_its_stop() -> None:
+    """One call a batch: what a batch stored goes as ``done=`` with the queue's next receive (on
+    the SQL queues, in the same statement); what waits for a receive that will not come is
+    acknowledged when the front door finishes."""
+    from duetime.interfaces import ReceivedMessage
+    from duetime.nservicebus.frontdoor import FrontDoor, envelope_headers
+
+    rig = await Rig().setup("orders", "error")
+    await rig.dispatcher.start()
+    calls: list[list[str]] = []
+    receive = rig.queues.receive
+
+    async def recording(
+        queue: str, n: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
+    ) -> list[ReceivedMessage]:
+        calls.append([m.message_id for m in done])
+        return await receive(queue, n, wait, done=done)
+
+    rig.queues.receive = recording  # type: ignore[method-assign]
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    await door.start()
+
+    def envelope(i: int) -> DelayedMessage:
+        headers = envelope_headers("orders", rig.clock.now())
+        return rig.message(i, 60).with_changes(destination="unit.Timeouts", headers=headers)
+
+    await rig.queues.send_batch([envelope(1), envelope(2)])
+    assert await door.process_once() == 2
+    assert len(rig.queues._in_flight) == 2  # stored, not acknowledged yet
+    await rig.queues.send_batch([envelope(3)])
+    assert await door.process_once() == 1
+    assert calls[-1] == ["m1", "m2"]  # acknowledged by the receive that took m3
+    await door.finish()
+    assert not rig.queues._in_flight and rig.queues.messages("unit.Timeouts") == []
+    assert [await rig.store.get(f"m{i}") is not None for i in (1, 2, 3)] == [True, True, True]
