@@ -1,7 +1,7 @@
 -- Claim up to ARGV[2] messages claimable at ARGV[1] (microseconds): re-score each to its lease
 -- expiry ARGV[3] and record the claim, atomically. A crashed dispatcher's claims become
 -- claimable again by themselves, because their score is the lease expiry.
--- Returns {claimed, next}: each claimed message as {id, payload, failures, due}, and for a batch
+-- Returns {claimed, soonest}: each claimed message as {id, payload, failures, due}, and for a batch
 -- shorter than ARGV[2] the lowest score left once claimed (the next due time; '' when nothing is
 -- stored), or false (not read) for a full batch.
 -- KEYS: 1 ready zset, 2 payload hash, 3 claims hash, 4 failures hash, 5 due-time hash
@@ -13,9 +13,9 @@ for _, id in ipairs(ids) do
     redis.call('HSET', KEYS[3], id, ARGV[3])
     out[#out + 1] = {id, redis.call('HGET', KEYS[2], id), redis.call('HGET', KEYS[4], id) or '0', redis.call('HGET', KEYS[5], id)}
 end
-local next = false
+local soonest = false
 if #ids < limit then
     local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-    next = first[2] or ''
+    soonest = first[2] or ''
 end
-return {out, next}
+return {out, soonest}
