@@ -334,7 +334,7 @@ class FrontDoor:
         except Exception as error:
             # acknowledged or not: again with the next receive (a receipt acknowledged twice, or
             # a message stored twice, is recognised)
-            self._handled[queue] = done + self._handled.get(queue, [])
+            self._handled[queue] = done
             self._outage(QUEUE, f"receiving from {queue}", error)
             await self.dispatcher.back_off()
             return 0

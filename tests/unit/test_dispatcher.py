@@ -166,15 +166,24 @@ class _AsksApart(_CountsQuestions):
     fetch_due_and_next = None  # type: ignore[assignment]
 
 
-async def test_the_next_due_time_is_read_in_the_claim_of_a_short_batch() -> None:
-    """A store that reads it with the claim is not asked again: one call a round, not two."""
+async def _started_with_m1_due_now_and_m2_in_10_s(
+    store: _CountsQuestions,
+) -> tuple[Rig, _HeldSend]:
+    """A dispatcher on ``store`` whose sends wait for ``go``, started with m1 due and m2 10 s on."""
     rig = Rig()
-    store, transport = _CountsQuestions(), _HeldSend(rig.queues)
+    transport = _HeldSend(rig.queues)
     rig.store, rig.transport = store, transport
     rig.dispatcher = Dispatcher(store, transport, rig.settings, endpoint="unit", clock=rig.clock)
     await rig.setup("orders")
     await store.store_many([rig.message(1, 0), rig.message(2, 10)])
     await rig.start()
+    return rig, transport
+
+
+async def test_the_next_due_time_is_read_in_the_claim_of_a_short_batch() -> None:
+    """A store that reads it with the claim is not asked again: one call a round, not two."""
+    store = _CountsQuestions()
+    rig, transport = await _started_with_m1_due_now_and_m2_in_10_s(store)
     transport.go.set()
     await settle()
     assert rig.delivered() == ["m1"]
@@ -187,13 +196,8 @@ async def test_the_next_due_time_is_read_in_the_claim_of_a_short_batch() -> None
 async def test_the_next_due_time_is_asked_while_a_short_batch_is_sent() -> None:
     """Where the claim cannot read it, the question the wait needs runs beside the send and
     removal, not after them."""
-    rig = Rig()
-    store, transport = _AsksApart(), _HeldSend(rig.queues)
-    rig.store, rig.transport = store, transport
-    rig.dispatcher = Dispatcher(store, transport, rig.settings, endpoint="unit", clock=rig.clock)
-    await rig.setup("orders")
-    await store.store_many([rig.message(1, 0), rig.message(2, 10)])
-    await rig.start()
+    store = _AsksApart()
+    rig, transport = await _started_with_m1_due_now_and_m2_in_10_s(store)
     assert rig.delivered() == [] and store.asked == 1  # asked while m1 is being sent
     transport.go.set()
     await settle()

@@ -340,13 +340,18 @@ class SyncMysqlStore(StoreRules):
             ) from None
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
-        return self._claim_and_next(at, until, limit)[0]
+        return self._claimed(at, until, limit, ask_next=False)[0]
 
     def _claim_and_next(
         self, at: datetime, until: datetime, limit: int
     ) -> tuple[list[DelayedMessage], NextDue | None]:
         """A short batch's transaction also asks the next due time, once its rows are marked
         claimed (one round trip more before the commit, where asking apart took a call of its own)."""
+        return self._claimed(at, until, limit, ask_next=True)
+
+    def _claimed(
+        self, at: datetime, until: datetime, limit: int, *, ask_next: bool
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
         now, token, q = to_micros(at), uuid.uuid4().hex, self.q
 
         def work(cur: Any) -> tuple[list[Any], NextDue | None]:
@@ -354,7 +359,7 @@ class SyncMysqlStore(StoreRules):
             rows = list(cur.fetchall())
             if rows:
                 cur.execute(q["mark_claimed"], (token, to_micros(until), tuple(r[0] for r in rows)))
-            return rows, (NextDue(_earliest(cur, q)) if len(rows) < limit else None)
+            return rows, (NextDue(_earliest(cur, q)) if ask_next and len(rows) < limit else None)
 
         rows, next_due = self._run(work, transaction=True)
         return [_message(r) for r in rows], next_due

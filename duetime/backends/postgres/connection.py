@@ -368,7 +368,11 @@ class PgNames:
             f"{s}.{quote_identifier(names['index_schedules_plan'])}",
             *self.queue_relations,
         ]
-        self.q = {name: sql.format(**names) for name, sql in QUERIES.items()}
+        # the claims' shared end is a fragment of its own, written once (queries.sql)
+        claimed_and_next = QUERIES["claimed_and_next"].format(**names)
+        self.q = {
+            name: sql.format(**names, claimed_and_next=claimed_and_next) for name, sql in QUERIES.items()
+        }
         #: LISTEN/NOTIFY channel: stable, short, one per table.
         self.channel = channel_of(schema, table)
         #: The channel of the schema's queue tables: a NOTIFY with the queue's name as payload

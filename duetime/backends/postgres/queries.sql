@@ -107,12 +107,35 @@ COPY {table} (message_id, destination, due_at, headers, body, failure_count, gro
 -- name: notify
 SELECT pg_notify(%(channel)s, %(payload)s);
 
--- A lease claim, and for a batch shorter than `limit` the next due time left once claimed, in the
--- same statement (one round trip; see duetime.interfaces.ClaimsWithNextDue). The statement's
--- snapshot still sees the rows it claims as they were, so the earliest unclaimed row and the
--- earliest lease end leave them out by id (the caller counts their new lease itself), and also
--- the rows this store holds locked (`ours`). Each row carries the two times (NULL for a full
--- batch: not read); with no row claimed the result is one row of NULLs and the two times.
+-- What both claims end with (not a statement of its own: claim_due and lock_due take it in as
+-- {claimed_and_next}, after their CTE `c` of the claimed rows): for a batch shorter than `limit`,
+-- the next due time left once claimed, in the same statement (one round trip; see
+-- duetime.interfaces.ClaimsWithNextDue). The statement's snapshot still sees the rows it claims
+-- as they were, so the earliest unclaimed row and the earliest lease end leave them out by id
+-- (the caller counts a new lease itself), and also the rows this store holds locked (`ours`).
+-- Each row carries the two times (NULL for a full batch: not read); with no row claimed the
+-- result is one row of NULLs and the two times. No ORDER BY (the caller sorts): a lock claim
+-- runs with sorting off, and a sort the planner must still make is costed past the JIT
+-- threshold (245 ms of compiling a claim of 100, measured).
+-- name: claimed_and_next
+left_after AS (
+    SELECT (
+        SELECT due_at FROM {table}
+        WHERE (SELECT count(*) FROM c) < %(limit)s
+              AND claim_token IS NULL AND message_id <> ALL(ARRAY(SELECT message_id FROM c))
+              AND message_id <> ALL(%(ours)s::text[])
+        ORDER BY due_at, message_id LIMIT 1
+    ) AS first, (
+        SELECT min(claimed_until) FROM {table}
+        WHERE (SELECT count(*) FROM c) < %(limit)s
+              AND claim_token IS NOT NULL AND message_id <> ALL(ARRAY(SELECT message_id FROM c))
+    ) AS expiry
+)
+SELECT c.message_id, c.destination, c.due_at, c.headers, c.body, c.failure_count, c.group_key,
+       l.first, l.expiry
+FROM left_after AS l LEFT JOIN c ON true
+
+-- A lease claim, and the next due time (claimed_and_next).
 -- name: claim_due
 WITH c AS (
     UPDATE {table} AS t SET claim_token = %(token)s, claimed_until = %(until)s
@@ -126,27 +149,10 @@ WITH c AS (
     WHERE t.message_id = c.message_id
     RETURNING t.message_id, t.destination, t.due_at, t.headers::text AS headers, t.body, t.failure_count,
               t.group_key
-), left_after AS (
-    SELECT (
-        SELECT due_at FROM {table}
-        WHERE (SELECT count(*) FROM c) < %(limit)s
-              AND claim_token IS NULL AND message_id <> ALL(ARRAY(SELECT message_id FROM c))
-              AND message_id <> ALL(%(ours)s::text[])
-        ORDER BY due_at, message_id LIMIT 1
-    ) AS first, (
-        SELECT min(claimed_until) FROM {table}
-        WHERE (SELECT count(*) FROM c) < %(limit)s
-              AND claim_token IS NOT NULL AND message_id <> ALL(ARRAY(SELECT message_id FROM c))
-    ) AS expiry
-)
-SELECT c.message_id, c.destination, c.due_at, c.headers, c.body, c.failure_count, c.group_key,
-       l.first, l.expiry
-FROM left_after AS l LEFT JOIN c ON true;
+), {claimed_and_next};
 
--- A lock claim: the same rows as claim_due, locked by a transaction the caller keeps open, and the
--- next due time as claim_due reads it. No ORDER BY outside the CTE (the caller sorts): the claim
--- runs with sorting off, and a sort the planner must still make is costed past the JIT threshold
--- (245 ms of compiling a claim of 100, measured).
+-- A lock claim: the same rows as claim_due, locked by a transaction the caller keeps open, and
+-- the next due time (claimed_and_next).
 -- name: lock_due
 WITH c AS (
     SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key FROM {table}
@@ -154,22 +160,7 @@ WITH c AS (
     ORDER BY due_at, message_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), left_after AS (
-    SELECT (
-        SELECT due_at FROM {table}
-        WHERE (SELECT count(*) FROM c) < %(limit)s
-              AND claim_token IS NULL AND message_id <> ALL(ARRAY(SELECT message_id FROM c))
-              AND message_id <> ALL(%(ours)s::text[])
-        ORDER BY due_at, message_id LIMIT 1
-    ) AS first, (
-        SELECT min(claimed_until) FROM {table}
-        WHERE (SELECT count(*) FROM c) < %(limit)s
-              AND claim_token IS NOT NULL AND message_id <> ALL(ARRAY(SELECT message_id FROM c))
-    ) AS expiry
-)
-SELECT c.message_id, c.destination, c.due_at, c.headers, c.body, c.failure_count, c.group_key,
-       l.first, l.expiry
-FROM left_after AS l LEFT JOIN c ON true;
+), {claimed_and_next};
 
 -- The rows come back in due order (a DELETE's own RETURNING has none): the queues get them so.
 -- name: take_due

@@ -185,17 +185,22 @@ class SyncSqliteStore(StoreRules):
                 raise Duplicate() from None
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
-        return self._claim_and_next(at, until, limit)[0]
+        return self._claimed(at, until, limit, ask_next=False)[0]
 
     def _claim_and_next(
         self, at: datetime, until: datetime, limit: int
     ) -> tuple[list[DelayedMessage], NextDue | None]:
         """A short batch's claim reads the next due time in its own write transaction: in-process,
         a few microseconds, where asking apart waited for the store's one thread again."""
+        return self._claimed(at, until, limit, ask_next=True)
+
+    def _claimed(
+        self, at: datetime, until: datetime, limit: int, *, ask_next: bool
+    ) -> tuple[list[DelayedMessage], NextDue | None]:
         params = {"token": uuid.uuid4().hex, "until": to_micros(until), "at": to_micros(at), "limit": limit}
         with self._lock, write_transaction(self._conn):
             rows = self._conn.execute(self.q["claim_due"], params).fetchall()
-            next_due = NextDue(self._earliest()) if len(rows) < limit else None
+            next_due = NextDue(self._earliest()) if ask_next and len(rows) < limit else None
         return [_message(r) for r in rows], next_due
 
     def _next_due(self) -> datetime | None:
