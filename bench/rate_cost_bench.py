@@ -6,6 +6,7 @@ beside Dramatiq's and Celery's own delayed messages, in one run.
     .venv/bin/python bench/rate_cost_bench.py --plot docs/cost-per-rate.png
     .venv/bin/python bench/rate_cost_bench.py --rates 250 --only sqlite --profile /tmp/prof  # py-spy
     .venv/bin/python bench/rate_cost_bench.py --burst 20000           # all due at once instead
+    .venv/bin/python bench/rate_cost_bench.py --rates 250 --budgets 1ms,5ms,20ms,50ms
 
 Per rate (messages a second) and path, messages are due uniformly over a window (20 s; 10 s at
 1,000/s and more, 5 s at 10,000/s), sent before the window opens:
@@ -28,6 +29,10 @@ ratio column is Dramatiq's CPU per message at the same rate.
 
 ``--burst N`` sends ``N`` messages due at one instant instead of the rates: the latest arrival
 ("max") is then the time the burst took to drain.
+
+``--budgets 1ms,10ms,50ms`` runs each duetime path once for each lateness budget
+(``DUETIME_LATENESS_BUDGET``: how late the dispatcher may wake so that one round takes every
+message due by then), to show what a few milliseconds of punctuality buy in CPU.
 """
 
 from __future__ import annotations
@@ -207,8 +212,10 @@ def duetime_path(name: str, folder: Path) -> Iterator[tuple[str, str | None, str
                 client.delete(key)
 
 
-def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None, burst: int = 0) -> Result:
-    out = folder / f"{name}-{rate}.arrivals"
+def run_duetime(
+    name: str, rate: int, folder: Path, profile: Path | None = None, burst: int = 0, budget: str | None = None
+) -> Result:
+    out = folder / f"{name}-{rate}-{budget}.arrivals"
     out.write_text("")
     with duetime_path(name, folder) as (store, transport, queue):
         args = ["--store", store, "--endpoint", "ratebench"] + (
@@ -220,7 +227,8 @@ def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None,
         )
         assert consumer.stderr is not None
         consumer.stderr.readline()  # ready
-        dispatcher = spawn([sys.executable, "-m", "duetime", "run", *args], folder)
+        env = {**os.environ, "DUETIME_LATENESS_BUDGET": budget} if budget else None
+        dispatcher = spawn([sys.executable, "-m", "duetime", "run", *args], folder, env)
         try:
             time.sleep(3.0)  # started and idle
             dues = due_times(rate, burst)
@@ -250,8 +258,9 @@ def run_duetime(name: str, rate: int, folder: Path, profile: Path | None = None,
         finally:
             end(dispatcher)
             end(consumer)
+    label = f"{name} ({budget})" if budget else name
     return Result(
-        name, rate, len(dues), after[0] - before[0], after[1] - before[1], [(b - a) * 1000 for a, b in pairs]
+        label, rate, len(dues), after[0] - before[0], after[1] - before[1], [(b - a) * 1000 for a, b in pairs]
     )
 
 
@@ -343,7 +352,14 @@ def main() -> None:
     parser.add_argument(
         "--burst", type=int, default=0, help="send this many due at one instant instead of the rates"
     )
+    parser.add_argument(
+        "--budgets",
+        default="",
+        help="run each duetime path once per lateness budget, comma-separated (1ms,10ms); "
+        "empty: the dispatcher's default",
+    )
     args = parser.parse_args()
+    budgets: list[str | None] = [b.strip() for b in args.budgets.split(",") if b.strip()] or [None]
     rates = [0] if args.burst else [int(r) for r in args.rates.split(",")]
     only = args.only.split(",")
     if unknown := set(only) - set(PEERS + DUETIME_PATHS):
@@ -356,11 +372,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for rate in rates:
             baseline: float | None = None
-            for name in only:
+            runs = list(dict.fromkeys((name, None if name in PEERS else b) for name in only for b in budgets))
+            for name, budget in runs:
                 result = (
                     run_peer(name, rate, Path(folder), args.burst)
                     if name in PEERS
-                    else run_duetime(name, rate, Path(folder), args.profile, args.burst)
+                    else run_duetime(name, rate, Path(folder), args.profile, args.burst, budget)
                 )
                 results.append(result)
                 if name == "dramatiq":
@@ -369,7 +386,7 @@ def main() -> None:
                 alone = result.cpu * 1000 / result.count
                 label = f"burst of {args.burst:,}" if args.burst else f"{rate:,}"
                 print(
-                    f"| {label} | {name} | {result.count:,} | {alone:.3f} | {result.per_message_ms:.3f} | {ratio} "
+                    f"| {label} | {result.path} | {result.count:,} | {alone:.3f} | {result.per_message_ms:.3f} | {ratio} "
                     f"| {statistics.median(result.late_ms):.1f} | {result.p(0.99):.1f} | {max(result.late_ms):.1f} |",
                     flush=True,
                 )

@@ -126,7 +126,7 @@ class DelayedDeliverySettings:
             raw = env.get(prefix + item.name.upper())
             if raw is None:
                 continue
-            values[item.name] = _parse(prefix + item.name.upper(), raw, getattr(cls(), item.name))
+            values[item.name] = setting_value(item.name, f"{prefix}{item.name.upper()}={raw!r}", raw)
         try:
             return cls(**values)
         except InvalidSetting as error:  # said with the variable that gave it
@@ -138,23 +138,26 @@ class DelayedDeliverySettings:
             raise ConfigurationError(f"{error} (read from {prefix}* environment variables)") from None
 
 
-def _parse(variable: str, raw: str, default: object) -> object:
+def setting_value(name: str, given: str, raw: str) -> object:
+    """The setting ``name`` read from text, as an environment variable or a flag gives it;
+    ``given`` says where it came from in the error (``DUETIME_MAX_SLEEP='x'``, ``--lateness-budget x``)."""
+    default = getattr(DelayedDeliverySettings(), name)
     if isinstance(default, timedelta):
         try:
             return parse_duration(raw)
         except ValueError:
             raise ConfigurationError(
-                f"{variable}={raw!r} is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m."
+                f"{given} is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m."
             ) from None
     if isinstance(default, TransactionMode):
         choices = [mode.value for mode in TransactionMode]
         try:
             return TransactionMode(raw.strip().lower().replace("_", "-"))
         except ValueError:
-            raise ConfigurationError(f"{variable}={raw!r} is not a mode; use one of {choices}.") from None
+            raise ConfigurationError(f"{given} is not a mode; use one of {choices}.") from None
     if isinstance(default, int):
         try:
             return int(raw)
         except ValueError:
-            raise ConfigurationError(f"{variable}={raw!r} is not a whole number.") from None
+            raise ConfigurationError(f"{given} is not a whole number.") from None
     return raw

@@ -40,7 +40,7 @@ from duetime.observability.deliverylog import SqlDeliveryLog, open_delivery_log
 from duetime.observability.logs import LogFormat
 from duetime.registry import has_default_transport, open_store, open_transport
 from duetime.service import Service
-from duetime.settings import DelayedDeliverySettings, TransactionMode
+from duetime.settings import DelayedDeliverySettings, TransactionMode, setting_value
 
 
 @app.command()
@@ -103,6 +103,17 @@ BurstOpt = Annotated[
 RetriesOpt = Annotated[int | None, typer.Option(help="NumberOfRetries before the error queue (default 0).")]
 
 BatchSizeOpt = Annotated[int | None, typer.Option(help="Messages claimed per round trip (default 100).")]
+
+LatenessBudgetOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="How late the dispatcher may wake for a due message, so that one round delivers every "
+        "message due by then (default 1ms, at most 1s; never early). A larger budget trades "
+        "punctuality for CPU: at a few hundred messages a second, 20ms costs about a third of "
+        "the CPU of 1ms. Also DUETIME_LATENESS_BUDGET.",
+        show_default=False,
+    ),
+]
 
 FrontDoorOpt = Annotated[
     bool,
@@ -176,6 +187,7 @@ def run(
     burst: BurstOpt = False,
     retries: RetriesOpt = None,
     batch_size: BatchSizeOpt = None,
+    lateness_budget: LatenessBudgetOpt = None,
     error_queue: ErrorQueueOpt = "error",
     front_door: FrontDoorOpt = False,
     auto_setup: SetupOpt = True,
@@ -193,7 +205,13 @@ def run(
     """
     configure_logging(verbose, log_format)
     base_settings = _settings(
-        {"--mode": mode, "--retries": retries, "--batch-size": batch_size, "--error-queue": error_queue}
+        {
+            "--mode": mode,
+            "--retries": retries,
+            "--batch-size": batch_size,
+            "--lateness-budget": lateness_budget,
+            "--error-queue": error_queue,
+        }
     )
 
     async def go() -> None:
@@ -233,6 +251,7 @@ _FLAGS = {
     "--mode": "transaction_mode",
     "--retries": "number_of_retries",
     "--batch-size": "batch_size",
+    "--lateness-budget": "lateness_budget",
     "--error-queue": "error_queue",
 }
 
@@ -240,7 +259,13 @@ _FLAGS = {
 def _settings(flags: dict[str, Any]) -> DelayedDeliverySettings:
     """The settings from DUETIME_* variables and the flags given; a wrong value is refused before
     anything opens, naming the flag as it was typed."""
-    changes = {_FLAGS[flag]: value for flag, value in flags.items() if value is not None}
+    changes = {
+        _FLAGS[flag]: setting_value(_FLAGS[flag], f"{flag} {value}", value)
+        if isinstance(value, str)
+        else value
+        for flag, value in flags.items()
+        if value is not None
+    }
     try:
         return DelayedDeliverySettings.from_env().with_changes(**changes)
     except InvalidSetting as wrong:

@@ -758,6 +758,11 @@ def test_a_flag_out_of_range_is_named_as_typed(tmp_path: Path) -> None:
     for args, said in (
         (["--batch-size", "0"], "error: --batch-size 0 must be from 1 to 10,000."),
         (["--retries", "-1"], "error: --retries -1 must be 0 or more."),
+        (["--lateness-budget", "5s"], "error: --lateness-budget 5s must be from 0 to 1 second."),
+        (
+            ["--lateness-budget", "soon"],
+            "error: --lateness-budget soon is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m.",
+        ),
     ):
         done = run_cli("run", "--burst", *args, cwd=tmp_path)
         assert done.returncode == 1 and done.stderr.strip() == said, done.stderr

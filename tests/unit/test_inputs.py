@@ -154,6 +154,20 @@ def test_settings_from_env() -> None:
         DelayedDeliverySettings.from_env(environ={"DUETIME_BATCH_SIZE": "0"})
 
 
+def test_a_flag_of_duetime_run_is_read_as_its_variable_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`duetime run --lateness-budget 20ms` reads the text as DUETIME_LATENESS_BUDGET=20ms would
+    be read, and the flag wins over the variable."""
+    from duetime.cli.run import _settings
+
+    monkeypatch.setenv("DUETIME_LATENESS_BUDGET", "5ms")
+    assert _settings({"--lateness-budget": None}).lateness_budget == timedelta(milliseconds=5)
+    chosen = _settings(
+        {"--lateness-budget": "20ms", "--mode": TransactionMode.EXACTLY_ONCE, "--batch-size": 7}
+    )
+    assert chosen.lateness_budget == timedelta(milliseconds=20)
+    assert (chosen.transaction_mode, chosen.batch_size) == (TransactionMode.EXACTLY_ONCE, 7)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
