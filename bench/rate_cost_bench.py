@@ -127,6 +127,11 @@ class Result:
     cpu: float  # the delivering process(es)
     consumer_cpu: float | None  # duetime's consumer; None for a peer (its worker is both)
     late_ms: list[float]
+    budget: str | None = None  # the lateness budget the dispatcher was given; None: its default
+
+    @property
+    def label(self) -> str:
+        return f"{self.path} ({self.budget})" if self.budget else self.path
 
     def p(self, q: float) -> float:
         ordered = sorted(self.late_ms)
@@ -258,9 +263,14 @@ def run_duetime(
         finally:
             end(dispatcher)
             end(consumer)
-    label = f"{name} ({budget})" if budget else name
     return Result(
-        label, rate, len(dues), after[0] - before[0], after[1] - before[1], [(b - a) * 1000 for a, b in pairs]
+        name,
+        rate,
+        len(dues),
+        after[0] - before[0],
+        after[1] - before[1],
+        [(b - a) * 1000 for a, b in pairs],
+        budget,
     )
 
 
@@ -339,11 +349,41 @@ def plot(results: list[Result], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_budgets(results: list[Result], path: Path) -> None:
+    """CPU a message against lateness p99, a point per budget, a line per path: what each
+    millisecond of punctuality costs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axis = plt.subplots(figsize=(8, 4.8))
+    for name in dict.fromkeys(r.path for r in results):
+        rows = [r for r in results if r.path == name]
+        line = axis.plot([r.p(0.99) for r in rows], [r.per_message_ms for r in rows], marker="o", label=name)
+        for r in rows:
+            if r.budget:
+                axis.annotate(r.budget, (r.p(0.99), r.per_message_ms), textcoords="offset points",
+                              xytext=(4, 4), fontsize=7, color=line[0].get_color())  # fmt: skip
+    axis.set_xscale("log")
+    axis.set_xlabel("lateness p99, ms (the points: the dispatcher's lateness budget)")
+    axis.set_ylabel("CPU per message, ms (with the consumer)")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=8)
+    rate = results[0].rate
+    fig.suptitle(f"Punctuality against CPU at {rate:,} messages a second (2 cores, one machine)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", default="10,100,250,1000,10000", help="messages a second, comma-separated")
     parser.add_argument("--only", default=",".join(PEERS + DUETIME_PATHS), help="paths, comma-separated")
-    parser.add_argument("--plot", type=Path, help="draw the curves into this PNG")
+    parser.add_argument(
+        "--plot", type=Path, help="draw the curves into this PNG (with --budgets: CPU against lateness)"
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -386,12 +426,12 @@ def main() -> None:
                 alone = result.cpu * 1000 / result.count
                 label = f"burst of {args.burst:,}" if args.burst else f"{rate:,}"
                 print(
-                    f"| {label} | {result.path} | {result.count:,} | {alone:.3f} | {result.per_message_ms:.3f} | {ratio} "
+                    f"| {label} | {result.label} | {result.count:,} | {alone:.3f} | {result.per_message_ms:.3f} | {ratio} "
                     f"| {statistics.median(result.late_ms):.1f} | {result.p(0.99):.1f} | {max(result.late_ms):.1f} |",
                     flush=True,
                 )
     if args.plot and not args.burst:
-        plot(results, args.plot)
+        (plot_budgets if budgets != [None] else plot)(results, args.plot)
         print(f"curves drawn in {args.plot}")
 
 

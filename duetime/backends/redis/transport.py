@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
@@ -83,6 +84,7 @@ class RedisTransport(AsyncClosing):
         group: str = "duetime",
         visibility_timeout: float = 30.0,
         replication: Replication = NO_WAIT,
+        reclaim_every: float = 1.0,
     ) -> None:
         if mode not in MODES:
             raise ConfigurationError(f"mode must be one of {sorted(MODES)}, got {mode!r}.")
@@ -90,6 +92,10 @@ class RedisTransport(AsyncClosing):
         #: A batch is sent once this many replicas have it (else it goes again: at-least-once).
         self.replication = replication
         self.visibility_ms = int(visibility_timeout * 1000)
+        #: Seconds between two looks for entries a consumer took and left (a fraction of the
+        #: visibility timeout when that is short, so that they are taken back soon after it).
+        self.reclaim_every = max(0.05, min(reclaim_every, visibility_timeout / 4))
+        self._next_reclaim: dict[str, float] = {}
         self.consumer = f"duetime-{uuid.uuid4().hex[:12]}"
         self._redis: aioredis.Redis | None = None
 
@@ -189,24 +195,52 @@ class RedisTransport(AsyncClosing):
     async def receive(
         self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
     ) -> list[ReceivedMessage]:
-        if done:
-            await self.acknowledge(done)
+        """What is waiting, up to ``max_messages``, waiting up to ``wait`` seconds for the first.
+        A stream receive is one round trip: the acknowledgements of ``done`` and the read go in one
+        pipeline. Entries another consumer took and left for ``visibility_timeout`` are looked
+        for (XAUTOCLAIM) on the first receive and then at most every ``reclaim_every`` seconds,
+        a long wait included, not on every receive."""
         if self.mode == "list":
+            if done:
+                await self.acknowledge(done)
             return await self._receive_list(queue, max_messages, wait)
         key = self.key(queue)
+        deadline = time.monotonic() + max(wait, 0.0)
         try:
-            # redis-py's stubs are one union for the sync and async clients; the async answers are these.
-            claimed: Any = await self.redis.xautoclaim(
-                key, self.group, self.consumer, self.visibility_ms, "0-0", count=max_messages
-            )
-            entries: list[Any] = list(claimed[1])
-            if len(entries) < max_messages:
-                block = int(wait * 1000) if wait > 0 and not entries else None
-                answer: Any = await self.redis.xreadgroup(
-                    self.group, self.consumer, {key: ">"}, count=max_messages - len(entries), block=block
-                )
-                for _, rows in answer or []:
-                    entries += rows
+            while True:
+                entries: list[Any] = []
+                if time.monotonic() >= self._next_reclaim.get(key, 0.0):
+                    self._next_reclaim[key] = time.monotonic() + self.reclaim_every
+                    if done:
+                        await self.acknowledge(done)
+                        done = ()
+                    # redis-py's stubs are one union for the sync and async clients; the async answers are these.
+                    claimed: Any = await self.redis.xautoclaim(
+                        key, self.group, self.consumer, self.visibility_ms, "0-0", count=max_messages
+                    )
+                    entries = list(claimed[1])
+                if len(entries) < max_messages:
+                    now = time.monotonic()  # a block ends by the wait's end and by the next look
+                    left = min(deadline, self._next_reclaim[key]) - now
+                    block = max(1, int(left * 1000)) if deadline > now and not entries else None
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        self._acknowledgements(pipe, done)
+                        pipe.xreadgroup(
+                            self.group,
+                            self.consumer,
+                            {key: ">"},
+                            count=max_messages - len(entries),
+                            block=block,
+                        )
+                        answers: Any = await pipe.execute()
+                    done = ()
+                    for _, rows in answers[-1] or []:
+                        entries += rows
+                items = [
+                    self._entry(queue, entry_id, fields) for entry_id, fields in entries if fields
+                ]  # none: deleted
+                if items or time.monotonic() >= deadline:
+                    return items
         except ResponseError as error:
             if "NOGROUP" in str(error):  # no stream or no consumer group: never declared
                 raise DestinationNotFound(
@@ -214,9 +248,6 @@ class RedisTransport(AsyncClosing):
                     f"(duetime queues declare {queue})."
                 ) from None
             raise
-        return [
-            self._entry(queue, entry_id, fields) for entry_id, fields in entries if fields
-        ]  # none: deleted
 
     async def _receive_list(self, queue: str, max_messages: int, wait: float) -> list[ReceivedMessage]:
         key, processing = self.key(queue), self.processing_key(queue)
@@ -240,14 +271,25 @@ class RedisTransport(AsyncClosing):
         if not messages:
             return 0
         async with self.redis.pipeline(transaction=False) as pipe:
-            for m in messages:
-                if self.mode == "stream":
-                    pipe.xack(self.key(m.queue), self.group, m.receipt)
-                    pipe.xdel(self.key(m.queue), m.receipt)  # also one taken by id, never read by the group
-                else:
-                    pipe.lrem(self.processing_key(m.queue), 1, bytes.fromhex(m.receipt))  # type: ignore[arg-type]
+            self._acknowledgements(pipe, messages)
             answers = await pipe.execute()
-        return sum(1 for a in answers[1::2] if a) if self.mode == "stream" else sum(1 for a in answers if a)
+        # a stream's: XACK and XDEL a queue, the count of what XDEL removed; a list's: LREM each
+        return sum(answers[1::2]) if self.mode == "stream" else sum(1 for a in answers if a)
+
+    def _acknowledgements(self, pipe: Any, messages: Sequence[ReceivedMessage]) -> None:
+        """The commands that acknowledge ``messages`` on a pipeline: for a stream, one XACK and one
+        XDEL a queue (XDEL also removes one taken by id, never read by the group); for a list,
+        the envelope's LREM from the processing list."""
+        if self.mode == "stream":
+            by_queue: dict[str, list[str]] = {}
+            for m in messages:
+                by_queue.setdefault(m.queue, []).append(m.receipt)
+            for name, receipts in by_queue.items():
+                pipe.xack(self.key(name), self.group, *receipts)
+                pipe.xdel(self.key(name), *receipts)
+        else:
+            for m in messages:
+                pipe.lrem(self.processing_key(m.queue), 1, bytes.fromhex(m.receipt))
 
     def _entry(self, queue: str, entry_id: Any, fields: Any) -> ReceivedMessage:
         receipt = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
