@@ -106,3 +106,28 @@ async def test_acknowledging_many_of_several_queues_counts_each_once(prefix: str
         assert await transport.acknowledge(got) == 0  # already gone
     finally:
         await transport.close()
+
+
+@pytest.mark.parametrize("wait", [False, True])
+async def test_a_server_that_does_not_know_the_send_script_is_given_it(
+    prefix: str, wait: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is sent by the script's SHA1; a server new to it (restarted, or another text of it)
+    answers NOSCRIPT, is given the text and asked again, and the batch goes once."""
+    import hashlib
+
+    from duetime.backends.redis import transport as module
+
+    text = f"{module.SEND}\n-- {uuid.uuid4().hex}"  # a text no server has seen
+    monkeypatch.setattr(module, "SEND", text)
+    monkeypatch.setattr(module, "SEND_SHA", hashlib.sha1(text.encode()).hexdigest())
+    options = "&wait=1&wait_timeout=50" if wait else ""  # WAIT in a pipeline beside the script
+    transport = RedisTransport.from_url(f"{REDIS}?prefix={prefix}{options}")
+    await transport.start()
+    try:
+        await transport.declare("orders")
+        sent = await transport.send_batch(batch(1, 2))
+        assert sent == [None, None] if not wait else all(isinstance(r, Exception) for r in sent), sent
+        assert [m.message_id for m in await transport.peek("orders", 10)] == ["m-1", "m-2"]
+    finally:
+        await transport.close()

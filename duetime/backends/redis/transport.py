@@ -12,15 +12,17 @@ typo in a destination would silently create a queue nobody reads.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import replace
+from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import AuthenticationError, InvalidResponse, ResponseError
+from redis.exceptions import AuthenticationError, InvalidResponse, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -42,6 +44,10 @@ from duetime.interfaces import AsyncClosing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 
 MODES = {"stream", "list"}
+#: The send of a batch (send.lua), called by its SHA1: the server is given the text only when it
+#: does not know it yet.
+SEND = resources.files("duetime.backends.redis").joinpath("send.lua").read_text(encoding="utf-8")
+SEND_SHA = hashlib.sha1(SEND.encode()).hexdigest()
 #: Entries read per round trip when an operator looks through a queue.
 BROWSE_PAGE = 1000
 #: Move one particular list entry to the processing list, if it is still there.
@@ -163,34 +169,46 @@ class RedisTransport(AsyncClosing):
     async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
         if not messages:
             return []
-        destinations = sorted({m.destination for m in messages})
-        flags = await self.redis.smismember(f"{self.prefix}queues", destinations)
-        known = {d for d, flag in zip(destinations, flags, strict=True) if flag}
-        results: list[Exception | None] = []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for m in messages:
-                if m.destination not in known:
-                    results.append(DestinationNotFound(f"Queue {m.destination!r} is not declared on Redis."))
-                    continue
-                if self.mode == "stream":
-                    fields: dict[Any, Any] = {
-                        "id": m.message_id,
-                        "headers": json.dumps(outgoing_headers(m), separators=(",", ":"), ensure_ascii=False),
-                        "body": m.body,
-                    }
-                    pipe.xadd(self.key(m.destination), fields)
-                else:
-                    pipe.lpush(self.key(m.destination), _envelope(m))
-                results.append(None)
-            if self.replication.replicas:  # on the pipeline's own connection, after its writes
-                pipe.execute_command("WAIT", self.replication.replicas, self.replication.timeout_ms)
-            answers = await pipe.execute()
-        short = self.replication.short(answers[-1]) if self.replication.replicas and answers else None
+        keys: list[str] = [f"{self.prefix}queues"]
+        args: list[str | bytes] = ["stream" if self.mode == "stream" else "list"]
+        for m in messages:
+            keys.append(self.key(m.destination))
+            if self.mode == "stream":
+                headers = json.dumps(outgoing_headers(m), separators=(",", ":"), ensure_ascii=False)
+                args += [m.destination, m.message_id, headers, m.body]
+            else:
+                args += [m.destination, "", "", _envelope(m)]
+        appended, short = await self._send(keys, args)
+        results: list[Exception | None] = [
+            None if flag else DestinationNotFound(f"Queue {m.destination!r} is not declared on Redis.")
+            for m, flag in zip(messages, appended, strict=True)
+        ]
         if short is not None:  # sent again later: at-least-once, never lost with the master
             return [
                 r if r is not None else TransportUnavailable(f"{redact(self.url)}: {short}") for r in results
             ]
         return results
+
+    async def _send(self, keys: list[str], args: list[str | bytes]) -> tuple[list[int], str | None]:
+        """send.lua's answer, and what the replicas fell short of (None: enough, or none asked
+        for). One round trip: the script alone, or with WAIT in a pipeline on its connection. A
+        server that does not know the script yet (new, restarted) is given it and asked again:
+        a script it does not know ran nothing."""
+        for known in (True, False):
+            if not known:
+                await self.redis.script_load(SEND)
+            try:
+                if not self.replication.replicas:
+                    return list(await self.redis.evalsha(SEND_SHA, len(keys), *keys, *args)), None
+                async with self.redis.pipeline(transaction=False) as pipe:  # WAIT: after its writes
+                    pipe.evalsha(SEND_SHA, len(keys), *keys, *args)
+                    pipe.execute_command("WAIT", self.replication.replicas, self.replication.timeout_ms)
+                    answers = await pipe.execute()
+                return list(answers[0]), self.replication.short(answers[1])
+            except NoScriptError:
+                if not known:
+                    raise
+        raise AssertionError("unreachable")
 
     async def receive(
         self, queue: str, max_messages: int, wait: float, *, done: Sequence[ReceivedMessage] = ()
