@@ -2,8 +2,9 @@
 
 ``redis://host:6379/0?mode=stream`` (default) appends with XADD; consumers read with XREADGROUP
 and acknowledge with XACK, and a consumer that died leaves its entries pending until another
-reclaims them (XAUTOCLAIM after ``visibility_timeout``). ``mode=list`` LPUSHes an envelope; the
-consumer side moves it to a processing list (LMOVE) and removes it on acknowledgement.
+reclaims them (XAUTOCLAIM after ``visibility_timeout``, looked for every second at most).
+``mode=list`` LPUSHes an envelope; the consumer side moves it to a processing list (LMOVE) and
+removes it on acknowledgement.
 
 Queues must be declared (``SADD <prefix>queues``): Redis creates keys on write, so without that a
 typo in a destination would silently create a queue nobody reads.
