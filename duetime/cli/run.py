@@ -109,8 +109,8 @@ LatenessBudgetOpt = Annotated[
     typer.Option(
         help="How late the dispatcher may wake for a due message, so that one round delivers every "
         "message due by then (default 1ms, at most 1s; never early). A larger budget trades "
-        "punctuality for CPU: at a few hundred messages a second, 20ms costs about a third of "
-        "the CPU of 1ms. Also DUETIME_LATENESS_BUDGET.",
+        "punctuality for CPU: at a few hundred messages a second, 20ms costs a third to two "
+        "fifths of the CPU a message of 1ms. Also DUETIME_LATENESS_BUDGET.",
         show_default=False,
     ),
 ]
