@@ -260,7 +260,7 @@ def _settings(flags: dict[str, Any]) -> DelayedDeliverySettings:
     """The settings from DUETIME_* variables and the flags given; a wrong value is refused before
     anything opens, naming the flag as it was typed."""
     changes = {
-        _FLAGS[flag]: setting_value(_FLAGS[flag], f"{flag} {value}", value)
+        _FLAGS[flag]: setting_value(_FLAGS[flag], f"{flag} {value!r}", value)
         if isinstance(value, str)
         else value
         for flag, value in flags.items()

@@ -761,7 +761,7 @@ def test_a_flag_out_of_range_is_named_as_typed(tmp_path: Path) -> None:
         (["--lateness-budget", "5s"], "error: --lateness-budget 5s must be from 0 to 1 second."),
         (
             ["--lateness-budget", "soon"],
-            "error: --lateness-budget soon is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m.",
+            "error: --lateness-budget 'soon' is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m.",
         ),
     ):
         done = run_cli("run", "--burst", *args, cwd=tmp_path)
