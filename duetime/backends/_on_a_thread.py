@@ -90,6 +90,11 @@ async def poll_next_due(
         last = current
 
 
+#: How long closing a store or a transport waits for the calls in flight on its thread (see
+#: :meth:`BlockingCalls.closing`).
+CLOSE_WITHIN = 5.0
+
+
 class BlockingCalls:
     """Runs blocking calls off the event loop (the one thread pool of every blocking driver) (inline when ``threads`` is 0, for the memory fake).
     After :meth:`shutdown` a call raises ``closed()``: what its owner says of itself once closed,
@@ -110,6 +115,28 @@ class BlockingCalls:
     @property
     def shut(self) -> bool:
         return self._shut
+
+    async def closing(self, close: Callable[[], object], seconds: float | None = None) -> None:
+        """The owner's ``close`` on its thread, after the calls in flight, waited for
+        :data:`CLOSE_WITHIN` seconds at most. A call in flight blocked on a server that stopped
+        answering (a network partition) never returns, and the close queued behind it held
+        whatever was stopping (Ctrl-C on ``queues receive`` hung for good, printing nothing).
+        Past that the close is left to run if the call ever returns; the process's own exit
+        has a bound of its own (``duetime.cli.exit_watchdog``)."""
+        if self._executor is None:
+            close()
+            return
+        closed = asyncio.get_running_loop().run_in_executor(self._executor, close)
+        closed.add_done_callback(lambda done: done.cancelled() or done.exception())  # read, never "lost"
+        limit = CLOSE_WITHIN if seconds is None else seconds
+        try:
+            await asyncio.wait_for(asyncio.shield(closed), limit)
+        except TimeoutError:
+            log.warning(
+                "closing did not finish within %g s: a call on its thread waits on a server that does "
+                "not answer; leaving it to the connection's own end",
+                limit,
+            )
 
     def shutdown(self) -> None:
         """No new calls; the threads end once their call returns. Not waited for here: this runs
@@ -302,7 +329,7 @@ class AsyncStoreBridge(AsyncClosing):
             self._watcher = None
         if self._reads is not self._threads:
             self._reads.shutdown()  # a read in flight ends on its own; its connection closes below
-        await self._call(self.sync.close)
+        await self._threads.closing(self.sync.close)
         self._threads.shutdown()
 
 
@@ -436,6 +463,6 @@ class AsyncQueueBridge(AsyncClosing):
         if self._threads.shut:  # closed already: a second close does nothing
             return
         if self._queue is not None:
-            await self._call(lambda q: q.close())
+            await self._threads.closing(self._queue.close)
         self._threads.shutdown()
         self._waits.shutdown()

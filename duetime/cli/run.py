@@ -204,15 +204,8 @@ def run(
     exit code 3, so a supervisor restarts it; a stop signal finishes the batch in flight first.
     """
     configure_logging(verbose, log_format)
-    base_settings = _settings(
-        {
-            "--mode": mode,
-            "--retries": retries,
-            "--batch-size": batch_size,
-            "--lateness-budget": lateness_budget,
-            "--error-queue": error_queue,
-        }
-    )
+    given = (mode, retries, batch_size, lateness_budget, error_queue)  # in _FLAGS's order
+    base_settings = _settings(dict(zip(_FLAGS, given, strict=True)))
 
     async def go() -> None:
         settings, shown = base_settings, transport_url_for(store, transport)

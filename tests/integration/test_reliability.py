@@ -326,6 +326,24 @@ def partitioned(
         proxy.restore()
 
 
+def listening(url: str) -> Callable[[], bool]:
+    """Whether a receiver of the PostgreSQL queue at ``url`` is LISTENing on its channel."""
+    import psycopg
+
+    from duetime.backends.postgres.connection import QUEUE_TABLES, PgOptions, channel_of
+
+    channel = channel_of(PgOptions.from_url(url).schema, QUEUE_TABLES)
+
+    def ready() -> bool:
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            found = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [f"LISTEN {channel}"]
+            ).fetchone()
+        return bool(found and found[0])
+
+    return ready
+
+
 def interrupt(process: subprocess.Popen[bytes]) -> None:
     """Ctrl-C a second after the partition: a call is under way on the dead connection."""
     time.sleep(1)
@@ -398,10 +416,10 @@ def test_ctrl_c_on_a_command_waiting_on_a_partitioned_server_still_ends_it(tmp_p
                 stdout=subprocess.DEVNULL,
                 stderr=out,
             )
-        # connected (however slow the start), waiting in the server: the partition, then Ctrl-C
-        code, took = partitioned(
-            proxy, receive, lambda: bool(proxy._writers), settle=2, then=lambda: interrupt(receive)
-        )
+        # waiting on the queue's channel (however slow the start; a connection through the proxy
+        # said only that it had begun, and one of `declare` could still be closing), then the
+        # partition, then Ctrl-C
+        code, took = partitioned(proxy, receive, listening(url), settle=1, then=lambda: interrupt(receive))
     said = log.read_text()
     assert code == 130, said[-2000:]
     assert took < 30
