@@ -71,3 +71,22 @@ async def test_a_close_that_fails_in_time_still_says_so() -> None:
     bridge = AsyncStoreBridge(Failing(), name="failing-store")  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="the server said no"):
         await bridge.close()
+
+
+async def test_a_close_that_itself_waits_on_a_dead_server_is_left_in_time(stuck: Stuck) -> None:
+    """The close itself can wait: a PostgreSQL queue's close takes the lock its receiver holds
+    while it sends LISTEN, and a LISTEN sent into a partition never returns."""
+
+    class Holding(Stuck):
+        def close(self) -> None:
+            self.released.wait(30)
+            self.closed.set()
+
+    holding = Holding()
+    bridge = AsyncQueueBridge(lambda: holding, name="holding-queue")  # type: ignore[arg-type,return-value]
+    await bridge.start()
+    started = time.monotonic()
+    await bridge.close()
+    assert time.monotonic() - started < 2 and not holding.closed.is_set()
+    holding.released.set()
+    assert await asyncio.to_thread(holding.closed.wait, 5)
