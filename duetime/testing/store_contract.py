@@ -415,6 +415,20 @@ class StoreContract:
         assert empty.next_due is not None or not self.next_due_in_claim
         assert empty.next_due is None or empty.next_due.at is None
 
+    async def test_a_message_that_came_due_after_the_claims_time_is_the_next_due_time(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """At a thousand messages a second the next one comes due while a claim runs: not due
+        at the claim's own time, it is the next due time the claim reads (in the past by then,
+        so the next round starts at once), not a question left to the dispatcher every round."""
+        assert isinstance(store, (ClaimsWithNextDue, SyncSide))
+        t = now() - timedelta(seconds=10)
+        await store.store_many([msg(1, t), msg(2, t + timedelta(seconds=1))])
+        claimed = cast(Claimed, await store.fetch_due_and_next(t + timedelta(milliseconds=500), 10))
+        assert [m.message_id for m in claimed.messages] == ["m-00001"]
+        assert claimed.next_due is not None or not self.next_due_in_claim
+        assert claimed.next_due is None or claimed.next_due.at == t + timedelta(seconds=1)
+
     async def test_a_claim_that_takes_a_lapsed_lease_reads_no_lapsed_time(
         self, store: DelayedMessageStore
     ) -> None:

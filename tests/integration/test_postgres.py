@@ -583,3 +583,23 @@ def test_a_claim_reads_the_next_due_time_against_one_reading_of_the_clock(pg: st
         assert store.remove_many(["a"]) == 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("claims", ["lock", "lease"])
+def test_a_message_due_after_the_claims_own_time_is_its_next_due_time(pg: str, claims: str) -> None:
+    """At a thousand messages a second the next one comes due while the claim runs. It was due
+    "now" when the statement returned, so the claim left the next due time to a question of its
+    own (a store call every round, each answered "due now"). Not due at the claim's own time,
+    no other claim can hold it: it is the answer as it is."""
+    store = prepare(with_option(pg, claims=claims), "after")
+    try:
+        t = datetime.now(UTC) - timedelta(seconds=10)
+        store.store_many(
+            [DelayedMessage("a", "orders", t), DelayedMessage("b", "orders", t + timedelta(seconds=1))]
+        )
+        claimed = store.fetch_due_and_next(t + timedelta(milliseconds=500), 10)  # b: due since
+        assert [m.message_id for m in claimed.messages] == ["a"]
+        assert claimed.next_due is not None and claimed.next_due.at == t + timedelta(seconds=1)
+        assert store.remove_many(["a"]) == 1
+    finally:
+        store.close()

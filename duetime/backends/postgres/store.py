@@ -245,8 +245,11 @@ class SyncPostgresStore(StoreRules):
         self, at: datetime, until: datetime, limit: int
     ) -> tuple[list[DelayedMessage], NextDue | None]:
         """One statement claims and, for a short batch, reads what :meth:`_next_due` would answer
-        after it; that answer is left to the caller when the earliest row left is due already
-        (who holds it is another question, asked apart)."""
+        after it. That answer is left to the caller when the earliest row left was due at the
+        claim's own time ``at`` and still not taken: another claim holds it, and who and until
+        when is another question, asked apart. A row that came due after ``at`` (at a thousand a
+        second, most rounds' next one, by the time the statement returns) is the answer as it
+        is: due now, so the next round starts at once, with no question between."""
         if self.holds_locks:
             self._held.settle_stale(self._stale_after)
         ours = self._held.held()[0]
@@ -262,13 +265,12 @@ class SyncPostgresStore(StoreRules):
         if len(messages) >= limit or not rows:
             return messages, None
         first, expiry = rows[0][7], rows[0][8]
-        now = self.clock.now()
-        if first is not None and first <= now:
+        if first is not None and first <= at:
             return messages, None
         if messages and leases is not None:
             expiry = leases if expiry is None else min(expiry, leases)
-        # first is not due at `now`: nothing left to ask of a connection
-        return messages, NextDue(self._earliest(None, first, expiry, self._held.held()[1], now))
+        # first was not due at `at`, so no claim holds it: nothing left to ask of a connection
+        return messages, NextDue(self._earliest(None, first, expiry, self._held.held()[1], at))
 
     def _next_due(self) -> datetime | None:
         """The earliest unclaimed due time no one holds locked, or a lease's end. A due row some
