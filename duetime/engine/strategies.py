@@ -104,28 +104,29 @@ class AtLeastOnce:
         self.e = engine
         #: A store with one writer at a time (SQLite) would only queue the claim behind the send.
         self.claim_ahead = claim_ahead
-        #: The next batch (and the next due time, where the claim reads it), claimed while the
-        #: current one is being sent.
-        self._prefetch: asyncio.Future[tuple[list[DelayedMessage], NextDue | None]] | None = None
-
-    async def _claim(self, now: datetime) -> tuple[list[DelayedMessage], NextDue | None]:
-        """Due messages, and the next due time where the store reads it in the same call (after
-        :meth:`WakeUps.mark`: what is stored from then on is told on top of it)."""
-        store, limit = self.e.calls.store, self.e.settings.batch_size
-        if isinstance(store, ClaimsWithNextDue):
-            self.e.wakeups.mark()
-            claimed = await store.fetch_due_and_next(now, limit)
-            return claimed.messages, claimed.next_due
-        return await store.fetch_due(now, limit), None
+        #: The next batch, claimed while the current one is being sent.
+        self._prefetch: asyncio.Future[list[DelayedMessage]] | None = None
 
     async def round(self, now: datetime) -> Round:
         e, settings = self.e, self.e.settings
         store = e.calls.store
         seconds = e.calls.deadline(e.calls.breakers.fetch)
         started = e.clock.monotonic()
+        ahead: NextDue | None = None  # the next due time, when the claim read it
         try:
-            prefetched, self._prefetch = self._prefetch, None
-            batch, ahead = await within(prefetched or self._claim(now), seconds, "claiming due messages")
+            if self._prefetch is not None:
+                prefetched, self._prefetch = self._prefetch, None
+                batch = await within(prefetched, seconds, "claiming due messages")
+            elif isinstance(store, ClaimsWithNextDue):
+                e.wakeups.mark()
+                claimed = await within(
+                    store.fetch_due_and_next(now, settings.batch_size), seconds, "claiming due messages"
+                )
+                batch, ahead = claimed.messages, claimed.next_due
+            else:
+                batch = await within(
+                    store.fetch_due(now, settings.batch_size), seconds, "claiming due messages"
+                )
         except Exception as error:
             await e.fetch_failed(error)
             return Round(False, False)
@@ -139,15 +140,11 @@ class AtLeastOnce:
         e.observer.claimed(len(batch))
         e.progress.in_flight = len(batch)
         e.progress.claims_end_by = now + settings.claim_timeout
-        # More is due: a full batch, or the claim's next due time is past already (at a thousand
-        # messages a second, the next one comes due while the claim runs).
-        more = full or (ahead is not None and ahead.at is not None and ahead.at <= e.clock.now())
-        if more and not e.stopping() and self.claim_ahead:
-            # Claim the next batch while this one is sent, and go on without a sleep. Its messages
-            # were due when claimed (never early), and are sent only after this batch is removed,
-            # so a kill still re-sends at most one batch.
-            self._prefetch = asyncio.ensure_future(self._claim(e.clock.now()))
-            full = True
+        if full and not e.stopping() and self.claim_ahead:
+            # More is probably due: claim the next batch while this one is sent. Its messages were
+            # due when claimed (never early), and are sent only after this batch is removed, so a
+            # kill still re-sends at most one batch.
+            self._prefetch = asyncio.ensure_future(store.fetch_due(e.clock.now(), settings.batch_size))
         elif ahead is not None and not e.stopping():
             e.wakeups.know_ahead(ahead.at)  # read by the claim itself, after mark()
         elif not e.stopping():
@@ -201,7 +198,7 @@ class AtLeastOnce:
         prefetched, self._prefetch = self._prefetch, None
         seconds = self.e.calls.deadline(self.e.calls.breakers.store)
         try:
-            batch, _ = await within(prefetched, seconds, "claiming due messages")
+            batch = await within(prefetched, seconds, "claiming due messages")
         except Exception as error:  # its claims time out by themselves; nothing is lost
             log.warning("releasing a batch claimed ahead failed: %s", error)
             return
