@@ -179,9 +179,14 @@ def test_a_caller_interrupted_while_waiting_strands_nobody() -> None:
         time.sleep(0.2)  # asleep on its wake-up by now
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
-    threading.Thread(target=interrupt_once_waiting, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        commits.store(message(1))
+    # Python's own Ctrl-C handler, whatever the process had (a test runner's worker may not)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt_once_waiting, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            commits.store(message(1))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     later = [threading.Thread(target=commits.store, args=(message(i),), daemon=True) for i in range(2, 6)]
     for thread in later:
         thread.start()
