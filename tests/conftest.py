@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +56,29 @@ def _pipes_closed() -> Iterator[None]:
     """After each test, the pipes of the processes it started and that have ended are closed."""
     yield
     _close_ended()
+
+
+@pytest.fixture(autouse=True)
+def _python_ctrl_c(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts with Python's own Ctrl-C handler, and a test that leaves another is named.
+
+    A library can leave its own in the process: PySpark's SparkContext installs one that stays
+    after the context stops, and a SIGINT ignored by a worker process is ignored by every process
+    it starts. Tests that Ctrl-C themselves or a command they start then failed in a full run
+    only, where another file's test had run first on the same worker ("DID NOT RAISE
+    KeyboardInterrupt"; a `duetime load` that went on to the end)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    left = signal.getsignal(signal.SIGINT)
+    if left is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print(
+            f"{request.node.nodeid} left SIGINT handled by {left!r}; Python's own handler is back",
+            file=sys.stderr,
+        )
 
 
 def pytest_sessionfinish() -> None:
