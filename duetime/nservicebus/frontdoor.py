@@ -3,9 +3,10 @@
 That is the queue an NServiceBus endpoint sends its deferred messages to; ``<endpoint>.timeouts``
 (the name duetime 0.1 used) is consumed too while it exists. Each message carries its
 destination and due time in headers. It is stored, and acknowledged only after the store
-committed (with the queue's next receive, or at the stop), so nothing is lost; a saga's ``ClearTimeouts`` message cancels the saga's stored
-timeouts (its group); a redelivered message whose id is already stored is just
-acknowledged. Malformed ones go to the error queue with the reason. If storing (or receiving) keeps
+committed (with the queue's next receive, or at the stop), so nothing is lost; a saga's
+``ClearTimeouts`` message cancels the saga's stored timeouts (its group); a redelivered message
+whose id is already stored is just acknowledged. Malformed ones go to the error queue with the
+reason. If storing (or receiving) keeps
 failing for ``time_to_wait_before_triggering_critical_error_on_timeout_outages`` (2 minutes), the
 outage breaker raises the timeout manager's critical error.
 """
@@ -265,8 +266,8 @@ class FrontDoor:
         await self.finish()
 
     async def finish(self) -> None:
-        """Acknowledge what was stored and waits for a receive that will not come (at a stop, or
-        after the last :meth:`process_once` of a burst)."""
+        """Acknowledge what was stored and is still waiting for a receive to carry it: none will
+        come (a stop, or the end of a burst's last :meth:`process_once`)."""
         handled, self._handled = self._handled, {}
         for queue, stored in handled.items():
             try:

@@ -117,6 +117,37 @@ async def test_a_lateness_budget_delivers_what_comes_due_within_it_in_one_round_
 
 
 @pytest.mark.slow
+def test_run_takes_its_lateness_budget_from_the_flag(tmp_path: Path) -> None:
+    """`duetime run --lateness-budget 300ms`, as a user types it: a message due while it serves
+    moves into the queue the budget after its due time (the default, 1 ms, would move it within a
+    few), never before. The queue is only looked at (no writes that could wake the dispatcher)."""
+    db = tmp_path / "flag.db"
+    prepare(db, "flag", "orders", mode=TransactionMode.EXACTLY_ONCE).close()
+    log = tmp_path / "run.log"
+    run = spawn_run(
+        duetime_cmd("run", "--store", f"sqlite:///{db}", "--endpoint", "flag", "--lateness-budget", "300ms"),
+        log,
+    )
+    try:
+        wait_until_serving(log)
+        store = SyncSqliteStore(db)
+        store.initialize("flag", TransactionMode.EXACTLY_ONCE)
+        due = datetime.now(UTC) + timedelta(seconds=1)
+        store.store(DelayedMessage("m", "orders", due))
+        store.close()
+        queue = SyncSqliteQueue(db)
+        while not queue.peek("orders", 1):
+            assert datetime.now(UTC) < due + timedelta(seconds=10), log.read_text()[-2000:]
+            time.sleep(0.005)
+        moved = datetime.now(UTC)
+        queue.close()
+        assert moved - due >= timedelta(milliseconds=290), f"moved {moved - due} after its due time"
+    finally:
+        run.terminate()
+        assert run.wait(timeout=30) == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.slow
 async def test_a_consumer_at_work_in_the_same_file_does_not_wake_the_dispatcher(tmp_path: Path) -> None:
     """Every commit in the file by another connection reaches the dispatcher; a consumer's
     receipts and acknowledgements do not change what is due next, so they must not cost it a
