@@ -25,7 +25,9 @@ each:
    ``stats --json``, ``list`` (first page, and a page 25 days in), ``list --all --json`` (time to
    its first line, and its memory after 20 s), ``show``, ``cancel --group`` of 100,000,
    ``setup`` (nothing to do), a ``/metrics`` scrape, and the dashboard's pages;
-3. the bytes on disk per message against its body and headers (PostgreSQL, SQLite).
+3. the bytes on disk per message against its body and headers (on Redis: bytes of memory).
+
+``--storage`` measures only the last, on a full store: fill, settle, and the bytes a message.
 
 Prints one table: each figure on the empty store, on the full one, and the ratio.
 
@@ -511,12 +513,62 @@ def storage(kind: str, p: Place) -> dict[str, float]:
                 f'SELECT count(*), avg(length(body) + length(headers)) FROM "{ENDPOINT}.delayed"'
             ).fetchone()
         size = os.path.getsize(path)
+    elif kind == "mariadb":
+        size, rows, payload = _mariadb_storage(p)
+    elif kind == "redis":
+        size, rows, payload = _redis_storage(p)
     else:
         return {}
     return {
         "bytes on disk per message": size / max(rows, 1),
         "payload per message (bytes)": float(payload or 0),
     }
+
+
+def _mariadb_storage(p: Place) -> tuple[int, int, float]:
+    """InnoDB's own figures after ``ANALYZE TABLE``: the pages of the table (its clustered index)
+    and of its secondary indexes, as allocated; bodies too long for a page are in those pages."""
+    import pymysql
+
+    database = p.store.rsplit("/", 1)[1]
+    table = f"`{database}`.`{ENDPOINT}.delayed`"
+    conn = pymysql.connect(host="127.0.0.1", user="root", autocommit=True)
+    try:
+        cursor = conn.cursor()
+        cursor.execute(f"ANALYZE TABLE {table}")
+        cursor.fetchall()
+        cursor.execute(
+            "SELECT data_length + index_length FROM information_schema.tables "
+            "WHERE table_schema = %s AND table_name = %s",
+            (database, f"{ENDPOINT}.delayed"),
+        )
+        size = int(cursor.fetchone()[0])  # type: ignore[index]
+        cursor.execute(f"SELECT count(*), avg(length(body) + length(headers)) FROM {table}")
+        rows, payload = cursor.fetchone()  # type: ignore[misc]
+    finally:
+        conn.close()
+    return size, int(rows), float(payload or 0)
+
+
+def _redis_storage(p: Place) -> tuple[int, int, float]:
+    """Memory, not disk: Redis holds everything in memory (what it writes to disk, RDB or AOF,
+    depends on the server's settings). ``MEMORY USAGE … SAMPLES 0`` of every key of the store
+    counts each element; the payload is measured on 10,000 messages picked at random."""
+    import redis
+
+    from duetime.backends.redis.store import _message
+
+    prefix = p.store.split("prefix=", 1)[1]
+    r = redis.Redis.from_url(REDIS)
+    size = sum(int(r.memory_usage(key, samples=0) or 0) for key in r.scan_iter(f"{prefix}*", count=10_000))
+    payloads = f"{prefix}{ENDPOINT}:payload"
+    rows = int(r.hlen(payloads))
+    picked = r.hrandfield(payloads, 10_000, withvalues=True)
+    sizes = [
+        len(m.body) + len(json.dumps(dict(m.headers), separators=(",", ":")))
+        for m in (_message(picked[i].decode(), picked[i + 1], 0, 0) for i in range(0, len(picked), 2))
+    ]
+    return size, rows, statistics.fmean(sizes) if sizes else 0.0
 
 
 def bulk_jobs(p: Place, work: Path, rows: int) -> dict[str, float]:
@@ -573,7 +625,15 @@ def main() -> None:
         action="store_true",
         help="instead: bulk export and bulk report of the full store (PostgreSQL)",
     )
+    parser.add_argument(
+        "--storage",
+        action="store_true",
+        help="instead: only the bytes a message takes in a full store",
+    )
     args = parser.parse_args()
+    if args.storage:
+        storage_only(args.kind, args.rows, datetime.now(UTC))
+        return
     if args.bulk:
         if args.kind != "postgresql":
             raise SystemExit("--bulk measures a PostgreSQL store")
@@ -620,6 +680,20 @@ def main() -> None:
             if b < 100
             else f"| {key} | {shown_a} | {b:,.0f} | {ratio} |"
         )
+
+
+def storage_only(kind: str, rows: int, now: datetime) -> None:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DUETIME_BENCH_DIR")) as folder:
+        with place(kind, Path(folder), "full") as full:
+            checked(cli("setup", "--store", full.store, "--endpoint", ENDPOINT))
+            took = fill(full, rows, now)
+            print(f"filled {rows:,} messages in {took:.0f} s ({rows / took:,.0f} a second)", flush=True)
+            settle(kind, full)
+            got = storage(kind, full)
+    print(f"\n{kind}, {rows:,} messages waiting, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
+    for key, value in got.items():
+        print(f"{key}: {value:,.0f}")
+    print(f"on disk against the payload: {got['bytes on disk per message'] / got['payload per message (bytes)']:.2f}x")
 
 
 def bulk_only(rows: int, now: datetime) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from duetime import DelayedMessage, ListQuery, StoreNotReady, TransactionMode
-from tests.services import REDIS, mariadb_database, postgres_schema, require
+from tests.services import REDIS, mariadb_database, postgres_database, postgres_schema, require, with_option
 
 pytestmark = pytest.mark.slow
 ENDPOINT = "upgrade"
@@ -37,8 +37,9 @@ def _postgres(tmp_path: Path) -> Iterator[tuple[Callable[[], Any], Callable[[], 
 
     from duetime.backends.postgres import SyncPostgresStore
 
-    with postgres_schema() as url:
-        schema = dict(p.split("=") for p in url.split("?")[1].split("&"))["schema"]
+    with postgres_database() as database:  # its index builds wait for no other test's transactions
+        url = with_option(database, schema="old")
+        schema = "old"
 
         def downgrade() -> None:
             with psycopg.connect(url.split("?")[0], autocommit=True) as conn:

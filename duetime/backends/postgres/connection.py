@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -356,17 +357,24 @@ class PgNames:
             names["messages"],
             f"{s}.{quote_identifier(names['index_ready'])}",
         ]
+        #: Each index the set-up makes, by the query that makes it: its qualified name.
+        self.indexes = {
+            "create_store_due_index": f"{s}.{names['index_due']}",
+            "create_store_claim_index": f"{s}.{names['index_claim']}",
+            "create_store_destination_index": f"{s}.{names['index_destination']}",
+            "create_store_failing_index": f"{s}.{names['index_failing']}",
+            "create_store_group_index": f"{s}.{names['index_group']}",
+            "create_schedule_plan_index": f"{s}.{quote_identifier(names['index_schedules_plan'])}",
+            "create_messages_index": f"{s}.{quote_identifier(names['index_ready'])}",
+        }
         self.store_relations = [
             names["schema_table"],
             names["table"],
-            *(
-                f"{s}.{names[index]}"
-                for index in ("index_due", "index_claim", "index_destination", "index_failing", "index_group")
-            ),
             names["presence"],
             names["schedules"],
-            f"{s}.{quote_identifier(names['index_schedules_plan'])}",
-            *self.queue_relations,
+            *self.indexes.values(),
+            names["queues"],
+            names["messages"],
         ]
         # the claims' shared end is a fragment of its own, written once (queries.sql)
         claimed_and_next = QUERIES["claimed_and_next"].format(**names)
@@ -388,16 +396,50 @@ class PgNames:
 
 
 def all_there(conn: Any, relations: Sequence[str]) -> bool:
-    """Whether every table and index named exists, read from the catalogue alone. A set-up with
-    nothing to do must not run its ``CREATE INDEX IF NOT EXISTS``: that takes a lock on the table
-    before it finds the index there, which stalls every dispatcher writing to it (and cancels
-    autovacuum) for as long as the set-up waits for a transaction in flight; measured: lateness
-    p99 1.6 s and the tables doubled in size at each restart of a dispatcher."""
+    """Whether every table and index named exists (an index whole: one that a build cut short
+    left behind is not), read from the catalogue alone. A set-up with nothing to do must not run
+    its ``CREATE INDEX IF NOT EXISTS``: that takes a lock on the table before it finds the index
+    there, which stalls every dispatcher writing to it (and cancels autovacuum) for as long as the
+    set-up waits for a transaction in flight; measured: lateness p99 1.6 s and the tables doubled
+    in size at each restart of a dispatcher."""
     row = conn.execute(
-        "SELECT bool_and(to_regclass(name) IS NOT NULL) FROM unnest(%(names)s::text[]) AS name",
+        "SELECT bool_and(to_regclass(name) IS NOT NULL AND coalesce(i.indisvalid, true)) "
+        "FROM unnest(%(names)s::text[]) AS name LEFT JOIN pg_index i ON i.indexrelid = to_regclass(name)",
         {"names": list(relations)},
     ).fetchone()
     return bool(row and row[0])
+
+
+#: How often a set-up looks again at an index another set-up is building.
+INDEX_BUILD_POLL = 0.5
+
+
+def build_index_online(conn: Any, index: str, create: str) -> bool:
+    """Make ``index`` (``create`` is its ``CREATE INDEX IF NOT EXISTS``) on a table in use without
+    holding up its writers: built ``CONCURRENTLY``, which never blocks inserts, updates or deletes
+    (a plain build blocks them all until it ends: minutes on ten million rows). Whether it was
+    built here.
+
+    A concurrent build cut short (an error, a cancel, a crash) leaves an index marked not valid,
+    which ``IF NOT EXISTS`` would take for done: it is dropped (concurrently too) and built again.
+    One that another set-up is building is waited for. ``conn`` is in autocommit."""
+    while True:
+        state = conn.execute(
+            "SELECT i.indisvalid, EXISTS (SELECT 1 FROM pg_stat_progress_create_index p "
+            "WHERE p.index_relid = i.indexrelid) FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
+            [index],
+        ).fetchone()
+        if state is None:
+            break
+        valid, building = state
+        if valid:
+            return False
+        if not building:
+            conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}")
+            break
+        time.sleep(INDEX_BUILD_POLL)
+    conn.execute(create.replace("CREATE INDEX IF NOT EXISTS", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1))
+    return True
 
 
 def table_for(options: PgOptions, endpoint: str) -> str:

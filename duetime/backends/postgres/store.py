@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -34,6 +35,7 @@ from duetime.backends.postgres.connection import (
     all_there,
     announce,
     announced_due,
+    build_index_online,
     copy_row,
     decode,
     due_payload,
@@ -46,6 +48,7 @@ from duetime.backends.postgres.connection import (
 )
 from duetime.backends.postgres.locked_claims import HeldBatches
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
+from duetime.errors import StoreNotReady
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, NextDue, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 from duetime.recurring.schedule import ScheduleRow
@@ -60,26 +63,26 @@ _FIELDS = ("message_id", "destination", "due_at", "headers", "body", "failure_co
 _ARRAYS = ("ids", "destinations", "due", "headers", "bodies", "failures", "groups")
 
 
+#: How long a set-up of a table in use waits for a lock (to add a column, say) before it lets the
+#: writers queued behind it through and tries again: they wait at most this long for it.
+SETUP_LOCK_WAIT = "200ms"
+#: How long, in all, such a set-up keeps trying before it says why it cannot.
+SETUP_TRIES_FOR = 300.0
+
+
 def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
-    """Everything under one advisory lock, taken first: ``CREATE … IF NOT EXISTS`` alone is not
-    safe when several processes run it at the same moment."""
+    """The tables, under one advisory lock, taken first: ``CREATE … IF NOT EXISTS`` alone is not
+    safe when several processes run it at the same moment. The indexes are in ``names.indexes``."""
     q = names.q
     return [
         (q["advisory_lock"], {"key": names.setup_lock}),
         (f"CREATE SCHEMA IF NOT EXISTS {names.quoted_schema}", {}),
         (q["create_schema_version"], {}),
         (q["create_store_table"], {}),
-        (q["create_store_due_index"], {}),
-        (q["create_store_claim_index"], {}),
-        (q["create_store_destination_index"], {}),
         (q["destination_statistics_target"], {}),
-        (q["create_store_failing_index"], {}),
-        (q["create_store_group_index"], {}),
-        *[(sql, {}) for sql in queue_schema_statements(q)],
+        *[(sql, {}) for sql in queue_schema_statements(q) if not sql.startswith("CREATE INDEX")],
         (q["create_presence_table"], {}),
         (q["create_schedule_table"], {}),
-        (q["create_schedule_plan_index"], {}),
-        (q["record_version"], {"component": names.component(), "version": SCHEMA_VERSION}),
     ]
 
 
@@ -182,17 +185,60 @@ class SyncPostgresStore(StoreRules):
             with pooled(self.pool, self.options) as conn:
                 if all_there(conn, names.store_relations):
                     return  # set up already: no DDL, no lock on a table in use
+        with pooled(self.pool, self.options) as conn:
+            in_use = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [names.qualified]).fetchone()
+            if in_use and in_use[0]:
+                self._upgrade(conn, names)
+            else:
+                with conn.transaction():
+                    self._create_tables(conn, names)
+                    for key in names.indexes:
+                        conn.execute(names.q[key])
+            conn.execute(
+                names.q["record_version"], {"component": names.component(), "version": SCHEMA_VERSION}
+            )
+
+    def _create_tables(self, conn: psycopg.Connection[Any], names: PgNames) -> None:
         statements = _setup_statements(names)
-        with pooled(self.pool, self.options) as conn, conn.transaction():
-            for sql, params in statements[:4]:  # the lock, the schema, the version table, the table
-                conn.execute(sql, params)
-            columns = conn.execute(names.q["table_columns"], {"regclass": names.qualified}).fetchall()
-            check_store_columns(names.table, self.options.display, (r[0] for r in columns))
-            found = conn.execute(names.q["has_group_column"], {"regclass": names.qualified}).fetchone()
-            if found is None:  # a table of schema version 1, upgraded in place. Only then: ALTER
-                conn.execute(names.q["add_group_column"])  # TABLE locks out running dispatchers
-            for sql, params in statements[4:]:
-                conn.execute(sql, params)
+        for sql, params in statements[:4]:  # the lock, the schema, the version table, the table
+            conn.execute(sql, params)
+        columns = conn.execute(names.q["table_columns"], {"regclass": names.qualified}).fetchall()
+        check_store_columns(names.table, self.options.display, (r[0] for r in columns))
+        found = conn.execute(names.q["has_group_column"], {"regclass": names.qualified}).fetchone()
+        if found is None:  # a table of schema version 1: the column is added in place (no rewrite)
+            conn.execute(names.q["add_group_column"])
+        for sql, params in statements[4:]:
+            conn.execute(sql, params)
+
+    def _upgrade(self, conn: psycopg.Connection[Any], names: PgNames) -> None:
+        """Set up a table that may be in use without stopping its writers. What needs a lock
+        that blocks them (a column added) asks for it for at most :data:`SETUP_LOCK_WAIT` at a
+        time: a set-up queued behind a long transaction holds up every writer that comes after it,
+        so it steps aside and tries again. Indexes are built without blocking writes at all."""
+        deadline = time.monotonic() + SETUP_TRIES_FOR
+        while True:
+            try:
+                with conn.transaction():
+                    conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_WAIT}'")
+                    self._create_tables(conn, names)
+                break
+            except pg_errors.LockNotAvailable:
+                if time.monotonic() > deadline:
+                    raise StoreNotReady(
+                        f"could not change table {names.table!r} at {self.options.display}: other "
+                        f"transactions held it for {SETUP_TRIES_FOR:.0f} s (each try waits at most "
+                        f"{SETUP_LOCK_WAIT} so that writers are not held up); run duetime setup again "
+                        "when they are done"
+                    ) from None
+                time.sleep(0.2)
+        for key, index in names.indexes.items():
+            started = time.monotonic()
+            if build_index_online(conn, index, names.q[key]):
+                log.info(
+                    "built index %s in %.1f s while the table stayed in use",
+                    index,
+                    time.monotonic() - started,
+                )
 
     def _schema_version(self, endpoint: str) -> int | None:
         names = self.names_for(endpoint)
