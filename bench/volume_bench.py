@@ -683,13 +683,15 @@ def main() -> None:
 
 
 def storage_only(kind: str, rows: int, now: datetime) -> None:
-    with tempfile.TemporaryDirectory(dir=os.environ.get("DUETIME_BENCH_DIR")) as folder:
-        with place(kind, Path(folder), "full") as full:
-            checked(cli("setup", "--store", full.store, "--endpoint", ENDPOINT))
-            took = fill(full, rows, now)
-            print(f"filled {rows:,} messages in {took:.0f} s ({rows / took:,.0f} a second)", flush=True)
-            settle(kind, full)
-            got = storage(kind, full)
+    with (
+        tempfile.TemporaryDirectory(dir=os.environ.get("DUETIME_BENCH_DIR")) as folder,
+        place(kind, Path(folder), "full") as full,
+    ):
+        checked(cli("setup", "--store", full.store, "--endpoint", ENDPOINT))
+        took = fill(full, rows, now)
+        print(f"filled {rows:,} messages in {took:.0f} s ({rows / took:,.0f} a second)", flush=True)
+        settle(kind, full)
+        got = storage(kind, full)
     print(f"\n{kind}, {rows:,} messages waiting, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
     for key, value in got.items():
         print(f"{key}: {value:,.0f}")
