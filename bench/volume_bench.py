@@ -563,7 +563,7 @@ def _redis_storage(p: Place) -> tuple[int, int, float]:
     size = sum(int(r.memory_usage(key, samples=0) or 0) for key in r.scan_iter(f"{prefix}*", count=10_000))
     payloads = f"{prefix}{ENDPOINT}:payload"
     rows = int(r.hlen(payloads))
-    picked = r.hrandfield(payloads, 10_000, withvalues=True)
+    picked: Any = r.hrandfield(payloads, 10_000, withvalues=True)
     sizes = [
         len(m.body) + len(json.dumps(dict(m.headers), separators=(",", ":")))
         for m in (_message(picked[i].decode(), picked[i + 1], 0, 0) for i in range(0, len(picked), 2))
@@ -695,7 +695,9 @@ def storage_only(kind: str, rows: int, now: datetime) -> None:
     print(f"\n{kind}, {rows:,} messages waiting, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
     for key, value in got.items():
         print(f"{key}: {value:,.0f}")
-    print(f"on disk against the payload: {got['bytes on disk per message'] / got['payload per message (bytes)']:.2f}x")
+    print(
+        f"on disk against the payload: {got['bytes on disk per message'] / got['payload per message (bytes)']:.2f}x"
+    )
 
 
 def bulk_only(rows: int, now: datetime) -> None:

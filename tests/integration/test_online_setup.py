@@ -142,7 +142,9 @@ def test_an_index_a_build_left_unfinished_is_built_again(url: str) -> None:
     """A concurrent build cut short leaves an index marked not valid: ``IF NOT EXISTS`` would
     take it for done, and the store would search a group by reading every row."""
     with psycopg.connect(_plain(url), autocommit=True) as conn:
-        conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass(%s)", [GROUP_INDEX])
+        conn.execute(
+            "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass(%s)", [GROUP_INDEX]
+        )
     assert not _group_index_valid(url)
     store = SyncPostgresStore.from_url(url)
     try:
