@@ -87,6 +87,19 @@ def check_store_columns(table: str, where: str, columns: Iterable[str]) -> None:
         )
 
 
+#: How long, in all, a set-up of a table in use tries for the moment it needs the table alone
+#: (each try waits briefly, so that writers queued behind it are not held up) before it gives up.
+SETUP_TRIES_FOR = 300.0
+
+
+def setup_gave_up(table: str, where: str, each_try: str) -> StoreNotReady:
+    return StoreNotReady(
+        f"could not change table {table!r} in {where}: other transactions held it for "
+        f"{SETUP_TRIES_FOR:.0f} s (each try waited at most {each_try}, so that writers were not "
+        "held up); run duetime setup again when they are done"
+    )
+
+
 def closed() -> StoreNotReady:
     return StoreNotReady("The store is closed (it, or the client holding it, was closed); open a new one.")
 

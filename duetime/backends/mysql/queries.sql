@@ -42,8 +42,25 @@ WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = 'duetime_fa
 -- name: add_failing_key
 ALTER TABLE {table} ADD KEY duetime_failing (failure_count), ALGORITHM=INPLACE, LOCK=NONE;
 
+-- A column added last changes only the table's definition (no rows are rewritten); the key is
+-- built while the table is written.
 -- name: add_group_column
-ALTER TABLE {table} ADD COLUMN group_key VARCHAR(200) NULL, ADD KEY duetime_group (group_key);
+ALTER TABLE {table} ADD COLUMN group_key VARCHAR(200) NULL, ALGORITHM=INSTANT;
+
+-- name: has_group_key
+SELECT COUNT(*) FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = 'duetime_group';
+
+-- name: add_group_key
+ALTER TABLE {table} ADD KEY duetime_group (group_key), ALGORITHM=INPLACE, LOCK=NONE;
+
+-- How long a set-up's change waits for the table's lock (seconds): a change queued behind a
+-- long transaction holds up every writer that comes after it, so it gives way and tries again.
+-- name: brief_lock_waits
+SET SESSION lock_wait_timeout = 1;
+
+-- name: usual_lock_waits
+SET SESSION lock_wait_timeout = DEFAULT;
 
 -- name: delete_group_unclaimed
 DELETE FROM {table} WHERE group_key = %s AND (claim_token IS NULL OR claimed_until <= %s) LIMIT %s;

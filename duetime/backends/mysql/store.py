@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import pymysql
+from pymysql.constants.ER import LOCK_WAIT_TIMEOUT
 from pymysql.err import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
 from duetime.backends._keepalive import keep_alive
@@ -31,12 +33,14 @@ from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
+    SETUP_TRIES_FOR,
     Duplicate,
     StoreRules,
     check_store_columns,
     claim_timeout_option,
     load_headers,
     micros_row,
+    setup_gave_up,
     sql_filters,
     table_name,
 )
@@ -284,12 +288,14 @@ class SyncMysqlStore(StoreRules):
                 cur.execute(q["create_store_table"])
                 cur.execute(q["table_columns"], (kept,))
                 check_store_columns(table, self.options.display, (str(r[0]) for r in cur.fetchall()))
-                cur.execute(q["has_group_column"], (kept,))
-                if not cur.fetchone()[0]:  # a table of schema version 1: upgraded in place
-                    cur.execute(q["add_group_column"])
-                cur.execute(q["has_failing_key"], (kept,))
-                if not cur.fetchone()[0]:
-                    cur.execute(q["add_failing_key"])
+                for missing, change in (
+                    ("has_group_column", "add_group_column"),  # a table of schema version 1
+                    ("has_group_key", "add_group_key"),
+                    ("has_failing_key", "add_failing_key"),
+                ):
+                    cur.execute(q[missing], (kept,))
+                    if not cur.fetchone()[0]:
+                        self._change_in_use(cur, q, change, table)
                 cur.execute(q["create_presence_table"])
                 cur.execute(q["create_schedule_table"])
                 cur.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
@@ -297,6 +303,29 @@ class SyncMysqlStore(StoreRules):
                 cur.execute(q["setup_unlock"])
 
         self._run(work)
+
+    def _change_in_use(self, cur: Any, q: Mapping[str, str], change: str, table: str) -> None:
+        """Run the set-up's ``ALTER TABLE`` ``change`` on a table that may be in use without
+        stopping its writers: InnoDB makes the change online, but takes the table's lock for a
+        moment at its start and end, and while it waits for that lock every writer waits behind
+        it. So it waits a second at most, and tries again, for :data:`SETUP_TRIES_FOR` in all."""
+        deadline = time.monotonic() + SETUP_TRIES_FOR
+        cur.execute(q["brief_lock_waits"])
+        try:
+            while True:
+                try:
+                    cur.execute(q[change])
+                    return
+                except OperationalError as error:
+                    if error.args[0] != LOCK_WAIT_TIMEOUT or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        except OperationalError as error:
+            if error.args[0] != LOCK_WAIT_TIMEOUT:
+                raise
+            raise setup_gave_up(table, self.options.display, "a second") from None
+        finally:
+            cur.execute(q["usual_lock_waits"])
 
     def _schema_version(self, endpoint: str) -> int | None:
         try:

@@ -27,7 +27,15 @@ from psycopg_pool import ConnectionPool
 from duetime.backends._on_a_thread import Subscribers, TransactionalBridge, poll_next_due
 from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
-from duetime.backends._store import SCHEMA_VERSION, Duplicate, StoreRules, check_store_columns, sql_filters
+from duetime.backends._store import (
+    SCHEMA_VERSION,
+    SETUP_TRIES_FOR,
+    Duplicate,
+    StoreRules,
+    check_store_columns,
+    setup_gave_up,
+    sql_filters,
+)
 from duetime.backends.postgres.connection import (
     PgNames,
     PgOptions,
@@ -48,7 +56,6 @@ from duetime.backends.postgres.connection import (
 )
 from duetime.backends.postgres.locked_claims import HeldBatches
 from duetime.backends.postgres.queue import PostgresQueueTransport, queue_schema_statements
-from duetime.errors import StoreNotReady
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, NextDue, StoreCounts
 from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
 from duetime.recurring.schedule import ScheduleRow
@@ -66,8 +73,6 @@ _ARRAYS = ("ids", "destinations", "due", "headers", "bodies", "failures", "group
 #: How long a set-up of a table in use waits for a lock (to add a column, say) before it lets the
 #: writers queued behind it through and tries again: they wait at most this long for it.
 SETUP_LOCK_WAIT = "200ms"
-#: How long, in all, such a set-up keeps trying before it says why it cannot.
-SETUP_TRIES_FOR = 300.0
 
 
 def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
@@ -224,12 +229,7 @@ class SyncPostgresStore(StoreRules):
                 break
             except pg_errors.LockNotAvailable:
                 if time.monotonic() > deadline:
-                    raise StoreNotReady(
-                        f"could not change table {names.table!r} at {self.options.display}: other "
-                        f"transactions held it for {SETUP_TRIES_FOR:.0f} s (each try waits at most "
-                        f"{SETUP_LOCK_WAIT} so that writers are not held up); run duetime setup again "
-                        "when they are done"
-                    ) from None
+                    raise setup_gave_up(names.table, self.options.display, SETUP_LOCK_WAIT) from None
                 time.sleep(0.2)
         for key, index in names.indexes.items():
             started = time.monotonic()
