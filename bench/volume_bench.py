@@ -27,7 +27,9 @@ each:
    ``setup`` (nothing to do), a ``/metrics`` scrape, and the dashboard's pages;
 3. the bytes on disk per message against its body and headers (on Redis: bytes of memory).
 
-``--storage`` measures only the last, on a full store: fill, settle, and the bytes a message.
+``--storage`` measures only the last, on a full store: fill, settle, and the bytes a message;
+then (SQL stores) ``duetime setup`` building the group's index again while a writer
+stores a message every 10 ms, the set-up's time and the writes' waits.
 
 Prints one table: each figure on the empty store, on the full one, and the ratio.
 
@@ -682,6 +684,54 @@ def main() -> None:
         )
 
 
+def setup_in_use(kind: str, p: Place) -> dict[str, float]:
+    """``duetime setup`` that builds the group's index again on the full store, while a writer
+    stores a message every 10 ms: how long the set-up took, and the longest a write waited."""
+    with duetime.open_sync_store(p.store) as store:
+        store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+        if kind == "postgresql":
+            import psycopg
+
+            schema = p.store.split("schema=", 1)[1]
+            with psycopg.connect(POSTGRES, autocommit=True) as conn:
+                conn.execute(f'DROP INDEX "{schema}"."{ENDPOINT}.delayed_group"')
+        elif kind == "mariadb":
+            store._execute(f"ALTER TABLE `{ENDPOINT}.delayed` DROP KEY duetime_group", ())  # type: ignore[attr-defined]
+        else:
+            import sqlite3
+
+            with contextlib.closing(sqlite3.connect(p.store.removeprefix("sqlite:///"))) as conn:
+                conn.execute(f'DROP INDEX "{ENDPOINT}.delayed_group"')
+        waits: list[float] = []
+        done = threading.Event()
+
+        def write() -> None:
+            i = 0
+            while not done.is_set():
+                started = time.perf_counter()
+                store.store(
+                    DelayedMessage(f"w{i}", "vol.writer", datetime.now(UTC) + timedelta(days=1), b"w")
+                )
+                waits.append(time.perf_counter() - started)
+                i += 1
+                time.sleep(0.01)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            started = time.perf_counter()
+            checked(cli("setup", "--store", p.store, "--endpoint", ENDPOINT))
+            took = time.perf_counter() - started
+        finally:
+            done.set()
+            writer.join()
+    return {
+        "setup that builds an index again (s)": took,
+        "a write meanwhile: p50 (ms)": pct(waits, 50) * 1000,
+        "a write meanwhile: the longest (ms)": max(waits) * 1000,
+    }
+
+
 def storage_only(kind: str, rows: int, now: datetime) -> None:
     with (
         tempfile.TemporaryDirectory(dir=os.environ.get("DUETIME_BENCH_DIR")) as folder,
@@ -692,9 +742,11 @@ def storage_only(kind: str, rows: int, now: datetime) -> None:
         print(f"filled {rows:,} messages in {took:.0f} s ({rows / took:,.0f} a second)", flush=True)
         settle(kind, full)
         got = storage(kind, full)
+        if kind != "redis":
+            got |= setup_in_use(kind, full)
     print(f"\n{kind}, {rows:,} messages waiting, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
     for key, value in got.items():
-        print(f"{key}: {value:,.0f}")
+        print(f"{key}: {value:,.2f}" if value < 100 else f"{key}: {value:,.0f}")
     print(
         f"on disk against the payload: {got['bytes on disk per message'] / got['payload per message (bytes)']:.2f}x"
     )

@@ -142,8 +142,9 @@ class StoreCounts:
     by_destination: Mapping[str, int] = field(default_factory=dict)
     more_destinations: int = 0
     more_messages: int = 0
-    #: The total and the per-destination figures are the database's statistics, not a count: a
-    #: store of over a million messages is not scanned to answer (shown as "about").
+    #: The total and the per-destination figures are estimates, not a count (the database's
+    #: statistics, or a sample of the messages): a large store is not scanned to answer (shown
+    #: as "about").
     estimated: bool = False
 
     def said(self, n: int) -> str:

@@ -551,9 +551,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
         """Per destination, the DESTINATIONS_SHOWN holding the most, and the rest said in two
         numbers (how many more destinations, holding how many): never cut without a word."""
         by = counts.by_destination
-        if counts.estimated:  # figures the store made up whole from its statistics
-            return counts
-        if len(by) > DESTINATIONS_SHOWN:  # a store that counted every destination
+        if len(by) > DESTINATIONS_SHOWN:  # a store that counted (or sampled) every destination
             ranked = sorted(by.items(), key=lambda kv: (-kv[1], kv[0]))
             rest = ranked[DESTINATIONS_SHOWN:]
             return replace(
@@ -562,6 +560,8 @@ class StoreRules(ScheduleRules, Closing, ABC):
                 more_destinations=len(rest),
                 more_messages=sum(n for _, n in rest),
             )
+        if counts.estimated:  # figures the store made up whole from its statistics or a sample
+            return counts
         shown = sum(by.values())
         if len(by) == DESTINATIONS_SHOWN and shown < counts.total:  # a query that stopped there
             return replace(

@@ -622,8 +622,8 @@ def stats(
         say(
             "note:",
             "yellow",
-            "figures marked 'about' are the database's statistics (refreshed by ANALYZE): a store "
-            "of over a million messages is not counted row by row",
+            "figures marked 'about' are estimates (the database's statistics, or a sample of the "
+            "messages): a store this large is not counted message by message",
             to=err,
         )
     _show_dispatchers(result["dispatchers"])

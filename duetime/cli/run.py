@@ -61,6 +61,7 @@ def setup(
     ones named, and the error queue ("error") the dispatcher sends failures to. Without
     --transport that is the queue tables in the store's own database.
     """
+    configure_logging(False)  # a change to a table in use says what it is doing while it does it
     declaring = bool(queue or transport)  # a store without queue tables of its own needs --transport
     where = transport_url_for(store, transport) if declaring else ""
     names = [*queue, DelayedDeliverySettings.from_env().error_queue]

@@ -275,12 +275,12 @@ class DispatcherCollector:
         if counts is not None and self.backlog.counted_at is not None:
             yield gauge(
                 "duetime_backlog_stored",
-                "Messages stored for the endpoint (past a million, the database's estimate: see duetime_backlog_estimated).",
+                "Messages stored for the endpoint (in a large store, an estimate: see duetime_backlog_estimated).",
                 counts.total,
             )
             yield gauge(
                 "duetime_backlog_estimated",
-                "1 when the stored and per-destination figures are the database's statistics, not a count.",
+                "1 when the stored and per-destination figures are estimates (statistics or a sample), not a count.",
                 1 if counts.estimated else 0,
             )
             yield gauge("duetime_backlog_due", "Stored messages due now.", counts.due)

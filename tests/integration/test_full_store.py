@@ -1,7 +1,7 @@
 """A store holding 200,000 messages against an empty one (the suite's size of
 ``bench/volume_bench.py``): the due messages cost what they cost in an empty store, every read an
-operator's screen makes answers well within a second, the counts are exact, and ``list --all``
-streams in flat memory."""
+operator's screen makes answers well within a second, the counts are exact (or, per destination
+on Redis, estimates that say so), and ``list --all`` streams in flat memory."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ GROUP_SIZE = 10_000
 DESTINATIONS = 20
 #: 1 KiB a body: gathered before printing, the listing would hold over 200 MB.
 BODY = b'{"text": "' + b"w" * 1000 + b'"}'
-KINDS = ["sqlite", "postgresql"]
+KINDS = ["sqlite", "postgresql", "mariadb", "redis"]
 
 
 def _fill(store: Any, now: datetime) -> None:
@@ -113,10 +113,17 @@ def test_a_full_store_costs_the_due_messages_nothing_and_every_read_answers_with
             assert max(took.values()) < 1.0, took
 
             counts = full.counts(datetime.now(UTC))
-            assert not counts.estimated, counts  # under a million: counted, not estimated
             assert counts.total == ROWS and counts.due == 0
-            assert sum(counts.by_destination.values()) == ROWS
-            assert counts.by_destination["dest-07"] == ROWS // DESTINATIONS
+            share = ROWS // DESTINATIONS
+            if kind == "redis":  # past 10,000 messages, shares of a sample, said to be estimates
+                assert counts.estimated, counts
+                assert len(counts.by_destination) == DESTINATIONS, counts
+                assert abs(sum(counts.by_destination.values()) - ROWS) <= DESTINATIONS, counts
+                assert all(abs(n - share) < share * 0.2 for n in counts.by_destination.values()), counts
+            else:
+                assert not counts.estimated, counts  # under a million: counted, not estimated
+                assert sum(counts.by_destination.values()) == ROWS
+                assert counts.by_destination["dest-07"] == share
             assert full.count_group("big-group") == GROUP_SIZE
         finally:
             empty.close()

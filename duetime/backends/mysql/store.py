@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 import uuid
@@ -60,6 +61,7 @@ from duetime.message import DelayedMessage
 from duetime.recurring.schedule import ScheduleRow
 from duetime.settings import TransactionMode
 
+log = logging.getLogger("duetime.mysql")
 QUERIES = load_queries("duetime.backends.mysql")
 EXACT_COUNT_LIMIT = 1_000_000
 _COLUMNS = ", ".join(STORE_COLUMNS)
@@ -310,6 +312,7 @@ class SyncMysqlStore(StoreRules):
         moment at its start and end, and while it waits for that lock every writer waits behind
         it. So it waits a second at most, and tries again, for :data:`SETUP_TRIES_FOR` in all."""
         deadline = time.monotonic() + SETUP_TRIES_FOR
+        log.info("changing table %s: %s; writes to it go on meanwhile", table, change.replace("_", " "))
         cur.execute(q["brief_lock_waits"])
         try:
             while True:

@@ -438,7 +438,10 @@ def build_index_online(conn: Any, index: str, create: str) -> bool:
             conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}")
             break
         time.sleep(INDEX_BUILD_POLL)
+    log.info("building index %s; writes to its table go on meanwhile (millions of rows take minutes)", index)
+    started = time.monotonic()
     conn.execute(create.replace("CREATE INDEX IF NOT EXISTS", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1))
+    log.info("built index %s in %.1f s", index, time.monotonic() - started)
     return True
 
 

@@ -232,13 +232,7 @@ class SyncPostgresStore(StoreRules):
                     raise setup_gave_up(names.table, self.options.display, SETUP_LOCK_WAIT) from None
                 time.sleep(0.2)
         for key, index in names.indexes.items():
-            started = time.monotonic()
-            if build_index_online(conn, index, names.q[key]):
-                log.info(
-                    "built index %s in %.1f s while the table stayed in use",
-                    index,
-                    time.monotonic() - started,
-                )
+            build_index_online(conn, index, names.q[key])
 
     def _schema_version(self, endpoint: str) -> int | None:
         names = self.names_for(endpoint)

@@ -19,6 +19,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -76,6 +77,22 @@ def load_script(name: str) -> str:
 INCLUDE = "-- include: "
 
 
+#: Messages read for the counts per destination: every one up to this many, else this many
+#: picked at random, DESTINATION_SAMPLES times, and the counts estimated from them (Redis keeps no
+#: statistics of its own). Read on the server, the start of each message only: 1,000 hold Redis
+#: for about 7 ms.
+DESTINATIONS_READ = 1_000
+DESTINATION_SAMPLES = 10
+
+
+def sampled(counts: StoreCounts, read: Mapping[str, int]) -> StoreCounts:
+    """``counts`` with each destination's share of a random sample ``read`` scaled to the total:
+    estimates, said as such ("about"). A destination too small to be picked is in no figure."""
+    picked = sum(read.values()) or 1
+    by = {d: round(n * counts.total / picked) for d, n in read.items()}
+    return replace(counts, by_destination=by, estimated=True)
+
+
 def _payload(m: DelayedMessage) -> bytes:
     return payload_of(m.destination, m.headers, m.group, m.body)
 
@@ -128,6 +145,7 @@ class SyncRedisStore(StoreRules):
         self._store_script = self.client.register_script(load_script("store_many.lua"))
         self._change_script = self.client.register_script(load_script("change.lua"))
         self._cancel_group_script = self.client.register_script(load_script("cancel_group.lua"))
+        self._destinations_script = self.client.register_script(load_script("destinations.lua"))
         self._schedule_scripts = {
             name: self.client.register_script(load_script(f"schedule_{name}.lua"))
             for name in ("insert", "update", "delete")
@@ -471,18 +489,23 @@ class SyncRedisStore(StoreRules):
         total = int(self.client.zcard(keys["ready"]))
         claims = [int(v) for v in self.client.hvals(keys["claims"])]
         failures = [int(v) for v in self.client.hvals(keys["failures"])]
-        by_destination: dict[str, int] = {}
-        if total <= 100_000:
-            heads = (p.partition(b"\n")[0] for p in self.client.hvals(keys["payload"]))
-            by_destination = dict(Counter(json.loads(h)["d"] for h in heads))
-        return StoreCounts(
+        read: Counter[str] = Counter()
+        for _ in range(DESTINATION_SAMPLES):
+            every, *pairs = self._destinations_script(keys=[keys["payload"]], args=[DESTINATIONS_READ])
+            read.update(
+                {json.loads(f'"{_text(d)}"'): int(n) for d, n in zip(pairs[::2], pairs[1::2], strict=True)}
+            )
+            if every:
+                break
+        counts = StoreCounts(
             total=total,
             due=int(self.client.zcount(keys["bydue"], "-inf", now)),
             claimed=sum(c > now for c in claims),
             failing=sum(f > 0 for f in failures),
             next_due=None,
-            by_destination=by_destination,
+            by_destination=read,
         )
+        return counts if every else sampled(counts, read)
 
     def _close(self) -> None:
         close_redis(self.client)
