@@ -473,6 +473,9 @@ def dashboard(p: Place, port: int, message_id: str) -> dict[str, float]:
             time.sleep(0.2)
         e = f"endpoint={ENDPOINT}"
 
+        def day(ahead: int) -> str:
+            return (datetime.now(UTC) + timedelta(days=ahead)).strftime("%Y-%m-%dT%H:%M:%S")
+
         def page(path: str) -> float:
             """Seconds for the page; NaN for an answer that is not 200 (503: the dashboard is busy)."""
             try:
@@ -485,6 +488,9 @@ def dashboard(p: Place, port: int, message_id: str) -> dict[str, float]:
             "dashboard: messages": page(f"/messages?{e}"),
             "dashboard: messages of one destination": page(f"/messages?{e}&destination=dest-007"),
             "dashboard: messages of a group": page(f"/messages?{e}&group={GROUP}"),
+            "dashboard: messages due in a day 25 days ahead": page(
+                f"/messages?{e}&due_after={quote(day(25))}&due_before={quote(day(26))}"
+            ),
             "dashboard: one message": page(f"/message?{e}&id={quote(message_id)}"),
             "dashboard: error queue": page(f"/errors?{e}"),
         }
