@@ -179,6 +179,49 @@ class TestRedisStore(StoreContract):
 
         return lambda: SyncRedisStore.from_url(url)
 
+    @pytest.mark.parametrize("whole", [10_000, 1], ids=["members-read-whole", "due-times-walked"])
+    def test_a_group_lists_alike_read_whole_or_walked(
+        self, url: str, whole: int, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A small group is listed from its members, a large one by walking the due times and
+        asking Redis which are members: both give the same pages, filters and cursors."""
+        from duetime import ListQuery
+        from duetime.backends.redis import SyncRedisStore
+        from duetime.backends.redis import store as redis_store
+
+        monkeypatch.setattr(redis_store, "GROUP_READ_WHOLE", whole)
+        store = SyncRedisStore.from_url(url)
+        try:
+            store.setup_infrastructure(ENDPOINT)
+            store.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+            t = now() + timedelta(hours=1)
+            group = 'saga: "a" \\ b'
+            store.store_many(
+                [
+                    msg(i, t + timedelta(seconds=i), "a" if i % 3 else "b", group=group if i % 2 else None)
+                    for i in range(40)
+                ]
+            )
+            seen, after = [], None
+            while True:
+                page = store.list(ListQuery(group=group, limit=7, after=after))
+                seen += [m.message_id for m in page.messages]
+                if page.next_cursor is None:
+                    break
+                after = page.next_cursor
+            assert seen == [f"m-{i:05d}" for i in range(1, 40, 2)]
+            window = ListQuery(group=group, destination="b", due_after=t + timedelta(seconds=10), limit=100)
+            assert [m.message_id for m in store.list(window).messages] == [
+                "m-00015",
+                "m-00021",
+                "m-00027",
+                "m-00033",
+                "m-00039",
+            ]
+            assert store.list(ListQuery(group="nobody", limit=10)).messages == []
+        finally:
+            store.close()
+
     def test_a_batch_settles_in_one_call(self, url: str) -> None:
         """Removing or releasing a dispatcher's batch is one script call, not one a message (a
         burst of 20,000 made 20,000 round trips to settle)."""
