@@ -576,6 +576,22 @@ class StoreContract:
         early = await store.list(ListQuery(due_before=t + timedelta(seconds=5), limit=100))
         assert [m.message_id for m in early.messages] == [f"m-{i:05d}" for i in range(5)]
 
+    async def test_messages_due_at_one_moment_page_through_whole(self, store: DelayedMessageStore) -> None:
+        """A bulk load gives thousands the same due time: pages (whole, and of one destination)
+        walk through them by id, none lost, none twice, past any batch a store reads at once."""
+        t = now() + timedelta(hours=1)
+        await store.store_many([msg(i, t, "b" if i % 3 == 0 else "a") for i in range(1, 601)])
+        for destination, expected in ((None, range(1, 601)), ("b", range(3, 601, 3))):
+            seen: list[str] = []
+            after = None
+            while True:
+                page = await store.list(ListQuery(destination=destination, limit=250, after=after))
+                seen += [m.message_id for m in page.messages]
+                if page.next_cursor is None:
+                    break
+                after = page.next_cursor
+            assert seen == [f"m-{i:05d}" for i in expected], destination
+
     async def test_a_destination_of_any_text_is_listed_and_counted_as_itself(
         self, store: DelayedMessageStore
     ) -> None:

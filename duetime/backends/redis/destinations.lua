@@ -1,7 +1,7 @@
 -- Messages per destination, read on the server from the start of each message's first line (its
 -- body never leaves Redis, nor is it parsed): every message when there are at most ARGV[1], else
--- ARGV[1] picked at random. The caller asks a few times for a larger sample: each call holds
--- Redis for one small batch only.
+-- ARGV[1] picked at random. The caller asks many times for a larger sample: each call holds
+-- Redis for one small batch only (it does nothing else meanwhile).
 -- KEYS: 1 payload hash
 -- Returns {1 when every message was read, else 0; then destination, count, ...}, each destination
 -- as its JSON string's inside (escapes kept: the caller decodes it).

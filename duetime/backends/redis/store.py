@@ -79,10 +79,13 @@ INCLUDE = "-- include: "
 
 #: Messages read for the counts per destination: every one up to this many, else this many
 #: picked at random, DESTINATION_SAMPLES times, and the counts estimated from them (Redis keeps no
-#: statistics of its own). Read on the server, the start of each message only: 1,000 hold Redis
-#: for about 7 ms.
-DESTINATIONS_READ = 1_000
-DESTINATION_SAMPLES = 10
+#: statistics of its own). Read on the server, the start of each message only, in small calls:
+#: Redis does nothing else while a call runs, and a claim waiting behind a call of 1,000 (7 ms)
+#: made the due messages' p99 lateness 2.5 times an empty store's. 100 take it under 1 ms.
+DESTINATIONS_READ = 100
+DESTINATION_SAMPLES = 100
+#: Messages a listing by destination or group looks at in one call (about 2 ms of Redis).
+PICK_LOOKS_AT = 200
 #: A group of up to this many is listed from its members, read whole and sorted here; a larger
 #: one by walking the due times (a group of 100,000 read whole took 0.7 s a page).
 GROUP_READ_WHOLE = 10_000
@@ -434,22 +437,17 @@ class SyncRedisStore(StoreRules):
         lows = [to_micros(t) for t in (query.due_after, query.after[0] if query.after else None) if t]
         low: Any = max(lows) if lows else "-inf"
         high: Any = "+inf" if query.due_before is None else f"({to_micros(query.due_before)}"
-        by = "group" if members is not None else "destination" if query.destination is not None else None
+        by = "group" if members is not None else "destination" if query.destination is not None else "all"
         wanted = "" if query.destination is None else json.dumps(query.destination, ensure_ascii=False)[1:-1]
         picked: list[DelayedMessage] = []
-        offset = 0
-        while len(picked) < limit:
-            if by is None:
-                rows = self.client.zrangebyscore(keys["bydue"], low, high, start=offset, num=500)
-                looked = len(rows)
-            else:  # only what is wanted travels (1,000 looked at: a few ms of Redis)
-                looked, *rows = self._pick_script(
-                    keys=[keys["bydue"], keys["payload"], members or keys["groups"]],
-                    args=[low, high, offset, 1000, by, wanted],
-                )
+        skip = 0
+        while len(picked) < limit:  # only what is wanted travels
+            looked, low, skip, *rows = self._pick_script(
+                keys=[keys["bydue"], keys["payload"], members or keys["groups"]],
+                args=[low, high, skip, PICK_LOOKS_AT, by, wanted],
+            )
             if not looked:
                 break
-            offset += looked
             picked += [m for m in self._get_many([_text(r) for r in rows]) if matches(query, m)]
         return picked[:limit]
 
