@@ -1,17 +1,16 @@
 -- Messages per destination, read on the server from the start of each message's first line (its
 -- body never leaves Redis, nor is it parsed): every message when there are at most ARGV[1], else
--- ARGV[1] picked at random. The caller asks many times for a larger sample: each call holds
+-- ARGV[2] picked at random. The caller asks many times for a larger sample: each call holds
 -- Redis for one small batch only (it does nothing else meanwhile).
 -- KEYS: 1 payload hash
 -- Returns {1 when every message was read, else 0; then destination, count, ...}, each destination
 -- as its JSON string's inside (escapes kept: the caller decodes it).
-local limit = tonumber(ARGV[1])
-local all = redis.call('HLEN', KEYS[1]) <= limit
+local all = redis.call('HLEN', KEYS[1]) <= tonumber(ARGV[1])
 local payloads
 if all then
     payloads = redis.call('HVALS', KEYS[1])
 else
-    local picked = redis.call('HRANDFIELD', KEYS[1], limit, 'WITHVALUES')
+    local picked = redis.call('HRANDFIELD', KEYS[1], tonumber(ARGV[2]), 'WITHVALUES')
     payloads = {}
     for i = 2, #picked, 2 do payloads[#payloads + 1] = picked[i] end
 end
