@@ -119,7 +119,8 @@ def test_a_full_store_costs_the_due_messages_nothing_and_every_read_answers_with
                 assert counts.estimated, counts
                 assert len(counts.by_destination) == DESTINATIONS, counts
                 assert abs(sum(counts.by_destination.values()) - ROWS) <= DESTINATIONS, counts
-                assert all(abs(n - share) < share * 0.2 for n in counts.by_destination.values()), counts
+                # 5,000 picked: each share within 30 % (about five standard deviations)
+                assert all(abs(n - share) < share * 0.3 for n in counts.by_destination.values()), counts
             else:
                 assert not counts.estimated, counts  # under a million: counted, not estimated
                 assert sum(counts.by_destination.values()) == ROWS

@@ -85,7 +85,7 @@ INCLUDE = "-- include: "
 #: store's. 100 take it under 1 ms.
 DESTINATIONS_COUNTED = 1_000
 DESTINATIONS_READ = 100
-DESTINATION_SAMPLES = 100
+DESTINATION_SAMPLES = 50
 #: Seconds a sample of the messages per destination is used for (scaled to the total).
 SHARES_KEPT_FOR = 60.0
 #: Messages a listing by destination or group looks at in one call (about 2 ms of Redis).
