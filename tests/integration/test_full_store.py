@@ -28,6 +28,9 @@ DESTINATIONS = 20
 #: 1 KiB a body: gathered before printing, the listing would hold over 200 MB.
 BODY = b'{"text": "' + b"w" * 1000 + b'"}'
 KINDS = ["sqlite", "postgresql", "mariadb", "redis"]
+#: `list --all` streams page by page whatever the store (the command asks for pages); it is read
+#: whole on two stores, to keep the suite's time.
+STREAMED = ["sqlite", "postgresql"]
 
 
 def _fill(store: Any, now: datetime) -> None:
@@ -129,7 +132,8 @@ def test_a_full_store_costs_the_due_messages_nothing_and_every_read_answers_with
         finally:
             empty.close()
             full.close()
-        _streams_in_flat_memory(full_url)
+        if kind in STREAMED:
+            _streams_in_flat_memory(full_url)
 
 
 def _streams_in_flat_memory(url: str) -> None:

@@ -549,7 +549,7 @@ def test_a_store_too_large_to_count_says_its_figures_are_estimates_and_lists_its
     shown = CliRunner().invoke(app, ["stats", "--store", pg])
     assert shown.exit_code == 0, shown.output
     assert "about 30,000" in shown.output or "about 29,000" in shown.output or "about 31,000" in shown.output
-    assert "figures marked 'about' are the database's statistics" in shown.output
+    assert "figures marked 'about' are estimates (the database's statistics" in shown.output
 
 
 class _SteppingClock(SystemClock):
