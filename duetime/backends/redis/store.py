@@ -522,7 +522,7 @@ class SyncRedisStore(StoreRules):
     def _destination_shares(self) -> tuple[bool, dict[str, int]]:
         """Messages per destination: all of them counted (True), or a sample (False), taken
         again at most every :data:`SHARES_KEPT_FOR` seconds (a dispatcher's metrics ask every
-        ten: each sample is a hundred calls that Redis serves between deliveries)."""
+        ten: each sample is fifty small calls that Redis serves between deliveries)."""
         now = time.monotonic()
         if self._shares is not None and now - self._shares[0] < SHARES_KEPT_FOR:
             return self._shares[1], self._shares[2]
