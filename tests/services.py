@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -101,6 +101,21 @@ def postgres_database() -> Iterator[str]:
     finally:
         with psycopg.connect(POSTGRES, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def mariadb_connection(url: str, autocommit: bool = True) -> Any:
+    """A PyMySQL connection to the database of ``url`` (a test's own, from :func:`mariadb_database`)."""
+    import pymysql
+
+    at = urlsplit(url)
+    return pymysql.connect(
+        host=at.hostname or "127.0.0.1",
+        port=at.port or 3306,
+        user=unquote(at.username or "root"),
+        password=unquote(at.password or ""),
+        database=at.path.lstrip("/"),
+        autocommit=autocommit,
+    )
 
 
 @contextmanager

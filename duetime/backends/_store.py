@@ -10,8 +10,9 @@ in :mod:`duetime.backends._on_a_thread`.
 from __future__ import annotations
 
 import json
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -92,12 +93,28 @@ def check_store_columns(table: str, where: str, columns: Iterable[str]) -> None:
 SETUP_TRIES_FOR = 300.0
 
 
-def setup_gave_up(table: str, where: str, each_try: str) -> StoreNotReady:
-    return StoreNotReady(
-        f"could not change table {table!r} in {where}: other transactions held it for "
-        f"{SETUP_TRIES_FOR:.0f} s (each try waited at most {each_try}, so that writers were not "
-        "held up); run duetime setup again when they are done"
-    )
+def change_in_use(
+    change: Callable[[], object], held: Callable[[Exception], bool], table: str, where: str, each_try: str
+) -> None:
+    """Run a set-up's ``change`` of a table that may be in use, whose lock wait is bounded to
+    ``each_try``: a change queued behind a long transaction holds up every writer that comes
+    after it, so when it waited that long (``held`` says which error means so) it gives way and
+    tries again, for :data:`SETUP_TRIES_FOR` seconds in all, then says why in one line."""
+    deadline = time.monotonic() + SETUP_TRIES_FOR
+    while True:
+        try:
+            change()
+            return
+        except Exception as error:
+            if not held(error):
+                raise
+            if time.monotonic() > deadline:
+                raise StoreNotReady(
+                    f"could not change table {table!r} in {where}: other transactions held it for "
+                    f"{SETUP_TRIES_FOR:.0f} s (each try waited at most {each_try}, so that writers "
+                    "were not held up); run duetime setup again when they are done"
+                ) from None
+            time.sleep(0.2)
 
 
 def closed() -> StoreNotReady:

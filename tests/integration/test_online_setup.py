@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from duetime import DelayedMessage, ListQuery, TransactionMode
-from tests.services import mariadb_database, postgres_database, with_option
+from tests.services import mariadb_connection, mariadb_database, postgres_database, with_option
 
 pytestmark = pytest.mark.slow
 ENDPOINT = "online"
@@ -69,21 +68,11 @@ def _postgres(database: str) -> Kind:
 
 
 def _mariadb(database: str) -> Kind:
-    import pymysql
-
     from duetime.backends.mysql import SyncMysqlStore
 
-    at = urlsplit(database)
-    where = {
-        "host": at.hostname or "127.0.0.1",
-        "port": at.port or 3306,
-        "user": unquote(at.username or "root"),
-        "password": unquote(at.password or ""),
-        "database": at.path.lstrip("/"),
-    }
     return Kind(
         url=database,
-        connect=lambda autocommit: pymysql.connect(**where, autocommit=autocommit),  # type: ignore[arg-type]
+        connect=lambda autocommit: mariadb_connection(database, autocommit),
         make=lambda: SyncMysqlStore.from_url(database),
         insert="INSERT INTO `online.delayed` (message_id, destination, due_at, headers, body) "
         "VALUES (%s, 'orders', 4102444800000000, '{}', 'x')",
@@ -225,3 +214,53 @@ def test_an_index_a_build_left_unfinished_is_built_again() -> None:
         finally:
             store.close()
         assert _group_index_whole(kind)
+
+
+def test_a_set_up_that_never_gets_the_table_gives_up_in_one_line(
+    kind: Kind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that holds the table for longer than a set-up keeps trying: the set-up says
+    so in one line and changes nothing; writes went on meanwhile, and it works once the
+    transaction ends."""
+    from duetime import StoreNotReady
+    from duetime.backends import _store
+
+    monkeypatch.setattr(_store, "SETUP_TRIES_FOR", 1.0)
+    _run(kind, *kind.drop_group_column)
+    held, other = kind.connect(False), kind.connect(True)
+    try:
+        held.cursor().execute(kind.insert, ["held-open"])
+        store = kind.make()
+        try:
+            with pytest.raises(StoreNotReady) as refused:
+                store.setup_infrastructure(ENDPOINT)
+        finally:
+            store.close()
+        said = str(refused.value)
+        assert "could not change table" in said and "run duetime setup again" in said, said
+        assert "\n" not in said
+        other.cursor().execute(kind.limit_waits)
+        other.cursor().execute(kind.insert, ["meanwhile"])  # the table was never left locked
+        held.commit()
+    finally:
+        held.close()
+        other.close()
+    assert not _group_index_whole(kind)
+    store = kind.make()
+    try:
+        store.setup_infrastructure(ENDPOINT)
+    finally:
+        store.close()
+    assert _group_index_whole(kind)
+
+
+def test_setup_says_what_it_builds_on_a_store_in_use(kind: Kind) -> None:
+    """`duetime setup` as an operator runs it after an upgrade: it logs the change it makes."""
+    from tests.conftest import run_cli
+
+    _run(kind, kind.drop_group_index)
+    done = run_cli("setup", "--store", kind.url, "--endpoint", ENDPOINT)
+    assert done.returncode == 0, done.stderr
+    assert "ready:" in done.stdout
+    assert "building index" in done.stderr or "changing table" in done.stderr, done.stderr
+    assert _group_index_whole(kind)

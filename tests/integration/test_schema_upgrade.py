@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 
 from duetime import DelayedMessage, ListQuery, StoreNotReady, TransactionMode
-from tests.services import REDIS, mariadb_database, postgres_database, postgres_schema, require, with_option
+from tests.services import (
+    REDIS,
+    mariadb_connection,
+    mariadb_database,
+    postgres_database,
+    postgres_schema,
+    require,
+    with_option,
+)
 
 pytestmark = pytest.mark.slow
 ENDPOINT = "upgrade"
@@ -154,22 +162,10 @@ def test_setup_changes_nothing_of_a_table_of_its_name_that_is_not_a_store(kind: 
                     ).fetchall()
                 return {r[0] for r in rows}
         else:
-            from urllib.parse import unquote, urlsplit
-
-            import pymysql
-
             url = stack.enter_context(mariadb_database())
-            at = urlsplit(url)
-            where = {
-                "host": at.hostname or "127.0.0.1",
-                "port": at.port or 3306,
-                "user": unquote(at.username or "root"),
-                "password": unquote(at.password or ""),
-                "database": at.path.lstrip("/"),
-            }
 
             def mariadb(sql: str) -> list[Any]:
-                conn = pymysql.connect(**where, autocommit=True)  # type: ignore[arg-type]
+                conn = mariadb_connection(url)
                 try:
                     with conn.cursor() as cur:
                         cur.execute(sql)

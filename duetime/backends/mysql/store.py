@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,14 +33,13 @@ from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
     SCHEMA_VERSION,
-    SETUP_TRIES_FOR,
     Duplicate,
     StoreRules,
+    change_in_use,
     check_store_columns,
     claim_timeout_option,
     load_headers,
     micros_row,
-    setup_gave_up,
     sql_filters,
     table_name,
 )
@@ -310,23 +308,17 @@ class SyncMysqlStore(StoreRules):
         """Run the set-up's ``ALTER TABLE`` ``change`` on a table that may be in use without
         stopping its writers: InnoDB makes the change online, but takes the table's lock for a
         moment at its start and end, and while it waits for that lock every writer waits behind
-        it. So it waits a second at most, and tries again, for :data:`SETUP_TRIES_FOR` in all."""
-        deadline = time.monotonic() + SETUP_TRIES_FOR
+        it. So each try waits a second at most (:func:`change_in_use`)."""
         log.info("changing table %s: %s; writes to it go on meanwhile", table, change.replace("_", " "))
         cur.execute(q["brief_lock_waits"])
         try:
-            while True:
-                try:
-                    cur.execute(q[change])
-                    return
-                except OperationalError as error:
-                    if error.args[0] != LOCK_WAIT_TIMEOUT or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-        except OperationalError as error:
-            if error.args[0] != LOCK_WAIT_TIMEOUT:
-                raise
-            raise setup_gave_up(table, self.options.display, "a second") from None
+            change_in_use(
+                lambda: cur.execute(q[change]),
+                lambda error: isinstance(error, OperationalError) and error.args[0] == LOCK_WAIT_TIMEOUT,
+                table,
+                self.options.display,
+                "a second",
+            )
         finally:
             cur.execute(q["usual_lock_waits"])
 

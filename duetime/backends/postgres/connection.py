@@ -414,11 +414,10 @@ def all_there(conn: Any, relations: Sequence[str]) -> bool:
 INDEX_BUILD_POLL = 0.5
 
 
-def build_index_online(conn: Any, index: str, create: str) -> bool:
+def build_index_online(conn: Any, index: str, create: str) -> None:
     """Make ``index`` (``create`` is its ``CREATE INDEX IF NOT EXISTS``) on a table in use without
     holding up its writers: built ``CONCURRENTLY``, which never blocks inserts, updates or deletes
-    (a plain build blocks them all until it ends: minutes on ten million rows). Whether it was
-    built here.
+    (a plain build blocks them all until it ends: minutes on ten million rows).
 
     A concurrent build cut short (an error, a cancel, a crash) leaves an index marked not valid,
     which ``IF NOT EXISTS`` would take for done: it is dropped (concurrently too) and built again.
@@ -433,7 +432,7 @@ def build_index_online(conn: Any, index: str, create: str) -> bool:
             break
         valid, building = state
         if valid:
-            return False
+            return
         if not building:
             conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}")
             break
@@ -442,7 +441,6 @@ def build_index_online(conn: Any, index: str, create: str) -> bool:
     started = time.monotonic()
     conn.execute(create.replace("CREATE INDEX IF NOT EXISTS", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1))
     log.info("built index %s in %.1f s", index, time.monotonic() - started)
-    return True
 
 
 def table_for(options: PgOptions, endpoint: str) -> str:

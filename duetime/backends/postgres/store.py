@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -29,11 +28,10 @@ from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (
     SCHEMA_VERSION,
-    SETUP_TRIES_FOR,
     Duplicate,
     StoreRules,
+    change_in_use,
     check_store_columns,
-    setup_gave_up,
     sql_filters,
 )
 from duetime.backends.postgres.connection import (
@@ -220,17 +218,19 @@ class SyncPostgresStore(StoreRules):
         that blocks them (a column added) asks for it for at most :data:`SETUP_LOCK_WAIT` at a
         time: a set-up queued behind a long transaction holds up every writer that comes after it,
         so it steps aside and tries again. Indexes are built without blocking writes at all."""
-        deadline = time.monotonic() + SETUP_TRIES_FOR
-        while True:
-            try:
-                with conn.transaction():
-                    conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_WAIT}'")
-                    self._create_tables(conn, names)
-                break
-            except pg_errors.LockNotAvailable:
-                if time.monotonic() > deadline:
-                    raise setup_gave_up(names.table, self.options.display, SETUP_LOCK_WAIT) from None
-                time.sleep(0.2)
+
+        def tables() -> None:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{SETUP_LOCK_WAIT}'")
+                self._create_tables(conn, names)
+
+        change_in_use(
+            tables,
+            lambda error: isinstance(error, pg_errors.LockNotAvailable),
+            names.table,
+            self.options.display,
+            SETUP_LOCK_WAIT,
+        )
         for key, index in names.indexes.items():
             build_index_online(conn, index, names.q[key])
 

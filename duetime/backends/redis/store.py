@@ -162,8 +162,8 @@ class SyncRedisStore(StoreRules):
             for name in ("insert", "update", "delete")
         }
         self._policy_checked_at: float | None = None
-        #: The last sample of messages per destination: (when, whether whole, the counts).
-        self._shares: tuple[float, bool, dict[str, int]] | None = None
+        #: The last sample of messages per destination: (when it was taken, the counts).
+        self._shares: tuple[float, dict[str, int]] | None = None
 
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> SyncRedisStore:
@@ -525,7 +525,7 @@ class SyncRedisStore(StoreRules):
         ten: each sample is fifty small calls that Redis serves between deliveries)."""
         now = time.monotonic()
         if self._shares is not None and now - self._shares[0] < SHARES_KEPT_FOR:
-            return self._shares[1], self._shares[2]
+            return False, self._shares[1]
         read: Counter[bytes] = Counter()
         every = False
         for _ in range(DESTINATION_SAMPLES):
@@ -537,8 +537,8 @@ class SyncRedisStore(StoreRules):
             if every:
                 break
         shares = {json.loads(b'"' + name + b'"'): n for name, n in read.items()}
-        if not every:  # a count is kept no longer than it is true
-            self._shares = (now, bool(every), shares)
+        if not every:  # a whole count is not kept: it is true only now
+            self._shares = (now, shares)
         return bool(every), shares
 
     def _close(self) -> None:
