@@ -139,6 +139,7 @@ class DelayedMessageClient(AsyncClosing):
         self.store = store
         self.endpoint = check_name("endpoint", endpoint)
         self.clock: Clock = clock or SystemClock()
+        self._clock_given = clock is not None
 
     async def open(self) -> DelayedMessageClient:
         await self.store.initialize(self.endpoint, TransactionMode.AT_LEAST_ONCE)
@@ -218,7 +219,7 @@ class DelayedMessageClient(AsyncClosing):
         """Deliver ``body`` to ``destination`` at every time ``when`` gives (build it with
         :func:`duetime.recurring.every` or :func:`duetime.recurring.cron`); ScheduleExists if the id is taken."""
         made = _new(self.clock, schedule_id, destination, body, when, headers, paused)
-        return await self._schedules.add_schedule(made, self.clock.now())
+        return await self._schedules.add_schedule(made, self._schedule_now())
 
     async def recurring(self, schedule_id: str) -> Schedule:
         return await self._schedules.get_schedule(schedule_id)
@@ -230,26 +231,31 @@ class DelayedMessageClient(AsyncClosing):
         """Change what :func:`duetime.recurring.changed` names (``when``, ``destination``,
         ``body``, ``headers``); it takes effect from the next tick."""
         return await self._schedules.change_schedule(
-            schedule_id, lambda s: changed(s, **changes), self.clock.now()
+            schedule_id, lambda s: changed(s, **changes), self._schedule_now()
         )
 
     async def pause_recurring(self, schedule_id: str) -> Schedule:
-        return await self._schedules.pause_schedule(schedule_id, self.clock.now())
+        return await self._schedules.pause_schedule(schedule_id, self._schedule_now())
 
     async def resume_recurring(self, schedule_id: str) -> Schedule:
-        return await self._schedules.resume_schedule(schedule_id, self.clock.now())
+        return await self._schedules.resume_schedule(schedule_id, self._schedule_now())
 
     async def trigger_recurring(self, schedule_id: str) -> DelayedMessage:
         """One tick now, beside the schedule's own."""
-        return await self._schedules.trigger_schedule(schedule_id, self.clock.now())
+        return await self._schedules.trigger_schedule(schedule_id, self._schedule_now())
 
     async def backfill_recurring(self, schedule_id: str, start: datetime, end: datetime) -> int:
         """Send now the ticks planned from ``start`` to ``end``; how many were stored."""
-        return await self._schedules.backfill_schedule(schedule_id, start, end, self.clock.now())
+        return await self._schedules.backfill_schedule(schedule_id, start, end, self._schedule_now())
 
     async def remove_recurring(self, schedule_id: str) -> int:
         """Forget the schedule; how many of its stored ticks were removed with it."""
         return await self._schedules.remove_schedule(schedule_id)
+
+    def _schedule_now(self) -> datetime | None:
+        """The time a schedule command counts from: the clock given, else the store's own
+        (None), as the dispatchers follow it."""
+        return self.clock.now() if self._clock_given else None
 
     @property
     def _schedules(self) -> RecurringStore:
@@ -274,6 +280,7 @@ class SyncDelayedMessageClient(Closing):
         self.store = store
         self.endpoint = check_name("endpoint", endpoint)
         self.clock: Clock = clock or SystemClock()
+        self._clock_given = clock is not None
         self.store.initialize(self.endpoint, TransactionMode.AT_LEAST_ONCE)
 
     def schedule(
@@ -343,7 +350,7 @@ class SyncDelayedMessageClient(Closing):
         paused: bool = False,
     ) -> Schedule:
         made = _new(self.clock, schedule_id, destination, body, when, headers, paused)
-        return self._schedules.add_schedule(made, self.clock.now())
+        return self._schedules.add_schedule(made, self._schedule_now())
 
     def recurring(self, schedule_id: str) -> Schedule:
         return self._schedules.get_schedule(schedule_id)
@@ -352,22 +359,29 @@ class SyncDelayedMessageClient(Closing):
         return self._schedules.list_schedules(after, limit)
 
     def change_recurring(self, schedule_id: str, **changes: Any) -> Schedule:
-        return self._schedules.change_schedule(schedule_id, lambda s: changed(s, **changes), self.clock.now())
+        return self._schedules.change_schedule(
+            schedule_id, lambda s: changed(s, **changes), self._schedule_now()
+        )
 
     def pause_recurring(self, schedule_id: str) -> Schedule:
-        return self._schedules.pause_schedule(schedule_id, self.clock.now())
+        return self._schedules.pause_schedule(schedule_id, self._schedule_now())
 
     def resume_recurring(self, schedule_id: str) -> Schedule:
-        return self._schedules.resume_schedule(schedule_id, self.clock.now())
+        return self._schedules.resume_schedule(schedule_id, self._schedule_now())
 
     def trigger_recurring(self, schedule_id: str) -> DelayedMessage:
-        return self._schedules.trigger_schedule(schedule_id, self.clock.now())
+        return self._schedules.trigger_schedule(schedule_id, self._schedule_now())
 
     def backfill_recurring(self, schedule_id: str, start: datetime, end: datetime) -> int:
-        return self._schedules.backfill_schedule(schedule_id, start, end, self.clock.now())
+        return self._schedules.backfill_schedule(schedule_id, start, end, self._schedule_now())
 
     def remove_recurring(self, schedule_id: str) -> int:
         return self._schedules.remove_schedule(schedule_id)
+
+    def _schedule_now(self) -> datetime | None:
+        """The time a schedule command counts from: the clock given, else the store's own
+        (None), as the dispatchers follow it."""
+        return self.clock.now() if self._clock_given else None
 
     @property
     def _schedules(self) -> SyncRecurringStore:

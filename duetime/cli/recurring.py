@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Annotated, Any, TypeVar, cast
-from zoneinfo import ZoneInfo
 
 import typer
 
@@ -32,7 +31,7 @@ from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, InvalidSchedule
 from duetime.inputs.durations import parse_time
-from duetime.interfaces import RecurringStore
+from duetime.interfaces import RecurringStore, ServerClock
 from duetime.recurring.rules import CatchUp, Recurrence, Skipped, recurrence_of
 from duetime.recurring.schedule import Schedule, changed, new_schedule
 
@@ -93,12 +92,23 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="JSON, as read.")]
 
 
 def _store_call(store: str, endpoint: str, work: Callable[[RecurringStore], Awaitable[T]]) -> T:
-    async def go() -> T:
+    return _store_read(store, endpoint, work)[0]
+
+
+def _store_read(
+    store: str, endpoint: str, work: Callable[[RecurringStore], Awaitable[T]]
+) -> tuple[T, datetime]:
+    """What ``work`` gives, and the store's time just after (a schedule's next tick is reckoned
+    from it, as the dispatchers reckon, not from this host's clock)."""
+
+    async def go() -> tuple[T, datetime]:
         s = await open_ready_store(store, endpoint)
         try:
             if not isinstance(s, RecurringStore):
                 raise ConfigurationError(f"The store {type(s).__name__} keeps no recurring schedules.")
-            return await work(s)
+            done = await work(s)
+            server = await s.server_time() if isinstance(s, ServerClock) else None
+            return done, server or SYSTEM.now()
         finally:
             await s.close()
 
@@ -159,6 +169,7 @@ def _row(s: Schedule, now: datetime) -> dict[str, Any]:
         "destination": s.destination,
         "when": s.recurrence.describe(),
         "state": s.state(),
+        "set_aside": s.set_aside,
         "next": None if following is None else following.isoformat(),
         "last_planned": None if s.last_planned is None else s.last_planned.isoformat(),
         "ticks_planned": s.ticks_planned,
@@ -170,9 +181,12 @@ def _row(s: Schedule, now: datetime) -> dict[str, Any]:
 
 
 def _said(s: Schedule, verb: str) -> None:
-    following = s.next_planned(SYSTEM.now())
+    following = s.next_planned(s.changed_at or SYSTEM.now())  # the store's time of the change
     then = "" if following is None else f"; next tick {following.isoformat()}"
-    console.print(f"{verb} {s.schedule_id}: {s.recurrence.describe()} -> {s.destination} ({s.state()}){then}")
+    why = "" if s.set_aside is None else f": {s.set_aside}"
+    console.print(
+        f"{verb} {s.schedule_id}: {s.recurrence.describe()} -> {s.destination} ({s.state()}{why}){then}"
+    )
 
 
 @recurring_app.command()
@@ -213,7 +227,9 @@ def add(
         headers=headers_from_pairs(header),
         paused=paused,
     )
-    _said(_store_call(store, endpoint, lambda s: s.add_schedule(made)), "added")
+    _said(
+        _store_call(store, endpoint, lambda s: s.add_schedule(made)), "added"
+    )  # planned from the store's time
     _run(lambda: warn_undeclared(store, transport, [destination]))
 
 
@@ -231,8 +247,7 @@ def list_(
             if len(page) < 500:
                 return found
 
-    schedules = _store_call(store, endpoint, every_page)
-    now = SYSTEM.now()
+    schedules, now = _store_read(store, endpoint, every_page)
     if as_json:
         sys.stdout.writelines(json.dumps(_row(s, now)) + "\n" for s in schedules)
         return
@@ -257,8 +272,8 @@ def list_(
 @recurring_app.command("show")
 def show_(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
     """One schedule, whole, as JSON."""
-    s = _store_call(store, endpoint, lambda st: st.get_schedule(schedule_id))
-    print(json.dumps(_row(s, SYSTEM.now()), indent=2))
+    s, now = _store_read(store, endpoint, lambda st: st.get_schedule(schedule_id))
+    print(json.dumps(_row(s, now), indent=2))
 
 
 @recurring_app.command("next")
@@ -269,9 +284,9 @@ def next_(
     endpoint: EndpointOpt = "duetime",
 ) -> None:
     """The next planned tick times, in UTC and in the schedule's zone."""
-    s = _store_call(store, endpoint, lambda st: st.get_schedule(schedule_id))
-    zone = ZoneInfo(s.recurrence.zone)
-    for at in islice(s.recurrence.ticks(SYSTEM.now()), count):
+    s, now = _store_read(store, endpoint, lambda st: st.get_schedule(schedule_id))
+    zone = s.recurrence.tz
+    for at in islice(s.recurrence.ticks(now), count):
         print(f"{at.astimezone(UTC).isoformat()}  {at.astimezone(zone).isoformat()} {s.recurrence.zone}")
 
 

@@ -96,6 +96,10 @@ class DispatchObserver:
         """Recurring schedules' ticks stored by a planning step, and ticks their catch-up policy
         left out (missed while no dispatcher ran)."""
 
+    def schedules_set_aside(self, count: int) -> None:
+        """Recurring schedules a planning step set aside because they cannot be planned (a zone
+        this host cannot read, ticks no message can carry); the others go on."""
+
     def parked(self, message: DelayedMessage, reason: BaseException, until: datetime) -> None:
         """Neither its destination nor the error queue can carry ``message``: it stays stored,
         its failure counted, and is tried again at ``until``."""

@@ -59,6 +59,16 @@ class Planner:
 
     def _count(self, report: PlanReport) -> None:
         self.observer.planned(report.ticks, report.missed)
+        if report.set_aside:
+            self.observer.schedules_set_aside(len(report.set_aside))
+        for schedule_id, why in report.set_aside:
+            log.warning(
+                "schedule %s cannot be planned and is set aside (the others go on): %s; "
+                "`duetime recurring change` or `resume` tries it again",
+                schedule_id,
+                why,
+                extra={"fields": {"schedule": schedule_id, "set_aside": why}},
+            )
         for schedule_id, missed in report.missed_by:
             log.warning(
                 "schedule %s: %s tick(s) missed while no dispatcher ran (its catch-up policy left them out)",

@@ -136,6 +136,11 @@ class PrometheusObserver(DispatchObserver):
             "duetime_recurring_ticks_missed",
             "Ticks of recurring schedules missed while no dispatcher ran and left out by their catch-up policy.",
         )
+        self._set_aside = counter(
+            "duetime_recurring_schedules_set_aside",
+            "Recurring schedules this dispatcher's planning set aside because they cannot be planned "
+            "(`duetime recurring list` says why); the others go on.",
+        )
         self._parked = counter(
             "duetime_parked",
             "Messages neither their destination nor the error queue could carry, kept stored and tried again later.",
@@ -173,6 +178,7 @@ class PrometheusObserver(DispatchObserver):
             self._door_duplicates,
             self._ticks,
             self._ticks_missed,
+            self._set_aside,
             self._parked,
         ):
             each.labels(endpoint)  # present (at 0) from the first scrape
@@ -215,6 +221,9 @@ class PrometheusObserver(DispatchObserver):
             self._ticks.labels(self.endpoint).inc(ticks)
         if missed:
             self._ticks_missed.labels(self.endpoint).inc(missed)
+
+    def schedules_set_aside(self, count: int) -> None:
+        self._set_aside.labels(self.endpoint).inc(count)
 
 
 class Backlog:

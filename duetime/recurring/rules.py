@@ -17,9 +17,11 @@ Every instant is UTC; the host's clock and time zone play no part.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -27,6 +29,7 @@ from cronsim import CronSim, CronSimError
 
 from duetime.errors import InvalidSchedule
 from duetime.inputs.durations import parse_duration, parse_time
+from duetime.message import LATEST_DUE
 
 Skipped = Literal["run", "skip"]
 CatchUp = Literal["none", "latest", "all"]
@@ -38,6 +41,34 @@ SHORTEST_INTERVAL = timedelta(seconds=1)
 NEVER_AFTER = timedelta(days=366 * 28)  # every weekday-and-date combination repeats within 28 years
 #: How far back a walk starts after a clock change (longer than any change's gap).
 REWIND = timedelta(hours=3)
+#: In the IANA database but no place's time: its offset is 0 and its abbreviation "-00".
+NOT_A_PLACE = frozenset({"Factory"})
+
+
+@functools.cache
+def known_zones() -> frozenset[str]:
+    """The zone names of the ``tzdata`` package (a dependency): the same on every host. A host's
+    own zone files hold more (``localtime``, ``right/*`` counting leap seconds, ``posix/*``),
+    which differ from host to host, so a schedule made on one would be read differently, or not
+    at all, by a dispatcher on another."""
+    text = resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8")
+    return frozenset(name.strip() for name in text.splitlines() if name.strip()) - NOT_A_PLACE
+
+
+def zone_problem(zone: str) -> str | None:
+    """Why ``zone`` cannot be a schedule's zone (None: it can)."""
+    if zone in known_zones():
+        return None
+    return f"Unknown time zone {zone!r}; give an IANA name such as Europe/Paris or UTC."
+
+
+def _zone(name: str) -> ZoneInfo | None:
+    if zone_problem(name) is not None:
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -57,19 +88,20 @@ class Recurrence:
     #: of them (only those within ``catch_up_window`` of now, when it is set).
     catch_up: CatchUp = "latest"
     catch_up_window: timedelta | None = None
-    _tz: ZoneInfo = field(init=False, repr=False, compare=False)
+    #: False for a recurrence read back from a store: a zone this host cannot read is then said
+    #: when its ticks are asked for (a planner sets the schedule aside), not when it is read, so
+    #: the schedule can still be listed, shown, changed and removed.
+    zone_checked: bool = field(default=True, repr=False, compare=False)
+    _tz: ZoneInfo | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.every is None):
             raise InvalidSchedule(
                 "Give a schedule either a cron expression or an interval (every 30s), not both."
             )
-        try:
-            object.__setattr__(self, "_tz", ZoneInfo(self.zone))
-        except (ZoneInfoNotFoundError, ValueError):
-            raise InvalidSchedule(
-                f"Unknown time zone {self.zone!r}; give an IANA name such as Europe/Paris or UTC."
-            ) from None
+        object.__setattr__(self, "_tz", _zone(self.zone))
+        if self._tz is None and self.zone_checked:
+            raise InvalidSchedule(zone_problem(self.zone) or f"Cannot read the time zone {self.zone!r}.")
         for name in ("start", "end"):
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
@@ -120,6 +152,16 @@ class Recurrence:
         if first is None or first - start > NEVER_AFTER:
             raise InvalidSchedule(f"The cron expression {self.cron!r} never fires.")
 
+    @property
+    def tz(self) -> ZoneInfo:
+        """The zone's rules; InvalidSchedule when this host cannot read them."""
+        if self._tz is None:
+            raise InvalidSchedule(
+                f"This host cannot read the time zone {self.zone!r}; change the schedule's zone to an "
+                "IANA name such as Europe/Paris or UTC."
+            )
+        return self._tz
+
     # --- the planned times ------------------------------------------------------------------
     def after(self, instant: datetime) -> datetime | None:
         """The first planned tick strictly after ``instant`` (UTC), or None when there is none
@@ -127,19 +169,53 @@ class Recurrence:
         return next(self.ticks(instant), None)
 
     def ticks(self, after: datetime) -> Iterator[datetime]:
-        """The planned ticks strictly after ``after``, in order, as UTC instants."""
+        """The planned ticks strictly after ``after``, in order, as UTC instants; none from
+        :data:`~duetime.message.LATEST_DUE` on (no message can be due then)."""
         after = after.astimezone(UTC)
         if self.start is not None and after < self.start:
             after = self.start.astimezone(UTC) - timedelta(microseconds=1)
         walk = self._intervals(after) if self.every is not None else self._cron(after)
-        for tick in walk:
-            if self.end is not None and tick > self.end:
+        last = LATEST_DUE - timedelta(microseconds=1)
+        end = last if self.end is None else min(self.end, last)
+        while True:
+            try:
+                tick = next(walk)
+            except (StopIteration, OverflowError):  # the calendar ends at year 9999
+                return
+            if tick > end:
                 return
             yield tick
 
+    def passed(
+        self, after: datetime, before: datetime, most: int | None = None
+    ) -> tuple[int, datetime | None]:
+        """How many ticks lie strictly after ``after`` and before ``before`` (at most ``most``),
+        and the last of them: counted, not walked, so a dispatcher away for a year on a
+        one-second interval settles its missed ticks at once. Only an interval can be counted
+        so: (0, None) for a cron expression, whose ticks are walked."""
+        if self.every is None:
+            return 0, None
+        anchor, step = self._anchor(), self.every
+        after = max(after.astimezone(UTC), anchor - timedelta(microseconds=1))
+        first = (after - anchor) // step + 1
+        last = -((anchor - before) // step) - 1  # the last index before ``before``
+        if self.end is not None:
+            last = min(last, (self.end - anchor) // step)
+        if most is not None:
+            last = min(last, first + most - 1)
+        if last < first:
+            return 0, None
+        try:
+            return last - first + 1, anchor + last * step
+        except OverflowError:
+            return 0, None
+
+    def _anchor(self) -> datetime:
+        return (self.start or datetime(2000, 1, 1, tzinfo=UTC)).astimezone(UTC)
+
     def _intervals(self, after: datetime) -> Iterator[datetime]:
         assert self.every is not None
-        anchor = (self.start or datetime(2000, 1, 1, tzinfo=UTC)).astimezone(UTC)
+        anchor = self._anchor()
         step = self.every
         n = max(0, (after - anchor) // step + 1) if after >= anchor else 0
         while True:
@@ -149,7 +225,7 @@ class Recurrence:
     def _cron(self, after: datetime) -> Iterator[datetime]:
         """Wall times from the expression, each made an instant by the rules above."""
         assert self.cron is not None
-        tz, previous = self._tz, after
+        tz, previous = self.tz, after
         here = after.astimezone(tz)
         start = here.replace(tzinfo=None)
         rewound = (after - REWIND).astimezone(tz)
@@ -168,6 +244,7 @@ class Recurrence:
         """The instant a wall time names: its first occurrence when autumn repeats it; when a
         spring-forward skips it, the jump's instant (``skipped="run"``) or None."""
         tz = self._tz
+        assert tz is not None
         first = local.replace(tzinfo=tz, fold=0)
         back = first.astimezone(UTC).astimezone(tz).replace(tzinfo=None)
         if back == local:
@@ -208,7 +285,7 @@ class Recurrence:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Recurrence:
+    def from_json(cls, data: dict[str, Any], *, zone_checked: bool = True) -> Recurrence:
         def when(key: str) -> datetime | None:
             return None if data.get(key) is None else parse_time(str(data[key]))
 
@@ -225,6 +302,7 @@ class Recurrence:
             skipped=data.get("skipped") or "run",
             catch_up=data.get("catch_up") or "latest",
             catch_up_window=span("catch_up_window"),
+            zone_checked=zone_checked,
         )
 
 

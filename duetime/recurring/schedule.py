@@ -34,8 +34,11 @@ TICK_SEPARATOR = "@"
 #: removes its pending ticks this way).
 GROUP_PREFIX = "duetime-schedule:"
 #: The group of the ticks ``trigger`` and ``backfill`` store: a pause or a change leaves them be
-#: (they were asked for), removing the schedule removes them too.
-EXTRA_GROUP_SUFFIX = "+extra"
+#: (they were asked for), removing the schedule removes them too. It holds the tick separator,
+#: which no schedule id may hold, so it is never another schedule's group.
+EXTRA_GROUP_SUFFIX = "@extra"
+#: What the suffix was before: ``report+extra`` was also the group of a schedule named so.
+OLD_EXTRA_GROUP_SUFFIX = "+extra"
 #: A schedule id leaves room for the tick's time in a message id (250 characters) and for the
 #: prefix and suffix of its groups (200).
 MAX_SCHEDULE_ID_LENGTH = 170
@@ -86,6 +89,20 @@ class ScheduleRow(NamedTuple):
     version: int
 
 
+def set_aside_row(row: ScheduleRow, why: str) -> ScheduleRow:
+    """``row`` set aside (nothing more planned, ``why`` kept), written as JSON even where the
+    schedule itself cannot be read back."""
+    try:
+        data = json.loads(row.text)
+    except ValueError:
+        data = None
+    text = row.text
+    if isinstance(data, dict):
+        data["set_aside"] = why
+        text = json.dumps(data, separators=(",", ":"))
+    return row._replace(text=text, planned_until=None)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A message to deliver again and again: to ``destination``, with ``body`` and ``headers``,
@@ -107,6 +124,12 @@ class Schedule:
     #: How far ticks are stored (None: nothing more to plan); the row's version.
     planned_until: datetime | None = None
     version: int = 0
+    #: Why no tick of it could be planned (a planner set it aside, so the others go on): a
+    #: ``change`` or ``resume`` tries again.
+    set_aside: str | None = None
+    #: The planned time of the latest tick that was being delivered when a pause or a change
+    #: removed the others: planning starts after it on resuming, so it does not go out twice.
+    in_flight_until: datetime | None = None
 
     def __post_init__(self) -> None:
         check_schedule_id(self.schedule_id)
@@ -115,11 +138,13 @@ class Schedule:
         check_size(self.tick(_CHECKED_AT, _CHECKED_AT))
 
     def state(self) -> str:
+        if self.set_aside is not None:
+            return "set aside"
         return "paused" if self.paused else "ended" if self.planned_until is None else "active"
 
     def next_planned(self, now: datetime) -> datetime | None:
         """The first planned time at or after ``now`` (None: paused or ended)."""
-        if self.paused or self.planned_until is None:
+        if self.paused or self.planned_until is None or self.set_aside is not None:
             return None
         return self.recurrence.after(now - timedelta(microseconds=1))
 
@@ -162,6 +187,8 @@ class Schedule:
                 "last_planned": _iso(self.last_planned),
                 "created_at": _iso(self.created_at),
                 "changed_at": _iso(self.changed_at),
+                "set_aside": self.set_aside,
+                "in_flight_until": _iso(self.in_flight_until),
             },
             separators=(",", ":"),
         )
@@ -186,6 +213,8 @@ class Schedule:
             changed_at=_time(data.get("changed_at")),
             planned_until=None if row.planned_until is None else row.planned_until.astimezone(UTC),
             version=row.version,
+            set_aside=None if data.get("set_aside") is None else str(data["set_aside"]),
+            in_flight_until=_time(data.get("in_flight_until")),
         )
 
     def with_changes(self, **changes: Any) -> Schedule:
@@ -194,8 +223,9 @@ class Schedule:
 
 @functools.lru_cache(maxsize=4096)
 def _recurrence(text: str) -> Recurrence:
-    """A stored recurrence, read (and checked) once per distinct one: many schedules share one."""
-    return Recurrence.from_json(json.loads(text))
+    """A stored recurrence, read (and checked) once per distinct one: many schedules share one.
+    A zone this host cannot read is said when its ticks are asked for, not here."""
+    return Recurrence.from_json(json.loads(text), zone_checked=False)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -208,65 +238,93 @@ def _time(value: object) -> datetime | None:
 
 @dataclass(frozen=True)
 class Plan:
-    """What one planning step of a schedule stores: its ticks, the schedule as it is after, and
-    how many ticks a catch-up policy left out."""
+    """What one planning step of a schedule stores: its ticks, the schedule as it is after, how
+    many ticks a catch-up policy left out, and whether more is left to walk (a next step goes on)."""
 
     ticks: list[DelayedMessage]
     after: Schedule
     missed: int
+    more: bool = False
 
 
 #: A tick planned this long before now is late, not missed: planning runs every second or so.
 LATE_NOT_MISSED = timedelta(seconds=2)
+#: Planned times one step walks at most (a cron schedule away for long: the next steps go on).
+MOST_WALKED = 10_000
 
 
 def plan(schedule: Schedule, now: datetime, ahead: timedelta, *, most: int = 1000) -> Plan:
     """The ticks of ``schedule`` to store now: every planned time after ``planned_until`` up to
     the first one past ``now + ahead`` (so the next tick is always stored, however far off).
     Ticks planned before ``now`` were missed by a dispatcher that was away: its catch-up policy
-    says which of them still go (due now), and the rest are counted. ``most`` bounds one step."""
+    says which of them still go (due now), and the rest are counted. The policy holds for the
+    whole absence, however many steps it takes (``latest`` sends one tick, not one a step).
+    ``most`` bounds the ticks one step stores."""
     horizon = now + ahead
     if schedule.paused or schedule.planned_until is None or schedule.planned_until > horizon:
         return Plan([], schedule, 0)  # nothing to plan, or planned far enough already
     r = schedule.recurrence
     count_left = None if r.count is None else r.count - schedule.ticks_planned
-    planned: list[datetime] = []
-    ended = False
-    upcoming = r.ticks(schedule.planned_until)
-    while True:
-        if count_left is not None and len(planned) >= count_left:
+    late_before = now - LATE_NOT_MISSED
+    window_from = None if r.catch_up_window is None else now - r.catch_up_window
+    until: datetime = schedule.planned_until
+    going: list[datetime] = []
+    walked = missed = 0
+    # an interval's missed ticks are counted, not walked: all but the one the policy keeps
+    counted_before = window_from if r.catch_up == "all" else late_before
+    if counted_before is not None:
+        n, last = r.passed(until, min(counted_before, late_before), count_left)
+        if last is not None:
+            walked, until = n, last
+            if r.catch_up == "latest" and (window_from is None or last >= window_from):
+                going.append(last)
+                missed = n - 1
+            else:
+                missed = n
+    latest: datetime | None = None  # the latest missed tick so far, which ``latest`` still sends
+    ended = more = False
+    upcoming = r.ticks(until)
+    for stepped in range(MOST_WALKED + 1):
+        if count_left is not None and walked >= count_left:
             ended = True
+            break
+        if len(going) >= most or stepped == MOST_WALKED:
+            more = True
             break
         at = next(upcoming, None)
         if at is None:  # past the recurrence's end
             ended = True
             break
-        planned.append(at)
-        if at > horizon or len(planned) >= most:
+        walked += 1
+        if at < late_before:  # missed while no dispatcher ran
+            until = at
+            in_window = window_from is None or at >= window_from
+            if r.catch_up == "all" and in_window:
+                going.append(at)
+            elif r.catch_up == "latest" and in_window:
+                missed += latest is not None
+                latest = at
+            else:
+                missed += 1
+            continue
+        if latest is not None:
+            going.append(latest)
+            latest = None
+        going.append(at)
+        until = at
+        if at > horizon:
             break
-    late_before = now - LATE_NOT_MISSED
-    missed_times = [at for at in planned if at < late_before]
-    kept = _catch_up(r, missed_times, now)
-    going = kept + [at for at in planned if at >= late_before]
-    missed = len(missed_times) - len(kept)
+    if latest is not None and more:  # stopped among missed ticks: the next step starts at this one
+        until, walked = latest - timedelta(microseconds=1), walked - 1
+    elif latest is not None:  # the schedule ended among missed ticks: its last one goes
+        going.append(latest)
     after = schedule.with_changes(
-        ticks_planned=schedule.ticks_planned + len(planned),
+        ticks_planned=schedule.ticks_planned + walked,
         ticks_missed=schedule.ticks_missed + missed,
         last_planned=going[-1] if going else schedule.last_planned,
-        planned_until=None if ended else (planned[-1] if planned else schedule.planned_until),
+        planned_until=None if ended else until,
     )
-    return Plan([schedule.tick(at, at) for at in going], after, missed)
-
-
-def _catch_up(r: Recurrence, missed: list[datetime], now: datetime) -> list[datetime]:
-    """Which of the missed ticks still go: none, the latest, or all (within the window)."""
-    if r.catch_up_window is not None:
-        missed = [at for at in missed if at >= now - r.catch_up_window]
-    if r.catch_up == "none" or not missed:
-        return []
-    if r.catch_up == "latest":
-        return missed[-1:]
-    return missed
+    return Plan([schedule.tick(at, at) for at in going], after, missed, more)
 
 
 def changed(
@@ -317,5 +375,7 @@ class PlanReport:
     earliest: datetime | None = None
     #: (schedule id, how many it missed), for the log.
     missed_by: tuple[tuple[str, int], ...] = ()
-    #: Whether more schedules are waiting to be planned (the batch was full).
+    #: Whether more is waiting to be planned (the batch was full, or a schedule's walk stopped).
     more: bool = False
+    #: (schedule id, why), for each schedule this step set aside because it cannot be planned.
+    set_aside: tuple[tuple[str, str], ...] = ()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +18,7 @@ from duetime.errors import (
     ConfigurationError,
     DuplicateMessageId,
     InvalidMessage,
+    InvalidSchedule,
     MessageInFlight,
     ScheduleExists,
     ScheduleNotFound,
@@ -36,7 +38,7 @@ from duetime.interfaces import (
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import MAX_BODY_BYTES, MAX_HEADERS_BYTES, DelayedMessage
 from duetime.recurring.rules import Recurrence
-from duetime.recurring.schedule import group_of, new_schedule
+from duetime.recurring.schedule import ScheduleRow, group_of, new_schedule
 from duetime.settings import TransactionMode
 
 ENDPOINT = "contract"
@@ -341,6 +343,172 @@ class StoreContract:
         ):
             with pytest.raises(ScheduleNotFound):
                 await call()
+
+    async def test_a_schedule_that_cannot_be_planned_is_set_aside_and_the_others_go_on(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """A schedule this host cannot plan (a zone another host's files had) stops no other: it
+        is set aside once, says why, and is listed, shown, changed and removed as any other."""
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
+        t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+        await s.add_schedule(new_schedule("good", "q", Recurrence(every=timedelta(seconds=1)), t0), t0)
+        daily = Recurrence(cron="0 9 * * *", zone="Europe/Paris")
+        for sid, zone in (("elsewhere", "right/Europe/Paris"), ("local", "localtime")):
+            text = new_schedule(sid, "q", daily, t0).to_text().replace('"Europe/Paris"', json.dumps(zone))
+            assert cast(Any, self._sync_of(s))._schedule_insert(ScheduleRow(sid, text, t0, 0))
+        report = await s.plan_schedules(t0 + timedelta(seconds=40))
+        assert sorted(sid for sid, _ in report.set_aside) == ["elsewhere", "local"]
+        assert all("time zone" in why for _, why in report.set_aside)
+        assert [m.due_at for m in await ticks_of(store, "good")][-1] == t0 + timedelta(seconds=71)
+        aside = await s.get_schedule("local")
+        assert aside.state() == "set aside" and "localtime" in (aside.set_aside or "")
+        assert aside.next_planned(t0) is None
+        assert [x.state() for x in await s.list_schedules()] == ["set aside", "active", "set aside"]
+        assert (await s.plan_schedules(t0 + timedelta(seconds=41))).set_aside == ()  # said once
+        with pytest.raises(InvalidSchedule, match="set aside: .*time zone"):
+            await s.resume_schedule("elsewhere", t0 + timedelta(seconds=42))
+        fixed = await s.change_schedule(
+            "local", lambda x: x.with_changes(recurrence=daily), t0 + timedelta(seconds=43)
+        )
+        assert fixed.state() == "active" and fixed.set_aside is None
+        assert [m.due_at for m in await ticks_of(store, "local")] == [datetime(2030, 1, 2, 8, tzinfo=UTC)]
+        assert await s.remove_schedule("elsewhere") == 0
+
+    async def test_a_schedule_with_no_tick_to_come_is_refused_and_leaves_nothing(
+        self, store: DelayedMessageStore
+    ) -> None:
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
+        t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+        far = datetime(9999, 12, 31, tzinfo=UTC)
+        for when in (
+            Recurrence(every=timedelta(days=1), start=far),
+            Recurrence(cron="0 0 1 1 *", start=datetime(9999, 6, 1, tzinfo=UTC)),
+            Recurrence(every=timedelta(days=1), end=t0 - timedelta(days=1)),
+        ):
+            with pytest.raises(InvalidSchedule, match="no tick to come"):
+                await s.add_schedule(new_schedule("far", "q", when, t0), t0)
+            with pytest.raises(ScheduleNotFound):
+                await s.get_schedule("far")
+        last = await s.add_schedule(
+            new_schedule(
+                "last", "q", Recurrence(every=timedelta(days=1), start=datetime(9998, 12, 31, tzinfo=UTC)), t0
+            ),
+            t0,
+        )
+        assert last.state() == "active" and last.next_planned(t0) == datetime(9998, 12, 31, tzinfo=UTC)
+
+    async def test_schedules_whose_ids_share_a_start_keep_their_ticks_apart(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """``report`` and ``report+extra`` are two schedules: removing or pausing one removes
+        none of the other's ticks (its own, its trigger's or its backfill's)."""
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
+        t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+        hourly = Recurrence(cron="0 * * * *")
+        for sid in ("report", "report+extra"):
+            await s.add_schedule(new_schedule(sid, "q", hourly, t0), t0)
+            await s.trigger_schedule(sid, t0)
+        await s.pause_schedule("report+extra", t0)
+        assert len(await ticks_of(store, "report")) == 1  # its own next tick
+        report = await store.list(ListQuery(limit=50))
+        assert sorted(m.message_id for m in report.messages) == sorted(
+            [
+                "report@2030-01-01T13:00:00Z",
+                "report@2030-01-01T12:00:00Z+trigger",
+                "report+extra@2030-01-01T12:00:00Z+trigger",
+            ]
+        )
+        assert await s.remove_schedule("report") == 2
+        assert (await s.get_schedule("report+extra")).state() == "paused"
+        left = await store.list(ListQuery(limit=50))
+        assert [m.message_id for m in left.messages] == ["report+extra@2030-01-01T12:00:00Z+trigger"]
+
+    async def test_catch_up_holds_for_the_whole_absence(self, store: DelayedMessageStore) -> None:
+        """A dispatcher away for a day: ``latest`` sends one missed tick (not one per planning
+        step), ``none`` sends none, and every tick left out is counted, for a cron expression and
+        an interval alike."""
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
+        t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+        cases = {
+            "cron-latest": Recurrence(cron="* * * * *"),
+            "cron-none": Recurrence(cron="* * * * *", catch_up="none"),
+            "every-latest": Recurrence(every=timedelta(seconds=1)),
+            "cron-window": Recurrence(cron="* * * * *", catch_up="all", catch_up_window=timedelta(minutes=5)),
+        }
+        for sid, when in cases.items():
+            await s.add_schedule(new_schedule(sid, "q", when, t0), t0)
+            for tick in await ticks_of(store, sid):
+                assert await store.cancel(tick.message_id)  # delivered before the dispatchers left
+        back = t0 + timedelta(days=1, seconds=30)
+        for _ in range(100):
+            if not (await s.plan_schedules(back)).more:
+                break
+        late = back - timedelta(seconds=2)
+        stale = {sid: [m for m in await ticks_of(store, sid) if m.due_at < late] for sid in cases}
+        assert [m.due_at for m in stale["cron-latest"]] == [t0 + timedelta(days=1)]
+        assert stale["cron-none"] == []
+        assert [m.due_at for m in stale["every-latest"]] == [late - timedelta(seconds=1)]
+        assert [m.due_at for m in stale["cron-window"]] == [
+            t0 + timedelta(days=1, minutes=-k) for k in (4, 3, 2, 1, 0)
+        ]
+        missed = {sid: (await s.get_schedule(sid)).ticks_missed for sid in cases}
+        assert missed == {
+            "cron-latest": 1439 - 1,  # 12:02 to 12:00 the next day, less the one sent
+            "cron-none": 1439,
+            "every-latest": 86396 - 1,  # 12:00:32 to 12:00:27 the next day, less the one sent
+            "cron-window": 1439 - 5,
+        }
+
+    async def test_a_change_while_a_tick_goes_out_sends_that_tick_once(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """A tick delivered while ``change`` runs (claimed ahead of its time, or delivered before
+        the change could remove it) is not planned again for the changed schedule."""
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
+        t0 = datetime(2030, 1, 1, 12, tzinfo=UTC)
+        await s.add_schedule(
+            new_schedule("tick", "q", Recurrence(every=timedelta(seconds=1)), t0, body=b"old"), t0
+        )
+        first = (await ticks_of(store, "tick"))[0]
+        claimed = await store.fetch_due(first.due_at, 1)
+        assert [m.message_id for m in claimed] == [first.message_id]
+        await store.remove_many([first.message_id])  # delivered, as the change began
+        changed = await s.change_schedule("tick", lambda x: x.with_changes(body=b"new"), t0)
+        assert changed.state() == "active"
+        after = await ticks_of(store, "tick")
+        assert first.message_id not in {m.message_id for m in after}
+        assert after[0].due_at == t0 + timedelta(seconds=2) and {m.body for m in after} == {b"new"}
+        # a tick held by a dispatcher through a pause is not planned again on resuming
+        second = after[0]
+        assert [m.message_id for m in await store.fetch_due(second.due_at, 1)] == [second.message_id]
+        await s.pause_schedule("tick", t0)
+        await store.remove_many([second.message_id])
+        await s.resume_schedule("tick", t0)
+        assert (await ticks_of(store, "tick"))[0].due_at == t0 + timedelta(seconds=3)
+
+    async def test_schedule_commands_follow_the_stores_clock(self, store: DelayedMessageStore) -> None:
+        """Without a time given, a schedule is made, paused, resumed and triggered at the store's
+        time (its server's, where it has one), not at the time the caller's host thinks it is."""
+        assert isinstance(store, (RecurringStore, SyncSide))
+        s = cast(RecurringStore, store)
+        server = getattr(store, "server_time", None)
+        store_now = (await server() if server else None) or now()
+        host_an_hour_fast = store_now + timedelta(hours=1)
+        made = await s.add_schedule(
+            new_schedule("clock", "q", Recurrence(every=timedelta(seconds=1)), host_an_hour_fast)
+        )
+        assert made.created_at is not None and abs(made.created_at - store_now) < timedelta(seconds=10)
+        ticks = await ticks_of(store, "clock")
+        assert ticks[0].due_at - store_now < timedelta(seconds=10)  # no hour skipped
+        resumed = await s.resume_schedule("clock")
+        assert resumed.changed_at is not None and abs(resumed.changed_at - store_now) < timedelta(seconds=10)
+        extra = await s.trigger_schedule("clock")
+        assert abs(extra.due_at - store_now) < timedelta(seconds=10)
 
     async def test_ids_are_exact_strings(self, store: DelayedMessageStore) -> None:
         """No collation may fold case or trailing spaces: these are four different messages."""
