@@ -366,7 +366,7 @@ class StoreContract:
         assert aside.next_planned(t0) is None
         assert [x.state() for x in await s.list_schedules()] == ["set aside", "active", "set aside"]
         assert (await s.plan_schedules(t0 + timedelta(seconds=41))).set_aside == ()  # said once
-        with pytest.raises(InvalidSchedule, match="set aside: .*time zone"):
+        with pytest.raises(InvalidSchedule, match=r"set aside: .*time zone"):
             await s.resume_schedule("elsewhere", t0 + timedelta(seconds=42))
         fixed = await s.change_schedule(
             "local", lambda x: x.with_changes(recurrence=daily), t0 + timedelta(seconds=43)
