@@ -193,6 +193,31 @@ def connection_failed(display: str, error: BaseException | str) -> ConnectionFai
     return ConnectionFailed(f"cannot connect to {display}: {server_reason(error)}")
 
 
+#: What servers say when the address answers but will never let this user in: waiting will not
+#: change it (PostgreSQL, MariaDB, Redis, RabbitMQ and NATS in their own words).
+REFUSED_FOR_GOOD = (
+    "password authentication failed",
+    "no pg_hba.conf entry",
+    "does not exist",
+    "access denied",
+    "unknown database",
+    "wrongpass",
+    "invalid username-password",
+    "noauth",
+    "authorization violation",
+    "access_refused",
+)
+
+
+def refused_for_good(error: BaseException) -> bool:
+    """Whether ``error`` is a server refusing this user or database (a wrong password, a database
+    that is not there): a start that meets it says so at once, where an outage is waited out."""
+    if isinstance(error, ConfigurationError):
+        return True
+    text = str(error).lower()
+    return any(words in text for words in REFUSED_FOR_GOOD)
+
+
 def no_answer(where: str, seconds: float | None, kind: str) -> str:
     """The one wording, for every store and transport, of a server that took the connection (or
     never finished it) and then said nothing: a dead server behind a proxy, a partition, another

@@ -90,9 +90,16 @@ class Service:
         everything as tasks of this event loop; returns once the dispatcher has started (its store
         answered, its transport connected)."""
         if self._task is not None:
+            if self._task.done():
+                raise ConfigurationError(
+                    "This Service has stopped and cannot be started again; make a new one (its store "
+                    "and transport are closed with it)."
+                )
             return
-        if self.setup:
-            await self.store.setup_infrastructure(self.endpoint)
+        if self.setup and not await self.dispatcher.reach_store(
+            lambda: self.store.setup_infrastructure(self.endpoint), "setting it up"
+        ):
+            return
         servers = self._servers()  # first: a port in use is an error before any coroutine exists
         companions = [Heartbeat(self.dispatcher, self.transport_name).run(), *servers]
         if self.front_door:

@@ -31,7 +31,14 @@ from duetime.engine.sinks import DeliveryLogSink, DispatchStats, LogSink, StatsS
 from duetime.engine.strategies import AtLeastOnce, DeliveryStrategy, ExactlyOnce, Progress, StrategyParts
 from duetime.engine.summary import LatenessHistogram
 from duetime.engine.wakeups import WakeUps
-from duetime.errors import ConfigurationError, CriticalError, UnsupportedTransactionMode, one_line
+from duetime.errors import (
+    ConfigurationError,
+    CriticalError,
+    StoreNotReady,
+    UnsupportedTransactionMode,
+    one_line,
+    refused_for_good,
+)
 from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     ClaimPolicy,
@@ -216,12 +223,47 @@ class Dispatcher:
                 f"{type(self.transport).__name__} cannot. Use at-least-once (the default) and "
                 "deduplicate by message id at the receiver."
             )
-        await self.store.initialize(self.endpoint, self.settings.transaction_mode)
+        if not await self.reach_store(
+            lambda: self.store.initialize(self.endpoint, self.settings.transaction_mode), "starting"
+        ):
+            return
         await self._align_clock(starting=True)
         await self._connect()
         self._unsubscribe = self.store.subscribe(self.wakeups.on_stored)
         self._started = True
         self._connected.set()
+
+    async def reach_store(self, call: Callable[[], Awaitable[object]], doing: str) -> bool:
+        """``call`` the store as a dispatcher starts (setting it up, binding the endpoint). A
+        store that does not answer then is an outage like any other: waited out with a back-off
+        until the fetch breaker's time ends it (a critical error, exit code 3), as a running
+        dispatcher rides it out. A store that refuses this user or database, or wrong settings,
+        are said at once. False when a stop was asked for meanwhile."""
+        while True:
+            try:
+                await call()
+                if self.fetch_breaker.armed:
+                    log.info("the store answers again")
+                self.fetch_breaker.success()
+                return True
+            except (CriticalError, StoreNotReady):
+                raise
+            except Exception as error:
+                if refused_for_good(error):
+                    raise
+                self.observer.fetch_failed(error)
+                log.warning(
+                    "the store does not answer while %s (%s); retrying (critical after %g s)",
+                    doing,
+                    one_line(error),
+                    self.fetch_breaker.time_to_trigger,
+                )
+                self.fetch_breaker.failure(error)
+                if self._critical is not None:
+                    raise self._critical from None
+                if self._stopping:
+                    return False
+                await self.back_off()
 
     async def _align_clock(self, *, starting: bool = False) -> None:
         """Follow the store server's clock: measure how far this host's is from it (half a round

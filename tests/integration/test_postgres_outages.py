@@ -213,3 +213,65 @@ async def test_a_slow_database_delays_but_loses_nothing(pg: str, proxy: TcpProxy
     assert stats.forwarded == 300 and len(transport.messages("orders")) == 300
     await store.close()
     direct.close()
+
+
+def test_a_dispatcher_started_during_an_outage_waits_it_out_then_delivers(
+    pg: str, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    """Three dispatchers started while the database is cut (a restart): none exits, each says
+    it is waiting, and once the database is back every message is delivered. A start into an
+    outage that outlasts the breaker's time ends with exit code 3 (a critical error, for the
+    supervisor to restart it), not 1 ("fix the input")."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.conftest import duetime_cmd, wait_until_serving
+
+    direct = setup_store(pg, "late")
+    queue = SyncPostgresQueue.from_url(pg)
+    queue.declare("orders")
+    now = datetime.now(UTC)
+    direct.store_many([DelayedMessage(f"m{i}", "orders", now) for i in range(30)])
+    through = proxy.url(pg) + "&pool_timeout=1"
+    proxy.cut()
+    env = {
+        **os.environ,
+        "DUETIME_FAILURE_BACKOFF": "0.2s",
+        "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER": "30s",
+    }
+    args = duetime_cmd("run", "--store", through, "--endpoint", "late", "--transport", pg)
+    logs = [tmp_path / f"run{i}.log" for i in range(3)]
+    procs = []
+    for log in logs:
+        with log.open("wb") as out:
+            procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=out, env=env))
+    try:
+        time.sleep(6)
+        assert [p.poll() for p in procs] == [None, None, None], [log.read_text()[-800:] for log in logs]
+        assert all("the store does not answer while" in log.read_text() for log in logs)
+        proxy.restore()
+        for log in logs:
+            wait_until_serving(log, 60)
+        deadline = time.monotonic() + 30
+        while direct.counts(datetime.now(UTC)).total and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert direct.counts(datetime.now(UTC)).total == 0
+        got = [m.message_id for m in queue.receive("orders", 100)]
+        assert sorted(set(got)) == sorted(f"m{i}" for i in range(30))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = [p.wait(30) for p in procs]
+    assert codes == [0, 0, 0], [log.read_text()[-800:] for log in logs]
+    # an outage longer than the breaker's time: critical, exit code 3
+    proxy.cut()
+    short = {**env, "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER": "3s"}
+    started = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, env=short)
+    assert done.returncode == 3, done.stderr[-1500:]
+    assert time.monotonic() - started >= 3
+    assert "critical" in done.stderr and "Traceback" not in done.stderr
+    direct.close()
+    queue.close()

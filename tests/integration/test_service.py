@@ -48,6 +48,18 @@ async def test_a_service_in_an_asyncio_program_delivers_and_stops_cleanly(tmp_pa
     assert _leftover_tasks() <= before  # nothing of the service is left running
 
 
+async def test_a_stopped_service_started_again_says_so(tmp_path: Path) -> None:
+    """A Service that stopped does not start again silently and deliver nothing: it says to make
+    a new one."""
+    url = f"sqlite:///{tmp_path / 'again.db'}"
+    async with duetime.open_store(url) as store, duetime.open_transport(url) as transport:
+        service = duetime.Service(store, transport, endpoint="again")
+        async with service:
+            pass
+        with pytest.raises(duetime.ConfigurationError, match="cannot be started again; make a new one"):
+            await service.start()
+
+
 async def test_a_service_in_a_web_apps_lifespan_serves_while_the_app_does(tmp_path: Path) -> None:
     """The lifespan FastAPI documents (``FastAPI(lifespan=...)``) is Starlette's: an endpoint
     schedules, the service delivers, and stopping the server stops the service."""
