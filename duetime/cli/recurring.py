@@ -154,6 +154,14 @@ def _when(
     )
 
 
+#: A long cron text is cut to this in the table (`show` has it whole), so ids keep their room.
+WHEN_SHOWN = 48
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= WHEN_SHOWN else text[: WHEN_SHOWN - 1] + "…"
+
+
 def _choice(flag: str, value: str | None, allowed: tuple[str, ...], default: str) -> str:
     if value is None:
         return default
@@ -260,7 +268,7 @@ def list_(
         t.add_row(
             r["id"],
             r["destination"],
-            r["when"],
+            _short(r["when"]),
             r["state"],
             r["next"] or "-",
             str(s.ticks_planned),
