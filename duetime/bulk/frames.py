@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import json
 import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -23,6 +22,7 @@ from duetime.bulk.arrowcheck import split_plainly_fine
 from duetime.bulk.records import Record, due_us_of, group_extra, problem
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.inputs.identifiers import check_name
+from duetime.inputs.jsontext import read_json
 from duetime.message import MAX_FAILURE_COUNT, dump_headers, kind
 
 T = TypeVar("T")
@@ -221,7 +221,7 @@ def derived_id(destination: object, due_us: int | None, body: bytes, headers: st
 
 def _json_line(line: str | bytes) -> dict[str, Any]:
     try:
-        data = json.loads(line.decode() if isinstance(line, bytes) else line)
+        data = read_json(line.decode() if isinstance(line, bytes) else line)
     except UnicodeDecodeError as error:
         return {
             "destination": None,

@@ -11,6 +11,7 @@ from xml.etree import ElementTree
 from duetime.clock import from_micros, to_micros
 from duetime.errors import InvalidMessage
 from duetime.inputs.durations import parse_time
+from duetime.inputs.jsontext import read_json
 from duetime.message import (
     EARLIEST_DUE,
     LATEST_DUE,
@@ -218,7 +219,7 @@ def parse_headers(text: str | None) -> dict[str, str]:
     if text.lstrip().startswith("<"):
         return _without_properties(header_infos(text))
     try:
-        value = json.loads(text)
+        value = read_json(text)
     except (ValueError, RecursionError) as error:  # not JSON, or nested too deeply to read
         raise InvalidMessage(f"headers are not readable JSON ({error}).") from None
     if not isinstance(value, dict):

@@ -23,6 +23,7 @@ from typing import Any
 
 from duetime.errors import DuplicateMessageId, InvalidMessage
 from duetime.inputs.durations import parse_duration, parse_time
+from duetime.inputs.jsontext import NumberTooLong, read_json
 from duetime.interfaces import DelayedMessageStore, NewOnlyStore
 from duetime.message import DelayedMessage, check_encodable, check_size, kind
 
@@ -44,9 +45,13 @@ def parse_line(text: str | bytes, number: int, now: datetime) -> DelayedMessage:
     if isinstance(text, bytes):
         text = _decoded(text, number)
     try:
-        row = json.loads(text)
+        row = read_json(text)
     except json.JSONDecodeError as error:
         raise InvalidMessage(f"line {number}: not JSON ({error.msg} at column {error.colno}).") from None
+    except NumberTooLong as error:
+        raise InvalidMessage(
+            f"line {number}: {error}; give a delay as a duration (10m) or a due_at time."
+        ) from None
     except RecursionError:  # Python's parser gives up near a thousand levels of [ or {
         raise InvalidMessage(
             f"line {number}: nested too deeply to read (hundreds of [ or {{ inside each other)."

@@ -967,7 +967,7 @@ def test_a_server_that_never_answers_is_the_same_line_for_every_kind(
 
 def test_hostile_lines_of_a_load_file_each_get_their_reason(seeded: str, tmp_path: Path) -> None:
     """A lone surrogate in a body or a header name (JSON allows "\\ud800"), and a line nested a
-    hundred thousand levels deep: each was an internal error; now each is its line's problem, the
+    hundred thousand levels deep, a number of 5,000 digits: each was an internal error; now each is its line's problem, the
     whole file is listed and nothing is stored. Headers over the size limit are such a problem too."""
     lines = [
         '{"destination": "orders", "body": "x\\ud800", "delay": "1h"}',
@@ -977,6 +977,7 @@ def test_hostile_lines_of_a_load_file_each_get_their_reason(seeded: str, tmp_pat
         '{"destination": "orders", "delay": "1h", "headers": {'
         + ",".join(f'"h{i}":""' for i in range(50_000))
         + "}}",
+        '{"destination": "orders", "body": "x", "delay": ' + "9" * 5000 + "}",
     ]
     path = tmp_path / "hostile.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -987,6 +988,7 @@ def test_hostile_lines_of_a_load_file_each_get_their_reason(seeded: str, tmp_pat
     assert "line 2: header 'h\\udc80' holds something that is not valid text" in done.stderr, done.stderr
     assert "line 3: nested too deeply to read" in done.stderr, done.stderr
     assert "line 5: the headers are 588,891 bytes (as JSON); the limit is 262,144" in done.stderr, done.stderr
+    assert "line 6: a number of 5,000 digits (at most 40)" in done.stderr, done.stderr
     assert cli("list", "--json", "--store", seeded).stdout == before  # nothing stored
 
 
