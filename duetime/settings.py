@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from duetime.errors import ConfigurationError, InvalidSetting
-from duetime.inputs.durations import parse_duration
+from duetime.inputs.durations import DurationTooLong, NegativeDuration, parse_duration
 
 
 class TransactionMode(enum.StrEnum):
@@ -27,6 +27,19 @@ class TransactionMode(enum.StrEnum):
 
 #: A lateness budget above this would be a delay, not a budget.
 MAX_LATENESS_BUDGET = timedelta(seconds=1)
+#: The shortest each time may be. Shorter, a call cannot finish or a breaker cannot see an
+#: outage from a slow answer: a 1 µs operation timeout or a 1 ms breaker made every call a
+#: failure, a made-up outage that ended the dispatcher.
+SHORTEST = {
+    "time_to_trigger_store_circuit_breaker": timedelta(seconds=1),
+    "time_to_trigger_fetch_circuit_breaker": timedelta(seconds=1),
+    "time_to_trigger_dispatch_circuit_breaker": timedelta(seconds=1),
+    "time_to_wait_before_triggering_critical_error_on_timeout_outages": timedelta(seconds=1),
+    "claim_timeout": timedelta(seconds=1),
+    "operation_timeout": timedelta(milliseconds=100),
+    "stop_timeout": timedelta(seconds=1),
+    "max_sleep": timedelta(milliseconds=1),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,18 +101,9 @@ class DelayedDeliverySettings:
             raise InvalidSetting("maximum_recovery_failures_per_second", "must be 1 or more")
         if not 1 <= self.batch_size <= 10_000:
             raise InvalidSetting("batch_size", "must be from 1 to 10,000")
-        for name in (
-            "time_to_trigger_store_circuit_breaker",
-            "time_to_trigger_fetch_circuit_breaker",
-            "time_to_trigger_dispatch_circuit_breaker",
-            "time_to_wait_before_triggering_critical_error_on_timeout_outages",
-            "max_sleep",
-            "claim_timeout",
-            "operation_timeout",
-            "stop_timeout",
-        ):
-            if getattr(self, name) <= timedelta(0):
-                raise InvalidSetting(name, "must be longer than zero")
+        for name, shortest in SHORTEST.items():
+            if getattr(self, name) < shortest:
+                raise InvalidSetting(name, f"must be at least {_said(shortest)}")
         if self.failure_backoff < timedelta(0) or self.max_failure_backoff < self.failure_backoff:
             raise ConfigurationError(
                 "failure_backoff must not be negative, and max_failure_backoff not shorter than it."
@@ -145,6 +149,10 @@ def setting_value(name: str, given: str, raw: str) -> object:
     if isinstance(default, timedelta):
         try:
             return parse_duration(raw)
+        except NegativeDuration:
+            raise ConfigurationError(f"{given} must not be negative.") from None
+        except DurationTooLong:
+            raise ConfigurationError(f"{given} is too long; write e.g. 30s, 10m or 1h.") from None
         except ValueError:
             raise ConfigurationError(
                 f"{given} is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m."
@@ -161,3 +169,28 @@ def setting_value(name: str, given: str, raw: str) -> object:
         except ValueError:
             raise ConfigurationError(f"{given} is not a whole number.") from None
     return raw
+
+
+def _said(span: timedelta) -> str:
+    seconds = span.total_seconds()
+    return f"{seconds:g} s" if seconds >= 1 else f"{seconds * 1000:g} ms"
+
+
+def misspelt(environ: Mapping[str, str], known: set[str], prefix: str = "DUETIME_") -> list[str]:
+    """A line for each ``DUETIME_*`` variable that is not one duetime reads but is spelt much like
+    one (``DUETIME_NUMBER_OF_RETRY``): it would be ignored, silently, though meant."""
+    import difflib
+
+    said = []
+    for name in sorted(environ):
+        if not name.startswith(prefix) or name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close:
+            said.append(f"{name} is not a duetime variable, so it is ignored; did you mean {close[0]}?")
+    return said
+
+
+def setting_variables(prefix: str = "DUETIME_") -> set[str]:
+    """The variables :meth:`DelayedDeliverySettings.from_env` reads."""
+    return {prefix + item.name.upper() for item in fields(DelayedDeliverySettings)}

@@ -12,6 +12,15 @@ from duetime.errors import InvalidMessage
 #: No duration duetime takes is longer than this: due times end in year 9998.
 LONGEST = timedelta(days=365 * 8000)
 
+
+class NegativeDuration(InvalidMessage):
+    """A duration written with a minus sign."""
+
+
+class DurationTooLong(InvalidMessage):
+    """A duration past :data:`LONGEST`."""
+
+
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -20,7 +29,7 @@ _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 def parse_duration(text: str) -> timedelta:
     raw = text.strip().lower().replace(" ", "")
     if raw.startswith("-"):
-        raise InvalidMessage(
+        raise NegativeDuration(
             f"A delay must not be negative, got {text!r}; a message cannot be due in the past."
         )
     try:
@@ -49,7 +58,7 @@ def _span(text: str, seconds: float) -> timedelta:
             f"Cannot read the duration {text!r}; write e.g. 90, 1.5s, 250ms, 10m, 1h30m or 2d."
         )
     if math.isinf(seconds) or seconds > LONGEST.total_seconds():
-        raise InvalidMessage(f"The duration {text!r} is too long; due times end in year 9998.")
+        raise DurationTooLong(f"The duration {text!r} is too long; due times end in year 9998.")
     return timedelta(seconds=seconds)
 
 

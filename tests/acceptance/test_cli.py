@@ -254,6 +254,30 @@ def test_settings_from_the_environment_take_cli_durations(cli) -> None:  # type:
     assert bad.returncode == 1 and "DUETIME_MAX_SLEEP='soon' is not a duration" in bad.stderr
     mode = cli("run", "--burst", env={"DUETIME_TRANSACTION_MODE": "twice"}, ok=False)
     assert mode.returncode == 1 and "at-least-once" in mode.stderr and "exactly-once" in mode.stderr
+    for variable, value, said in (
+        ("DUETIME_MAX_SLEEP", "-1s", "DUETIME_MAX_SLEEP='-1s' must not be negative."),
+        ("DUETIME_CLAIM_TIMEOUT", "9999999d", "DUETIME_CLAIM_TIMEOUT='9999999d' is too long"),
+        (
+            "DUETIME_OPERATION_TIMEOUT",
+            "0.000001",
+            "DUETIME_OPERATION_TIMEOUT='0.000001' must be at least 100 ms",
+        ),
+        (
+            "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER",
+            "1ms",
+            "DUETIME_TIME_TO_TRIGGER_FETCH_CIRCUIT_BREAKER='1ms' must be at least 1 s",
+        ),
+    ):
+        refused = cli("run", "--burst", env={variable: value}, ok=False)
+        assert refused.returncode == 1 and said in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+    # a misspelt name is said, not ignored silently; the suite's own DUETIME_TEST_* are not duetime's
+    typo = cli("run", "--burst", env={"DUETIME_NUMBER_OF_RETRY": "3", "DUETIME_TEST_ANYTHING": "x"})
+    assert typo.stderr.splitlines()[0] == (
+        "warning: DUETIME_NUMBER_OF_RETRY is not a duetime variable, so it is ignored; did you mean "
+        "DUETIME_NUMBER_OF_RETRIES?"
+    )
+    assert "DUETIME_TEST_ANYTHING" not in typo.stderr
 
 
 def test_run_on_the_default_store_is_exactly_once_and_logs_one_line_records(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
