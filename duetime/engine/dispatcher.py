@@ -423,6 +423,7 @@ class Dispatcher:
 
     async def _finish(self) -> None:
         await self.strategy.finish()
+        await self._log_sink.finish()
         self.wakeups.forget_ahead()
         if self._unsubscribe is not None:
             self._unsubscribe()

@@ -6,6 +6,7 @@ observer; the dispatcher owns one of each and knows them only as observers.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -84,13 +85,25 @@ class TracingSink(DispatchObserver):
             )
 
 
+#: Entries kept for a delivery log that is slow or hangs; past this, the oldest are given up.
+MOST_WAITING = 100_000
+#: Seconds a stopping dispatcher waits for the delivery log to take what is left.
+FLUSH_WITHIN = 5.0
+
+
 class DeliveryLogSink(DispatchObserver):
     """Records every delivery and dead-lettering in the opt-in delivery log (for ``duetime bulk
-    report``), written once the round is settled: a failing log costs a warning, never a message."""
+    report``), written by a task of its own once the round is settled: a log that fails, is slow
+    or never answers costs a warning (past :data:`MOST_WAITING` entries waiting, the oldest
+    entries), never a delivery and never a stop. One write is in flight at a time: a write
+    that hangs is not abandoned for another, which would hang beside it."""
 
     def __init__(self, delivery_log: DeliveryLog | None) -> None:
         self.log = delivery_log
         self._pending: list[Delivery] = []
+        self._waiting: list[Delivery] = []
+        self._writing: asyncio.Future[None] | None = None
+        self._given_up = 0
 
     def delivered(self, done: Sequence[Settled], at: datetime) -> None:
         self._keep(done, "delivered", at)
@@ -105,13 +118,53 @@ class DeliveryLogSink(DispatchObserver):
             )
 
     async def round_ended(self) -> None:
-        entries, self._pending = self._pending, []
-        if self.log is None or not entries:
+        if self.log is None or not self._pending:
             return
-        try:
-            await self.log.record(entries)
-        except Exception as error:  # the log is for reports; deliveries never wait on it
-            log.warning("writing %d entries to the delivery log failed: %s", len(entries), error)
+        self._waiting += self._pending
+        self._pending = []
+        over = len(self._waiting) - MOST_WAITING
+        if over > 0:
+            if not self._given_up:
+                log.warning(
+                    "the delivery log does not keep up (or does not answer): %d entries wait; the "
+                    "oldest are given up until it does (deliveries go on)",
+                    MOST_WAITING,
+                )
+            self._given_up += over
+            del self._waiting[:over]
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        assert self.log is not None
+        while self._waiting:
+            entries, self._waiting = self._waiting, []
+            try:
+                await self.log.record(entries)
+            except Exception as error:  # the log is for reports; deliveries never wait on it
+                log.warning(
+                    "writing %d entries to the delivery log failed: %s", len(entries), one_line(error)
+                )
+            if self._given_up and not self._waiting:
+                log.info("the delivery log keeps up again; %d entries were given up", self._given_up)
+                self._given_up = 0
+
+    async def finish(self, seconds: float = FLUSH_WITHIN) -> None:
+        """At a stop: what waits is written, for ``seconds`` at most (a log that hangs is left)."""
+        await self.round_ended()
+        writing = self._writing
+        if writing is None or writing.done():
+            return
+        done, _ = await asyncio.wait([writing], timeout=seconds)
+        if not done:
+            left = len(self._waiting) + self._given_up
+            log.warning(
+                "the delivery log did not answer within %g s of the stop; the entries of the last "
+                "batches%s are not written",
+                seconds,
+                f" and {left:,} more" if left else "",
+            )
+            writing.cancel()  # (a write on a thread of its own goes on there, alone)
 
 
 class SummarySink(DispatchObserver):

@@ -1,8 +1,9 @@
 """The dispatcher's opt-in delivery log: one entry per forwarded or dead-lettered message.
 
 ``duetime bulk report`` reads it to chart lateness over time. It is written after each batch was
-delivered and removed from the store, so it never decides a delivery: a log that cannot be written
-costs a warning, not a message (a slow one slows the next batch; keep it local or on a fast table).
+delivered and removed from the store, by a task and a thread of its own, so it never decides or
+delays a delivery: a log that cannot be written, is slow or never answers costs a warning (and,
+when it falls far behind, its oldest entries), not a message.
 Destinations: JSON Lines files (``jsonl:/var/log/duetime``, one file per UTC day) or a table
 ``duetime_delivery_log`` in a SQL database (``postgresql://…``, ``mysql://…``, ``sqlite:///…``).
 """
@@ -14,16 +15,55 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from duetime.clock import to_micros
-from duetime.errors import ConfigurationError
+from duetime.errors import ConfigurationError, DuetimeError, server_reason
+from duetime.inputs.urls import redact
 from duetime.interfaces import Delivery, DeliveryLog
 
 log = logging.getLogger("duetime.deliverylog")
+#: Seconds ``close`` waits for a write in flight before it leaves the log as it is.
+CLOSE_WITHIN = 2.0
+
+
+class _WriterThread:
+    """A daemon thread of its own for a log's blocking writes. A write that never returns (a
+    database behind a partition) then holds only this thread: not the event loop's default
+    threads, which the stores' calls use, and not the process's exit, which waits for those."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    async def call(self, work: Callable[..., None], *args: Any) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="duetime-delivery-log", daemon=True)
+            self._thread.start()
+        self._jobs.put((loop, future, work, args))
+        await future
+
+    def _run(self) -> None:
+        while True:
+            loop, future, work, args = self._jobs.get()
+            error: BaseException | None = None
+            try:
+                work(*args)
+            except BaseException as failed:
+                error = failed
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+                loop.call_soon_threadsafe(_settle, future, error)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if not future.done():
+        future.set_result(None) if error is None else future.set_exception(error)
 
 
 class JsonLinesDeliveryLog:
@@ -48,6 +88,7 @@ class JsonLinesDeliveryLog:
                 "folder duetime can write to."
             )
         self._lock = threading.Lock()
+        self._writer = _WriterThread()
 
     def write(self, entries: Sequence[Delivery]) -> None:
         by_day: dict[str, list[str]] = {}
@@ -61,7 +102,7 @@ class JsonLinesDeliveryLog:
 
     async def record(self, entries: Sequence[Delivery]) -> None:
         if entries:
-            await asyncio.to_thread(self.write, entries)
+            await self._writer.call(self.write, entries)
 
     async def close(self) -> None:
         return None
@@ -74,15 +115,25 @@ class SqlDeliveryLog:
         from duetime.backends.sqldb import Database
 
         self.db = Database.from_url(url)
+        self.url = url
         self._conn: Any = None
         self._lock = threading.Lock()
+        self._writer = _WriterThread()
 
     def reach(self) -> None:
         """Connect and make the table now: a URL that cannot work is said when the dispatcher
         starts, not as a warning at every batch (later failures stay warnings: the log never
         holds up a delivery)."""
         with self._lock:
-            self._connect()
+            try:
+                self._connect()
+            except DuetimeError:
+                raise
+            except Exception as error:  # a schema that is not there, a user who may not create
+                raise ConfigurationError(
+                    f"Cannot keep the delivery log in {redact(self.url)}: {server_reason(error)}; give a "
+                    "database (and schema) this user can create a table in."
+                ) from None
 
     def _connect(self) -> Any:
         if self._conn is None:
@@ -123,11 +174,16 @@ class SqlDeliveryLog:
 
     async def record(self, entries: Sequence[Delivery]) -> None:
         if entries:
-            await asyncio.to_thread(self.write, entries)
+            await self._writer.call(self.write, entries)
 
     async def close(self) -> None:
-        with self._lock:
-            self._drop()
+        """Close the connection, unless a write still holds it after :data:`CLOSE_WITHIN` (a
+        server that does not answer): that one is left to its thread."""
+        if await asyncio.to_thread(self._lock.acquire, timeout=CLOSE_WITHIN):
+            try:
+                self._drop()
+            finally:
+                self._lock.release()
 
 
 def open_delivery_log(spec: str) -> DeliveryLog:

@@ -275,3 +275,54 @@ def test_a_dispatcher_started_during_an_outage_waits_it_out_then_delivers(
     assert "critical" in done.stderr and "Traceback" not in done.stderr
     direct.close()
     queue.close()
+
+
+def test_a_delivery_log_behind_a_partition_delays_no_delivery_and_no_stop(
+    pg: str, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    """Was: 2 of 30 delivered in 40 s, then SIGTERM hung 30 s and exited 1. The log's database
+    stops answering (a partition) while the dispatcher runs: every message goes, and a stop ends
+    the process in seconds with exit code 0."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.conftest import duetime_cmd, wait_until_serving
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    setup_store(pg, "logged").close()  # the schema
+    log_url = proxy.url(pg)
+    log = tmp_path / "run.log"
+    env = {**os.environ, "DUETIME_FAILURE_BACKOFF": "0.2s"}
+    assert (
+        subprocess.run(duetime_cmd("setup", "--store", store_url, "--queue", "orders"), env=env).returncode
+        == 0
+    )
+    args = duetime_cmd("run", "--store", store_url, "--delivery-log", log_url)
+    with log.open("wb") as out:
+        run = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=out, env=env)
+    try:
+        wait_until_serving(log)
+        proxy.blackhole()
+        stamp = datetime.now(UTC)
+        from duetime.backends.sqlite import SyncSqliteStore
+
+        with SyncSqliteStore.from_url(store_url) as direct:
+            direct.initialize("duetime", TransactionMode.AT_LEAST_ONCE)
+            direct.store_many(
+                [DelayedMessage(f"m{i}", "orders", stamp + timedelta(seconds=0.1 * i)) for i in range(30)]
+            )
+            deadline = time.monotonic() + 30
+            while direct.counts(datetime.now(UTC)).total and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert direct.counts(datetime.now(UTC)).total == 0, log.read_text()[-1500:]
+        with SyncSqliteQueue.from_url(store_url) as queue:
+            assert len(queue.receive("orders", 100)) == 30
+        stopping = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        code = run.wait(30)
+        assert code == 0 and time.monotonic() - stopping < 15, log.read_text()[-1500:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+        proxy.restore()

@@ -104,3 +104,45 @@ async def test_a_service_in_a_web_apps_lifespan_serves_while_the_app_does(tmp_pa
     assert services[0].dispatcher.stopping and services[0].dispatcher.critical_error is None
     await reader.close()
     await transport.close()
+
+
+class _NeverAnswers:
+    """A delivery log whose writes never return (a database behind a partition)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def record(self, entries: Any) -> None:
+        self.calls += 1
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_delivery_log_that_never_answers_delays_no_delivery_and_no_stop(tmp_path: Path) -> None:
+    """Was: 1 of 10 delivered, and ``stop()`` never finished. The log's writes are its own task's:
+    every message goes on time, one write is in flight (not one per batch), and the stop waits
+    for it a few seconds at most."""
+    import time
+
+    url = f"sqlite:///{tmp_path / 'log.db'}"
+    hung = _NeverAnswers()
+    async with duetime.open_store(url) as store, duetime.open_transport(url) as transport:
+        await transport.declare("orders")
+        service = duetime.Service(store, transport, endpoint="logged", delivery_log=hung)  # type: ignore[arg-type]
+        await service.start()
+        client = await duetime.DelayedMessageClient(store, endpoint="logged").open()
+        for i in range(10):
+            await client.schedule("orders", b"x", delay=0.05 * i, message_id=f"m{i}")
+        got: list[ReceivedMessage] = []
+        for _ in range(100):
+            got += await transport.receive("orders", 10, 0.1)
+            if len(got) == 10:
+                break
+        assert sorted(m.message_id for m in got) == [f"m{i}" for i in range(10)]
+        assert hung.calls == 1
+        stopping = time.monotonic()
+        service.stop()
+        await asyncio.wait_for(service.wait(), 20)
+        assert time.monotonic() - stopping < 10
