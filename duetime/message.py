@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -314,6 +315,23 @@ def traceparent_of(stored_json: str) -> str | None:
         return None
     value = json.loads(stored_json).get("traceparent")
     return value if isinstance(value, str) else None
+
+
+def sending_key(message: DelayedMessage) -> str:
+    """What a broker that drops repeats (JetStream's ``Nats-Msg-Id``) is given to know them by:
+    the id and a digest of the due time, body and headers. A re-send of one stored message (a
+    crash between sending and removing it) has the same key and is dropped there; a new message
+    that reuses an id (scheduled again after delivery, a recurring tick sent by ``backfill``)
+    has another and is delivered."""
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(message.due_at.isoformat().encode())
+    digest.update(b"\x00")
+    digest.update(
+        json.dumps(dict(message.headers), sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    )
+    digest.update(b"\x00")
+    digest.update(message.body)
+    return f"{message.message_id}~{digest.hexdigest()}"
 
 
 def outgoing_headers(message: DelayedMessage, *, dispatching: bool = True) -> dict[str, str]:

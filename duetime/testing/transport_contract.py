@@ -120,6 +120,23 @@ class TransportContract(ContainmentContract):
         assert got.headers["tenant"] == "acme" and got.headers["unicode"] == "žluťoučký"
         assert got.headers["duetime-due-at"] == sent.due_at.isoformat()
 
+    async def test_a_new_message_that_reuses_an_id_is_delivered(
+        self, transport: Transport, queue: str
+    ) -> None:
+        """An id may come back: a message scheduled again under a delivered one's id, a recurring
+        tick sent again by ``backfill``. It is a new message, not a re-send, and arrives (a
+        broker that drops repeats of an id, as JetStream does within its window, dropped it)."""
+        await transport.declare(queue)
+        first = msg(1, queue)
+        again = DelayedMessage(first.message_id, queue, first.due_at + timedelta(seconds=1), b"again")
+        same_body = DelayedMessage(first.message_id, queue, first.due_at + timedelta(seconds=2), first.body)
+        for sent in (first, again, same_body):
+            assert await transport.send_batch([sent]) == [None]
+        got = await self.receive_all(transport, queue, 3)
+        assert [(m.message_id, m.headers["duetime-due-at"]) for m in got] == [
+            (m.message_id, m.due_at.isoformat()) for m in (first, again, same_body)
+        ]
+
     async def test_a_batch_keeps_its_order(self, transport: Transport, queue: str) -> None:
         await transport.declare(queue)
         batch = [msg(i, queue) for i in range(50)]

@@ -4,8 +4,9 @@ Each declared queue is a stream of its own whose only subject is ``<subject_pref
 message for an undeclared queue finds no stream and fails alone (DestinationNotFound) instead of
 vanishing. A queue's stream is found by that subject, whatever its name: two subject prefixes on
 one server (two environments) never share or block each other's streams. ``Nats-Msg-Id``
-carries the message id: JetStream drops a re-publish of the same id within its duplicate window,
-which absorbs most at-least-once re-sends at the broker.
+carries the message id and a digest of its content (:func:`~duetime.message.sending_key`):
+JetStream drops a re-publish of the same stored message within its duplicate window, which absorbs
+most at-least-once re-sends at the broker, and delivers a new message that reuses an id.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from duetime.errors import (
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option, one_url_per_host, redact, url_options
 from duetime.interfaces import AsyncClosing, ReceivedMessage
-from duetime.message import DelayedMessage, outgoing_headers
+from duetime.message import DelayedMessage, outgoing_headers, sending_key
 
 #: The subject prefix unless the URL gives ``subject_prefix``.
 DEFAULT_SUBJECT_PREFIX = "duetime.q."
@@ -273,7 +274,7 @@ class NatsTransport(AsyncClosing):
 
     @staticmethod
     def _headers_of(m: DelayedMessage) -> dict[str, str]:
-        return outgoing_headers(m) | {"Nats-Msg-Id": m.message_id, "duetime-message-id": m.message_id}
+        return outgoing_headers(m) | {"Nats-Msg-Id": sending_key(m), "duetime-message-id": m.message_id}
 
     async def _publish(self, m: DelayedMessage) -> Exception | None:
         headers = self._headers_of(m)
