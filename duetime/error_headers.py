@@ -6,9 +6,9 @@ import traceback
 from collections.abc import Mapping
 from datetime import datetime
 
-from duetime.message import DelayedMessage
+from duetime.message import DISPATCHER_ONLY_PREFIX, DelayedMessage
 
-PREFIX = "duetime-error-"
+PREFIX = DISPATCHER_ONLY_PREFIX
 ERROR_TYPE = PREFIX + "type"
 ERROR_MESSAGE = PREFIX + "message"
 ERROR_STACKTRACE = PREFIX + "stacktrace"

@@ -168,6 +168,26 @@ def check_size(message: DelayedMessage) -> DelayedMessage:
     return message
 
 
+#: Headers only a dispatcher writes, on the copy of a failed message it puts on the error queue
+#: (why, when, which endpoint's): a stored message carrying them would, once due, land on an
+#: error queue passing for another endpoint's failure (see :mod:`duetime.error_headers`).
+DISPATCHER_ONLY_PREFIX = "duetime-error-"
+
+
+def check_storable(message: DelayedMessage) -> DelayedMessage:
+    """``message`` if a store may keep it: within the sizes (:func:`check_size`), and with none
+    of the headers only dispatchers write."""
+    check_size(message)
+    for name in message.headers:
+        if name.startswith(DISPATCHER_ONLY_PREFIX):
+            raise InvalidMessage(
+                f"header {name!r} is written by dispatchers only (it says why a message failed); "
+                f"remove the {DISPATCHER_ONLY_PREFIX}* headers (`duetime errors retry` sends a failed "
+                "message back)."
+            )
+    return message
+
+
 @dataclass(frozen=True, slots=True)
 class DelayedMessage:
     """A message that must reach ``destination`` at ``due_at`` and not before.

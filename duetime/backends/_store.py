@@ -30,7 +30,7 @@ from duetime.message import (
     MAX_GROUP_LENGTH,
     DelayedMessage,
     check_due_time,
-    check_size,
+    check_storable,
     check_text,
     dump_headers,
 )
@@ -411,7 +411,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def store(self, message: DelayedMessage) -> None:
         """Store one message; returns once it is durable. Calls from several threads at once
         share a transaction (each still gets its own answer)."""
-        self._shared.store(check_size(message))
+        self._shared.store(check_storable(message))
 
     def store_many(self, messages: Sequence[DelayedMessage]) -> int:
         self._ready()
@@ -419,7 +419,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
             return 0
         seen: set[str] = set()
         for m in messages:
-            check_size(m)
+            check_storable(m)
             if m.message_id in seen:
                 raise duplicate_id(m.message_id)
             seen.add(m.message_id)
@@ -436,7 +436,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
         self._ready()
         first: dict[str, DelayedMessage] = {}
         for m in messages:
-            first.setdefault(check_size(m).message_id, m)
+            first.setdefault(check_storable(m).message_id, m)
         fresh = list(first.values())
         for _ in range(NEW_ONLY_TRIES):
             there = self._stored_ids([m.message_id for m in fresh])

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from duetime import nservicebus_wire as nservicebus
 from duetime.errors import InvalidSchedule
 from duetime.inputs.durations import parse_time
-from duetime.message import DelayedMessage, check_size
+from duetime.message import DelayedMessage, check_storable
 from duetime.recurring.rules import Recurrence
 
 #: Headers every tick carries: which schedule, and the time it was planned for.
@@ -135,7 +135,7 @@ class Schedule:
         check_schedule_id(self.schedule_id)
         # a tick is checked as every message is (destination, body, headers): make one now, so a
         # schedule whose ticks could not be stored is refused when it is given
-        check_size(self.tick(_CHECKED_AT, _CHECKED_AT))
+        check_storable(self.tick(_CHECKED_AT, _CHECKED_AT))
 
     def state(self) -> str:
         if self.set_aside is not None:

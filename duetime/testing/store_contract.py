@@ -266,6 +266,29 @@ class StoreContract:
         await store.store(at_limit)
         assert await store.get(at_limit.message_id) == at_limit
 
+    async def test_a_message_may_not_carry_the_headers_only_dispatchers_write(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """``duetime-error-*`` say which endpoint a message failed in and why: scheduled with
+        them, a message would land on an error queue as another endpoint's failure (listed and
+        retried as that). Every way in refuses it and stores nothing."""
+        t = now()
+        forged = DelayedMessage(
+            "forged", "error", t, b"x", {"duetime-error-endpoint": "payments", "duetime-error-message": "?"}
+        )
+        calls = [lambda: store.store(forged), lambda: store.store_many([msg(1, t), forged])]
+        if isinstance(store, (NewOnlyStore, SyncSide)):
+            calls.append(lambda: cast(NewOnlyStore, store).store_new([msg(1, t), forged]))
+        for call in calls:
+            with pytest.raises(InvalidMessage, match="written by dispatchers only"):
+                await call()
+        assert await store.get("forged") is None and await store.get("m-00001") is None
+        assert isinstance(store, (RecurringStore, SyncSide))
+        with pytest.raises(InvalidMessage, match="written by dispatchers only"):
+            new_schedule(
+                "forged", "error", Recurrence(every=timedelta(seconds=1)), t, headers=dict(forged.headers)
+            )
+
     # --- recurring schedules ------------------------------------------------------------------
     async def test_a_schedule_is_kept_and_its_ticks_stored_once_whoever_plans(
         self, store: DelayedMessageStore
