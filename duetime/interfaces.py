@@ -582,6 +582,17 @@ class CarryCheck(Protocol):
 
 
 @runtime_checkable
+class ChecksKeeping(Protocol):
+    """A store whose server can be switched, while in use, to lose what it took (a Redis whose
+    ``maxmemory-policy`` is changed to evict keys)."""
+
+    async def check_keeping(self) -> None:
+        """Raise (ConfigurationError, with how to fix it) unless the store keeps what it takes,
+        asked of the server now: a caller that drops its own copy of what it stored (the front
+        door acknowledging a batch) asks first."""
+
+
+@runtime_checkable
 class ServerClock(Protocol):
     """A store whose server keeps its own time (PostgreSQL, MariaDB, Redis)."""
 

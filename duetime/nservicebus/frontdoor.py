@@ -34,6 +34,7 @@ from duetime.errors import (
 from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     AddressTopology,
+    ChecksKeeping,
     DelayedMessageStore,
     InspectableQueue,
     ReceivedMessage,
@@ -404,9 +405,18 @@ class FrontDoor:
         store itself is failing (an outage: nothing is acknowledged, the breaker counts it)."""
         store = self.dispatcher.store
         with tracing.storing([m for _, m in pairs]) as stamped:
-            return await self._store_traced(
+            refused = await self._store_traced(
                 store, list(zip([item for item, _ in pairs], stamped, strict=True))
             )
+        if refused is not None and isinstance(store, ChecksKeeping):
+            # what was stored is acknowledged next: only if the store still keeps what it takes
+            # (a Redis switched to evicting keys answers every write OK and then drops them)
+            try:
+                await within(store.check_keeping(), self._deadline, "checking the store keeps what it stores")
+            except Exception as error:
+                self._outage(STORE, f"storing {len(pairs)} messages", error)
+                return None
+        return refused
 
     async def _store_traced(
         self, store: DelayedMessageStore, pairs: Sequence[tuple[ReceivedMessage, DelayedMessage]]
@@ -488,6 +498,8 @@ def _own_fault(error: Exception) -> bool:
     Only such refusals send an envelope to the error queue; anything else is an outage, and the
     envelope waits on its queue (a full disk must not empty the front door into the error queue).
     """
+    if isinstance(error, ConfigurationError):  # the store's set-up (a Redis that may evict), not the message
+        return False
     if isinstance(error, ValueError | TypeError | OverflowError):  # InvalidMessage is a ValueError
         return True
     sqlstate = getattr(error, "sqlstate", None)  # PostgreSQL: class 22 is "data exception"

@@ -276,7 +276,10 @@ class StoreContract:
         forged = DelayedMessage(
             "forged", "error", t, b"x", {"duetime-error-endpoint": "payments", "duetime-error-message": "?"}
         )
-        calls = [lambda: store.store(forged), lambda: store.store_many([msg(1, t), forged])]
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: store.store(forged),
+            lambda: store.store_many([msg(1, t), forged]),
+        ]
         if isinstance(store, (NewOnlyStore, SyncSide)):
             calls.append(lambda: cast(NewOnlyStore, store).store_new([msg(1, t), forged]))
         for call in calls:

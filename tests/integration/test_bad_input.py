@@ -701,6 +701,59 @@ def test_an_eviction_policy_switched_under_a_running_store_stops_its_writes(
         store.close()
 
 
+async def test_the_front_door_acknowledges_nothing_a_redis_switched_to_evicting_may_drop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Was: the policy looked at every 30 s, and 2,104 front-door messages acknowledged (gone from
+    their queue) meanwhile into a store that then evicted them. The store is asked again, now,
+    before each acknowledgement: with eviction switched on, nothing is acknowledged."""
+    import redis
+
+    from duetime import Dispatcher, FrontDoor
+    from duetime.backends.redis import RedisStore
+    from duetime.backends.redis import store as redis_store
+    from duetime.backends.sqlite import SqliteQueueTransport, SyncSqliteQueue
+    from duetime.nservicebus.frontdoor import envelope_headers
+
+    monkeypatch.setattr(redis_store, "POLICY_CHECK_SECONDS", 3600.0)  # the store's own look: once
+    with private_redis(tmp_path, "50mb", "noeviction") as url:
+        queue_file = tmp_path / "door.db"
+        sender = SyncSqliteQueue(queue_file)
+        sender.declare("door.timeouts")
+        store = RedisStore.from_url(url)
+        receiver = SqliteQueueTransport(queue_file)
+        dispatcher = Dispatcher(store, receiver, endpoint="door")
+        await store.setup_infrastructure("door")
+        await dispatcher.start()
+        door = FrontDoor(dispatcher, receiver, wait=0.1)
+        client = redis.Redis.from_url(url)
+        client.config_set("maxmemory-policy", "allkeys-lru")  # just after the store's own look
+        now = datetime.now(UTC)
+        sender.send(
+            [
+                DelayedMessage(
+                    f"f{i}", "door.timeouts", now, b"x", envelope_headers("orders", now + timedelta(hours=1))
+                )
+                for i in range(5)
+            ]
+        )
+        working = asyncio.create_task(door.run())
+        await asyncio.sleep(1.5)
+        assert sender.depth("door.timeouts") == 5  # not acknowledged: received again once fixed
+        client.config_set("maxmemory-policy", "noeviction")
+        for _ in range(100):
+            if sender.depth("door.timeouts") == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert sender.depth("door.timeouts") == 0 and door.stored >= 5
+        dispatcher.stop()
+        await asyncio.wait_for(working, 30)
+        client.close()
+        sender.close()
+        await store.close()
+        await receiver.close()
+
+
 @contextlib.contextmanager
 def private_redis(folder: Path, maxmemory: str, policy: str) -> Iterator[str]:
     """A redis-server of the test's own on a free port (never the shared one), with a memory

@@ -240,6 +240,11 @@ class SyncRedisStore(StoreRules):
             )
         self._policy_checked_at = now
 
+    def check_keeping(self) -> None:
+        """:meth:`check_eviction_policy`, asked of the server now (not the last look's answer)."""
+        self._policy_checked_at = None
+        self.check_eviction_policy()
+
     def _create(self, endpoint: str) -> None:
         """Nothing to create but the version; version 1 keys need nothing to become version 2
         (their messages have no group)."""
@@ -556,6 +561,9 @@ class RedisStore(AsyncStoreBridge):
     @classmethod
     def from_url(cls, url: str, *, claim_timeout: timedelta | None = None) -> RedisStore:
         return cls(SyncRedisStore.from_url(url, claim_timeout=claim_timeout))
+
+    async def check_keeping(self) -> None:
+        await self._call(self.sync.check_keeping)
 
     async def _listen(self, subscribers: Subscribers) -> None:
         """Subscribe to the store's channel; after a dropped connection, subscribe again and tell
