@@ -178,14 +178,14 @@ def _said(span: timedelta) -> str:
 
 def misspelt(environ: Mapping[str, str], known: set[str], prefix: str = "DUETIME_") -> list[str]:
     """A line for each ``DUETIME_*`` variable that is not one duetime reads but is spelt much like
-    one (``DUETIME_NUMBER_OF_RETRY``): it would be ignored, silently, though meant."""
+    one (``NUMBER_OF_RETRY`` for ``NUMBER_OF_RETRIES``): it would be ignored, silently, though meant."""
     import difflib
 
     said = []
     for name in sorted(environ):
         if not name.startswith(prefix) or name in known:
             continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.9)
         if close:
             said.append(f"{name} is not a duetime variable, so it is ignored; did you mean {close[0]}?")
     return said
