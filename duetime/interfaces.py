@@ -408,9 +408,12 @@ class RecurringStore(Protocol):
     ) -> int:
         """Send now the ticks planned between ``start`` and ``end``; how many were stored."""
 
-    async def plan_schedules(self, now: datetime | None = None) -> PlanReport:
+    async def plan_schedules(
+        self, now: datetime | None = None, *, steady_since: datetime | None = None
+    ) -> PlanReport:
         """Store the ticks coming due soon of every schedule that needs them (dispatchers call
-        this every second or so; any number may, at once)."""
+        this every second or so; any number may, at once). ``steady_since``: since when the
+        caller has planned every step (a tick planned after that is late, not missed)."""
 
 
 @runtime_checkable

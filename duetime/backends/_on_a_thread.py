@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
@@ -300,9 +301,16 @@ class AsyncStoreBridge(AsyncClosing):
         return await self._planned(self.sync.backfill_schedule, schedule_id, start, end, now)
 
     async def plan_schedules(
-        self, now: datetime | None = None, ahead: timedelta = PLAN_AHEAD, limit: int = PLAN_BATCH
+        self,
+        now: datetime | None = None,
+        ahead: timedelta = PLAN_AHEAD,
+        limit: int = PLAN_BATCH,
+        *,
+        steady_since: datetime | None = None,
     ) -> PlanReport:
-        report = await self._call(self.sync.plan_schedules, now, ahead, limit)
+        report = await self._call(
+            functools.partial(self.sync.plan_schedules, now, ahead, limit, steady_since=steady_since)
+        )
         if report.earliest is not None:
             self.subscribers.notify(report.earliest)
         return report

@@ -295,20 +295,28 @@ class ScheduleRules(ABC):
         return stored
 
     def plan_schedules(
-        self, now: datetime | None = None, ahead: timedelta = PLAN_AHEAD, limit: int = PLAN_BATCH
+        self,
+        now: datetime | None = None,
+        ahead: timedelta = PLAN_AHEAD,
+        limit: int = PLAN_BATCH,
+        *,
+        steady_since: datetime | None = None,
     ) -> PlanReport:
         """Store the ticks due within ``ahead`` of every schedule that needs them (a step of at
         most ``limit`` schedules; ``more`` says when others wait). A schedule that cannot be
-        planned is set aside (its state says why) and the others go on."""
+        planned is set aside (its state says why) and the others go on. ``steady_since``: see
+        :func:`duetime.recurring.schedule.plan`."""
         self._ready()
         now = self._now(now)
         rows = self._schedules_to_plan(now + ahead, limit)
+        oldest = min((r.planned_until for r in rows if r.planned_until is not None), default=None)
+        waited = 0.0 if oldest is None else max(0.0, (now + ahead - oldest).total_seconds())
         # in id order: every planner writes rows in the same order, so two never wait on each
         # other in a circle (a deadlock)
         changes: list[Planned] = []
         steps: list[tuple[str, Plan | str]] = []
         for row in sorted(rows, key=lambda r: r.schedule_id):
-            step = _plan_row(row, now, ahead)
+            step = _plan_row(row, now, ahead, steady_since)
             steps.append((row.schedule_id, step))
             changes.append(
                 (set_aside_row(row, step), []) if isinstance(step, str) else (step.after.row(), step.ticks)
@@ -337,7 +345,7 @@ class ScheduleRules(ABC):
                 earliest = first if earliest is None else min(earliest, first)
         if earliest is not None:
             self._announce(earliest)
-        return PlanReport(planned, ticks, missed, earliest, tuple(missed_by), more, tuple(set_aside))
+        return PlanReport(planned, ticks, missed, earliest, tuple(missed_by), more, tuple(set_aside), waited)
 
     def _plan_one(self, schedule_id: str, now: datetime, ahead: timedelta) -> None:
         """Plan one schedule now (it was added, changed or resumed); one that cannot be planned
@@ -380,12 +388,14 @@ class ScheduleRules(ABC):
         raise InvalidSchedule(f"The schedule {schedule_id!r} kept changing under this call; try again.")
 
 
-def _plan_row(row: ScheduleRow, now: datetime, ahead: timedelta) -> Plan | str:
+def _plan_row(
+    row: ScheduleRow, now: datetime, ahead: timedelta, steady_since: datetime | None = None
+) -> Plan | str:
     """The plan of a stored schedule, or why it cannot be planned. Planning is reckoning only (no
     store is asked), so whatever it raises is the schedule's own: a zone this host cannot read,
     ticks no message can carry. Such a schedule is set aside; the others go on."""
     try:
-        return plan(Schedule.from_row(row), now, ahead)
+        return plan(Schedule.from_row(row), now, ahead, steady_since=steady_since)
     except Exception as error:
         return one_line(error)
 

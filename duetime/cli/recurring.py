@@ -241,40 +241,52 @@ def add(
     _run(lambda: warn_undeclared(store, transport, [destination]))
 
 
+#: Schedules read, and printed, a page at a time.
+LIST_PAGE = 500
+
+
 @recurring_app.command("list")
 def list_(
     store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime", as_json: JsonOpt = False
 ) -> None:
-    """Every schedule: when, its state, the next tick, ticks sent and missed."""
+    """Every schedule: when, its state, the next tick, ticks sent and missed.
 
-    async def every_page(s: RecurringStore) -> list[Schedule]:
-        found: list[Schedule] = []
+    Each page of 500 is printed as it is read (a table a page, or JSON lines with --json), so
+    a store of a hundred thousand schedules lists in constant memory."""
+
+    async def every_page(s: RecurringStore) -> int:
+        server = s.server_time if isinstance(s, ServerClock) else None
+        shown, after = 0, ""
         while True:
-            page = await s.list_schedules(found[-1].schedule_id if found else "", 500)
-            found += page
-            if len(page) < 500:
-                return found
+            page = await s.list_schedules(after, LIST_PAGE)
+            now = (await server() if server else None) or SYSTEM.now()
+            rows = [_row(x, now) for x in page]
+            if as_json:
+                sys.stdout.writelines(json.dumps(r) + "\n" for r in rows)
+            elif rows:
+                show(_page_table(rows))
+            shown += len(rows)
+            if len(page) < LIST_PAGE:
+                return shown
+            after = page[-1].schedule_id
 
-    schedules, now = _store_read(store, endpoint, every_page)
-    if as_json:
-        sys.stdout.writelines(json.dumps(_row(s, now)) + "\n" for s in schedules)
-        return
-    if not schedules:
+    if not _store_call(store, endpoint, every_page) and not as_json:
         err.print("no recurring schedules (duetime recurring add ... adds one)")
-        return
+
+
+def _page_table(rows: list[dict[str, Any]]) -> Any:
     t = table("id", "destination", "when", "state", "next tick (UTC)", "planned", "missed")
-    for s in schedules:
-        r = _row(s, now)
+    for r in rows:
         t.add_row(
             r["id"],
             r["destination"],
             _short(r["when"]),
             r["state"],
             r["next"] or "-",
-            str(s.ticks_planned),
-            str(s.ticks_missed),
+            str(r["ticks_planned"]),
+            str(r["ticks_missed"]),
         )
-    show(t)
+    return t
 
 
 @recurring_app.command("show")

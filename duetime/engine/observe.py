@@ -96,6 +96,10 @@ class DispatchObserver:
         """Recurring schedules' ticks stored by a planning step, and ticks their catch-up policy
         left out (missed while no dispatcher ran)."""
 
+    def planning_behind(self, seconds: float) -> None:
+        """After each planning pass: how long the longest-waiting schedule waited to be planned
+        (about a second when planning keeps up; more, and its ticks go late)."""
+
     def schedules_set_aside(self, count: int) -> None:
         """Recurring schedules a planning step set aside because they cannot be planned (a zone
         this host cannot read, ticks no message can carry); the others go on."""

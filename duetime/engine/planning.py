@@ -9,6 +9,7 @@ The ticks are then ordinary stored messages, delivered by the same rounds as eve
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
@@ -24,6 +25,12 @@ log = logging.getLogger("duetime.recurring")
 PLAN_EVERY = 1.0
 #: Seconds a planning step may take before it is given up (and tried again next time).
 PLAN_WITHIN = 10.0
+#: Planning is behind when a schedule waited longer than this to be planned: its ticks go late.
+BEHIND_AFTER = 5.0
+#: Seconds between two lines saying planning is behind (or missed ticks), while it goes on.
+SAY_EVERY = 60.0
+#: Schedules named in a line about missed ticks (the rest are counted).
+NAMED = 5
 
 
 class Planner:
@@ -36,26 +43,59 @@ class Planner:
         self.now = now
         self.observer = observer or DispatchObserver()
         self._failing: str | None = None
+        #: When the unbroken run of planning steps began (None before the first, and after a
+        #: failure): ticks planned since were not missed by an absent dispatcher, only late.
+        self._steady_since: datetime | None = None
+        self._said_at: dict[str, float] = {}
 
     async def plan_once(self) -> None:
         """Plan until no schedule waits; a store that cannot plan is said once and left."""
+        started = self.now()
+        waited = 0.0
         while True:
             try:
                 report = await within(
-                    self.store.plan_schedules(self.now()), PLAN_WITHIN, "planning schedules"
+                    self.store.plan_schedules(started, steady_since=self._steady_since),
+                    PLAN_WITHIN,
+                    "planning schedules",
                 )
             except StoreNotReady as error:  # a store set up before schedules: `duetime setup`
                 self._say_once(str(error))
+                self._steady_since = None
                 return
             except Exception as error:  # an outage: the dispatcher's breakers see it in its rounds
                 self._say_once(f"planning recurring schedules failed: {one_line(error)}")
+                self._steady_since = None
                 return
             if self._failing is not None:
                 log.info("planning recurring schedules again")
                 self._failing = None
             self._count(report)
+            waited = max(waited, report.waited)
             if not report.more:
-                return
+                break
+            started = self.now()
+        if self._steady_since is None:
+            self._steady_since = started
+        self._behind(waited)
+
+    def _behind(self, waited: float) -> None:
+        """The planning lag as a metric, and one line a minute while it is over BEHIND_AFTER."""
+        self.observer.planning_behind(waited)
+        if waited > BEHIND_AFTER and self._time_to_say("behind"):
+            log.warning(
+                "planning recurring schedules is behind: a schedule waited %.0f s to be planned, so "
+                "its ticks go late (none is dropped); more dispatchers, or fewer schedules, catch up",
+                waited,
+                extra={"fields": {"planning_behind_seconds": round(waited, 1)}},
+            )
+
+    def _time_to_say(self, what: str) -> bool:
+        at, last = time.monotonic(), self._said_at.get(what)
+        if last is not None and at - last < SAY_EVERY:
+            return False
+        self._said_at[what] = at
+        return True
 
     def _count(self, report: PlanReport) -> None:
         self.observer.planned(report.ticks, report.missed)
@@ -69,12 +109,23 @@ class Planner:
                 why,
                 extra={"fields": {"schedule": schedule_id, "set_aside": why}},
             )
-        for schedule_id, missed in report.missed_by:
+        if report.missed_by:  # one line a step, however many schedules
+            named = ", ".join(f"{sid} ({n:,})" for sid, n in report.missed_by[:NAMED])
+            others = len(report.missed_by) - NAMED
             log.warning(
-                "schedule %s: %s tick(s) missed while no dispatcher ran (its catch-up policy left them out)",
-                schedule_id,
-                missed,
-                extra={"fields": {"schedule": schedule_id, "ticks_missed": missed}},
+                "%s tick(s) of %s schedule(s) missed while no dispatcher ran (their catch-up policy "
+                "left them out): %s%s",
+                f"{report.missed:,}",
+                f"{len(report.missed_by):,}",
+                named,
+                f" and {others:,} more" if others > 0 else "",
+                extra={
+                    "fields": {
+                        "ticks_missed": report.missed,
+                        "schedules": len(report.missed_by),
+                        "schedule": report.missed_by[0][0],
+                    }
+                },
             )
 
     def _say_once(self, text: str) -> None:

@@ -27,7 +27,7 @@ from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 
 try:
-    from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
     from prometheus_client.process_collector import ProcessCollector
 except ImportError as missing:  # pragma: no cover - depends on what is installed
@@ -136,6 +136,13 @@ class PrometheusObserver(DispatchObserver):
             "duetime_recurring_ticks_missed",
             "Ticks of recurring schedules missed while no dispatcher ran and left out by their catch-up policy.",
         )
+        self._planning_behind = Gauge(
+            "duetime_recurring_planning_behind_seconds",
+            "Seconds the longest-waiting recurring schedule waited to be planned in the last planning "
+            "pass (about 1 when planning keeps up; more, and ticks go late).",
+            ["endpoint"],
+            registry=registry,
+        ).labels(endpoint)
         self._set_aside = counter(
             "duetime_recurring_schedules_set_aside",
             "Recurring schedules this dispatcher's planning set aside because they cannot be planned "
@@ -224,6 +231,9 @@ class PrometheusObserver(DispatchObserver):
 
     def schedules_set_aside(self, count: int) -> None:
         self._set_aside.labels(self.endpoint).inc(count)
+
+    def planning_behind(self, seconds: float) -> None:
+        self._planning_behind.set(seconds)
 
 
 class Backlog:

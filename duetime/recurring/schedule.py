@@ -253,19 +253,30 @@ LATE_NOT_MISSED = timedelta(seconds=2)
 MOST_WALKED = 10_000
 
 
-def plan(schedule: Schedule, now: datetime, ahead: timedelta, *, most: int = 1000) -> Plan:
+def plan(
+    schedule: Schedule,
+    now: datetime,
+    ahead: timedelta,
+    *,
+    most: int = 1000,
+    steady_since: datetime | None = None,
+) -> Plan:
     """The ticks of ``schedule`` to store now: every planned time after ``planned_until`` up to
     the first one past ``now + ahead`` (so the next tick is always stored, however far off).
     Ticks planned before ``now`` were missed by a dispatcher that was away: its catch-up policy
     says which of them still go (due now), and the rest are counted. The policy holds for the
     whole absence, however many steps it takes (``latest`` sends one tick, not one a step).
-    ``most`` bounds the ticks one step stores."""
+    ``most`` bounds the ticks one step stores. ``steady_since``: since when the planner has
+    planned every step; a tick planned after that was not missed (no dispatcher was away), only
+    late, because planning fell behind, and goes whatever the policy."""
     horizon = now + ahead
     if schedule.paused or schedule.planned_until is None or schedule.planned_until > horizon:
         return Plan([], schedule, 0)  # nothing to plan, or planned far enough already
     r = schedule.recurrence
     count_left = None if r.count is None else r.count - schedule.ticks_planned
     late_before = now - LATE_NOT_MISSED
+    if steady_since is not None:
+        late_before = min(late_before, steady_since)
     window_from = None if r.catch_up_window is None else now - r.catch_up_window
     until: datetime = schedule.planned_until
     going: list[datetime] = []
@@ -379,3 +390,6 @@ class PlanReport:
     more: bool = False
     #: (schedule id, why), for each schedule this step set aside because it cannot be planned.
     set_aside: tuple[tuple[str, str], ...] = ()
+    #: Seconds the longest-waiting schedule of this step waited to be planned, from when its
+    #: next ticks came within reach (about a second when planning keeps up).
+    waited: float = 0.0

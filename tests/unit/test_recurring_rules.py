@@ -262,7 +262,9 @@ async def test_a_planner_whose_store_fails_says_so_once_and_plans_again_when_it_
     ]
 
     class Store:
-        async def plan_schedules(self, now: datetime | None = None) -> PlanReport:
+        async def plan_schedules(
+            self, now: datetime | None = None, *, steady_since: datetime | None = None
+        ) -> PlanReport:
             answer = answers.pop(0)
             if isinstance(answer, Exception):
                 raise answer
@@ -293,3 +295,62 @@ def test_a_tick_for_an_nservicebus_endpoint_has_its_own_message_id_and_time_sent
         timedelta(seconds=25),
     )
     assert not any(h.startswith("NServiceBus.") for t in plain.ticks for h in t.headers)
+
+
+def test_ticks_planned_while_planning_kept_on_are_late_not_missed() -> None:
+    """Planning that falls behind (a hundred thousand schedules on two cores) made ticks "missed
+    while no dispatcher ran" while dispatchers ran, and ``latest`` dropped them. A tick planned
+    after the planner's unbroken run began is late and goes; only those before it were missed."""
+    s = new_schedule("m", "q", Recurrence(cron="* * * * *"), NOW)
+    s = plan(s, NOW, timedelta(seconds=30)).after  # 12:01 stored
+    later = NOW + timedelta(minutes=10, seconds=30)
+    kept_on = plan(s, later, timedelta(seconds=30), steady_since=NOW)
+    assert [t.due_at for t in kept_on.ticks] == [NOW + timedelta(minutes=k) for k in range(2, 13)]
+    assert kept_on.missed == 0
+    away = plan(s, later, timedelta(seconds=30))  # nobody planned: those before now were missed
+    assert [t.due_at for t in away.ticks] == [NOW + timedelta(minutes=k) for k in (10, 11, 12)]
+    assert away.missed == 8
+
+
+async def test_a_planner_says_missed_ticks_in_one_line_and_when_it_is_behind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """201,001 warnings, one a schedule, were one planning pass's missed ticks; now one line a
+    pass names a few and counts the rest. A pass whose schedules waited past BEHIND_AFTER says
+    planning is behind, once a minute, and the metric has the figure."""
+    from duetime.engine.observe import DispatchObserver
+    from duetime.engine.planning import BEHIND_AFTER, Planner
+    from duetime.recurring.schedule import PlanReport
+
+    missed_by = tuple((f"s{i}", 2) for i in range(7))
+    answers = [
+        PlanReport(7, 0, 14, None, missed_by, waited=BEHIND_AFTER + 10),
+        PlanReport(waited=BEHIND_AFTER + 20),
+    ]
+    seen: list[float] = []
+    steady: list[datetime | None] = []
+
+    class Store:
+        async def plan_schedules(
+            self, now: datetime | None = None, *, steady_since: datetime | None = None
+        ) -> PlanReport:
+            steady.append(steady_since)
+            return answers.pop(0)
+
+    class Seen(DispatchObserver):
+        def planning_behind(self, seconds: float) -> None:
+            seen.append(seconds)
+
+    caplog.set_level("INFO", "duetime.recurring")
+    planner = Planner(Store(), lambda: NOW, Seen())  # type: ignore[arg-type]
+    await planner.plan_once()
+    await planner.plan_once()
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == (
+        "14 tick(s) of 7 schedule(s) missed while no dispatcher ran (their catch-up policy left them "
+        "out): s0 (2), s1 (2), s2 (2), s3 (2), s4 (2) and 2 more"
+    )
+    assert said[1].startswith("planning recurring schedules is behind: a schedule waited 15 s")
+    assert len(said) == 2  # behind is said once a minute
+    assert seen == [BEHIND_AFTER + 10, BEHIND_AFTER + 20]
+    assert steady == [None, NOW]  # the second pass knows planning kept on since the first
