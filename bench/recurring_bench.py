@@ -3,13 +3,16 @@ due at the same kind of moment, through one real `duetime run`, in the same run.
 
     .venv/bin/python bench/recurring_bench.py                          # 20,000 schedules, 6 minutes
     .venv/bin/python bench/recurring_bench.py --schedules 100000 --minutes 10
+    .venv/bin/python bench/recurring_bench.py --schedules 100000 --minutes 5 --cron '* * * * *'
 
 The schedules tick every two minutes, at even minutes ("*/2 * * * *"); as many plain messages
 are stored for each odd minute (the baseline: what the store does for one-off messages). One
 dispatcher (exactly-once into the PostgreSQL queue) delivers both; a consumer receives them and
 measures each one's lateness (arrival minus planned or due time). Prints, per kind: lateness
 p50/p99/max and how long each minute's burst took to drain, and the ratio of ticks to plain; the
-store's bytes per schedule; the dispatcher's memory at the start and the end, and its CPU.
+store's bytes per schedule; the dispatcher's memory at the start and the end, and its CPU; how
+far planning fell behind (the dispatcher's ``duetime_recurring_planning_behind_seconds``, read
+every 10 s), the ticks it counted missed, and its warnings.
 Schedules are written into their table with COPY (``add_schedule`` one at a time is for people).
 """
 
@@ -51,9 +54,9 @@ def reset() -> None:
         q.declare(QUEUE)
 
 
-def fill(schedules: int, minutes: int, start: datetime) -> None:
+def fill(schedules: int, minutes: int, start: datetime, expression: str) -> None:
     """The schedules by COPY (planned from ``start``), and the plain messages by COPY."""
-    when = cron("*/2 * * * *")
+    when = cron(expression)
     rows = [new_schedule(f"s{i:06d}", QUEUE, when, start, body=b"tick").row() for i in range(schedules)]
     columns = "endpoint, schedule_id, definition, planned_until, version"
     copy_in = f'COPY "{SCHEMA}".duetime_schedules ({columns}) FROM STDIN'
@@ -98,6 +101,20 @@ class Consumer(threading.Thread):
                     q.acknowledge(got)
 
 
+def metric(port: int, name: str) -> float:
+    """One series of the dispatcher's metrics (0 if it cannot be read)."""
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -118,30 +135,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", type=int, default=20_000)
     parser.add_argument("--minutes", type=int, default=6)
+    parser.add_argument("--cron", default="*/2 * * * *", help="When the schedules tick.")
     args = parser.parse_args()
     reset()
     start = datetime.now(UTC)
     t0 = time.perf_counter()
-    fill(args.schedules, args.minutes, start)
+    fill(args.schedules, args.minutes, start, args.cron)
     print(
         f"filled {args.schedules:,} schedules and {args.schedules:,} plain messages a minute in {time.perf_counter() - t0:.1f} s"
     )
     consumer = Consumer()
     consumer.start()
-    run = subprocess.Popen(
-        [sys.executable, "-m", "duetime", "run", "--store", URL, "--endpoint", ENDPOINT],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    log = Path(f"/tmp/duetime-recurring-bench-{os.getpid()}.log")
+    port = 19_000 + os.getpid() % 1000
+    with log.open("w") as said:  # (a pipe nobody reads would stop the dispatcher once full)
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "duetime", "run", "--store", URL, "--endpoint", ENDPOINT),
+                "--metrics-port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=said,
+            text=True,
+            cwd=ROOT,
+        )
     time.sleep(5)
     memory = [rss_kb(run.pid)]
+    behind: list[float] = []
     cpu_start = cpu_seconds(run.pid)
     end = time.monotonic() + args.minutes * 60
     while time.monotonic() < end:
         time.sleep(10)
         memory.append(rss_kb(run.pid))
+        behind.append(metric(port, "duetime_recurring_planning_behind_seconds"))
+    missed = metric(port, "duetime_recurring_ticks_missed_total")
     cpu = cpu_seconds(run.pid) - cpu_start
     time.sleep(5)
     run.terminate()
@@ -192,6 +221,12 @@ def main() -> None:
     )
     print(
         f"dispatcher CPU: {cpu:.1f} s over {args.minutes} min ({cpu / (args.minutes * 60) * 100:.0f}% of a core)"
+    )
+    warnings = [line for line in log.read_text().splitlines() if " WARNING " in line]
+    print(
+        f"planning behind: {max(behind, default=0):.1f} s at most, {statistics.median(behind) if behind else 0:.1f} s "
+        f"median (read every 10 s); ticks counted missed {missed:,.0f}; warnings {len(warnings):,} "
+        f"({sum('missed while no dispatcher ran' in w for w in warnings):,} of them about missed ticks)"
     )
 
 
