@@ -84,6 +84,15 @@ def dashboard(
             "(a partitioned server never answers): 10s, 30s, ..."
         ),
     ] = "10s",
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            "--forwarded-allow-ips",
+            help="The reverse proxies (addresses, comma-separated) whose X-Forwarded-For names the "
+            "client. Without it the client is the connection's own address: a header anyone can "
+            "send is never taken for it (the login throttle counts per client).",
+        ),
+    ] = None,
     log_format: Annotated[
         LogFormat, typer.Option("--log-format", envvar="DUETIME_LOG_FORMAT", help="text or json.")
     ] = LogFormat.TEXT,
@@ -160,6 +169,10 @@ def dashboard(
             log_level="warning",
             access_log=False,
             lifespan="on",
+            # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default: a local client then picks
+            # its own address for each guess, past the login throttle
+            proxy_headers=forwarded_allow_ips is not None,
+            forwarded_allow_ips=forwarded_allow_ips or "",
         )
         try:
             await _stopped_cleanly_by_signals(uvicorn.Server)(config).serve(sockets=[sock])

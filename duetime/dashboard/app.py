@@ -919,6 +919,8 @@ def create_app(dashboard: Dashboard, *, secret: str, ready: Callable[[], None] =
     app.state.login_throttle = LoginThrottle()
     app.state.message_pages = asyncio.Semaphore(MESSAGE_PAGES_AT_ONCE)
     inner = (
-        RequireLogin(app, dashboard.credentials, app.state.login_throttle) if dashboard.credentials else app
+        RequireLogin(app, dashboard.credentials, app.state.login_throttle, secret=secret)
+        if dashboard.credentials
+        else app
     )
     return Guard(inner, secret)

@@ -7,8 +7,11 @@ told about the pages.
   page asks for it (messages can hold personal data); without one the dashboard shows but never
   changes anything, and hides message bodies and headers unless told to show them.
 - **Throttled**: wrong credentials are limited per client address and overall (a guesser gets
-  ``429`` and waits; the one who knows the password from elsewhere still gets in once the overall
-  limit passes), each failure is logged and counted (``/metrics``).
+  ``429`` and waits), each failure is logged and counted (``/metrics``). A browser that has
+  logged in before keeps a signed cookie of its own (``duetime_known``): its requests have a
+  limit of their own instead, so guessers, however many addresses they come from, never lock
+  the real user out. The client address is the connection's: ``X-Forwarded-For`` is read only
+  from the proxies ``duetime dashboard --forwarded-allow-ips`` names.
 - **CSRF**: a browser sends basic-auth credentials with any request to the site, and a reverse
   proxy adds its bearer token to every request, a forged form from another site included. So
   every change must also carry a token only the dashboard's own pages know (an HMAC of a random
@@ -105,6 +108,26 @@ def _header(scope: Scope, name: bytes) -> str:
 PER_CLIENT_FAILURES, OVERALL_FAILURES, FAILURE_WINDOW = 10, 100, 60.0
 #: Client addresses remembered at most (the oldest forgotten first): bounded memory under a flood.
 CLIENTS_REMEMBERED = 10_000
+#: The cookie a browser gets once it logged in: its requests are throttled apart from the rest.
+KNOWN_COOKIE = "duetime_known"
+#: How long that cookie lasts (seconds): a month.
+KNOWN_FOR = 30 * 86_400
+
+
+def known_cookie(key: bytes) -> str:
+    """A new ``duetime_known`` value: a random id and its HMAC (only the dashboard can make one)."""
+    ident = os.urandom(12).hex()
+    return f"{ident}.{hmac.new(key, ident.encode(), sha256).hexdigest()[:32]}"
+
+
+def known_device(key: bytes, cookie_header: str) -> str | None:
+    """The id of a ``duetime_known`` cookie this dashboard made, or None."""
+    value = _cookie(cookie_header, KNOWN_COOKIE, 57, "0123456789abcdef.")
+    ident, _, mac = value.partition(".")
+    if not ident or not mac:
+        return None
+    expected = hmac.new(key, ident.encode(), sha256).hexdigest()[:32]
+    return ident if hmac.compare_digest(mac.encode(), expected.encode()) else None
 
 
 class LoginThrottle:
@@ -123,26 +146,31 @@ class LoginThrottle:
             times.popleft()
         return len(times)
 
-    def wait(self, client: str) -> float:
-        """Seconds ``client`` must wait before its credentials are checked again (0: now)."""
+    def wait(self, client: str, device: str | None = None) -> float:
+        """Seconds ``client`` must wait before its credentials are checked again (0: now). A
+        ``device`` (a browser that logged in before) is held to its own failures only."""
         now = self.clock()
-        mine = self.clients.get(client)
+        key = client if device is None else f"known:{device}"
+        mine = self.clients.get(key)
         waits = []
         if mine is not None and self._recent(mine, now) >= PER_CLIENT_FAILURES:
             waits.append(mine[0] + FAILURE_WINDOW - now)
-        if self._recent(self.everyone, now) >= OVERALL_FAILURES:
+        if device is None and self._recent(self.everyone, now) >= OVERALL_FAILURES:
             waits.append(self.everyone[0] + FAILURE_WINDOW - now)
         return max(waits, default=0.0)
 
-    def failed(self, client: str) -> int:
-        """Count a failure of ``client``; how many it has had in the window."""
+    def failed(self, client: str, device: str | None = None) -> int:
+        """Count a failure of ``client`` (or of its known ``device``); how many it has had in
+        the window."""
         now = self.clock()
-        mine = self.clients.pop(client, None) or deque()
+        key = client if device is None else f"known:{device}"
+        mine = self.clients.pop(key, None) or deque()
         mine.append(now)
-        self.clients[client] = mine  # the most recent last
+        self.clients[key] = mine  # the most recent last
         while len(self.clients) > CLIENTS_REMEMBERED:
             self.clients.popitem(last=False)
-        self.everyone.append(now)
+        if device is None:
+            self.everyone.append(now)
         self.failures_total += 1
         return self._recent(mine, now)
 
@@ -163,17 +191,26 @@ class RequireLogin:
     """ASGI middleware: every request but :data:`OPEN_PATHS` needs the credentials; wrong ones
     are throttled (:class:`LoginThrottle`) and logged."""
 
-    def __init__(self, app: ASGIApp, credentials: Credentials, throttle: LoginThrottle | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        credentials: Credentials,
+        throttle: LoginThrottle | None = None,
+        *,
+        secret: str = "",
+    ) -> None:
         self.app = app
         self.credentials = credentials
         self.throttle = throttle or LoginThrottle()
+        self.key = (secret or os.urandom(32).hex()).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         client = str((scope.get("client") or ("unknown",))[0])
-        wait = self.throttle.wait(client)
+        device = known_device(self.key, _header(scope, b"cookie"))
+        wait = self.throttle.wait(client, device)
         if wait > 0:
             self.throttle.refused_total += 1
             refusal = PlainTextResponse(
@@ -186,10 +223,11 @@ class RequireLogin:
         authorization = _header(scope, b"authorization")
         if not self.credentials.accept(authorization):
             if authorization:  # a browser's first request carries none: no attempt yet
-                count = self.throttle.failed(client)
+                count = self.throttle.failed(client, device)
                 log.warning(
-                    "dashboard: wrong credentials from %s (%d in the last %.0f s%s)",
+                    "dashboard: wrong credentials from %s%s (%d in the last %.0f s%s)",
                     client,
+                    "" if device is None else " (a browser that logged in before)",
                     count,
                     FAILURE_WINDOW,
                     "; it now waits" if count >= PER_CLIENT_FAILURES else "",
@@ -202,7 +240,20 @@ class RequireLogin:
             )
             await refusal(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if device is not None:
+            await self.app(scope, receive, send)
+            return
+
+        async def knowing(message: Message) -> None:  # logged in: this browser is known from now on
+            if message["type"] == "http.response.start":
+                cookie = f"{KNOWN_COOKIE}={known_cookie(self.key)}; Path=/; Max-Age={KNOWN_FOR}; HttpOnly; SameSite=Strict"
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"set-cookie", cookie.encode())],
+                }
+            await send(message)
+
+        await self.app(scope, receive, knowing)
 
 
 def secret(env: Mapping[str, str] = os.environ) -> str:
@@ -296,7 +347,8 @@ async def _refuse(status: int, text: str, scope: Scope, receive: Receive, send: 
     await PlainTextResponse(text + "\n", status)(scope, receive, send)
 
 
-def _cookie(header: str, name: str) -> str:
+def _cookie(header: str, name: str, length: int = 36, alphabet: str = "0123456789abcdef") -> str:
+    """The value of cookie ``name`` if it has the shape the dashboard gives it, else ''."""
     jar: SimpleCookie = SimpleCookie()
     try:
         jar.load(header)
@@ -304,7 +356,7 @@ def _cookie(header: str, name: str) -> str:
         return ""
     morsel = jar.get(name)
     value = morsel.value if morsel else ""
-    return value if len(value) == 36 and all(c in "0123456789abcdef" for c in value) else ""
+    return value if len(value) == length and all(c in alphabet for c in value) else ""
 
 
 def _from_elsewhere(scope: Scope) -> str:

@@ -108,7 +108,11 @@ class ProbeServer:
         self.backlog = backlog
         self.sock = sock
         config = uvicorn.Config(
-            app(dispatcher, registry, ready_after), log_level="warning", access_log=False, lifespan="off"
+            app(dispatcher, registry, ready_after),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            proxy_headers=False,  # (nothing here reads the client's address: none is believed)
         )
         self.server = webserver.QuietServer(config)
 

@@ -361,6 +361,46 @@ def test_guessing_the_password_is_throttled_logged_and_counted(hostile: dict[str
     assert PASSWORD not in stderr and "guess" not in stderr
 
 
+def _ask(port: int, auth: str, **headers: str) -> tuple[int, list[str]]:
+    """The status and the cookies set by ``/`` asked with ``auth`` and ``headers``."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"Authorization": auth, **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as answer:
+            return answer.status, answer.headers.get_all("Set-Cookie") or []
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, []
+
+
+def test_guessers_on_rotating_addresses_never_lock_the_real_user_out(hostile: dict[str, Any]) -> None:
+    """Was: at 20 wrong guesses a second, each with an X-Forwarded-For of its own (uvicorn
+    believed it from 127.0.0.1), the right password got in 2 times of 18 and every guess was
+    logged under the address it made up. Now the address is the connection's, so the guesses
+    are one client's and wait; and a browser that logged in before keeps a way in of its own,
+    however the others are throttled."""
+    port = free_port()
+    board = dashboard(hostile["url"], port)
+    try:
+        from tests.services import until
+
+        until(lambda: request(port, "/healthz")[0] == 200, 30, "the dashboard")
+        status, cookies = _ask(port, basic("duetime", PASSWORD))
+        [known] = [c.split(";", 1)[0] for c in cookies if c.startswith("duetime_known=")]
+        assert status == 200
+        guesses = [
+            _ask(port, basic("duetime", f"guess{i}"), **{"X-Forwarded-For": f"10.9.{i // 250}.{i % 250}"})[0]
+            for i in range(150)
+        ]
+        assert guesses[:10] == [401] * 10 and set(guesses[10:]) == {429}, guesses  # one client
+        right = [_ask(port, basic("duetime", PASSWORD), Cookie=known)[0] for _ in range(18)]
+        assert right == [200] * 18
+        forged = known.split(".")[0] + ".0000"  # a cookie the dashboard did not make counts for nothing
+        assert _ask(port, basic("duetime", PASSWORD), Cookie=forged)[0] == 429
+    finally:
+        stderr = stop(board)
+    assert "10.9." not in stderr and "wrong credentials from 127.0.0.1" in stderr
+
+
 def test_many_requests_for_a_message_with_huge_headers_stay_bounded(hostile: dict[str, Any]) -> None:
     """Twenty requests at once for a message with a million headers took the dashboard to 550 MB
     and /healthz to 5.4 s. Its pages are now prepared a few at a time, holding only what they
