@@ -11,6 +11,7 @@ every stored message is (exactly-once where the store and the destination share 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -200,10 +201,11 @@ class ScheduleRules(ABC):
             going = None if before.paused else before.planned_until
         else:  # the ones before the first removed went out: the last of them
             going = None
-            for at in islice(before.recurrence.ticks(now), MOST_GONE):
-                if at >= removed:
-                    break
-                going = at
+            with contextlib.suppress(InvalidSchedule):  # a zone this host cannot read: none went
+                for at in islice(before.recurrence.ticks(now), MOST_GONE):
+                    if at >= removed:
+                        break
+                    going = at
         if going is None or going <= now:
             return frozen
         if frozen.in_flight_until is not None and going <= frozen.in_flight_until:

@@ -64,6 +64,7 @@ from duetime.interfaces import (
     ListQuery,
     ReceivedMessage,
     RecurringStore,
+    ServerClock,
     StoreCounts,
     cursor_text,
     read_cursor,
@@ -761,20 +762,21 @@ async def recurring(request: Request) -> Response:
     after = request.query_params.get("after") or ""
     found = await store.list_schedules(after, SCHEDULES_PER_PAGE + 1)
     shown = found[:SCHEDULES_PER_PAGE]
-    now = SYSTEM.now()
+    server = await store.server_time() if isinstance(store, ServerClock) else None
+    now = server or SYSTEM.now()  # the next tick as the dispatchers reckon it
     rows = [
         {
             "id": s.schedule_id,
             "group": group_of(s.schedule_id),
             "destination": s.destination,
             "when": s.recurrence.describe(),
-            "state": s.state(),
+            "state": s.state() if s.set_aside is None else f"{s.state()}: {s.set_aside}",
             "next": _time(s.next_planned(now)),
             "last": _time(s.last_planned),
             "planned": f"{s.ticks_planned:,}",
             "missed": f"{s.ticks_missed:,}",
             "actions": [
-                ("resume", "Resume") if s.paused else ("pause", "Pause"),
+                ("resume", "Resume") if s.paused or s.set_aside is not None else ("pause", "Pause"),
                 ("trigger", "Send one now"),
             ],
         }
