@@ -97,7 +97,7 @@ class DispatchObserver:
         left out (missed while no dispatcher ran)."""
 
     def planning_behind(self, seconds: float) -> None:
-        """After each planning pass: how long the longest-waiting schedule waited to be planned
+        """After each planning step: how long the longest-waiting schedule waited to be planned
         (about a second when planning keeps up; more, and its ticks go late)."""
 
     def schedules_set_aside(self, count: int) -> None:

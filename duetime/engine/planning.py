@@ -71,6 +71,7 @@ class Planner:
                 log.info("planning recurring schedules again")
                 self._failing = None
             self._count(report)
+            self.observer.planning_behind(report.waited)  # each step: a long pass shows its lag
             waited = max(waited, report.waited)
             if not report.more:
                 break
@@ -80,8 +81,7 @@ class Planner:
         self._behind(waited)
 
     def _behind(self, waited: float) -> None:
-        """The planning lag as a metric, and one line a minute while it is over BEHIND_AFTER."""
-        self.observer.planning_behind(waited)
+        """One line a minute while the planning lag is over BEHIND_AFTER."""
         if waited > BEHIND_AFTER and self._time_to_say("behind"):
             log.warning(
                 "planning recurring schedules is behind: a schedule waited %.0f s to be planned, so "

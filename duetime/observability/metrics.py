@@ -139,7 +139,7 @@ class PrometheusObserver(DispatchObserver):
         self._planning_behind = Gauge(
             "duetime_recurring_planning_behind_seconds",
             "Seconds the longest-waiting recurring schedule waited to be planned in the last planning "
-            "pass (about 1 when planning keeps up; more, and ticks go late).",
+            "step (about 1 when planning keeps up; more, and ticks go late).",
             ["endpoint"],
             registry=registry,
         ).labels(endpoint)

@@ -352,5 +352,5 @@ async def test_a_planner_says_missed_ticks_in_one_line_and_when_it_is_behind(
     )
     assert said[1].startswith("planning recurring schedules is behind: a schedule waited 15 s")
     assert len(said) == 2  # behind is said once a minute
-    assert seen == [BEHIND_AFTER + 10, BEHIND_AFTER + 20]
+    assert seen == [BEHIND_AFTER + 10, BEHIND_AFTER + 20]  # each step
     assert steady == [None, NOW]  # the second pass knows planning kept on since the first
