@@ -51,6 +51,7 @@ class Planner:
     async def plan_once(self) -> None:
         """Plan until no schedule waits; a store that cannot plan is said once and left."""
         started = self.now()
+        steady = self._steady_since is not None  # a first pass's wait is the absence, not a lag
         waited = 0.0
         while True:
             try:
@@ -71,8 +72,9 @@ class Planner:
                 log.info("planning recurring schedules again")
                 self._failing = None
             self._count(report)
-            self.observer.planning_behind(report.waited)  # each step: a long pass shows its lag
-            waited = max(waited, report.waited)
+            if steady:
+                self.observer.planning_behind(report.waited)  # each step: a long pass shows its lag
+                waited = max(waited, report.waited)
             if not report.more:
                 break
             started = self.now()
