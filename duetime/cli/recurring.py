@@ -26,7 +26,7 @@ from duetime.cli.common import (
     open_ready_store,
     warn_undeclared,
 )
-from duetime.cli.terminal import console, err, show, table
+from duetime.cli.terminal import columns_text, console, err, show, table
 from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, InvalidSchedule
@@ -263,8 +263,11 @@ def list_(
             rows = [_row(x, now) for x in page]
             if as_json:
                 sys.stdout.writelines(json.dumps(r) + "\n" for r in rows)
-            elif rows:
-                show(_page_table(rows))
+            elif shown == 0 and len(page) < LIST_PAGE:  # all of it on one page: a drawn table
+                if rows:
+                    show(_page_table(rows))
+            else:  # pages of many: plain columns, the header once (a drawn table took 3 s a page)
+                sys.stdout.write(columns_text(None if shown else LIST_COLUMNS, [_cells(r) for r in rows]))
             shown += len(rows)
             if len(page) < LIST_PAGE:
                 return shown
@@ -274,18 +277,25 @@ def list_(
         err.print("no recurring schedules (duetime recurring add ... adds one)")
 
 
+LIST_COLUMNS = ("id", "destination", "when", "state", "next tick (UTC)", "planned", "missed")
+
+
+def _cells(r: dict[str, Any]) -> list[str]:
+    return [
+        r["id"],
+        r["destination"],
+        _short(r["when"]),
+        r["state"],
+        r["next"] or "-",
+        str(r["ticks_planned"]),
+        str(r["ticks_missed"]),
+    ]
+
+
 def _page_table(rows: list[dict[str, Any]]) -> Any:
-    t = table("id", "destination", "when", "state", "next tick (UTC)", "planned", "missed")
+    t = table(*LIST_COLUMNS)
     for r in rows:
-        t.add_row(
-            r["id"],
-            r["destination"],
-            _short(r["when"]),
-            r["state"],
-            r["next"] or "-",
-            str(r["ticks_planned"]),
-            str(r["ticks_missed"]),
-        )
+        t.add_row(*_cells(r))
     return t
 
 

@@ -219,3 +219,26 @@ def test_recurring_commands_as_a_user_types_them(tmp_path: Path) -> None:
     )
     assert "removed inv and 3 stored tick(s)" in cli("recurring", "remove", "inv").stdout
     assert "no recurring schedules" in cli("recurring", "list").stderr
+
+
+def test_a_long_list_of_schedules_streams_in_plain_columns(tmp_path: Path) -> None:
+    """100,000 schedules took `recurring list` 482 s and 567 MB: every page was kept, then drawn as
+    one table, whose layout measures every cell. Pages are now printed as they are read; a list
+    of more than a page is plain columns with the header once."""
+    from duetime import TransactionMode, open_sync_store
+    from duetime.recurring.schedule import new_schedule
+
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    assert run_cli("setup", "--store", store, "--queue", QUEUE).returncode == 0
+    now = datetime.now(UTC)
+    with open_sync_store(store) as sync:
+        sync.initialize("duetime", TransactionMode.AT_LEAST_ONCE)
+        for i in range(620):
+            sync.add_schedule(new_schedule(f"s{i:04d}", QUEUE, every("1h"), now), now)
+    listed = run_cli("recurring", "list", "--store", store)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert len(lines) == 621 and lines[0].split()[:2] == ["id", "destination"]
+    assert [line.split()[0] for line in lines[1:]] == [f"s{i:04d}" for i in range(620)]
+    as_json = run_cli("recurring", "list", "--store", store, "--json").stdout.splitlines()
+    assert len(as_json) == 620
