@@ -247,9 +247,13 @@ def test_a_dispatcher_started_during_an_outage_waits_it_out_then_delivers(
         with log.open("wb") as out:
             procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=out, env=env))
     try:
-        time.sleep(6)
+        # each says it waits (imports take seconds on a loaded machine), and none has left
+        deadline = time.monotonic() + 60
+        while not all("the store does not answer while" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, [log.read_text()[-800:] for log in logs]
+            time.sleep(0.2)
+        time.sleep(2)  # several tries each
         assert [p.poll() for p in procs] == [None, None, None], [log.read_text()[-800:] for log in logs]
-        assert all("the store does not answer while" in log.read_text() for log in logs)
         proxy.restore()
         for log in logs:
             wait_until_serving(log, 60)
