@@ -15,11 +15,10 @@ from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.bulk import bulk_app
 from duetime.cli.common import SETTING_VARIABLES, app, split_duration_in
 from duetime.cli.rabbitmq import rabbitmq_app
-from duetime.cli.terminal import err, fail, say
+from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError, MissingExtra, not_permitted
 from duetime.inputs.urls import remember, remember_secret, scrub
 from duetime.observability.logs import quiet_drivers
-from duetime.settings import misspelt, setting_variables
 
 for _group in (
     "run",
@@ -65,40 +64,6 @@ class _Scrubbing:
         return getattr(self._stream, name)
 
 
-#: Variables read outside the commands' own options and the dispatcher's settings.
-OTHER_VARIABLES = (
-    "DUETIME_DEBUG",
-    "DUETIME_SPARK_LOGS",
-    "DUETIME_DASHBOARD_USER",
-    "DUETIME_DASHBOARD_PASSWORD",
-    "DUETIME_DASHBOARD_SECRET",
-)
-
-
-def _known_variables() -> set[str]:
-    """Every DUETIME_* variable duetime reads: each command's options (their ``envvar``), the
-    dispatcher's settings and :data:`OTHER_VARIABLES`."""
-    import typer.main
-
-    known = setting_variables() | set(OTHER_VARIABLES)
-
-    def walk(command: Any) -> None:  # a click command (typer's own copy of click, in newer typers)
-        for param in command.params:
-            envvar = getattr(param, "envvar", None)
-            known.update([envvar] if isinstance(envvar, str) else envvar or [])
-        for sub in getattr(command, "commands", {}).values():
-            walk(sub)
-
-    walk(typer.main.get_command(app))
-    return known
-
-
-def _warn_misspelt() -> None:
-    if any(name.startswith("DUETIME_") for name in os.environ):
-        for line in misspelt(os.environ, _known_variables()):
-            say("warning:", "yellow", line, to=err)
-
-
 #: Variables whose whole value is a secret (the dashboard's password and signing key).
 SECRET_VARIABLES = ("DUETIME_DASHBOARD_PASSWORD", "DUETIME_DASHBOARD_SECRET")
 
@@ -118,7 +83,6 @@ def _guard_secrets() -> None:
 
 def _main() -> None:
     _guard_secrets()
-    _warn_misspelt()
     quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
     split = split_duration_in(sys.argv[1:])
     if split:  # a usage error, said before the parser calls the unit an unexpected argument

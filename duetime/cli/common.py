@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -34,7 +35,7 @@ from duetime.registry import (
     open_store,
     open_transport,
 )
-from duetime.settings import TransactionMode
+from duetime.settings import TransactionMode, misspelt, setting_variables
 
 T = TypeVar("T")
 DEFAULT_STORE = DEFAULT_STORE_URL
@@ -220,6 +221,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
@@ -227,6 +229,36 @@ def _main(
 ) -> None:
     """duetime keeps delayed messages in a durable store and forwards each to its destination when
     it is due."""
+    if any(name.startswith("DUETIME_") for name in os.environ):
+        for line in misspelt(os.environ, known_variables(ctx.command)):
+            say("warning:", "yellow", line, to=err)
+
+
+#: Variables read outside the commands' own options and the dispatcher's settings.
+OTHER_VARIABLES = (
+    "DUETIME_DEBUG",
+    "DUETIME_SPARK_LOGS",
+    "DUETIME_DASHBOARD_USER",
+    "DUETIME_DASHBOARD_PASSWORD",
+    "DUETIME_DASHBOARD_SECRET",
+)
+
+
+def known_variables(root: Any) -> set[str]:
+    """Every DUETIME_* variable duetime reads: each command's options under ``root`` (the click
+    command the app was built into; their ``envvar``), the dispatcher's settings and
+    :data:`OTHER_VARIABLES`."""
+    known = setting_variables() | set(OTHER_VARIABLES)
+
+    def walk(command: Any) -> None:
+        for param in command.params:
+            envvar = getattr(param, "envvar", None)
+            known.update([envvar] if isinstance(envvar, str) else envvar or [])
+        for sub in getattr(command, "commands", {}).values():
+            walk(sub)
+
+    walk(root)
+    return known
 
 
 def safest_mode(store: DelayedMessageStore, transport: Transport) -> TransactionMode:
