@@ -27,7 +27,7 @@ PLAN_EVERY = 1.0
 PLAN_WITHIN = 10.0
 #: Planning is behind when a schedule waited longer than this to be planned: its ticks go late.
 BEHIND_AFTER = 5.0
-#: Seconds between two lines saying planning is behind (or missed ticks), while it goes on.
+#: Seconds between two lines saying planning is behind, while it stays behind.
 SAY_EVERY = 60.0
 #: Schedules named in a line about missed ticks (the rest are counted).
 NAMED = 5
@@ -46,7 +46,8 @@ class Planner:
         #: When the unbroken run of planning steps began (None before the first, and after a
         #: failure): ticks planned since were not missed by an absent dispatcher, only late.
         self._steady_since: datetime | None = None
-        self._said_at: dict[str, float] = {}
+        #: When planning was last said to be behind (monotonic seconds).
+        self._behind_said_at: float | None = None
 
     async def plan_once(self) -> None:
         """Plan until no schedule waits; a store that cannot plan is said once and left."""
@@ -84,20 +85,18 @@ class Planner:
 
     def _behind(self, waited: float) -> None:
         """One line a minute while the planning lag is over BEHIND_AFTER."""
-        if waited > BEHIND_AFTER and self._time_to_say("behind"):
-            log.warning(
-                "planning recurring schedules is behind: a schedule waited %.0f s to be planned, so "
-                "its ticks go late (none is dropped); more dispatchers, or fewer schedules, catch up",
-                waited,
-                extra={"fields": {"planning_behind_seconds": round(waited, 1)}},
-            )
-
-    def _time_to_say(self, what: str) -> bool:
-        at, last = time.monotonic(), self._said_at.get(what)
-        if last is not None and at - last < SAY_EVERY:
-            return False
-        self._said_at[what] = at
-        return True
+        at = time.monotonic()
+        if waited <= BEHIND_AFTER or (
+            self._behind_said_at is not None and at - self._behind_said_at < SAY_EVERY
+        ):
+            return
+        self._behind_said_at = at
+        log.warning(
+            "planning recurring schedules is behind: a schedule waited %.0f s to be planned, so "
+            "its ticks go late (none is dropped); more dispatchers, or fewer schedules, catch up",
+            waited,
+            extra={"fields": {"planning_behind_seconds": round(waited, 1)}},
+        )
 
     def _count(self, report: PlanReport) -> None:
         self.observer.planned(report.ticks, report.missed)

@@ -401,6 +401,26 @@ def test_guessers_on_rotating_addresses_never_lock_the_real_user_out(hostile: di
     assert "10.9." not in stderr and "wrong credentials from 127.0.0.1" in stderr
 
 
+def test_behind_a_named_proxy_each_forwarded_address_is_its_own_client(hostile: dict[str, Any]) -> None:
+    """With ``--forwarded-allow-ips 127.0.0.1`` (nginx on this host) the address in
+    ``X-Forwarded-For`` is the client: one person's wrong guesses lock out only that person, and
+    the log names their address."""
+    port = free_port()
+    board = dashboard(hostile["url"], port, "--forwarded-allow-ips", "127.0.0.1")
+    try:
+        from tests.services import until
+
+        until(lambda: request(port, "/healthz")[0] == 200, 30, "the dashboard")
+        guesser = [
+            _ask(port, basic("duetime", f"guess{i}"), **{"X-Forwarded-For": "10.9.0.1"})[0] for i in range(12)
+        ]
+        assert guesser[:10] == [401] * 10 and set(guesser[10:]) == {429}, guesser
+        assert _ask(port, basic("duetime", PASSWORD), **{"X-Forwarded-For": "10.9.0.2"})[0] == 200
+    finally:
+        stderr = stop(board)
+    assert "wrong credentials from 10.9.0.1" in stderr and "10.9.0.2" not in stderr, stderr
+
+
 def test_many_requests_for_a_message_with_huge_headers_stay_bounded(hostile: dict[str, Any]) -> None:
     """Twenty requests at once for a message with a million headers took the dashboard to 550 MB
     and /healthz to 5.4 s. Its pages are now prepared a few at a time, holding only what they
