@@ -188,6 +188,19 @@ def check_storable(message: DelayedMessage) -> DelayedMessage:
     return message
 
 
+def refused_destination(destination: str, error_queue: str) -> str | None:
+    """Why no message may be sent to ``destination``, or None: the error queue (a sender would
+    plant entries there that look like a dispatcher's, and consumers of a destination that is also
+    the error queue would take failures for orders) or an endpoint's timeouts queue (a message
+    would go round through another endpoint's timeouts, or this one's, for ever). Every writer
+    that knows the error queue asks this: the front door, `schedule`, `load`, `recurring`."""
+    if destination == error_queue:
+        return f"its destination {destination!r} is the error queue, which only dispatchers write to"
+    if destination.lower().endswith(".timeouts"):
+        return f"its destination {destination!r} is an endpoint's timeouts queue, not a place to deliver to"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class DelayedMessage:
     """A message that must reach ``destination`` at ``due_at`` and not before.

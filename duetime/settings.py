@@ -65,7 +65,8 @@ class DelayedDeliverySettings:
     #: at-least-once (send, then remove) or exactly-once (one transaction, where the transport
     #: shares the store's).
     transaction_mode: TransactionMode = TransactionMode.AT_LEAST_ONCE
-    #: Where a message that cannot be delivered goes, with why.
+    #: Where a message that cannot be delivered goes, with why. Only dispatchers write there: the
+    #: commands and the front door refuse it as a destination (and an endpoint's timeouts queue).
     error_queue: str = "error"
     #: How many due messages one claim takes; one round trip moves a batch, not a row.
     batch_size: int = 100
@@ -114,6 +115,10 @@ class DelayedDeliverySettings:
             raise InvalidSetting("summary_interval", "must not be negative (zero turns it off)")
         if not self.error_queue.strip():
             raise InvalidSetting("error_queue", "must name a queue")
+        if self.error_queue.lower().endswith(".timeouts"):
+            raise InvalidSetting(
+                "error_queue", "must not be an endpoint's timeouts queue (what arrives there is stored again)"
+            )
         object.__setattr__(self, "transaction_mode", TransactionMode(self.transaction_mode))
 
     def with_changes(self, **changes: Any) -> DelayedDeliverySettings:

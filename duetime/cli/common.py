@@ -26,7 +26,7 @@ from duetime.interfaces import (
     TransactionalStore,
     Transport,
 )
-from duetime.message import DelayedMessage, check_due_time
+from duetime.message import DelayedMessage, check_due_time, refused_destination
 from duetime.observability.logs import LogFormat, configure
 from duetime.registry import (
     DEFAULT_STORE_URL,
@@ -35,7 +35,7 @@ from duetime.registry import (
     open_store,
     open_transport,
 )
-from duetime.settings import TransactionMode, misspelt, setting_variables
+from duetime.settings import DelayedDeliverySettings, TransactionMode, misspelt, setting_variables
 
 T = TypeVar("T")
 DEFAULT_STORE = DEFAULT_STORE_URL
@@ -283,39 +283,52 @@ CarryRule = Callable[[DelayedMessage], "str | None"]
 
 
 @contextlib.asynccontextmanager
-async def carry_rule(store_url: str, transport: str | None) -> AsyncIterator[CarryRule | None]:
-    """The rule a message must meet to be carried by the transport it will go to (too large, a
-    header it refuses or would change), for checking before storing: stored, such a message
-    would only fail when due. None when the transport has no such rules. A transport that cannot
-    be reached now is checked by its own rules alone (the server's limits wait for the dispatcher)."""
+async def carry_rule(store_url: str, transport: str | None) -> AsyncIterator[CarryRule]:
+    """The rule a message must meet before it is stored: a destination a sender may write to
+    (:func:`refuse_destination`), and what the transport it will go to can carry (too large, a
+    header it refuses or would change). Stored, such a message would only fail when due. A
+    transport that cannot be reached now is checked by its own rules alone (the server's limits
+    wait for the dispatcher)."""
     try:
         url = transport_url_for(store_url, transport)
         t = open_transport(url)
     except ConfigurationError:
-        yield None
-        return
+        url, t = "", None
     try:
-        if not isinstance(t, CarryCheck):
-            yield None
-            return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(t.start(), 5)
-        checker = t
+        checker = t if isinstance(t, CarryCheck) else None
+        if checker is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(checker.start(), 5)
 
         def rule(message: DelayedMessage) -> str | None:
-            reason = checker.cannot_carry(message)
+            if why := destination_refused(message.destination):
+                return why
+            reason = None if checker is None else checker.cannot_carry(message)
             return None if reason is None else f"{redact(url)} could never carry this message: {reason}"
 
         yield rule
     finally:
-        with contextlib.suppress(Exception):
-            await t.close()
+        if t is not None:
+            with contextlib.suppress(Exception):
+                await t.close()
+
+
+def destination_refused(destination: str) -> str | None:
+    """Why a sender may not write to ``destination`` (the error queue in force, an endpoint's
+    timeouts queue), or None."""
+    return refused_destination(destination, DelayedDeliverySettings.from_env().error_queue)
+
+
+def refuse_destination(destination: str) -> None:
+    """Refuse, before anything is stored, a destination no sender may write to."""
+    if why := destination_refused(destination):
+        raise MessageRefused(f"{why}. Nothing was stored.")
 
 
 async def refuse_uncarriable(store_url: str, transport: str | None, message: DelayedMessage) -> None:
-    """MessageRefused, before storing, for a message its transport could never carry."""
+    """MessageRefused, before storing, for a message that could never be delivered."""
     async with carry_rule(store_url, transport) as rule:
-        reason = rule(message) if rule is not None else None
+        reason = rule(message)
     if reason:
         raise MessageRefused(f"{reason}. Nothing was stored.")
 

@@ -30,6 +30,7 @@ from duetime.cli.common import (
     due_from_options,
     headers_from_pairs,
     open_ready_store,
+    refuse_destination,
     refuse_uncarriable,
     transport_url_for,
     warn_undeclared,
@@ -225,6 +226,7 @@ def send_delayed_command(
             "give --transport (or DUETIME_TRANSPORT): the broker the duetime service reads"
         )
     due = due_from_options(in_, at, body)
+    refuse_destination(destination)
 
     async def go() -> DelayedMessage:
         t = open_transport(transport)

@@ -24,6 +24,7 @@ from duetime.cli.common import (
     app,
     headers_from_pairs,
     open_ready_store,
+    refuse_destination,
     warn_undeclared,
 )
 from duetime.cli.terminal import columns_text, console, err, show, table
@@ -226,6 +227,7 @@ def add(
       duetime recurring add ping health --every 30s
     """
     when = _when(cron, every, zone, start, end, count, skipped, catch_up, catch_up_window)
+    refuse_destination(destination)
     made = new_schedule(
         schedule_id,
         destination,
@@ -338,6 +340,8 @@ def change(
     endpoint: EndpointOpt = "duetime",
 ) -> None:
     """Change a schedule; it takes effect from its next tick (what is not given stays)."""
+    if destination is not None:
+        refuse_destination(destination)
 
     def apply(s: Schedule) -> Schedule:
         when = _when(cron, every, zone, start, end, count, skipped, catch_up, catch_up_window, s.recurrence)

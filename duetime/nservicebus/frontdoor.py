@@ -41,7 +41,14 @@ from duetime.interfaces import (
     ReceivingTransport,
     Transport,
 )
-from duetime.message import DUE_AT_HEADER, Delay, DelayedMessage, check_headers, new_message_id
+from duetime.message import (
+    DUE_AT_HEADER,
+    Delay,
+    DelayedMessage,
+    check_headers,
+    new_message_id,
+    refused_destination,
+)
 from duetime.nservicebus_wire import (
     CLEAR_TIMEOUTS,
     DUE_ON_ARRIVAL,
@@ -118,17 +125,6 @@ def envelope_to_message(received: ReceivedMessage) -> DelayedMessage | ClearTime
         raise
     except Exception as error:
         raise InvalidMessage(f"the message cannot be read ({type(error).__name__}: {error}).") from None
-
-
-def refused_destination(destination: str, error_queue: str) -> str | None:
-    """Why the front door will not forward to ``destination``, or None: an error queue (a sender
-    would plant entries there that look like a dispatcher's) or an endpoint's front door (a
-    message would go round through another endpoint's timeouts, or this one's, for ever)."""
-    if destination == error_queue:
-        return f"its destination {destination!r} is the error queue, which only dispatchers write to"
-    if destination.lower().endswith(".timeouts"):
-        return f"its destination {destination!r} is an endpoint's timeouts queue, not a place to deliver to"
-    return None
 
 
 def _mark_due_on_arrival(message: DelayedMessage, now: datetime) -> DelayedMessage:

@@ -893,3 +893,32 @@ def test_a_body_over_the_size_limit_is_one_line_and_nothing_is_stored(cli, tmp_p
     assert done.returncode == 1 and len(said.splitlines()) == 1, said
     assert "the body is 16,777,217 bytes; the limit is 16,777,216 (16 MiB)" in said
     assert cli("list", "--json").stdout == ""
+
+
+def test_no_sender_writes_to_the_error_queue_or_a_timeouts_queue(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Entries a sender puts in the error queue look like a dispatcher's failures (and a
+    destination that is the error queue gets failures for orders); a timeouts queue stores what
+    arrives again. Every writer refuses both, by the error queue in force; nothing is stored."""
+    cli("setup")
+    env = {"DUETIME_ERROR_QUEUE": "nc_error"}
+    lines = tmp_path / "some.jsonl"
+    lines.write_text('{"destination": "orders", "delay": "1h"}\n{"destination": "nc_error", "delay": "1h"}\n')
+    refused = [
+        (("schedule", "error", "x", "--in", "1h"), {}, "'error' is the error queue"),
+        (("schedule", "nc_error", "x", "--in", "1h"), env, "'nc_error' is the error queue"),
+        (("schedule", "Billing.Timeouts", "x", "--in", "1h"), {}, "timeouts queue"),
+        (("load", str(lines)), env, "'nc_error' is the error queue"),
+        (("recurring", "add", "r", "error", "--every", "1h"), {}, "is the error queue"),
+        (("send-delayed", "error", "x", "--in", "1h", "--transport", "memory://"), {}, "is the error queue"),
+        (("run", "--burst"), {"DUETIME_ERROR_QUEUE": "Sales.timeouts"}, "must not be an endpoint's timeouts"),
+    ]
+    for args, extra, said in refused:
+        result = cli(*args, ok=False, env=extra)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert said in " ".join(result.stderr.split()), (args, result.stderr)
+    cli("recurring", "add", "r", "orders", "--every", "1h")
+    changed = cli("recurring", "change", "r", "--destination", "nc_error", ok=False, env=env)
+    assert "is the error queue" in changed.stderr and changed.returncode != 0, changed.stderr
+    assert json.loads(cli("stats", "--json").stdout)["stored"] == 1  # the schedule's tick alone
+    # with another error queue in force, "error" is a queue like any other
+    cli("schedule", "error", "fine", "--in", "1h", env=env)
