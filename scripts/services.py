@@ -19,7 +19,7 @@ For each server (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS with JetStream):
 
 What the tests should use is written to ``$DUETIME_SERVICES_DIR/env`` (``export
 DUETIME_TEST_POSTGRES=…`` lines) for ``scripts/test.sh`` to read. The programs the tests run
-(Java 17 for Spark, Chromium for the dashboard, faketime, chattr, promtool, systemd-analyze,
+(Java 17 or newer for Spark, Chromium for the dashboard, faketime, chattr, promtool, systemd-analyze,
 ``ip``) are installed the same way.
 
     python3 scripts/services.py          # find, install, start; then say what is where
@@ -300,31 +300,35 @@ class Server:
     #: how the machine's own service starts again (a machine of ours, where it merely stopped)
     system_start: list[str]
     url: Callable[[int], str]
+    #: the folder under HOME of a server of duetime's own (made by ``own``)
+    own_folder: str
     installed_before: bool = field(default=False)
+    #: the port a server of duetime's own had the last time (``HOME/env``), if one ran here
+    own_port_before: int | None = field(default=None)
 
 
 SERVERS = [
     Server("PostgreSQL", "DUETIME_TEST_POSTGRES", 5432, ["postgresql"], "initdb", ask_postgres, own_postgres,
            ["bash", "-c", "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql | tail -1) main start"],
-           lambda p: f"postgresql://postgres@127.0.0.1:{p}/test"),
+           lambda p: f"postgresql://postgres@127.0.0.1:{p}/test", "postgres"),
     Server("MariaDB", "DUETIME_TEST_MARIADB", 3306, ["mariadb-server", "mariadb-client"], "mariadbd", ask_mariadb,
            own_mariadb, ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd"],
-           lambda p: f"mysql://root@127.0.0.1:{p}/test"),
+           lambda p: f"mysql://root@127.0.0.1:{p}/test", "mariadb"),
     Server("Redis", "DUETIME_TEST_REDIS", 6379, ["redis-server"], "redis-server", ask_redis, own_redis,
            ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
             "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log"],
-           lambda p: f"redis://127.0.0.1:{p}/0"),
+           lambda p: f"redis://127.0.0.1:{p}/0", "redis"),
     Server("RabbitMQ", "DUETIME_TEST_RABBITMQ", 5672, ["rabbitmq-server"], "rabbitmq-server", ask_rabbitmq,
-           own_rabbitmq, ["rabbitmq-server", "-detached"], lambda p: f"amqp://guest:guest@127.0.0.1:{p}/"),
+           own_rabbitmq, ["rabbitmq-server", "-detached"], lambda p: f"amqp://guest:guest@127.0.0.1:{p}/", "rabbitmq"),
     Server("NATS", "DUETIME_TEST_NATS", 4222, ["nats-server"], "nats-server", ask_nats, own_nats,
            ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/nats-server", "--",
             "-a", "127.0.0.1", "-p", "4222", "-js", "-sd", "/var/lib/nats-server", "-l",
             "/var/log/nats-server.log"],
-           lambda p: f"nats://127.0.0.1:{p}"),
+           lambda p: f"nats://127.0.0.1:{p}", "nats"),
 ]  # fmt: skip
 
 
-def java_17() -> bool:
+def java_17_or_newer() -> bool:
     if shutil.which("java") is None:
         return False
     said = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
@@ -334,7 +338,8 @@ def java_17() -> bool:
 
 #: programs the tests run: (present?, Debian package, what needs it)
 PROGRAMS: list[tuple[Callable[[], bool], str, str]] = [
-    (java_17, "openjdk-17-jre-headless", "Java 17 (the Spark jobs)"),
+    # the release's own Java (17 on Debian 12, 21 on Debian 13): Spark runs on 17 or newer
+    (java_17_or_newer, "default-jre-headless", "Java 17 or newer (the Spark jobs)"),
     (lambda: bool(shutil.which("chromium")), "chromium", "Chromium (the dashboard's browser tests)"),
     (lambda: bool(shutil.which("faketime")), "faketime", "faketime (the tests of a wrong host clock)"),
     (lambda: bool(shutil.which("chattr")), "e2fsprogs", "chattr (the read-only file tests)"),
@@ -350,9 +355,12 @@ def can_install() -> bool:
     return ROOT_USER and shutil.which("apt-get") is not None
 
 
-def apt_install(packages: list[str]) -> None:
+def apt_install(packages: list[str]) -> list[str]:
+    """Install ``packages`` from Debian's packages; the names that could not be installed. A name
+    this release does not have (or a package that fails) blocks none of the others: after a
+    refused batch, each is tried alone."""
     if not packages:
-        return
+        return []
     say(f"installing {' '.join(packages)} (Debian's packages; a few minutes the first time)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     # Servers installed in a container must not be started by their packages (there is no init
@@ -362,13 +370,32 @@ def apt_install(packages: list[str]) -> None:
     if made_policy:
         policy.write_text("#!/bin/sh\nexit 101\n")
         policy.chmod(0o755)
+
+    def apt(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["apt-get", *args], env=env, capture_output=True, text=True)
+
     try:
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages], check=True,
-                       env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+        updated = apt("update", "-qq")
+        if updated.returncode != 0:
+            say(f"apt-get update failed ({last_line(updated.stderr)}); installing from the package lists there are")
+        if apt("install", "-y", "-qq", "--no-install-recommends", *packages).returncode == 0:
+            return []
+        failed = []
+        for package in packages:
+            alone = apt("install", "-y", "-qq", "--no-install-recommends", package)
+            if alone.returncode != 0:
+                say(f"could not install {package}: {last_line(alone.stderr)}")
+                failed.append(package)
+        return failed
     finally:
         if made_policy:
             policy.unlink()
+
+
+def last_line(text: str) -> str:
+    """The last line apt wrote that says something (its error), for one line of ours."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no reason given"
 
 
 def previous_env() -> dict[str, str]:
@@ -402,6 +429,9 @@ def main() -> int:
             say(f"{server.name} answers at {found}")
         else:
             waiting.append(server)
+            before = earlier.get(server.variable)
+            if before and (HOME / server.own_folder).is_dir():
+                server.own_port_before = port_of(before)
     missing_programs = [(package, why) for present, package, why in PROGRAMS if not present()]
     for server in waiting:
         server.installed_before = shutil.which(server.program) is not None or bool(
@@ -411,7 +441,7 @@ def main() -> int:
         package for package, _ in missing_programs
     ]
     if to_install and not check and can_install():
-        apt_install(to_install)
+        apt_install(to_install)  # what failed is said, and each server or program it was for below
         missing_programs = [(package, why) for present, package, why in PROGRAMS if not present()]
     failed = 0
     for server in waiting:
@@ -442,6 +472,16 @@ def main() -> int:
 def start(server: Server) -> str:
     """Start ``server``; its URL once it answers as the tests use it."""
     standard = server.url(server.port)
+    if server.ask(server.port) is None:  # it answers now (asked before its client was installed)
+        return standard
+    before = server.own_port_before
+    if before is not None and free(before):
+        # a server of duetime's own ran here: the same again, on its port, with its data (the
+        # machine's own would be a second server, on the standard port, that the tests cannot use)
+        say(f"starting the {server.name} of duetime's own that ran here before, on port {before}")
+        server.own(before)
+        until(lambda: server.ask(before) is None, 120, server.name)
+        return server.url(before)
     if server.installed_before and free(server.port):
         say(f"{server.name} does not answer on {server.port}; starting the machine's own")
         try:
@@ -468,4 +508,10 @@ def start(server: Server) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as error:  # one line, never a traceback, for a set-up step that failed
+        say(f"setting up the servers failed ({type(error).__name__}: {str(error)[:500]}); see {HOME}")
+        sys.exit(1)

@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,docs,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard,otel
 # The servers and programs the tests talk to and run (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS,
-# Java 17, Chromium, ...): each found, installed from Debian's packages when this runs as root, and
+# Java 17 or newer, Chromium, ...): each found, installed from Debian's packages when this runs as root, and
 # started when it does not answer; scripts/services.py says how, and where the tests find each.
 echo "== servers and programs the tests need"
 .venv/bin/python scripts/services.py

@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -103,6 +104,20 @@ def wait_until_serving(log: Path, seconds: float = 60) -> None:
     while "dispatching endpoint" not in log.read_text(errors="replace"):
         assert time.monotonic() < deadline, f"the dispatcher did not start: {log.read_text()[-2000:]}"
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def sqlite_file(path: str | Path, **options: Any) -> Iterator[sqlite3.Connection]:
+    """A connection to a SQLite file for a test to look or write with, committed when the block
+    ends well and closed however it ends. ``with sqlite3.connect(...)`` only commits: since Python
+    3.13 the connection left open is a ResourceWarning, which fails whichever test is running when
+    it is collected."""
+    conn = sqlite3.connect(path, **options)
+    try:
+        with conn:
+            yield conn
+    finally:
+        conn.close()
 
 
 def run_cli(
@@ -212,16 +227,47 @@ class _HangNotes:
 
 class _CrashNotes:
     """On the controller: a worker that went down is named with the test it was running and for
-    how long, so that a crash says which test to look at."""
+    how long, so that a crash says which test to look at; and the summary says how many tests
+    never ran (a worker that goes down ends the run, and pytest-xdist's own summary counts only
+    what ran), so a third of the suite cannot be dropped in silence."""
+
+    def __init__(self) -> None:
+        self.collected: set[str] = set()
+        self.reported: set[str] = set()
+        self.down: list[str] = []
+
+    @pytest.hookimpl
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.collected.update(ids)
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.reported.add(report.nodeid)
+
+    @pytest.hookimpl
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        never = sorted(self.collected - self.reported)
+        if not never or not self.down:  # a run stopped by -x or Ctrl-C says so itself
+            return
+        terminalreporter.section("not run", red=True)
+        terminalreporter.write_line(
+            f"{len(never)} of {len(self.collected)} tests did not run: {'; '.join(self.down)}"
+        )
+        files = sorted({nodeid.split("::")[0] for nodeid in never})
+        terminalreporter.write_line(
+            f"in {len(files)} files: {', '.join(files[:12])}{' ...' if len(files) > 12 else ''}"
+        )
 
     @pytest.hookimpl
     def pytest_testnodedown(self, node: Any, error: object) -> None:
         if error is None:
             return
         note = RUNNING.parent / f"duetime-tests-running-{os.getpid()}" / node.gateway.id
+        self.down.append(f"worker {node.gateway.id} went down")
         if note.exists():
             nodeid, started = note.read_text().split("\n")[:2]
             seconds = time.time() - float(started)
+            self.down[-1] += f" {seconds:.0f} s into {nodeid}"
             sys.stderr.write(
                 f"\n[{node.gateway.id}] went down {seconds:.0f} s into {nodeid} "
                 "(a test that runs over its timeout ends its worker)\n"
@@ -230,11 +276,13 @@ class _CrashNotes:
             if stacks.exists():
                 sys.stderr.write(f"where it was, {seconds - 3:.0f} s in:\n{stacks.read_text()[-12000:]}\n")
 
-    @pytest.hookimpl
-    def pytest_sessionfinish(self) -> None:
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
         import shutil
 
         shutil.rmtree(RUNNING.parent / f"duetime-tests-running-{os.getpid()}", ignore_errors=True)
+        if self.down and self.collected - self.reported and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -273,6 +321,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return Path(str(item.path)).relative_to(root).as_posix()
 
     first_seen: dict[str, int] = {}
+    spark: set[str] = set()
     for index, item in enumerate(items):
         first_seen.setdefault(file_of(item), index)
-    items.sort(key=lambda item: (-seconds.get(file_of(item), unknown), first_seen[file_of(item)]))
+        if file_of(item).startswith("tests/bulk/") or item.get_closest_marker("spark"):
+            spark.add(file_of(item))
+    files = sorted(first_seen, key=lambda f: (-seconds.get(f, unknown), first_seen[f]))
+    place = {f: n for n, f in enumerate(spread(files, spark, SPARK_SIDE_BY_SIDE, WORKERS))}
+    items.sort(key=lambda item: place[file_of(item)])  # a stable sort: each file in its own order
+
+
+#: How many Spark files may run side by side: each starts JVMs of 20 CPU-seconds, and six at once
+#: on two cores ran tests past their timeouts.
+SPARK_SIDE_BY_SIDE = 2
+#: scripts/test.sh's workers: pytest-xdist hands each its first files in turn, so files next to
+#: each other in this order run side by side.
+WORKERS = 6
+
+
+def spread(files: list[str], spark: set[str], most: int, window: int) -> list[str]:
+    """``files`` in their order, but with no more than ``most`` of ``spark`` among any ``window``
+    next to each other: a Spark file that would be one too many waits for the next place free."""
+    order: list[str] = []
+    waiting = list(files)
+    while waiting:
+        recent = sum(1 for f in order[-(window - 1) :] if f in spark) if window > 1 else 0
+        pick = next((f for f in waiting if f not in spark or recent < most), waiting[0])
+        waiting.remove(pick)
+        order.append(pick)
+    return order

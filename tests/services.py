@@ -57,7 +57,9 @@ def require_java() -> None:
         said = ""
     found = re.search(r'version "(\d+)', said)
     if not found or int(found.group(1)) < 17:
-        _missing("Java 17 is not installed (Debian's openjdk-17-jre-headless package), which Spark needs")
+        _missing(
+            "Java 17 or newer is not installed (Debian's default-jre-headless package), which Spark needs"
+        )
 
 
 def unique(prefix: str) -> str:

@@ -13,7 +13,7 @@ duetime's store contract on it: the same suite every built-in store passes.
 from __future__ import annotations
 
 import base64
-import dbm
+import dbm.dumb
 import json
 import threading
 from collections import Counter
@@ -38,7 +38,10 @@ class DbmSyncStore(StoreRules):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        self._db = dbm.open(path, "c")  # noqa: SIM115 - open for the store's life; _close closes it
+        # dbm.dumb, the kind every Python has and whose file any thread may use: dbm.open would
+        # pick dbm.sqlite3 on Python 3.13, whose connection serves only the thread that opened it
+        # (this store is opened on one thread and called on the bridge's worker thread).
+        self._db = dbm.dumb.open(path, "c")  # noqa: SIM115 - open for the store's life; _close closes it
         self._lock = threading.RLock()
 
     # --- rows ----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def spark_session(
     try:
         from pyspark.sql import SparkSession
     except ModuleNotFoundError:
-        raise MissingExtra.of("`duetime bulk`", "spark", library="pyspark", also=" (and Java 17)") from None
+        raise MissingExtra.of("`duetime bulk`", "spark", library="pyspark", also=" (and Java 17 or newer)") from None
     # Executors must run this interpreter (with duetime and its drivers), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -72,7 +72,7 @@ def spark_session(
     except Exception as error:  # the JVM's reason is on stderr (or in its log); this is one line
         where = f"; Spark's own log: {log}" if log else ""
         raise ConfigurationError(
-            f"Spark did not start ({first_line(error)[:300]}); check --master, --conf and Java 17{where}."
+            f"Spark did not start ({first_line(error)[:300]}); check --master, --conf and Java (17 or newer){where}."
         ) from None
     session.sparkContext.setLogLevel("ERROR")
     return session

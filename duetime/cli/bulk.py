@@ -31,7 +31,7 @@ from duetime.inputs.urls import redact
 
 bulk_app = typer.Typer(
     help=(
-        "Bulk work on Apache Spark (pip install 'duetime\\[spark]'; Java 17): migrate millions of stored "
+        "Bulk work on Apache Spark (pip install 'duetime\\[spark]'; Java 17 or newer): migrate millions of stored "
         "timeouts between stores, schedule a message per row of a data set, export/import Parquet, and "
         "report a backlog. Local mode (local[*]) by default; --master spark://host:7077 (or yarn, k8s://…) "
         "runs on a cluster, and --conf key=value passes Spark settings through."

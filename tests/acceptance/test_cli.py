@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sqlite_file
 
 
 def test_help_teaches_every_command(cli) -> None:  # type: ignore[no-untyped-def]
@@ -612,7 +612,6 @@ def test_an_interrupted_load_says_what_is_stored_and_how_to_store_the_rest(cli, 
     least that many are, at most one chunk more), and the command that stores the rest."""
     import re
     import signal
-    import sqlite3
     import subprocess
     import time
 
@@ -635,7 +634,7 @@ def test_an_interrupted_load_says_what_is_stored_and_how_to_store_the_rest(cli, 
         with open_sync_store(f"sqlite:///{tmp_path / 'duetime.db'}") as store:
             store.initialize("duetime", TransactionMode.AT_LEAST_ONCE)  # binds it to the endpoint
             deadline = time.monotonic() + 60
-            with sqlite3.connect(tmp_path / "duetime.db") as look:  # a count, nothing more
+            with sqlite_file(tmp_path / "duetime.db") as look:  # a count, nothing more
                 while look.execute('SELECT count(*) FROM "duetime.delayed"').fetchone()[0] < 2_000:
                     assert time.monotonic() < deadline and proc.poll() is None
                     time.sleep(0.01)

@@ -9,6 +9,8 @@ import pytest
 
 from tests.acceptance.test_howto import OWN_FILE, pages, run_page
 
+pytestmark = pytest.mark.spark
+
 
 def test_it_is_a_page_with_commands_and_this_is_its_file() -> None:
     assert "spark.md" in pages() and OWN_FILE["spark.md"].endswith(Path(__file__).name)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import sqlite_file
 from tests.services import POSTGRES, RABBITMQ, REDIS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +152,6 @@ def test_the_worker_modules_send_nothing_when_a_worker_imports_them(
     """Each ``shop.py`` the docs show (Celery's, Dramatiq's) is what ``celery -A shop worker`` or
     ``dramatiq shop`` imports at every start: importing it makes the app or broker and installs
     the bridge, and stores (sends) nothing."""
-    import sqlite3
     import sys
 
     modules = [code for _, code in BLOCKS if code.startswith("# shop.py") and "bridge.recurring(" not in code]
@@ -167,7 +167,7 @@ def test_the_worker_modules_send_nothing_when_a_worker_imports_them(
             assert hasattr(shop, "remind") and hasattr(shop, "bridge")
             database = folder / "duetime.db"
             if database.exists():  # the store opens at the first delayed task, not at import
-                with sqlite3.connect(database) as conn:
+                with sqlite_file(database) as conn:
                     tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
                     assert all(conn.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] == 0 for t in tables)
             shop.bridge.close()

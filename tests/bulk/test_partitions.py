@@ -8,7 +8,6 @@ differently must find the same rows under the same number, or it skips rows it n
 
 from __future__ import annotations
 
-import sqlite3
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,6 +18,7 @@ from duetime.bulk.frames import checked_files
 from duetime.bulk.schedule import schedule
 from tests.bulk.conftest import spark_settings
 from tests.bulk.test_migrate import store_rows
+from tests.conftest import sqlite_file
 
 ROWS = 5_000
 
@@ -103,7 +103,7 @@ def test_a_file_import_resumed_where_the_reader_splits_differently_writes_every_
         parts = _ids_by_partition(spark, source, 5)
     assert first.inserted == ROWS and first.batches == 5
     lost = sorted(parts[2] | parts[3] | parts[4])
-    with sqlite3.connect(db) as conn:
+    with sqlite_file(db) as conn:
         table = next(
             name
             for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")

@@ -13,7 +13,6 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore, SyncSqlit
 from duetime.error_headers import ERROR_MESSAGE
 from duetime.errors import TransportUnavailable
 from duetime.nservicebus.frontdoor import front_door_queue
+from tests.conftest import sqlite_file
 from tests.integration.proxy import TcpProxy, proxy_for
 from tests.services import POSTGRES, RABBITMQ, postgres_schema, require
 
@@ -469,7 +469,7 @@ async def test_poison_rows_in_a_sqlite_front_door_queue(tmp_path: Path) -> None:
     for name in (front_door_queue("shop"), "orders", "error"):
         queue.declare(name)
     now = int(time.time() * 1_000_000)
-    with sqlite3.connect(db) as conn:
+    with sqlite_file(db) as conn:
         for message_id, headers, body in poison_rows():
             conn.execute(
                 "INSERT INTO duetime_queue_messages (queue, message_id, headers, body, enqueued_at, visible_at)"

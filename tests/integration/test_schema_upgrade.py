@@ -3,7 +3,6 @@ upgrades it, and `setup` upgrades it in place: every stored message stays, group
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from duetime import DelayedMessage, ListQuery, StoreNotReady, TransactionMode
+from tests.conftest import sqlite_file
 from tests.services import (
     REDIS,
     mariadb_connection,
@@ -32,7 +32,7 @@ def _sqlite(tmp_path: Path) -> Iterator[tuple[Callable[[], Any], Callable[[], No
     path = tmp_path / "old.db"
 
     def downgrade() -> None:
-        with sqlite3.connect(path) as conn:
+        with sqlite_file(path) as conn:
             conn.execute('DROP INDEX "upgrade.delayed_group"')
             conn.execute('ALTER TABLE "upgrade.delayed" DROP COLUMN group_key')
             conn.execute("UPDATE duetime_schema SET version = 1")
@@ -132,17 +132,17 @@ def test_setup_changes_nothing_of_a_table_of_its_name_that_is_not_a_store(kind: 
     is as it was."""
     from contextlib import ExitStack
 
-    from tests.conftest import run_cli
+    from tests.conftest import run_cli, sqlite_file
 
     with ExitStack() as stack:
         if kind == "sqlite":
             path = tmp_path / "theirs.db"
             url = f"sqlite:///{path}"
-            with sqlite3.connect(path) as conn:
+            with sqlite_file(path) as conn:
                 conn.execute('CREATE TABLE "duetime.delayed" (id INTEGER, note TEXT)')
 
             def columns() -> set[str]:
-                with sqlite3.connect(path) as conn:
+                with sqlite_file(path) as conn:
                     return {r[1] for r in conn.execute("PRAGMA table_info('duetime.delayed')")}
         elif kind == "postgresql":
             import psycopg

@@ -444,8 +444,10 @@ async def test_exactly_once_is_refused_when_the_transport_cannot_share_the_trans
     for transport in (MemoryTransport(), SqliteQueueTransport(tmp_path / "b.db")):
         with pytest.raises(UnsupportedTransactionMode, match="at-least-once"):
             await Dispatcher(store, transport, settings).start()
-    ok = Dispatcher(store, SqliteQueueTransport(tmp_path / "a.db"), settings)
-    await ok.start()
+        await transport.close()
+    shared = SqliteQueueTransport(tmp_path / "a.db")
+    await Dispatcher(store, shared, settings).start()
+    await shared.close()
     await store.close()
 
 
