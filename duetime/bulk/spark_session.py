@@ -42,7 +42,9 @@ def spark_session(
     try:
         from pyspark.sql import SparkSession
     except ModuleNotFoundError:
-        raise MissingExtra.of("`duetime bulk`", "spark", library="pyspark", also=" (and Java 17 or newer)") from None
+        raise MissingExtra.of(
+            "`duetime bulk`", "spark", library="pyspark", also=" (and Java 17 or newer)"
+        ) from None
     # Executors must run this interpreter (with duetime and its drivers), not whatever is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

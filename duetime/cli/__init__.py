@@ -13,7 +13,7 @@ from typing import Any, TextIO, cast
 
 from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.bulk import bulk_app
-from duetime.cli.common import SETTING_VARIABLES, app, split_duration_in
+from duetime.cli.common import SETTING_VARIABLES, app, split_duration_in, tidy_flags
 from duetime.cli.rabbitmq import rabbitmq_app
 from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError, MissingExtra, not_permitted
@@ -31,7 +31,14 @@ for _group in (
     importlib.import_module(f"duetime.cli.{_group}")
 app.add_typer(bulk_app, name="bulk")
 app.add_typer(rabbitmq_app, name="rabbitmq")
-__all__ = ["app", "main"]
+__all__ = ["app", "command", "main"]
+
+
+def command() -> Any:
+    """The click command the app is built into, as ``duetime`` runs it (flags shown as flags)."""
+    import typer
+
+    return tidy_flags(typer.main.get_command(app))
 
 
 #: Seconds the process may take to exit once its command is over (see duetime.cli.exit_watchdog).
@@ -89,7 +96,7 @@ def _main() -> None:
         fail(split)
         sys.exit(2)
     try:
-        app()
+        command()(prog_name="duetime")
     except DuetimeError as error:  # bad input found before any async work started
         fail(str(error))
         sys.exit(1)

@@ -219,6 +219,15 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+#: The options a user may give before the command as well (``duetime --store URL list``): each
+#: stands for its variable, which every command's own option reads.
+BEFORE_THE_COMMAND = {
+    "store": "DUETIME_STORE",
+    "endpoint": "DUETIME_ENDPOINT",
+    "transport": "DUETIME_TRANSPORT",
+}
+
+
 @app.callback()
 def _main(
     ctx: typer.Context,
@@ -226,12 +235,52 @@ def _main(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = False,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", help="The store, for the command that follows (as DUETIME_STORE)."),
+    ] = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option("--endpoint", help="The endpoint, for the command that follows (as DUETIME_ENDPOINT)."),
+    ] = None,
+    transport: Annotated[
+        str | None,
+        typer.Option(
+            "--transport", help="The transport, for the command that follows (as DUETIME_TRANSPORT)."
+        ),
+    ] = None,
 ) -> None:
     """duetime keeps delayed messages in a durable store and forwards each to its destination when
     it is due."""
     if any(name.startswith("DUETIME_") for name in os.environ):
         for line in misspelt(os.environ, known_variables(ctx.command)):
             say("warning:", "yellow", line, to=err)
+    # Given before the command (`duetime --store URL list`): its variable, which the command's own
+    # option reads, and still overrides. Click parses the command's options after this runs, so
+    # each command of every group sees it.
+    for flag, value in (("--store", store), ("--endpoint", endpoint), ("--transport", transport)):
+        if value is not None:
+            os.environ[SETTING_VARIABLES[flag]] = value
+
+
+def tidy_flags(command: Any) -> Any:
+    """``command`` (the click command the app is built into) with no type shown for its flags:
+    Typer's help writes ``--paused <bool>``, which reads as if the flag took a value."""
+    for param in command.params:
+        if getattr(param, "is_flag", False) and getattr(param, "metavar", None) is None:
+            param.metavar = ""
+    made_help = command.get_help_option  # --help is made afresh each time it is shown
+
+    def help_option(ctx: Any) -> Any:
+        option = made_help(ctx)
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        tidy_flags(sub)
+    return command
 
 
 #: Variables read outside the commands' own options and the dispatcher's settings.

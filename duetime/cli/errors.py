@@ -154,7 +154,7 @@ def errors_list(
                 if row["kept_in_store"]
                 else ""
             ),
-            str(row["attempts"] or "?"),
+            "?" if row["attempts"] is None else str(row["attempts"]),
             row["failed_at"] or "?",
         )
     show(grid)

@@ -226,7 +226,8 @@ class ExactlyOnce:
                     limit,
                     e.calls.transport,
                     e.settings.error_queue,
-                    lambda m, reason: error_headers(m, reason, now, m.failure_count, endpoint=e.endpoint),
+                    # the move was a try too: the attempts are the failures before it and this one
+                    lambda m, reason: error_headers(m, reason, now, m.failure_count + 1, endpoint=e.endpoint),
                 ),
                 e.calls.deadline(e.calls.breakers.fetch),
                 "moving due messages",

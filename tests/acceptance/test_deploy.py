@@ -17,6 +17,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -127,7 +128,10 @@ def test_the_kubernetes_manifest_is_valid_and_its_containers_work(tmp_path: Path
             )
         finally:
             _delete_queue(queue)
-        unready = run_cli("check", cwd=tmp_path, env={**env, "DUETIME_STORE": store.replace(":5432", ":1")})
+        nowhere = (
+            urlsplit(store)._replace(netloc=f"postgres@127.0.0.1:{free_port()}").geturl()
+        )  # nobody there
+        unready = run_cli("check", cwd=tmp_path, env={**env, "DUETIME_STORE": nowhere})
         assert unready.returncode == 1 and "cannot connect" in unready.stderr
 
 
