@@ -146,6 +146,13 @@ class Recurrence:
         try:
             first = next(CronSim(self.cron, start))
         except CronSimError as error:
+            if _days_never_in_months(fields):
+                day, month = fields[-3], fields[-2]
+                raise InvalidSchedule(
+                    f"The cron expression {self.cron!r} never fires: no month it names ({month}) has "
+                    f"the days it names ({day}); February has 29 days at most, April, June, "
+                    "September and November 30."
+                ) from None
             raise InvalidSchedule(f"Cannot read the cron expression {self.cron!r}: {error}.") from None
         except StopIteration:
             first = None
@@ -351,3 +358,14 @@ def _span(every: timedelta) -> str:
         if seconds % size == 0:
             return f"{seconds // size} {unit}"
     return f"{seconds} s"
+
+
+def _days_never_in_months(fields: list[str]) -> bool:
+    """Whether a cron expression cronsim refused is well written but names only days its months
+    lack (``0 0 30 2 *``): cronsim calls that a bad day-of-month, which reads like a typo."""
+    every_month = [*fields[:-2], "*", fields[-1]]
+    try:
+        next(CronSim(" ".join(every_month), datetime(2000, 1, 1)))
+    except (CronSimError, StopIteration):
+        return False
+    return True

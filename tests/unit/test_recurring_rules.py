@@ -147,7 +147,9 @@ def test_seconds_in_a_cron_expression() -> None:
 @pytest.mark.parametrize(
     ("when", "options", "said"),
     [
-        ("0 0 30 2 *", {}, "Bad day-of-month"),  # 30 February never comes
+        ("0 0 30 2 *", {}, r"never fires: no month it names \(2\) has the days it names \(30\)"),
+        ("0 0 31 4,6,9,11 *", {}, "never fires"),
+        ("0 0 32 1 *", {}, "Cannot read the cron expression '0 0 32 1 \\*': Bad day-of-month"),  # a typo
         ("0 9 * *", {}, "has 4"),
         ("every 0s", {}, "at least 1 s"),
         ("every 1.5s", {}, "whole seconds"),
