@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,41 @@ def sqlite_file(path: str | Path, **options: Any) -> Iterator[sqlite3.Connection
             yield conn
     finally:
         conn.close()
+
+
+@pytest.fixture(autouse=True)
+def _closes_its_sqlite_connections() -> Iterator[None]:
+    """Every SQLite connection a test opens, the test closes (through the store, queue or
+    transport that holds it, or itself). Since Python 3.13 one left open is a ResourceWarning
+    whenever it is collected, which fails whichever test runs then; here the test that opened it
+    fails, on every Python, with where it was opened."""
+    opened: list[tuple[sqlite3.Connection, str]] = []
+    connect = sqlite3.connect
+
+    def recording(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        stack = traceback.extract_stack(limit=16)[:-1]
+        ours = [f"{Path(f.filename).name}:{f.lineno}" for f in stack if "/tests/" in f.filename]
+        theirs = [f"{Path(f.filename).name}:{f.lineno}" for f in stack if "/duetime/" in f.filename]
+        opened.append((conn, " <- ".join([*theirs[-3:][::-1], *ours[-2:][::-1]])))
+        return conn
+
+    sqlite3.connect = recording  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sqlite3.connect = connect
+    left = []
+    for conn, where in opened:
+        try:
+            conn.in_transaction  # noqa: B018 - raises once the connection is closed
+        except sqlite3.ProgrammingError:
+            continue
+        left.append(where)
+        with contextlib.suppress(Exception):
+            conn.close()  # so that it fails no later test
+    if left:
+        pytest.fail(f"{len(left)} SQLite connection(s) left open, opened at: {'; '.join(sorted(set(left)))}")
 
 
 def run_cli(

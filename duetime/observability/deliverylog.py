@@ -49,9 +49,18 @@ class _WriterThread:
         self._jobs.put((loop, future, work, args))
         await future
 
+    def stop(self) -> None:
+        """End the thread once the jobs given before are done (a log that closed)."""
+        if self._thread is not None:
+            self._jobs.put(())
+            self._thread = None
+
     def _run(self) -> None:
         while True:
-            loop, future, work, args = self._jobs.get()
+            job = self._jobs.get()
+            if not job:
+                return
+            loop, future, work, args = job
             error: BaseException | None = None
             try:
                 work(*args)
@@ -105,7 +114,7 @@ class JsonLinesDeliveryLog:
             await self._writer.call(self.write, entries)
 
     async def close(self) -> None:
-        return None
+        self._writer.stop()
 
 
 class SqlDeliveryLog:
@@ -177,13 +186,23 @@ class SqlDeliveryLog:
             await self._writer.call(self.write, entries)
 
     async def close(self) -> None:
-        """Close the connection, unless a write still holds it after :data:`CLOSE_WITHIN` (a
-        server that does not answer): that one is left to its thread."""
-        if await asyncio.to_thread(self._lock.acquire, timeout=CLOSE_WITHIN):
-            try:
-                self._drop()
-            finally:
-                self._lock.release()
+        """Close the connection on the thread that writes with it (a SQLite connection serves
+        only the thread that opened it: closed from another, it stayed open), unless a write
+        still holds that thread after :data:`CLOSE_WITHIN` (a server that does not answer): the
+        connection is then closed once that write returns."""
+        try:
+            await asyncio.wait_for(self._writer.call(self._drop_when_free), CLOSE_WITHIN)
+        except TimeoutError:
+            log.warning(
+                "the delivery log did not answer within %.0f s; closing it is left to its thread",
+                CLOSE_WITHIN,
+            )
+        finally:
+            self._writer.stop()
+
+    def _drop_when_free(self) -> None:
+        with self._lock:
+            self._drop()
 
 
 def open_delivery_log(spec: str) -> DeliveryLog:

@@ -120,6 +120,7 @@ def test_every_python_block_runs_as_written(pg: str, tmp_path: Path, monkeypatch
             for folder in ("customers/", "rejects/"):
                 code = code.replace(f'"{folder}"', repr(f"{tmp_path}/{folder}"))
             code = _prelude(code) + code
+            before = dict(namespace)
             try:
                 if "asyncio.run(" in code:  # a whole program: it runs its own event loop
                     exec(compile(code, str(README), "exec"), namespace)
@@ -127,6 +128,10 @@ def test_every_python_block_runs_as_written(pg: str, tmp_path: Path, monkeypatch
                     loop.run_until_complete(_run(code, namespace))
             except Exception as error:
                 raise AssertionError(f"the block at {where} failed: {error!r}") from error
+            # a name a later block gives again (`bridge = ...` on two pages): the first one is
+            # closed as its reader's program would have, before it is lost
+            replaced = {k: v for k, v in before.items() if k in namespace and namespace[k] is not v}
+            loop.run_until_complete(_close_all(replaced))
     finally:
         loop.run_until_complete(_close_all(namespace))
         loop.close()

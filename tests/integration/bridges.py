@@ -154,7 +154,10 @@ def app(tmp_path: Path, source: str, name: str, env: dict[str, str]) -> Iterator
         yield made
     finally:
         made.stop_all()
-        sys.modules.pop(name, None)
+        loaded = sys.modules.pop(name, None)
+        bridge = getattr(loaded, "bridge", None)
+        if bridge is not None:  # the module loaded here opened its store: closed with the test
+            bridge.close()
 
 
 def once_each(ran: list[dict[str, Any]]) -> Counter[str]:

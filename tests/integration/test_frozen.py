@@ -48,7 +48,8 @@ async def test_sqlite_writers_carry_on_the_moment_a_frozen_lock_holder_lets_go(t
         [DelayedMessage(f"f{i}", "orders", now + timedelta(seconds=i * 0.01)) for i in range(300)]
     )
     settings = DelayedDeliverySettings(transaction_mode=TransactionMode.EXACTLY_ONCE)
-    dispatcher = Dispatcher(SqliteStore(sync), SqliteQueueTransport(db), settings, endpoint="frozen")
+    transport = SqliteQueueTransport(db)
+    dispatcher = Dispatcher(SqliteStore(sync), transport, settings, endpoint="frozen")
     frozen = sqlite3.connect(db, isolation_level=None)
     frozen.execute("BEGIN IMMEDIATE")  # a peer frozen inside its write transaction
     task = asyncio.create_task(dispatcher.run())
@@ -56,6 +57,7 @@ async def test_sqlite_writers_carry_on_the_moment_a_frozen_lock_holder_lets_go(t
     assert queue.depth("orders") == 0  # nobody can write meanwhile: that is SQLite
     released = time.monotonic()
     frozen.execute("COMMIT")
+    frozen.close()
     while queue.depth("orders") < 300 and time.monotonic() - released < 10:
         await asyncio.sleep(0.02)
     resumed_in = time.monotonic() - released
@@ -64,6 +66,7 @@ async def test_sqlite_writers_carry_on_the_moment_a_frozen_lock_holder_lets_go(t
     assert not task.done()  # a 4 s stall is well inside the breakers' 30 s
     dispatcher.stop()
     await task
+    await transport.close()
     queue.close()
     sync.close()
 

@@ -55,6 +55,7 @@ async def test_dispatcher_rides_out_a_broker_restart(tmp_path: Path) -> None:
         dispatcher.stop()
         await task
         await transport.close()
+        sync.close()
     seen = Counter(got)
     assert len(seen) == total, f"{total - len(seen)} lost"
     assert sum(n - 1 for n in seen.values()) <= settings.batch_size

@@ -56,11 +56,23 @@ def fast(**kw: object) -> DelayedDeliverySettings:
     return DelayedDeliverySettings(**(base | kw))  # type: ignore[arg-type]
 
 
+#: The stores :func:`sqlite_store` made for the test under way, closed when it ends.
+OPENED: list[SyncSqliteStore] = []
+
+
 def sqlite_store(path: Path, endpoint: str) -> SyncSqliteStore:
     sync = SyncSqliteStore(path)
+    OPENED.append(sync)
     sync.setup_infrastructure(endpoint)
     sync.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
     return sync
+
+
+@pytest.fixture(autouse=True)
+def _close_the_stores_made() -> Iterator[None]:
+    yield
+    while OPENED:
+        OPENED.pop().close()  # closing twice is fine: a test may have closed it already
 
 
 @pytest.fixture
@@ -465,9 +477,9 @@ async def check_poison(store: object, transport: object, endpoint: str, error_qu
 async def test_poison_rows_in_a_sqlite_front_door_queue(tmp_path: Path) -> None:
     db = tmp_path / "p.db"
     sqlite_store(db, "shop")
-    queue = SyncSqliteQueue(db)
-    for name in (front_door_queue("shop"), "orders", "error"):
-        queue.declare(name)
+    with SyncSqliteQueue(db) as queue:
+        for name in (front_door_queue("shop"), "orders", "error"):
+            queue.declare(name)
     now = int(time.time() * 1_000_000)
     with sqlite_file(db) as conn:
         for message_id, headers, body in poison_rows():

@@ -42,9 +42,8 @@ def prepare(
 @pytest.mark.slow
 async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher(tmp_path: Path) -> None:
     db = tmp_path / "wake.db"
-    prepare(db, "wake", "orders").store(
-        DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2))
-    )
+    with prepare(db, "wake", "orders") as sender:
+        sender.store(DelayedMessage("far", "orders", datetime.now(UTC) + timedelta(minutes=2)))
     store, transport = SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db)
     dispatcher = Dispatcher(store, transport, endpoint="wake")
     task = asyncio.create_task(dispatcher.run())
@@ -172,6 +171,7 @@ async def test_a_consumer_at_work_in_the_same_file_does_not_wake_the_dispatcher(
     dispatcher.stop()
     await task
     consumer.close()
+    other.close()
     await store.close()
     await transport.close()
     assert idle_rounds == 0, f"{idle_rounds} rounds for 60 commits that stored nothing"
@@ -186,6 +186,7 @@ def test_several_dispatcher_processes_share_one_store_without_duplicates(tmp_pat
     store.store_many(
         [DelayedMessage(f"m{i}", "orders", now + timedelta(seconds=i / total * 3)) for i in range(total)]
     )
+    store.close()
     consumer = RecordingConsumer(db, "orders")
     consumer.start()
     args = [
@@ -222,7 +223,7 @@ def test_several_dispatcher_processes_share_one_store_without_duplicates(tmp_pat
 
 async def test_front_door_stores_forwards_and_rejects(tmp_path: Path) -> None:
     db = tmp_path / "door.db"
-    prepare(db, "shop", "orders")
+    prepare(db, "shop", "orders").close()
     store, transport = SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db)
     settings = DelayedDeliverySettings(transaction_mode=TransactionMode.EXACTLY_ONCE)
     dispatcher = Dispatcher(store, transport, settings, endpoint="shop")

@@ -103,13 +103,11 @@ async def test_forwarding_a_batch_makes_one_span_linked_to_each_traced_message(
     # At-least-once needs a transport that is not the store's own queue: a second file.
     target = db if mode is TransactionMode.EXACTLY_ONCE else tmp_path / "target.db"
     prepare(target, "orders")
-    dispatcher = Dispatcher(
-        SqliteStore(SyncSqliteStore(db)),
-        SqliteQueueTransport(target),
-        DelayedDeliverySettings(transaction_mode=mode),
-        endpoint="shop",
-    )
-    await dispatcher.run_burst()
+    async with SqliteStore(SyncSqliteStore(db)) as store, SqliteQueueTransport(target) as transport:
+        dispatcher = Dispatcher(
+            store, transport, DelayedDeliverySettings(transaction_mode=mode), endpoint="shop"
+        )
+        await dispatcher.run_burst()
     (forward,) = spans("duetime forward")
     assert linked_traces(forward) == {TRACE_ID, "1" * 32}
     assert forward.attributes is not None and forward.attributes["messaging.batch.message_count"] == 3
@@ -129,8 +127,9 @@ async def test_a_batch_without_traced_messages_makes_no_span(tmp_path: Path) -> 
     sync.initialize("shop", TransactionMode.AT_LEAST_ONCE)
     sync.store(DelayedMessage("x", "orders", datetime.now(UTC) - timedelta(seconds=1), b"x"))
     sync.close()
-    dispatcher = Dispatcher(SqliteStore(SyncSqliteStore(db)), SqliteQueueTransport(db), endpoint="shop")
-    await dispatcher.run_burst()
+    async with SqliteStore(SyncSqliteStore(db)) as store, SqliteQueueTransport(db) as transport:
+        dispatcher = Dispatcher(store, transport, endpoint="shop")
+        await dispatcher.run_burst()
     assert dispatcher.stats.forwarded == 1
     assert spans("duetime forward") == []
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -512,26 +515,33 @@ def test_a_blocking_store_where_an_async_one_belongs_or_the_reverse_is_one_line(
     )
 
     url = f"sqlite:///{tmp_path}/mix.db"
-    wrong: list[tuple[Callable[[], object], str, str]] = [
+    wrong: list[tuple[Callable[[], Any], Callable[[Any], object], str, str]] = [
         (
-            lambda: SyncDelayedMessageClient(open_store(url)),  # type: ignore[arg-type]
+            lambda: open_store(url),
+            lambda store: SyncDelayedMessageClient(store),
             "() is blocking, but SqliteStore's is async",
             "open_sync_store",
         ),
         (
-            lambda: DelayedMessageClient(open_sync_store(url)),  # type: ignore[arg-type]
+            lambda: open_sync_store(url),
+            lambda store: DelayedMessageClient(store),
             "must be an async DelayedMessageStore, got SyncSqliteStore",
             "open_store",
         ),
         (
-            lambda: Dispatcher(open_sync_store(url), open_transport("memory://")),  # type: ignore[arg-type]
+            lambda: open_sync_store(url),
+            lambda store: Dispatcher(store, open_transport("memory://")),
             "must be an async DelayedMessageStore, got SyncSqliteStore",
             "open_store",
         ),
     ]
-    for make, said, hint in wrong:
+    for opened, given_to, said, hint in wrong:
+        store = opened()
         with pytest.raises(ConfigurationError) as refused:
-            make()
+            given_to(store)
+        result = store.close()
+        if inspect.isawaitable(result):
+            asyncio.run(result)
         text = str(refused.value)
         assert said in text and hint in text and "\n" not in text, text
 
