@@ -9,9 +9,12 @@ For each server (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS with JetStream):
    ``postgres`` without a password, database ``test``; MariaDB as ``root`` without one; NATS with
    JetStream), it is used as it is.
 2. If it is not installed, it is installed from Debian's packages when this runs as root with
-   ``apt-get``; otherwise one line says what to run, and its tests are skipped.
-3. If it was installed before and its standard port is free, it is started as the system's own
-   service would be (a machine whose server merely stopped).
+   ``apt-get`` (a package the release lacks is said in one line and blocks none of the others);
+   otherwise one line says what to run, and its tests are skipped.
+3. If a server of duetime's own ran here before (its data folder under ``$DUETIME_SERVICES_DIR``
+   and its port in the ``env`` file), that one is started again, on its port. Else, if it was
+   installed before and its standard port is free, it is started as the system's own service
+   would be (a machine whose server merely stopped).
 4. Otherwise duetime's tests get a server of their own: its own data folder under
    ``$DUETIME_SERVICES_DIR`` (default ``/var/tmp/duetime-services``), on the standard port when
    that is free and on a free port when something else holds it. It keeps running after the
