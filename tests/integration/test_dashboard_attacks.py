@@ -460,6 +460,10 @@ def test_many_requests_for_a_message_with_huge_headers_stay_bounded(hostile: dic
             except OSError as error:
                 pages.append((0, str(error)))
 
+        started = time.monotonic()
+        open_page()  # one alone: what a page costs on this machine now
+        one_page = time.monotonic() - started
+        pages.clear()
         threads = [threading.Thread(target=open_page) for _ in range(20)]
         for thread in threads:
             thread.start()
@@ -486,7 +490,7 @@ def test_many_requests_for_a_message_with_huge_headers_stay_bounded(hostile: dic
     assert len(pages) == 20 and len(served) + len(busy) == 20 and len(served) >= 2, pages
     assert all("and 299,800 more headers, not shown" in html for html in served)
     assert all(html.startswith("Busy: other message pages are being prepared") for html in busy)
-    # a page's headers are decoded holding the GIL, so /healthz may wait for one or two of them on
-    # a loaded machine, never for twenty
-    assert slowest < 4.0, slowest
+    # a page's headers are decoded holding the GIL, so /healthz may wait for a few of them (the
+    # ones being prepared at once) on a loaded machine, never for twenty
+    assert slowest < max(4.0, 4 * one_page), (slowest, one_page)
     assert peak_kb < 400_000, f"the dashboard peaked at {peak_kb // 1024} MB"
