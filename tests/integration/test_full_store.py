@@ -112,7 +112,9 @@ def test_a_full_store_costs_the_due_messages_nothing_and_every_read_answers_with
                 "one message": lambda: full.get("v0100000"),
                 "a group's size": lambda: full.count_group("big-group"),
             }
-            took = {name: _timed(read) for name, read in reads.items()}
+            # the better of two tries: a busy machine's pause (six workers on two cores) is not
+            # the read's; a read that scans the table is slow both times
+            took = {name: min(_timed(read), _timed(read)) for name, read in reads.items()}
             assert max(took.values()) < 1.0, took
 
             counts = full.counts(datetime.now(UTC))
