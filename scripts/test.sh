@@ -17,9 +17,10 @@ echo "== ruff"
 echo "== mypy (strict)"; .venv/bin/mypy && .venv/bin/mypy --strict docs/examples
 echo "== import layers (import-linter, contracts in pyproject.toml)"; .venv/bin/lint-imports --no-cache
 # Six workers, each test file whole on one of them (a file's shared fixtures stay shared), the
-# longest files first (tests/file-seconds.json): most tests wait on servers, timers and
-# subprocesses, so six fit two cores (here: 11:34 in pytest, Spark's JVM started as
-# tests/spark_jvm.py says). DUETIME_TEST_WORKERS=0 runs everything in this process.
+# longest files first (tests/file-seconds.json) and no more than two Spark files side by side:
+# most tests wait on servers, timers and subprocesses, so six fit two cores (here: 23:54 in
+# pytest for 1,644 tests, Spark's JVM started as tests/spark_jvm.py says).
+# DUETIME_TEST_WORKERS=0 runs everything in this process.
 workers="${DUETIME_TEST_WORKERS:-6}"
 parallel=()
 # --max-worker-restart=0: a worker that dies (pytest-timeout ends a test that runs over by ending
