@@ -219,15 +219,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-#: The options a user may give before the command as well (``duetime --store URL list``): each
-#: stands for its variable, which every command's own option reads.
-BEFORE_THE_COMMAND = {
-    "store": "DUETIME_STORE",
-    "endpoint": "DUETIME_ENDPOINT",
-    "transport": "DUETIME_TRANSPORT",
-}
-
-
 @app.callback()
 def _main(
     ctx: typer.Context,
