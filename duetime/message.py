@@ -196,9 +196,15 @@ def refused_destination(destination: str, error_queue: str) -> str | None:
     that knows the error queue asks this: the front door, `schedule`, `load`, `recurring`."""
     if destination == error_queue:
         return f"its destination {destination!r} is the error queue, which only dispatchers write to"
-    if destination.lower().endswith(".timeouts"):
+    if is_timeouts_queue(destination):
         return f"its destination {destination!r} is an endpoint's timeouts queue, not a place to deliver to"
     return None
+
+
+def is_timeouts_queue(name: str) -> bool:
+    """Whether ``name`` is an endpoint's timeouts queue (``Sales.Timeouts``, or the old
+    ``sales.timeouts``): what arrives there is stored again, by that endpoint's front door."""
+    return name.lower().endswith(".timeouts")
 
 
 @dataclass(frozen=True, slots=True)

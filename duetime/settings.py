@@ -11,6 +11,7 @@ from typing import Any
 
 from duetime.errors import ConfigurationError, InvalidSetting
 from duetime.inputs.durations import DurationTooLong, NegativeDuration, parse_duration
+from duetime.message import is_timeouts_queue
 
 
 class TransactionMode(enum.StrEnum):
@@ -115,7 +116,7 @@ class DelayedDeliverySettings:
             raise InvalidSetting("summary_interval", "must not be negative (zero turns it off)")
         if not self.error_queue.strip():
             raise InvalidSetting("error_queue", "must name a queue")
-        if self.error_queue.lower().endswith(".timeouts"):
+        if is_timeouts_queue(self.error_queue):
             raise InvalidSetting(
                 "error_queue", "must not be an endpoint's timeouts queue (what arrives there is stored again)"
             )

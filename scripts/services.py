@@ -358,12 +358,12 @@ def can_install() -> bool:
     return ROOT_USER and shutil.which("apt-get") is not None
 
 
-def apt_install(packages: list[str]) -> list[str]:
-    """Install ``packages`` from Debian's packages; the names that could not be installed. A name
-    this release does not have (or a package that fails) blocks none of the others: after a
-    refused batch, each is tried alone."""
+def apt_install(packages: list[str]) -> None:
+    """Install ``packages`` from Debian's packages. A name this release does not have (or a
+    package that fails) blocks none of the others: after a refused batch, each is tried alone,
+    and each that fails is said in one line."""
     if not packages:
-        return []
+        return
     say(f"installing {' '.join(packages)} (Debian's packages; a few minutes the first time)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     # Servers installed in a container must not be started by their packages (there is no init
@@ -382,14 +382,11 @@ def apt_install(packages: list[str]) -> list[str]:
         if updated.returncode != 0:
             say(f"apt-get update failed ({last_line(updated.stderr)}); installing from the package lists there are")
         if apt("install", "-y", "-qq", "--no-install-recommends", *packages).returncode == 0:
-            return []
-        failed = []
+            return
         for package in packages:
             alone = apt("install", "-y", "-qq", "--no-install-recommends", package)
             if alone.returncode != 0:
                 say(f"could not install {package}: {last_line(alone.stderr)}")
-                failed.append(package)
-        return failed
     finally:
         if made_policy:
             policy.unlink()
@@ -412,6 +409,13 @@ def previous_env() -> dict[str, str]:
     return found
 
 
+def ran_before(server: Server, earlier: dict[str, str]) -> int | None:
+    """The port a server of duetime's own had the last time, if one ran here: its data folder is
+    there and ``HOME/env`` has its URL."""
+    url = earlier.get(server.variable)
+    return port_of(url) if url and (HOME / server.own_folder).is_dir() else None
+
+
 def port_of(url: str) -> int:
     return int(re.search(r":(\d+)(/|$)", url.split("@")[-1]).group(1))  # type: ignore[union-attr]
 
@@ -432,9 +436,7 @@ def main() -> int:
             say(f"{server.name} answers at {found}")
         else:
             waiting.append(server)
-            before = earlier.get(server.variable)
-            if before and (HOME / server.own_folder).is_dir():
-                server.own_port_before = port_of(before)
+            server.own_port_before = ran_before(server, earlier)
     missing_programs = [(package, why) for present, package, why in PROGRAMS if not present()]
     for server in waiting:
         server.installed_before = shutil.which(server.program) is not None or bool(
@@ -444,7 +446,7 @@ def main() -> int:
         package for package, _ in missing_programs
     ]
     if to_install and not check and can_install():
-        apt_install(to_install)  # what failed is said, and each server or program it was for below
+        apt_install(to_install)  # each server or program still missing is said below
         missing_programs = [(package, why) for present, package, why in PROGRAMS if not present()]
     failed = 0
     for server in waiting:

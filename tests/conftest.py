@@ -363,25 +363,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if file_of(item).startswith("tests/bulk/") or item.get_closest_marker("spark"):
             spark.add(file_of(item))
     files = sorted(first_seen, key=lambda f: (-seconds.get(f, unknown), first_seen[f]))
-    place = {f: n for n, f in enumerate(spread(files, spark, SPARK_SIDE_BY_SIDE, WORKERS))}
+    # a pytest-xdist worker (which orders the files it was given) knows how many there are
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if isinstance(workers, int) and workers > 1:
+        files = spread(files, spark, SPARK_SIDE_BY_SIDE, workers)
+    place = {f: n for n, f in enumerate(files)}
     items.sort(key=lambda item: place[file_of(item)])  # a stable sort: each file in its own order
 
 
 #: How many Spark files may run side by side: each starts JVMs of 20 CPU-seconds, and six at once
 #: on two cores ran tests past their timeouts.
 SPARK_SIDE_BY_SIDE = 2
-#: scripts/test.sh's workers: pytest-xdist hands each its first files in turn, so files next to
-#: each other in this order run side by side.
-WORKERS = 6
 
 
 def spread(files: list[str], spark: set[str], most: int, window: int) -> list[str]:
     """``files`` in their order, but with no more than ``most`` of ``spark`` among any ``window``
-    next to each other: a Spark file that would be one too many waits for the next place free."""
+    next to each other (the workers: pytest-xdist hands each its first files in turn, so files
+    next to each other run side by side): a Spark file one too many waits for a place."""
     order: list[str] = []
     waiting = list(files)
     while waiting:
-        recent = sum(1 for f in order[-(window - 1) :] if f in spark) if window > 1 else 0
+        recent = sum(1 for f in order[-(window - 1) :] if f in spark)
         pick = next((f for f in waiting if f not in spark or recent < most), waiting[0])
         waiting.remove(pick)
         order.append(pick)

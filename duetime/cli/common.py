@@ -340,8 +340,10 @@ async def carry_rule(store_url: str, transport: str | None) -> AsyncIterator[Car
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(checker.start(), 5)
 
+        error_queue = DelayedDeliverySettings.from_env().error_queue  # once, not for every line
+
         def rule(message: DelayedMessage) -> str | None:
-            if why := destination_refused(message.destination):
+            if why := refused_destination(message.destination, error_queue):
                 return why
             reason = None if checker is None else checker.cannot_carry(message)
             return None if reason is None else f"{redact(url)} could never carry this message: {reason}"
@@ -353,15 +355,10 @@ async def carry_rule(store_url: str, transport: str | None) -> AsyncIterator[Car
                 await t.close()
 
 
-def destination_refused(destination: str) -> str | None:
-    """Why a sender may not write to ``destination`` (the error queue in force, an endpoint's
-    timeouts queue), or None."""
-    return refused_destination(destination, DelayedDeliverySettings.from_env().error_queue)
-
-
 def refuse_destination(destination: str) -> None:
-    """Refuse, before anything is stored, a destination no sender may write to."""
-    if why := destination_refused(destination):
+    """Refuse, before anything is stored, a destination no sender may write to (the error queue
+    in force, an endpoint's timeouts queue)."""
+    if why := refused_destination(destination, DelayedDeliverySettings.from_env().error_queue):
         raise MessageRefused(f"{why}. Nothing was stored.")
 
 

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.services import require_program
+from tests.services import free_port, require_program
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +55,38 @@ def test_a_standard_port_held_by_something_else_gets_a_server_of_its_own_elsewhe
                 capture_output=True,
                 timeout=30,
             )
+
+
+def test_a_server_of_its_own_that_ran_before_is_started_again_on_its_port(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A second run after the first one's servers stopped (a container started again) restarts
+    those, with their data, on their ports: starting the machine's own on the standard port left
+    two servers, and tests that assumed the standard port met the wrong one."""
+    require_program("redis-server", "redis-server")
+    home = tmp_path / "services"
+    script = services(monkeypatch, home)
+    nobody, earlier_port = free_port(), free_port()
+    while earlier_port == nobody:
+        earlier_port = free_port()
+    redis = next(s for s in script.SERVERS if s.name == "Redis")
+    (home / "redis").mkdir(parents=True)
+    (home / "env").write_text(f"export {redis.variable}='redis://127.0.0.1:{earlier_port}/0'\n")
+    monkeypatch.setattr(redis, "port", nobody)  # the standard port: free, nothing answers there
+    monkeypatch.setattr(redis, "installed_before", True)  # the machine's own would start there
+    monkeypatch.setattr(redis, "system_start", ["false"])
+    redis.own_port_before = script.ran_before(redis, script.previous_env())
+    assert redis.own_port_before == earlier_port
+    url = None
+    try:
+        url = script.start(redis)
+        assert script.port_of(url) == earlier_port and redis.ask(earlier_port) is None, url
+    finally:
+        if url is not None:
+            subprocess.run(
+                ["redis-cli", "-p", str(earlier_port), "shutdown", "nosave"], capture_output=True, timeout=30
+            )
+    assert script.ran_before(redis, {}) is None  # no URL from before: nothing of its own ran
 
 
 def test_the_check_names_what_is_missing_with_the_command_that_installs_it(
