@@ -51,6 +51,10 @@ class InvalidSetting(ConfigurationError):
         return InvalidSetting(name, self.rule)
 
 
+class ApiKeyExists(ConfigurationError):
+    """An API key of that name is in use: revoke it first, or choose another name."""
+
+
 class UnknownScheme(ConfigurationError):
     """No backend is registered for that URL scheme."""
 
@@ -74,6 +78,8 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "pika": "dramatiq",
     "prometheus_client": "metrics",
     "opentelemetry": "otel",
+    "fastapi": "api",
+    "pydantic": "api",
     "starlette": "dashboard",
     "uvicorn": "dashboard",
     "jinja2": "dashboard",

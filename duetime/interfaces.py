@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from duetime.api_keys import ApiKey
 from duetime.errors import ConfigurationError
 from duetime.inputs.durations import parse_time
 from duetime.live_dispatchers import DispatcherInfo
@@ -562,6 +563,39 @@ class DispatcherRegistry(Protocol):
 
     async def dispatchers(self) -> list[DispatcherInfo]:
         """The endpoint's dispatchers, newest first; ``DispatcherInfo.status`` tells which live."""
+        ...
+
+
+@runtime_checkable
+class ApiKeyStore(Protocol):
+    """A store that keeps the HTTP API's keys (every duetime store does): one record per name,
+    the secret's hash and never the secret (:mod:`duetime.api_keys`)."""
+
+    async def add_api_key(self, key: ApiKey) -> None:
+        """Keep a new key; ApiKeyExists while a key of that name is in use."""
+
+    async def api_keys(self) -> list[ApiKey]:
+        """Every key, revoked ones too, by name."""
+        ...
+
+    async def revoke_api_key(self, name: str, at: datetime) -> bool:
+        """Refuse the key from ``at`` on; False if no key of that name is in use."""
+        ...
+
+
+@runtime_checkable
+class SyncApiKeyStore(Protocol):
+    """The blocking twin of :class:`ApiKeyStore`."""
+
+    def add_api_key(self, key: ApiKey) -> None:
+        """As :meth:`ApiKeyStore.add_api_key`, blocking."""
+
+    def api_keys(self) -> list[ApiKey]:
+        """As :meth:`ApiKeyStore.api_keys`, blocking."""
+        ...
+
+    def revoke_api_key(self, name: str, at: datetime) -> bool:
+        """As :meth:`ApiKeyStore.revoke_api_key`, blocking."""
         ...
 
 

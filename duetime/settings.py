@@ -26,6 +26,11 @@ class TransactionMode(enum.StrEnum):
     EXACTLY_ONCE = "exactly-once"
 
 
+#: The endpoint every command, client and server uses unless told another.
+DEFAULT_ENDPOINT = "duetime"
+#: The error queue every dispatcher uses unless told another.
+DEFAULT_ERROR_QUEUE = "error"
+
 #: A lateness budget above this would be a delay, not a budget.
 MAX_LATENESS_BUDGET = timedelta(seconds=1)
 #: The shortest each time may be. Shorter, a call cannot finish or a breaker cannot see an
@@ -68,7 +73,7 @@ class DelayedDeliverySettings:
     transaction_mode: TransactionMode = TransactionMode.AT_LEAST_ONCE
     #: Where a message that cannot be delivered goes, with why. Only dispatchers write there: the
     #: commands and the front door refuse it as a destination (and an endpoint's timeouts queue).
-    error_queue: str = "error"
+    error_queue: str = DEFAULT_ERROR_QUEUE
     #: How many due messages one claim takes; one round trip moves a batch, not a row.
     batch_size: int = 100
     #: No sleep is longer than this, whatever the next due time says.

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
+from duetime.api_keys import ApiKey
 from duetime.backends._schedules import PLAN_AHEAD, PLAN_BATCH
 from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
 from duetime.backends._store import StoreRules, closed
@@ -255,6 +256,15 @@ class AsyncStoreBridge(AsyncClosing):
 
     async def dispatchers(self) -> list[DispatcherInfo]:
         return await self._read(self.sync.dispatchers)
+
+    async def add_api_key(self, key: ApiKey) -> None:
+        await self._call(self.sync.add_api_key, key)
+
+    async def api_keys(self) -> builtins.list[ApiKey]:
+        return await self._read(self.sync.api_keys)
+
+    async def revoke_api_key(self, name: str, at: datetime) -> bool:
+        return await self._call(self.sync.revoke_api_key, name, at)
 
     async def list(self, query: ListQuery) -> Page:
         return await self._read(self.sync.list, query)

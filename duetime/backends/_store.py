@@ -9,6 +9,7 @@ in :mod:`duetime.backends._on_a_thread`.
 
 from __future__ import annotations
 
+import builtins
 import json
 import time
 from abc import ABC, abstractmethod
@@ -17,11 +18,18 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from duetime.api_keys import ApiKey
 from duetime.backends._schedules import ScheduleRules
 from duetime.backends._shared_commit import SharedCommits
 from duetime.backends.store_row import CLAIM_COLUMNS, STORE_COLUMNS
 from duetime.clock import SystemClock, to_micros
-from duetime.errors import ConfigurationError, DuplicateMessageId, MessageInFlight, StoreNotReady
+from duetime.errors import (
+    ApiKeyExists,
+    ConfigurationError,
+    DuplicateMessageId,
+    MessageInFlight,
+    StoreNotReady,
+)
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option
 from duetime.interfaces import Claimed, Clock, Closing, ListQuery, NextDue, Page, StoreCounts
@@ -38,8 +46,8 @@ from duetime.settings import TransactionMode
 
 #: The layout every store writes; a store refuses tables or keys written by a newer duetime, and
 #: asks for `duetime setup` (which upgrades in place) on ones written by an older one.
-#: 2: the group key (a column, or a set per group on Redis).
-SCHEMA_VERSION = 2
+#: 2: the group key (a column, or a set per group on Redis). 3: the API keys' table (or hash).
+SCHEMA_VERSION = 3
 #: How long a claim keeps a message from other dispatchers unless a URL or the settings say otherwise.
 DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
 #: Destinations counted one by one in ``counts`` (the queries stop there); the rest are summed.
@@ -115,6 +123,13 @@ def change_in_use(
                     "were not held up); run duetime setup again when they are done"
                 ) from None
             time.sleep(0.2)
+
+
+def _keeps_no_keys(store: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"{type(store).__name__} keeps no API keys; duetime's own stores do (a store built on "
+        "StoreRules implements _key_insert, _key_update and _key_records)."
+    )
 
 
 def closed() -> StoreNotReady:
@@ -547,6 +562,39 @@ class StoreRules(ScheduleRules, Closing, ABC):
         """The endpoint's dispatchers, newest first, live, gone and stopped alike."""
         found = [DispatcherInfo.from_json(text) for text in self._presences(self._ready())]
         return sorted(found, key=lambda d: d.started_at, reverse=True)
+
+    def add_api_key(self, key: ApiKey) -> None:
+        """Keep a new key; ApiKeyExists while a key of that name is in use (a revoked one's name
+        may be taken again)."""
+        endpoint = self._ready()
+        if self._key_insert(endpoint, key.name, key.to_json()):
+            return
+        old = next((k for k in self.api_keys() if k.name == key.name), None)
+        if old is not None and not old.active and self._key_update(endpoint, key.name, key.to_json()):
+            return
+        raise ApiKeyExists(f"an API key named {key.name!r} exists; revoke it first, or choose another name.")
+
+    def api_keys(self) -> builtins.list[ApiKey]:
+        """Every key of the endpoint, revoked ones too, by name."""
+        return [ApiKey.from_json(text) for text in self._key_records(self._ready())]
+
+    def revoke_api_key(self, name: str, at: datetime) -> bool:
+        """Refuse the key from now on; False if there is no key of that name in use."""
+        endpoint = self._ready()
+        key = next((k for k in self.api_keys() if k.name == name and k.active), None)
+        return key is not None and self._key_update(endpoint, name, key.revoked(at).to_json())
+
+    def _key_insert(self, endpoint: str, name: str, info: str) -> bool:
+        """Keep a key's record unless ``name`` has one; whether it was kept."""
+        raise _keeps_no_keys(self)
+
+    def _key_update(self, endpoint: str, name: str, info: str) -> bool:
+        """Replace the record of ``name``; False if it has none."""
+        raise _keeps_no_keys(self)
+
+    def _key_records(self, endpoint: str) -> builtins.list[str]:
+        """Every key record of the endpoint."""
+        raise _keeps_no_keys(self)
 
     def list(self, query: ListQuery) -> Page:
         """One page, ordered by due time then id; pass ``next_cursor`` back as ``after``."""

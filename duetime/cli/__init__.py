@@ -27,6 +27,7 @@ for _group in (
     "errors",
     "queues",
     "dashboard",
+    "serve",
 ):  # each adds its commands, in --help's order
     importlib.import_module(f"duetime.cli.{_group}")
 app.add_typer(bulk_app, name="bulk")

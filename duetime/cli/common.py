@@ -20,7 +20,6 @@ from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
-    CarryCheck,
     DelayedMessageStore,
     InspectableQueue,
     TransactionalStore,
@@ -28,6 +27,7 @@ from duetime.interfaces import (
 )
 from duetime.message import DelayedMessage, check_due_time, refused_destination
 from duetime.observability.logs import LogFormat, configure
+from duetime.operations.carry import CarryRule as CarryRules
 from duetime.registry import (
     DEFAULT_STORE_URL,
     check_store_exists,
@@ -324,35 +324,13 @@ CarryRule = Callable[[DelayedMessage], "str | None"]
 
 @contextlib.asynccontextmanager
 async def carry_rule(store_url: str, transport: str | None) -> AsyncIterator[CarryRule]:
-    """The rule a message must meet before it is stored: a destination a sender may write to
-    (:func:`refuse_destination`), and what the transport it will go to can carry (too large, a
-    header it refuses or would change). Stored, such a message would only fail when due. A
-    transport that cannot be reached now is checked by its own rules alone (the server's limits
-    wait for the dispatcher)."""
+    """The rule a message must meet before it is stored (:class:`duetime.operations.carry.CarryRule`),
+    with the error queue in force, for the length of one command."""
+    rule = await CarryRules.open(store_url, transport, DelayedDeliverySettings.from_env().error_queue)
     try:
-        url = transport_url_for(store_url, transport)
-        t = open_transport(url)
-    except ConfigurationError:
-        url, t = "", None
-    try:
-        checker = t if isinstance(t, CarryCheck) else None
-        if checker is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(checker.start(), 5)
-
-        error_queue = DelayedDeliverySettings.from_env().error_queue  # once, not for every line
-
-        def rule(message: DelayedMessage) -> str | None:
-            if why := refused_destination(message.destination, error_queue):
-                return why
-            reason = None if checker is None else checker.cannot_carry(message)
-            return None if reason is None else f"{redact(url)} could never carry this message: {reason}"
-
         yield rule
     finally:
-        if t is not None:
-            with contextlib.suppress(Exception):
-                await t.close()
+        await rule.close()
 
 
 def refuse_destination(destination: str) -> None:

@@ -175,7 +175,7 @@ def dashboard(
             forwarded_allow_ips=forwarded_allow_ips or "",
         )
         try:
-            await _stopped_cleanly_by_signals(uvicorn.Server)(config).serve(sockets=[sock])
+            await stopped_cleanly_by_signals(uvicorn.Server)(config).serve(sockets=[sock])
         finally:
             # a store behind a partition answers no goodbye, and Python waits at exit for the
             # thread still waiting on it: leave after --timeout, as `duetime run` does
@@ -186,7 +186,7 @@ def dashboard(
     _run(serve)
 
 
-def _stopped_cleanly_by_signals(server: type[Any]) -> type[Any]:
+def stopped_cleanly_by_signals(server: type[Any]) -> type[Any]:
     """uvicorn's server, told to let SIGTERM and SIGINT end it the way they end `duetime run`:
     it shuts down gracefully and the command exits 0. (uvicorn raises the signal again once it
     has shut down, so the process dies of it, 143 or 130, and a supervisor or script reads a clean

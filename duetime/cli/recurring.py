@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from itertools import islice
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -30,11 +30,11 @@ from duetime.cli.common import (
 from duetime.cli.terminal import columns_text, console, err, show, table
 from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
-from duetime.errors import ConfigurationError, InvalidSchedule
+from duetime.errors import ConfigurationError
 from duetime.inputs.durations import parse_time
 from duetime.interfaces import RecurringStore, ServerClock
-from duetime.recurring.rules import CatchUp, Recurrence, Skipped, recurrence_of
-from duetime.recurring.schedule import Schedule, changed, new_schedule
+from duetime.recurring.rules import Recurrence, recurrence_changed
+from duetime.recurring.schedule import Schedule, changed, new_schedule, schedule_json
 
 T = TypeVar("T")
 
@@ -129,29 +129,17 @@ def _when(
     base: Recurrence | None = None,
 ) -> Recurrence:
     """The recurrence the options give, over ``base`` (a change keeps what is not given)."""
-    if cron is not None and every is not None:
-        raise InvalidSchedule("Give --cron or --every, not both.")
-    if base is None and cron is None and every is None:
-        raise InvalidSchedule("Say when: --cron '0 9 * * MON-FRI' or --every 30s.")
-    cron_: str | None = cron
-    every_: timedelta | str | None = every
-    if cron is None and every is None and base is not None:
-        cron_, every_ = base.cron, base.every
-    return recurrence_of(
-        cron=cron_,
-        every=every_,
-        zone=zone or (base.zone if base else "UTC"),
-        start=parse_time(start) if start else (base.start if base else None),
-        end=parse_time(end) if end else (base.end if base else None),
-        count=count if count is not None else (base.count if base else None),
-        skipped=cast(
-            Skipped, _choice("--skipped", skipped, ("run", "skip"), base.skipped if base else "run")
-        ),
-        catch_up=cast(
-            CatchUp,
-            _choice("--catch-up", catch_up, ("none", "latest", "all"), base.catch_up if base else "latest"),
-        ),
-        catch_up_window=window if window is not None else (base.catch_up_window if base else None),
+    return recurrence_changed(
+        base,
+        cron=cron,
+        every=every,
+        zone=zone,
+        start=parse_time(start) if start else None,
+        end=parse_time(end) if end else None,
+        count=count,
+        skipped=skipped,
+        catch_up=catch_up,
+        catch_up_window=window,
     )
 
 
@@ -163,30 +151,8 @@ def _short(text: str) -> str:
     return text if len(text) <= WHEN_SHOWN else text[: WHEN_SHOWN - 1] + "…"
 
 
-def _choice(flag: str, value: str | None, allowed: tuple[str, ...], default: str) -> str:
-    if value is None:
-        return default
-    if value not in allowed:
-        raise InvalidSchedule(f"{flag} is one of {', '.join(allowed)}; got {value!r}.")
-    return value
-
-
 def _row(s: Schedule, now: datetime) -> dict[str, Any]:
-    following = s.next_planned(now)
-    return {
-        "id": s.schedule_id,
-        "destination": s.destination,
-        "when": s.recurrence.describe(),
-        "state": s.state(),
-        "set_aside": s.set_aside,
-        "next": None if following is None else following.isoformat(),
-        "last_planned": None if s.last_planned is None else s.last_planned.isoformat(),
-        "ticks_planned": s.ticks_planned,
-        "ticks_missed": s.ticks_missed,
-        "recurrence": s.recurrence.to_json(),
-        "headers": dict(s.headers),
-        "body": s.body.decode("utf-8", "backslashreplace"),
-    }
+    return schedule_json(s, now)
 
 
 def _said(s: Schedule, verb: str) -> None:

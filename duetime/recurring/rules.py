@@ -340,6 +340,57 @@ def recurrence_of(
     )
 
 
+def recurrence_changed(
+    base: Recurrence | None,
+    *,
+    cron: str | None = None,
+    every: timedelta | str | None = None,
+    zone: str | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    count: int | None = None,
+    skipped: str | None = None,
+    catch_up: str | None = None,
+    catch_up_window: timedelta | str | None = None,
+    flag: str = "--",
+) -> Recurrence:
+    """The recurrence given, over ``base`` (a change keeps what is not given; None: a new one,
+    which must say when). ``flag`` is how the front end writes a field's name in its messages:
+    ``--`` for the command line's ``--cron``, empty for the HTTP API's ``cron``."""
+    if cron is not None and every is not None:
+        raise InvalidSchedule(f"Give {flag}cron or {flag}every, not both.")
+    if base is None and cron is None and every is None:
+        raise InvalidSchedule(f"Say when: {flag}cron '0 9 * * MON-FRI' or {flag}every 30s.")
+    if cron is None and every is None and base is not None:
+        cron, every = base.cron, base.every
+    return recurrence_of(
+        cron=cron,
+        every=every,
+        zone=zone or (base.zone if base else "UTC"),
+        start=start or (base.start if base else None),
+        end=end or (base.end if base else None),
+        count=count if count is not None else (base.count if base else None),
+        skipped=_choice(f"{flag}skipped", skipped, ("run", "skip"), base.skipped if base else "run"),  # type: ignore[arg-type]
+        catch_up=_choice(  # type: ignore[arg-type]
+            f"{flag}catch-up" if flag else "catch_up",
+            catch_up,
+            ("none", "latest", "all"),
+            base.catch_up if base else "latest",
+        ),
+        catch_up_window=catch_up_window
+        if catch_up_window is not None
+        else (base.catch_up_window if base else None),
+    )
+
+
+def _choice(name: str, value: str | None, allowed: tuple[str, ...], default: str) -> str:
+    if value is None:
+        return default
+    if value not in allowed:
+        raise InvalidSchedule(f"{name} is one of {', '.join(allowed)}; got {value!r}.")
+    return value
+
+
 def _duration(name: str, value: timedelta | str | None) -> timedelta | None:
     if value is None or isinstance(value, timedelta):
         return value

@@ -221,6 +221,26 @@ class Schedule:
         return replace(self, **changes)
 
 
+def schedule_json(s: Schedule, now: datetime) -> dict[str, Any]:
+    """A schedule as ``duetime recurring show`` prints it and the HTTP API answers it: its
+    state, the next tick after ``now`` (the store's time), what it sent and missed."""
+    following = s.next_planned(now)
+    return {
+        "id": s.schedule_id,
+        "destination": s.destination,
+        "when": s.recurrence.describe(),
+        "state": s.state(),
+        "set_aside": s.set_aside,
+        "next": None if following is None else following.isoformat(),
+        "last_planned": None if s.last_planned is None else s.last_planned.isoformat(),
+        "ticks_planned": s.ticks_planned,
+        "ticks_missed": s.ticks_missed,
+        "recurrence": s.recurrence.to_json(),
+        "headers": dict(s.headers),
+        "body": s.body.decode("utf-8", "backslashreplace"),
+    }
+
+
 @functools.lru_cache(maxsize=4096)
 def _recurrence(text: str) -> Recurrence:
     """A stored recurrence, read (and checked) once per distinct one: many schedules share one.

@@ -13,8 +13,10 @@ from typing import Any, cast
 
 import pytest
 
+from duetime.api_keys import ApiKey, Scope, new_key
 from duetime.backends import ROUND_LIMIT
 from duetime.errors import (
+    ApiKeyExists,
     ConfigurationError,
     DuplicateMessageId,
     InvalidMessage,
@@ -25,6 +27,7 @@ from duetime.errors import (
     StoreNotReady,
 )
 from duetime.interfaces import (
+    ApiKeyStore,
     Claimed,
     ClaimsWithNextDue,
     DelayedMessageStore,
@@ -889,6 +892,38 @@ class StoreContract:
         await registry.beat(second.with_changes(last_seen=later))  # a day later: the gone one goes
         left = [d.dispatcher_id for d in await registry.dispatchers() if d.dispatcher_id.endswith(run)]
         assert left == [f"b-{run}"]
+
+    async def test_api_keys_are_kept_without_their_secret_refused_twice_and_revoked(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """The HTTP API's keys (:mod:`duetime.api_keys`): a store keeps each by name, the secret's
+        hash and never the secret; a name in use is refused; a revoked key opens nothing and its
+        name may be taken again. A store that keeps no keys says so in one line."""
+        assert isinstance(store, (ApiKeyStore, SyncSide))
+        keys = cast(ApiKeyStore, store)
+        run = uuid.uuid4().hex[:8]
+        t = now().replace(microsecond=0)
+        key, secret = new_key(f"k-{run}", {Scope.SCHEDULE, Scope.READ}, t, rate=5)
+        try:
+            await keys.add_api_key(key)
+        except ConfigurationError as error:
+            assert "keeps no API keys" in str(error)
+            return
+        with pytest.raises(ApiKeyExists):
+            await keys.add_api_key(new_key(key.name, {Scope.READ}, t)[0])
+
+        async def mine() -> list[ApiKey]:
+            return [k for k in await keys.api_keys() if k.name == key.name]
+
+        assert await mine() == [key]
+        assert (await mine())[0].opens(secret) and secret not in key.to_json()
+        assert await keys.revoke_api_key(key.name, t + timedelta(seconds=1))
+        assert not await keys.revoke_api_key(key.name, t)  # no key of that name in use
+        [revoked] = await mine()
+        assert revoked.revoked_at == t + timedelta(seconds=1) and not revoked.opens(secret)
+        again, _ = new_key(key.name, {Scope.MANAGE}, t)
+        await keys.add_api_key(again)
+        assert await mine() == [again]
 
     async def test_sync_twin_sees_the_same_messages(
         self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]

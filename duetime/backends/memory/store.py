@@ -43,6 +43,8 @@ class SyncMemoryStore(StoreRules):
         self._ready_endpoints: dict[str, int] = {}
         #: (endpoint, dispatcher id) -> (last seen, record JSON)
         self._presence: dict[tuple[str, str], tuple[datetime, str]] = {}
+        #: (endpoint, key name) -> the key's record JSON
+        self._keys: dict[tuple[str, str], str] = {}
         #: (endpoint, schedule id) -> its row
         self._schedules: dict[tuple[str, str], ScheduleRow] = {}
 
@@ -211,6 +213,24 @@ class SyncMemoryStore(StoreRules):
             for key, (seen, _) in list(self._presence.items()):
                 if key[0] == endpoint and seen < seen_before:
                     del self._presence[key]
+
+    def _key_insert(self, endpoint: str, name: str, info: str) -> bool:
+        with self._lock:
+            if (endpoint, name) in self._keys:
+                return False
+            self._keys[(endpoint, name)] = info
+            return True
+
+    def _key_update(self, endpoint: str, name: str, info: str) -> bool:
+        with self._lock:
+            if (endpoint, name) not in self._keys:
+                return False
+            self._keys[(endpoint, name)] = info
+            return True
+
+    def _key_records(self, endpoint: str) -> list[str]:
+        with self._lock:
+            return [info for (e, name), info in sorted(self._keys.items()) if e == endpoint]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         with self._lock:

@@ -182,6 +182,24 @@ SELECT info FROM duetime_dispatchers WHERE endpoint = %s;
 -- name: forget
 DELETE FROM duetime_dispatchers WHERE endpoint = %s AND seen_at < %s;
 
+-- API keys (duetime.api_keys): one row per name, the secret's hash and never the secret.
+-- name: create_api_key_table
+CREATE TABLE IF NOT EXISTS duetime_api_keys (
+    endpoint VARCHAR(200) NOT NULL,
+    name VARCHAR(64) NOT NULL,
+    info LONGTEXT NOT NULL,
+    PRIMARY KEY (endpoint, name)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
+
+-- name: key_insert
+INSERT IGNORE INTO duetime_api_keys (endpoint, name, info) VALUES (%s, %s, %s);
+
+-- name: key_update
+UPDATE duetime_api_keys SET info = %s WHERE endpoint = %s AND name = %s;
+
+-- name: key_records
+SELECT info FROM duetime_api_keys WHERE endpoint = %s ORDER BY name;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS duetime_schedules (

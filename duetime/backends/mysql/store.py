@@ -297,6 +297,7 @@ class SyncMysqlStore(StoreRules):
                     if not cur.fetchone()[0]:
                         self._change_in_use(cur, q, change, table)
                 cur.execute(q["create_presence_table"])
+                cur.execute(q["create_api_key_table"])
                 cur.execute(q["create_schedule_table"])
                 cur.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
             finally:
@@ -488,6 +489,15 @@ class SyncMysqlStore(StoreRules):
 
     def _forget(self, endpoint: str, seen_before: datetime) -> None:
         self._execute(QUERIES["forget"], (endpoint, to_micros(seen_before)))
+
+    def _key_insert(self, endpoint: str, name: str, info: str) -> bool:
+        return self._execute(QUERIES["key_insert"], (endpoint, name, info)) == 1
+
+    def _key_update(self, endpoint: str, name: str, info: str) -> bool:
+        return self._execute(QUERIES["key_update"], (info, endpoint, name)) == 1
+
+    def _key_records(self, endpoint: str) -> list[str]:
+        return [r[0] for r in self._fetch(QUERIES["key_records"], (endpoint,))]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s", to_micros)

@@ -433,6 +433,25 @@ SELECT info::text FROM {presence} WHERE endpoint = %(endpoint)s;
 -- name: forget
 DELETE FROM {presence} WHERE endpoint = %(endpoint)s AND seen_at < %(before)s;
 
+-- API keys (duetime.api_keys): one row per name, the secret's hash and never the secret.
+-- name: create_api_key_table
+CREATE TABLE IF NOT EXISTS {api_keys} (
+    endpoint varchar(200) NOT NULL,
+    name varchar(64) NOT NULL,
+    info json NOT NULL,
+    PRIMARY KEY (endpoint, name)
+);
+
+-- name: key_insert
+INSERT INTO {api_keys} (endpoint, name, info) VALUES (%(endpoint)s, %(name)s, %(info)s)
+ON CONFLICT (endpoint, name) DO NOTHING;
+
+-- name: key_update
+UPDATE {api_keys} SET info = %(info)s WHERE endpoint = %(endpoint)s AND name = %(name)s;
+
+-- name: key_records
+SELECT info::text FROM {api_keys} WHERE endpoint = %(endpoint)s ORDER BY name;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS {schedules} (

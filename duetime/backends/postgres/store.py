@@ -85,6 +85,7 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         (q["destination_statistics_target"], {}),
         *[(sql, {}) for sql in queue_schema_statements(q) if not sql.startswith("CREATE INDEX")],
         (q["create_presence_table"], {}),
+        (q["create_api_key_table"], {}),
         (q["create_schedule_table"], {}),
     ]
 
@@ -408,6 +409,17 @@ class SyncPostgresStore(StoreRules):
 
     def _forget(self, endpoint: str, seen_before: datetime) -> None:
         self._rowcount(self.names.q["forget"], {"endpoint": endpoint, "before": seen_before})
+
+    def _key_insert(self, endpoint: str, name: str, info: str) -> bool:
+        params = {"endpoint": endpoint, "name": name, "info": info}
+        return self._rowcount(self.names.q["key_insert"], params) == 1
+
+    def _key_update(self, endpoint: str, name: str, info: str) -> bool:
+        params = {"endpoint": endpoint, "name": name, "info": info}
+        return self._rowcount(self.names.q["key_update"], params) == 1
+
+    def _key_records(self, endpoint: str) -> list[str]:
+        return [r[0] for r in self._rows(self.names.q["key_records"], {"endpoint": endpoint})]
 
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:

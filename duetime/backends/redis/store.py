@@ -183,6 +183,7 @@ class SyncRedisStore(StoreRules):
             "schema": base + "schema",
             "channel": base + "wake",
             "dispatchers": base + "dispatchers",
+            "api_keys": base + "api_keys",
         }
 
     @property
@@ -436,6 +437,20 @@ class SyncRedisStore(StoreRules):
         ]
         if old:
             self.client.hdel(key, *old)
+
+    def _key_insert(self, endpoint: str, name: str, info: str) -> bool:
+        return bool(self.client.hsetnx(self.keys_for(endpoint)["api_keys"], name, info))
+
+    def _key_update(self, endpoint: str, name: str, info: str) -> bool:
+        key = self.keys_for(endpoint)["api_keys"]
+        if not self.client.hexists(key, name):
+            return False
+        self.client.hset(key, name, info)
+        return True
+
+    def _key_records(self, endpoint: str) -> list[str]:
+        found = self.client.hgetall(self.keys_for(endpoint)["api_keys"])
+        return [_text(found[name]) for name in sorted(found)]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         """Walks the by-due index in pages from the lowest due time the query allows, filtering;

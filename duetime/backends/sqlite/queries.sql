@@ -261,6 +261,24 @@ SELECT info FROM duetime_dispatchers WHERE endpoint = ?;
 -- name: forget
 DELETE FROM duetime_dispatchers WHERE endpoint = ? AND seen_at < ?;
 
+-- API keys (duetime.api_keys): one row per name, the secret's hash and never the secret.
+-- name: create_api_key_table
+CREATE TABLE IF NOT EXISTS duetime_api_keys (
+    endpoint TEXT NOT NULL,
+    name TEXT NOT NULL,
+    info TEXT NOT NULL,
+    PRIMARY KEY (endpoint, name)
+);
+
+-- name: key_insert
+INSERT OR IGNORE INTO duetime_api_keys (endpoint, name, info) VALUES (?, ?, ?);
+
+-- name: key_update
+UPDATE duetime_api_keys SET info = ? WHERE endpoint = ? AND name = ?;
+
+-- name: key_records
+SELECT info FROM duetime_api_keys WHERE endpoint = ? ORDER BY name;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS duetime_schedules (

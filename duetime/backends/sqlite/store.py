@@ -150,6 +150,7 @@ class SyncSqliteStore(StoreRules):
             self._conn.execute(q["create_store_group_index"])
             create_queue_schema(self._conn)
             self._conn.execute(q["create_presence_table"])
+            self._conn.execute(q["create_api_key_table"])
             self._conn.execute(q["create_schedule_table"])
             self._conn.execute(q["create_schedule_plan_index"])
             self._conn.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
@@ -261,6 +262,16 @@ class SyncSqliteStore(StoreRules):
 
     def _forget(self, endpoint: str, seen_before: datetime) -> None:
         self._write_each(QUERIES["forget"], [(endpoint, to_micros(seen_before))])
+
+    def _key_insert(self, endpoint: str, name: str, info: str) -> bool:
+        return self._write_each(QUERIES["key_insert"], [(endpoint, name, info)]) == 1
+
+    def _key_update(self, endpoint: str, name: str, info: str) -> bool:
+        return self._write_each(QUERIES["key_update"], [(info, endpoint, name)]) == 1
+
+    def _key_records(self, endpoint: str) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute(QUERIES["key_records"], (endpoint,))]
 
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:

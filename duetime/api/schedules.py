@@ -1,0 +1,205 @@
+"""``/v1/schedules``: recurring messages, with the verbs of ``duetime recurring``: add, list,
+show, next, change, pause, resume, trigger, backfill, remove."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from itertools import islice
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from duetime.api.models import (
+    Backfill,
+    Count,
+    Message,
+    NewSchedule,
+    NextTicks,
+    ScheduleChange,
+    SchedulePage,
+    ScheduleView,
+    body_of,
+)
+from duetime.api.problems import problems
+from duetime.api.state import HttpApi, Served, caller_with
+from duetime.api_keys import Scope
+from duetime.inputs.durations import parse_time
+from duetime.interfaces import ServerClock
+from duetime.message import MAX_ID_LENGTH, DelayedMessage
+from duetime.recurring.rules import recurrence_changed
+from duetime.recurring.schedule import Schedule, changed, new_schedule
+
+router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
+
+Reader = Annotated[Served, Depends(caller_with(Scope.READ))]
+Manager = Annotated[Served, Depends(caller_with(Scope.MANAGE))]
+
+
+async def _now(api: HttpApi) -> datetime:
+    """The store's time (a schedule's next tick is reckoned from it, as the dispatchers reckon)."""
+    store = api.store
+    server = await api.within(store.server_time()) if isinstance(store, ServerClock) else None
+    return server or api.clock.now()
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else parse_time(text)
+
+
+async def _view(api: HttpApi, s: Schedule) -> ScheduleView:
+    return ScheduleView.of(s, await _now(api))
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=ScheduleView,
+    responses=problems(409, 422),
+    summary="Add a recurring message",
+)
+async def add(new: NewSchedule, served: Manager) -> ScheduleView:
+    api = served.api
+    when = recurrence_changed(
+        None,
+        cron=new.cron,
+        every=new.every,
+        zone=new.zone,
+        start=_time(new.start),
+        end=_time(new.end),
+        count=new.count,
+        skipped=new.skipped,
+        catch_up=new.catch_up,
+        catch_up_window=new.catch_up_window,
+        flag="",
+    )
+    made = new_schedule(
+        new.id,
+        new.destination,
+        when,
+        api.clock.now(),
+        body=body_of(new.body, new.body_base64),
+        headers=new.headers,
+        paused=new.paused,
+    )
+    api.carry.refuse(_probe(made))
+    return await _view(api, await api.within(api.schedules.add_schedule(made)))
+
+
+def _probe(s: Schedule) -> DelayedMessage:
+    """A tick of ``s`` as the carry rule sees it (its destination, body and headers)."""
+    return DelayedMessage.create(s.destination, s.body, delay=0, headers=s.headers)
+
+
+@router.get("", response_model=SchedulePage, summary="Recurring schedules by id, a page at a time")
+async def list_(
+    served: Reader,
+    after: Annotated[str, Query(max_length=MAX_ID_LENGTH)] = "",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> SchedulePage:
+    api = served.api
+    page = await api.within(api.schedules.list_schedules(after, limit))
+    now = await _now(api)
+    return SchedulePage(
+        schedules=[ScheduleView.of(s, now) for s in page],
+        next_after=page[-1].schedule_id if len(page) == limit else None,
+    )
+
+
+@router.get("/{schedule_id}", response_model=ScheduleView, responses=problems(404), summary="One schedule")
+async def show(schedule_id: str, served: Reader) -> ScheduleView:
+    return await _view(served.api, await served.api.within(served.api.schedules.get_schedule(schedule_id)))
+
+
+@router.get(
+    "/{schedule_id}/next",
+    response_model=NextTicks,
+    responses=problems(404),
+    summary="The next planned tick times",
+)
+async def next_(
+    schedule_id: str, served: Reader, count: Annotated[int, Query(ge=1, le=1000)] = 10
+) -> NextTicks:
+    s = await served.api.within(served.api.schedules.get_schedule(schedule_id))
+    return NextTicks(ticks=list(islice(s.recurrence.ticks(await _now(served.api)), count)))
+
+
+@router.patch(
+    "/{schedule_id}",
+    response_model=ScheduleView,
+    responses=problems(404, 422),
+    summary="Change a schedule from its next tick",
+)
+async def change(schedule_id: str, change: ScheduleChange, served: Manager) -> ScheduleView:
+    api = served.api
+    body = (
+        None
+        if change.body is None and change.body_base64 is None
+        else body_of(change.body, change.body_base64)
+    )
+
+    def apply(s: Schedule) -> Schedule:
+        when = recurrence_changed(
+            s.recurrence,
+            cron=change.cron,
+            every=change.every,
+            zone=change.zone,
+            start=_time(change.start),
+            end=_time(change.end),
+            count=change.count,
+            skipped=change.skipped,
+            catch_up=change.catch_up,
+            catch_up_window=change.catch_up_window,
+            flag="",
+        )
+        made = changed(s, when=when, destination=change.destination, body=body)
+        api.carry.refuse(_probe(made))
+        return made
+
+    return await _view(api, await api.within(api.schedules.change_schedule(schedule_id, apply)))
+
+
+@router.post(
+    "/{schedule_id}/pause",
+    response_model=ScheduleView,
+    responses=problems(404),
+    summary="No ticks until resumed",
+)
+async def pause(schedule_id: str, served: Manager) -> ScheduleView:
+    return await _view(served.api, await served.api.within(served.api.schedules.pause_schedule(schedule_id)))
+
+
+@router.post(
+    "/{schedule_id}/resume", response_model=ScheduleView, responses=problems(404), summary="Tick again"
+)
+async def resume(schedule_id: str, served: Manager) -> ScheduleView:
+    return await _view(served.api, await served.api.within(served.api.schedules.resume_schedule(schedule_id)))
+
+
+@router.post(
+    "/{schedule_id}/trigger", response_model=Message, responses=problems(404), summary="One extra tick now"
+)
+async def trigger(schedule_id: str, served: Manager) -> Message:
+    return Message.of(await served.api.within(served.api.schedules.trigger_schedule(schedule_id)))
+
+
+@router.post(
+    "/{schedule_id}/backfill",
+    response_model=Count,
+    responses=problems(404),
+    summary="Send now the ticks planned in a window",
+)
+async def backfill(schedule_id: str, window: Backfill, served: Manager) -> Count:
+    api = served.api
+    start, end = parse_time(window.start), parse_time(window.end)
+    return Count(count=await api.within(api.schedules.backfill_schedule(schedule_id, start, end)))
+
+
+@router.delete(
+    "/{schedule_id}",
+    response_model=Count,
+    responses=problems(404),
+    summary="Remove a schedule and its stored ticks",
+)
+async def remove(schedule_id: str, served: Manager) -> Count:
+    """``count``: how many stored ticks were removed with it."""
+    return Count(count=await served.api.within(served.api.schedules.remove_schedule(schedule_id)))

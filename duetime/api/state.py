@@ -1,0 +1,136 @@
+"""The HTTP API as a library object: the store it serves, the rules it applies, who may call it.
+
+``duetime serve`` only parses its flags, opens an :class:`HttpApi` and serves it; a program may
+do the same, or mount :meth:`HttpApi.app` in an ASGI server of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Header, Request
+from fastapi.security import HTTPBearer
+
+from duetime.api.access import Access, Caller
+from duetime.api_keys import Scope
+from duetime.client import DelayedMessageClient
+from duetime.clock import SYSTEM
+from duetime.engine.deadline import within
+from duetime.errors import ConfigurationError
+from duetime.interfaces import ApiKeyStore, Clock, DelayedMessageStore, RecurringStore
+from duetime.message import DelayedMessage
+from duetime.operations.carry import CarryRule
+from duetime.operations.message_files import store_new
+from duetime.registry import default_transport, has_default_transport, open_store
+from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings, TransactionMode
+
+T = TypeVar("T")
+
+#: Seconds a request waits for the store before it answers 503 (a partitioned server never answers).
+ANSWER_WITHIN = 10.0
+
+
+@dataclass
+class HttpApi:
+    """One store's HTTP API. Open it with :meth:`open`; close it when done."""
+
+    store: DelayedMessageStore
+    store_url: str
+    endpoint: str
+    carry: CarryRule
+    #: Where the error queue is (a queue transport's URL), None: the store has none of its own
+    #: and none was given (the error queue's routes then answer 501).
+    transport_url: str | None
+    error_queue: str
+    answer_within: float = ANSWER_WITHIN
+    clock: Clock = SYSTEM
+    client: DelayedMessageClient = field(init=False)
+    access: Access = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = DelayedMessageClient(self.store, endpoint=self.endpoint)
+        if not isinstance(self.store, ApiKeyStore):
+            raise ConfigurationError(
+                f"{type(self.store).__name__} keeps no API keys, which the HTTP API needs; "
+                "duetime's own stores do."
+            )
+        self.access = Access(self.store)
+
+    @classmethod
+    async def open(
+        cls,
+        store_url: str,
+        *,
+        endpoint: str = DEFAULT_ENDPOINT,
+        transport: str | None = None,
+        error_queue: str | None = None,
+        answer_within: float = ANSWER_WITHIN,
+    ) -> HttpApi:
+        """The API of the store at ``store_url`` (set up already: `duetime setup`)."""
+        queue = error_queue or DelayedDeliverySettings.from_env().error_queue
+        store = open_store(store_url)
+        try:
+            await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+            carry = await CarryRule.open(store_url, transport, queue)
+        except BaseException:
+            await store.close()
+            raise
+        errors_at = transport or (default_transport(store_url) if has_default_transport(store_url) else None)
+        return cls(store, store_url, endpoint, carry, errors_at, queue, answer_within)
+
+    async def within(self, call: Awaitable[T]) -> T:
+        """``call``'s answer, or DeadlineExceeded (503) after :attr:`answer_within`."""
+        return await within(call, self.answer_within, "the store")
+
+    async def store_new(self, messages: Sequence[DelayedMessage]) -> int:
+        return await store_new(self.store, messages)
+
+    @property
+    def schedules(self) -> RecurringStore:
+        if not isinstance(self.store, RecurringStore):
+            raise ConfigurationError(f"{type(self.store).__name__} keeps no recurring schedules.")
+        return self.store
+
+    def app(self, *, ready: Callable[[], None] | None = None) -> Any:
+        """The ASGI application (FastAPI) that serves this API."""
+        from duetime.api.app import create_app
+
+        return create_app(self, ready=ready)
+
+    async def close(self) -> None:
+        await self.carry.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.store.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What a route handler has: the API and who called."""
+
+    api: HttpApi
+    caller: Caller
+
+
+#: Tells the OpenAPI document (and the clients made from it) that requests carry a bearer key;
+#: the check itself is :meth:`Access.caller`, so that its refusals are problems like any other.
+bearer = HTTPBearer(auto_error=False, description="An API key: `duetime api-keys create NAME --scope ...`")
+
+
+def caller_with(scope: Scope) -> Callable[..., Awaitable[Served]]:
+    """The dependency of a route that needs ``scope``."""
+
+    async def served(
+        request: Request,
+        _: Annotated[Any, Depends(bearer)] = None,
+        authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    ) -> Served:
+        api: HttpApi = request.app.state.api
+        caller = await api.access.caller(authorization, scope)
+        request.state.caller = caller
+        return Served(api, caller)
+
+    return served
