@@ -31,7 +31,7 @@ from duetime.api.problems import (
     on_problem,
     on_unexpected,
 )
-from duetime.api.state import HttpApi, Served, caller_with
+from duetime.api.state import CALLER_NOTE, HttpApi, Served, caller_with
 from duetime.api_keys import Scope as KeyScope
 from duetime.errors import DuetimeError
 from duetime.message import MAX_BODY_BYTES
@@ -174,6 +174,8 @@ class _Logged:
                 status, started = message["status"], True
             await send(message)
 
+        caller: dict[str, str] = {}
+        scope[CALLER_NOTE] = caller
         try:
             await self.app(scope, receive, sending)
         except Exception:
@@ -182,8 +184,6 @@ class _Logged:
             if status == 500 and not started:
                 await _send(answer(500, "internal", "the server failed unexpectedly"), scope, receive, send)
         finally:
-            state = scope.get("state") or {}
-            caller = state.get("caller")
             path = scope.get("raw_path", b"").decode("ascii", "backslashreplace") or "?"
             log.info(
                 "%s %s %d %.1f ms key=%s",
@@ -191,7 +191,7 @@ class _Logged:
                 path,
                 status,
                 (time.perf_counter() - began) * 1000,
-                caller.name if caller is not None else "-",
+                caller.get("name", "-"),
                 extra={"method": scope["method"], "path": path, "status": status},
             )
 

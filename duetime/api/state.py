@@ -30,6 +30,8 @@ from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings, Transact
 
 T = TypeVar("T")
 
+#: Where a request's scope carries the caller's name to its log line.
+CALLER_NOTE = "duetime.caller"
 #: Seconds a request waits for the store before it answers 503 (a partitioned server never answers).
 ANSWER_WITHIN = 10.0
 
@@ -130,7 +132,9 @@ def caller_with(scope: Scope) -> Callable[..., Awaitable[Served]]:
     ) -> Served:
         api: HttpApi = request.app.state.api
         caller = await api.access.caller(authorization, scope)
-        request.state.caller = caller
+        said = request.scope.get(CALLER_NOTE)
+        if isinstance(said, dict):
+            said["name"] = caller.name  # for the request's log line (app._Logged)
         return Served(api, caller)
 
     return served

@@ -1,0 +1,176 @@
+"""`duetime serve` against every store: a message created with curl and a key is delivered by
+`duetime run`; ids make creates idempotent; keys, scopes and rates are held; the document served
+is the one committed."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
+from tests.integration.http_api import Api, make_key, once, serving
+from tests.services import REDIS, delete_redis_keys, free_port, require, store_url, until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    with store_url(request.param, tmp_path) as url:
+        done = run_cli("setup", "--store", url)
+        assert done.returncode == 0, done.stderr
+        yield url
+
+
+def curl(port: int, key: str, path: str, payload: dict[str, object]) -> tuple[int, dict[str, object]]:
+    """What a shell script does: curl, a bearer key and a JSON body."""
+    done = subprocess.run(
+        [
+            "curl", "-sS", "-w", "\n%{http_code}", "-X", "POST",
+            "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
+            "--data-binary", json.dumps(payload), f"http://127.0.0.1:{port}{path}",
+        ],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    body, _, status = done.stdout.rpartition("\n")
+    return int(status), json.loads(body)
+
+
+@pytest.mark.slow
+def test_a_message_created_with_curl_and_a_key_is_delivered_by_duetime_run(
+    store: str, tmp_path: Path
+) -> None:
+    require(REDIS)
+    prefix = f"api-{uuid.uuid4().hex[:8]}:"
+    transport = f"{REDIS}?prefix={prefix}"
+    assert run_cli("queues", "declare", "orders", "--transport", transport).returncode == 0
+    writer = make_key(store, "writer", "schedule,read")
+    reader = make_key(store, "reader", "read")
+    body = bytes(range(256))
+    payload: dict[str, object] = {
+        "id": "order-42-reminder",
+        "destination": "orders",
+        "delay": "1s",
+        "body_base64": base64.b64encode(body).decode(),
+        "headers": {"customer-id": "c-7"},
+        "group": "order-42",
+    }
+    try:
+        with serving(store, tmp_path) as port:
+            status, created = curl(port, writer, "/v1/messages", payload)
+            assert status == 201, created
+            assert curl(port, writer, "/v1/messages", payload) == (200, created)  # the same again
+            status, other = curl(
+                port, writer, "/v1/messages", {**payload, "body": "other", "body_base64": None}
+            )
+            assert status == 409 and other["type"] == "urn:duetime:problem:duplicate-message-id"
+            with Api(port) as api:
+                wrong = api.call("GET", "/v1/messages/order-42-reminder", key="dtk_not-a-key")
+                assert wrong.status == 401 and wrong.headers["content-type"] == "application/problem+json"
+                assert api.call("GET", "/v1/messages").status == 401  # no key, once the store holds one
+                cancel = api.call("DELETE", "/v1/messages/order-42-reminder", key=reader)
+                assert cancel.status == 403 and "schedule scope" in cancel.body["detail"]
+                listed = api.call("GET", "/v1/messages?group=order-42", key=reader).body
+                assert [m["id"] for m in listed["messages"]] == ["order-42-reminder"]
+        log = tmp_path / "run.log"
+        run = spawn_run(duetime_cmd("run", "--store", store, "--transport", transport), log)
+        try:
+            wait_until_serving(log)
+            got = until(lambda: _received(transport, "orders"), 30, "the message at the receiver")
+        finally:
+            run.terminate()
+            run.wait(30)
+        assert [(m["id"], m["encoding"], m["body"], m["headers"]["customer-id"]) for m in got] == [
+            ("order-42-reminder", "base64", payload["body_base64"], "c-7")
+        ]
+    finally:
+        delete_redis_keys(prefix)
+
+
+def _received(transport: str, queue: str) -> list[dict[str, object]]:
+    done = run_cli("queues", "receive", queue, "--transport", transport, "--wait", "1")
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_a_key_over_its_rate_is_answered_429_with_retry_after(store: str, tmp_path: Path) -> None:
+    """2,000 requests in about a second from one key of 100 a second: most are refused, each
+    refusal says when to come back, and the key is served again once it waited."""
+    key = make_key(store, "busy", "read")
+    with serving(store, tmp_path) as port:
+        answers: list[tuple[int, str | None]] = []
+
+        def hammer() -> None:
+            with Api(port, key) as api:
+                for _ in range(500):
+                    a = api.call("GET", "/v1/messages/none")
+                    answers.append((a.status, a.headers.get("retry-after")))
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        took = time.monotonic() - began
+        refused = [after for status, after in answers if status == 429]
+        assert len(answers) == 2000 and {s for s, _ in answers} == {404, 429}
+        # at most a second's burst and the rate over the time it took were let through
+        assert len(refused) >= 2000 - 100 * (took + 1), (len(refused), took)
+        assert all(after is not None and int(after) >= 1 for after in refused)
+        time.sleep(1.1)
+        assert once(port, "GET", "/v1/stats", key).status == 200
+
+
+def test_a_revoked_key_is_refused_within_two_seconds(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    key = make_key(url, "leaving", "read")
+    make_key(url, "staying", "read")
+    with serving(url, tmp_path) as port:
+        assert once(port, "GET", "/v1/stats", key).status == 200
+        assert run_cli("api-keys", "revoke", "leaving", "--store", url).returncode == 0
+        until(lambda: once(port, "GET", "/v1/stats", key).status == 401, 4, "the revoked key refused")
+        listed = run_cli("api-keys", "list", "--json", "--store", url)
+        rows = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert [(r["name"], r["revoked_at"] is not None) for r in rows] == [
+            ("leaving", True),
+            ("staying", False),
+        ]
+        assert key not in listed.stdout and key[len("dtk_") + 4 :] not in listed.stdout
+
+
+def test_other_machines_are_let_in_only_once_the_store_holds_a_key(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    refused = run_cli("serve", "--store", url, "--host", "0.0.0.0", "--port", str(free_port()))
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "holds no API key" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    key = make_key(url, "remote", "read")
+    with serving(url, tmp_path, "--host", "0.0.0.0") as port:
+        assert once(port, "GET", "/v1/stats", key).status == 200
+        assert once(port, "GET", "/v1/stats").status == 401
+        assert once(port, "GET", "/healthz").status == 200  # health needs no key
+
+
+def test_the_served_document_is_the_committed_one_and_valid(tmp_path: Path) -> None:
+    from openapi_spec_validator import validate
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    with serving(url, tmp_path) as port:
+        served = once(port, "GET", "/openapi.json").body
+    committed = json.loads((ROOT / "docs" / "reference" / "openapi.json").read_text())
+    assert served == committed, "docs/reference/openapi.json is stale: duetime serve --openapi > it"
+    validate(served)
+    printed = run_cli("serve", "--openapi")
+    assert json.loads(printed.stdout) == served
