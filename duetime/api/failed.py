@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from duetime.api.models import Discarded, FailedMessage, FailedPage, Pick, Retried, Retry
+from duetime.api.models import TEXT, Discarded, FailedMessage, FailedPage, Pick, Retried, Retry
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
@@ -65,7 +65,9 @@ def _view(item: ReceivedMessage) -> FailedMessage:
 @router.get("", response_model=FailedPage, summary="The endpoint's messages in the error queue, oldest first")
 async def list_(
     served: Annotated[Served, Depends(caller_with(Scope.READ))],
-    destination: Annotated[str | None, Query(max_length=MAX_DESTINATION_LENGTH)] = None,
+    destination: Annotated[
+        str | None, Query(min_length=1, max_length=MAX_DESTINATION_LENGTH, pattern=TEXT)
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
 ) -> FailedPage:
     """Nothing is taken: on a broker the messages are read and put back in their order."""
@@ -80,6 +82,10 @@ async def list_(
 async def _taken(api: HttpApi, t: InspectableQueue, pick: Pick) -> list[ReceivedMessage]:
     if bool(pick.ids) == pick.all:
         raise ApiProblem(400, "invalid-request", "give ids, or all: true (not both)")
+    if pick.ids and pick.destination is not None:
+        raise ApiProblem(
+            400, "invalid-request", "destination picks which messages all: true takes; with ids, leave it out"
+        )
     ids, missing = await api.within(
         chosen(t, api.error_queue, pick.ids, pick.all, pick.destination, api.endpoint)
     )

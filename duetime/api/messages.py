@@ -4,11 +4,15 @@ destination). Each call is the Python client's, so the rules are the library's."
 from __future__ import annotations
 
 from typing import Annotated
+from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 
 from duetime.api.models import (
+    CURSOR,
     MAX_BATCH,
+    TEXT,
+    TIME,
     BatchItem,
     BatchResult,
     Cancelled,
@@ -17,7 +21,9 @@ from duetime.api.models import (
     NewBatch,
     NewMessage,
     Reschedule,
+    cursor_of,
     due_of,
+    read_cursor_of,
     same_content,
 )
 from duetime.api.problems import ApiProblem, problems
@@ -25,13 +31,35 @@ from duetime.api.state import Served, caller_with
 from duetime.api_keys import Scope
 from duetime.errors import DuplicateMessageId, MessageInFlight
 from duetime.inputs.durations import parse_time
-from duetime.interfaces import cursor_text, read_cursor
+from duetime.interfaces import ListQuery
 from duetime.message import MAX_DESTINATION_LENGTH, MAX_GROUP_LENGTH, MAX_ID_LENGTH, DelayedMessage
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
 
-Id = Annotated[str, "the message id"]
-MessageId = Annotated[str, Query(max_length=MAX_ID_LENGTH)]
+MessageId = Annotated[
+    str, Path(min_length=1, max_length=MAX_ID_LENGTH, pattern=TEXT, description="The message id.")
+]
+
+
+def _other_content(message_id: str, then: str) -> ApiProblem:
+    return ApiProblem(
+        409, "duplicate-message-id", f"a message of id {message_id!r} is stored with other content{then}"
+    )
+
+
+def _once_each(asked: list[NewMessage], messages: list[DelayedMessage]) -> list[DelayedMessage]:
+    """The batch with each id once: an id given twice with the same content is one message (a
+    client that retried inside its own batch), with other content a conflict (409)."""
+    first: dict[str, DelayedMessage] = {}
+    for new, m in zip(asked, messages, strict=True):
+        seen = first.setdefault(m.message_id, m)
+        if seen is not m and not same_content(seen, m, new.due_at is not None):
+            raise ApiProblem(
+                409,
+                "duplicate-message-id",
+                f"id {m.message_id!r} is given twice in this batch with other content",
+            )
+    return list(first.values())
 
 
 def _gone(message_id: str) -> ApiProblem:
@@ -62,15 +90,12 @@ async def create(
     except DuplicateMessageId:
         stored = await served.api.within(served.api.client.get(message.message_id))
         if stored is None or not same_content(stored, message, new.due_at is not None):
-            raise ApiProblem(
-                409,
-                "duplicate-message-id",
-                f"a message of id {message.message_id!r} is stored with other content; give a new id, "
-                "or cancel the stored one first",
+            raise _other_content(
+                message.message_id, "; give a new id, or cancel the stored one first"
             ) from None
         response.status_code = 200
         return Message.of(stored)
-    response.headers["Location"] = f"/v1/messages/{message.message_id}"
+    response.headers["Location"] = f"/v1/messages/{quote(message.message_id, safe='')}"
     return Message.of(message)
 
 
@@ -90,10 +115,8 @@ async def create_batch(
     messages = [new.message(now) for new in batch.messages]
     for m in messages:
         served.api.carry.refuse(m)
+    messages = _once_each(batch.messages, messages)
     ids = [m.message_id for m in messages]
-    if len(set(ids)) != len(ids):
-        twice = next(i for i in ids if ids.count(i) > 1)
-        raise ApiProblem(400, "invalid-request", f"id {twice!r} is given twice in this batch; ids are unique")
     client = served.api.client
     try:
         await served.api.within(client.schedule_many(messages))
@@ -103,17 +126,13 @@ async def create_batch(
     except DuplicateMessageId:
         pass
     existing: set[str] = set()
-    for new, m in zip(batch.messages, messages, strict=True):
+    absolute = {new.id: new.due_at is not None for new in batch.messages}
+    for m in messages:
         stored = await served.api.within(client.get(m.message_id))
         if stored is None:
             continue
-        if not same_content(stored, m, new.due_at is not None):
-            raise ApiProblem(
-                409,
-                "duplicate-message-id",
-                f"a message of id {m.message_id!r} is stored with other content; nothing of this batch "
-                "was stored",
-            )
+        if not same_content(stored, m, absolute.get(m.message_id, False)):
+            raise _other_content(m.message_id, "; nothing of this batch was stored")
         existing.add(m.message_id)
     fresh = [m for m in messages if m.message_id not in existing]
     if fresh:
@@ -125,8 +144,10 @@ async def create_batch(
     )
 
 
-@router.get("/{message_id}", response_model=Message, responses=problems(404), summary="One stored message")
-async def get(message_id: str, served: Annotated[Served, Depends(caller_with(Scope.READ))]) -> Message:
+@router.get(
+    "/{message_id:text}", response_model=Message, responses=problems(404), summary="One stored message"
+)
+async def get(message_id: MessageId, served: Annotated[Served, Depends(caller_with(Scope.READ))]) -> Message:
     found = await served.api.within(served.api.client.get(message_id))
     if found is None:
         raise _gone(message_id)
@@ -136,37 +157,42 @@ async def get(message_id: str, served: Annotated[Served, Depends(caller_with(Sco
 @router.get("", response_model=MessagePage, summary="Stored messages, soonest due first, a page at a time")
 async def list_(
     served: Annotated[Served, Depends(caller_with(Scope.READ))],
-    destination: Annotated[str | None, Query(max_length=MAX_DESTINATION_LENGTH)] = None,
-    group: Annotated[str | None, Query(max_length=MAX_GROUP_LENGTH)] = None,
-    due_before: Annotated[str | None, Query(max_length=64, description="RFC 3339")] = None,
+    destination: Annotated[
+        str | None, Query(min_length=1, max_length=MAX_DESTINATION_LENGTH, pattern=TEXT)
+    ] = None,
+    group: Annotated[str | None, Query(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=TEXT)] = None,
+    due_before: Annotated[
+        str | None,
+        Query(max_length=64, pattern=TIME, description="RFC 3339", json_schema_extra={"format": "date-time"}),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[
-        str | None, Query(max_length=400, description="The next_cursor of the previous page.")
+        str | None, Query(max_length=300, pattern=CURSOR, description="The next_cursor of the previous page.")
     ] = None,
 ) -> MessagePage:
-    page = await served.api.within(
-        served.api.client.list(
-            destination=destination,
-            group=group,
-            due_before=None if due_before is None else parse_time(due_before),
-            limit=limit,
-            after=None if after is None else read_cursor(after),
-        )
+    # the cursor is a place in the listing, not an id: any text after the due time will do
+    query = ListQuery(
+        destination=destination,
+        group=group,
+        due_before=None if due_before is None else parse_time(due_before),
+        limit=limit,
+        after=None if after is None else read_cursor_of(after),
     )
+    page = await served.api.within(served.api.store.list(query))
     return MessagePage(
         messages=[Message.of(m) for m in page.messages],
-        next_cursor=None if page.next_cursor is None else cursor_text(page.next_cursor),
+        next_cursor=None if page.next_cursor is None else cursor_of(page.next_cursor),
     )
 
 
 @router.patch(
-    "/{message_id}",
+    "/{message_id:text}",
     response_model=Message,
     responses=problems(404, 409),
     summary="Give a message a new due time",
 )
 async def reschedule(
-    message_id: str, change: Reschedule, served: Annotated[Served, Depends(caller_with(Scope.SCHEDULE))]
+    message_id: MessageId, change: Reschedule, served: Annotated[Served, Depends(caller_with(Scope.SCHEDULE))]
 ) -> Message:
     """409 while a dispatcher is delivering it (look again in a moment)."""
     due = due_of(change.due_at, change.delay, served.api.clock.now())
@@ -179,7 +205,7 @@ async def reschedule(
 
 
 @router.delete(
-    "/{message_id}", status_code=204, responses=problems(404, 409), summary="Cancel a stored message"
+    "/{message_id:text}", status_code=204, responses=problems(404, 409), summary="Cancel a stored message"
 )
 async def cancel(
     message_id: str, served: Annotated[Served, Depends(caller_with(Scope.SCHEDULE))]
@@ -190,40 +216,46 @@ async def cancel(
     return Response(status_code=204)
 
 
-#: Messages of a destination cancelled a page at a time.
+#: Messages of a destination cancelled a page at a time; a group's, in one transaction a batch.
 CANCEL_PAGE = 1000
+CANCEL_BATCH = 5000
+
+groups = APIRouter(prefix="/v1/groups", tags=["messages"])
+destinations = APIRouter(prefix="/v1/destinations", tags=["messages"])
 
 
-@router.delete("", response_model=Cancelled, summary="Cancel every message of a group, or for a destination")
-async def cancel_many(
+@groups.delete("/{group:text}/messages", response_model=Cancelled, summary="Cancel every message of a group")
+async def cancel_group(
+    group: Annotated[str, Path(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=TEXT)],
     served: Annotated[Served, Depends(caller_with(Scope.MANAGE))],
-    group: Annotated[str | None, Query(max_length=MAX_GROUP_LENGTH)] = None,
-    destination: Annotated[str | None, Query(max_length=MAX_DESTINATION_LENGTH)] = None,
 ) -> Cancelled:
-    """Give exactly one of ``group`` and ``destination``. Those being delivered at that moment are
-    left alone (counted in ``in_flight``)."""
-    if (group is None) == (destination is None):
-        raise ApiProblem(400, "invalid-request", "give ?group= or ?destination= (one of them)")
+    """Those being delivered at that moment are left alone (counted in ``in_flight``)."""
     client = served.api.client
-    if group is not None:
-        found = await served.api.within(client.count_group(group))
-        done = 0
-        while n := await served.api.within(client.cancel_group(group, limit=5000)):
-            done += n
-        return Cancelled(cancelled=done, in_flight=max(found - done, 0))
+    found = await served.api.within(client.count_group(group))
+    done = 0
+    while n := await served.api.within(client.cancel_group(group, limit=CANCEL_BATCH)):
+        done += n
+    return Cancelled(cancelled=done, in_flight=max(found - done, 0))
+
+
+@destinations.delete(
+    "/{destination:text}/messages", response_model=Cancelled, summary="Cancel every message for a destination"
+)
+async def cancel_destination(
+    destination: Annotated[str, Path(min_length=1, max_length=MAX_DESTINATION_LENGTH, pattern=TEXT)],
+    served: Annotated[Served, Depends(caller_with(Scope.MANAGE))],
+) -> Cancelled:
+    """A queue that is gone, say. Those being delivered at that moment are left alone."""
+    client = served.api.client
     done = busy = 0
     after = None
     while True:
         page = await served.api.within(client.list(destination=destination, limit=CANCEL_PAGE, after=after))
         for m in page.messages:
-            done, busy = await _cancel_one(served, m, done, busy)
+            try:
+                done += await served.api.within(client.cancel(m.message_id))
+            except MessageInFlight:
+                busy += 1
         if page.next_cursor is None:
             return Cancelled(cancelled=done, in_flight=busy)
         after = page.next_cursor
-
-
-async def _cancel_one(served: Served, m: DelayedMessage, done: int, busy: int) -> tuple[int, int]:
-    try:
-        return done + await served.api.within(served.api.client.cancel(m.message_id)), busy
-    except MessageInFlight:
-        return done, busy + 1

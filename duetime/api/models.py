@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.convertors import Convertor, register_url_convertor
 
+from duetime.clock import from_micros, to_micros
 from duetime.errors import InvalidMessage, InvalidSchedule
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.message import (
@@ -26,41 +28,120 @@ from duetime.message import (
     DelayedMessage,
     resolve_due_time,
 )
-from duetime.recurring.schedule import Schedule, schedule_json
+from duetime.recurring.schedule import MAX_SCHEDULE_ID_LENGTH, Schedule, schedule_json
 
 #: Messages one batch request may create.
 MAX_BATCH = 1000
-#: Due times as RFC 3339 text with an offset (2026-12-01T09:00:00Z).
-DueTime = Annotated[str, Field(json_schema_extra={"format": "date-time"}, max_length=64)]
-#: A delay: seconds, or a duration as the command line takes it (90, "1.5s", "10m", "1h30m").
-Delay = Annotated[float | str, Field(description="Seconds, or a duration: 1.5s, 10m, 1h30m, 2d.")]
+#: What every id, destination and group is (the library's ``check_text``): text with something
+#: other than spaces in it, and no NUL.
+TEXT = r"^[^\x00]*[^\x00\s][^\x00]*$"
+#: A time: RFC 3339 with an offset, in the years every store keeps (1970-9998).
+TIME = r"^(19[7-9][0-9]|[2-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8])-"
+#: A duration as the command line takes it: 90, 1.5s, 250ms, 10m, 1h30m, 2d (at most 8000 years).
+DURATION = r"^([0-9]{1,9}(\.[0-9]{1,6})?|([0-9]{1,5}(\.[0-9]{1,3})?(ms|s|m|h|d|w)){1,3})$"
+#: The longest delay in seconds: due times end in year 9998, so 7000 years hold until the year 2998.
+LONGEST_SECONDS = 7000 * 365 * 86400
+
+#: A page's cursor: the due time in microseconds since 1970 (up to year 9892), '~', and the id.
+CURSOR = r"^([0-9]{1,17}|1[0-9]{17}|2[0-4][0-9]{16})~[^\x00]*[^\x00\s][^\x00]*$"
+
+#: A schedule's id over HTTP (see :data:`duetime.api.schedules.ScheduleId`).
+SCHEDULE_ID = r"^[^@/\x00-\x1f\x7f-\x9f]*[^@/\s\x00-\x1f\x7f-\x9f][^@/\x00-\x1f\x7f-\x9f]*$"
+
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=TEXT)]
+Destination = Annotated[str, Field(min_length=1, max_length=MAX_DESTINATION_LENGTH, pattern=TEXT)]
+Group = Annotated[str, Field(min_length=1, max_length=MAX_GROUP_LENGTH, pattern=TEXT)]
+DueTime = Annotated[
+    str,
+    Field(
+        max_length=64,
+        pattern=TIME,
+        json_schema_extra={"format": "date-time"},
+        description="RFC 3339, with an offset.",
+    ),
+]
+Delay = Annotated[
+    Annotated[float, Field(ge=0, le=LONGEST_SECONDS)]
+    | Annotated[str, Field(max_length=16, pattern=DURATION)],
+    Field(description="Seconds, or a duration: 1.5s, 10m, 1h30m, 2d."),
+]
+Headers = Annotated[dict[str, str], Field(json_schema_extra={"propertyNames": {"minLength": 1}})]
+
+
+def _absent_not_null(schema: dict[str, Any]) -> None:
+    """An optional field is left out, never sent as null: a client generated from the document
+    then has one way to say "not given", and a null is refused (:meth:`_Strict.no_nulls`)."""
+    for prop in schema.get("properties", {}).values():
+        kinds = prop.get("anyOf")
+        if kinds and {"type": "null"} in kinds:
+            rest = [k for k in kinds if k != {"type": "null"}]
+            del prop["anyOf"]
+            if len(rest) == 1:
+                prop.update(rest[0])
+            else:
+                prop["anyOf"] = rest
+            if prop.get("default", 0) is None:
+                del prop["default"]
 
 
 class _Strict(BaseModel):
-    """Unknown fields are refused: a misspelt ``dely`` must not schedule a message for now."""
+    """Unknown fields are refused (a misspelt ``dely`` must not schedule a message for now), and
+    so is a null: an optional field is left out."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_absent_not_null)
+
+    @model_validator(mode="before")
+    @classmethod
+    def no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, value in data.items():
+                if value is None:
+                    raise ValueError(f"{name} is null; leave it out when it is not given")
+        return data
+
+
+def _one_of(
+    *groups: tuple[str, ...], extra: dict[str, Any] | None = None
+) -> Callable[[dict[str, Any]], None]:
+    """The document says which fields go together: exactly one of ``groups`` is given."""
+
+    def add(schema: dict[str, Any]) -> None:
+        _absent_not_null(schema)
+        schema["oneOf"] = [{"required": list(g)} for g in groups]
+        schema.update(extra or {})
+
+    return add
 
 
 class NewMessage(_Strict):
-    """A delayed message to store. Give ``due_at`` or ``delay``, and ``body`` or ``body_base64``."""
+    """A delayed message to store: ``due_at`` or ``delay``, and the body as ``body`` (text) or
+    ``body_base64`` (bytes), or none."""
 
-    id: str | None = Field(
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra=_one_of(
+            ("due_at",), ("delay",), extra={"not": {"required": ["body", "body_base64"]}}
+        ),
+    )
+
+    id: Id | None = Field(
         None,
-        max_length=MAX_ID_LENGTH,
         description="Your own id: the same id and content again answers 200 with the stored message, "
         "other content 409 (while it is stored). Default: a new time-ordered UUID.",
     )
-    destination: str = Field(max_length=MAX_DESTINATION_LENGTH, description="The queue it is for.")
+    destination: Destination = Field(description="The queue it is for.")
     due_at: DueTime | None = Field(None, description="When it is due (RFC 3339, with an offset).")
     delay: Delay | None = None
     body: str | None = Field(None, description="The body as UTF-8 text.")
-    body_base64: str | None = Field(None, description="The body as base64 (any bytes).")
-    headers: dict[str, str] = Field(default_factory=dict)
-    group: str | None = Field(
+    body_base64: str | None = Field(
         None,
-        max_length=MAX_GROUP_LENGTH,
-        description="A key it shares with others, to list or cancel them together.",
+        description="The body as base64 (any bytes).",
+        pattern=r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+    )
+    headers: Headers = Field(default_factory=dict)
+    group: Group | None = Field(
+        None, description="A key it shares with others, to list or cancel them together."
     )
 
     def message(self, now: datetime) -> DelayedMessage:
@@ -75,6 +156,37 @@ class NewMessage(_Strict):
             now=now,
             group=self.group,
         )
+
+
+class TextConvertor(Convertor[str]):
+    """A path parameter that is any text, '/' and line breaks included (Starlette's ``path``
+    stops at a line break): an id is whatever its sender chose."""
+
+    regex = "(?s:.+)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("text", TextConvertor())
+
+
+def cursor_of(after: tuple[datetime, str]) -> str:
+    """The cursor of the next page: opaque to a client, which passes it back as ``?after=``."""
+    return f"{to_micros(after[0])}~{after[1]}"
+
+
+def read_cursor_of(text: str) -> tuple[datetime, str]:
+    micros, _, message_id = text.partition("~")
+    try:
+        return from_micros(int(micros)), message_id
+    except (ValueError, OverflowError):
+        raise InvalidMessage(
+            f"{text[:80]!r} is not a cursor; pass the next_cursor the previous page gave."
+        ) from None
 
 
 def body_of(text: str | None, encoded: str | None) -> bytes:
@@ -151,6 +263,8 @@ class MessagePage(BaseModel):
 class Reschedule(_Strict):
     """A new due time: ``due_at`` or ``delay``."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_one_of(("due_at",), ("delay",)))
+
     due_at: DueTime | None = None
     delay: Delay | None = None
 
@@ -163,8 +277,8 @@ class Cancelled(BaseModel):
 class NewSchedule(_Strict):
     """A recurring message: ``cron`` or ``every``, and the rest as ``duetime recurring add`` has them."""
 
-    id: str = Field(max_length=MAX_ID_LENGTH)
-    destination: str = Field(max_length=MAX_DESTINATION_LENGTH)
+    id: Annotated[str, Field(min_length=1, max_length=MAX_SCHEDULE_ID_LENGTH, pattern=SCHEDULE_ID)]
+    destination: Destination
     cron: str | None = Field(
         None, max_length=200, description="'0 9 * * MON-FRI', or 6 fields with seconds first."
     )
@@ -178,14 +292,14 @@ class NewSchedule(_Strict):
     catch_up_window: str | None = Field(None, max_length=64)
     body: str | None = None
     body_base64: str | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: Headers = Field(default_factory=dict)
     paused: bool = False
 
 
 class ScheduleChange(_Strict):
     """What to change; what is not given stays. Takes effect from the next tick."""
 
-    destination: str | None = Field(None, max_length=MAX_DESTINATION_LENGTH)
+    destination: Destination | None = None
     cron: str | None = Field(None, max_length=200)
     every: str | None = Field(None, max_length=64)
     zone: str | None = Field(None, max_length=64)
@@ -259,20 +373,27 @@ class FailedPage(BaseModel):
     depth: int = Field(description="How many messages the error queue holds (every endpoint's).")
 
 
-class Pick(_Strict):
-    """Messages of the error queue: by id, or ``all`` (for one destination, if given)."""
+def _pick_schema(schema: dict[str, Any]) -> None:
+    """``ids``, or ``all: true`` (and only then a ``destination``): exactly one."""
+    _absent_not_null(schema)
+    schema["oneOf"] = [
+        {"required": ["ids"], "properties": {"all": {"const": False}}, "not": {"required": ["destination"]}},
+        {"required": ["all"], "properties": {"all": {"const": True}, "ids": {"maxItems": 0}}},
+    ]
 
-    ids: list[Annotated[str, Field(max_length=MAX_ID_LENGTH)]] = Field(
-        default_factory=list, max_length=10_000
-    )
+
+class Pick(_Strict):
+    """Messages of the error queue: ``ids``, or ``all: true`` (for one ``destination``, if given)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_pick_schema)
+
+    ids: list[Id] = Field(default_factory=list, min_length=1, max_length=10_000)
     all: bool = False
-    destination: str | None = Field(None, max_length=MAX_DESTINATION_LENGTH)
+    destination: Destination | None = None
 
 
 class Retry(Pick):
-    to: str | None = Field(
-        None, max_length=MAX_DESTINATION_LENGTH, description="Send them to this queue instead."
-    )
+    to: Destination | None = Field(None, description="Send them to this queue instead.")
     delay: Delay = 0
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
@@ -160,7 +161,21 @@ async def on_http_error(request: Request, error: Exception) -> JSONResponse:
     }
     detail = words.get(status, str(error.detail))
     headers = dict(error.headers or {})
+    if status == 405:  # every method the address takes (Starlette names only the first route's)
+        headers["Allow"] = ", ".join(allowed_methods(request))
     return answer(status, "not-found" if status == 404 else f"http-{status}", detail, headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    path = request.url.path
+    return sorted(
+        {
+            method
+            for route in request.app.router.routes
+            if isinstance(route, APIRoute) and route.path_regex.match(path)
+            for method in route.methods or ()
+        }
+    )
 
 
 async def on_unexpected(request: Request, error: Exception) -> JSONResponse:

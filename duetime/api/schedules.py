@@ -7,9 +7,10 @@ from datetime import datetime
 from itertools import islice
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Path, Query
 
 from duetime.api.models import (
+    SCHEDULE_ID,
     Backfill,
     Count,
     Message,
@@ -27,10 +28,20 @@ from duetime.inputs.durations import parse_time
 from duetime.interfaces import ServerClock
 from duetime.message import MAX_ID_LENGTH, DelayedMessage
 from duetime.recurring.rules import recurrence_changed
-from duetime.recurring.schedule import Schedule, changed, new_schedule
+from duetime.recurring.schedule import MAX_SCHEDULE_ID_LENGTH, Schedule, changed, new_schedule
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 
+#: A schedule's id (the library's rule, less what a pattern cannot say: characters Python does
+#: not print), without '/': a schedule whose id holds one is reached from the command line only.
+ScheduleId = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=MAX_SCHEDULE_ID_LENGTH,
+        pattern=SCHEDULE_ID,
+    ),
+]
 Reader = Annotated[Served, Depends(caller_with(Scope.READ))]
 Manager = Annotated[Served, Depends(caller_with(Scope.MANAGE))]
 
@@ -105,11 +116,6 @@ async def list_(
     )
 
 
-@router.get("/{schedule_id}", response_model=ScheduleView, responses=problems(404), summary="One schedule")
-async def show(schedule_id: str, served: Reader) -> ScheduleView:
-    return await _view(served.api, await served.api.within(served.api.schedules.get_schedule(schedule_id)))
-
-
 @router.get(
     "/{schedule_id}/next",
     response_model=NextTicks,
@@ -117,10 +123,15 @@ async def show(schedule_id: str, served: Reader) -> ScheduleView:
     summary="The next planned tick times",
 )
 async def next_(
-    schedule_id: str, served: Reader, count: Annotated[int, Query(ge=1, le=1000)] = 10
+    schedule_id: ScheduleId, served: Reader, count: Annotated[int, Query(ge=1, le=1000)] = 10
 ) -> NextTicks:
     s = await served.api.within(served.api.schedules.get_schedule(schedule_id))
     return NextTicks(ticks=list(islice(s.recurrence.ticks(await _now(served.api)), count)))
+
+
+@router.get("/{schedule_id}", response_model=ScheduleView, responses=problems(404), summary="One schedule")
+async def show(schedule_id: ScheduleId, served: Reader) -> ScheduleView:
+    return await _view(served.api, await served.api.within(served.api.schedules.get_schedule(schedule_id)))
 
 
 @router.patch(
@@ -129,7 +140,7 @@ async def next_(
     responses=problems(404, 422),
     summary="Change a schedule from its next tick",
 )
-async def change(schedule_id: str, change: ScheduleChange, served: Manager) -> ScheduleView:
+async def change(schedule_id: ScheduleId, change: ScheduleChange, served: Manager) -> ScheduleView:
     api = served.api
     body = (
         None
@@ -164,21 +175,24 @@ async def change(schedule_id: str, change: ScheduleChange, served: Manager) -> S
     responses=problems(404),
     summary="No ticks until resumed",
 )
-async def pause(schedule_id: str, served: Manager) -> ScheduleView:
+async def pause(schedule_id: ScheduleId, served: Manager) -> ScheduleView:
     return await _view(served.api, await served.api.within(served.api.schedules.pause_schedule(schedule_id)))
 
 
 @router.post(
     "/{schedule_id}/resume", response_model=ScheduleView, responses=problems(404), summary="Tick again"
 )
-async def resume(schedule_id: str, served: Manager) -> ScheduleView:
+async def resume(schedule_id: ScheduleId, served: Manager) -> ScheduleView:
     return await _view(served.api, await served.api.within(served.api.schedules.resume_schedule(schedule_id)))
 
 
 @router.post(
-    "/{schedule_id}/trigger", response_model=Message, responses=problems(404), summary="One extra tick now"
+    "/{schedule_id}/trigger",
+    response_model=Message,
+    responses=problems(404),
+    summary="One extra tick now",
 )
-async def trigger(schedule_id: str, served: Manager) -> Message:
+async def trigger(schedule_id: ScheduleId, served: Manager) -> Message:
     return Message.of(await served.api.within(served.api.schedules.trigger_schedule(schedule_id)))
 
 
@@ -188,7 +202,7 @@ async def trigger(schedule_id: str, served: Manager) -> Message:
     responses=problems(404),
     summary="Send now the ticks planned in a window",
 )
-async def backfill(schedule_id: str, window: Backfill, served: Manager) -> Count:
+async def backfill(schedule_id: ScheduleId, window: Backfill, served: Manager) -> Count:
     api = served.api
     start, end = parse_time(window.start), parse_time(window.end)
     return Count(count=await api.within(api.schedules.backfill_schedule(schedule_id, start, end)))
@@ -200,6 +214,6 @@ async def backfill(schedule_id: str, window: Backfill, served: Manager) -> Count
     responses=problems(404),
     summary="Remove a schedule and its stored ticks",
 )
-async def remove(schedule_id: str, served: Manager) -> Count:
+async def remove(schedule_id: ScheduleId, served: Manager) -> Count:
     """``count``: how many stored ticks were removed with it."""
     return Count(count=await served.api.within(served.api.schedules.remove_schedule(schedule_id)))
