@@ -122,7 +122,7 @@ class Access:
                 429,
                 "rate-limited",
                 f"key {key.name!r} may make {key.rate:g} requests a second; wait and send again "
-                "(Retry-After), or batch them (POST /v1/messages/batch)",
+                "(Retry-After), or batch them (POST /v1/batches)",
                 retry_after(wait),
             )
 

@@ -89,7 +89,14 @@ def create_app(api: HttpApi, *, ready: Callable[[], None] | None = None) -> Fast
     app.add_exception_handler(RequestValidationError, on_invalid_request)
     app.add_exception_handler(HTTPException, on_http_error)
     app.add_exception_handler(Exception, on_unexpected)
-    for router in (messages.router, messages.groups, messages.destinations, schedules.router, failed.router):
+    for router in (
+        messages.router,
+        messages.batches,
+        messages.groups,
+        messages.destinations,
+        schedules.router,
+        failed.router,
+    ):
         app.include_router(router)
 
     @app.get("/v1/stats", response_model=Stats, tags=["health"], summary="What the store holds now")

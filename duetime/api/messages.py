@@ -25,16 +25,18 @@ from duetime.api.models import (
     due_of,
     read_cursor_of,
     same_content,
+    time_of,
 )
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import Served, caller_with
 from duetime.api_keys import Scope
 from duetime.errors import DuplicateMessageId, MessageInFlight
-from duetime.inputs.durations import parse_time
 from duetime.interfaces import ListQuery
 from duetime.message import MAX_DESTINATION_LENGTH, MAX_GROUP_LENGTH, MAX_ID_LENGTH, DelayedMessage
 
 router = APIRouter(prefix="/v1/messages", tags=["messages"])
+#: A batch has an address of its own: under /v1/messages/ every name is a message's id.
+batches = APIRouter(prefix="/v1/batches", tags=["messages"])
 
 MessageId = Annotated[
     str, Path(min_length=1, max_length=MAX_ID_LENGTH, pattern=TEXT, description="The message id.")
@@ -99,8 +101,8 @@ async def create(
     return Message.of(message)
 
 
-@router.post(
-    "/batch",
+@batches.post(
+    "",
     response_model=BatchResult,
     responses=problems(409, 422),
     summary=f"Store up to {MAX_BATCH} delayed messages in one request",
@@ -174,7 +176,7 @@ async def list_(
     query = ListQuery(
         destination=destination,
         group=group,
-        due_before=None if due_before is None else parse_time(due_before),
+        due_before=time_of("due_before", due_before),
         limit=limit,
         after=None if after is None else read_cursor_of(after),
     )

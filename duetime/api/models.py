@@ -149,7 +149,7 @@ class NewMessage(_Strict):
         return DelayedMessage.create(
             self.destination,
             body_of(self.body, self.body_base64),
-            due_at=None if self.due_at is None else parse_time(self.due_at),
+            due_at=time_of("due_at", self.due_at),
             delay=self.delay,
             headers=self.headers,
             message_id=self.id,
@@ -172,6 +172,16 @@ class TextConvertor(Convertor[str]):
 
 
 register_url_convertor("text", TextConvertor())
+
+
+def time_of(name: str, text: str | None) -> datetime | None:
+    """A time the request gave, read by the library's one reader; its refusal names the field."""
+    if text is None:
+        return None
+    try:
+        return parse_time(text)
+    except InvalidMessage as error:
+        raise InvalidMessage(f"{name}: {error}") from None
 
 
 def cursor_of(after: tuple[datetime, str]) -> str:
@@ -211,7 +221,7 @@ def due_of(due_at: str | None, delay: float | str | None, now: datetime) -> date
         delay_: timedelta | float | None = parse_duration(delay)
     else:
         delay_ = delay
-    return resolve_due_time(due_at=None if due_at is None else parse_time(due_at), delay=delay_, now=now)
+    return resolve_due_time(due_at=time_of("due_at", due_at), delay=delay_, now=now)
 
 
 class Message(BaseModel):

@@ -20,11 +20,11 @@ from duetime.api.models import (
     SchedulePage,
     ScheduleView,
     body_of,
+    time_of,
 )
 from duetime.api.problems import problems
 from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
-from duetime.inputs.durations import parse_time
 from duetime.interfaces import ServerClock
 from duetime.message import MAX_ID_LENGTH, DelayedMessage
 from duetime.recurring.rules import recurrence_changed
@@ -53,8 +53,8 @@ async def _now(api: HttpApi) -> datetime:
     return server or api.clock.now()
 
 
-def _time(text: str | None) -> datetime | None:
-    return None if text is None else parse_time(text)
+def _time(text: str | None, name: str) -> datetime | None:
+    return time_of(name, text)
 
 
 async def _view(api: HttpApi, s: Schedule) -> ScheduleView:
@@ -75,8 +75,8 @@ async def add(new: NewSchedule, served: Manager) -> ScheduleView:
         cron=new.cron,
         every=new.every,
         zone=new.zone,
-        start=_time(new.start),
-        end=_time(new.end),
+        start=_time(new.start, "start"),
+        end=_time(new.end, "end"),
         count=new.count,
         skipped=new.skipped,
         catch_up=new.catch_up,
@@ -154,8 +154,8 @@ async def change(schedule_id: ScheduleId, change: ScheduleChange, served: Manage
             cron=change.cron,
             every=change.every,
             zone=change.zone,
-            start=_time(change.start),
-            end=_time(change.end),
+            start=_time(change.start, "start"),
+            end=_time(change.end, "end"),
             count=change.count,
             skipped=change.skipped,
             catch_up=change.catch_up,
@@ -204,7 +204,8 @@ async def trigger(schedule_id: ScheduleId, served: Manager) -> Message:
 )
 async def backfill(schedule_id: ScheduleId, window: Backfill, served: Manager) -> Count:
     api = served.api
-    start, end = parse_time(window.start), parse_time(window.end)
+    start, end = time_of("start", window.start), time_of("end", window.end)
+    assert start is not None and end is not None
     return Count(count=await api.within(api.schedules.backfill_schedule(schedule_id, start, end)))
 
 
