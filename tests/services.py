@@ -241,3 +241,36 @@ def shown(url: str) -> str:
     for secret in sorted(secrets_in(url), key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
+
+
+TYPESCRIPT = Path(__file__).parent / "clients" / "typescript"
+
+
+def typescript_tools() -> Path:
+    """The ``node_modules`` of ``tests/clients/typescript`` (openapi-typescript, openapi-fetch,
+    TypeScript, tsx), installed from its lock file once per lock file into /var/tmp: Node 20 and
+    npm's registry are all it needs."""
+    import hashlib
+    import shutil
+    import subprocess
+
+    require_program("npm", "npm")
+    lock = (TYPESCRIPT / "package-lock.json").read_bytes()
+    home = Path("/var/tmp") / f"duetime-npm-{hashlib.sha256(lock).hexdigest()[:12]}"
+    modules = home / "node_modules"
+    if not (modules / ".bin" / "tsx").exists():
+        work = Path(f"{home}.{os.getpid()}")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        for name in ("package.json", "package-lock.json"):
+            shutil.copy(TYPESCRIPT / name, work / name)
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"], cwd=work, capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            _missing(f"npm ci of tests/clients/typescript failed: {done.stderr.strip()[-500:]}")
+        try:
+            work.rename(home)
+        except OSError:  # another worker finished first: theirs is as good
+            shutil.rmtree(work, ignore_errors=True)
+    return modules

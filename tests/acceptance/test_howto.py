@@ -9,8 +9,11 @@ own on the shared brokers. A ``python`` block whose first line names a file (``#
 written as that file when the shell reaches it, as a reader would save it.
 
 A command that serves until stopped (``duetime run`` without ``--burst``, ``duetime dashboard``,
-a Celery or Dramatiq worker) is started in the background; the lines after it run once it says
-it is ready, and at the end of its block it is stopped with SIGTERM and must leave cleanly.
+``duetime serve``, a Celery or Dramatiq worker) is started in the background; the lines after it
+run once it says it is ready, and at the end of its block (of the page, where its line says
+``# keeps serving``) it is stopped with SIGTERM and must leave cleanly. ``npm install`` lines link
+the packages of ``tests/clients/typescript`` instead, installed once from its lock file; a
+``typescript`` block whose first line names a file (``// schedule.mts``) is written as that file.
 ``pip install`` lines are not run (the test environment has every extra; pip would fetch from
 PyPI). Blocks that need what this machine does not have are listed in ``NOT_HERE`` with the test
 that runs their commands instead; the list is checked against the pages, so it cannot go stale.
@@ -38,6 +41,7 @@ from tests.services import (
     mariadb_database,
     postgres_schema,
     require,
+    typescript_tools,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,9 +80,13 @@ NOT_HERE = {
 }
 
 #: What says that a served command is ready for the lines after it.
-READY = r"dispatching endpoint|dashboard of .* on http:|\[queues\]|Worker process is ready"
+READY = r"dispatching endpoint|dashboard of .* on http:|HTTP API of .* on http:|\[queues\]|Worker process is ready"
 
-SERVES = re.compile(r"^(duetime run\b(?!.*--burst)|duetime dashboard\b|celery -A \S+ worker\b|dramatiq \S+)")
+SERVES = re.compile(r"^(duetime run\b(?!.*--burst)|duetime dashboard\b|duetime serve\b(?!.*--openapi)|celery -A \S+ worker\b|dramatiq \S+)")
+
+#: Said on a served command's line when the page's later blocks use it: it, and what the blocks
+#: after it serve, are stopped at the end of the page, not of their block.
+KEEPS_SERVING = "# keeps serving"
 
 PRELUDE = r"""
 set -euo pipefail
@@ -132,11 +140,13 @@ def script_of(page: str, swap: dict[str, str]) -> tuple[str, int]:
     text = (HOWTO / page).read_text()
     for example, here in swap.items():
         text = text.replace(example, here)
-    parts, run = [PRELUDE], 0
+    parts, run, keeping = [PRELUDE], 0, False
     for language, body in blocks(text):
         first = body.lstrip().splitlines()[0] if body.strip() else ""
         if language == "python" and re.fullmatch(r"# [\w/]+\.py", first.strip()):
             parts.append(f"cat > {first.strip()[2:]} <<'PYTHON_FILE'\n{body}PYTHON_FILE")
+        if language == "typescript" and re.fullmatch(r"// [\w/]+\.m?ts", first.strip()):
+            parts.append(f"cat > {first.strip()[3:]} <<'TYPESCRIPT_FILE'\n{body}TYPESCRIPT_FILE")
         if language != "bash":
             continue
         if _not_here(page, body):
@@ -148,10 +158,15 @@ def script_of(page: str, swap: dict[str, str]) -> tuple[str, int]:
             if command.startswith("pip install "):
                 parts.append(f": not run: {command!r}")
                 continue
+            if command.startswith("npm install "):  # the packages of tests/clients/typescript, installed once
+                parts.append(f"ln -sfn {typescript_tools()} node_modules  # for: {command}")
+                continue
             run += 1
             parts.append(f"_serve {command}" if SERVES.match(command) else command)
-        parts.append("_stop_served")
-    return "\n".join(parts) + "\n", run
+        keeping = keeping or KEEPS_SERVING in body
+        if not keeping:
+            parts.append("_stop_served")
+    return "\n".join([*parts, "_stop_served"]) + "\n", run
 
 
 def test_every_block_kept_off_this_machine_is_still_on_its_page() -> None:
@@ -255,6 +270,8 @@ def _swaps(stack: ExitStack, pg: str, tag: str, folder: Path) -> dict[str, str]:
         "jsonl:/var/log/duetime": f"jsonl:{folder}/log",
         "--port 8080": f"--port {free_port()}",
     }
+    api = str(free_port())
+    swap |= {"--port 8081": f"--port {api}", "127.0.0.1:8081": f"127.0.0.1:{api}"}
     metrics = str(free_port())
     swap |= {"--metrics-port 9464": f"--metrics-port {metrics}", "localhost:9464": f"localhost:{metrics}"}
     swap[" orders"] = f" orders_{tag}"
