@@ -162,8 +162,15 @@ class DelayedMessageClient(AsyncClosing):
     ) -> DelayedMessage:
         """Store a message for ``destination`` due after ``delay`` or at ``due_at``; ``group`` is
         a key it shares with others (a saga, an order), to list or cancel them together."""
-        message = _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
-        with tracing.storing([message]) as (stamped,):
+        return await self.schedule_message(
+            _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
+        )
+
+    async def schedule_message(self, message: DelayedMessage) -> DelayedMessage:
+        """Store one message built already (``DelayedMessage.create``), as :meth:`schedule` does:
+        calls made at the same moment share one commit. Returns it as stored."""
+        (checked,) = _messages([message])
+        with tracing.storing([checked]) as (stamped,):
             await self.store.store(stamped)
         return stamped
 
@@ -294,8 +301,14 @@ class SyncDelayedMessageClient(Closing):
         message_id: str | None = None,
         group: str | None = None,
     ) -> DelayedMessage:
-        message = _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
-        with tracing.storing([message]) as (stamped,):
+        return self.schedule_message(
+            _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
+        )
+
+    def schedule_message(self, message: DelayedMessage) -> DelayedMessage:
+        """As :meth:`DelayedMessageClient.schedule_message`, blocking."""
+        (checked,) = _messages([message])
+        with tracing.storing([checked]) as (stamped,):
             self.store.store(stamped)
         return stamped
 

@@ -88,7 +88,7 @@ async def create(
     message = new.message(served.api.clock.now())
     served.api.carry.refuse(message)
     try:
-        await served.api.within(served.api.client.schedule_many([message]))
+        message = await served.api.within(served.api.client.schedule_message(message))
     except DuplicateMessageId:
         stored = await served.api.within(served.api.client.get(message.message_id))
         if stored is None or not same_content(stored, message, new.due_at is not None):

@@ -82,7 +82,9 @@ NOT_HERE = {
 #: What says that a served command is ready for the lines after it.
 READY = r"dispatching endpoint|dashboard of .* on http:|HTTP API of .* on http:|\[queues\]|Worker process is ready"
 
-SERVES = re.compile(r"^(duetime run\b(?!.*--burst)|duetime dashboard\b|duetime serve\b(?!.*--openapi)|celery -A \S+ worker\b|dramatiq \S+)")
+SERVES = re.compile(
+    r"^(duetime run\b(?!.*--burst)|duetime dashboard\b|duetime serve\b(?!.*--openapi)|celery -A \S+ worker\b|dramatiq \S+)"
+)
 
 #: Said on a served command's line when the page's later blocks use it: it, and what the blocks
 #: after it serve, are stopped at the end of the page, not of their block.

@@ -1,0 +1,196 @@
+"""Scheduling over HTTP (`duetime serve`) beside the Python client, on one store, in one run.
+
+    .venv/bin/python bench/http_api_bench.py                       # PostgreSQL, 4,000 a figure
+    .venv/bin/python bench/http_api_bench.py --store sqlite --count 2000
+    .venv/bin/python bench/http_api_bench.py --soak 1000000        # the server's RSS over a million
+
+Figures, each a rate of messages stored a second (100-byte bodies, ``delay: "1h"``):
+
+- **Python client, one call at a time** (``connect_sync(...).schedule``): the baseline of every
+  ratio, the rate a Python program gets without a server in between.
+- **HTTP, one message a request**, over kept-alive connections: 1 client, and 16 clients, with
+  each request's latency (p50, p99). The clients are ApacheBench (``ab``, Debian's apache2-utils):
+  a load generator in C, so that the server is what is measured, not a Python client beside it.
+- **HTTP, batches of 500** (``POST /v1/batches``), 1 client and 4 clients.
+
+``--soak N`` then sends N one-message requests from 16 clients and reads the server's resident
+memory (``/proc/PID/status``) every tenth of the way: flat means no request leaves anything
+behind. The server is `duetime serve` itself, on a free port, with a key of a rate no client reaches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+import duetime
+
+POSTGRES = os.environ.get("DUETIME_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+BODY = "x" * 100
+#: Messages a batch request carries.
+BATCH = 500
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def store_url(kind: str) -> Iterator[str]:
+    if kind == "sqlite":
+        with tempfile.TemporaryDirectory() as folder:
+            yield f"sqlite:///{folder}/bench.db"
+        return
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(POSTGRES, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{POSTGRES}?schema={schema}"
+    finally:
+        with psycopg.connect(POSTGRES, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+def cli(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "duetime", *args], capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+@contextmanager
+def serving(url: str) -> Iterator[tuple[int, str, int]]:
+    """`duetime serve` on a free port: (port, key, pid)."""
+    key = cli("api-keys", "create", f"bench-{uuid.uuid4().hex[:6]}", "--scope", "schedule,read",
+              "--rate", "1000000", "--store", url).strip().splitlines()[-1]  # fmt: skip
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "duetime",
+            "serve",
+            "--store",
+            url,
+            "--port",
+            str(port),
+            "--log-format",
+            "json",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "HTTP API of" not in Path(log.name).read_text():
+            assert server.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+            time.sleep(0.05)
+        time.sleep(2.1)  # the key is read with the others, at most every 2 s
+        yield port, key, server.pid
+    finally:
+        server.terminate()
+        server.wait(30)
+        os.unlink(log.name)
+
+
+def ab(
+    port: int, key: str, path: str, payload: object, requests: int, clients: int
+) -> tuple[float, str, str]:
+    """ApacheBench (Debian's apache2-utils), keep-alive: requests a second, p50 and p99 in ms. A
+    load generator in C, so that what is measured is the server, not a Python client."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as body:
+        json.dump(payload, body)
+        body.flush()
+        done = subprocess.run(
+            ["ab", "-q", "-k", "-c", str(clients), "-n", str(requests), "-p", body.name,
+             "-T", "application/json", "-H", f"Authorization: Bearer {key}",
+             f"http://127.0.0.1:{port}{path}"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    said = done.stdout
+    assert "Non-2xx" not in said and "Failed requests:        0" in said, said
+    rate = float(re.search(r"Requests per second:\s+([\d.]+)", said).group(1))  # type: ignore[union-attr]
+    p50 = re.search(r"^\s+50%\s+(\d+)", said, re.M).group(1)  # type: ignore[union-attr]
+    p99 = re.search(r"^\s+99%\s+(\d+)", said, re.M).group(1)  # type: ignore[union-attr]
+    return rate, p50, p99
+
+
+def python_client(url: str, count: int) -> float:
+    with duetime.connect_sync(url) as client:
+        began = time.perf_counter()
+        for _ in range(count):
+            client.schedule("orders", BODY.encode(), delay="1h")
+        return count / (time.perf_counter() - began)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
+    parser.add_argument("--count", type=int, default=4000, help="messages a figure")
+    parser.add_argument("--soak", type=int, default=0, help="requests of the memory soak (0: none)")
+    args = parser.parse_args()
+    with store_url(args.store) as url:
+        cli("setup", "--store", url)
+        baseline = python_client(url, args.count)
+        print(f"store {args.store}, {args.count:,} messages a figure")
+        print(f"  Python client, one call at a time     {baseline:9,.0f} msg/s   (the baseline)")
+        with serving(url) as (port, key, pid):
+            one = {"destination": "orders", "delay": "1h", "body": BODY}
+            ab(port, key, "/v1/messages", one, 500, 4)  # warm: imports, connections
+            for clients in (1, 16):
+                rate, p50, p99 = ab(port, key, "/v1/messages", one, args.count, clients)
+                print(
+                    f"  HTTP, one a request, {clients:2d} client(s)     {rate:9,.0f} msg/s   "
+                    f"{rate / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
+                )
+            for clients in (1, 4):
+                batches = max(args.count * 10 // BATCH, clients)
+                rate, p50, p99 = ab(port, key, "/v1/batches", {"messages": [one] * BATCH}, batches, clients)
+                print(
+                    f"  HTTP, batches of {BATCH}, {clients} client(s)     {rate * BATCH:9,.0f} msg/s   "
+                    f"{rate * BATCH / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
+                )
+            if args.soak:
+                start = rss_kib(pid)
+                samples = []
+                began = time.perf_counter()
+                for _ in range(10):
+                    ab(port, key, "/v1/messages", one, args.soak // 10, 16)
+                    samples.append(rss_kib(pid))
+                rate = args.soak / (time.perf_counter() - began)
+                print(
+                    f"  soak: {args.soak:,} requests at {rate:,.0f}/s; server RSS {start / 1024:.0f} MiB "
+                    "before, then " + ", ".join(f"{s / 1024:.0f}" for s in samples) + " MiB"
+                    f" (last/first tenth {samples[-1] / samples[0]:.2f}x)"
+                )
+
+
+if __name__ == "__main__":
+    main()
