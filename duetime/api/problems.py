@@ -142,6 +142,13 @@ def _where(location: tuple[Any, ...]) -> str:
 async def on_invalid_request(request: Request, error: Exception) -> JSONResponse:
     """The first thing wrong with the request, in one line: where, and what was expected."""
     assert isinstance(error, RequestValidationError)
+    kind = request.headers.get("content-type", "")
+    if request.method in ("POST", "PATCH") and "json" not in kind.lower():
+        return answer(
+            415,
+            "unsupported-media-type",
+            f"send the body as JSON, with Content-Type: application/json (it came as {kind[:60] or 'nothing'!r})",
+        )
     found = list(error.errors())
     if not found:
         return answer(400, "invalid-request", "the request is not what this address takes")
@@ -195,7 +202,7 @@ def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 #: Added to every route's responses in the OpenAPI document: the problems any route may answer.
-COMMON_PROBLEMS = problems(400, 401, 403, 413, 429, 500, 503)
+COMMON_PROBLEMS = problems(400, 401, 403, 413, 415, 429, 500, 503)
 
 
 def as_problems(document: dict[str, Any]) -> dict[str, Any]:

@@ -86,10 +86,11 @@ def serve(
     schedules, the error queue, stats, /healthz and /readyz, and its OpenAPI document at
     /openapi.json. Every request needs an API key once the store holds one.
 
-      duetime api-keys create billing --scope schedule,read
+    \b
+      KEY=$(duetime api-keys create billing --scope schedule,read | tail -n 1)
       duetime serve --store postgresql://db/app --port 8081
-      curl -H "Authorization: Bearer $KEY" -d '{"destination": "orders", "delay": "10m", "body": "hi"}' \\
-           http://127.0.0.1:8081/v1/messages
+      curl -H "Authorization: Bearer $KEY" -H 'Content-Type: application/json' \\
+        -d '{"destination": "orders", "delay": "10m", "body": "hi"}' http://127.0.0.1:8081/v1/messages
     """
     if openapi:
         print(json.dumps(openapi_document(), indent=2))

@@ -83,6 +83,9 @@ def test_a_message_created_with_curl_and_a_key_is_delivered_by_duetime_run(
                 assert cancel.status == 403 and "schedule scope" in cancel.body["detail"]
                 listed = api.call("GET", "/v1/messages?group=order-42", key=reader).body
                 assert [m["id"] for m in listed["messages"]] == ["order-42-reminder"]
+            said = (tmp_path / f"serve-{port}.log").read_text()
+            assert "POST /v1/messages 201" in said and "key=writer" in said and "key=reader" in said
+            assert writer not in said and reader not in said  # the name, never the secret
         log = tmp_path / "run.log"
         run = spawn_run(duetime_cmd("run", "--store", store, "--transport", transport), log)
         try:
@@ -177,3 +180,31 @@ def test_the_served_document_is_the_committed_one_and_valid(tmp_path: Path) -> N
     validate(served)
     printed = run_cli("serve", "--openapi")
     assert json.loads(printed.stdout) == served
+
+
+def test_tls_is_served_with_the_certificate_given(tmp_path: Path) -> None:
+    """`--tls-cert` and `--tls-key`: HTTPS directly, checked by curl against the test's own CA."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    key = make_key(url, "tls", "read")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(tmp_path / "key.pem"),
+         "-out", str(tmp_path / "cert.pem")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    tls = ("--tls-cert", str(tmp_path / "cert.pem"), "--tls-key", str(tmp_path / "key.pem"))
+    with serving(url, tmp_path, *tls) as port:
+        done = subprocess.run(
+            ["curl", "-sS", "--cacert", str(tmp_path / "cert.pem"), "-H", f"Authorization: Bearer {key}",
+             f"https://127.0.0.1:{port}/v1/stats"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["total"] == 0
+        plain = subprocess.run(
+            ["curl", "-sS", f"http://127.0.0.1:{port}/healthz"], capture_output=True, text=True, timeout=30
+        )
+        assert plain.returncode != 0 or "ok" not in plain.stdout  # no plain HTTP on the TLS port
+    refused = run_cli("serve", "--store", url, "--tls-cert", str(tmp_path / "cert.pem"), "--port", "0")
+    assert refused.returncode != 0 and "--tls-key" in refused.stderr and "Traceback" not in refused.stderr

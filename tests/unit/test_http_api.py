@@ -29,11 +29,21 @@ class Answer:
         return json.loads(self.raw)
 
 
-async def call(app: Any, method: str, path: str, body: Any = None, key: str | None = None) -> Answer:
+async def call(
+    app: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    key: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> Answer:
     """One request straight into the ASGI application."""
     raw_path = path.split("?")[0]
     data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    headers = [
+        *(headers or [(b"content-type", b"application/json")]),
+        (b"content-length", str(len(data)).encode()),
+    ]
     if key:
         headers.append((b"authorization", f"Bearer {key}".encode()))
     from urllib.parse import unquote
@@ -206,6 +216,14 @@ async def test_the_group_and_destination_cancels_leave_what_is_being_delivered(a
     with pytest.raises(MessageInFlight):
         await api.store.cancel("g0")
     assert (await call(app, "DELETE", "/v1/destinations/o/messages")).json == {"cancelled": 0, "in_flight": 1}
+
+
+async def test_a_body_that_is_not_said_to_be_json_is_answered_415(api: HttpApi) -> None:
+    """curl -d sends a form's content type: say what to send, not that a field is missing."""
+    app = api.app()
+    scope_headers = [(b"content-type", b"application/x-www-form-urlencoded")]
+    refused = await call(app, "POST", "/v1/messages", {"destination": "o", "delay": 1}, headers=scope_headers)
+    assert refused.status == 415 and "Content-Type: application/json" in refused.json["detail"]
 
 
 def test_a_bucket_lets_a_seconds_burst_then_the_rate() -> None:
