@@ -78,39 +78,37 @@ def cli(*args: str) -> str:
 
 
 @contextmanager
-def serving(url: str) -> Iterator[tuple[int, str, int]]:
-    """`duetime serve` on a free port: (port, key, pid)."""
+def serving(url: str, servers: int = 1) -> Iterator[tuple[int, str, int]]:
+    """``servers`` `duetime serve` processes on one free port (``--share-port``): (port, key, the
+    first one's pid)."""
     key = cli("api-keys", "create", f"bench-{uuid.uuid4().hex[:6]}", "--scope", "schedule,read",
               "--rate", "1000000", "--store", url).strip().splitlines()[-1]  # fmt: skip
     port = free_port()
-    log = tempfile.NamedTemporaryFile(prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "duetime",
-            "serve",
-            "--store",
-            url,
-            "--port",
-            str(port),
-            "--log-format",
-            "json",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=log,
-    )
+    share = ["--share-port"] if servers > 1 else []
+    logs, started = [], []
     try:
-        deadline = time.monotonic() + 60
-        while "HTTP API of" not in Path(log.name).read_text():
-            assert server.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
-            time.sleep(0.05)
+        for _ in range(servers):
+            log = tempfile.NamedTemporaryFile(prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
+            logs.append(Path(log.name))
+            started.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "duetime", "serve", "--store", url, "--port", str(port), *share],
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                )
+            )
+            deadline = time.monotonic() + 60
+            while "HTTP API of" not in logs[-1].read_text():
+                assert started[-1].poll() is None and time.monotonic() < deadline, logs[-1].read_text()
+                time.sleep(0.05)
         time.sleep(2.1)  # the key is read with the others, at most every 2 s
-        yield port, key, server.pid
+        yield port, key, started[0].pid
     finally:
-        server.terminate()
-        server.wait(30)
-        os.unlink(log.name)
+        for server in started:
+            server.terminate()
+            server.wait(30)
+        for log_path in logs:
+            os.unlink(log_path)
 
 
 def ab(
@@ -155,13 +153,16 @@ def main() -> None:
     parser.add_argument("--store", choices=("postgresql", "sqlite"), default="postgresql")
     parser.add_argument("--count", type=int, default=4000, help="messages a figure")
     parser.add_argument("--soak", type=int, default=0, help="requests of the memory soak (0: none)")
+    parser.add_argument(
+        "--servers", type=int, default=1, help="`duetime serve` processes sharing the port (--share-port)"
+    )
     args = parser.parse_args()
     with store_url(args.store) as url:
         cli("setup", "--store", url)
         baseline = python_client(url, args.count)
-        print(f"store {args.store}, {args.count:,} messages a figure")
         print(f"  Python client, one call at a time     {baseline:9,.0f} msg/s   (the baseline)")
-        with serving(url) as (port, key, pid):
+        print(f"store {args.store}, {args.count:,} messages a figure, {args.servers} server process(es)")
+        with serving(url, args.servers) as (port, key, pid):
             one = {"destination": "orders", "delay": "1h", "body": BODY}
             ab(port, key, "/v1/messages", one, 500, 4)  # warm: imports, connections
             for clients in (1, 16):

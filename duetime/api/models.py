@@ -280,8 +280,11 @@ class Reschedule(_Strict):
 
 
 class Cancelled(BaseModel):
+    """What one request cancelled: a request does a bounded amount, so none waits on a million."""
+
     cancelled: int = Field(description="How many were cancelled.")
     in_flight: int = Field(0, description="Left alone: being delivered at that moment.")
+    more: bool = Field(False, description="More are left: send the same request again.")
 
 
 class NewSchedule(_Strict):

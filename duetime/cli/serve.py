@@ -75,6 +75,15 @@ def serve(
     keyfile: Annotated[
         str | None, typer.Option("--tls-key", help="The certificate's private key (PEM).")
     ] = None,
+    share_port: Annotated[
+        bool,
+        typer.Option(
+            "--share-port",
+            help="Let other `duetime serve` processes listen on the same port (each started with "
+            "it): the kernel spreads connections among them, one per core. Each holds a key to its "
+            "rate on its own.",
+        ),
+    ] = False,
     openapi: Annotated[
         bool, typer.Option("--openapi", help="Print the OpenAPI document and exit (serves nothing).")
     ] = False,
@@ -109,7 +118,7 @@ def serve(
     answer_within = parse_duration(timeout).total_seconds()
     if not 0 < answer_within <= 3600:
         raise typer.BadParameter("--timeout must be more than 0s and at most 1h")
-    sock = bind(host, port, what="The API port", option="--port")
+    sock = bind(host, port, what="The API port", option="--port", shared=share_port)
 
     async def go() -> None:
         import uvicorn

@@ -29,15 +29,18 @@ def loopback(host: str) -> bool:
     )
 
 
-def bind(host: str, port: int, *, what: str, option: str) -> socket.socket:
+def bind(host: str, port: int, *, what: str, option: str, shared: bool = False) -> socket.socket:
     """The listening socket; ``what`` and ``option`` name it in the error (``the metrics port``,
-    ``--metrics-port``)."""
+    ``--metrics-port``). ``shared``: other processes may listen on the same port (SO_REUSEPORT),
+    and the kernel spreads the connections among them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP said out loud: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
     # sockets that say they are TCP, and without it every keep-alive answer written in two
     # parts waited for the client's delayed ACK, 40 ms a request
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as error:

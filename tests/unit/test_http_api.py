@@ -212,10 +212,14 @@ async def test_the_group_and_destination_cancels_leave_what_is_being_delivered(a
     await call(app, "POST", "/v1/batches", batch)
     await api.store.fetch_due(SYSTEM.now(), 1)  # one is being delivered
     cancelled = await call(app, "DELETE", "/v1/groups/order-7/messages")
-    assert cancelled.json == {"cancelled": 2, "in_flight": 1}
+    assert cancelled.json == {"cancelled": 2, "in_flight": 1, "more": False}
     with pytest.raises(MessageInFlight):
         await api.store.cancel("g0")
-    assert (await call(app, "DELETE", "/v1/destinations/o/messages")).json == {"cancelled": 0, "in_flight": 1}
+    assert (await call(app, "DELETE", "/v1/destinations/o/messages")).json == {
+        "cancelled": 0,
+        "in_flight": 1,
+        "more": False,
+    }
 
 
 async def test_a_body_that_is_not_said_to_be_json_is_answered_415(api: HttpApi) -> None:
