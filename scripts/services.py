@@ -22,7 +22,8 @@ For each server (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS with JetStream):
 
 What the tests should use is written to ``$DUETIME_SERVICES_DIR/env`` (``export
 DUETIME_TEST_POSTGRES=…`` lines) for ``scripts/test.sh`` to read. The programs the tests run
-(Java 17 or newer for Spark, Chromium for the dashboard, faketime, chattr, promtool, systemd-analyze,
+(Java 17 or newer for Spark, Chromium for the dashboard, Node and npm for a TypeScript client,
+openssl, faketime, chattr, promtool, systemd-analyze,
 ``ip``) are installed the same way.
 
     python3 scripts/services.py          # find, install, start; then say what is where
@@ -351,6 +352,8 @@ PROGRAMS: list[tuple[Callable[[], bool], str, str]] = [
     (lambda: bool(shutil.which("ip")), "iproute2", "ip (the tests of separate hosts)"),
     (lambda: bool(shutil.which("ps")), "procps", "ps (the tests of processes)"),
     (lambda: bool(shutil.which("curl")), "curl", "curl (the how-to guides' commands)"),
+    (lambda: bool(shutil.which("openssl")), "openssl", "openssl (the HTTP API's TLS test)"),
+    (lambda: bool(shutil.which("npm")), "npm", "npm and Node (the HTTP API's TypeScript client)"),
 ]
 
 
