@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -201,6 +201,3 @@ class _Logged:
                 caller.get("name", "-"),
                 extra={"method": scope["method"], "path": path, "status": status},
             )
-
-
-__all__ = ["create_app", "HttpApi", "Request"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.convertors import Convertor, register_url_convertor
 
 from duetime.clock import from_micros, to_micros
-from duetime.errors import InvalidMessage, InvalidSchedule
+from duetime.errors import InvalidMessage
 from duetime.inputs.durations import parse_duration, parse_time
+from duetime.interfaces import StoreCounts
 from duetime.message import (
     MAX_DESTINATION_LENGTH,
     MAX_GROUP_LENGTH,
@@ -438,7 +439,7 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
-def counts_view(counts: Any) -> Stats:
+def counts_view(counts: StoreCounts) -> Stats:
     return Stats(
         total=counts.total,
         due=counts.due,
@@ -463,8 +464,3 @@ def same_content(stored: DelayedMessage, asked: DelayedMessage, absolute: bool) 
         and stored.group == asked.group
         and (not absolute or stored.due_at == asked.due_at)
     )
-
-
-def check_recurring_fields(fields: Mapping[str, object]) -> None:
-    if fields.get("cron") is not None and fields.get("every") is not None:
-        raise InvalidSchedule("give cron or every, not both.")
