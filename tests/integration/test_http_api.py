@@ -83,8 +83,13 @@ def test_a_message_created_with_curl_and_a_key_is_delivered_by_duetime_run(
                 assert cancel.status == 403 and "schedule scope" in cancel.body["detail"]
                 listed = api.call("GET", "/v1/messages?group=order-42", key=reader).body
                 assert [m["id"] for m in listed["messages"]] == ["order-42-reminder"]
-            said = (tmp_path / f"serve-{port}.log").read_text()
-            assert "POST /v1/messages 201" in said and "key=writer" in said and "key=reader" in said
+            # a request's line is written once its answer is sent: wait for the last one's
+            said = until(
+                lambda: (text := (tmp_path / f"serve-{port}.log").read_text()) * ("key=reader" in text),
+                10,
+                "the last request's log line",
+            )
+            assert "POST /v1/messages 201" in said and "key=writer" in said
             assert writer not in said and reader not in said  # the name, never the secret
         log = tmp_path / "run.log"
         run = spawn_run(duetime_cmd("run", "--store", store, "--transport", transport), log)

@@ -27,6 +27,10 @@ pytestmark = pytest.mark.slow
 ENDPOINT = "online"
 ROWS = 20_000
 WRITES = 15
+#: A writer queued behind the set-up waits for one of its tries (a second at most), not for the
+#: transaction the set-up waits on (all of the test's writes, 15 s or more); the second beyond is a
+#: loaded machine's (2.0 s seen with Schemathesis and the HTTP tests beside it).
+HELD_AT_MOST = 2.5
 
 
 @dataclass
@@ -181,7 +185,7 @@ def _groups_work(kind: Kind) -> None:
 def test_an_index_is_built_without_holding_up_writers(kind: Kind) -> None:
     _run(kind, kind.drop_group_index)
     took, finished = _setup_while_a_transaction_is_open(kind)
-    assert max(took) < 1.5, took
+    assert max(took) < HELD_AT_MOST, took
     assert finished < 30, finished
     assert _group_index_whole(kind)
     _groups_work(kind)
@@ -192,7 +196,7 @@ def test_a_column_is_added_without_holding_up_writers(kind: Kind) -> None:
     moment at a time, so writers queued behind it wait at most that moment."""
     _run(kind, *kind.drop_group_column)
     took, finished = _setup_while_a_transaction_is_open(kind)
-    assert max(took) < 1.5, took
+    assert max(took) < HELD_AT_MOST, took
     assert finished < 30, finished
     assert _group_index_whole(kind)
     _groups_work(kind)
