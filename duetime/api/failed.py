@@ -13,16 +13,14 @@ from duetime.api.models import TEXT, Discarded, FailedMessage, FailedPage, Pick,
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
-from duetime.error_headers import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME, kept_in_store
 from duetime.inputs.durations import parse_duration
 from duetime.interfaces import InspectableQueue, ReceivedMessage
 from duetime.message import MAX_DESTINATION_LENGTH, refused_destination
 from duetime.operations.retry_or_discard import (
-    LOOKED_AT,
     chosen,
     discard,
-    goes_to,
-    mine,
+    failed_row,
+    failures,
     open_error_transport,
     send_back,
     take,
@@ -48,20 +46,6 @@ async def _queue(api: HttpApi) -> AsyncIterator[InspectableQueue]:
         await t.close()
 
 
-def _view(item: ReceivedMessage) -> FailedMessage:
-    h = item.headers
-    return FailedMessage(
-        id=item.message_id,
-        destination=goes_to(item) or None,
-        error=h.get(ERROR_MESSAGE),
-        attempts=int(h[ERROR_ATTEMPTS]) if h.get(ERROR_ATTEMPTS, "").isdigit() else None,
-        failed_at=h.get(ERROR_TIME),
-        headers=dict(h),
-        size=len(item.body),
-        kept_in_store=kept_in_store(h),
-    )
-
-
 @router.get("", response_model=FailedPage, summary="The endpoint's messages in the error queue, oldest first")
 async def list_(
     served: Annotated[Served, Depends(caller_with(Scope.READ))],
@@ -73,10 +57,10 @@ async def list_(
     """Nothing is taken: on a broker the messages are read and put back in their order."""
     api = served.api
     async with _queue(api) as t:
-        depth = await api.within(t.depth(api.error_queue))
-        seen = mine(await api.within(t.peek(api.error_queue, LOOKED_AT)), api.endpoint)
-    shown = [m for m in seen if destination is None or goes_to(m) == destination][:limit]
-    return FailedPage(messages=[_view(m) for m in shown], found=len(seen), depth=depth)
+        got = await api.within(failures(t, api.error_queue, api.endpoint, destination, limit))
+    return FailedPage(
+        messages=[FailedMessage(**failed_row(m)) for m in got.shown], found=got.found, depth=got.depth
+    )
 
 
 async def _taken(api: HttpApi, t: InspectableQueue, pick: Pick) -> list[ReceivedMessage]:

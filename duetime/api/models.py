@@ -29,6 +29,7 @@ from duetime.message import (
     DelayedMessage,
     resolve_due_time,
 )
+from duetime.recurring.rules import Recurrence, recurrence_changed
 from duetime.recurring.schedule import MAX_SCHEDULE_ID_LENGTH, Schedule, schedule_json
 
 #: Messages one batch request may create.
@@ -288,11 +289,10 @@ class Cancelled(BaseModel):
     more: bool = Field(False, description="More are left: send the same request again.")
 
 
-class NewSchedule(_Strict):
-    """A recurring message: ``cron`` or ``every``, and the rest as ``duetime recurring add`` has them."""
+class _When(_Strict):
+    """When a schedule ticks, in the fields of ``duetime recurring add``'s options: one set of
+    fields and one reading of them for a new schedule and a change."""
 
-    id: Annotated[str, Field(min_length=1, max_length=MAX_SCHEDULE_ID_LENGTH, pattern=SCHEDULE_ID)]
-    destination: Destination
     cron: str | None = Field(
         None, max_length=200, description="'0 9 * * MON-FRI', or 6 fields with seconds first."
     )
@@ -304,25 +304,39 @@ class NewSchedule(_Strict):
     skipped: Literal["run", "skip"] | None = None
     catch_up: Literal["none", "latest", "all"] | None = None
     catch_up_window: str | None = Field(None, max_length=64)
+
+    def when(self, base: Recurrence | None) -> Recurrence:
+        """The recurrence these fields give, over ``base`` (None: a new one, which must say when)."""
+        return recurrence_changed(
+            base,
+            cron=self.cron,
+            every=self.every,
+            zone=self.zone,
+            start=time_of("start", self.start),
+            end=time_of("end", self.end),
+            count=self.count,
+            skipped=self.skipped,
+            catch_up=self.catch_up,
+            catch_up_window=self.catch_up_window,
+            flag="",
+        )
+
+
+class NewSchedule(_When):
+    """A recurring message: ``cron`` or ``every``, and the rest as ``duetime recurring add`` has them."""
+
+    id: Annotated[str, Field(min_length=1, max_length=MAX_SCHEDULE_ID_LENGTH, pattern=SCHEDULE_ID)]
+    destination: Destination
     body: str | None = None
     body_base64: str | None = None
     headers: Headers = Field(default_factory=dict)
     paused: bool = False
 
 
-class ScheduleChange(_Strict):
+class ScheduleChange(_When):
     """What to change; what is not given stays. Takes effect from the next tick."""
 
     destination: Destination | None = None
-    cron: str | None = Field(None, max_length=200)
-    every: str | None = Field(None, max_length=64)
-    zone: str | None = Field(None, max_length=64)
-    start: DueTime | None = None
-    end: DueTime | None = None
-    count: int | None = Field(None, ge=1, le=2**31 - 1)
-    skipped: Literal["run", "skip"] | None = None
-    catch_up: Literal["none", "latest", "all"] | None = None
-    catch_up_window: str | None = Field(None, max_length=64)
     body: str | None = None
     body_base64: str | None = None
 

@@ -27,7 +27,6 @@ from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
 from duetime.interfaces import ServerClock
 from duetime.message import MAX_ID_LENGTH, DelayedMessage
-from duetime.recurring.rules import recurrence_changed
 from duetime.recurring.schedule import MAX_SCHEDULE_ID_LENGTH, Schedule, changed, new_schedule
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
@@ -53,10 +52,6 @@ async def _now(api: HttpApi) -> datetime:
     return server or api.clock.now()
 
 
-def _time(text: str | None, name: str) -> datetime | None:
-    return time_of(name, text)
-
-
 async def _view(api: HttpApi, s: Schedule) -> ScheduleView:
     return ScheduleView.of(s, await _now(api))
 
@@ -70,19 +65,7 @@ async def _view(api: HttpApi, s: Schedule) -> ScheduleView:
 )
 async def add(new: NewSchedule, served: Manager) -> ScheduleView:
     api = served.api
-    when = recurrence_changed(
-        None,
-        cron=new.cron,
-        every=new.every,
-        zone=new.zone,
-        start=_time(new.start, "start"),
-        end=_time(new.end, "end"),
-        count=new.count,
-        skipped=new.skipped,
-        catch_up=new.catch_up,
-        catch_up_window=new.catch_up_window,
-        flag="",
-    )
+    when = new.when(None)
     made = new_schedule(
         new.id,
         new.destination,
@@ -149,19 +132,7 @@ async def change(schedule_id: ScheduleId, change: ScheduleChange, served: Manage
     )
 
     def apply(s: Schedule) -> Schedule:
-        when = recurrence_changed(
-            s.recurrence,
-            cron=change.cron,
-            every=change.every,
-            zone=change.zone,
-            start=_time(change.start, "start"),
-            end=_time(change.end, "end"),
-            count=change.count,
-            skipped=change.skipped,
-            catch_up=change.catch_up,
-            catch_up_window=change.catch_up_window,
-            flag="",
-        )
+        when = change.when(s.recurrence)
         made = changed(s, when=when, destination=change.destination, body=body)
         api.carry.refuse(_probe(made))
         return made

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -23,7 +23,6 @@ from duetime.cli.common import (
 )
 from duetime.cli.terminal import console, err, fail, say, show, table
 from duetime.cli.terminal import run_async as _run
-from duetime.error_headers import ERROR_ATTEMPTS, ERROR_MESSAGE, ERROR_TIME, kept_in_store
 from duetime.errors import ConfigurationError
 from duetime.inputs.durations import parse_duration
 from duetime.inputs.identifiers import check_name
@@ -33,8 +32,8 @@ from duetime.operations.retry_or_discard import (
     LOOKED_AT,
     chosen,
     discard,
-    goes_to,
-    mine,
+    failed_row,
+    failures,
     open_error_transport,
     send_back,
     take,
@@ -50,20 +49,6 @@ YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confir
 
 def _error_transport(store: str, transport: str | None) -> InspectableQueue:
     return open_error_transport(transport_url_for(store, transport))
-
-
-def _row(item: ReceivedMessage) -> dict[str, Any]:
-    h = item.headers
-    return {
-        "id": item.message_id,
-        "destination": goes_to(item) or None,
-        "error": h.get(ERROR_MESSAGE),
-        "attempts": int(h[ERROR_ATTEMPTS]) if h.get(ERROR_ATTEMPTS, "").isdigit() else None,
-        "failed_at": h.get(ERROR_TIME),
-        "headers": dict(h),
-        "size": len(item.body),
-        "kept_in_store": kept_in_store(h),
-    }
 
 
 async def _pick(
@@ -122,10 +107,8 @@ def errors_list(
         t = _error_transport(store, transport)
         await t.start()
         try:
-            depth = await t.depth(error_queue)
-            seen = mine(await t.peek(error_queue, LOOKED_AT), endpoint)
-            shown = [m for m in seen if destination is None or goes_to(m) == destination][:limit]
-            return shown, len(seen), depth, depth > 0 or await t.has_queue(error_queue)
+            got = await failures(t, error_queue, endpoint, destination, limit)
+            return got.shown, got.found, got.depth, got.depth > 0 or await t.has_queue(error_queue)
         finally:
             await t.close()
 
@@ -140,11 +123,11 @@ def errors_list(
         )
     if as_json:
         for item in items:
-            print(json.dumps(_row(item)))
+            print(json.dumps(failed_row(item)))
         return
     grid = table("id", "for", "error", "attempts", "failed at", free=("error",))
     for item in items:
-        row = _row(item)
+        row = failed_row(item)
         grid.add_row(
             row["id"],
             row["destination"] or "?",

@@ -11,10 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from duetime.clock import SYSTEM
 from duetime.error_headers import (
+    ERROR_ATTEMPTS,
     ERROR_ENDPOINT,
+    ERROR_MESSAGE,
+    ERROR_TIME,
     ORIGINAL_DESTINATION,
     failed_in,
     kept_in_store,
@@ -50,6 +54,43 @@ def open_error_transport(url: str) -> InspectableQueue:
 def goes_to(item: ReceivedMessage) -> str:
     """Where the message was going when it failed ("" when it does not say)."""
     return item.headers.get(ORIGINAL_DESTINATION, "")
+
+
+def failed_row(item: ReceivedMessage) -> dict[str, Any]:
+    """A message of the error queue, and why it is there, as `duetime errors list --json` prints
+    it and the HTTP API answers it."""
+    h = item.headers
+    return {
+        "id": item.message_id,
+        "destination": goes_to(item) or None,
+        "error": h.get(ERROR_MESSAGE),
+        "attempts": int(h[ERROR_ATTEMPTS]) if h.get(ERROR_ATTEMPTS, "").isdigit() else None,
+        "failed_at": h.get(ERROR_TIME),
+        "headers": dict(h),
+        "size": len(item.body),
+        "kept_in_store": kept_in_store(h),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """What the error queue holds for one endpoint: the messages shown, how many of the
+    endpoint's were looked at, and how many the queue holds (every endpoint's)."""
+
+    shown: list[ReceivedMessage]
+    found: int
+    depth: int
+
+
+async def failures(
+    t: InspectableQueue, queue: str, endpoint: str, destination: str | None, limit: int
+) -> Failures:
+    """The first ``limit`` of ``endpoint``'s failures in ``queue`` (those that were going to
+    ``destination``, if given), oldest first, left where they are."""
+    depth = await t.depth(queue)
+    seen = mine(await t.peek(queue, LOOKED_AT), endpoint)
+    shown = [m for m in seen if destination is None or goes_to(m) == destination][:limit]
+    return Failures(shown, len(seen), depth)
 
 
 async def chosen(

@@ -8,6 +8,7 @@ import http.client
 import json
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,10 +74,11 @@ def make_key(store: str, name: str, scope: str = "schedule,read,manage", rate: s
 
 
 @contextlib.contextmanager
-def serving(store: str, folder: Path, *extra: str) -> Iterator[int]:
-    """`duetime serve` on a free port of this machine, until the block ends; its port."""
-    port = free_port()
-    log = folder / f"serve-{port}.log"
+def serving(store: str, folder: Path, *extra: str, port: int | None = None) -> Iterator[int]:
+    """`duetime serve` on ``port`` (default: a free one) of this machine, until the block ends;
+    its port."""
+    port = port or free_port()
+    log = folder / f"serve-{port}-{uuid.uuid4().hex[:6]}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
             duetime_cmd("serve", "--store", store, "--port", str(port), *extra),

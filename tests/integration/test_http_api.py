@@ -85,7 +85,9 @@ def test_a_message_created_with_curl_and_a_key_is_delivered_by_duetime_run(
                 assert [m["id"] for m in listed["messages"]] == ["order-42-reminder"]
             # a request's line is written once its answer is sent: wait for the last one's
             said = until(
-                lambda: (text := (tmp_path / f"serve-{port}.log").read_text()) * ("key=reader" in text),
+                lambda: (
+                    (text := next(tmp_path.glob(f"serve-{port}-*.log")).read_text()) * ("key=reader" in text)
+                ),
                 10,
                 "the last request's log line",
             )
@@ -213,3 +215,34 @@ def test_tls_is_served_with_the_certificate_given(tmp_path: Path) -> None:
         assert plain.returncode != 0 or "ok" not in plain.stdout  # no plain HTTP on the TLS port
     refused = run_cli("serve", "--store", url, "--tls-cert", str(tmp_path / "cert.pem"), "--port", "0")
     assert refused.returncode != 0 and "--tls-key" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_api_keys_refuse_bad_input_in_one_line_and_store_nothing(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    make_key(url, "taken", "read")
+    for args, words in [
+        (("create", "bad name"), "letters, digits"),
+        (("create", "k", "--scope", "admin"), "schedule, read, manage"),
+        (("create", "k", "--rate", "0"), "requests a second"),
+        (("create", "taken"), "exists; revoke it first"),
+        (("revoke", "nobody"), "no API key 'nobody'"),
+    ]:
+        done = run_cli("api-keys", *args, "--store", url)
+        said = done.stderr.strip()
+        assert done.returncode == 1 and words in said, said
+        assert len(said.splitlines()) == 1 and "Traceback" not in said and not done.stdout
+    listed = run_cli("api-keys", "list", "--json", "--store", url).stdout.splitlines()
+    assert [json.loads(line)["name"] for line in listed] == ["taken"]
+
+
+def test_servers_sharing_a_port_each_answer_on_it(tmp_path: Path) -> None:
+    """`--share-port`: a second `duetime serve` on the same port starts, and both answer (a
+    second without it is refused in one line)."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    port = free_port()
+    with serving(url, tmp_path, "--share-port", port=port), serving(url, tmp_path, "--share-port", port=port):
+        assert all(once(port, "GET", "/healthz").status == 200 for _ in range(20))
+        refused = run_cli("serve", "--store", url, "--port", str(port))
+        assert refused.returncode == 1 and "is in use" in refused.stderr and "Traceback" not in refused.stderr
