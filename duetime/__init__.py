@@ -34,8 +34,10 @@ from duetime.errors import (
 )
 from duetime.interfaces import (
     DelayedMessageStore,
+    IfExists,
     ListQuery,
     Page,
+    Put,
     ReceivedMessage,
     ReceivingTransport,
     StoreCounts,
@@ -65,6 +67,7 @@ __all__ = [
     "DuetimeError",
     "DuplicateMessageId",
     "FrontDoor",
+    "IfExists",
     "InvalidMessage",
     "InvalidSchedule",
     "ListQuery",
@@ -74,6 +77,7 @@ __all__ = [
     "MissingExtra",
     "NotReplicated",
     "Page",
+    "Put",
     "ReceivedMessage",
     "ReceivingTransport",
     "ScheduleExists",

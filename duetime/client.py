@@ -16,11 +16,15 @@ from duetime.interfaces import (
     Clock,
     Closing,
     DelayedMessageStore,
+    IfExists,
     ListQuery,
     Page,
+    Put,
     RecurringStore,
+    ReplacingStore,
     SyncDelayedMessageStore,
     SyncRecurringStore,
+    SyncReplacingStore,
     require,
 )
 from duetime.message import (
@@ -38,16 +42,30 @@ from duetime.recurring.schedule import Schedule, changed, new_schedule
 from duetime.settings import TransactionMode
 
 
-def _build(
+def build_message(
     clock: Clock,
     destination: str,
     body: bytes,
-    delay: Delay | None,
-    due_at: datetime | None,
-    headers: Mapping[str, str] | None,
-    message_id: str | None,
-    group: str | None,
+    *,
+    delay: Delay | None = None,
+    due_at: datetime | None = None,
+    headers: Mapping[str, str] | None = None,
+    message_id: str | None = None,
+    group: str | None = None,
+    if_exists: object = IfExists.REFUSE,
 ) -> DelayedMessage:
+    """The message :meth:`DelayedMessageClient.schedule` stores, checked for ``if_exists``: a
+    debounce counts its due time from now (``delay``), and every choice but refuse needs an id."""
+    if IfExists.of(if_exists) is IfExists.DEBOUNCE and (delay is None or due_at is not None):
+        raise InvalidMessage(
+            "debounce counts the due time from now, so it takes a delay (delay=, --in), not a time "
+            "(due_at=, --at); to move a message to a time of your own, replace it."
+        )
+    if IfExists.of(if_exists) is not IfExists.REFUSE and message_id is None:
+        raise InvalidMessage(
+            f"if-exists {IfExists.of(if_exists)} needs the message's id (message_id=, --id): it says "
+            "what to do when a message with that id is waiting."
+        )
     return DelayedMessage.create(
         destination,
         body,
@@ -99,6 +117,13 @@ def _query(
         limit=limit,
         after=after,
         group=None if group is None else _group(group),
+    )
+
+
+def _cannot_replace(store: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"{type(store).__name__} cannot keep, replace or debounce a waiting message; duetime's own "
+        "stores can (a store built on StoreRules implements _replace_unclaimed)."
     )
 
 
@@ -159,20 +184,45 @@ class DelayedMessageClient(AsyncClosing):
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
         group: str | None = None,
+        if_exists: IfExists | str = IfExists.REFUSE,
     ) -> DelayedMessage:
         """Store a message for ``destination`` due after ``delay`` or at ``due_at``; ``group`` is
-        a key it shares with others (a saga, an order), to list or cancel them together."""
-        return await self.schedule_message(
-            _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
+        a key it shares with others (a saga, an order), to list or cancel them together.
+        ``if_exists`` says what to do when a message with ``message_id`` is waiting
+        (:class:`~duetime.interfaces.IfExists`: refuse, keep, replace, or debounce, which counts
+        ``delay`` from now). Returns the message as stored (for keep, the one that stays)."""
+        made = build_message(
+            self.clock,
+            destination,
+            body,
+            delay=delay,
+            due_at=due_at,
+            headers=headers,
+            message_id=message_id,
+            group=group,
+            if_exists=if_exists,
         )
+        return await self.schedule_message(made, if_exists=if_exists)
 
-    async def schedule_message(self, message: DelayedMessage) -> DelayedMessage:
+    async def schedule_message(
+        self, message: DelayedMessage, *, if_exists: IfExists | str = IfExists.REFUSE
+    ) -> DelayedMessage:
         """Store one message built already (``DelayedMessage.create``), as :meth:`schedule` does:
         calls made at the same moment share one commit. Returns it as stored."""
+        return (await self.put(message, if_exists)).message
+
+    async def put(self, message: DelayedMessage, if_exists: IfExists | str = IfExists.REFUSE) -> Put:
+        """:meth:`schedule_message`, saying what it did: ``outcome`` is "stored", "kept" or
+        "replaced". MessageInFlight when the waiting one is being forwarded."""
+        how = IfExists.of(if_exists)
         (checked,) = _messages([message])
         with tracing.storing([checked]) as (stamped,):
-            await self.store.store(stamped)
-        return stamped
+            if how is IfExists.REFUSE:
+                await self.store.store(stamped)
+                return Put(stamped, "stored")
+            if not isinstance(self.store, ReplacingStore):
+                raise _cannot_replace(self.store)
+            return await self.store.put(stamped, how)
 
     async def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
         """Store several at once, all or nothing."""
@@ -300,17 +350,39 @@ class SyncDelayedMessageClient(Closing):
         headers: Mapping[str, str] | None = None,
         message_id: str | None = None,
         group: str | None = None,
+        if_exists: IfExists | str = IfExists.REFUSE,
     ) -> DelayedMessage:
-        return self.schedule_message(
-            _build(self.clock, destination, body, delay, due_at, headers, message_id, group)
+        """As :meth:`DelayedMessageClient.schedule`, blocking."""
+        made = build_message(
+            self.clock,
+            destination,
+            body,
+            delay=delay,
+            due_at=due_at,
+            headers=headers,
+            message_id=message_id,
+            group=group,
+            if_exists=if_exists,
         )
+        return self.schedule_message(made, if_exists=if_exists)
 
-    def schedule_message(self, message: DelayedMessage) -> DelayedMessage:
+    def schedule_message(
+        self, message: DelayedMessage, *, if_exists: IfExists | str = IfExists.REFUSE
+    ) -> DelayedMessage:
         """As :meth:`DelayedMessageClient.schedule_message`, blocking."""
+        return self.put(message, if_exists).message
+
+    def put(self, message: DelayedMessage, if_exists: IfExists | str = IfExists.REFUSE) -> Put:
+        """As :meth:`DelayedMessageClient.put`, blocking."""
+        how = IfExists.of(if_exists)
         (checked,) = _messages([message])
         with tracing.storing([checked]) as (stamped,):
-            self.store.store(stamped)
-        return stamped
+            if how is IfExists.REFUSE:
+                self.store.store(stamped)
+                return Put(stamped, "stored")
+            if not isinstance(self.store, SyncReplacingStore):
+                raise _cannot_replace(self.store)
+            return self.store.put(stamped, how)
 
     def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
         with tracing.storing(_messages(messages)) as stamped:

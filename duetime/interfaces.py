@@ -7,6 +7,7 @@ pass the object in (NServiceBus's "custom delayed message store").
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -370,6 +371,57 @@ class NewOnlyStore(Protocol):
     async def store_new(self, messages: Sequence[DelayedMessage]) -> int:
         """Store those of ``messages`` whose id is not stored (the first of an id repeated in the
         batch); return how many were stored. Never raises DuplicateMessageId."""
+
+
+class IfExists(enum.StrEnum):
+    """What scheduling does when a message with the same id is waiting in the store.
+
+    ``refuse`` (the default) raises DuplicateMessageId; ``keep`` leaves the stored one and answers
+    with it; ``replace`` puts the new body, headers, destination, group and due time in its place
+    in one change; ``debounce`` is a replace whose due time the caller counted from now (so the
+    message goes once, a delay after the last of a burst). A message a dispatcher holds is never
+    replaced: MessageInFlight says so. With no such id waiting, each stores the message."""
+
+    REFUSE = "refuse"
+    KEEP = "keep"
+    REPLACE = "replace"
+    DEBOUNCE = "debounce"
+
+    @classmethod
+    def of(cls, value: object) -> IfExists:
+        """``value`` as an IfExists; ConfigurationError naming the choices otherwise."""
+        try:
+            return cls(value if isinstance(value, str) else "")
+        except ValueError:
+            choices = ", ".join(c.value for c in cls)
+            raise ConfigurationError(f"if_exists must be one of {choices}; got {value!r}.") from None
+
+
+class Put(NamedTuple):
+    """What scheduling with :class:`IfExists` did: ``outcome`` is ``"stored"`` (no message had
+    the id), ``"kept"`` (the stored one stays; ``message`` is it) or ``"replaced"``."""
+
+    message: DelayedMessage
+    outcome: str
+
+
+@runtime_checkable
+class ReplacingStore(Protocol):
+    """A store that can store a message in place of a waiting one with its id (every duetime
+    store can; a store built on ``StoreRules`` implements ``_replace_unclaimed``)."""
+
+    async def put(self, message: DelayedMessage, if_exists: IfExists) -> Put:
+        """Store ``message``, doing ``if_exists`` when its id is waiting; DuplicateMessageId for
+        ``refuse``, MessageInFlight when a dispatcher holds (or has just taken) the stored one."""
+
+
+@runtime_checkable
+class SyncReplacingStore(Protocol):
+    """:class:`ReplacingStore`, blocking."""
+
+    def put(self, message: DelayedMessage, if_exists: IfExists) -> Put:
+        """As :meth:`ReplacingStore.put`, blocking."""
+        ...
 
 
 @runtime_checkable

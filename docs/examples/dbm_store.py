@@ -170,6 +170,13 @@ class DbmSyncStore(StoreRules):
             self._put(message.with_changes(due_at=due_at))
             return True
 
+    def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
+        with self._lock:
+            if self._free(message.message_id, now) is None:
+                return False
+            self._put(message)
+            return True
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         with self._lock:
             return [m for m in by_due([m for m, _ in self._rows()]) if matches(query, m)][:limit]

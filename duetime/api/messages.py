@@ -30,7 +30,7 @@ from duetime.api.models import (
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import Served, caller_with
 from duetime.api_keys import Scope
-from duetime.errors import DuplicateMessageId, MessageInFlight
+from duetime.errors import DuplicateMessageId, InvalidMessage, MessageInFlight
 from duetime.interfaces import ListQuery
 from duetime.message import MAX_DESTINATION_LENGTH, MAX_GROUP_LENGTH, MAX_ID_LENGTH, DelayedMessage
 
@@ -84,9 +84,19 @@ async def create(
     new: NewMessage, response: Response, served: Annotated[Served, Depends(caller_with(Scope.SCHEDULE))]
 ) -> Message:
     """201 when stored; 200 when a message of this id and content is stored already; 409 when one
-    of this id holds other content."""
-    message = new.message(served.api.clock.now())
+    of this id holds other content. With ``if_exists`` keep, replace or debounce: 200 with the
+    message as stored, and the ``Duetime-Outcome`` header says ``kept`` or ``replaced``; 409 while
+    the waiting one is being delivered."""
+    message = new.message(served.api.clock)
     served.api.carry.refuse(message)
+    if new.if_exists != "refuse":
+        done = await served.api.within(served.api.client.put(message, new.if_exists))
+        response.headers["Duetime-Outcome"] = done.outcome
+        if done.outcome == "stored":
+            response.headers["Location"] = f"/v1/messages/{quote(message.message_id, safe='')}"
+        else:
+            response.status_code = 200
+        return Message.of(done.message)
     try:
         message = await served.api.within(served.api.client.schedule_message(message))
     except DuplicateMessageId:
@@ -96,7 +106,9 @@ async def create(
                 message.message_id, "; give a new id, or cancel the stored one first"
             ) from None
         response.status_code = 200
+        response.headers["Duetime-Outcome"] = "kept"
         return Message.of(stored)
+    response.headers["Duetime-Outcome"] = "stored"
     response.headers["Location"] = f"/v1/messages/{quote(message.message_id, safe='')}"
     return Message.of(message)
 
@@ -113,8 +125,12 @@ async def create_batch(
     """All or none: every message is checked first, and when one of them is refused, or an id
     is stored with other content, nothing is stored. A message whose id is stored with the same
     content is reported as ``existing`` (so a retried batch creates nothing twice)."""
-    now = served.api.clock.now()
-    messages = [new.message(now) for new in batch.messages]
+    if any(new.if_exists != "refuse" for new in batch.messages):
+        raise InvalidMessage(
+            "a batch is stored all or none, so its messages take no if_exists; keep, replace or "
+            "debounce one message a request (POST /v1/messages)."
+        )
+    messages = [new.message(served.api.clock) for new in batch.messages]
     for m in messages:
         served.api.carry.refuse(m)
     messages = _once_each(batch.messages, messages)

@@ -18,10 +18,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.convertors import Convertor, register_url_convertor
 
+from duetime.client import build_message
 from duetime.clock import from_micros, to_micros
 from duetime.errors import InvalidMessage
 from duetime.inputs.durations import parse_duration, parse_time
-from duetime.interfaces import StoreCounts
+from duetime.interfaces import Clock, StoreCounts
 from duetime.message import (
     MAX_DESTINATION_LENGTH,
     MAX_GROUP_LENGTH,
@@ -145,18 +146,26 @@ class NewMessage(_Strict):
     group: Group | None = Field(
         None, description="A key it shares with others, to list or cancel them together."
     )
+    if_exists: Literal["refuse", "keep", "replace", "debounce"] = Field(
+        "refuse",
+        description="When a message of this id is waiting: refuse (the same content answers 200, "
+        "other content 409), keep it (200, the stored one), replace it (200: body, headers, "
+        "destination, group, due time), or debounce (a replace whose `delay` counts from now). "
+        "A message being delivered is never replaced: 409. Every choice but refuse needs `id`.",
+    )
 
-    def message(self, now: datetime) -> DelayedMessage:
+    def message(self, clock: Clock) -> DelayedMessage:
         """The message, by the library's rules (each refusal is InvalidMessage, one line)."""
-        return DelayedMessage.create(
+        return build_message(
+            clock,
             self.destination,
             body_of(self.body, self.body_base64),
             due_at=time_of("due_at", self.due_at),
             delay=self.delay,
             headers=self.headers,
             message_id=self.id,
-            now=now,
             group=self.group,
+            if_exists=self.if_exists,
         )
 
 

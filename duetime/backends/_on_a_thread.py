@@ -29,9 +29,11 @@ from duetime.errors import ConfigurationError, TransportUnavailable
 from duetime.interfaces import (
     AsyncClosing,
     Claimed,
+    IfExists,
     ListQuery,
     MoveOutcome,
     Page,
+    Put,
     ReceivedMessage,
     StoreCounts,
     WakeupCallback,
@@ -211,6 +213,12 @@ class AsyncStoreBridge(AsyncClosing):
         if count:
             self.subscribers.notify(min(m.due_at for m in messages))
         return count
+
+    async def put(self, message: DelayedMessage, if_exists: IfExists) -> Put:
+        done = await self._call(self.sync.put, message, if_exists)
+        if done.outcome != "kept":
+            self.subscribers.notify(message.due_at)
+        return done
 
     async def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
         return await self._call(self.sync.fetch_due, at, limit)

@@ -32,7 +32,17 @@ from duetime.errors import (
 )
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option
-from duetime.interfaces import Claimed, Clock, Closing, ListQuery, NextDue, Page, StoreCounts
+from duetime.interfaces import (
+    Claimed,
+    Clock,
+    Closing,
+    IfExists,
+    ListQuery,
+    NextDue,
+    Page,
+    Put,
+    StoreCounts,
+)
 from duetime.live_dispatchers import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
 from duetime.message import (
     MAX_GROUP_LENGTH,
@@ -71,12 +81,19 @@ def duplicate_id(message_id: str | None) -> DuplicateMessageId:
     shown = message_id if message_id is not None else "(one of this batch)"
     return DuplicateMessageId(
         f"A delayed message with id {shown!r} is already stored; nothing from this call was stored. "
-        "Choose a new id, or cancel the stored one first."
+        "Choose a new id, or say what to do with the stored one (if-exists keep, replace or debounce)."
     )
 
 
 def in_flight(message_id: str) -> MessageInFlight:
     return MessageInFlight(f"Message {message_id!r} is being forwarded right now; it cannot be changed.")
+
+
+def not_replaced(message_id: str) -> MessageInFlight:
+    return MessageInFlight(
+        f"Message {message_id!r} is being forwarded right now (or was a moment ago), so it was not "
+        "replaced; schedule the new one under another id if it should go too."
+    )
 
 
 #: The columns every SQL store table has had since the first version (all but the group): a table
@@ -336,6 +353,15 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         """Move the message's due time only if no live claim holds it."""
 
+    def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
+        """Put ``message`` (destination, due time, headers, body, group, failure count) in place of
+        the stored one with its id, in one change, only if it is stored and no live claim holds it;
+        whether it did. A store with cross-process wake-ups need not announce: the rules do."""
+        raise ConfigurationError(
+            f"{type(self).__name__} cannot replace a waiting message; duetime's own stores can (a "
+            "store built on StoreRules implements _replace_unclaimed)."
+        )
+
     @abstractmethod
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         """Up to ``limit`` messages matching ``query``, ordered by ``(due_at, message_id)``."""
@@ -464,6 +490,46 @@ class StoreRules(ScheduleRules, Closing, ABC):
             except Duplicate:
                 continue  # stored by another writer since the look: look again
         return sum(self._store_if_new(m) for m in fresh)
+
+    def put(self, message: DelayedMessage, if_exists: IfExists) -> Put:
+        """Store ``message``, doing ``if_exists`` when a message with its id is stored (see
+        :class:`~duetime.interfaces.IfExists`).
+
+        A replace changes the stored row first (the common case of a debounce: one statement);
+        when no row changed, it stores the message new; when that finds the id stored after all, a
+        second change either applies (another producer stored it a moment ago) or the message is
+        held by a dispatcher, and the caller is told it was not replaced. So a replace that
+        answers "replaced" never lets the old content go too."""
+        how = IfExists.of(if_exists)
+        check_storable(message)
+        self._ready()
+        if how is IfExists.REFUSE:
+            self.store(message)
+            return Put(message, "stored")
+        replacing = how is not IfExists.KEEP
+        for _ in range(NEW_ONLY_TRIES):
+            if replacing and self._replaced(message):
+                return Put(message, "replaced")
+            try:
+                self._insert([message])
+                return Put(message, "stored")
+            except Duplicate:
+                pass
+            if replacing:
+                if self._replaced(message):
+                    return Put(message, "replaced")
+                raise not_replaced(message.message_id)
+            stored = self._get(message.message_id)
+            if stored is not None:
+                return Put(stored, "kept")
+            # cancelled or forwarded between the insert and the look: store it again
+        raise duplicate_id(message.message_id)
+
+    def _replaced(self, message: DelayedMessage) -> bool:
+        if not self._replace_unclaimed(message, self.clock.now()):
+            return False
+        self._announce(message.due_at)
+        return True
 
     def _store_if_new(self, message: DelayedMessage) -> int:
         try:

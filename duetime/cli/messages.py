@@ -38,7 +38,7 @@ from duetime.cli.common import (
 from duetime.cli.terminal import console, err, fail, progress_bar, say, table
 from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
-from duetime.client import DelayedMessageClient
+from duetime.client import DelayedMessageClient, build_message
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, MessageInFlight, command, one_line
 from duetime.inputs.durations import parse_time
@@ -46,7 +46,9 @@ from duetime.inputs.urls import redact
 from duetime.interfaces import (
     AddressTopology,
     DispatcherRegistry,
+    IfExists,
     Page,
+    Put,
     StoreCounts,
     cursor_text,
     read_cursor,
@@ -71,6 +73,14 @@ def schedule(
         typer.FileBinaryRead | None, typer.Option(help="Read the body from a file ('-' = stdin).")
     ] = None,
     group: GroupOpt = None,
+    if_exists: Annotated[
+        IfExists,
+        typer.Option(
+            help="When a message with --id is waiting: refuse (an error), keep it, replace it (body, "
+            "headers, destination, group, due time), or debounce (replace, due --in from now: one "
+            "message a delay after the last of a burst)."
+        ),
+    ] = IfExists.REFUSE,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = "duetime",
     transport: TransportOpt = None,
@@ -79,33 +89,39 @@ def schedule(
 
     Warns when no queue is declared for the destination (where the transport can tell).
     `--group order-42` files it with others of that key: `duetime list --group order-42` shows
-    them, `duetime cancel --group order-42` cancels them all.
+    them, `duetime cancel --group order-42` cancels them all. `--id cart-7 --in 10m --if-exists
+    debounce` sends one reminder ten minutes after the last of many calls.
     """
     due = due_from_options(in_, at, body if body_file is None else None)
     payload = body_file.read() if body_file is not None else body.encode()
-    shape = DelayedMessage.create(
-        destination, payload, delay=0, headers=headers_from_pairs(header), message_id=message_id
+    made = build_message(
+        SYSTEM,
+        destination,
+        payload,
+        headers=headers_from_pairs(header),
+        message_id=message_id,
+        group=group,
+        if_exists=if_exists,
+        **due,
     )
-    _run(lambda: refuse_uncarriable(store, transport, shape))
+    _run(lambda: refuse_uncarriable(store, transport, made))
 
-    async def go() -> DelayedMessage:
+    async def go() -> Put:
         client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
         try:
-            message = await client.schedule(
-                destination,
-                payload,
-                headers=headers_from_pairs(header),
-                message_id=message_id,
-                group=group,
-                **due,
-            )
+            return await client.put(made, if_exists)
         finally:
             await client.close()
-        return message
 
-    message = _run(go)
+    done = _run(go)
+    message = done.message
     print(message.message_id)  # stdout carries just the id, for $(duetime schedule ...)
-    err.print(f"due {message.due_at.isoformat()} -> {message.destination}")
+    said = {
+        "stored": "",
+        "kept": " (kept: a message with this id was waiting)",
+        "replaced": " (replaced the one waiting)",
+    }
+    err.print(f"due {message.due_at.isoformat()} -> {message.destination}{said[done.outcome]}")
     _run(lambda: warn_undeclared(store, transport, [destination]))
 
 

@@ -474,31 +474,18 @@ async def message(request: Request) -> Response:
     dashboard: Dashboard = request.app.state.dashboard
     endpoint = _endpoint(request, dashboard)
     message_id = request.query_params.get("id", "")
-    turns: asyncio.Semaphore = request.app.state.message_pages  # a message may be huge: a few at a time
+    found = await dashboard.stores[endpoint].get(message_id) if message_id else None
+    if found is None:
+        return _page(request, "message.html", dashboard, endpoint, m=None, message_id=message_id)
+    body = found.body[:BODY_SHOWN]
     try:
-        await asyncio.wait_for(turns.acquire(), dashboard.answer_within / 2)
-    except TimeoutError:
-        return PlainTextResponse(
-            "Busy: other message pages are being prepared (some messages are very large); try again "
-            "in a moment.\n",
-            503,
-            headers={"Retry-After": "5"},
-        )
-    try:
-        found = await dashboard.stores[endpoint].get(message_id) if message_id else None
-        if found is None:
-            return _page(request, "message.html", dashboard, endpoint, m=None, message_id=message_id)
-        body = found.body[:BODY_SHOWN]
-        try:
-            shown, kind = body.decode(), "text"
-        except UnicodeDecodeError:
-            shown, kind = body.hex(" ", 16), "hex"
-        headers = heapq.nsmallest(HEADERS_SHOWN + 1, found.headers.items())  # not all of a million sorted
-        total, size = len(found.headers), len(found.body)
-        summary = found.with_changes(headers={}, body=b"")
-        del found  # the page needs only what it shows: a million headers go now, not after rendering
-    finally:
-        turns.release()
+        shown, kind = body.decode(), "text"
+    except UnicodeDecodeError:
+        shown, kind = body.hex(" ", 16), "hex"
+    headers = heapq.nsmallest(HEADERS_SHOWN + 1, found.headers.items())  # not all of a million sorted
+    total, size = len(found.headers), len(found.body)
+    summary = found.with_changes(headers={}, body=b"")
+    del found  # the page needs only what it shows: a million headers go now, not after rendering
     headers_cut = total > HEADERS_SHOWN
     return _page(
         request,
@@ -838,6 +825,32 @@ async def metrics(request: Request) -> Response:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
+def a_few_at_a_time(handler: Handler) -> Handler:
+    """Message pages, a few at a time (a message may be huge): a request waits for its turn at
+    most half the answer time, then is told the dashboard is busy (503, Retry-After). The wait is
+    outside ``handler``'s own deadline (:func:`answering`), so a page that waited its turn is not
+    then told the store did not answer in time."""
+
+    @functools.wraps(handler)
+    async def in_turn(request: Request) -> Response:
+        turns: asyncio.Semaphore = request.app.state.message_pages
+        try:
+            await asyncio.wait_for(turns.acquire(), request.app.state.dashboard.answer_within / 2)
+        except TimeoutError:
+            return PlainTextResponse(
+                "Busy: other message pages are being prepared (some messages are very large); try "
+                "again in a moment.\n",
+                503,
+                headers={"Retry-After": "5"},
+            )
+        try:
+            return await handler(request)
+        finally:
+            turns.release()
+
+    return in_turn
+
+
 def answering(handler: Handler) -> Handler:
     """A page or action whose store or broker fails answers 503 with the reason on one line (and
     logs that line), never a stack trace; the next request tries again."""
@@ -893,7 +906,7 @@ def create_app(dashboard: Dashboard, *, secret: str, ready: Callable[[], None] =
     routes = [
         Route("/", answering(overview)),
         Route("/messages", answering(messages)),
-        Route("/message", answering(message)),
+        Route("/message", a_few_at_a_time(answering(message))),
         Route("/errors", answering(errors)),
         Route("/recurring", answering(recurring)),
         Route("/healthz", healthz),

@@ -33,9 +33,12 @@ from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
     DueCounter,
+    IfExists,
     ListQuery,
     NewOnlyStore,
+    Put,
     RecurringStore,
+    ReplacingStore,
     SyncDelayedMessageStore,
 )
 from duetime.live_dispatchers import DispatcherInfo
@@ -684,6 +687,85 @@ class StoreContract:
         with pytest.raises(MessageInFlight):
             await store.reschedule("m-00001", t + timedelta(hours=1))
         assert await store.get("m-00001") is not None
+
+    async def test_put_refuses_keeps_replaces_or_debounces_a_waiting_message(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """Each ``if_exists`` on an id that is waiting, and each on one that is not (stored)."""
+        assert isinstance(store, (ReplacingStore, SyncSide))
+        put = cast(ReplacingStore, store).put
+        t = now() + timedelta(hours=1)
+        first = msg(1, t, group="cart-1")
+        for how in IfExists:
+            fresh = msg(10 + len(how), t)
+            assert await put(fresh, how) == Put(fresh, "stored")
+        assert await put(first, IfExists.REFUSE) == Put(first, "stored")
+        other = DelayedMessage(
+            "m-00001", "emails", t + timedelta(minutes=5), b"\x00new", {"v": "2"}, group="cart-2"
+        )
+        with pytest.raises(DuplicateMessageId, match="m-00001"):
+            await put(other, IfExists.REFUSE)
+        assert await put(other, IfExists.KEEP) == Put(first, "kept")
+        assert await store.get("m-00001") == first
+        assert await put(other, IfExists.REPLACE) == Put(other, "replaced")
+        assert await store.get("m-00001") == other
+        # the group, the destination and the due time are the new one's everywhere they are read
+        assert await store.count_group("cart-1") == 0 and await store.count_group("cart-2") == 1
+        listed = await store.list(ListQuery(destination="emails", limit=10))
+        assert [m.message_id for m in listed.messages] == ["m-00001"]
+        later = other.with_changes(due_at=t + timedelta(minutes=10), group=None)
+        assert await put(later, IfExists.DEBOUNCE) == Put(later, "replaced")
+        assert await store.get("m-00001") == later and await store.count_group("cart-2") == 0
+        # the same content again is a replace too (a store that counts changed rows says 0)
+        assert await put(later, IfExists.REPLACE) == Put(later, "replaced")
+        assert await store.reschedule("m-00001", later.due_at) is True
+        with pytest.raises(ConfigurationError, match="if_exists must be one of refuse, keep"):
+            await put(later, "overwrite")  # type: ignore[arg-type]
+        assert (await store.counts(now())).total == 5
+
+    async def test_put_never_replaces_a_message_a_dispatcher_holds(self, store: DelayedMessageStore) -> None:
+        """Refused in one line while claimed (the claim, and the old content, stand); replaced
+        once the claim has lapsed (a dispatcher that died), and then claimed with its new due
+        time."""
+        put = cast(ReplacingStore, store).put
+        t = now()
+        await store.store(msg(1, t))
+        [claimed] = await store.fetch_due(t, 10)
+        newer = msg(1, t).with_changes(body=b"newer")
+        for how in (IfExists.REPLACE, IfExists.DEBOUNCE):
+            with pytest.raises(MessageInFlight, match=r"m-00001.*not replaced"):
+                await put(newer, how)
+        assert await put(newer, IfExists.KEEP) == Put(claimed, "kept")
+        assert await store.get("m-00001") == claimed
+        assert await store.release(["m-00001"]) == 1  # as a claim that lapsed: claimable again
+        moved = newer.with_changes(due_at=t + timedelta(hours=1))
+        assert await put(moved, IfExists.REPLACE) == Put(moved, "replaced")
+        assert await store.fetch_due(t, 10) == []  # not due any more: its due time is the new one
+        due_now = moved.with_changes(due_at=t - timedelta(seconds=1), body=b"newest")
+        assert await put(due_now, IfExists.DEBOUNCE) == Put(due_now, "replaced")
+        assert await store.fetch_due(t, 10) == [due_now]
+
+    async def test_debounces_of_one_id_at_once_leave_one_message(self, store: DelayedMessageStore) -> None:
+        """Ten producers debouncing one id at the same moment: one message stays, with one of
+        their contents, each producer told "stored" (one of them) or "replaced"; a debounce after
+        them all decides what goes."""
+        put = cast(ReplacingStore, store).put
+        t = now() + timedelta(hours=1)
+        wave = [
+            msg(1, t + timedelta(milliseconds=i)).with_changes(body=f"event {i}".encode()) for i in range(10)
+        ]
+        if isinstance(store, SyncSide):  # blocking callers: threads
+            sync_put = cast(Any, store.sync).put
+            with ThreadPoolExecutor(10) as pool:
+                outcomes = [f.result() for f in [pool.submit(sync_put, m, IfExists.DEBOUNCE) for m in wave]]
+        else:
+            outcomes = list(await asyncio.gather(*(put(m, IfExists.DEBOUNCE) for m in wave)))
+        assert sorted(o.outcome for o in outcomes) == ["replaced"] * 9 + ["stored"]
+        assert (await store.counts(now())).total == 1
+        assert await store.get("m-00001") in wave
+        last = msg(1, t + timedelta(minutes=10)).with_changes(body=b"the last event")
+        assert (await put(last, IfExists.DEBOUNCE)).outcome == "replaced"
+        assert await store.get("m-00001") == last
 
     async def test_a_group_is_kept_listed_and_cancelled_together(self, store: DelayedMessageStore) -> None:
         t = now() + timedelta(hours=1)

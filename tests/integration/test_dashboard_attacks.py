@@ -489,7 +489,8 @@ def test_many_requests_for_a_message_with_huge_headers_stay_bounded(hostile: dic
     busy = [html for status, html in pages if status == 503]
     assert len(pages) == 20 and len(served) + len(busy) == 20 and len(served) >= 2, pages
     assert all("and 299,800 more headers, not shown" in html for html in served)
-    assert all(html.startswith("Busy: other message pages are being prepared") for html in busy)
+    others = [html for html in busy if not html.startswith("Busy: other message pages are being prepared")]
+    assert others == []  # a page that waited its turn is never told the store was too slow
     # a page's headers are decoded holding the GIL, so /healthz may wait for a few of them (the
     # ones being prepared at once) on a loaded machine, never for twenty
     assert slowest < max(4.0, 4 * one_page), (slowest, one_page)

@@ -3,6 +3,7 @@ Schemathesis found, the problem answers, keys, scopes and rates."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -220,6 +221,40 @@ async def test_the_group_and_destination_cancels_leave_what_is_being_delivered(a
         "in_flight": 1,
         "more": False,
     }
+
+
+async def test_if_exists_keeps_replaces_or_debounces_and_never_a_message_being_delivered(
+    api: HttpApi,
+) -> None:
+    app = api.app()
+    first = {"id": "cart-7", "destination": "o", "delay": 600, "body": "one item"}
+    made = await call(app, "POST", "/v1/messages", first)
+    assert (made.status, made.headers["duetime-outcome"]) == (201, "stored")
+    kept = await call(app, "POST", "/v1/messages", {**first, "body": "two", "if_exists": "keep"})
+    assert (kept.status, kept.headers["duetime-outcome"]) == (200, "kept")
+    assert base64.b64decode(kept.json["body_base64"]) == b"one item"
+    replaced = await call(app, "POST", "/v1/messages", {**first, "body": "two items", "if_exists": "replace"})
+    assert (replaced.status, replaced.headers["duetime-outcome"]) == (200, "replaced")
+    assert (
+        base64.b64decode((await call(app, "GET", "/v1/messages/cart-7")).json["body_base64"]) == b"two items"
+    )
+    debounced = {**first, "body": "three items", "delay": 0, "if_exists": "debounce"}
+    assert (await call(app, "POST", "/v1/messages", debounced)).headers["duetime-outcome"] == "replaced"
+    await api.store.fetch_due(SYSTEM.now(), 10)  # being delivered now
+    refused = await call(app, "POST", "/v1/messages", {**debounced, "body": "four"})
+    assert refused.status == 409 and refused.json["type"] == "urn:duetime:problem:message-in-flight"
+    assert "not replaced" in refused.json["detail"]
+    at_a_time = await call(
+        app,
+        "POST",
+        "/v1/messages",
+        {"id": "cart-7", "destination": "o", "due_at": "2030-01-01T00:00:00Z", "if_exists": "debounce"},
+    )
+    assert at_a_time.status == 400 and "takes a delay" in at_a_time.json["detail"]
+    no_id = await call(app, "POST", "/v1/messages", {"destination": "o", "delay": 1, "if_exists": "keep"})
+    assert no_id.status == 400 and "needs the message's id" in no_id.json["detail"]
+    batch = await call(app, "POST", "/v1/batches", {"messages": [{**first, "if_exists": "replace"}]})
+    assert batch.status == 400 and "one message a request" in batch.json["detail"]
 
 
 async def test_a_body_that_is_not_said_to_be_json_is_answered_415(api: HttpApi) -> None:

@@ -200,6 +200,14 @@ class SyncMemoryStore(StoreRules):
             row.claimed_until = None
             return True
 
+    def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
+        with self._lock:
+            row = self._rows.get(message.message_id)
+            if row is None or not row.claimable(now):
+                return False
+            self._rows[message.message_id] = _Row(message)
+            return True
+
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
         with self._lock:
             self._presence[(endpoint, dispatcher_id)] = (seen_at, info)

@@ -120,9 +120,21 @@ WHERE message_id = %s;
 -- name: delete_unclaimed
 DELETE FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s);
 
--- name: reschedule_unclaimed
-UPDATE {table} SET due_at = %s, claim_token = NULL, claimed_until = NULL
-WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s);
+-- A change of a message no claim holds locks its row first, then changes it by id: an UPDATE's
+-- count is of rows it changed (CLIENT.FOUND_ROWS is off), so a change to what is there already
+-- (a reschedule to the same time, a replace with the same content) would count 0 and read as
+-- "in flight".
+-- name: lock_unclaimed
+SELECT 1 FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s) FOR UPDATE;
+
+-- name: reschedule
+UPDATE {table} SET due_at = %s, claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
+
+-- A waiting message's content in place (duetime.interfaces.IfExists).
+-- name: replace
+UPDATE {table} SET destination = %s, due_at = %s, headers = %s, body = %s, failure_count = %s,
+    group_key = %s, claim_token = NULL, claimed_until = NULL
+WHERE message_id = %s;
 
 -- name: estimate_rows
 SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s;

@@ -342,6 +342,18 @@ class SyncMysqlStore(StoreRules):
 
     def _insert(self, messages: Sequence[DelayedMessage]) -> None:
         rows = [micros_row(m) for m in messages]
+        self._check_packets(messages, rows)
+        q = self.q
+        try:
+            self._run(lambda cur: cur.executemany(q["insert"], rows), transaction=True)
+        except IntegrityError as error:
+            detail = str(error)
+            raise Duplicate(
+                next((m.message_id for m in messages if f"'{m.message_id}'" in detail), None)
+            ) from None
+
+    def _check_packets(self, messages: Sequence[DelayedMessage], rows: Sequence[tuple[Any, ...]]) -> None:
+        """InvalidMessage for a message the server's max_allowed_packet would refuse."""
         limit = self._packet_limit()
         for m, row in zip(messages, rows, strict=True):
             if (len(m.body) + len(row[3]) * 2) * 2 > limit // 2:  # near the limit: measure it
@@ -355,14 +367,6 @@ class SyncMysqlStore(StoreRules):
                         "(SET GLOBAL max_allowed_packet, and in the server's configuration) or send "
                         "a smaller body."
                     )
-        q = self.q
-        try:
-            self._run(lambda cur: cur.executemany(q["insert"], rows), transaction=True)
-        except IntegrityError as error:
-            detail = str(error)
-            raise Duplicate(
-                next((m.message_id for m in messages if f"'{m.message_id}'" in detail), None)
-            ) from None
 
     def _claim(self, at: datetime, until: datetime, limit: int) -> list[DelayedMessage]:
         return self._claimed(at, until, limit, ask_next=False)[0]
@@ -478,8 +482,25 @@ class SyncMysqlStore(StoreRules):
         return int(self._read_all(self.q["count_group"], (group,))[0][0])
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
-        params = (to_micros(due_at), message_id, to_micros(now))
-        return self._execute(self.q["reschedule_unclaimed"], params) == 1
+        return self._change_unclaimed(message_id, now, "reschedule", (to_micros(due_at), message_id))
+
+    def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
+        row = micros_row(message)
+        self._check_packets([message], [row])
+        message_id, *content = row
+        return self._change_unclaimed(message_id, now, "replace", (*content, message_id))
+
+    def _change_unclaimed(self, message_id: str, now: datetime, change: str, params: tuple[Any, ...]) -> bool:
+        """Run the named ``change`` of a message no live claim holds, its row locked first."""
+        q = self.q
+
+        def work(cur: Any) -> bool:
+            if not cur.execute(q["lock_unclaimed"], (message_id, to_micros(now))):
+                return False
+            cur.execute(q[change], params)
+            return True
+
+        return bool(self._run(work, transaction=True))
 
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
         self._execute(QUERIES["beat"], (endpoint, dispatcher_id, to_micros(seen_at), info))

@@ -277,6 +277,18 @@ UPDATE {table} SET due_at = %(due_at)s, claim_token = NULL, claimed_until = NULL
 WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
 AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(id)s FOR UPDATE SKIP LOCKED);
 
+-- A waiting message's content in place (duetime.interfaces.IfExists); a row a dispatcher holds
+-- locked is skipped, as for a reschedule. Run after replace_lock, in its transaction.
+-- name: replace_lock
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: replace_unclaimed
+UPDATE {table} SET destination = %(destination)s, due_at = %(due_at)s, headers = %(headers)s,
+    body = %(body)s, failure_count = %(failure_count)s, group_key = %(group_key)s,
+    claim_token = NULL, claimed_until = NULL
+WHERE message_id = %(message_id)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
+AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(message_id)s FOR UPDATE SKIP LOCKED);
+
 -- name: estimate_rows
 SELECT reltuples::bigint FROM pg_class WHERE oid = %(regclass)s::regclass;
 

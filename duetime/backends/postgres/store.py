@@ -400,6 +400,16 @@ class SyncPostgresStore(StoreRules):
         params = {"id": message_id, "due_at": due_at, "now": now}
         return self._rowcount(self.names.q["reschedule_unclaimed"], params) == 1
 
+    def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
+        """Under a lock of the id's own (``replace_lock``), so that two producers replacing one
+        id at once wait for each other: the change skips a locked row as a dispatcher's, and
+        without it each would take the other's row lock for a dispatcher's."""
+        names = self.names
+        params = dict(zip(_FIELDS, copy_row(message), strict=True)) | {"now": now}
+        with pooled(self.pool, self.options) as conn, conn.transaction():
+            conn.execute(names.q["replace_lock"], {"key": f"{names.qualified}:{message.message_id}"})
+            return conn.execute(names.q["replace_unclaimed"], params).rowcount == 1
+
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
         params = {"endpoint": endpoint, "id": dispatcher_id, "seen": seen_at, "info": info}
         self._rowcount(self.names.q["beat"], params)

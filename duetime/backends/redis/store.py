@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from importlib import resources
@@ -154,6 +154,7 @@ class SyncRedisStore(StoreRules):
         self._claim_script = self.client.register_script(load_script("claim.lua"))
         self._store_script = self.client.register_script(load_script("store_many.lua"))
         self._change_script = self.client.register_script(load_script("change.lua"))
+        self._replace_script = self.client.register_script(load_script("replace.lua"))
         self._cancel_group_script = self.client.register_script(load_script("cancel_group.lua"))
         self._destinations_script = self.client.register_script(load_script("destinations.lua"))
         self._pick_script = self.client.register_script(load_script("pick.lua"))
@@ -273,24 +274,30 @@ class SyncRedisStore(StoreRules):
         for m in messages:
             args += [m.message_id, _payload(m), to_micros(m.due_at), m.group or "", m.failure_count]
         keys = self._k("ready", "payload", "bydue", "due", "groups", "failures")
-        wait = self.replication
-        try:
-            if not wait.replicas:
-                duplicate = self._store_script(keys=keys, args=args)
-            else:  # WAIT counts the writes of its own connection: one pipeline, one connection
-                with self.client.pipeline(transaction=False) as pipe:
-                    self._store_script(keys=keys, args=args, client=pipe)
-                    pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
-                    duplicate, confirmed = pipe.execute()
-                if (short := wait.short(confirmed)) is not None and not duplicate:
-                    raise NotReplicated(
-                        f"{len(messages)} message(s) stored at {redact(self.url)}, but {short}"
-                    )
-        except redis.exceptions.OutOfMemoryError:
-            raise self.full() from None
+        duplicate = self._write(self._store_script, keys, args, f"{len(messages)} message(s) stored", bool)
         if duplicate:
             raise Duplicate(_text(duplicate))
         self._announce(min(m.due_at for m in messages))
+
+    def _write(
+        self, script: Any, keys: list[str], args: list[Any], what: str, undone: Callable[[Any], bool]
+    ) -> Any:
+        """Run a script that writes messages and return its answer; with ``wait`` replicas, in one
+        pipeline with WAIT (it counts its own connection's writes), and NotReplicated when fewer
+        confirmed, unless ``undone(answer)`` says the script wrote nothing."""
+        wait = self.replication
+        try:
+            if not wait.replicas:
+                return script(keys=keys, args=args)
+            with self.client.pipeline(transaction=False) as pipe:
+                script(keys=keys, args=args, client=pipe)
+                pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
+                answer, confirmed = pipe.execute()
+            if (short := wait.short(confirmed)) is not None and not undone(answer):
+                raise NotReplicated(f"{what} at {redact(self.url)}, but {short}")
+            return answer
+        except redis.exceptions.OutOfMemoryError:
+            raise self.full() from None
 
     def _announce(self, due_at: datetime) -> None:
         self.client.publish(self.keys["channel"], str(to_micros(due_at)))
@@ -420,6 +427,21 @@ class SyncRedisStore(StoreRules):
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         return self._act("reschedule", [message_id], now, to_micros(due_at)) == 1
+
+    def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
+        self.check_eviction_policy()
+        keys = self._k("ready", "payload", "bydue", "due", "groups", "failures", "claims")
+        m = message
+        args = [
+            m.message_id,
+            _payload(m),
+            to_micros(m.due_at),
+            m.group or "",
+            m.failure_count,
+            to_micros(now),
+        ]
+        replaced = self._write(self._replace_script, keys, args, "message replaced", lambda a: int(a) != 1)
+        return int(replaced) == 1
 
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
         """A hash of records, each keeping its own last-seen time (fields cannot expire)."""

@@ -149,6 +149,12 @@ DELETE FROM {table} WHERE message_id = ? AND (claim_token IS NULL OR claimed_unt
 UPDATE {table} SET due_at = ?, claim_token = NULL, claimed_until = NULL
 WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
 
+-- A waiting message's content in place, in one statement (duetime.interfaces.IfExists).
+-- name: replace_unclaimed
+UPDATE {table} SET destination = ?, due_at = ?, headers = ?, body = ?, failure_count = ?,
+    group_key = ?, claim_token = NULL, claimed_until = NULL
+WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
+
 -- name: count_due
 SELECT count(*) FROM {table} WHERE due_at <= :at;
 
