@@ -69,8 +69,10 @@ class DelayedDeliverySettings:
     #: second are tolerated before the critical error.
     maximum_recovery_failures_per_second: int = 1
     #: at-least-once (send, then remove) or exactly-once (one transaction, where the transport
-    #: shares the store's).
-    transaction_mode: TransactionMode = TransactionMode.AT_LEAST_ONCE
+    #: shares the store's). Not set: the safest the store and transport keep, exactly-once where
+    #: they share a transaction (a store delivering into its own queue tables), else
+    #: at-least-once; the dispatcher decides, so `duetime run` and an embedded Service agree.
+    transaction_mode: TransactionMode | None = None
     #: Where a message that cannot be delivered goes, with why. Only dispatchers write there: the
     #: commands and the front door refuse it as a destination (and an endpoint's timeouts queue).
     error_queue: str = DEFAULT_ERROR_QUEUE
@@ -125,7 +127,8 @@ class DelayedDeliverySettings:
             raise InvalidSetting(
                 "error_queue", "must not be an endpoint's timeouts queue (what arrives there is stored again)"
             )
-        object.__setattr__(self, "transaction_mode", TransactionMode(self.transaction_mode))
+        if self.transaction_mode is not None:
+            object.__setattr__(self, "transaction_mode", TransactionMode(self.transaction_mode))
 
     def with_changes(self, **changes: Any) -> DelayedDeliverySettings:
         return replace(self, **changes)
@@ -168,7 +171,7 @@ def setting_value(name: str, given: str, raw: str) -> object:
             raise ConfigurationError(
                 f"{given} is not a duration; write e.g. 90, 1.5s, 250ms, 10m or 1h30m."
             ) from None
-    if isinstance(default, TransactionMode):
+    if name == "transaction_mode":
         choices = [mode.value for mode in TransactionMode]
         try:
             return TransactionMode(raw.strip().lower().replace("_", "-"))

@@ -35,7 +35,7 @@ def _default(value: object) -> str:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
         return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
-    return str(value)
+    return "(not set)" if value is None else str(value)
 
 
 def _comments(cls: type) -> dict[str, str]:

@@ -22,8 +22,6 @@ from duetime.inputs.urls import redact
 from duetime.interfaces import (
     DelayedMessageStore,
     InspectableQueue,
-    TransactionalStore,
-    Transport,
 )
 from duetime.message import DelayedMessage, check_due_time, refused_destination
 from duetime.observability.logs import LogFormat, configure
@@ -299,13 +297,6 @@ def known_variables(root: Any) -> set[str]:
 
     walk(root)
     return known
-
-
-def safest_mode(store: DelayedMessageStore, transport: Transport) -> TransactionMode:
-    """Exactly-once where the pair can keep it (one transaction moves a message), else at-least-once."""
-    if isinstance(store, TransactionalStore) and store.shares_transaction_with(transport):
-        return TransactionMode.EXACTLY_ONCE
-    return TransactionMode.AT_LEAST_ONCE
 
 
 def confirm_many(question: str, yes: bool) -> None:

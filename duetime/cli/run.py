@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,6 @@ from duetime.cli.common import (
     app,
     configure_logging,
     open_ready_store,
-    safest_mode,
     transport_url_for,
 )
 from duetime.cli.terminal import EXIT_CRITICAL, console, fail, guarded, say
@@ -216,8 +214,6 @@ def run(
             opened.push_async_callback(_close, s.close)
             t = open_transport(shown)
             opened.push_async_callback(_close, t.close)
-            if mode is None and "DUETIME_TRANSACTION_MODE" not in os.environ:
-                settings = settings.with_changes(transaction_mode=safest_mode(s, t))
             log = await _open_log(delivery_log, opened)
             service = Service(
                 s,
@@ -309,7 +305,7 @@ async def _serve(service: Service, store: str) -> None:
                 service.endpoint,
                 store,
                 service.transport_name,
-                dispatcher.settings.transaction_mode.value,
+                dispatcher.mode.value,
                 door,
             )
         await service.wait()

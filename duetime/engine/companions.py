@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from duetime.engine.summary import LatenessHistogram
     from duetime.errors import CriticalError
     from duetime.interfaces import Clock, DelayedMessageStore, Transport
-    from duetime.settings import DelayedDeliverySettings
+    from duetime.settings import DelayedDeliverySettings, TransactionMode
 
 
 class Running(Protocol):
@@ -47,6 +47,8 @@ class Reported(Running, Protocol):
     """What the heartbeat and the metrics say of a dispatcher: its counts, claims and breakers,
     and its observers, which the metrics join to count events as they happen."""
 
+    @property
+    def mode(self) -> TransactionMode: ...
     @property
     def stats(self) -> DispatchStats: ...
     @property

@@ -66,6 +66,14 @@ SKEW_IGNORED = 0.05
 CriticalErrorCallback = Callable[[CriticalError], Awaitable[None] | None]
 
 
+def safest_mode(store: DelayedMessageStore, transport: Transport) -> TransactionMode:
+    """Exactly-once where the pair can keep it (one transaction moves a message), else at-least-once:
+    the mode of a dispatcher whose settings name none."""
+    if isinstance(store, TransactionalStore) and store.shares_transaction_with(transport):
+        return TransactionMode.EXACTLY_ONCE
+    return TransactionMode.AT_LEAST_ONCE
+
+
 class Dispatcher:
     """Forwards due messages from ``store`` through ``transport``.
 
@@ -87,7 +95,10 @@ class Dispatcher:
         observer: DispatchObserver | None = None,
     ) -> None:
         check_dispatcher_inputs(store, transport)
-        self.settings = s = settings or DelayedDeliverySettings()
+        s = settings or DelayedDeliverySettings()
+        #: The mode in force: the settings', else the safest the pair keeps.
+        self.mode: TransactionMode = s.transaction_mode or safest_mode(store, transport)
+        self.settings = s = s.with_changes(transaction_mode=self.mode)
         self.endpoint = check_name("endpoint", endpoint)
         #: Without a clock of the caller's, the system clock, moved onto the store server's time
         #: where the store has one (measured at start and every SKEW_RECHECK seconds).
@@ -208,7 +219,7 @@ class Dispatcher:
 
     @property
     def exactly_once(self) -> bool:
-        return self.settings.transaction_mode is TransactionMode.EXACTLY_ONCE
+        return self.mode is TransactionMode.EXACTLY_ONCE
 
     async def start(self) -> None:
         """Initialize the store for the endpoint, connect the transport, check the mode."""
@@ -220,11 +231,11 @@ class Dispatcher:
             raise UnsupportedTransactionMode(
                 f"exactly-once needs a transport that shares the store's transaction (e.g. a SQLite "
                 f"store and a SQLite queue on the same file); {type(self.store).__name__} with "
-                f"{type(self.transport).__name__} cannot. Use at-least-once (the default) and "
+                f"{type(self.transport).__name__} cannot. Use at-least-once (what such a pair gets by default) and "
                 "deduplicate by message id at the receiver."
             )
         if not await self.reach_store(
-            lambda: self.store.initialize(self.endpoint, self.settings.transaction_mode), "starting"
+            lambda: self.store.initialize(self.endpoint, self.mode), "starting"
         ):
             return
         await self._align_clock(starting=True)

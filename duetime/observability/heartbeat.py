@@ -26,7 +26,7 @@ class Heartbeat:
         self.dispatcher = dispatcher
         self.interval = interval
         self.info = DispatcherInfo.new(
-            dispatcher.endpoint, dispatcher.settings.transaction_mode.value, transport, dispatcher.clock.now()
+            dispatcher.endpoint, dispatcher.mode.value, transport, dispatcher.clock.now()
         )
         self._failing = False
         self._beaten = False

@@ -146,3 +146,52 @@ async def test_a_delivery_log_that_never_answers_delays_no_delivery_and_no_stop(
         service.stop()
         await asyncio.wait_for(service.wait(), 20)
         assert time.monotonic() - stopping < 10
+
+
+#: (store, transport): a store's own queue shares its transaction; any other transport does not.
+PAIRS = [
+    ("sqlite", "same", "exactly-once"),
+    ("sqlite", "other-file", "at-least-once"),
+    ("postgresql", "same", "exactly-once"),
+    ("postgresql", "redis", "at-least-once"),
+    ("mariadb", "redis", "at-least-once"),
+    ("redis", "redis", "at-least-once"),
+]
+
+
+@pytest.mark.parametrize(("kind", "to", "mode"), PAIRS, ids=[f"{k}-{t}" for k, t, _ in PAIRS])
+async def test_duetime_run_and_a_service_given_one_pair_keep_one_promise(
+    kind: str, to: str, mode: str, tmp_path: Path
+) -> None:
+    """The library decides the mode, not the command line: a Service embedded in a program
+    delivers exactly-once wherever `duetime run` on the same store and transport does."""
+    import uuid
+
+    from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
+    from tests.services import REDIS, delete_redis_keys, require, store_url
+
+    prefix = f"pair-{uuid.uuid4().hex[:8]}:"
+    with store_url(kind, tmp_path) as url:
+        transport_url = {
+            "same": url,
+            "other-file": f"sqlite:///{tmp_path / 'queues.db'}",
+            "redis": f"{REDIS}?prefix={prefix}",
+        }[to]
+        if to == "redis":
+            require(REDIS)
+        try:
+            async with duetime.open_store(url) as store, duetime.open_transport(transport_url) as transport:
+                service = duetime.Service(store, transport, endpoint="pair")
+                assert service.dispatcher.mode.value == mode
+            log = tmp_path / "run.log"
+            run = spawn_run(
+                duetime_cmd("run", "--store", url, "--transport", transport_url, "--endpoint", "pair"), log
+            )
+            try:
+                wait_until_serving(log)
+            finally:
+                run.terminate()
+                run.wait(30)
+            assert f", {mode}; Ctrl-C to stop" in log.read_text()
+        finally:
+            delete_redis_keys(prefix)

@@ -136,7 +136,7 @@ def test_settings_defaults_are_the_seeds() -> None:
     assert s.time_to_trigger_dispatch_circuit_breaker == timedelta(seconds=30)
     assert s.time_to_wait_before_triggering_critical_error_on_timeout_outages == timedelta(minutes=2)
     assert s.maximum_recovery_failures_per_second == 1
-    assert s.transaction_mode is TransactionMode.AT_LEAST_ONCE
+    assert s.transaction_mode is None  # the dispatcher takes the safest its store and transport keep
 
 
 def test_settings_from_env() -> None:

@@ -119,7 +119,7 @@ async def test_heartbeat_records_the_dispatcher_and_says_when_it_stopped() -> No
     rig = await Rig().setup("orders")
     await rig.store.store(rig.message(1, -1))
     await rig.dispatcher.run_burst()
-    await rig.store.initialize("unit", rig.settings.transaction_mode)
+    await rig.store.initialize("unit", rig.dispatcher.mode)
     beat = Heartbeat(rig.dispatcher, "memory://")
     await beat.beat()
     [info] = await rig.store.dispatchers()
@@ -155,7 +155,7 @@ async def test_the_grafana_dashboard_asks_only_for_metrics_duetime_exports() -> 
     await rig.store.store(rig.message(1, -1))
     await rig.dispatcher.run_burst()
     await Heartbeat(rig.dispatcher, "memory://").beat()
-    await rig.store.initialize("unit", rig.settings.transaction_mode)
+    await rig.store.initialize("unit", rig.dispatcher.mode)
     await backlog.refresh()
     names: set[str] = set()
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
