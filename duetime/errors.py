@@ -1,7 +1,34 @@
 """One exception tree for duetime.
 
 Every class's docstring is its default message, so ``raise StoreNotReady()`` already tells the
-user what went wrong and what to do about it.
+user what went wrong and what to do about it. The tree (a test holds it to the classes)::
+
+    DuetimeError
+    ├── InvalidMessage                the message breaks a rule: fix the named field
+    ├── InvalidSchedule               a recurring schedule that cannot be kept as given
+    │   └── ScheduleExists
+    ├── ScheduleNotFound
+    ├── ConfigurationError            cannot work as configured: the message says the fix
+    │   ├── InvalidSetting
+    │   ├── ApiKeyExists
+    │   ├── UnknownScheme
+    │   ├── MissingExtra              install the extra it names
+    │   └── UnsupportedTransactionMode
+    ├── StoreError                    the store did not do what was asked
+    │   ├── StoreNotReady             run `duetime setup`
+    │   ├── StorageFull               free space; nothing was stored
+    │   ├── NotReplicated             send it again with the same id
+    │   ├── DuplicateMessageId        a new id, or say what to do with the stored one
+    │   ├── MessageNotFound
+    │   └── MessageInFlight           being forwarded: look again in a moment
+    ├── TransportError                the transport could not send
+    │   ├── DestinationNotFound       to the error queue: declare the queue
+    │   ├── MessageRefused            never carriable as it is: to the error queue
+    │   └── TransportUnavailable      an outage: the dispatcher waits and reconnects
+    │       └── DestinationUnavailable
+    ├── ConnectionFailed              a server cannot be reached: address, user, password
+    ├── DeadlineExceeded              no answer in time (a partition, an overload)
+    └── CriticalError                 the dispatcher stopped: its supervisor starts it again
 """
 
 from __future__ import annotations
@@ -140,29 +167,33 @@ class UnsupportedTransactionMode(ConfigurationError):
     """The store cannot honour this transaction mode with this transport."""
 
 
-class StoreNotReady(DuetimeError):
+class StoreError(DuetimeError):
+    """The store did not do what was asked: the message says why, and what to do."""
+
+
+class StoreNotReady(StoreError):
     """The store has no schema yet: run `duetime setup` (or `setup_infrastructure()`) first."""
 
 
-class DuplicateMessageId(DuetimeError):
+class DuplicateMessageId(StoreError):
     """A delayed message with this id is already stored; ids are never silently overwritten."""
 
 
-class MessageNotFound(DuetimeError, LookupError):
+class MessageNotFound(StoreError, LookupError):
     """No delayed message with that id is stored."""
 
 
-class DestinationNotFound(DuetimeError):
-    """The destination does not exist; the message goes to the error queue instead."""
-
-
-class StorageFull(DuetimeError):
+class StorageFull(StoreError):
     """The disk or the server holding the store is full: free some space (or raise its memory
     limit); the call that says so stored nothing."""
 
 
 class TransportError(DuetimeError):
     """The transport could not send the message."""
+
+
+class DestinationNotFound(TransportError):
+    """The destination does not exist; the message goes to the error queue instead."""
 
 
 class MessageRefused(TransportError):
@@ -185,7 +216,7 @@ class DestinationUnavailable(TransportUnavailable):
     that destination like any other, and never a sign that the message broke the connection."""
 
 
-class NotReplicated(DuetimeError):
+class NotReplicated(StoreError):
     """The server took a write, but fewer replicas than asked for had it in time: it may be lost if
     that server fails now. Send it again with the same id (a duplicate id then means it is kept)."""
 
@@ -254,7 +285,7 @@ class CriticalError(DuetimeError):
     """duetime hit a failure it cannot recover from by itself; the dispatcher has stopped."""
 
 
-class MessageInFlight(DuetimeError):
+class MessageInFlight(StoreError):
     """The message is being forwarded right now and cannot be changed; look again in a moment."""
 
 

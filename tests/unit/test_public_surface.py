@@ -20,7 +20,7 @@ SURFACE = {
     "Transport", "TransportError", "TransportUnavailable", "UnknownScheme",
     "UnsupportedTransactionMode", "new_message_id", "open_store", "open_sync_store",
     "open_transport", "send_delayed", "connect", "connect_sync",
-    "InvalidSchedule", "ScheduleExists", "ScheduleNotFound", "Service", "IfExists", "Put",
+    "InvalidSchedule", "ScheduleExists", "ScheduleNotFound", "Service", "IfExists", "Put", "StoreError",
 }  # fmt: skip
 
 
