@@ -39,7 +39,7 @@ from duetime.message import (
 )
 from duetime.recurring.rules import Recurrence
 from duetime.recurring.schedule import Schedule, changed, new_schedule
-from duetime.settings import TransactionMode
+from duetime.settings import DEFAULT_ENDPOINT, TransactionMode
 
 
 def build_message(
@@ -153,7 +153,7 @@ class DelayedMessageClient(AsyncClosing):
     get a ready one from :func:`duetime.connect`. ``async with`` closes its store."""
 
     def __init__(
-        self, store: DelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
+        self, store: DelayedMessageStore, *, endpoint: str = DEFAULT_ENDPOINT, clock: Clock | None = None
     ) -> None:
         require(
             store,
@@ -326,7 +326,7 @@ class SyncDelayedMessageClient(Closing):
     ``with`` closes its store."""
 
     def __init__(
-        self, store: SyncDelayedMessageStore, *, endpoint: str = "duetime", clock: Clock | None = None
+        self, store: SyncDelayedMessageStore, *, endpoint: str = DEFAULT_ENDPOINT, clock: Clock | None = None
     ) -> None:
         require(
             store,

@@ -15,6 +15,7 @@ from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme, comm
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, remember
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
+from duetime.settings import DEFAULT_ENDPOINT
 
 #: scheme -> (async store, sync store)
 STORES: dict[str, tuple[str, str]] = {
@@ -221,7 +222,7 @@ class _NotAClient(ConfigurationError, AttributeError):
     """A one-line duetime error that is also the AttributeError Python expects there."""
 
 
-def connect(url: str | None = None, *, endpoint: str = "duetime", setup: bool = True) -> _Connecting:
+def connect(url: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, setup: bool = True) -> _Connecting:
     """A ready async client for the store at ``url`` (default: ``DUETIME_STORE``, else the embedded
     SQLite file ``duetime.db``), in one step: the store is opened, set up if needed (idempotent; ``setup=False``
     to require an existing one) and initialized for ``endpoint``::
@@ -235,7 +236,7 @@ def connect(url: str | None = None, *, endpoint: str = "duetime", setup: bool = 
 
 
 def connect_sync(
-    url: str | None = None, *, endpoint: str = "duetime", setup: bool = True
+    url: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, setup: bool = True
 ) -> SyncDelayedMessageClient:
     """:func:`connect` for blocking code: ``with duetime.connect_sync(url, endpoint="shop") as client:``."""
     store = open_sync_store(store_url(url))

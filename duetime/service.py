@@ -35,7 +35,7 @@ from duetime.inputs.urls import redact
 from duetime.interfaces import DelayedMessageStore, DeliveryLog, ReceivingTransport, Transport
 from duetime.nservicebus.frontdoor import FrontDoor, front_door_queue
 from duetime.observability.heartbeat import Heartbeat
-from duetime.settings import DelayedDeliverySettings
+from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings
 
 log = logging.getLogger("duetime")
 
@@ -53,7 +53,7 @@ class Service:
         transport: Transport,
         settings: DelayedDeliverySettings | None = None,
         *,
-        endpoint: str = "duetime",
+        endpoint: str = DEFAULT_ENDPOINT,
         front_door: bool = False,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",

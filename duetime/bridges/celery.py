@@ -34,6 +34,7 @@ from duetime.bridges.store import ProcessClient, as_timedelta, put_recurring
 from duetime.errors import ConfigurationError
 from duetime.message import Delay
 from duetime.recurring import Recurrence, Schedule
+from duetime.settings import DEFAULT_ENDPOINT
 
 #: ``Producer.publish`` arguments that say how to publish, not what: not kept.
 _HOW = ("retry", "retry_policy", "timeout", "confirm_timeout", "mandatory", "immediate")
@@ -132,7 +133,7 @@ class CeleryBridge:
     """Stores the app's delayed tasks in duetime; see the module's documentation."""
 
     def __init__(
-        self, app: Any, store: str | None = None, *, endpoint: str = "duetime", min_delay: Delay = 0
+        self, app: Any, store: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, min_delay: Delay = 0
     ) -> None:
         if not (hasattr(app, "amqp") and hasattr(app, "control")):
             raise ConfigurationError(
@@ -229,7 +230,7 @@ class CeleryBridge:
 
 
 def install(
-    app: Any, store: str | None = None, *, endpoint: str = "duetime", min_delay: Delay = 0
+    app: Any, store: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, min_delay: Delay = 0
 ) -> CeleryBridge:
     """Keep ``app``'s tasks sent with a countdown or eta (longer than ``min_delay``) in the duetime
     store at ``store`` (default: ``DUETIME_STORE``, else ``sqlite:///duetime.db``)."""

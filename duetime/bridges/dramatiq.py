@@ -33,6 +33,7 @@ from duetime.bridges.store import ProcessClient, as_timedelta, put_recurring
 from duetime.errors import ConfigurationError
 from duetime.message import Delay
 from duetime.recurring import Recurrence, Schedule
+from duetime.settings import DEFAULT_ENDPOINT
 
 ACTOR_HEADER = "dramatiq-actor"
 #: Options that belong to one trip through a broker, not to the message.
@@ -60,7 +61,12 @@ class DramatiqBridge:
     """Stores the broker's delayed messages in duetime; see the module's documentation."""
 
     def __init__(
-        self, broker: Broker, store: str | None = None, *, endpoint: str = "duetime", min_delay: Delay = 0
+        self,
+        broker: Broker,
+        store: str | None = None,
+        *,
+        endpoint: str = DEFAULT_ENDPOINT,
+        min_delay: Delay = 0,
     ) -> None:
         if not isinstance(broker, Broker):
             raise ConfigurationError(
@@ -132,7 +138,7 @@ class DramatiqBridge:
 
 
 def install(
-    broker: Broker, store: str | None = None, *, endpoint: str = "duetime", min_delay: Delay = 0
+    broker: Broker, store: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, min_delay: Delay = 0
 ) -> DramatiqBridge:
     """Keep ``broker``'s messages sent with a delay or eta (longer than ``min_delay``) in the
     duetime store at ``store`` (default: ``DUETIME_STORE``, else ``sqlite:///duetime.db``)."""

@@ -27,6 +27,7 @@ from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
 from duetime.interfaces import DelayedMessageStore
 from duetime.observability.logs import LogFormat
+from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
 
 log = logging.getLogger("duetime.dashboard")
 
@@ -41,9 +42,9 @@ def dashboard(
         typer.Option(
             "--endpoint", envvar="DUETIME_ENDPOINT", help="Endpoint to show; repeat it to show several."
         ),
-    ] = ["duetime"],  # noqa: B006
+    ] = [DEFAULT_ENDPOINT],  # noqa: B006
     transport: TransportOpt = None,
-    error_queue: ErrorQueueOpt = "error",
+    error_queue: ErrorQueueOpt = DEFAULT_ERROR_QUEUE,
     host: Annotated[
         str,
         typer.Option(

@@ -38,6 +38,7 @@ from duetime.operations.retry_or_discard import (
     send_back,
     take,
 )
+from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
 
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Ids of messages in the error queue.")]
 AllOpt = Annotated[bool, typer.Option("--all", help="Every message in the error queue (see --destination).")]
@@ -93,9 +94,9 @@ def errors_list(
         bool, typer.Option("--json", help="One JSON object per line, headers included.")
     ] = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
-    error_queue: ErrorQueueOpt = "error",
+    error_queue: ErrorQueueOpt = DEFAULT_ERROR_QUEUE,
 ) -> None:
     """What is in the error queue for this endpoint, and why each message is there (oldest first).
 
@@ -157,9 +158,9 @@ def errors_retry(
     in_: Annotated[str, typer.Option("--in", help="When to try again: 0 (now), 10m, 1h, ...")] = "0",
     yes: YesOpt = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
-    error_queue: ErrorQueueOpt = "error",
+    error_queue: ErrorQueueOpt = DEFAULT_ERROR_QUEUE,
 ) -> None:
     """Send messages from the error queue back into the store for another try.
 
@@ -208,9 +209,9 @@ def errors_discard(
     destination: ForOpt = None,
     yes: YesOpt = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
-    error_queue: ErrorQueueOpt = "error",
+    error_queue: ErrorQueueOpt = DEFAULT_ERROR_QUEUE,
 ) -> None:
     """Remove this endpoint's messages from the error queue for good (asks first; --yes does not)."""
 

@@ -58,7 +58,7 @@ from duetime.message import DelayedMessage
 from duetime.nservicebus.frontdoor import front_door_queue
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths, without_queue
 from duetime.registry import check_store_exists, open_store, open_transport
-from duetime.settings import DelayedDeliverySettings
+from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings
 
 
 @app.command()
@@ -82,7 +82,7 @@ def schedule(
         ),
     ] = IfExists.REFUSE,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
 ) -> None:
     """Schedule one delayed message; prints its id.
@@ -132,7 +132,7 @@ def load(
         typer.Argument(help="JSON Lines, one message per line (see below).", exists=True, dir_okay=False),
     ],
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     chunk: Annotated[int, typer.Option(help="Messages per store_many call (COPY on PostgreSQL).")] = 50_000,
     skip_duplicates: Annotated[bool, typer.Option(help="Skip ids already stored (resume a load).")] = False,
     transport: TransportOpt = None,
@@ -228,7 +228,7 @@ def send_delayed_command(
             "--transport", envvar="DUETIME_TRANSPORT", help="The broker, e.g. amqp://guest:guest@localhost/."
         ),
     ] = "",
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Send a delayed message through the broker to <endpoint>.Timeouts (the front door).
 
@@ -311,7 +311,7 @@ def list_(
     every: Annotated[bool, typer.Option("--all", help="Every page, to the end (see --json).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line, as read.")] = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """List stored messages, soonest due first, a page at a time.
 
@@ -368,7 +368,7 @@ def show(
     message_id: Annotated[str, typer.Argument(help="The message id.")],
     as_json: Annotated[bool, typer.Option("--json", help="One line of JSON, for scripts.")] = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Show one stored message in full (body as text where it is text, else as hex)."""
 
@@ -424,7 +424,7 @@ def cancel(
     ] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Cancel a stored message so it is never delivered, or every one for a destination or group.
 
@@ -547,7 +547,7 @@ def reschedule(
     in_: Annotated[str | None, typer.Option("--in", help="New delay from now: 10m, 1h, ...")] = None,
     at: Annotated[str | None, typer.Option("--at", help="New due time, ISO 8601 with offset.")] = None,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Move a stored message's due time."""
     due = due_from_options(in_, at)
@@ -567,7 +567,7 @@ def reschedule(
 @app.command()
 def stats(
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:

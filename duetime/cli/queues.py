@@ -24,6 +24,7 @@ from duetime.errors import ConfigurationError, DestinationNotFound
 from duetime.inputs.urls import redact
 from duetime.interfaces import InspectableQueue, ReceivedMessage, ReceivingTransport
 from duetime.registry import open_transport
+from duetime.settings import DEFAULT_ENDPOINT
 
 
 @queues_app.command("declare")
@@ -31,7 +32,7 @@ def queues_declare(
     names: Annotated[list[str], typer.Argument(help="Queue names.")],
     store: StoreOpt = DEFAULT_STORE,
     transport: TransportOpt = None,
-    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; queues are shared by endpoints
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,  # accepted like everywhere; queues are shared by endpoints
 ) -> None:
     """Declare queues, so messages for them are delivered (not sent to the error queue)."""
 
@@ -82,7 +83,7 @@ def queues_receive(
     ] = False,
     store: StoreOpt = DEFAULT_STORE,
     transport: TransportOpt = None,
-    endpoint: EndpointOpt = "duetime",  # accepted like everywhere; queues are shared by endpoints
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,  # accepted like everywhere; queues are shared by endpoints
 ) -> None:
     """Consume messages from a queue: print each as a JSON line, then acknowledge it.
 

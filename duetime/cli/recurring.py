@@ -35,6 +35,7 @@ from duetime.inputs.durations import parse_time
 from duetime.interfaces import RecurringStore, ServerClock
 from duetime.recurring.rules import Recurrence, recurrence_changed
 from duetime.recurring.schedule import Schedule, changed, new_schedule, schedule_json
+from duetime.settings import DEFAULT_ENDPOINT
 
 T = TypeVar("T")
 
@@ -183,7 +184,7 @@ def add(
         bool, typer.Option("--paused", help="Keep it, but send nothing until resumed.")
     ] = False,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
 ) -> None:
     """Add a recurring message.
@@ -215,7 +216,7 @@ LIST_PAGE = 500
 
 @recurring_app.command("list")
 def list_(
-    store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime", as_json: JsonOpt = False
+    store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT, as_json: JsonOpt = False
 ) -> None:
     """Every schedule: when, its state, the next tick, ticks sent and missed.
 
@@ -268,7 +269,9 @@ def _page_table(rows: list[dict[str, Any]]) -> Any:
 
 
 @recurring_app.command("show")
-def show_(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+def show_(
+    schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
+) -> None:
     """One schedule, whole, as JSON."""
     s, now = _store_read(store, endpoint, lambda st: st.get_schedule(schedule_id))
     print(json.dumps(_row(s, now), indent=2))
@@ -279,7 +282,7 @@ def next_(
     schedule_id: IdArg,
     count: Annotated[int, typer.Option("--count", "-n", min=1, max=1000, help="How many.")] = 10,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """The next planned tick times, in UTC and in the schedule's zone."""
     s, now = _store_read(store, endpoint, lambda st: st.get_schedule(schedule_id))
@@ -303,7 +306,7 @@ def change(
     catch_up: CatchUpOpt = None,
     catch_up_window: WindowOpt = None,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Change a schedule; it takes effect from its next tick (what is not given stays)."""
     if destination is not None:
@@ -321,19 +324,25 @@ def change(
 
 
 @recurring_app.command()
-def pause(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+def pause(
+    schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
+) -> None:
     """Send no tick until resumed (stored ticks not being delivered are removed)."""
     _said(_store_call(store, endpoint, lambda s: s.pause_schedule(schedule_id)), "paused")
 
 
 @recurring_app.command()
-def resume(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+def resume(
+    schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
+) -> None:
     """Tick again from the next planned time (the ticks of the pause are not sent)."""
     _said(_store_call(store, endpoint, lambda s: s.resume_schedule(schedule_id)), "resumed")
 
 
 @recurring_app.command()
-def trigger(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+def trigger(
+    schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
+) -> None:
     """Send one tick now, beside the planned ones; prints its message id."""
     tick = _store_call(store, endpoint, lambda s: s.trigger_schedule(schedule_id))
     print(tick.message_id)
@@ -345,7 +354,7 @@ def backfill(
     start: Annotated[str, typer.Argument(help="From (ISO 8601 with offset).")],
     end: Annotated[str, typer.Argument(help="To (ISO 8601 with offset), now at the latest.")],
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Send now the ticks planned between two past times (a tick still stored is not doubled)."""
     begin, finish = parse_time(start), parse_time(end)
@@ -354,7 +363,9 @@ def backfill(
 
 
 @recurring_app.command()
-def remove(schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = "duetime") -> None:
+def remove(
+    schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
+) -> None:
     """Forget a schedule and its stored ticks (one being delivered right now still goes)."""
     removed = _store_call(store, endpoint, lambda s: s.remove_schedule(schedule_id))
     console.print(f"removed {schedule_id} and {removed:,} stored tick(s)")

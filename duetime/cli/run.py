@@ -38,13 +38,19 @@ from duetime.observability.deliverylog import SqlDeliveryLog, open_delivery_log
 from duetime.observability.logs import LogFormat
 from duetime.registry import has_default_transport, open_store, open_transport
 from duetime.service import Service
-from duetime.settings import DelayedDeliverySettings, TransactionMode, setting_value
+from duetime.settings import (
+    DEFAULT_ENDPOINT,
+    DEFAULT_ERROR_QUEUE,
+    DelayedDeliverySettings,
+    TransactionMode,
+    setting_value,
+)
 
 
 @app.command()
 def setup(
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     queue: Annotated[
         list[str],
         typer.Option(
@@ -180,14 +186,14 @@ ReadyAfterOpt = Annotated[
 @app.command()
 def run(
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
     mode: ModeOpt = None,
     burst: BurstOpt = False,
     retries: RetriesOpt = None,
     batch_size: BatchSizeOpt = None,
     lateness_budget: LatenessBudgetOpt = None,
-    error_queue: ErrorQueueOpt = "error",
+    error_queue: ErrorQueueOpt = DEFAULT_ERROR_QUEUE,
     front_door: FrontDoorOpt = False,
     auto_setup: SetupOpt = True,
     delivery_log: DeliveryLogOpt = None,
@@ -377,7 +383,7 @@ async def _close(close: Callable[[], Awaitable[None]]) -> None:
 )
 def check(
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds each side may take to answer.")] = 10.0,
 ) -> None:

@@ -32,6 +32,7 @@ from duetime.inputs.urls import redact
 from duetime.interfaces import ApiKeyStore
 from duetime.observability.logs import LogFormat
 from duetime.registry import check_store_exists
+from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
 
 log = logging.getLogger("duetime.api")
 T = TypeVar("T")
@@ -46,9 +47,9 @@ app.add_typer(keys_app, name="api-keys")
 @app.command(short_help="Serve the HTTP API: schedule, look up and cancel messages from any language.")
 def serve(
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
-    error_queue: ErrorQueueOpt = "error",
+    error_queue: ErrorQueueOpt = DEFAULT_ERROR_QUEUE,
     host: Annotated[
         str,
         typer.Option(
@@ -209,7 +210,7 @@ def keys_create(
         float, typer.Option("--rate", help="Requests a second it may make (more answer 429).")
     ] = 100.0,
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Make an API key; its secret is printed once, as the last line, and kept nowhere.
 
@@ -233,7 +234,7 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
     """Every key: its name, scopes, rate, the secret's first characters, made and revoked when."""
@@ -271,7 +272,7 @@ def keys_list(
 def keys_revoke(
     name: Annotated[str, typer.Argument(help="The key's name.")],
     store: StoreOpt = DEFAULT_STORE,
-    endpoint: EndpointOpt = "duetime",
+    endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Refuse a key from now on (every server of the store refuses it within 2 seconds)."""
     if not _with_keys(store, endpoint, lambda s: s.revoke_api_key(name, SYSTEM.now())):

@@ -83,6 +83,7 @@ from duetime.operations.retry_or_discard import (
     take,
 )
 from duetime.recurring.schedule import group_of
+from duetime.settings import DEFAULT_ERROR_QUEUE
 
 try:
     from starlette.applications import Starlette
@@ -130,7 +131,7 @@ class Dashboard:
     store_url: str
     stores: dict[str, DelayedMessageStore]
     transport_url: str
-    error_queue: str = "error"
+    error_queue: str = DEFAULT_ERROR_QUEUE
     read_only: bool = False
     credentials: Credentials | None = None
     #: Show message bodies and headers although no password is set (anyone who reaches the port

@@ -52,7 +52,7 @@ from duetime.interfaces import (
     Transport,
     require,
 )
-from duetime.settings import DelayedDeliverySettings, TransactionMode
+from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings, TransactionMode
 
 log = logging.getLogger("duetime.dispatcher")
 
@@ -88,7 +88,7 @@ class Dispatcher:
         transport: Transport,
         settings: DelayedDeliverySettings | None = None,
         *,
-        endpoint: str = "duetime",
+        endpoint: str = DEFAULT_ENDPOINT,
         clock: Clock | None = None,
         on_critical_error: CriticalErrorCallback | None = None,
         delivery_log: DeliveryLog | None = None,
@@ -234,9 +234,7 @@ class Dispatcher:
                 f"{type(self.transport).__name__} cannot. Use at-least-once (what such a pair gets by default) and "
                 "deduplicate by message id at the receiver."
             )
-        if not await self.reach_store(
-            lambda: self.store.initialize(self.endpoint, self.mode), "starting"
-        ):
+        if not await self.reach_store(lambda: self.store.initialize(self.endpoint, self.mode), "starting"):
             return
         await self._align_clock(starting=True)
         await self._connect()
