@@ -682,6 +682,14 @@ class ChecksKeeping(Protocol):
 
 
 @runtime_checkable
+class Located(Protocol):
+    """A transport or store that says where it is: its URL (shown with its secrets hidden)."""
+
+    @property
+    def url(self) -> str: ...
+
+
+@runtime_checkable
 class ServerClock(Protocol):
     """A store whose server keeps its own time (PostgreSQL, MariaDB, Redis)."""
 

@@ -32,7 +32,7 @@ from duetime.engine.dispatcher import Dispatcher, check_dispatcher_inputs
 from duetime.engine.sinks import DispatchStats
 from duetime.errors import ConfigurationError
 from duetime.inputs.urls import redact
-from duetime.interfaces import DelayedMessageStore, DeliveryLog, ReceivingTransport, Transport
+from duetime.interfaces import DelayedMessageStore, DeliveryLog, Located, ReceivingTransport, Transport
 from duetime.nservicebus.frontdoor import FrontDoor, front_door_queue
 from duetime.observability.heartbeat import Heartbeat
 from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings
@@ -64,7 +64,7 @@ class Service:
     ) -> None:
         check_dispatcher_inputs(store, transport)
         self.transport_name = transport_name or redact(
-            str(getattr(transport, "url", type(transport).__name__))
+            transport.url if isinstance(transport, Located) else type(transport).__name__
         )
         if front_door and not isinstance(transport, ReceivingTransport):
             raise ConfigurationError(
