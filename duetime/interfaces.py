@@ -686,7 +686,9 @@ class Located(Protocol):
     """A transport or store that says where it is: its URL (shown with its secrets hidden)."""
 
     @property
-    def url(self) -> str: ...
+    def url(self) -> str:
+        """The URL it was opened with (its password shown only through ``redact``)."""
+        ...
 
 
 @runtime_checkable

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
 from collections.abc import Generator
 from datetime import timedelta
 from typing import Any, cast
@@ -15,7 +14,7 @@ from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme, comm
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, remember
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
-from duetime.settings import DEFAULT_ENDPOINT
+from duetime.settings import DEFAULT_ENDPOINT, STORE_VARIABLE, variable
 
 #: scheme -> (async store, sync store)
 STORES: dict[str, tuple[str, str]] = {
@@ -112,7 +111,7 @@ DEFAULT_STORE_URL = "sqlite:///duetime.db"
 def store_url(url: str | None) -> str:
     """``url``, else ``DUETIME_STORE`` from the environment (as the command line reads it), else
     the embedded default."""
-    return url or os.environ.get("DUETIME_STORE") or DEFAULT_STORE_URL
+    return url or variable(STORE_VARIABLE) or DEFAULT_STORE_URL
 
 
 def check_store_url(url: str) -> str:

@@ -1,4 +1,6 @@
-"""Delayed-delivery settings, with NServiceBus's names and defaults."""
+"""Delayed-delivery settings, with NServiceBus's names and defaults, and every ``DUETIME_*``
+environment variable: the dispatcher's settings are read by :meth:`DelayedDeliverySettings.from_env`
+(each field's name is its variable's), the rest are named once here and read by :func:`variable`."""
 
 from __future__ import annotations
 
@@ -24,6 +26,57 @@ class TransactionMode(enum.StrEnum):
 
     AT_LEAST_ONCE = "at-least-once"
     EXACTLY_ONCE = "exactly-once"
+
+
+#: Every variable's prefix: the settings' are it and the field's name in capitals.
+PREFIX = "DUETIME_"
+
+# The variables outside the dispatcher's settings, each named once (the commands' options take
+# theirs from here; the settings reference lists every one).
+#: Where delayed messages are kept.
+STORE_VARIABLE = "DUETIME_STORE"
+#: Where due messages go.
+TRANSPORT_VARIABLE = "DUETIME_TRANSPORT"
+#: The endpoint.
+ENDPOINT_VARIABLE = "DUETIME_ENDPOINT"
+#: The error queue of the commands that read or write it (the dispatcher's setting has the same name).
+ERROR_QUEUE_VARIABLE = "DUETIME_ERROR_QUEUE"
+#: The RabbitMQ of the `rabbitmq` commands, after DUETIME_TRANSPORT.
+RABBITMQ_VARIABLE = "DUETIME_RABBITMQ"
+#: text or json logs.
+LOG_FORMAT_VARIABLE = "DUETIME_LOG_FORMAT"
+#: Tracebacks and the drivers' own logs, for a bug report.
+DEBUG_VARIABLE = "DUETIME_DEBUG"
+#: Spark's own logs, for a bulk job that fails inside Spark.
+SPARK_LOGS_VARIABLE = "DUETIME_SPARK_LOGS"
+#: `duetime run`'s front door, delivery log, metrics and readiness.
+FRONT_DOOR_VARIABLE = "DUETIME_FRONT_DOOR"
+DELIVERY_LOG_VARIABLE = "DUETIME_DELIVERY_LOG"
+METRICS_PORT_VARIABLE = "DUETIME_METRICS_PORT"
+METRICS_HOST_VARIABLE = "DUETIME_METRICS_HOST"
+READY_AFTER_VARIABLE = "DUETIME_READY_AFTER"
+#: The dashboard's address, its login and what signs its forms (the last two are secrets: never shown).
+DASHBOARD_HOST_VARIABLE = "DUETIME_DASHBOARD_HOST"
+DASHBOARD_PORT_VARIABLE = "DUETIME_DASHBOARD_PORT"
+DASHBOARD_USER_VARIABLE = "DUETIME_DASHBOARD_USER"
+DASHBOARD_PASSWORD_VARIABLE = "DUETIME_DASHBOARD_PASSWORD"
+DASHBOARD_SECRET_VARIABLE = "DUETIME_DASHBOARD_SECRET"
+#: The variables whose values are secrets: never printed, kept out of every line shown.
+SECRET_VARIABLES = (DASHBOARD_PASSWORD_VARIABLE, DASHBOARD_SECRET_VARIABLE)
+#: The variables read outside the commands' own options and the dispatcher's settings.
+OTHER_VARIABLES = (
+    DEBUG_VARIABLE,
+    SPARK_LOGS_VARIABLE,
+    DASHBOARD_USER_VARIABLE,
+    DASHBOARD_PASSWORD_VARIABLE,
+    DASHBOARD_SECRET_VARIABLE,
+)
+
+
+def variable(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of the ``DUETIME_*`` variable ``name`` (one of this module's), None when unset
+    or empty: the one place duetime reads its environment."""
+    return (os.environ if environ is None else environ).get(name) or None
 
 
 #: The endpoint every command, client and server uses unless told another.
@@ -135,7 +188,7 @@ class DelayedDeliverySettings:
 
     @classmethod
     def from_env(
-        cls, prefix: str = "DUETIME_", environ: Mapping[str, str] | None = None
+        cls, prefix: str = PREFIX, environ: Mapping[str, str] | None = None
     ) -> DelayedDeliverySettings:
         """Read ``DUETIME_NUMBER_OF_RETRIES=7`` etc.; durations as the CLI takes them (90, 1.5s, 10m)."""
         env = os.environ if environ is None else environ
@@ -190,7 +243,7 @@ def _said(span: timedelta) -> str:
     return f"{seconds:g} s" if seconds >= 1 else f"{seconds * 1000:g} ms"
 
 
-def misspelt(environ: Mapping[str, str], known: set[str], prefix: str = "DUETIME_") -> list[str]:
+def misspelt(environ: Mapping[str, str], known: set[str], prefix: str = PREFIX) -> list[str]:
     """A line for each ``DUETIME_*`` variable that is not one duetime reads but is spelt much like
     one (``NUMBER_OF_RETRY`` for ``NUMBER_OF_RETRIES``): it would be ignored, silently, though meant."""
     import difflib
@@ -205,6 +258,6 @@ def misspelt(environ: Mapping[str, str], known: set[str], prefix: str = "DUETIME
     return said
 
 
-def setting_variables(prefix: str = "DUETIME_") -> set[str]:
+def setting_variables(prefix: str = PREFIX) -> set[str]:
     """The variables :meth:`DelayedDeliverySettings.from_env` reads."""
     return {prefix + item.name.upper() for item in fields(DelayedDeliverySettings)}

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from duetime.errors import ConfigurationError, MissingExtra
+from duetime.settings import SPARK_LOGS_VARIABLE, variable
 
 DEFAULT_MASTER = "local[*]"
 #: Set (to anything) to see Spark's own console output; it goes to a log file otherwise.
-SPARK_LOGS = "DUETIME_SPARK_LOGS"
 #: What duetime prefers where nobody said otherwise (``--conf``, spark-submit, spark-defaults.conf).
 DEFAULTS = {
     "spark.ui.enabled": "false",
@@ -65,7 +65,7 @@ def spark_session(
         builder = builder.config(key, value)
     log = None
     try:
-        if not submitted and not os.environ.get(SPARK_LOGS) and not _gateway_running():
+        if not submitted and not variable(SPARK_LOGS_VARIABLE) and not _gateway_running():
             log = os.path.join(tempfile.gettempdir(), f"duetime-spark-{os.getpid()}.log")
             _start_quietly(settings, log)
         session = builder.getOrCreate()

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Any, TextIO, cast
 
@@ -19,6 +18,7 @@ from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError, MissingExtra, not_permitted
 from duetime.inputs.urls import remember, remember_secret, scrub
 from duetime.observability.logs import quiet_drivers
+from duetime.settings import DEBUG_VARIABLE, SECRET_VARIABLES, variable
 
 for _group in (
     "run",
@@ -73,25 +73,24 @@ class _Scrubbing:
 
 
 #: Variables whose whole value is a secret (the dashboard's password and signing key).
-SECRET_VARIABLES = ("DUETIME_DASHBOARD_PASSWORD", "DUETIME_DASHBOARD_SECRET")
 
 
 def _guard_secrets() -> None:
     """Remember the secrets of every URL the command was given (its arguments and the settings it
     reads from the environment) and the secrets given on their own, and print only through the
     scrubber."""
-    settings = [os.environ.get(name, "") for name in SETTING_VARIABLES.values()]
+    settings = [variable(name) or "" for name in SETTING_VARIABLES.values()]
     for value in [*sys.argv[1:], *settings]:
         remember(value.partition("=")[2] if value.startswith("--") else value)
     for name in SECRET_VARIABLES:
-        remember_secret(os.environ.get(name, ""))
+        remember_secret(variable(name) or "")
     sys.stdout = cast(TextIO, _Scrubbing(sys.stdout))
     sys.stderr = cast(TextIO, _Scrubbing(sys.stderr))
 
 
 def _main() -> None:
     _guard_secrets()
-    quiet_drivers(verbose=bool(os.environ.get("DUETIME_DEBUG")))
+    quiet_drivers(verbose=bool(variable(DEBUG_VARIABLE)))
     split = split_duration_in(sys.argv[1:])
     if split:  # a usage error, said before the parser calls the unit an unexpected argument
         fail(split)
@@ -126,7 +125,7 @@ def _command() -> str:
 
 def _internal_error(error: Exception) -> None:
     """A bug of ours: still one line, the traceback only on request."""
-    if os.environ.get("DUETIME_DEBUG"):
+    if variable(DEBUG_VARIABLE):
         raise error
     fail(
         f"internal error ({type(error).__name__}: {error}); this is a duetime bug, please report it "

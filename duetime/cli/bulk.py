@@ -28,6 +28,7 @@ from duetime.errors import ConfigurationError, DuetimeError
 from duetime.inputs.durations import parse_time, readable_duration
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
+from duetime.settings import STORE_VARIABLE
 
 bulk_app = typer.Typer(
     help=(
@@ -518,7 +519,7 @@ def import_(
 def report(
     store: Annotated[
         str,
-        typer.Option("--store", envvar="DUETIME_STORE", help="The duetime store whose backlog to report."),
+        typer.Option("--store", envvar=STORE_VARIABLE, help="The duetime store whose backlog to report."),
     ],
     endpoint: EndpointOpt = None,
     delivery_log: Annotated[

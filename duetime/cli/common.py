@@ -33,7 +33,18 @@ from duetime.registry import (
     open_store,
     open_transport,
 )
-from duetime.settings import DelayedDeliverySettings, TransactionMode, misspelt, setting_variables
+from duetime.settings import (
+    ENDPOINT_VARIABLE,
+    ERROR_QUEUE_VARIABLE,
+    OTHER_VARIABLES,
+    PREFIX,
+    STORE_VARIABLE,
+    TRANSPORT_VARIABLE,
+    DelayedDeliverySettings,
+    TransactionMode,
+    misspelt,
+    setting_variables,
+)
 
 T = TypeVar("T")
 DEFAULT_STORE = DEFAULT_STORE_URL
@@ -58,13 +69,13 @@ app.add_typer(queues_app, name="queues")
 StoreOpt = Annotated[
     str,
     typer.Option(
-        "--store", envvar="DUETIME_STORE", help="Where delayed messages are kept, e.g. sqlite:///duetime.db."
+        "--store", envvar=STORE_VARIABLE, help="Where delayed messages are kept, e.g. sqlite:///duetime.db."
     ),
 ]
 EndpointOpt = Annotated[
     str,
     typer.Option(
-        "--endpoint", envvar="DUETIME_ENDPOINT", help="The endpoint; its table is <endpoint>.delayed."
+        "--endpoint", envvar=ENDPOINT_VARIABLE, help="The endpoint; its table is <endpoint>.delayed."
     ),
 ]
 
@@ -82,7 +93,7 @@ ErrorQueueOpt = Annotated[
     str,
     typer.Option(
         "--error-queue",
-        envvar="DUETIME_ERROR_QUEUE",
+        envvar=ERROR_QUEUE_VARIABLE,
         callback=_queue_name,
         help="The error queue's name (the dispatchers' --error-queue).",
     ),
@@ -90,10 +101,10 @@ ErrorQueueOpt = Annotated[
 #: The flags whose value may come from the environment, and the variable each reads: every command
 #: that takes one of them reads it the same way (a test walks every command).
 SETTING_VARIABLES = {
-    "--store": "DUETIME_STORE",
-    "--transport": "DUETIME_TRANSPORT",
-    "--endpoint": "DUETIME_ENDPOINT",
-    "--error-queue": "DUETIME_ERROR_QUEUE",
+    "--store": STORE_VARIABLE,
+    "--transport": TRANSPORT_VARIABLE,
+    "--endpoint": ENDPOINT_VARIABLE,
+    "--error-queue": ERROR_QUEUE_VARIABLE,
 }
 InOpt = Annotated[str | None, typer.Option("--in", help="Delay: 90, 1.5s, 10m, 1h30m, 2d.")]
 AtOpt = Annotated[str | None, typer.Option("--at", help="Due time, ISO 8601 with offset.")]
@@ -109,7 +120,7 @@ TransportOpt = Annotated[
     str | None,
     typer.Option(
         "--transport",
-        envvar="DUETIME_TRANSPORT",
+        envvar=TRANSPORT_VARIABLE,
         help="Where due messages go. Default: the queue tables in the store's own database (SQLite, PostgreSQL).",
     ),
 ]
@@ -241,7 +252,7 @@ def _main(
 ) -> None:
     """duetime keeps delayed messages in a durable store and forwards each to its destination when
     it is due."""
-    if any(name.startswith("DUETIME_") for name in os.environ):
+    if any(name.startswith(PREFIX) for name in os.environ):
         for line in misspelt(os.environ, known_variables(ctx.command)):
             say("warning:", "yellow", line, to=err)
     # Given before the command (`duetime --store URL list`): its variable, which the command's own
@@ -270,16 +281,6 @@ def tidy_flags(command: Any) -> Any:
     for sub in getattr(command, "commands", {}).values():
         tidy_flags(sub)
     return command
-
-
-#: Variables read outside the commands' own options and the dispatcher's settings.
-OTHER_VARIABLES = (
-    "DUETIME_DEBUG",
-    "DUETIME_SPARK_LOGS",
-    "DUETIME_DASHBOARD_USER",
-    "DUETIME_DASHBOARD_PASSWORD",
-    "DUETIME_DASHBOARD_SECRET",
-)
 
 
 def known_variables(root: Any) -> set[str]:

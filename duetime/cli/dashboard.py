@@ -27,7 +27,14 @@ from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
 from duetime.interfaces import DelayedMessageStore
 from duetime.observability.logs import LogFormat
-from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
+from duetime.settings import (
+    DASHBOARD_HOST_VARIABLE,
+    DASHBOARD_PORT_VARIABLE,
+    DEFAULT_ENDPOINT,
+    DEFAULT_ERROR_QUEUE,
+    ENDPOINT_VARIABLE,
+    LOG_FORMAT_VARIABLE,
+)
 
 log = logging.getLogger("duetime.dashboard")
 
@@ -40,7 +47,7 @@ def dashboard(
     endpoint: Annotated[
         list[str],
         typer.Option(
-            "--endpoint", envvar="DUETIME_ENDPOINT", help="Endpoint to show; repeat it to show several."
+            "--endpoint", envvar=ENDPOINT_VARIABLE, help="Endpoint to show; repeat it to show several."
         ),
     ] = [DEFAULT_ENDPOINT],  # noqa: B006
     transport: TransportOpt = None,
@@ -48,13 +55,13 @@ def dashboard(
     host: Annotated[
         str,
         typer.Option(
-            envvar="DUETIME_DASHBOARD_HOST",
+            envvar=DASHBOARD_HOST_VARIABLE,
             help="Address to listen on: 127.0.0.1 is this machine only (a reverse proxy on it "
             "reaches it); 0.0.0.0 lets other machines in (set a password first).",
         ),
     ] = "127.0.0.1",
     port: Annotated[
-        int, typer.Option(envvar="DUETIME_DASHBOARD_PORT", min=0, max=65535, help="Port to serve on.")
+        int, typer.Option(envvar=DASHBOARD_PORT_VARIABLE, min=0, max=65535, help="Port to serve on.")
     ] = 8080,
     read_only: Annotated[
         bool, typer.Option("--read-only", help="Serve the pages only: no cancel, reschedule or retry.")
@@ -95,7 +102,7 @@ def dashboard(
         ),
     ] = None,
     log_format: Annotated[
-        LogFormat, typer.Option("--log-format", envvar="DUETIME_LOG_FORMAT", help="text or json.")
+        LogFormat, typer.Option("--log-format", envvar=LOG_FORMAT_VARIABLE, help="text or json.")
     ] = LogFormat.TEXT,
 ) -> None:
     """Serve the web dashboard: backlog and lateness over time, live dispatchers, browse and search

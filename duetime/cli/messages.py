@@ -58,7 +58,7 @@ from duetime.message import DelayedMessage
 from duetime.nservicebus.frontdoor import front_door_queue
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths, without_queue
 from duetime.registry import check_store_exists, open_store, open_transport
-from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings
+from duetime.settings import DEFAULT_ENDPOINT, TRANSPORT_VARIABLE, DelayedDeliverySettings
 
 
 @app.command()
@@ -225,7 +225,7 @@ def send_delayed_command(
     transport: Annotated[
         str,
         typer.Option(
-            "--transport", envvar="DUETIME_TRANSPORT", help="The broker, e.g. amqp://guest:guest@localhost/."
+            "--transport", envvar=TRANSPORT_VARIABLE, help="The broker, e.g. amqp://guest:guest@localhost/."
         ),
     ] = "",
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,

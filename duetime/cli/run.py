@@ -41,6 +41,12 @@ from duetime.service import Service
 from duetime.settings import (
     DEFAULT_ENDPOINT,
     DEFAULT_ERROR_QUEUE,
+    DELIVERY_LOG_VARIABLE,
+    FRONT_DOOR_VARIABLE,
+    LOG_FORMAT_VARIABLE,
+    METRICS_HOST_VARIABLE,
+    METRICS_PORT_VARIABLE,
+    READY_AFTER_VARIABLE,
     DelayedDeliverySettings,
     TransactionMode,
     setting_value,
@@ -124,7 +130,7 @@ FrontDoorOpt = Annotated[
     bool,
     typer.Option(
         "--front-door/--no-front-door",
-        envvar="DUETIME_FRONT_DOOR",
+        envvar=FRONT_DOOR_VARIABLE,
         help="Also store what senders put on the <endpoint>.Timeouts queue (NServiceBus's timeout "
         "manager queue; the old name <endpoint>.timeouts too while it exists). Needs a transport "
         "duetime can read from: RabbitMQ, NATS, Redis streams or the store's own queue tables.",
@@ -138,7 +144,7 @@ DeliveryLogOpt = Annotated[
     typer.Option(
         help="Log every delivery for `duetime bulk report`: jsonl:/folder, or a database URL "
         "(table duetime_delivery_log).",
-        envvar="DUETIME_DELIVERY_LOG",
+        envvar=DELIVERY_LOG_VARIABLE,
     ),
 ]
 
@@ -148,7 +154,7 @@ LogFormatOpt = Annotated[
     LogFormat,
     typer.Option(
         "--log-format",
-        envvar="DUETIME_LOG_FORMAT",
+        envvar=LOG_FORMAT_VARIABLE,
         help="text (one line per record, UTC timestamps) or json (one object per line).",
     ),
 ]
@@ -156,7 +162,7 @@ LogFormatOpt = Annotated[
 MetricsPortOpt = Annotated[
     int | None,
     typer.Option(
-        envvar="DUETIME_METRICS_PORT",
+        envvar=METRICS_PORT_VARIABLE,
         min=0,
         max=65535,
         help="Serve Prometheus metrics on /metrics and the probes /healthz (alive) and /readyz "
@@ -167,7 +173,7 @@ MetricsPortOpt = Annotated[
 MetricsHostOpt = Annotated[
     str,
     typer.Option(
-        envvar="DUETIME_METRICS_HOST",
+        envvar=METRICS_HOST_VARIABLE,
         help="Address the metrics port listens on; 0.0.0.0 to let other machines (Prometheus, "
         "a kubelet) reach it.",
     ),
@@ -176,7 +182,7 @@ MetricsHostOpt = Annotated[
 ReadyAfterOpt = Annotated[
     float,
     typer.Option(
-        envvar="DUETIME_READY_AFTER",
+        envvar=READY_AFTER_VARIABLE,
         min=0,
         help="/readyz answers 503 once a circuit breaker has been failing this many seconds.",
     ),

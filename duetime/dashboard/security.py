@@ -40,13 +40,15 @@ from urllib.parse import urlsplit
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from duetime.settings import (
+    DASHBOARD_PASSWORD_VARIABLE,
+    DASHBOARD_SECRET_VARIABLE,
+    DASHBOARD_USER_VARIABLE,
+    variable,
+)
+
 log = logging.getLogger("duetime.dashboard")
 
-USER_ENV, PASSWORD_ENV, SECRET_ENV = (
-    "DUETIME_DASHBOARD_USER",
-    "DUETIME_DASHBOARD_PASSWORD",
-    "DUETIME_DASHBOARD_SECRET",
-)
 #: Paths anyone may reach: what a load balancer or a reverse proxy probes.
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 #: The largest request body accepted: a form of the error queue's page with every id selected is
@@ -75,9 +77,9 @@ class Credentials:
     password: str
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Credentials | None:
-        password = env.get(PASSWORD_ENV, "")
-        return cls(env.get(USER_ENV) or "duetime", password) if password else None
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials | None:
+        password = variable(DASHBOARD_PASSWORD_VARIABLE, env)
+        return cls(variable(DASHBOARD_USER_VARIABLE, env) or "duetime", password) if password else None
 
     def accept(self, authorization: str) -> bool:
         """Whether an ``Authorization`` header value carries these credentials."""
@@ -234,7 +236,7 @@ class RequireLogin:
                 )
             refusal = PlainTextResponse(
                 "Log in: this dashboard asks for the user and password set in "
-                f"{USER_ENV} and {PASSWORD_ENV}.\n",
+                f"{DASHBOARD_USER_VARIABLE} and {DASHBOARD_PASSWORD_VARIABLE}.\n",
                 401,
                 headers={"WWW-Authenticate": 'Basic realm="duetime dashboard", charset="UTF-8"'},
             )
@@ -256,10 +258,10 @@ class RequireLogin:
         await self.app(scope, receive, knowing)
 
 
-def secret(env: Mapping[str, str] = os.environ) -> str:
+def secret(env: Mapping[str, str] | None = None) -> str:
     """What signs the CSRF token and the note cookie: ``DUETIME_DASHBOARD_SECRET`` (set it when
     several dashboard replicas sit behind one address), else a secret new to this process."""
-    return env.get(SECRET_ENV) or os.urandom(32).hex()
+    return variable(DASHBOARD_SECRET_VARIABLE, env) or os.urandom(32).hex()
 
 
 class BodyTooLarge(Exception):
