@@ -245,3 +245,11 @@ def test_every_test_the_docs_name_exists() -> None:
         ):
             missing.append(f"{path}::{name}" if name else path)
     assert not missing, missing
+
+
+def test_every_how_to_page_keeps_to_twelve_kilobytes() -> None:
+    """A how-to page is read to do one thing: past 12 KB it is two pages."""
+    large = {
+        p.name: p.stat().st_size for p in (ROOT / "docs" / "how-to").glob("*.md") if p.stat().st_size > 12_000
+    }
+    assert large == {}, large
