@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
-import threading
-from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -19,13 +15,11 @@ from duetime.cli.common import (
     TransportOpt,
     app,
     configure_logging,
-    open_ready_store,
     transport_url_for,
 )
 from duetime.cli.terminal import run_async as _run
 from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
-from duetime.interfaces import DelayedMessageStore
 from duetime.observability.logs import LogFormat
 from duetime.settings import (
     DASHBOARD_HOST_VARIABLE,
@@ -113,9 +107,9 @@ def dashboard(
 
       DUETIME_DASHBOARD_PASSWORD=s3cret duetime dashboard --store postgresql://db/app --port 8080
     """
-    from duetime.dashboard.app import Dashboard, create_app
+    from duetime.dashboard.app import Dashboard
     from duetime.dashboard.security import Credentials, secret
-    from duetime.observability.webserver import bind, loopback
+    from duetime.observability.webserver import bind, loopback, serve
 
     configure_logging(False, log_format)
     every = parse_duration(sample_every).total_seconds()
@@ -133,28 +127,22 @@ def dashboard(
             "one, or pass --allow-no-password to open the read-only pages to anyone who reaches the port"
         )
 
-    async def serve() -> None:
-        import uvicorn
-
-        stores: dict[str, DelayedMessageStore] = {}
+    async def go() -> None:
         try:
-            for name in dict.fromkeys(endpoint):
-                stores[name] = await open_ready_store(store, name)
+            board = await Dashboard.open(
+                store,
+                endpoint,
+                transport_url=transport_url_for(store, transport),
+                error_queue=error_queue,
+                read_only=read_only,
+                credentials=credentials,
+                show_contents=show_contents,
+                sample_every=every,
+                answer_within=answer_within,
+            )
         except BaseException:
-            for opened in stores.values():
-                await opened.close()
+            sock.close()
             raise
-        board = Dashboard(
-            store_url=store,
-            stores=stores,
-            transport_url=transport_url_for(store, transport),
-            error_queue=error_queue,
-            read_only=read_only,
-            credentials=credentials,
-            show_contents=show_contents,
-            sample_every=every,
-            answer_within=answer_within,
-        )
         address, bound = sock.getsockname()[:2]
 
         def ready() -> None:
@@ -172,18 +160,10 @@ def dashboard(
             if credentials is None and not read_only:
                 log.info("set DUETIME_DASHBOARD_PASSWORD to cancel, reschedule and retry from the dashboard")
 
-        config = uvicorn.Config(
-            create_app(board, secret=secret(), ready=ready),
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            # uvicorn trusts X-Forwarded-For from 127.0.0.1 by default: a local client then picks
-            # its own address for each guess, past the login throttle
-            proxy_headers=forwarded_allow_ips is not None,
-            forwarded_allow_ips=forwarded_allow_ips or "",
-        )
         try:
-            await stopped_cleanly_by_signals(uvicorn.Server)(config).serve(sockets=[sock])
+            await serve(
+                board.app(secret=secret(), ready=ready), sock, forwarded_allow_ips=forwarded_allow_ips
+            )
         finally:
             # a store behind a partition answers no goodbye, and Python waits at exit for the
             # thread still waiting on it: leave after --timeout, as `duetime run` does
@@ -191,26 +171,4 @@ def dashboard(
             await board.close()
             sock.close()
 
-    _run(serve)
-
-
-def stopped_cleanly_by_signals(server: type[Any]) -> type[Any]:
-    """uvicorn's server, told to let SIGTERM and SIGINT end it the way they end `duetime run`:
-    it shuts down gracefully and the command exits 0. (uvicorn raises the signal again once it
-    has shut down, so the process dies of it, 143 or 130, and a supervisor or script reads a clean
-    stop as a failure.)"""
-
-    class Server(server):  # type: ignore[misc]
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-    return Server
+    _run(go)

@@ -21,7 +21,6 @@ from duetime.cli.common import (
     configure_logging,
     open_ready_store,
 )
-from duetime.cli.dashboard import stopped_cleanly_by_signals
 from duetime.cli.terminal import console, err, fail, table
 from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
@@ -112,6 +111,7 @@ def serve(
     except ModuleNotFoundError as missing:
         raise MissingExtra.for_module(missing, "duetime serve") or missing from None
     from duetime.observability.webserver import bind, loopback
+    from duetime.observability.webserver import serve as serve_app
 
     if (certfile is None) != (keyfile is None):
         raise typer.BadParameter("give --tls-cert and --tls-key together")
@@ -122,8 +122,6 @@ def serve(
     sock = bind(host, port, what="The API port", option="--port", shared=share_port)
 
     async def go() -> None:
-        import uvicorn
-
         try:
             api = await HttpApi.open(
                 check_store_exists(store),
@@ -155,17 +153,13 @@ def serve(
                     "requests need an API key" if keyed else "no API key yet: open to this machine only",
                 )
 
-            config = uvicorn.Config(
+            await serve_app(
                 api.app(ready=ready),
-                log_level="warning",
-                access_log=False,
-                lifespan="on",
-                proxy_headers=forwarded_allow_ips is not None,
-                forwarded_allow_ips=forwarded_allow_ips or "",
-                ssl_certfile=certfile,
-                ssl_keyfile=keyfile,
+                sock,
+                forwarded_allow_ips=forwarded_allow_ips,
+                certfile=certfile,
+                keyfile=keyfile,
             )
-            await stopped_cleanly_by_signals(uvicorn.Server)(config).serve(sockets=[sock])
         finally:
             lastresort.arm(answer_within + 5, lambda: 0, lambda: None)
             await api.close()

@@ -15,7 +15,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -83,7 +83,8 @@ from duetime.operations.retry_or_discard import (
     take,
 )
 from duetime.recurring.schedule import group_of
-from duetime.settings import DEFAULT_ERROR_QUEUE
+from duetime.registry import check_store_exists, open_store
+from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE, TransactionMode
 
 try:
     from starlette.applications import Starlette
@@ -173,6 +174,33 @@ class Dashboard:
         counts = await store.counts(now)
         found = await store.dispatchers() if isinstance(store, DispatcherRegistry) else []
         return counts, found
+
+    @classmethod
+    async def open(
+        cls,
+        store_url: str,
+        endpoints: Sequence[str] = (DEFAULT_ENDPOINT,),
+        *,
+        transport_url: str,
+        **options: Any,
+    ) -> Dashboard:
+        """The dashboard of ``endpoints`` in the store at ``store_url`` (set up already: `duetime
+        setup`), each endpoint's store opened; ``options`` are this class's fields (``read_only``,
+        ``credentials``, ``sample_every``, ...). What `duetime dashboard` starts."""
+        stores: dict[str, DelayedMessageStore] = {}
+        try:
+            for name in dict.fromkeys(endpoints):
+                stores[name] = store = open_store(check_store_exists(store_url))
+                await store.initialize(name, TransactionMode.AT_LEAST_ONCE)
+        except BaseException:
+            for opened in stores.values():
+                await opened.close()
+            raise
+        return cls(store_url=store_url, stores=stores, transport_url=transport_url, **options)
+
+    def app(self, *, secret: str, ready: Callable[[], None] = lambda: None) -> Any:
+        """The ASGI application that serves these pages (see :func:`create_app`)."""
+        return create_app(self, secret=secret, ready=ready)
 
     async def sample_forever(self) -> None:
         while True:

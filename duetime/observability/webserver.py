@@ -1,14 +1,18 @@
-"""What duetime's two web servers share (the probes of ``duetime run`` and ``duetime dashboard``):
-a socket bound before anything starts, so a port in use is a one-line error and not a traceback
-from deep inside uvicorn, and uvicorn run inside an event loop someone else owns."""
+"""What duetime's web servers share (the probes of ``duetime run``, ``duetime dashboard`` and
+``duetime serve``): a socket bound before anything starts, so a port in use is a one-line error and
+not a traceback from deep inside uvicorn, uvicorn run inside an event loop someone else owns, and
+a served application started and stopped one way (:func:`serve`)."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import ipaddress
+import signal
 import socket
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 from duetime.errors import ConfigurationError, MissingExtra
 
@@ -68,3 +72,47 @@ class QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class SignalledServer(uvicorn.Server):
+    """uvicorn's server, told to let SIGTERM and SIGINT end it the way they end `duetime run`:
+    it shuts down gracefully and the command exits 0. (uvicorn raises the signal again once it
+    has shut down, so the process dies of it, 143 or 130, and a supervisor or script reads a clean
+    stop as a failure.)"""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+async def serve(
+    app: Any,
+    sock: socket.socket,
+    *,
+    forwarded_allow_ips: str | None = None,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+) -> None:
+    """Serve the ASGI ``app`` on the bound ``sock`` until SIGTERM or SIGINT. The ``X-Forwarded-*``
+    headers are believed only from ``forwarded_allow_ips`` (uvicorn trusts 127.0.0.1 by default:
+    a local client could then pick its own address for each try, past a per-client throttle);
+    ``certfile`` and ``keyfile`` serve TLS."""
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        proxy_headers=forwarded_allow_ips is not None,
+        forwarded_allow_ips=forwarded_allow_ips or "",
+        ssl_certfile=certfile,
+        ssl_keyfile=keyfile,
+    )
+    await SignalledServer(config).serve(sockets=[sock])
