@@ -135,6 +135,14 @@ def load(
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     chunk: Annotated[int, typer.Option(help="Messages per store_many call (COPY on PostgreSQL).")] = 50_000,
     skip_duplicates: Annotated[bool, typer.Option(help="Skip ids already stored (resume a load).")] = False,
+    if_exists: Annotated[
+        IfExists,
+        typer.Option(
+            help="When a line's id is waiting: refuse (stop there), keep it (as --skip-duplicates), "
+            'replace it, or debounce (replace, due its "delay" from now). Replace and debounce '
+            'store one line at a time, and need an "id" on every line.'
+        ),
+    ] = IfExists.REFUSE,
     transport: TransportOpt = None,
 ) -> None:
     """Schedule every message in a JSON Lines file, with a progress bar.
@@ -180,7 +188,7 @@ def load(
             ) as bar:
                 checking = bar.add_task("checking", total=None)
                 async with carry_rule(store, transport) as rule:  # what the transport could never carry
-                    checked = validate(file, now, carry=rule)
+                    checked = validate(file, now, carry=rule, if_exists=if_exists)
                 lines = checked.lines
                 bar.update(checking, total=lines, completed=lines)
                 task = bar.add_task("storing", total=lines)
@@ -192,6 +200,7 @@ def load(
                     skip_duplicates=skip_duplicates,
                     progress=lambda n: advance(bar, task, n),
                     checked=checked,
+                    if_exists=if_exists,
                 )
         finally:
             await s.close()
@@ -208,9 +217,20 @@ def load(
                 label="interrupted:",
             ) from None
         raise
+    replaced = f"; replaced {report.replaced} waiting" if report.replaced else ""
     console.print(
-        f"stored {report.stored} of {report.lines}; skipped {report.skipped_duplicates} already stored"
+        f"stored {report.stored} of {report.lines}; skipped {report.skipped_duplicates} already "
+        f"stored{replaced}"
     )
+    if report.in_flight:
+        shown = ", ".join(report.in_flight[:5]) + (" ..." if len(report.in_flight) > 5 else "")
+        say(
+            "warning:",
+            "yellow",
+            f"{len(report.in_flight)} line(s) not stored: their waiting message was being delivered "
+            f"({shown}); load them again under new ids if they should go too",
+            to=err,
+        )
     _run(lambda: warn_undeclared(store, transport, report.destinations))
 
 

@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from duetime.errors import DuplicateMessageId, InvalidMessage
+from duetime.errors import ConfigurationError, DuplicateMessageId, InvalidMessage, MessageInFlight
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.jsontext import NumberTooLong, read_json
-from duetime.interfaces import DelayedMessageStore, NewOnlyStore
+from duetime.interfaces import DelayedMessageStore, IfExists, NewOnlyStore, ReplacingStore
 from duetime.message import DelayedMessage, check_encodable, check_size, kind
 
 KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id", "group"}
@@ -35,13 +35,20 @@ class LoadReport:
     lines: int = 0
     stored: int = 0
     skipped_duplicates: int = 0
+    #: Lines that replaced a waiting message of their id (--if-exists replace or debounce).
+    replaced: int = 0
+    #: Ids whose waiting message was being delivered, so their line was not stored.
+    in_flight: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     #: Every destination the file names (the CLI checks each has a queue).
     destinations: set[str] = field(default_factory=set)
 
 
-def parse_line(text: str | bytes, number: int, now: datetime) -> DelayedMessage:
-    """One JSON line -> a message; InvalidMessage names the line, the field and the fix."""
+def parse_line(
+    text: str | bytes, number: int, now: datetime, if_exists: IfExists = IfExists.REFUSE
+) -> DelayedMessage:
+    """One JSON line -> a message; InvalidMessage names the line, the field and the fix. With
+    ``if_exists`` other than refuse every line needs an "id", and a debounce a "delay"."""
     if isinstance(text, bytes):
         text = _decoded(text, number)
     try:
@@ -65,6 +72,12 @@ def parse_line(text: str | bytes, number: int, now: datetime) -> DelayedMessage:
         raise InvalidMessage(
             f'line {number}: give exactly one of "due_at" (a time with its offset, e.g. '
             '"2030-01-01T09:00:00Z") or "delay" (e.g. "10m" or 600).'
+        )
+    if if_exists is not IfExists.REFUSE and "id" not in row:
+        raise InvalidMessage(f'line {number}: --if-exists {if_exists} needs an "id" on every line.')
+    if if_exists is IfExists.DEBOUNCE and "due_at" in row:
+        raise InvalidMessage(
+            f'line {number}: a debounce counts its due time from now, so it takes a "delay", not "due_at".'
         )
     try:
         body = _body(row)
@@ -128,6 +141,7 @@ def validate(
     now: datetime,
     max_problems: int = 20,
     carry: Callable[[DelayedMessage], str | None] | None = None,
+    if_exists: IfExists = IfExists.REFUSE,
 ) -> LoadReport:
     """First pass: count the lines and collect problems, storing nothing. ``carry`` says why the
     transport could never carry a message (too large, a header it refuses): that line's problem."""
@@ -135,7 +149,7 @@ def validate(
     for number, text in _lines(path):
         report.lines += 1
         try:
-            message = parse_line(text, number, now)
+            message = parse_line(text, number, now, if_exists)
             refused = carry(message) if carry is not None else None
             if refused:
                 raise InvalidMessage(f"line {number}: {refused}.")
@@ -157,10 +171,18 @@ async def load(
     skip_duplicates: bool = False,
     progress: Callable[[int], None] = lambda _n: None,
     checked: LoadReport | None = None,
+    if_exists: IfExists = IfExists.REFUSE,
 ) -> LoadReport:
     """Validate ``path`` (unless ``checked`` is that pass's report), then store every line;
-    raises InvalidMessage listing the problems."""
-    checked = checked or validate(path, now)
+    raises InvalidMessage listing the problems. ``skip_duplicates`` is ``if_exists`` keep; with
+    replace or debounce each line is stored as one change of its own (a later line of an id
+    replaces an earlier one), and a line whose waiting message is being delivered is not stored
+    (its id is in ``in_flight``)."""
+    if skip_duplicates:
+        if_exists = IfExists.KEEP
+    if if_exists in (IfExists.REPLACE, IfExists.DEBOUNCE) and not isinstance(store, ReplacingStore):
+        raise ConfigurationError(f"{type(store).__name__} cannot replace a waiting message.")
+    checked = checked or validate(path, now, if_exists=if_exists)
     if checked.problems:
         raise InvalidMessage(
             f"{path} has problems; nothing was stored. Fix them and run again:\n  "
@@ -169,31 +191,49 @@ async def load(
     report = LoadReport(lines=checked.lines, destinations=checked.destinations)
     batch: list[DelayedMessage] = []
     for number, text in _lines(path):
-        batch.append(parse_line(text, number, now))
+        batch.append(parse_line(text, number, now, if_exists))
         if len(batch) >= chunk:
-            await _store(store, batch, report, skip_duplicates)
+            await _store(store, batch, report, if_exists)
             progress(len(batch))
             batch = []
     if batch:
-        await _store(store, batch, report, skip_duplicates)
+        await _store(store, batch, report, if_exists)
         progress(len(batch))
     return report
 
 
 async def _store(
-    store: DelayedMessageStore, batch: list[DelayedMessage], report: LoadReport, skip: bool
+    store: DelayedMessageStore, batch: list[DelayedMessage], report: LoadReport, if_exists: IfExists
 ) -> None:
+    if if_exists in (IfExists.REPLACE, IfExists.DEBOUNCE):
+        await _replace_each(cast(ReplacingStore, store), batch, report, if_exists)
+        return
+    skip = if_exists is IfExists.KEEP
     try:
         report.stored += await store.store_many(batch)
     except DuplicateMessageId as error:
         if not skip:
             raise DuplicateMessageId(
                 f"{error} {report.stored} messages from earlier chunks are stored; run again with "
-                "--skip-duplicates to store the rest and skip what is there (e.g. after an interrupted load)."
+                "--skip-duplicates to store the rest and skip what is there (e.g. after an interrupted "
+                "load), or --if-exists replace to put each line in place of what is there."
             ) from None
         stored = await store_new(store, batch)
         report.stored += stored
         report.skipped_duplicates += len(batch) - stored
+
+
+async def _replace_each(
+    store: ReplacingStore, batch: list[DelayedMessage], report: LoadReport, if_exists: IfExists
+) -> None:
+    for message in batch:
+        try:
+            done = await store.put(message, if_exists)
+        except MessageInFlight:
+            report.in_flight.append(message.message_id)
+            continue
+        report.stored += done.outcome == "stored"
+        report.replaced += done.outcome == "replaced"
 
 
 async def store_new(store: DelayedMessageStore, batch: Sequence[DelayedMessage]) -> int:
