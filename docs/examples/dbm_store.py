@@ -171,8 +171,8 @@ class DbmSyncStore(StoreRules):
             return True
 
     def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
-        with self._lock:
-            if self._free(message.message_id, now) is None:
+        with self._lock:  # never under a claim, even a lapsed one: its sender would settle it
+            if message.message_id not in self._db or self._row(message.message_id)[1] is not None:
                 return False
             self._put(message)
             return True

@@ -355,8 +355,9 @@ class StoreRules(ScheduleRules, Closing, ABC):
 
     def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
         """Put ``message`` (destination, due time, headers, body, group, failure count) in place of
-        the stored one with its id, in one change, only if it is stored and no live claim holds it;
-        whether it did. A store with cross-process wake-ups need not announce: the rules do."""
+        the stored one with its id, in one change, only if it is stored and no claim holds it, not
+        even one that lapsed (its dispatcher may still be sending, and settling would then remove
+        the new content); whether it did. The rules announce the new due time."""
         raise ConfigurationError(
             f"{type(self).__name__} cannot replace a waiting message; duetime's own stores can (a "
             "store built on StoreRules implements _replace_unclaimed)."

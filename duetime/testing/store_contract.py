@@ -733,9 +733,10 @@ class StoreContract:
         assert (await store.counts(now())).total == 5
 
     async def test_put_never_replaces_a_message_a_dispatcher_holds(self, store: DelayedMessageStore) -> None:
-        """Refused in one line while claimed (the claim, and the old content, stand); replaced
-        once the claim has lapsed (a dispatcher that died), and then claimed with its new due
-        time."""
+        """Refused in one line while claimed (the claim, and the old content, stand), even once
+        the claim has lapsed (its dispatcher may still be sending, and its settle would remove
+        the new content); replaced once the claim is released (a send that failed), and then
+        claimed with its new due time."""
         put = cast(ReplacingStore, store).put
         t = now()
         await store.store(msg(1, t))
@@ -746,7 +747,12 @@ class StoreContract:
                 await put(newer, how)
         assert await put(newer, IfExists.KEEP) == Put(claimed, "kept")
         assert await store.get("m-00001") == claimed
-        assert await store.release(["m-00001"]) == 1  # as a claim that lapsed: claimable again
+        await store.store(msg(2, t - timedelta(minutes=2)))
+        [lapsed] = await store.fetch_due(t - timedelta(minutes=1), 10)  # its claim ended 30 s ago
+        with pytest.raises(MessageInFlight, match="not replaced"):
+            await put(lapsed.with_changes(body=b"newer"), IfExists.REPLACE)
+        assert await store.remove("m-00002") is True  # the slow sender settles what it sent
+        assert await store.release(["m-00001"]) == 1  # a send that failed: claimable again
         moved = newer.with_changes(due_at=t + timedelta(hours=1))
         assert await put(moved, IfExists.REPLACE) == Put(moved, "replaced")
         assert await store.fetch_due(t, 10) == []  # not due any more: its due time is the new one

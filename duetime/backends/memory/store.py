@@ -203,9 +203,9 @@ class SyncMemoryStore(StoreRules):
     def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
         with self._lock:
             row = self._rows.get(message.message_id)
-            if row is None or not row.claimable(now):
+            if row is None or row.claimed_until is not None:  # a lapsed claim's sender may still settle it
                 return False
-            self._rows[message.message_id] = _Row(message)
+            row.message = message
             return True
 
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:

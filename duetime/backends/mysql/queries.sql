@@ -130,10 +130,14 @@ SELECT 1 FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claimed_
 -- name: reschedule
 UPDATE {table} SET due_at = %s, claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
 
--- A waiting message's content in place (duetime.interfaces.IfExists).
+-- A waiting message's content in place (duetime.interfaces.IfExists), never under a claim, even
+-- one that lapsed: its dispatcher may still be sending, and would remove the new content.
+-- name: lock_unheld
+SELECT 1 FROM {table} WHERE message_id = %s AND claim_token IS NULL FOR UPDATE;
+
 -- name: replace
 UPDATE {table} SET destination = %s, due_at = %s, headers = %s, body = %s, failure_count = %s,
-    group_key = %s, claim_token = NULL, claimed_until = NULL
+    group_key = %s
 WHERE message_id = %s;
 
 -- name: estimate_rows

@@ -482,20 +482,24 @@ class SyncMysqlStore(StoreRules):
         return int(self._read_all(self.q["count_group"], (group,))[0][0])
 
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
-        return self._change_unclaimed(message_id, now, "reschedule", (to_micros(due_at), message_id))
+        lock = ("lock_unclaimed", (message_id, to_micros(now)))
+        return self._change_unclaimed(lock, "reschedule", (to_micros(due_at), message_id))
 
     def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
         row = micros_row(message)
         self._check_packets([message], [row])
         message_id, *content = row
-        return self._change_unclaimed(message_id, now, "replace", (*content, message_id))
+        return self._change_unclaimed(("lock_unheld", (message_id,)), "replace", (*content, message_id))
 
-    def _change_unclaimed(self, message_id: str, now: datetime, change: str, params: tuple[Any, ...]) -> bool:
-        """Run the named ``change`` of a message no live claim holds, its row locked first."""
+    def _change_unclaimed(
+        self, lock: tuple[str, tuple[Any, ...]], change: str, params: tuple[Any, ...]
+    ) -> bool:
+        """Run the named ``change`` of a message once the ``lock`` query (its name and parameters)
+        has locked its row, if the row is there and free to change."""
         q = self.q
 
         def work(cur: Any) -> bool:
-            if not cur.execute(q["lock_unclaimed"], (message_id, to_micros(now))):
+            if not cur.execute(q[lock[0]], lock[1]):
                 return False
             cur.execute(q[change], params)
             return True

@@ -277,16 +277,17 @@ UPDATE {table} SET due_at = %(due_at)s, claim_token = NULL, claimed_until = NULL
 WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
 AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(id)s FOR UPDATE SKIP LOCKED);
 
--- A waiting message's content in place (duetime.interfaces.IfExists); a row a dispatcher holds
--- locked is skipped, as for a reschedule. Run after replace_lock, in its transaction.
+-- A waiting message's content in place (duetime.interfaces.IfExists); never under a claim, even
+-- one that lapsed (its dispatcher may still be sending, and would remove the new content when it
+-- is done), and a row a dispatcher holds locked is skipped. Run after replace_lock, in its
+-- transaction.
 -- name: replace_lock
 SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 
 -- name: replace_unclaimed
 UPDATE {table} SET destination = %(destination)s, due_at = %(due_at)s, headers = %(headers)s,
-    body = %(body)s, failure_count = %(failure_count)s, group_key = %(group_key)s,
-    claim_token = NULL, claimed_until = NULL
-WHERE message_id = %(message_id)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
+    body = %(body)s, failure_count = %(failure_count)s, group_key = %(group_key)s
+WHERE message_id = %(message_id)s AND claim_token IS NULL
 AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(message_id)s FOR UPDATE SKIP LOCKED);
 
 -- name: estimate_rows

@@ -405,7 +405,7 @@ class SyncPostgresStore(StoreRules):
         id at once wait for each other: the change skips a locked row as a dispatcher's, and
         without it each would take the other's row lock for a dispatcher's."""
         names = self.names
-        params = dict(zip(_FIELDS, copy_row(message), strict=True)) | {"now": now}
+        params = dict(zip(_FIELDS, copy_row(message), strict=True))
         with pooled(self.pool, self.options) as conn, conn.transaction():
             conn.execute(names.q["replace_lock"], {"key": f"{names.qualified}:{message.message_id}"})
             return conn.execute(names.q["replace_unclaimed"], params).rowcount == 1

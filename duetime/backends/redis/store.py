@@ -438,7 +438,6 @@ class SyncRedisStore(StoreRules):
             to_micros(m.due_at),
             m.group or "",
             m.failure_count,
-            to_micros(now),
         ]
         replaced = self._write(self._replace_script, keys, args, "message replaced", lambda a: int(a) != 1)
         return int(replaced) == 1

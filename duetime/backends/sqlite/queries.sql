@@ -149,11 +149,13 @@ DELETE FROM {table} WHERE message_id = ? AND (claim_token IS NULL OR claimed_unt
 UPDATE {table} SET due_at = ?, claim_token = NULL, claimed_until = NULL
 WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
 
--- A waiting message's content in place, in one statement (duetime.interfaces.IfExists).
+-- A waiting message's content in place, in one statement (duetime.interfaces.IfExists); never
+-- under a claim, even one that lapsed: its dispatcher may still be sending, and would remove the
+-- new content when it is done.
 -- name: replace_unclaimed
 UPDATE {table} SET destination = ?, due_at = ?, headers = ?, body = ?, failure_count = ?,
-    group_key = ?, claim_token = NULL, claimed_until = NULL
-WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
+    group_key = ?
+WHERE message_id = ? AND claim_token IS NULL;
 
 -- name: count_due
 SELECT count(*) FROM {table} WHERE due_at <= :at;

@@ -255,8 +255,7 @@ class SyncSqliteStore(StoreRules):
 
     def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
         message_id, *content = micros_row(message)
-        row = (*content, message_id, to_micros(now))
-        return self._write_each(self.q["replace_unclaimed"], [row]) == 1
+        return self._write_each(self.q["replace_unclaimed"], [(*content, message_id)]) == 1
 
     def _beat(self, endpoint: str, dispatcher_id: str, seen_at: datetime, info: str) -> None:
         self._write_each(QUERIES["beat"], [(endpoint, dispatcher_id, to_micros(seen_at), info)])
