@@ -19,6 +19,7 @@ from duetime.api.models import (
     Message,
     MessagePage,
     NewBatch,
+    NewBatchMessage,
     NewMessage,
     Reschedule,
     cursor_of,
@@ -30,7 +31,7 @@ from duetime.api.models import (
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import Served, caller_with
 from duetime.api_keys import Scope
-from duetime.errors import DuplicateMessageId, InvalidMessage, MessageInFlight
+from duetime.errors import DuplicateMessageId, MessageInFlight
 from duetime.interfaces import ListQuery
 from duetime.message import MAX_DESTINATION_LENGTH, MAX_GROUP_LENGTH, MAX_ID_LENGTH, DelayedMessage
 
@@ -49,7 +50,7 @@ def _other_content(message_id: str, then: str) -> ApiProblem:
     )
 
 
-def _once_each(asked: list[NewMessage], messages: list[DelayedMessage]) -> list[DelayedMessage]:
+def _once_each(asked: list[NewBatchMessage], messages: list[DelayedMessage]) -> list[DelayedMessage]:
     """The batch with each id once: an id given twice with the same content is one message (a
     client that retried inside its own batch), with other content a conflict (409)."""
     first: dict[str, DelayedMessage] = {}
@@ -125,11 +126,6 @@ async def create_batch(
     """All or none: every message is checked first, and when one of them is refused, or an id
     is stored with other content, nothing is stored. A message whose id is stored with the same
     content is reported as ``existing`` (so a retried batch creates nothing twice)."""
-    if any(new.if_exists != "refuse" for new in batch.messages):
-        raise InvalidMessage(
-            "a batch is stored all or none, so its messages take no if_exists; keep, replace or "
-            "debounce one message a request (POST /v1/messages)."
-        )
     messages = [new.message(served.api.clock) for new in batch.messages]
     for m in messages:
         served.api.carry.refuse(m)

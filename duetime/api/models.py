@@ -116,16 +116,32 @@ def _one_of(
     return add
 
 
-class NewMessage(_Strict):
+#: What a message's fields must be together: a due time or a delay, one body at most.
+_MESSAGE_RULES = {"not": {"required": ["body", "body_base64"]}}
+#: And what ``if_exists`` asks beside: an id for every choice but refuse, a delay for a debounce.
+_IF_EXISTS_RULES = {
+    "allOf": [
+        {
+            "if": {
+                "required": ["if_exists"],
+                "properties": {"if_exists": {"enum": ["keep", "replace", "debounce"]}},
+            },
+            "then": {"required": ["id"]},
+        },
+        {
+            "if": {"required": ["if_exists"], "properties": {"if_exists": {"const": "debounce"}}},
+            "then": {"required": ["delay"]},
+        },
+    ]
+}
+
+
+class NewBatchMessage(_Strict):
     """A delayed message to store: ``due_at`` or ``delay``, and the body as ``body`` (text) or
-    ``body_base64`` (bytes), or none."""
+    ``body_base64`` (bytes), or none. (In a batch, which is stored all or none: no ``if_exists``.)"""
 
     model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra=_one_of(
-            ("due_at",), ("delay",), extra={"not": {"required": ["body", "body_base64"]}}
-        ),
+        extra="forbid", strict=True, json_schema_extra=_one_of(("due_at",), ("delay",), extra=_MESSAGE_RULES)
     )
 
     id: Id | None = Field(
@@ -146,15 +162,8 @@ class NewMessage(_Strict):
     group: Group | None = Field(
         None, description="A key it shares with others, to list or cancel them together."
     )
-    if_exists: Literal["refuse", "keep", "replace", "debounce"] = Field(
-        "refuse",
-        description="When a message of this id is waiting: refuse (the same content answers 200, "
-        "other content 409), keep it (200, the stored one), replace it (200: body, headers, "
-        "destination, group, due time), or debounce (a replace whose `delay` counts from now). "
-        "A message being delivered is never replaced: 409. Every choice but refuse needs `id`.",
-    )
 
-    def message(self, clock: Clock) -> DelayedMessage:
+    def message(self, clock: Clock, if_exists: str = "refuse") -> DelayedMessage:
         """The message, by the library's rules (each refusal is InvalidMessage, one line)."""
         return build_message(
             clock,
@@ -165,8 +174,31 @@ class NewMessage(_Strict):
             headers=self.headers,
             message_id=self.id,
             group=self.group,
-            if_exists=self.if_exists,
+            if_exists=if_exists,
         )
+
+
+class NewMessage(NewBatchMessage):
+    """A delayed message to store: ``due_at`` or ``delay``, and the body as ``body`` (text) or
+    ``body_base64`` (bytes), or none; ``if_exists`` says what to do when a message of its id waits."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra=_one_of(("due_at",), ("delay",), extra=_MESSAGE_RULES | _IF_EXISTS_RULES),
+    )
+
+    if_exists: Literal["refuse", "keep", "replace", "debounce"] = Field(
+        "refuse",
+        description="When a message of this id is waiting: refuse (the same content answers 200, "
+        "other content 409), keep it (200, the stored one), replace it (200: body, headers, "
+        "destination, group, due time), or debounce (a replace whose `delay` counts from now). "
+        "A message being delivered is never replaced: 409. Every choice but refuse needs `id`, "
+        "and debounce a `delay`.",
+    )
+
+    def message(self, clock: Clock, if_exists: str | None = None) -> DelayedMessage:
+        return super().message(clock, if_exists or self.if_exists)
 
 
 class TextConvertor(Convertor[str]):
@@ -260,7 +292,7 @@ class Message(BaseModel):
 
 
 class NewBatch(_Strict):
-    messages: list[NewMessage] = Field(min_length=1, max_length=MAX_BATCH)
+    messages: list[NewBatchMessage] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 class BatchItem(BaseModel):

@@ -87,7 +87,7 @@ def _probe(s: Schedule) -> DelayedMessage:
 @router.get("", response_model=SchedulePage, summary="Recurring schedules by id, a page at a time")
 async def list_(
     served: Reader,
-    after: Annotated[str, Query(max_length=MAX_ID_LENGTH)] = "",
+    after: Annotated[str, Query(max_length=MAX_ID_LENGTH, pattern=r"^[^\x00]*$")] = "",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> SchedulePage:
     api = served.api

@@ -164,6 +164,10 @@ class ScheduleRules(ABC):
 
     def list_schedules(self, after: str = "", limit: int = 100) -> builtins.list[Schedule]:
         """A page of schedules by id; pass the last id back as ``after``."""
+        if not isinstance(after, str) or "\x00" in after:
+            raise InvalidSchedule(
+                "after is the last schedule id of the previous page: text without NUL bytes."
+            )
         self._ready()
         return [Schedule.from_row(r) for r in self._schedule_page(after, limit)]
 

@@ -346,6 +346,8 @@ class StoreContract:
             assert due == [t0 + timedelta(seconds=k) for k in range(1, 92)], sid  # each once, none missing
         assert [x.schedule_id for x in await s.list_schedules()] == ["ping", *(f"s{i}" for i in range(10))]
         assert [x.schedule_id for x in await s.list_schedules("s4", 2)] == ["s5", "s6"]
+        with pytest.raises(InvalidSchedule, match="without NUL"):  # no id holds one: a careless caller
+            await s.list_schedules("s\x00", 2)
 
     async def test_pause_resume_change_trigger_backfill_and_remove(self, store: DelayedMessageStore) -> None:
         assert isinstance(store, (RecurringStore, SyncSide))

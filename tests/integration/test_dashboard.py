@@ -653,21 +653,30 @@ def test_the_recurring_page_pauses_resumes_and_sends_one_now(world: dict[str, An
             store.remove_schedule(schedule_id)
 
 
-async def test_the_dashboard_opened_as_a_library_object_serves_its_pages(tmp_path: Path) -> None:
+def test_the_dashboard_opened_as_a_library_object_serves_its_pages(tmp_path: Path) -> None:
     """What the command starts, without the command: the object opens the endpoints' stores, its
-    app serves the overview of each, and closing it closes them."""
+    app serves the overview of each, and closing it closes them. (On a thread of its own: the
+    browser's sync API keeps an event loop running on this one.)"""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
     from duetime.dashboard.app import Dashboard
     from tests.unit.test_http_api import call
 
     url = f"sqlite:///{tmp_path / 'lib.db'}"
     for endpoint in ("shop", "billing"):
         assert run_cli("setup", "--store", url, "--endpoint", endpoint).returncode == 0
-    board = await Dashboard.open(url, ["shop", "billing", "shop"], transport_url=url, read_only=True)
-    try:
-        assert list(board.stores) == ["shop", "billing"]
-        page = await call(board.app(secret="s" * 32), "GET", "/?endpoint=billing", headers=[])
-        assert page.status == 200 and b"billing" in page.raw
-    finally:
-        await board.close()
-    with pytest.raises(StoreNotReady):
-        await Dashboard.open(url, ["never-set-up"], transport_url=url)
+
+    async def go() -> None:
+        board = await Dashboard.open(url, ["shop", "billing", "shop"], transport_url=url, read_only=True)
+        try:
+            assert list(board.stores) == ["shop", "billing"]
+            page = await call(board.app(secret="s" * 32), "GET", "/?endpoint=billing", headers=[])
+            assert page.status == 200 and b"billing" in page.raw
+        finally:
+            await board.close()
+        with pytest.raises(StoreNotReady):
+            await Dashboard.open(url, ["never-set-up"], transport_url=url)
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, go()).result()
