@@ -254,7 +254,9 @@ async def test_if_exists_keeps_replaces_or_debounces_and_never_a_message_being_d
     no_id = await call(app, "POST", "/v1/messages", {"destination": "o", "delay": 1, "if_exists": "keep"})
     assert no_id.status == 400 and "needs the message's id" in no_id.json["detail"]
     batch = await call(app, "POST", "/v1/batches", {"messages": [{**first, "if_exists": "replace"}]})
-    assert batch.status == 400 and "messages.0.if_exists: Extra inputs are not permitted" in batch.json["detail"]
+    assert (
+        batch.status == 400 and "messages.0.if_exists: Extra inputs are not permitted" in batch.json["detail"]
+    )
 
 
 async def test_a_body_that_is_not_said_to_be_json_is_answered_415(api: HttpApi) -> None:
