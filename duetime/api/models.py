@@ -118,13 +118,13 @@ def _one_of(
 
 #: What a message's fields must be together: a due time or a delay, one body at most.
 _MESSAGE_RULES = {"not": {"required": ["body", "body_base64"]}}
-#: And what ``if_exists`` asks beside: an id for every choice but refuse, a delay for a debounce.
+#: And what ``if_exists`` asks beside: an id for a replace or debounce, a delay for a debounce.
 _IF_EXISTS_RULES = {
     "allOf": [
         {
             "if": {
                 "required": ["if_exists"],
-                "properties": {"if_exists": {"enum": ["keep", "replace", "debounce"]}},
+                "properties": {"if_exists": {"enum": ["replace", "debounce"]}},
             },
             "then": {"required": ["id"]},
         },
@@ -193,7 +193,7 @@ class NewMessage(NewBatchMessage):
         description="When a message of this id is waiting: refuse (the same content answers 200, "
         "other content 409), keep it (200, the stored one), replace it (200: body, headers, "
         "destination, group, due time), or debounce (a replace whose `delay` counts from now). "
-        "A message being delivered is never replaced: 409. Every choice but refuse needs `id`, "
+        "A message being delivered is never replaced: 409. Replace and debounce need `id`, "
         "and debounce a `delay`.",
     )
 

@@ -48,7 +48,7 @@ def parse_line(
     text: str | bytes, number: int, now: datetime, if_exists: IfExists = IfExists.REFUSE
 ) -> DelayedMessage:
     """One JSON line -> a message; InvalidMessage names the line, the field and the fix. With
-    ``if_exists`` other than refuse every line needs an "id", and a debounce a "delay"."""
+    ``if_exists`` replace or debounce every line needs an "id", and a debounce a "delay"."""
     if isinstance(text, bytes):
         text = _decoded(text, number)
     try:
@@ -73,7 +73,7 @@ def parse_line(
             f'line {number}: give exactly one of "due_at" (a time with its offset, e.g. '
             '"2030-01-01T09:00:00Z") or "delay" (e.g. "10m" or 600).'
         )
-    if if_exists is not IfExists.REFUSE and "id" not in row:
+    if if_exists in (IfExists.REPLACE, IfExists.DEBOUNCE) and "id" not in row:
         raise InvalidMessage(f'line {number}: --if-exists {if_exists} needs an "id" on every line.')
     if if_exists is IfExists.DEBOUNCE and "due_at" in row:
         raise InvalidMessage(

@@ -251,7 +251,7 @@ async def test_if_exists_keeps_replaces_or_debounces_and_never_a_message_being_d
         {"id": "cart-7", "destination": "o", "due_at": "2030-01-01T00:00:00Z", "if_exists": "debounce"},
     )
     assert at_a_time.status == 400 and "takes a delay" in at_a_time.json["detail"]
-    no_id = await call(app, "POST", "/v1/messages", {"destination": "o", "delay": 1, "if_exists": "keep"})
+    no_id = await call(app, "POST", "/v1/messages", {"destination": "o", "delay": 1, "if_exists": "replace"})
     assert no_id.status == 400 and "needs the message's id" in no_id.json["detail"]
     batch = await call(app, "POST", "/v1/batches", {"messages": [{**first, "if_exists": "replace"}]})
     assert (
