@@ -57,14 +57,15 @@ def build_message(
     """The message :meth:`DelayedMessageClient.schedule` stores, checked for ``if_exists``: a
     debounce counts its due time from now (``delay``), and a replace or debounce needs an id (a
     message without one is new, so keep just stores it)."""
-    if IfExists.of(if_exists) is IfExists.DEBOUNCE and (delay is None or due_at is not None):
+    how = IfExists.of(if_exists)
+    if how is IfExists.DEBOUNCE and (delay is None or due_at is not None):
         raise InvalidMessage(
             "debounce counts the due time from now, so it takes a delay (delay=, --in), not a time "
             "(due_at=, --at); to move a message to a time of your own, replace it."
         )
-    if IfExists.of(if_exists) in (IfExists.REPLACE, IfExists.DEBOUNCE) and message_id is None:
+    if how in (IfExists.REPLACE, IfExists.DEBOUNCE) and message_id is None:
         raise InvalidMessage(
-            f"if-exists {IfExists.of(if_exists)} needs the message's id (message_id=, --id): it says "
+            f"if-exists {how} needs the message's id (message_id=, --id): it says "
             "what to do when a message with that id is waiting."
         )
     return DelayedMessage.create(

@@ -14,7 +14,7 @@ from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme, comm
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, remember
 from duetime.interfaces import DelayedMessageStore, SyncDelayedMessageStore, Transport
-from duetime.settings import DEFAULT_ENDPOINT, STORE_VARIABLE, variable
+from duetime.settings import DEFAULT_ENDPOINT, STORE_VARIABLE, TransactionMode, variable
 
 #: scheme -> (async store, sync store)
 STORES: dict[str, tuple[str, str]] = {
@@ -167,6 +167,18 @@ def check_store_exists(store_url: str) -> str:
                 f"`{command('duetime', 'setup', '--store', store_url)}`, or check the path."
             )
     return store_url
+
+
+async def open_ready_store(store_url: str, endpoint: str) -> DelayedMessageStore:
+    """The async store at ``store_url``, initialized for ``endpoint``: one that was set up already
+    (a SQLite file that is not there is refused, never created); closed again when it is not ready."""
+    store = open_store(check_store_exists(store_url))
+    try:
+        await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
+    except BaseException:
+        await store.close()
+        raise
+    return store
 
 
 def open_transport(url: str) -> Transport:

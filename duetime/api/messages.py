@@ -92,12 +92,9 @@ async def create(
     served.api.carry.refuse(message)
     if new.if_exists != "refuse":
         done = await served.api.within(served.api.client.put(message, new.if_exists))
-        response.headers["Duetime-Outcome"] = done.outcome
-        if done.outcome == "stored":
-            response.headers["Location"] = f"/v1/messages/{quote(message.message_id, safe='')}"
-        else:
-            response.status_code = 200
-        return Message.of(done.message)
+        if done.outcome != "stored":
+            return _found(response, done.message, done.outcome)
+        return _made(response, message)
     try:
         message = await served.api.within(served.api.client.schedule_message(message))
     except DuplicateMessageId:
@@ -106,11 +103,21 @@ async def create(
             raise _other_content(
                 message.message_id, "; give a new id, or cancel the stored one first"
             ) from None
-        response.status_code = 200
-        response.headers["Duetime-Outcome"] = "kept"
-        return Message.of(stored)
+        return _found(response, stored, "kept")
+    return _made(response, message)
+
+
+def _made(response: Response, message: DelayedMessage) -> Message:
+    """201, where the new message is, and that it was stored."""
     response.headers["Duetime-Outcome"] = "stored"
     response.headers["Location"] = f"/v1/messages/{quote(message.message_id, safe='')}"
+    return Message.of(message)
+
+
+def _found(response: Response, message: DelayedMessage, outcome: str) -> Message:
+    """200: a message of the id was waiting, and it was kept or replaced."""
+    response.status_code = 200
+    response.headers["Duetime-Outcome"] = outcome
     return Message.of(message)
 
 

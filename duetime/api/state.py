@@ -25,8 +25,8 @@ from duetime.interfaces import ApiKeyStore, Clock, DelayedMessageStore, Recurrin
 from duetime.message import DelayedMessage
 from duetime.operations.carry import CarryRule
 from duetime.operations.message_files import store_new
-from duetime.registry import default_transport, has_default_transport, open_store
-from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings, TransactionMode
+from duetime.registry import default_transport, has_default_transport, open_ready_store
+from duetime.settings import DEFAULT_ENDPOINT, DelayedDeliverySettings
 
 T = TypeVar("T")
 
@@ -74,9 +74,8 @@ class HttpApi:
     ) -> HttpApi:
         """The API of the store at ``store_url`` (set up already: `duetime setup`)."""
         queue = error_queue or DelayedDeliverySettings.from_env().error_queue
-        store = open_store(store_url)
+        store = await open_ready_store(store_url, endpoint)
         try:
-            await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
             carry = await CarryRule.open(store_url, transport, queue)
         except BaseException:
             await store.close()

@@ -72,9 +72,6 @@ class _Scrubbing:
         return getattr(self._stream, name)
 
 
-#: Variables whose whole value is a secret (the dashboard's password and signing key).
-
-
 def _guard_secrets() -> None:
     """Remember the secrets of every URL the command was given (its arguments and the settings it
     reads from the environment) and the secrets given on their own, and print only through the

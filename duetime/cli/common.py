@@ -20,7 +20,6 @@ from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
-    DelayedMessageStore,
     InspectableQueue,
 )
 from duetime.message import DelayedMessage, check_due_time, refused_destination
@@ -30,7 +29,6 @@ from duetime.registry import (
     DEFAULT_STORE_URL,
     check_store_exists,
     default_transport,
-    open_store,
     open_transport,
 )
 from duetime.settings import (
@@ -41,7 +39,6 @@ from duetime.settings import (
     STORE_VARIABLE,
     TRANSPORT_VARIABLE,
     DelayedDeliverySettings,
-    TransactionMode,
     misspelt,
     setting_variables,
 )
@@ -129,12 +126,6 @@ TransportOpt = Annotated[
 def transport_url_for(store: str, transport: str | None) -> str:
     """The transport given, else the store's default (the queue tables of its own database)."""
     return transport or default_transport(store)
-
-
-async def open_ready_store(store_url: str, endpoint: str) -> DelayedMessageStore:
-    store = open_store(check_store_exists(store_url))
-    await store.initialize(endpoint, TransactionMode.AT_LEAST_ONCE)
-    return store
 
 
 #: A word that reads as a duration's unit: after a bare ``--in 5`` it was meant for the duration.

@@ -17,7 +17,6 @@ from duetime.cli.common import (
     TransportOpt,
     confirm_many,
     errors_app,
-    open_ready_store,
     transport_url_for,
     warn_undeclared,
 )
@@ -38,6 +37,7 @@ from duetime.operations.retry_or_discard import (
     send_back,
     take,
 )
+from duetime.registry import open_ready_store
 from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
 
 IdsArg = Annotated[list[str] | None, typer.Argument(help="Ids of messages in the error queue.")]

@@ -29,7 +29,6 @@ from duetime.cli.common import (
     confirm_many,
     due_from_options,
     headers_from_pairs,
-    open_ready_store,
     refuse_destination,
     refuse_uncarriable,
     transport_url_for,
@@ -57,7 +56,7 @@ from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage
 from duetime.nservicebus.frontdoor import front_door_queue
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths, without_queue
-from duetime.registry import check_store_exists, open_store, open_transport
+from duetime.registry import check_store_exists, open_ready_store, open_store, open_transport
 from duetime.settings import DEFAULT_ENDPOINT, TRANSPORT_VARIABLE, DelayedDeliverySettings
 
 

@@ -23,7 +23,6 @@ from duetime.cli.common import (
     TransportOpt,
     app,
     headers_from_pairs,
-    open_ready_store,
     refuse_destination,
     warn_undeclared,
 )
@@ -35,6 +34,7 @@ from duetime.inputs.durations import parse_time
 from duetime.interfaces import RecurringStore, ServerClock
 from duetime.recurring.rules import Recurrence, recurrence_changed
 from duetime.recurring.schedule import Schedule, changed, new_schedule, schedule_json
+from duetime.registry import open_ready_store
 from duetime.settings import DEFAULT_ENDPOINT
 
 T = TypeVar("T")

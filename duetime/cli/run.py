@@ -22,7 +22,6 @@ from duetime.cli.common import (
     TransportOpt,
     app,
     configure_logging,
-    open_ready_store,
     transport_url_for,
 )
 from duetime.cli.terminal import EXIT_CRITICAL, console, fail, guarded, say
@@ -36,7 +35,7 @@ from duetime.interfaces import DeliveryLog, ServerClock
 from duetime.nservicebus.frontdoor import front_door_queue
 from duetime.observability.deliverylog import SqlDeliveryLog, open_delivery_log
 from duetime.observability.logs import LogFormat
-from duetime.registry import has_default_transport, open_store, open_transport
+from duetime.registry import has_default_transport, open_ready_store, open_store, open_transport
 from duetime.service import Service
 from duetime.settings import (
     DEFAULT_ENDPOINT,

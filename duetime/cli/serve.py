@@ -19,7 +19,6 @@ from duetime.cli.common import (
     TransportOpt,
     app,
     configure_logging,
-    open_ready_store,
 )
 from duetime.cli.terminal import console, err, fail, table
 from duetime.cli.terminal import run_async as _run
@@ -30,7 +29,7 @@ from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
 from duetime.interfaces import ApiKeyStore
 from duetime.observability.logs import LogFormat
-from duetime.registry import check_store_exists
+from duetime.registry import check_store_exists, open_ready_store
 from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE, LOG_FORMAT_VARIABLE
 
 log = logging.getLogger("duetime.api")

@@ -83,8 +83,8 @@ from duetime.operations.retry_or_discard import (
     take,
 )
 from duetime.recurring.schedule import group_of
-from duetime.registry import check_store_exists, open_store
-from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE, TransactionMode
+from duetime.registry import open_ready_store
+from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
 
 try:
     from starlette.applications import Starlette
@@ -190,8 +190,7 @@ class Dashboard:
         stores: dict[str, DelayedMessageStore] = {}
         try:
             for name in dict.fromkeys(endpoints):
-                stores[name] = store = open_store(check_store_exists(store_url))
-                await store.initialize(name, TransactionMode.AT_LEAST_ONCE)
+                stores[name] = await open_ready_store(store_url, name)
         except BaseException:
             for opened in stores.values():
                 await opened.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,41 @@ def test_schedule_list_show_reschedule_cancel(cli) -> None:  # type: ignore[no-u
     cli("cancel", mid)
     again = cli("cancel", mid, ok=False)
     assert again.returncode == 1 and "no stored message" in again.stderr
+
+
+def test_schedule_if_exists_keeps_replaces_and_debounces_as_typed(cli, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`duetime schedule --if-exists`: stdout carries the id alone, stderr says what happened; a
+    choice the command cannot keep is one line, exit 1, and changes nothing."""
+    cli("setup", "--queue", "reminders")
+    first = cli("schedule", "reminders", "1 item", "--id", "cart-7", "--in", "10m")
+    assert first.stdout == "cart-7\n" and "replaced" not in first.stderr
+    kept = cli("schedule", "reminders", "2 items", "--id", "cart-7", "--in", "1h", "--if-exists", "keep")
+    assert kept.stdout == "cart-7\n" and "(kept: a message with this id was waiting)" in kept.stderr
+    debounced = cli(
+        "schedule", "reminders", "3 items", "--id", "cart-7", "--in", "2h", "--if-exists", "debounce"
+    )
+    assert "(replaced the one waiting)" in debounced.stderr
+    shown = json.loads(cli("show", "cart-7").stdout)
+    assert shown["body"] == "3 items"
+    assert datetime.fromisoformat(shown["due_at"]) - datetime.now(UTC) > timedelta(hours=1, minutes=59)
+    for args, said in (
+        (["--id", "cart-7", "--at", "2031-01-01T00:00:00Z", "--if-exists", "debounce"], "takes a delay"),
+        (["--in", "1m", "--if-exists", "replace"], "needs the message's id"),
+        (["--id", "cart-7", "--in", "1m", "--if-exists", "refuse"], "already stored"),
+    ):
+        refused = cli("schedule", "reminders", "4 items", *args, ok=False)
+        assert refused.returncode == 1 and said in refused.stderr and "Traceback" not in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    with sqlite_file(tmp_path / "duetime.db") as db:  # a dispatcher is sending it right now
+        db.execute(
+            'UPDATE "duetime.delayed" SET claim_token = ?, claimed_until = ? WHERE message_id = ?',
+            ("someone", 2**62, "cart-7"),
+        )
+    held = cli(
+        "schedule", "reminders", "5 items", "--id", "cart-7", "--in", "1m", "--if-exists", "replace", ok=False
+    )
+    assert held.returncode == 1 and "not replaced" in held.stderr and "Traceback" not in held.stderr
+    assert json.loads(cli("show", "cart-7").stdout)["body"] == "3 items"
 
 
 def test_run_burst_delivers_and_errors_can_be_sent_back(cli) -> None:  # type: ignore[no-untyped-def]
