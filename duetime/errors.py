@@ -11,6 +11,7 @@ user what went wrong and what to do about it. The tree (a test holds it to the c
     ├── ConfigurationError            cannot work as configured: the message says the fix
     │   ├── InvalidSetting
     │   ├── ApiKeyExists
+    │   ├── WebhookExists
     │   ├── UnknownScheme
     │   ├── MissingExtra              install the extra it names
     │   └── UnsupportedTransactionMode
@@ -24,6 +25,7 @@ user what went wrong and what to do about it. The tree (a test holds it to the c
     ├── TransportError                the transport could not send
     │   ├── DestinationNotFound       to the error queue: declare the queue
     │   ├── MessageRefused            never carriable as it is: to the error queue
+    │   ├── RetryLater                not taken this time (a 5xx, a 429): tried again later
     │   └── TransportUnavailable      an outage: the dispatcher waits and reconnects
     │       └── DestinationUnavailable
     ├── ConnectionFailed              a server cannot be reached: address, user, password
@@ -80,6 +82,10 @@ class InvalidSetting(ConfigurationError):
 
 class ApiKeyExists(ConfigurationError):
     """An API key of that name is in use: revoke it first, or choose another name."""
+
+
+class WebhookExists(ConfigurationError):
+    """A webhook endpoint of that name is registered: remove it first, or choose another name."""
 
 
 class UnknownScheme(ConfigurationError):
@@ -200,6 +206,17 @@ class MessageRefused(TransportError):
     """The transport can never carry this message as it is (too large for the server, or a
     header it would refuse or change): a failure of this message alone, never an outage. It
     goes to the error queue with the reason, without retries."""
+
+
+class RetryLater(TransportError):
+    """The destination answered, or failed to answer, in a way that means "not now" (an HTTP 5xx,
+    408 or 429, a timeout, a refused or reset connection): the message waits ``after`` seconds in
+    the store and is tried again, as its destination's retry schedule says. A failure of that one
+    destination, never an outage of the transport: the others keep being delivered."""
+
+    def __init__(self, message: str | None = None, *, after: float) -> None:
+        super().__init__(message)
+        self.after = after
 
 
 class TransportUnavailable(TransportError):

@@ -21,6 +21,7 @@ from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import PlanReport, Schedule
 from duetime.settings import TransactionMode
+from duetime.webhooks import WebhookEndpoint
 
 #: Called by a store when something may now be due earlier than before; ``None`` means "another
 #: process changed the store, look again".
@@ -648,6 +649,48 @@ class SyncApiKeyStore(Protocol):
 
     def revoke_api_key(self, name: str, at: datetime) -> bool:
         """As :meth:`ApiKeyStore.revoke_api_key`, blocking."""
+        ...
+
+
+@runtime_checkable
+class WebhookStore(Protocol):
+    """A store that keeps the webhook endpoints its messages are delivered to (every duetime
+    store does), so every dispatcher of the store delivers to the same ones
+    (:mod:`duetime.webhooks`)."""
+
+    async def add_webhook(self, webhook: WebhookEndpoint) -> None:
+        """Keep a new endpoint; WebhookExists if one has its name."""
+
+    async def change_webhook(self, webhook: WebhookEndpoint) -> bool:
+        """Put ``webhook`` in place of the one of its name; False if there is none."""
+        ...
+
+    async def webhooks(self) -> list[WebhookEndpoint]:
+        """Every endpoint, by name."""
+        ...
+
+    async def remove_webhook(self, name: str) -> bool:
+        """Forget the endpoint and its secrets; False if there is none of that name."""
+        ...
+
+
+@runtime_checkable
+class SyncWebhookStore(Protocol):
+    """The blocking twin of :class:`WebhookStore`."""
+
+    def add_webhook(self, webhook: WebhookEndpoint) -> None:
+        """As :meth:`WebhookStore.add_webhook`, blocking."""
+
+    def change_webhook(self, webhook: WebhookEndpoint) -> bool:
+        """As :meth:`WebhookStore.change_webhook`, blocking."""
+        ...
+
+    def webhooks(self) -> list[WebhookEndpoint]:
+        """As :meth:`WebhookStore.webhooks`, blocking."""
+        ...
+
+    def remove_webhook(self, name: str) -> bool:
+        """As :meth:`WebhookStore.remove_webhook`, blocking."""
         ...
 
 

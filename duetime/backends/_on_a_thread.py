@@ -42,6 +42,7 @@ from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import PlanReport, Schedule
 from duetime.settings import TransactionMode
+from duetime.webhooks import WebhookEndpoint
 
 T = TypeVar("T")
 log = logging.getLogger("duetime.store")
@@ -273,6 +274,18 @@ class AsyncStoreBridge(AsyncClosing):
 
     async def revoke_api_key(self, name: str, at: datetime) -> bool:
         return await self._call(self.sync.revoke_api_key, name, at)
+
+    async def add_webhook(self, webhook: WebhookEndpoint) -> None:
+        await self._call(self.sync.add_webhook, webhook)
+
+    async def change_webhook(self, webhook: WebhookEndpoint) -> bool:
+        return await self._call(self.sync.change_webhook, webhook)
+
+    async def webhooks(self) -> builtins.list[WebhookEndpoint]:
+        return await self._read(self.sync.webhooks)
+
+    async def remove_webhook(self, name: str) -> bool:
+        return await self._call(self.sync.remove_webhook, name)
 
     async def list(self, query: ListQuery) -> Page:
         return await self._read(self.sync.list, query)

@@ -29,6 +29,7 @@ from duetime.errors import (
     DuplicateMessageId,
     MessageInFlight,
     StoreNotReady,
+    WebhookExists,
 )
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import number_option
@@ -53,11 +54,15 @@ from duetime.message import (
     dump_headers,
 )
 from duetime.settings import TransactionMode
+from duetime.webhooks import WebhookEndpoint
 
 #: The layout every store writes; a store refuses tables or keys written by a newer duetime, and
 #: asks for `duetime setup` (which upgrades in place) on ones written by an older one.
 #: 2: the group key (a column, or a set per group on Redis). 3: the API keys' table (or hash).
-SCHEMA_VERSION = 3
+#: 4: the named records' table (webhook endpoints; a hash per kind on Redis).
+SCHEMA_VERSION = 4
+#: The kind of record a webhook endpoint is.
+WEBHOOKS = "webhook"
 #: How long a claim keeps a message from other dispatchers unless a URL or the settings say otherwise.
 DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
 #: Destinations counted one by one in ``counts`` (the queries stop there); the rest are summed.
@@ -146,6 +151,13 @@ def _keeps_no_keys(store: object) -> ConfigurationError:
     return ConfigurationError(
         f"{type(store).__name__} keeps no API keys; duetime's own stores do (a store built on "
         "StoreRules implements _key_insert, _key_update and _key_records)."
+    )
+
+
+def _keeps_no_records(store: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"{type(store).__name__} keeps no webhook endpoints; duetime's own stores do (a store "
+        "built on StoreRules implements _record_insert, _record_update, _record_delete and _records)."
     )
 
 
@@ -662,6 +674,42 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def _key_records(self, endpoint: str) -> builtins.list[str]:
         """Every key record of the endpoint."""
         raise _keeps_no_keys(self)
+
+    def add_webhook(self, webhook: WebhookEndpoint) -> None:
+        """Keep a new webhook endpoint; WebhookExists if one has the name."""
+        if not self._record_insert(self._ready(), WEBHOOKS, webhook.name, webhook.to_json()):
+            raise WebhookExists(
+                f"a webhook named {webhook.name!r} exists; remove it first, or choose another name."
+            )
+
+    def change_webhook(self, webhook: WebhookEndpoint) -> bool:
+        """Put ``webhook`` in place of the one of its name; False if there is none."""
+        return self._record_update(self._ready(), WEBHOOKS, webhook.name, webhook.to_json())
+
+    def webhooks(self) -> builtins.list[WebhookEndpoint]:
+        """Every webhook endpoint of the endpoint, by name."""
+        return [WebhookEndpoint.from_json(text) for text in self._records(self._ready(), WEBHOOKS)]
+
+    def remove_webhook(self, name: str) -> bool:
+        """Forget the webhook and its secrets; False if there is none of that name."""
+        return self._record_delete(self._ready(), WEBHOOKS, name)
+
+    # Named records (webhook endpoints): one record per (endpoint, kind, name), a JSON text.
+    def _record_insert(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        """Keep a record unless ``name`` has one of ``kind``; whether it was kept."""
+        raise _keeps_no_records(self)
+
+    def _record_update(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        """Replace the record; False if there is none."""
+        raise _keeps_no_records(self)
+
+    def _record_delete(self, endpoint: str, kind: str, name: str) -> bool:
+        """Delete the record; False if there was none."""
+        raise _keeps_no_records(self)
+
+    def _records(self, endpoint: str, kind: str) -> builtins.list[str]:
+        """Every record of ``kind``, by name."""
+        raise _keeps_no_records(self)
 
     def list(self, query: ListQuery) -> Page:
         """One page, ordered by due time then id; pass ``next_cursor`` back as ``after``."""

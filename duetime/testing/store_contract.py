@@ -25,6 +25,7 @@ from duetime.errors import (
     ScheduleExists,
     ScheduleNotFound,
     StoreNotReady,
+    WebhookExists,
 )
 from duetime.interfaces import (
     ApiKeyStore,
@@ -41,12 +42,14 @@ from duetime.interfaces import (
     ReplacingStore,
     ServerClock,
     SyncDelayedMessageStore,
+    WebhookStore,
 )
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import MAX_BODY_BYTES, MAX_HEADERS_BYTES, DelayedMessage
 from duetime.recurring.rules import Recurrence
 from duetime.recurring.schedule import ScheduleRow, group_of, new_schedule
 from duetime.settings import TransactionMode
+from duetime.webhooks import WebhookEndpoint, new_secret
 
 ENDPOINT = "contract"
 
@@ -1023,6 +1026,43 @@ class StoreContract:
         again, _ = new_key(key.name, {Scope.MANAGE}, t)
         await keys.add_api_key(again)
         assert await mine() == [again]
+
+    async def test_webhook_endpoints_are_kept_changed_and_removed_with_their_secrets(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """Webhook endpoints (:mod:`duetime.webhooks`): kept by name with every field as given
+        (the secrets too: they sign), a name in use refused, a change in place, a remove that
+        forgets the secrets and frees the name. A store that keeps none says so in one line."""
+        assert isinstance(store, (WebhookStore, SyncSide))
+        hooks = cast(WebhookStore, store)
+        run = uuid.uuid4().hex[:8]
+        t = now().replace(microsecond=0)
+        hook = WebhookEndpoint(
+            f"w-{run}", "https://hooks.example/in?a=1&b=é", (new_secret(),), t,
+            headers=("customer-id",), allow=("10.0.0.0/8",), retry_schedule=(1.0, 2.5),
+        )  # fmt: skip
+        try:
+            await hooks.add_webhook(hook)
+        except ConfigurationError as error:
+            assert "keeps no webhook endpoints" in str(error)
+            return
+
+        async def mine() -> list[WebhookEndpoint]:
+            return [w for w in await hooks.webhooks() if w.name == hook.name]
+
+        assert await mine() == [hook]
+        with pytest.raises(WebhookExists):
+            await hooks.add_webhook(hook)
+        rotated = hook.rotated(new_secret())
+        assert await hooks.change_webhook(rotated) and await hooks.change_webhook(rotated)
+        assert await mine() == [rotated] and rotated.secrets[1] == hook.secrets[0]
+        assert await hooks.remove_webhook(hook.name)
+        assert not await hooks.remove_webhook(hook.name)
+        assert not await hooks.change_webhook(rotated)  # a removed one is not brought back
+        assert await mine() == []
+        await hooks.add_webhook(hook)
+        assert await mine() == [hook]
+        assert await hooks.remove_webhook(hook.name)
 
     async def test_sync_twin_sees_the_same_messages(
         self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]

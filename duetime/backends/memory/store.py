@@ -45,6 +45,7 @@ class SyncMemoryStore(StoreRules):
         self._presence: dict[tuple[str, str], tuple[datetime, str]] = {}
         #: (endpoint, key name) -> the key's record JSON
         self._keys: dict[tuple[str, str], str] = {}
+        self._named: dict[tuple[str, str, str], str] = {}
         #: (endpoint, schedule id) -> its row
         self._schedules: dict[tuple[str, str], ScheduleRow] = {}
 
@@ -239,6 +240,28 @@ class SyncMemoryStore(StoreRules):
     def _key_records(self, endpoint: str) -> list[str]:
         with self._lock:
             return [info for (e, name), info in sorted(self._keys.items()) if e == endpoint]
+
+    def _record_insert(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        with self._lock:
+            if (endpoint, kind, name) in self._named:
+                return False
+            self._named[(endpoint, kind, name)] = info
+            return True
+
+    def _record_update(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        with self._lock:
+            if (endpoint, kind, name) not in self._named:
+                return False
+            self._named[(endpoint, kind, name)] = info
+            return True
+
+    def _record_delete(self, endpoint: str, kind: str, name: str) -> bool:
+        with self._lock:
+            return self._named.pop((endpoint, kind, name), None) is not None
+
+    def _records(self, endpoint: str, kind: str) -> list[str]:
+        with self._lock:
+            return [info for (e, k, _), info in sorted(self._named.items()) if (e, k) == (endpoint, kind)]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         with self._lock:

@@ -216,6 +216,28 @@ UPDATE duetime_api_keys SET info = %s WHERE endpoint = %s AND name = %s;
 -- name: key_records
 SELECT info FROM duetime_api_keys WHERE endpoint = %s ORDER BY name;
 
+-- Named records (webhook endpoints, duetime.webhooks): one row per endpoint, kind and name.
+-- name: create_record_table
+CREATE TABLE IF NOT EXISTS duetime_records (
+    endpoint VARCHAR(200) NOT NULL,
+    kind VARCHAR(32) NOT NULL,
+    name VARCHAR(100) NOT NULL,
+    info LONGTEXT NOT NULL,
+    PRIMARY KEY (endpoint, kind, name)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE={collation};
+
+-- name: record_insert
+INSERT IGNORE INTO duetime_records (endpoint, kind, name, info) VALUES (%s, %s, %s, %s);
+
+-- name: record_update
+UPDATE duetime_records SET info = %s WHERE endpoint = %s AND kind = %s AND name = %s;
+
+-- name: record_delete
+DELETE FROM duetime_records WHERE endpoint = %s AND kind = %s AND name = %s;
+
+-- name: records
+SELECT info FROM duetime_records WHERE endpoint = %s AND kind = %s ORDER BY name;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS duetime_schedules (

@@ -298,6 +298,7 @@ class SyncMysqlStore(StoreRules):
                         self._change_in_use(cur, q, change, table)
                 cur.execute(q["create_presence_table"])
                 cur.execute(q["create_api_key_table"])
+                cur.execute(q["create_record_table"])
                 cur.execute(q["create_schedule_table"])
                 cur.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
             finally:
@@ -523,6 +524,20 @@ class SyncMysqlStore(StoreRules):
 
     def _key_records(self, endpoint: str) -> list[str]:
         return [r[0] for r in self._fetch(QUERIES["key_records"], (endpoint,))]
+
+    def _record_insert(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        return self._execute(QUERIES["record_insert"], (endpoint, kind, name, info)) == 1
+
+    def _record_update(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        # MariaDB counts a row changed to what it held as untouched: look for it then.
+        changed = self._execute(QUERIES["record_update"], (info, endpoint, kind, name)) == 1
+        return changed or info in self._records(endpoint, kind)
+
+    def _record_delete(self, endpoint: str, kind: str, name: str) -> bool:
+        return self._execute(QUERIES["record_delete"], (endpoint, kind, name)) == 1
+
+    def _records(self, endpoint: str, kind: str) -> list[str]:
+        return [r[0] for r in self._fetch(QUERIES["records"], (endpoint, kind))]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s", to_micros)

@@ -465,6 +465,29 @@ UPDATE {api_keys} SET info = %(info)s WHERE endpoint = %(endpoint)s AND name = %
 -- name: key_records
 SELECT info::text FROM {api_keys} WHERE endpoint = %(endpoint)s ORDER BY name;
 
+-- Named records (webhook endpoints, duetime.webhooks): one row per endpoint, kind and name.
+-- name: create_record_table
+CREATE TABLE IF NOT EXISTS {records} (
+    endpoint varchar(200) NOT NULL,
+    kind varchar(32) NOT NULL,
+    name varchar(100) NOT NULL,
+    info json NOT NULL,
+    PRIMARY KEY (endpoint, kind, name)
+);
+
+-- name: record_insert
+INSERT INTO {records} (endpoint, kind, name, info) VALUES (%(endpoint)s, %(kind)s, %(name)s, %(info)s)
+ON CONFLICT (endpoint, kind, name) DO NOTHING;
+
+-- name: record_update
+UPDATE {records} SET info = %(info)s WHERE endpoint = %(endpoint)s AND kind = %(kind)s AND name = %(name)s;
+
+-- name: record_delete
+DELETE FROM {records} WHERE endpoint = %(endpoint)s AND kind = %(kind)s AND name = %(name)s;
+
+-- name: records
+SELECT info::text FROM {records} WHERE endpoint = %(endpoint)s AND kind = %(kind)s ORDER BY name;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS {schedules} (

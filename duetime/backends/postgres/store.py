@@ -86,6 +86,7 @@ def _setup_statements(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
         *[(sql, {}) for sql in queue_schema_statements(q) if not sql.startswith("CREATE INDEX")],
         (q["create_presence_table"], {}),
         (q["create_api_key_table"], {}),
+        (q["create_record_table"], {}),
         (q["create_schedule_table"], {}),
     ]
 
@@ -430,6 +431,22 @@ class SyncPostgresStore(StoreRules):
 
     def _key_records(self, endpoint: str) -> list[str]:
         return [r[0] for r in self._rows(self.names.q["key_records"], {"endpoint": endpoint})]
+
+    def _record_insert(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        params = {"endpoint": endpoint, "kind": kind, "name": name, "info": info}
+        return self._rowcount(self.names.q["record_insert"], params) == 1
+
+    def _record_update(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        params = {"endpoint": endpoint, "kind": kind, "name": name, "info": info}
+        return self._rowcount(self.names.q["record_update"], params) == 1
+
+    def _record_delete(self, endpoint: str, kind: str, name: str) -> bool:
+        params = {"endpoint": endpoint, "kind": kind, "name": name}
+        return self._rowcount(self.names.q["record_delete"], params) == 1
+
+    def _records(self, endpoint: str, kind: str) -> list[str]:
+        params = {"endpoint": endpoint, "kind": kind}
+        return [r[0] for r in self._rows(self.names.q["records"], params)]
 
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:

@@ -185,6 +185,7 @@ class SyncRedisStore(StoreRules):
             "channel": base + "wake",
             "dispatchers": base + "dispatchers",
             "api_keys": base + "api_keys",
+            "records": base + "records",
         }
 
     @property
@@ -473,6 +474,24 @@ class SyncRedisStore(StoreRules):
         found = self.client.hgetall(self.keys_for(endpoint)["api_keys"])
         return [_text(found[name]) for name in sorted(found)]
 
+    def _record_key(self, endpoint: str, kind: str) -> str:
+        return f"{self.keys_for(endpoint)['records']}:{check_name('record kind', kind)}"
+
+    def _record_insert(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        return bool(self.client.hsetnx(self._record_key(endpoint, kind), name, info))
+
+    def _record_update(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        # one step, so a remove meanwhile cannot be undone by this change
+        key = self._record_key(endpoint, kind)
+        return bool(self.client.eval(_SET_IF_THERE, 1, key, name, info))
+
+    def _record_delete(self, endpoint: str, kind: str, name: str) -> bool:
+        return bool(self.client.hdel(self._record_key(endpoint, kind), name))
+
+    def _records(self, endpoint: str, kind: str) -> list[str]:
+        found = self.client.hgetall(self._record_key(endpoint, kind))
+        return [_text(found[name]) for name in sorted(found)]
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         """Walks the by-due index in pages from the lowest due time the query allows, filtering;
         a small group's listing reads the group's members instead (a walk would pass over the
@@ -584,6 +603,13 @@ class SyncRedisStore(StoreRules):
 
     def _close(self) -> None:
         close_redis(self.client)
+
+
+#: HSET of a field that is there (HSET's XX flag is Redis 8's own).
+_SET_IF_THERE = (
+    "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then "
+    "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return 1 end return 0"
+)
 
 
 class RedisStore(AsyncStoreBridge):

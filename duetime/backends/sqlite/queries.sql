@@ -287,6 +287,28 @@ UPDATE duetime_api_keys SET info = ? WHERE endpoint = ? AND name = ?;
 -- name: key_records
 SELECT info FROM duetime_api_keys WHERE endpoint = ? ORDER BY name;
 
+-- Named records (webhook endpoints, duetime.webhooks): one row per endpoint, kind and name.
+-- name: create_record_table
+CREATE TABLE IF NOT EXISTS duetime_records (
+    endpoint TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    info TEXT NOT NULL,
+    PRIMARY KEY (endpoint, kind, name)
+);
+
+-- name: record_insert
+INSERT OR IGNORE INTO duetime_records (endpoint, kind, name, info) VALUES (?, ?, ?, ?);
+
+-- name: record_update
+UPDATE duetime_records SET info = ? WHERE endpoint = ? AND kind = ? AND name = ?;
+
+-- name: record_delete
+DELETE FROM duetime_records WHERE endpoint = ? AND kind = ? AND name = ?;
+
+-- name: records
+SELECT info FROM duetime_records WHERE endpoint = ? AND kind = ? ORDER BY name;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS duetime_schedules (

@@ -151,6 +151,7 @@ class SyncSqliteStore(StoreRules):
             create_queue_schema(self._conn)
             self._conn.execute(q["create_presence_table"])
             self._conn.execute(q["create_api_key_table"])
+            self._conn.execute(q["create_record_table"])
             self._conn.execute(q["create_schedule_table"])
             self._conn.execute(q["create_schedule_plan_index"])
             self._conn.execute(q["record_version"], (f"store:{table}", SCHEMA_VERSION))
@@ -276,6 +277,19 @@ class SyncSqliteStore(StoreRules):
     def _key_records(self, endpoint: str) -> list[str]:
         with self._lock:
             return [r[0] for r in self._conn.execute(QUERIES["key_records"], (endpoint,))]
+
+    def _record_insert(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        return self._write_each(QUERIES["record_insert"], [(endpoint, kind, name, info)]) == 1
+
+    def _record_update(self, endpoint: str, kind: str, name: str, info: str) -> bool:
+        return self._write_each(QUERIES["record_update"], [(info, endpoint, kind, name)]) == 1
+
+    def _record_delete(self, endpoint: str, kind: str, name: str) -> bool:
+        return self._write_each(QUERIES["record_delete"], [(endpoint, kind, name)]) == 1
+
+    def _records(self, endpoint: str, kind: str) -> list[str]:
+        with self._lock:
+            return [r[0] for r in self._conn.execute(QUERIES["records"], (endpoint, kind))]
 
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:
