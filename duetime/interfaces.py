@@ -735,6 +735,15 @@ class Located(Protocol):
 
 
 @runtime_checkable
+class ReadsFromStore(Protocol):
+    """A transport that needs the store the dispatcher delivers from (webhooks read their
+    endpoints there): the dispatcher hands it over before it starts the transport."""
+
+    def attach_store(self, store: object) -> None:
+        """Use ``store`` from now on."""
+
+
+@runtime_checkable
 class ServerClock(Protocol):
     """A store whose server keeps its own time (PostgreSQL, MariaDB, Redis)."""
 

@@ -46,6 +46,7 @@ TRANSPORTS: dict[str, str] = {
     "redis": "duetime.backends.redis.transport:RedisTransport",
     "redis+sentinel": "duetime.backends.redis.transport:RedisTransport",
     "nats": "duetime.backends.nats.transport:NatsTransport",
+    "webhooks": "duetime.backends.webhooks.transport:WebhookTransport",
     "celery+amqp": "duetime.backends.celery.transport:CeleryTransport",
     "celery+amqps": "duetime.backends.celery.transport:CeleryTransport",
     "celery+redis": "duetime.backends.celery.transport:CeleryTransport",

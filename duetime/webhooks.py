@@ -30,7 +30,7 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 from duetime.errors import ConfigurationError
-from duetime.inputs.durations import parse_time
+from duetime.inputs.durations import parse_duration
 from duetime.inputs.identifiers import check_name
 
 #: What a Standard Webhooks secret starts with (the base64 of its key follows).
@@ -38,6 +38,8 @@ SECRET_PREFIX = "whsec_"
 #: The delays after each failed attempt, in seconds: Standard Webhooks' own schedule (5 seconds,
 #: 5 minutes, 30 minutes, 2, 5, 10 and 10 hours), so eight attempts over a day and a bit.
 STANDARD_SCHEDULE: tuple[float, ...] = (5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0)
+#: The same, as ``--retry-schedule`` takes it.
+STANDARD_SCHEDULE_TEXT = "5s,5m,30m,2h,5h,10h,10h"
 #: The longest a ``Retry-After`` answer is waited for; a longer one is waited this long.
 LONGEST_RETRY_AFTER = 86400.0
 #: Secrets that sign at once: the new one and the one it replaces, during a rotation.
@@ -144,7 +146,7 @@ def read_schedule(text: str) -> tuple[float, ...]:
     if text.strip().lower() == "none":
         return ()
     try:
-        delays = tuple(parse_time(part.strip()).total_seconds() for part in text.split(","))
+        delays = tuple(parse_duration(part.strip()).total_seconds() for part in text.split(","))
     except ValueError:
         delays = ()
     if not delays or any(d < 0 for d in delays):

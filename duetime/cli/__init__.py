@@ -28,6 +28,7 @@ for _group in (
     "queues",
     "dashboard",
     "serve",
+    "webhooks",
 ):  # each adds its commands, in --help's order
     importlib.import_module(f"duetime.cli.{_group}")
 app.add_typer(bulk_app, name="bulk")

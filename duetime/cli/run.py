@@ -29,6 +29,7 @@ from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher
+from duetime.engine.routes import described, read_routes, routed
 from duetime.errors import DuetimeError, InvalidSetting, one_line
 from duetime.inputs.urls import redact
 from duetime.interfaces import DeliveryLog, ServerClock
@@ -46,6 +47,7 @@ from duetime.settings import (
     METRICS_HOST_VARIABLE,
     METRICS_PORT_VARIABLE,
     READY_AFTER_VARIABLE,
+    ROUTES_VARIABLE,
     DelayedDeliverySettings,
     TransactionMode,
     setting_value,
@@ -136,6 +138,20 @@ FrontDoorOpt = Annotated[
     ),
 ]
 
+RouteOpt = Annotated[
+    list[str],
+    typer.Option(
+        "--route",
+        envvar=ROUTES_VARIABLE,
+        help="PATTERN=TRANSPORT_URL: destinations matching the pattern (orders.*, as the shell "
+        "matches) go to that transport instead, e.g. 'reminders.*=webhooks://' or "
+        "'orders.*=amqp://guest:guest@localhost/'. Repeat it; the first that matches wins, "
+        "--transport takes the rest and the error queue (unless a route names it). "
+        "DUETIME_ROUTES holds them separated by spaces. With routes, delivery is at-least-once.",
+        show_default=False,
+    ),
+]
+
 SetupOpt = Annotated[bool, typer.Option("--setup/--no-setup", help="Create tables first.")]
 
 DeliveryLogOpt = Annotated[
@@ -193,6 +209,7 @@ def run(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
+    route: RouteOpt = [],  # noqa: B006
     mode: ModeOpt = None,
     burst: BurstOpt = False,
     retries: RetriesOpt = None,
@@ -216,6 +233,7 @@ def run(
     configure_logging(verbose, log_format)
     given = (mode, retries, batch_size, lateness_budget, error_queue)  # in _FLAGS's order
     base_settings = _settings(dict(zip(_FLAGS, given, strict=True)))
+    routes = read_routes(route)
 
     async def go() -> None:
         settings, shown = base_settings, transport_url_for(store, transport)
@@ -223,7 +241,7 @@ def run(
             # whatever was opened is closed, also when a later step of the start fails
             s = open_store(store, claim_timeout=settings.claim_timeout)
             opened.push_async_callback(_close, s.close)
-            t = open_transport(shown)
+            t = routed(routes, shown, open_transport)
             opened.push_async_callback(_close, t.close)
             log = await _open_log(delivery_log, opened)
             service = Service(
@@ -237,7 +255,7 @@ def run(
                 ready_after=ready_after,
                 delivery_log=log,
                 setup=auto_setup,
-                transport_name=redact(shown),
+                transport_name=described(routes, shown) if routes else redact(shown),
             )
             try:
                 await (_burst(service) if burst else _serve(service, redact(store)))

@@ -45,6 +45,7 @@ from duetime.interfaces import (
     Clock,
     DelayedMessageStore,
     DeliveryLog,
+    ReadsFromStore,
     RecurringStore,
     ServerClock,
     StoreCounts,
@@ -97,6 +98,8 @@ class Dispatcher:
         check_dispatcher_inputs(store, transport)
         s = settings or DelayedDeliverySettings()
         #: The mode in force: the settings', else the safest the pair keeps.
+        if isinstance(transport, ReadsFromStore):
+            transport.attach_store(store)
         self.mode: TransactionMode = s.transaction_mode or safest_mode(store, transport)
         self.settings = s = s.with_changes(transaction_mode=self.mode)
         self.endpoint = check_name("endpoint", endpoint)

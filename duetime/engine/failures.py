@@ -2,6 +2,8 @@
 
 - The transport could not be reached: an outage, not the message's; its claim goes back untouched.
 - Another try may go: its failure is counted and it waits its turn (``number_of_retries``).
+- Its destination said "not now" (:class:`RetryLater`, a webhook's 503): its failure is counted
+  and it waits in the store as long as the destination's own schedule says.
 - Out of retries, or a failure no try can mend (no such destination, a message its transport
   refuses): a copy with the reason goes to the error queue and the message is removed.
 - Not even the error queue can carry it: it stays stored, put aside for :data:`PARKED_FOR`, with a
@@ -20,7 +22,7 @@ from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.outages import Outages
 from duetime.engine.triage import NOT_RETRIED, Triage
 from duetime.error_headers import KEPT_IN_STORE, error_headers
-from duetime.errors import MessageInFlight, one_line
+from duetime.errors import MessageInFlight, RetryLater, one_line
 from duetime.interfaces import Clock
 from duetime.message import DelayedMessage
 
@@ -70,6 +72,9 @@ class FailurePolicy:
             if isinstance(error, NOT_RETRIED):  # another try cannot go otherwise
                 dead.append((message, error))
                 continue
+            if isinstance(error, RetryLater):  # the destination's schedule, not number_of_retries
+                await self.retry_later(message, error)
+                continue
             attempts = message.failure_count + 1
             if attempts > self.settings.number_of_retries:
                 # Still claimed: dead-letter it before anyone else can take it again.
@@ -89,6 +94,26 @@ class FailurePolicy:
             self.observer.retried(message, attempts, error)
         if dead:
             await self.dead_letter(dead)
+
+    async def retry_later(self, message: DelayedMessage, error: RetryLater) -> None:
+        """Count the failure and keep the message ``error.after`` seconds longer. Two calls: a
+        dispatcher that claims it between them sends it once more early, which at-least-once
+        allows; its due time is then moved by that dispatcher's own answer."""
+        until = self.clock.now() + timedelta(seconds=error.after)
+        store, seconds = self.calls.store, self.calls.deadline(self.breakers.store)
+        try:
+            counted = await within(
+                store.increment_failure_count(message.message_id), seconds, "counting a failure"
+            )
+            if counted and error.after > 0:
+                await within(store.reschedule(message.message_id, until), seconds, "putting a retry off")
+        except MessageInFlight:
+            return  # claimed again meanwhile: that dispatcher sends it
+        except Exception as recovery_error:  # its claim lapses; it is tried again then
+            self.breakers.recovery.failure(recovery_error)
+            return
+        if counted:
+            self.observer.retried(message, message.failure_count + 1, error)
 
     async def dead_letter(self, dead: Failed) -> None:
         """Copies with the reason to the error queue; the originals removed once they are there."""

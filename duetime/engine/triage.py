@@ -9,11 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from duetime.errors import DestinationNotFound, MessageRefused, TransportUnavailable
+from duetime.errors import DestinationNotFound, MessageRefused, RetryLater, TransportUnavailable
 from duetime.message import DelayedMessage
 
 #: Failures another try cannot mend: to the error queue at once, without retries.
 NOT_RETRIED = (DestinationNotFound, MessageRefused)
+#: Failures of one destination, not of the transport (a webhook answering 503): its schedule
+#: retries them and no circuit breaker counts them, so the other destinations keep going.
+DESTINATIONS_OWN = (*NOT_RETRIED, RetryLater)
 
 
 @dataclass(slots=True)
@@ -47,7 +50,7 @@ class Triage:
     @property
     def transport_failures(self) -> list[tuple[DelayedMessage, Exception]]:
         """Failures that may be the transport's (another try may go): the dispatch breaker counts them."""
-        return [(m, e) for m, e in self.failed if not isinstance(e, NOT_RETRIED)]
+        return [(m, e) for m, e in self.failed if not isinstance(e, DESTINATIONS_OWN)]
 
     def split_refused(
         self,
