@@ -364,6 +364,17 @@ class Transport(Protocol):
 
 
 @runtime_checkable
+class RetryingStore(Protocol):
+    """A store that can put a failed message off in one change (every duetime store can): what a
+    destination's own retry schedule needs (:class:`duetime.errors.RetryLater`)."""
+
+    async def retry_later(self, message_id: str, due_at: datetime) -> bool:
+        """Count one failure, release the claim and make the message due at ``due_at``; False if
+        it is not stored (cancelled meanwhile)."""
+        ...
+
+
+@runtime_checkable
 class NewOnlyStore(Protocol):
     """A store that can store, in one call, only the messages of a batch it does not hold yet:
     what resuming an interrupted load or a retry of many needs. Every duetime store has it; for a

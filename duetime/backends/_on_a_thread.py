@@ -239,6 +239,9 @@ class AsyncStoreBridge(AsyncClosing):
     async def increment_failure_count(self, message_id: str) -> bool:
         return await self._call(self.sync.increment_failure_count, message_id)
 
+    async def retry_later(self, message_id: str, due_at: datetime) -> bool:
+        return await self._call(self.sync.retry_later, message_id, due_at)
+
     async def release(self, message_ids: Sequence[str]) -> int:
         return await self._call(self.sync.release, list(message_ids))
 

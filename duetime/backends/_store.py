@@ -580,6 +580,17 @@ class StoreRules(ScheduleRules, Closing, ABC):
         self._ready()
         return self._fail(message_id)
 
+    def retry_later(self, message_id: str, due_at: datetime) -> bool:
+        """Count one failure, release the claim and make the message due at ``due_at``, in one
+        change: a dispatcher claiming ahead never sees it released but still due now."""
+        self._ready()
+        return self._fail_until(message_id, check_due_time(due_at))
+
+    def _fail_until(self, message_id: str, due_at: datetime) -> bool:
+        """``_fail`` and a new due time in one change. By default the two in turn (a store whose
+        dispatchers claim ahead implements it as one)."""
+        return self._fail(message_id) and self._reschedule_unclaimed(message_id, due_at, self.clock.now())
+
     def release(self, message_ids: Sequence[str]) -> int:
         self._ready()
         return self._release(list(message_ids)) if message_ids else 0

@@ -19,9 +19,7 @@ from duetime.errors import ConfigurationError, MessageRefused, command
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
-from duetime.interfaces import (
-    InspectableQueue,
-)
+from duetime.interfaces import InspectableQueue, WebhookStore
 from duetime.message import DelayedMessage, check_due_time, refused_destination
 from duetime.observability.logs import LogFormat, configure
 from duetime.operations.carry import CarryRule as CarryRules
@@ -29,9 +27,11 @@ from duetime.registry import (
     DEFAULT_STORE_URL,
     check_store_exists,
     default_transport,
+    open_ready_store,
     open_transport,
 )
 from duetime.settings import (
+    DEFAULT_ENDPOINT,
     ENDPOINT_VARIABLE,
     ERROR_QUEUE_VARIABLE,
     OTHER_VARIABLES,
@@ -331,6 +331,20 @@ async def refuse_uncarriable(store_url: str, transport: str | None, message: Del
         raise MessageRefused(f"{reason}. Nothing was stored.")
 
 
+async def _webhook_names(store_url: str, endpoint: str) -> set[str]:
+    """The names of the store's webhooks (none where it cannot tell: an advisory look)."""
+    try:
+        store = await open_ready_store(store_url, endpoint)
+    except Exception:
+        return set()
+    try:
+        return {w.name for w in await store.webhooks()} if isinstance(store, WebhookStore) else set()
+    except Exception:
+        return set()
+    finally:
+        await store.close()
+
+
 def can_warn_undeclared(store_url: str, transport: str | None) -> bool:
     """Whether :func:`warn_undeclared` has a transport to ask: given, or the store's own queue
     tables in a store that is there (a SQLite file is not made by looking)."""
@@ -341,11 +355,18 @@ def can_warn_undeclared(store_url: str, transport: str | None) -> bool:
     return True
 
 
-async def warn_undeclared(store_url: str, transport: str | None, destinations: Iterable[str]) -> None:
+async def warn_undeclared(
+    store_url: str, transport: str | None, destinations: Iterable[str], endpoint: str = DEFAULT_ENDPOINT
+) -> None:
     """Warn about destinations no queue is declared for, where the transport can tell: such a
-    message is stored fine and would only be dead-lettered, in silence, when it falls due."""
+    message is stored fine and would only be dead-lettered, in silence, when it falls due. A
+    destination that is a webhook the store keeps is delivered by a route to webhooks://, so it
+    needs no queue."""
     if not can_warn_undeclared(store_url, transport):
         return  # a store without queue tables of its own, and no --transport: nothing to ask
+    destinations = set(destinations) - await _webhook_names(store_url, endpoint)
+    if not destinations:
+        return
     url = transport_url_for(store_url, transport)
     try:
         t = open_transport(url)

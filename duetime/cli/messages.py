@@ -121,7 +121,7 @@ def schedule(
         "replaced": " (replaced the one waiting)",
     }
     err.print(f"due {message.due_at.isoformat()} -> {message.destination}{said[done.outcome]}")
-    _run(lambda: warn_undeclared(store, transport, [destination]))
+    _run(lambda: warn_undeclared(store, transport, [destination], endpoint))
 
 
 @app.command()

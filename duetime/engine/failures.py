@@ -23,7 +23,7 @@ from duetime.engine.outages import Outages
 from duetime.engine.triage import NOT_RETRIED, Triage
 from duetime.error_headers import KEPT_IN_STORE, error_headers
 from duetime.errors import MessageInFlight, RetryLater, one_line
-from duetime.interfaces import Clock
+from duetime.interfaces import Clock, RetryingStore
 from duetime.message import DelayedMessage
 
 log = logging.getLogger("duetime.dispatcher")
@@ -96,19 +96,18 @@ class FailurePolicy:
             await self.dead_letter(dead)
 
     async def retry_later(self, message: DelayedMessage, error: RetryLater) -> None:
-        """Count the failure and keep the message ``error.after`` seconds longer. Two calls: a
-        dispatcher that claims it between them sends it once more early, which at-least-once
-        allows; its due time is then moved by that dispatcher's own answer."""
-        until = self.clock.now() + timedelta(seconds=error.after)
+        """Count the failure and keep the message ``error.after`` seconds longer, in one change
+        (:class:`RetryingStore`): released first, it would be due now to a batch claimed ahead.
+        A store without it counts the failure only, and the message is tried again at once."""
         store, seconds = self.calls.store, self.calls.deadline(self.breakers.store)
+        until = self.clock.now() + timedelta(seconds=error.after)
+        change = (
+            store.retry_later(message.message_id, until)
+            if isinstance(store, RetryingStore)
+            else store.increment_failure_count(message.message_id)
+        )
         try:
-            counted = await within(
-                store.increment_failure_count(message.message_id), seconds, "counting a failure"
-            )
-            if counted and error.after > 0:
-                await within(store.reschedule(message.message_id, until), seconds, "putting a retry off")
-        except MessageInFlight:
-            return  # claimed again meanwhile: that dispatcher sends it
+            counted = await within(change, seconds, "putting a retry off")
         except Exception as recovery_error:  # its claim lapses; it is tried again then
             self.breakers.recovery.failure(recovery_error)
             return

@@ -40,6 +40,7 @@ from duetime.interfaces import (
     Put,
     RecurringStore,
     ReplacingStore,
+    RetryingStore,
     ServerClock,
     SyncDelayedMessageStore,
     WebhookStore,
@@ -1026,6 +1027,25 @@ class StoreContract:
         again, _ = new_key(key.name, {Scope.MANAGE}, t)
         await keys.add_api_key(again)
         assert await mine() == [again]
+
+    async def test_a_retry_put_off_is_counted_released_and_due_later_in_one_change(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """What a destination's "not now" (RetryLater) does: the claimed message is released
+        with one more failure and its new due time at once, so neither this dispatcher's next
+        claim nor another's takes it before then."""
+        assert isinstance(store, (RetryingStore, SyncSide))
+        retrying = cast(RetryingStore, store)
+        t = now()
+        await store.store(msg(1, t - timedelta(seconds=1)))
+        [claimed] = await store.fetch_due(t, 10)
+        later = t + timedelta(hours=1)
+        assert await retrying.retry_later(claimed.message_id, later)
+        assert await store.fetch_due(t + timedelta(minutes=59), 10) == []
+        got = await store.get(claimed.message_id)
+        assert got is not None and got.failure_count == 1 and got.due_at == later
+        assert [m.message_id for m in await store.fetch_due(later, 10)] == [claimed.message_id]
+        assert not await retrying.retry_later("no-such-message", later)
 
     async def test_webhook_endpoints_are_kept_changed_and_removed_with_their_secrets(
         self, store: DelayedMessageStore

@@ -158,6 +158,16 @@ class SyncMemoryStore(StoreRules):
             row.claimed_until = None
             return True
 
+    def _fail_until(self, message_id: str, due_at: datetime) -> bool:
+        with self._lock:
+            row = self._rows.get(message_id)
+            if row is None:
+                return False
+            changes = {"failure_count": row.message.failure_count + 1, "due_at": due_at}
+            row.message = row.message.with_changes(**changes)
+            row.claimed_until = None
+            return True
+
     def _release(self, message_ids: Sequence[str]) -> int:
         with self._lock:
             released = 0

@@ -110,6 +110,10 @@ DELETE FROM {table} WHERE message_id = %s;
 -- name: increment_failure
 UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
 
+-- name: increment_failure_until
+UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL, due_at = %s
+WHERE message_id = %s;
+
 -- name: release
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id IN %s;
 

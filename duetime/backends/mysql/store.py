@@ -410,6 +410,9 @@ class SyncMysqlStore(StoreRules):
     def _fail(self, message_id: str) -> bool:
         return self._execute(self.q["increment_failure"], (message_id,)) == 1
 
+    def _fail_until(self, message_id: str, due_at: datetime) -> bool:
+        return self._execute(self.q["increment_failure_until"], (to_micros(due_at), message_id)) == 1
+
     def _release(self, message_ids: Sequence[str]) -> int:
         return self._execute(self.q["release"], (tuple(message_ids),)) if message_ids else 0
 

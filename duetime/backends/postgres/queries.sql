@@ -260,6 +260,11 @@ SELECT message_id FROM {table} WHERE message_id = ANY(%(ids)b);
 UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL
 WHERE message_id = %(id)s;
 
+-- name: increment_failure_until
+UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL,
+due_at = %(due_at)s
+WHERE message_id = %(id)s;
+
 -- name: release_many
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = ANY(%(ids)b);
 

@@ -368,11 +368,18 @@ class SyncPostgresStore(StoreRules):
         return count + (self._rowcount(q["delete_many"], {"ids": rest}) if rest else 0)
 
     def _fail(self, message_id: str) -> bool:
-        q = self.names.q
+        return self._change_held(message_id, "increment_failure", {"id": message_id})
+
+    def _fail_until(self, message_id: str, due_at: datetime) -> bool:
+        return self._change_held(message_id, "increment_failure_until", {"id": message_id, "due_at": due_at})
+
+    def _change_held(self, message_id: str, query: str, params: dict[str, Any]) -> bool:
+        """A change of a claimed row: in the transaction holding it (which ends with it), else alone."""
+        sql = self.names.q[query]
         held, _ = self._held.split([message_id])
         for batch, ids in held.values():
-            return self._held.run(batch, ids, q["increment_failure"], {"id": message_id}) == 1
-        return self._rowcount(q["increment_failure"], {"id": message_id}) == 1
+            return self._held.run(batch, ids, sql, params) == 1
+        return self._rowcount(sql, params) == 1
 
     def _release(self, message_ids: Sequence[str]) -> int:
         """A held row is released by its transaction ending; a leased one by clearing the lease."""

@@ -2,7 +2,7 @@
 -- in one call (a dispatcher's batch settles in one round trip, not one a message).
 -- KEYS: 1 ready zset, 2 payload hash, 3 claims hash, 4 failures hash, 5 due-time hash, 6 by-due zset,
 --       7 group-of hash (the members of group G are the set KEYS[7] .. ':' .. G)
--- ARGV: 1 action, 2 now (us), 3 new due (us, reschedule), 4.. ids
+-- ARGV: 1 action, 2 now (us), 3 new due (us, reschedule and fail_until), 4.. ids
 -- Returns per id: 1 done, 0 no such message, -1 in flight (cancel/reschedule of a claimed message).
 local action, now = ARGV[1], tonumber(ARGV[2])
 
@@ -24,8 +24,8 @@ local function act(id)
         end
         return 1
     end
-    if action == 'fail' then redis.call('HINCRBY', KEYS[4], id, 1) end
-    if action == 'reschedule' then
+    if action == 'fail' or action == 'fail_until' then redis.call('HINCRBY', KEYS[4], id, 1) end
+    if action == 'reschedule' or action == 'fail_until' then
         redis.call('HSET', KEYS[5], id, ARGV[3])
         redis.call('ZADD', KEYS[6], ARGV[3], id)
     end

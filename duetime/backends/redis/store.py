@@ -340,6 +340,9 @@ class SyncRedisStore(StoreRules):
     def _fail(self, message_id: str) -> bool:
         return self._act("fail", [message_id]) == 1
 
+    def _fail_until(self, message_id: str, due_at: datetime) -> bool:
+        return self._act("fail_until", [message_id], due=to_micros(due_at)) == 1
+
     def _release(self, message_ids: Sequence[str]) -> int:
         return self._act("release", message_ids)
 

@@ -134,6 +134,10 @@ SELECT message_id FROM {table} WHERE message_id IN (SELECT value FROM json_each(
 UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL
 WHERE message_id = ?;
 
+-- name: increment_failure_until
+UPDATE {table} SET failure_count = failure_count + 1, claim_token = NULL, claimed_until = NULL, due_at = ?
+WHERE message_id = ?;
+
 -- name: release
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE message_id = ?;
 

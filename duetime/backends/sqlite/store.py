@@ -226,6 +226,9 @@ class SyncSqliteStore(StoreRules):
     def _fail(self, message_id: str) -> bool:
         return self._write_each(self.q["increment_failure"], [(message_id,)]) == 1
 
+    def _fail_until(self, message_id: str, due_at: datetime) -> bool:
+        return self._write_each(self.q["increment_failure_until"], [(to_micros(due_at), message_id)]) == 1
+
     def _release(self, message_ids: Sequence[str]) -> int:
         return self._write_each(self.q["release"], [(i,) for i in message_ids])
 
