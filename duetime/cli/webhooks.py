@@ -113,9 +113,11 @@ def add(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
-    """Register a webhook endpoint. Each request carries the Standard Webhooks headers
-    (webhook-id is the message id, for the receiver to drop a repeat by), so the receiver checks
-    it with the standardwebhooks library and the secret.
+    """Register a webhook endpoint: messages to NAME are POSTed, signed, to URL.
+
+    Each request carries the Standard Webhooks headers (webhook-id is the message id, for the
+    receiver to drop a repeat by), so the receiver checks it with the standardwebhooks library
+    and the secret.
 
       duetime webhooks add billing https://billing.example.com/hooks --header customer-id
     """
@@ -148,8 +150,11 @@ def list_(
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
-    """Every webhook endpoint: name, URL (its query hidden), what it passes on and may reach, its
-    retries; never a secret, only how many sign."""
+    """Every webhook endpoint, its URL's query hidden and never a secret.
+
+    Shown: the name, the URL, how many secrets sign, the headers passed on, the networks it may
+    reach, how many retries and the timeout.
+    """
     rows = [
         {
             "name": w.name,
@@ -202,9 +207,10 @@ def rotate(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
-    """Rotate the signing secret without a moment unsigned: the new secret and the one before it
-    both sign each request until `--finish` (receivers accept either), so give the new one to
-    the receiver, then finish.
+    """Rotate the signing secret without a moment when a receiver refuses a request.
+
+    The new secret and the one before it both sign each request until `--finish` (receivers
+    accept either), so give the new one to the receiver, then finish.
 
       duetime webhooks rotate billing            # prints the new secret
       duetime webhooks rotate billing --finish   # once the receiver uses it
@@ -238,8 +244,11 @@ def remove(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
-    """Forget a webhook and its secrets. Messages still sent to its name go to the error queue
-    (no such destination) until it is added again."""
+    """Forget a webhook and its secrets.
+
+    Messages still sent to its name go to the error queue (no such destination) until it is
+    added again.
+    """
     if not _with_webhooks(store, endpoint, lambda s: s.remove_webhook(name)):
         raise fail(f"no webhook named {name!r} (see duetime webhooks list)")
     console.print(f"removed {name}")

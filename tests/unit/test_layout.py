@@ -15,12 +15,12 @@ PACKAGE = Path(duetime.__file__).parent
 ROOT = PACKAGE.parent
 
 #: The public core (what a message is, the errors, the capabilities, settings, the clock, the
-#: error queue's and the live dispatchers' records, the API keys, NServiceBus's wire format,
-#: tracing) and the entry points (the clients, URL -> backend, ``python -m duetime``).
+#: error queue's and the live dispatchers' records, the API keys, the webhook endpoints,
+#: NServiceBus's wire format, tracing) and the entry points (the clients, URL -> backend, ``python -m duetime``).
 TOP_MODULES = {
     "__init__", "__main__", "api_keys", "client", "clock", "error_headers", "errors", "interfaces",
     "live_dispatchers", "message", "nservicebus_wire", "registry", "service", "settings", "tracing",
-    "version",
+    "version", "webhooks",
 }  # fmt: skip
 SUBPACKAGES = {
     "api", "backends", "bridges", "bulk", "cli", "dashboard", "engine", "inputs", "nservicebus",
