@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -278,3 +279,61 @@ class TestDramatiqTransport(_ReadFromRabbitMq):
             # RabbitMQ closes the channel (406 PRECONDITION_FAILED)
             "a queue that exists with other arguments": self.actor_message("t-0101", self.other_arguments),
         }
+
+
+class TestWebhookTransport(ContainmentContract):
+    """Webhooks, read back at a real receiver (uvicorn) that checks every signature. The
+    endpoints come from a store, as `duetime run` has them: :meth:`prepare` registers one per
+    queue. A batch's requests go at once, so arrival order within a batch is not kept: ids are
+    compared sorted."""
+
+    SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+    @pytest.fixture
+    async def transport(self) -> AsyncIterator[object]:
+        from duetime.backends.memory import MemoryStore
+        from duetime.backends.webhooks.transport import WebhookTransport
+        from duetime.settings import TransactionMode
+        from tests.webhook_receiver import receiving
+
+        with receiving(self.SECRET) as receiver:
+            self.receiver = receiver
+            self.store = MemoryStore()
+            await self.store.setup_infrastructure("contract")
+            await self.store.initialize("contract", TransactionMode.AT_LEAST_ONCE)
+            t = WebhookTransport()
+            t.attach_store(self.store)
+            await t.start()
+            yield t
+            await t.close()
+
+    async def prepare(self, transport: object, queue: str) -> None:
+        from duetime.webhooks import WebhookEndpoint
+
+        hook = WebhookEndpoint(
+            queue, self.receiver.url(f"/ok/{queue}"), (self.SECRET,), datetime.now(UTC), headers=("h",),
+            allow=("127.0.0.1",),
+        )  # fmt: skip
+        await self.store.add_webhook(hook)
+        await transport.declare(queue)  # type: ignore[attr-defined]
+
+    def refused(self, queue: str) -> dict[str, DelayedMessage]:
+        due = datetime(2030, 1, 1, tzinfo=UTC)
+        return {
+            "an id HTTP cannot carry unchanged (a line break)": DelayedMessage("t-01\n00", queue, due, b"x"),
+            "an id beyond ASCII": DelayedMessage("t-0101-é", queue, due, b"x"),
+            "a header passed on that holds a line break": msg(102, queue, h="a\r\nInjected: yes"),
+            "no webhook registered by that name": msg(103, queue + ".unregistered"),
+        }
+
+    async def delivered(self, transport: object, queue: str, count: int) -> list[str]:
+        from tests.services import until
+
+        def arrived() -> list[str]:
+            return [r.headers["webhook-id"] for r in self.receiver.to(f"/ok/{queue}") if r.status == 200]
+
+        await asyncio.to_thread(until, lambda: len(arrived()) >= count, 10, f"{count} webhooks")
+        await asyncio.sleep(0.3)  # and nothing more
+        assert all(r.verified for r in self.receiver.requests)
+        assert all("injected" not in r.headers for r in self.receiver.requests)
+        return sorted(arrived())
