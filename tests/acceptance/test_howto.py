@@ -274,6 +274,7 @@ def _swaps(stack: ExitStack, pg: str, tag: str, folder: Path) -> dict[str, str]:
     }
     api = str(free_port())
     swap |= {"--port 8081": f"--port {api}", "127.0.0.1:8081": f"127.0.0.1:{api}"}
+    swap["127.0.0.1:8090"] = f"127.0.0.1:{free_port()}"  # the webhooks page's receiver
     metrics = str(free_port())
     swap |= {"--metrics-port 9464": f"--metrics-port {metrics}", "localhost:9464": f"localhost:{metrics}"}
     swap[" orders"] = f" orders_{tag}"
