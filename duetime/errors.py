@@ -106,6 +106,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "redis": "redis",
     "nats": "nats",
     "httpcore": "webhooks",
+    "paho": "mqtt",
     "anyio": "webhooks",
     "h11": "webhooks",
     "kombu": "celery",

@@ -47,6 +47,8 @@ TRANSPORTS: dict[str, str] = {
     "redis+sentinel": "duetime.backends.redis.transport:RedisTransport",
     "nats": "duetime.backends.nats.transport:NatsTransport",
     "webhooks": "duetime.backends.webhooks.transport:WebhookTransport",
+    "mqtt": "duetime.backends.mqtt.transport:MqttTransport",
+    "mqtts": "duetime.backends.mqtt.transport:MqttTransport",
     "celery+amqp": "duetime.backends.celery.transport:CeleryTransport",
     "celery+amqps": "duetime.backends.celery.transport:CeleryTransport",
     "celery+redis": "duetime.backends.celery.transport:CeleryTransport",

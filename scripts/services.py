@@ -205,6 +205,20 @@ def ask_nats(port: int) -> str | None:
     return None if b'"jetstream":true' in info else "it is a NATS server without JetStream (-js)"
 
 
+def ask_mosquitto(port: int) -> str | None:
+    """An MQTT 5 CONNECT (clean start, a client id of its own): a CONNACK is an MQTT broker."""
+    client = b"duetime-services-probe"
+    variable = b"\x00\x04MQTT\x05\x02\x00\x0a\x00" + len(client).to_bytes(2, "big") + client
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+            s.sendall(b"\x10" + bytes([len(variable)]) + variable)
+            answer = s.recv(4)
+            s.sendall(b"\xe0\x00")  # DISCONNECT
+    except OSError as error:
+        return str(error)
+    return None if answer[:1] == b"\x20" else "it does not answer as an MQTT broker does"
+
+
 # --- how a server of the tests' own is started -----------------------------------------------------
 
 
@@ -223,7 +237,11 @@ def own_postgres(port: int) -> None:
     run(str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(data / "server.log"), "-w", "-t", "60",
         "start", user="postgres")  # fmt: skip
     if ask_postgres(port):  # as the machines the suite was written on: users postgres and root, database test
-        for sql in ("CREATE DATABASE test", "CREATE ROLE root SUPERUSER LOGIN", "CREATE DATABASE root OWNER root"):
+        for sql in (
+            "CREATE DATABASE test",
+            "CREATE ROLE root SUPERUSER LOGIN",
+            "CREATE DATABASE root OWNER root",
+        ):
             run(str(bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", "postgres",
                 "-c", sql, user="postgres")  # fmt: skip
 
@@ -281,6 +299,13 @@ def own_nats(port: int) -> None:
     serve("nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data), log=HOME / "nats.log")
 
 
+def own_mosquitto(port: int) -> None:
+    folder("mosquitto", None)
+    config = HOME / "mosquitto" / "mosquitto.conf"
+    config.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    serve("mosquitto", "-c", str(config), log=HOME / "mosquitto.log")
+
+
 def until(check: Callable[[], object], seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not check():
@@ -329,6 +354,10 @@ SERVERS = [
             "-a", "127.0.0.1", "-p", "4222", "-js", "-sd", "/var/lib/nats-server", "-l",
             "/var/log/nats-server.log"],
            lambda p: f"nats://127.0.0.1:{p}", "nats"),
+    Server("Mosquitto", "DUETIME_TEST_MQTT", 1883, ["mosquitto"], "mosquitto", ask_mosquitto, own_mosquitto,
+           ["start-stop-daemon", "--start", "--oknodo", "--background", "--exec", "/usr/sbin/mosquitto", "--",
+            "-c", "/etc/mosquitto/mosquitto.conf"],
+           lambda p: f"mqtt://127.0.0.1:{p}", "mosquitto"),
 ]  # fmt: skip
 
 
@@ -383,7 +412,9 @@ def apt_install(packages: list[str]) -> None:
     try:
         updated = apt("update", "-qq")
         if updated.returncode != 0:
-            say(f"apt-get update failed ({last_line(updated.stderr)}); installing from the package lists there are")
+            say(
+                f"apt-get update failed ({last_line(updated.stderr)}); installing from the package lists there are"
+            )
         if apt("install", "-y", "-qq", "--no-install-recommends", *packages).returncode == 0:
             return
         for package in packages:

@@ -150,6 +150,7 @@ def mariadb_database() -> Iterator[str]:
 RABBITMQ = os.environ.get("DUETIME_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672/")
 REDIS = os.environ.get("DUETIME_TEST_REDIS", "redis://127.0.0.1:6379/0")
 NATS = os.environ.get("DUETIME_TEST_NATS", "nats://127.0.0.1:4222")
+MQTT = os.environ.get("DUETIME_TEST_MQTT", "mqtt://127.0.0.1:1883")
 
 
 def host_port(url: str) -> str:

@@ -16,8 +16,8 @@ from duetime.backends.memory import MemoryTransport
 from duetime.backends.sqlite import SqliteQueueTransport
 from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage
-from duetime.testing.transport_contract import ContainmentContract, TransportContract, msg
-from tests.services import NATS, RABBITMQ, REDIS, postgres_schema, require
+from duetime.testing.transport_contract import ContainmentContract, ReceivingContract, TransportContract, msg
+from tests.services import MQTT, NATS, RABBITMQ, REDIS, postgres_schema, require
 
 
 class TestMemoryTransport(TransportContract):
@@ -337,3 +337,35 @@ class TestWebhookTransport(ContainmentContract):
         assert all(r.verified for r in self.receiver.requests)
         assert all("injected" not in r.headers for r in self.receiver.requests)
         return sorted(arrived())
+
+
+class TestMqttTransport(ReceivingContract):
+    """MQTT 5 against the real Mosquitto: a declared topic is a persistent session subscribed to
+    it, so what is published waits there for ``receive``."""
+
+    @pytest.fixture
+    async def transport(self) -> AsyncIterator[object]:
+        from duetime.backends.mqtt.transport import MqttTransport
+
+        require(MQTT)
+        t = MqttTransport.from_url(MQTT)
+        await t.start()
+        self.declared: list[str] = []
+        yield t
+        for topic in self.declared:
+            await t.delete(topic)
+        await t.close()
+
+    @pytest.fixture
+    def queue(self) -> str:
+        topic = f"contract/{uuid.uuid4().hex[:8]}"
+        self.declared.append(topic)
+        return topic
+
+    def refused(self, queue: str) -> dict[str, DelayedMessage]:
+        return {
+            "a wildcard topic (+)": msg(100, queue + "/+"),
+            "a wildcard topic (#)": msg(101, queue + "/#"),
+            "one of the broker's own topics ($SYS)": msg(102, "$SYS/contract"),
+            "a header holding NUL (user properties cannot)": msg(103, queue, h="a\x00b"),
+        }
