@@ -61,19 +61,34 @@ def test_one_run_delivers_signed_webhooks_by_route_and_sorts_every_answer(kind: 
         add(url, "hook.number", f"http://2130706433:{receiver.port}/ok", secret, *allowed)
         to_loopback = receiver.url(f"/redirect?to=http://127.0.0.1:{receiver.port}/ok")
         add(url, "hook.redirect", to_loopback, secret, *allowed, "--follow-redirects")
-        receiver.recover_at = time.monotonic() + 20
-        headers = ("-H", "customer-id=c7", "-H", "password=hunter2", "-H", "content-type=application/json")
-        sent = {schedule(url, "hook.ok", f'{{"n": {i}, "text": "žluťoučký"}}', *headers) for i in range(20)}
-        flaky = {schedule(url, "hook.flaky", f"flaky {i}") for i in range(3)}
-        busy = schedule(url, "hook.busy", "busy")
-        refused = {
-            name: schedule(url, f"hook.{name}", name) for name in ("missing", "closed", "number", "redirect")
-        }
-        local = schedule(url, "orders", "to the store's own queue")
+        lines = [
+            {"id": f"ok-{i}", "destination": "hook.ok", "body": f'{{"n": {i}, "text": "žluťoučký"}}', "delay": "0s",
+             "headers": {"customer-id": "c7", "password": "hunter2", "content-type": "application/json"}}
+            for i in range(20)
+        ]  # fmt: skip
+        lines += [
+            {"id": f"flaky-{i}", "destination": "hook.flaky", "body": "f", "delay": "0s"} for i in range(3)
+        ]
+        names = ("busy", "missing", "closed", "number", "redirect")
+        lines += [{"id": name, "destination": f"hook.{name}", "body": name, "delay": "0s"} for name in names]
+        lines.append(
+            {"id": "local", "destination": "orders", "body": "to the store's own queue", "delay": "0s"}
+        )
+        (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        ok("load", str(tmp_path / "m.jsonl"), "--store", url)
+        sent, flaky, busy, local = (
+            {f"ok-{i}" for i in range(20)},
+            {f"flaky-{i}" for i in range(3)},
+            "busy",
+            "local",
+        )
+        refused = {name: name for name in names[1:]}
+        receiver.recover_at = time.monotonic() + 1000  # failing until the run is there
         log = tmp_path / "run.log"
         run = spawn_run(duetime_cmd("run", "--store", url, "--route", ROUTE), log)
         try:
             wait_until_serving(log)
+            receiver.recover_at = time.monotonic() + 20
             until(lambda: set(receiver.delivered()) >= sent | {busy}, 30, "hook.ok and hook.busy delivered")
             assert time.monotonic() < receiver.recover_at, "hook.ok waited for the failing endpoint"
             until(lambda: set(receiver.delivered()) >= flaky, 40, "hook.flaky delivered once it recovered")
