@@ -105,7 +105,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "pamqp": "rabbitmq",
     "redis": "redis",
     "nats": "nats",
-    "httpcore": "webhooks",
+    "aiohttp": "webhooks",
     "paho": "mqtt",
     "anyio": "webhooks",
     "h11": "webhooks",

@@ -12,7 +12,7 @@ from standardwebhooks.webhooks import Webhook
 
 from duetime import DelayedMessage
 from duetime.backends.memory import MemoryTransport
-from duetime.backends.webhooks.transport import GuardedNetwork, WebhookTransport, outcome
+from duetime.backends.webhooks.transport import GuardedResolver, WebhookTransport, check_literal, outcome
 from duetime.engine.routes import RoutedTransport, read_routes, routed
 from duetime.errors import (
     ConfigurationError,
@@ -146,30 +146,35 @@ def test_each_answer_means_what_the_issue_of_it_says() -> None:
 
 
 async def test_a_name_resolving_to_an_internal_address_is_refused_at_connect() -> None:
-    """DNS rebinding: what is checked is the address the connection is made to, as the resolver
-    answered at that moment (a resolver of the test's own), and the connection is made to that
-    address, not to the name again."""
+    """DNS rebinding: what is checked is what the connector connects to, the resolver's answer
+    at that moment (a resolver of the test's own here): only the addresses the endpoint may reach,
+    and none is an error."""
     from duetime.backends.webhooks.transport import AddressNotAllowed
 
     answers = iter([["10.0.0.1", "93.184.215.14"], ["10.0.0.1"], ["::1"], ["::ffff:127.0.0.1"], []])
-    connected: list[str] = []
 
     async def resolve(host: str, port: int) -> list[str]:
         return next(answers)
 
-    class Inner:
-        async def connect_tcp(self, host: str, *args: object) -> object:
-            connected.append(host)
-            return object()
-
-    guard = GuardedNetwork(endpoint(), resolve)
-    guard.inner = Inner()  # type: ignore[assignment]
-    await guard.connect_tcp("rebind.example", 443, timeout=1)
-    assert connected == ["93.184.215.14"]  # the public address it resolved to, never the private one
+    guard = GuardedResolver(endpoint(), resolve)
+    [only] = await guard.resolve("rebind.example", 443)
+    assert only["host"] == "93.184.215.14" and only["hostname"] == "rebind.example"
     for _ in range(4):
         with pytest.raises(AddressNotAllowed, match="may not reach"):
-            await guard.connect_tcp("rebind.example", 443, timeout=1)
-    assert connected == ["93.184.215.14"]
+            await guard.resolve("rebind.example", 443)
+
+
+@pytest.mark.parametrize(
+    "host", ["127.1", "2130706433", "0x7f.1", "017700000001", "::ffff:127.0.0.1", "10.0.0.1"]
+)
+def test_a_host_written_as_an_address_is_checked_in_every_spelling(host: str) -> None:
+    """The connector connects to an address literal without its resolver: checked before."""
+    from duetime.backends.webhooks.transport import AddressNotAllowed
+
+    with pytest.raises(AddressNotAllowed):
+        check_literal(endpoint(), host)
+    check_literal(endpoint(), "hooks.example")  # a name: its resolver checks it
+    check_literal(endpoint(), "93.184.215.14")
 
 
 async def test_ids_and_headers_http_cannot_carry_unchanged_are_refused_alone() -> None:
