@@ -99,7 +99,9 @@ def run_path(path: str, rate: int, folder: Path, burst: int = 0) -> Result:
         run = [*duetime_cli, "run", *common, "--route", f"{queue}=webhooks://"]
     else:
         receiver = python(CONSUMER, RABBITMQ, queue, str(out), stderr=subprocess.PIPE, start_new_session=True)
-        subprocess.run([*duetime_cli, "setup", *common, "--transport", RABBITMQ], check=True, capture_output=True)
+        subprocess.run(
+            [*duetime_cli, "setup", *common, "--transport", RABBITMQ], check=True, capture_output=True
+        )
         run = [*duetime_cli, "run", *common, "--transport", RABBITMQ]
     assert receiver.stderr is not None
     receiver.stderr.readline()  # ready
@@ -133,7 +135,9 @@ def drain(result: Result) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rates", default="250,1000", help="messages a second, comma-separated")
     parser.add_argument("--burst", type=int, default=20_000, help="messages due at once (0: none)")
     args = parser.parse_args()

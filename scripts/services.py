@@ -381,6 +381,7 @@ PROGRAMS: list[tuple[Callable[[], bool], str, str]] = [
     (lambda: bool(shutil.which("ip")), "iproute2", "ip (the tests of separate hosts)"),
     (lambda: bool(shutil.which("ps")), "procps", "ps (the tests of processes)"),
     (lambda: bool(shutil.which("curl")), "curl", "curl (the how-to guides' commands)"),
+    (lambda: bool(shutil.which("mosquitto_pub")), "mosquitto-clients", "mosquitto_pub (the MQTT how-to's publisher)"),
     (lambda: bool(shutil.which("openssl")), "openssl", "openssl (the HTTP API's TLS test)"),
     (lambda: bool(shutil.which("npm")), "npm", "npm and Node (the HTTP API's TypeScript client)"),
 ]

@@ -29,10 +29,12 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.services import (
+    MQTT,
     NATS,
     RABBITMQ,
     REDIS,
@@ -267,6 +269,8 @@ def _swaps(stack: ExitStack, pg: str, tag: str, folder: Path) -> dict[str, str]:
         "amqp://mq": amqp,
         "redis://cache:6379/0": REDIS,
         "nats://nats:4222": NATS,
+        "mqtt://127.0.0.1:1883": MQTT,
+        "-h 127.0.0.1 -p 1883": f"-h {urlsplit(MQTT).hostname} -p {urlsplit(MQTT).port}",
         "parquet:/data/": f"parquet:{folder}/data/",
         "parquet:/backup/": f"parquet:{folder}/backup/",
         "jsonl:/var/log/duetime": f"jsonl:{folder}/log",

@@ -4,6 +4,7 @@ queue) to a real receiver under uvicorn that checks every signature with ``stand
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.integration.proxy import TcpProxy
-from tests.services import RABBITMQ, delete_rabbitmq_queues, require, store_url, until
+from tests.services import MQTT, RABBITMQ, delete_rabbitmq_queues, require, store_url, until
 from tests.webhook_receiver import Receiver, receiving
 
 ROUTE = "hook.*=webhooks://"
@@ -156,26 +157,35 @@ def test_reset_and_black_holed_connections_are_retried_until_they_heal(tmp_path:
 
 
 @pytest.mark.slow
-def test_kill_9_while_delivering_to_rabbitmq_and_a_webhook_by_route_loses_nothing(tmp_path: Path) -> None:
-    """One `duetime run` delivers 1,000 messages to a RabbitMQ queue and 1,000 to a webhook by
-    route; it is killed with SIGKILL twice on the way and started again: every id arrives at its
-    receiver (a repeat is allowed, at-least-once; the receiver drops it by webhook-id)."""
+def test_kill_9_while_delivering_to_rabbitmq_a_webhook_and_mqtt_by_route_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """One `duetime run` delivers 1,000 messages each to a RabbitMQ queue, a webhook and an MQTT
+    topic, by route; it is killed with SIGKILL twice on the way and started again: every id
+    arrives at its receiver (a repeat is allowed, at-least-once; a receiver drops it by its id)."""
     require(RABBITMQ)
+    require(MQTT)
     secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
     queue = f"routes.{uuid.uuid4().hex[:8]}"
+    topic = f"routes/{queue}"
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with receiving(secret) as receiver:
         try:
             ok("setup", "--store", url, "--transport", RABBITMQ, "--queue", queue)
+            ok("queues", "declare", topic, "--transport", MQTT)
             add(url, "hook.orders", receiver.url("/ok"), secret, "--allow", "127.0.0.1")
+            # 500 to MQTT: Mosquitto keeps at most 1,000 messages for a session nobody reads
+            # (max_queued_messages), the repeats after a kill included
             lines = [
                 json.dumps({"id": f"{d}-{i}", "destination": d, "body": f"m {i}", "delay": f"{i * 4}ms"})
                 for i in range(1000)
-                for d in (queue, "hook.orders")
+                for d in (queue, "hook.orders", topic)
+                if d != topic or i < 500
             ]
             (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
             ok("load", str(tmp_path / "m.jsonl"), "--store", url)
-            command = duetime_cmd("run", "--store", url, "--transport", RABBITMQ, "--route", ROUTE)
+            routes = ("--route", ROUTE, "--route", f"routes/*={MQTT}")
+            command = duetime_cmd("run", "--store", url, "--transport", RABBITMQ, *routes)
             for _ in range(2):
                 log = tmp_path / "run.log"
                 run = spawn_run(command, log)
@@ -188,22 +198,33 @@ def test_kill_9_while_delivering_to_rabbitmq_and_a_webhook_by_route_loses_nothin
             try:
                 wanted = {f"hook.orders-{i}" for i in range(1000)}
                 until(lambda: set(receiver.delivered()) >= wanted, 60, "every webhook message")
-                got = until(lambda: _drain(queue, 1000), 60, "every RabbitMQ message")
+                got = until(lambda: _drain(queue, 1000, RABBITMQ), 60, "every RabbitMQ message")
+                published = until(lambda: _drain(topic, 500, MQTT), 60, "every MQTT message")
             finally:
                 run.send_signal(signal.SIGTERM)
                 run.wait(30)
             assert got == {f"{queue}-{i}" for i in range(1000)}
+            assert published == {f"{topic}-{i}" for i in range(500)}
         finally:
             delete_rabbitmq_queues(queue)
+            asyncio.run(_end_session(topic))
 
 
 _seen: dict[str, set[str]] = {}
 
 
-def _drain(queue: str, count: int) -> set[str] | None:
+async def _end_session(topic: str) -> None:
+    from duetime.backends.mqtt.transport import MqttTransport
+
+    t = MqttTransport.from_url(MQTT)
+    await t.delete(topic)
+    await t.close()
+
+
+def _drain(queue: str, count: int, transport: str) -> set[str] | None:
     """What arrived in ``queue`` so far (taken off it), once ``count`` ids have."""
     done = subprocess.run(
-        duetime_cmd("queues", "receive", queue, "--transport", RABBITMQ, "--count", "1000", "--wait", "1"),
+        duetime_cmd("queues", "receive", queue, "--transport", transport, "--count", "1000", "--wait", "1"),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     seen = _seen.setdefault(queue, set())

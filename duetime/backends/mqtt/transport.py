@@ -43,7 +43,7 @@ from duetime.errors import (
 )
 from duetime.inputs.urls import number_option, redact, url_options
 from duetime.interfaces import AsyncClosing, ReceivedMessage
-from duetime.message import DelayedMessage, outgoing_headers
+from duetime.message import DelayedMessage, new_message_id, outgoing_headers
 
 #: The message header that asks for a retained publish.
 RETAIN_HEADER = "mqtt-retain"
@@ -82,6 +82,7 @@ class _Connection:
             self.client.tls_set_context(ssl.create_default_context())
         self.connected: asyncio.Future[ReasonCode] = self.loop.create_future()
         self.pending: dict[int, asyncio.Future[ReasonCode]] = {}
+        self.early: dict[int, ReasonCode] = {}
         self.lock = threading.Lock()
         self.arrived: asyncio.Queue[mqtt.MQTTMessage] = asyncio.Queue()
         self.subscribed: dict[int, asyncio.Future[list[ReasonCode]]] = {}
@@ -150,6 +151,8 @@ class _Connection:
     def _on_publish(self, client: Any, userdata: Any, mid: int, code: ReasonCode, properties: Any) -> None:
         with self.lock:
             future = self.pending.pop(mid, None)
+            if future is None:  # answered before publish() could note it
+                self.early[mid] = code
         if future is not None:
             self.loop.call_soon_threadsafe(self._set, future, code)
 
@@ -166,13 +169,20 @@ class _Connection:
     def publish(
         self, topic: str, body: bytes, properties: Properties, retain: bool
     ) -> asyncio.Future[ReasonCode]:
+        """The PUBACK's reason code, when it comes. paho is called without our lock held (its
+        network thread holds its own while it calls back into ours: holding ours here deadlocked
+        the two); a PUBACK that came before the mid was noted waits in ``early``."""
         future: asyncio.Future[ReasonCode] = self.loop.create_future()
-        with self.lock:  # the PUBACK may come before publish returns: register under the lock
-            info = self.client.publish(topic, body, qos=1, retain=retain, properties=properties)
-            if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                future.set_exception(TransportUnavailable(self.lost or mqtt.error_string(info.rc)))
-            else:
+        info = self.client.publish(topic, body, qos=1, retain=retain, properties=properties)
+        if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            future.set_exception(TransportUnavailable(self.lost or mqtt.error_string(info.rc)))
+            return future
+        with self.lock:
+            code = self.early.pop(info.mid, None)
+            if code is None:
                 self.pending[info.mid] = future
+        if code is not None:
+            future.set_result(code)
         return future
 
     async def subscribe(self, topic: str, timeout: float) -> None:
@@ -365,7 +375,8 @@ def _received(topic: str, item: mqtt.MQTTMessage) -> ReceivedMessage:
     props = getattr(item, "properties", None)
     pairs = list(getattr(props, "UserProperty", []) or [])
     headers = {str(k): str(v) for k, v in pairs if k != ID_PROPERTY}
-    message_id = next((str(v) for k, v in pairs if k == ID_PROPERTY), "")
+    # a publisher's message without an id gets one of its own (a redelivery of it is then new)
+    message_id = next((str(v) for k, v in pairs if k == ID_PROPERTY), "") or new_message_id()
     return ReceivedMessage(
         topic, message_id, headers, bytes(item.payload), str(item.mid), 2 if item.dup else 1
     )
