@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from duetime.errors import ConfigurationError, TransportUnavailable, one_line
-from duetime.inputs.urls import redact
+from duetime.inputs.urls import redact, remember
 from duetime.interfaces import Located, ReadsFromStore, Transport
 from duetime.message import DelayedMessage
 
@@ -50,6 +50,7 @@ def read_routes(text: str | Sequence[str]) -> list[Route]:
                 f"a route is PATTERN=TRANSPORT_URL, such as 'reminders.*=webhooks://' or "
                 f"'orders.*=amqp://guest:guest@localhost/'; got {redact(item)!r}."
             )
+        remember(url)  # its password is kept out of every line printed from now on
         routes.append(Route(pattern, url))
     return routes
 

@@ -71,7 +71,11 @@ class _Connection:
     def __init__(self, transport: MqttTransport, client_id: str, clean_start: bool) -> None:
         self.loop = asyncio.get_running_loop()
         self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=True
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv5,
+            manual_ack=True,
+            reconnect_on_failure=False,  # the transport reconnects (a second client of one id would fight it)
         )
         self.clean_start = clean_start
         self.client.max_inflight_messages_set(1000)
