@@ -408,6 +408,7 @@ def check(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     transport: TransportOpt = None,
+    route: RouteOpt = [],  # noqa: B006
     timeout: Annotated[float, typer.Option(min=0.1, help="Seconds each side may take to answer.")] = 10.0,
 ) -> None:
     """Exit 0 when the store is set up and answers and the transport accepts a connection; exit 1
@@ -420,6 +421,7 @@ def check(
     """
     # a store-only probe: MariaDB and Redis have no default transport to check
     transport_url = transport_url_for(store, transport) if transport or has_default_transport(store) else None
+    routes = read_routes(route)  # each route's transport is checked too, as `run` would use it
 
     async def go() -> str:
         try:
@@ -442,15 +444,18 @@ def check(
         finally:
             await _quietly(s.close())
         answers = f"store {redact(store)} answers ({counts.said(counts.total)} stored, {counts.due:,} due)"
-        if transport_url is None:
+        urls = list(dict.fromkeys([r.url for r in routes] + ([transport_url] if transport_url else [])))
+        if not urls:
             return f"{answers}; no transport given (--transport), so none checked{skew}"
-        try:
-            t = open_transport(transport_url)
-            await within(t.start(), timeout, "connecting")
-        except Exception as error:
-            raise _NotOk(_said("transport", transport_url, error)) from None
-        await _quietly(t.close())
-        return f"{answers}; transport {redact(transport_url)} connects{skew}"
+        for url in urls:
+            try:
+                t = open_transport(url)
+                await within(t.start(), timeout, "connecting")
+            except Exception as error:
+                raise _NotOk(_said("transport", url, error)) from None
+            await _quietly(t.close())
+        shown = described(routes, transport_url or "") if routes else redact(urls[0])
+        return f"{answers}; transport {shown} connects{skew}"
 
     try:
         print("ok:", _run(go))

@@ -243,6 +243,12 @@ def test_a_webhook_run_names_its_routes_and_never_a_secret(tmp_path: Path) -> No
     assert secret not in listed and "s3cr3t-t0ken" not in listed and '"secrets": 1' in listed
     done = run_cli("run", "--burst", "--store", url, "--route", "x.*=amqp://guest:pa55w0rd@127.0.0.1:1/")
     assert "pa55w0rd" not in done.stdout + done.stderr
+    checked = run_cli(
+        "check", "--store", url, "--route", ROUTE, "--route", "x.*=amqp://guest:pa55w0rd@127.0.0.1:1/"
+    )
+    assert checked.returncode == 1 and "cannot connect to amqp://" in checked.stderr
+    assert "pa55w0rd" not in checked.stdout + checked.stderr and "Traceback" not in checked.stderr
+    assert run_cli("check", "--store", url, "--route", ROUTE).stdout.startswith("ok:")
     bad = run_cli("run", "--burst", "--store", url, "--route", "no-equals-sign")
     assert bad.returncode != 0 and "a route is PATTERN=TRANSPORT_URL" in bad.stderr
     assert "Traceback" not in bad.stderr
