@@ -9,7 +9,9 @@ is the one reading of that text.
 
 A batch is split by route and each part sent at once; every message gets its own transport's
 answer, and a transport that fails as a whole fails only its own part (its messages are
-unreachable, the others carried), so a broker that is down never holds back a webhook. Exactly-once
+unreachable, the others carried), so a broker that is down never holds back a webhook. Its
+messages stay stored and count as an outage: one that lasts the dispatch breaker's time (30 s)
+ends the run with exit code 3, for its supervisor to start again, as with one transport. Exactly-once
 needs one transaction for the store and the transport: a dispatcher with routes delivers
 at-least-once, each route's messages by their id (a receiver drops a repeat by it).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +29,8 @@ from duetime.errors import ConfigurationError, TransportUnavailable, one_line
 from duetime.inputs.urls import redact, remember
 from duetime.interfaces import Located, ReadsFromStore, Transport
 from duetime.message import DelayedMessage
+
+log = logging.getLogger("duetime.dispatcher")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,8 @@ class RoutedTransport:
         self.routes = list(routes)
         self.default = default
         self._by_destination: dict[str, Transport] = {}
+        #: The transports that could not be reached when started, by id.
+        self._down: dict[int, Exception] = {}
 
     @property
     def url(self) -> str:
@@ -91,7 +98,24 @@ class RoutedTransport:
                 t.attach_store(store)
 
     async def start(self) -> None:
-        await asyncio.gather(*(t.start() for t in self.transports))
+        """Connect every transport. One that cannot be reached does not hold back the others:
+        it is tried again when its messages are sent. Only when none connects is it an error."""
+        results = await asyncio.gather(*(t.start() for t in self.transports), return_exceptions=True)
+        failed = {
+            id(t): r for t, r in zip(self.transports, results, strict=True) if isinstance(r, BaseException)
+        }
+        if len(failed) == len(self.transports):
+            raise next(iter(failed.values()))
+        for t, result in zip(self.transports, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                log.warning(
+                    "route to %s cannot be reached: %s; tried again with its messages",
+                    _shown(t),
+                    one_line(result),
+                )
+        self._down = {k: v for k, v in failed.items() if isinstance(v, Exception)}
 
     async def declare(self, queue: str) -> None:
         await self.route_of(queue).declare(queue)
@@ -111,6 +135,9 @@ class RoutedTransport:
 
         async def send(t: Transport, indexes: list[int]) -> None:
             try:
+                if id(t) in self._down:  # it could not be reached at the start: try it again now
+                    await t.start()
+                    self._down.pop(id(t), None)
                 answers = await t.send_batch([messages[i] for i in indexes])
             except Exception as error:  # that transport is down: its part is unreachable
                 down = (
@@ -129,6 +156,10 @@ class RoutedTransport:
 def described(routes: Sequence[Route], default_url: str) -> str:
     """``orders.*=amqp://guest:***@host/ *=sqlite:///duetime.db``: the routes as shown."""
     return " ".join([*(f"{r.pattern}={redact(r.url)}" for r in routes), f"*={redact(default_url)}"])
+
+
+def _shown(transport: Transport) -> str:
+    return redact(_url_of(transport))
 
 
 def _url_of(transport: Transport) -> str:

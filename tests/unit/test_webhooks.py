@@ -227,6 +227,33 @@ async def test_routes_split_a_batch_and_one_transport_down_holds_back_only_its_o
     assert opened == ["memory://", "memory://x", "memory://y"]  # one transport per URL
 
 
+class CannotConnect(MemoryTransport):
+    """A broker that is not there when the run starts, and is there later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tries = 0
+
+    async def start(self) -> None:
+        self.tries += 1
+        if self.tries == 1:
+            raise TransportUnavailable("not there yet")
+
+
+async def test_a_route_down_at_the_start_holds_back_no_other_and_is_tried_again() -> None:
+    route = read_routes("late.*=memory://")[0]
+    late, rest = CannotConnect(), MemoryTransport()
+    t = RoutedTransport([(route, late)], rest)
+    await t.start()  # the other connected: no error
+    for q, where in (("late.a", late), ("other", rest)):
+        await where.declare(q)
+    batch = [DelayedMessage("m1", "late.a", T, b""), DelayedMessage("m2", "other", T, b"")]
+    assert await t.send_batch(batch) == [None, None]  # tried again, and there now
+    assert late.tries == 2
+    with pytest.raises(TransportUnavailable):
+        await RoutedTransport([(route, CannotConnect())], CannotConnect()).start()  # none: an error
+
+
 class NotNow:
     """A destination that says 'not now, in 30 s' to every message (no memory transport: the
     memory store would move into that in its own transaction)."""
