@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -331,6 +331,29 @@ async def refuse_uncarriable(store_url: str, transport: str | None, message: Del
         raise MessageRefused(f"{reason}. Nothing was stored.")
 
 
+C = TypeVar("C")
+R = TypeVar("R")
+
+
+def with_capability(
+    store_url: str, endpoint: str, capability: type[C], keeps: str, work: Callable[[C], Awaitable[R]]
+) -> R:
+    """``work`` on the store set up at ``store_url``, as the capability it needs (the API keys,
+    the webhooks a store keeps); a store without it is one line saying it keeps no ``keeps``."""
+    from duetime.cli.terminal import run_async
+
+    async def go() -> R:
+        s = await open_ready_store(store_url, endpoint)
+        try:
+            if not isinstance(s, capability):
+                raise ConfigurationError(f"The store {type(s).__name__} keeps no {keeps}.")
+            return await work(s)
+        finally:
+            await s.close()
+
+    return run_async(go)
+
+
 async def _webhook_names(store_url: str, endpoint: str) -> set[str]:
     """The names of the store's webhooks (none where it cannot tell: an advisory look)."""
     try:
@@ -364,9 +387,6 @@ async def warn_undeclared(
     needs no queue."""
     if not can_warn_undeclared(store_url, transport):
         return  # a store without queue tables of its own, and no --transport: nothing to ask
-    destinations = set(destinations) - await _webhook_names(store_url, endpoint)
-    if not destinations:
-        return
     url = transport_url_for(store_url, transport)
     try:
         t = open_transport(url)
@@ -382,6 +402,9 @@ async def warn_undeclared(
         return
     finally:
         await t.close()
+    if missing:  # only then is the store asked (a second open of it, for a warning alone)
+        webhooks = await _webhook_names(store_url, endpoint)
+        missing = [d for d in missing if d not in webhooks]
     flag = " (with the same --transport)" if transport else ""
     for name in missing[:5]:
         say(

@@ -19,6 +19,7 @@ from duetime.cli.common import (
     TransportOpt,
     app,
     configure_logging,
+    with_capability,
 )
 from duetime.cli.terminal import console, err, fail, table
 from duetime.cli.terminal import run_async as _run
@@ -29,7 +30,7 @@ from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
 from duetime.interfaces import ApiKeyStore
 from duetime.observability.logs import LogFormat
-from duetime.registry import check_store_exists, open_ready_store
+from duetime.registry import check_store_exists
 from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE, LOG_FORMAT_VARIABLE
 
 log = logging.getLogger("duetime.api")
@@ -179,16 +180,7 @@ def openapi_document() -> dict[str, object]:
 
 
 def _with_keys(store: str, endpoint: str, work: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
-    async def go() -> T:
-        s = await open_ready_store(store, endpoint)
-        try:
-            if not isinstance(s, ApiKeyStore):
-                raise ConfigurationError(f"The store {type(s).__name__} keeps no API keys.")
-            return await work(s)
-        finally:
-            await s.close()
-
-    return _run(go)
+    return with_capability(store, endpoint, ApiKeyStore, "API keys", work)  # type: ignore[type-abstract]
 
 
 @keys_app.command("create")

@@ -5,21 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Annotated, TypeVar
 from urllib.parse import urlsplit
 
 import typer
 
-from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app
+from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app, with_capability
 from duetime.cli.terminal import console, err, fail, table
-from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
 from duetime.clock import SYSTEM
-from duetime.errors import ConfigurationError
 from duetime.inputs.urls import remember_secret
 from duetime.interfaces import WebhookStore
-from duetime.registry import open_ready_store
 from duetime.settings import DEFAULT_ENDPOINT
 from duetime.webhooks import (
     STANDARD_SCHEDULE_TEXT,
@@ -43,16 +39,7 @@ app.add_typer(webhooks_app, name="webhooks")
 
 
 def _with_webhooks(store: str, endpoint: str, work: Callable[[WebhookStore], Awaitable[T]]) -> T:
-    async def go() -> T:
-        s = await open_ready_store(store, endpoint)
-        try:
-            if not isinstance(s, WebhookStore):
-                raise ConfigurationError(f"The store {type(s).__name__} keeps no webhook endpoints.")
-            return await work(s)
-        finally:
-            await s.close()
-
-    return _run(go)
+    return with_capability(store, endpoint, WebhookStore, "webhook endpoints", work)  # type: ignore[type-abstract]
 
 
 def _given(secret: str | None) -> str | None:
@@ -224,7 +211,7 @@ def rotate(
         if hook is None:
             return None
         changed = hook.without_old_secret() if finish else hook.rotated(new)
-        return changed if await s.change_webhook(replace(changed)) else None
+        return changed if await s.change_webhook(changed) else None
 
     hook = _with_webhooks(store, endpoint, change)
     if hook is None:

@@ -264,3 +264,58 @@ def test_receiver_helper_is_a_real_server() -> None:
         conn.request("POST", "/ok", body=b"x")
         assert conn.getresponse().status == 401  # unsigned
         conn.close()
+
+
+def test_every_bad_webhook_command_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    """What a careless hand types into `duetime webhooks`: each refused in one line, never a
+    traceback, the store as it was; a secret read from standard input, and never printed."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    ok("setup", "--store", url)
+    done = subprocess.run(
+        duetime_cmd("webhooks", "add", "hook.in", "https://hooks.example/in", "--secret", "-", "--store", url),
+        input=secret + "\n", capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and secret not in done.stdout + done.stderr, done.stderr
+    bad = {
+        "a URL that is not http": ("webhooks", "add", "x", "ftp://hooks.example/"),
+        "a URL with a password": ("webhooks", "add", "x", "https://u:p4ss@hooks.example/"),
+        "a secret that is not one": ("webhooks", "add", "x", "https://hooks.example/", "--secret", "hunter2"),
+        "a network that is not one": (
+            "webhooks",
+            "add",
+            "x",
+            "https://hooks.example/",
+            "--allow",
+            "10.0.0.0/99",
+        ),
+        "a header the request sets": (
+            "webhooks",
+            "add",
+            "x",
+            "https://hooks.example/",
+            "--header",
+            "Authorization",
+        ),
+        "a schedule that is not one": (
+            "webhooks",
+            "add",
+            "x",
+            "https://hooks.example/",
+            "--retry-schedule",
+            "soon",
+        ),
+        "a name that is not one": ("webhooks", "add", "a b", "https://hooks.example/"),
+        "a name in use": ("webhooks", "add", "hook.in", "https://hooks.example/other"),
+        "rotating one that is not there": ("webhooks", "rotate", "nobody"),
+        "removing one that is not there": ("webhooks", "remove", "nobody"),
+    }
+    for why, args in bad.items():
+        said = run_cli(*args, "--store", url)
+        lines = [line for line in said.stderr.splitlines() if line.strip()]
+        assert said.returncode != 0 and len(lines) == 1 and "Traceback" not in said.stderr, (why, said.stderr)
+        assert "p4ss" not in said.stdout + said.stderr, why
+    listed = [json.loads(line) for line in ok("webhooks", "list", "--json", "--store", url).splitlines()]
+    assert [(w["name"], w["url"]) for w in listed] == [("hook.in", "https://hooks.example/in")]
+    scheduled = run_cli("schedule", "hook.in", "x", "--in", "1h", "--store", url)
+    assert scheduled.returncode == 0 and "warning" not in scheduled.stderr  # a webhook needs no queue
