@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 from duetime.api_keys import ApiKey
 from duetime.errors import ConfigurationError
 from duetime.inputs.durations import parse_time
+from duetime.limits import Limit, Pause, Rate, RateGrant
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import PlanReport, Schedule
@@ -149,6 +150,9 @@ class StoreCounts:
     #: statistics, or a sample of the messages): a large store is not scanned to answer (shown
     #: as "about").
     estimated: bool = False
+    #: Messages a flow-control limit or a pause holds back right now (:mod:`duetime.limits`):
+    #: due, and waiting for their turn, not for duetime.
+    held: int = 0
 
     def said(self, n: int) -> str:
         """One of these figures as a person reads it: ``about(n, self.estimated)``."""
@@ -702,6 +706,84 @@ class SyncWebhookStore(Protocol):
 
     def remove_webhook(self, name: str) -> bool:
         """As :meth:`WebhookStore.remove_webhook`, blocking."""
+        ...
+
+
+@runtime_checkable
+class FlowControlStore(Protocol):
+    """A store that keeps flow-control limits and pauses (:mod:`duetime.limits`) and the state
+    they share, so that every dispatcher of it obeys one limit; and that holds a claimed message
+    back, unclaimed and hidden, until its turn."""
+
+    async def set_limit(self, limit: Limit) -> None:
+        """Keep ``limit`` for its destination (or pattern), in place of any it had."""
+
+    async def limits(self) -> list[Limit]:
+        """Every limit, by destination."""
+        ...
+
+    async def remove_limit(self, destination: str) -> bool:
+        """Forget the limit; False if there was none."""
+        ...
+
+    async def pause_destination(self, pause: Pause) -> bool:
+        """Pause; False (the first pause kept) if it is paused already."""
+        ...
+
+    async def resume_destination(self, destination: str) -> bool:
+        """Resume; False if it was not paused."""
+        ...
+
+    async def paused(self) -> list[Pause]:
+        """Every pause, by destination."""
+        ...
+
+    async def take_rate(self, bucket: str, rate: Rate, wanted: int, now: datetime) -> RateGrant:
+        """Up to ``wanted`` turns of ``rate`` from the bucket, shared by every dispatcher."""
+        ...
+
+    async def take_slots(self, bucket: str, holder: str, wanted: int, most: int, now: datetime) -> int:
+        """Up to ``wanted`` of ``most`` concurrency slots for ``holder``; how many it got."""
+        ...
+
+    async def give_slots(self, bucket: str, holder: str, count: int, now: datetime) -> None:
+        """Give back slots ``holder`` took."""
+
+    async def hold(self, until: Mapping[str, datetime]) -> int:
+        """Give claimed messages back, each (by id) hidden until its time: due time, failures
+        and content unchanged; a cancel, reschedule or replace reaches them meanwhile."""
+        ...
+
+    async def release_held(self) -> int:
+        """Every held message claimable at once (a limit or a pause changed)."""
+        ...
+
+
+@runtime_checkable
+class SyncFlowControlStore(Protocol):
+    """The blocking side of :class:`FlowControlStore` that the command line uses."""
+
+    def set_limit(self, limit: Limit) -> None:
+        """As :meth:`FlowControlStore.set_limit`, blocking."""
+
+    def limits(self) -> list[Limit]:
+        """As :meth:`FlowControlStore.limits`, blocking."""
+        ...
+
+    def remove_limit(self, destination: str) -> bool:
+        """As :meth:`FlowControlStore.remove_limit`, blocking."""
+        ...
+
+    def pause_destination(self, pause: Pause) -> bool:
+        """As :meth:`FlowControlStore.pause_destination`, blocking."""
+        ...
+
+    def resume_destination(self, destination: str) -> bool:
+        """As :meth:`FlowControlStore.resume_destination`, blocking."""
+        ...
+
+    def paused(self) -> list[Pause]:
+        """As :meth:`FlowControlStore.paused`, blocking."""
         ...
 
 

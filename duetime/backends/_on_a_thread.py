@@ -38,6 +38,7 @@ from duetime.interfaces import (
     StoreCounts,
     WakeupCallback,
 )
+from duetime.limits import Limit, Pause, Rate, RateGrant
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import PlanReport, Schedule
@@ -289,6 +290,39 @@ class AsyncStoreBridge(AsyncClosing):
 
     async def remove_webhook(self, name: str) -> bool:
         return await self._call(self.sync.remove_webhook, name)
+
+    async def set_limit(self, limit: Limit) -> None:
+        await self._call(self.sync.set_limit, limit)
+
+    async def limits(self) -> builtins.list[Limit]:
+        return await self._read(self.sync.limits)
+
+    async def remove_limit(self, destination: str) -> bool:
+        return await self._call(self.sync.remove_limit, destination)
+
+    async def pause_destination(self, pause: Pause) -> bool:
+        return await self._call(self.sync.pause_destination, pause)
+
+    async def resume_destination(self, destination: str) -> bool:
+        return await self._call(self.sync.resume_destination, destination)
+
+    async def paused(self) -> builtins.list[Pause]:
+        return await self._read(self.sync.paused)
+
+    async def take_rate(self, bucket: str, rate: Rate, wanted: int, now: datetime) -> RateGrant:
+        return await self._call(self.sync.take_rate, bucket, rate, wanted, now)
+
+    async def take_slots(self, bucket: str, holder: str, wanted: int, most: int, now: datetime) -> int:
+        return await self._call(self.sync.take_slots, bucket, holder, wanted, most, now)
+
+    async def give_slots(self, bucket: str, holder: str, count: int, now: datetime) -> None:
+        await self._call(self.sync.give_slots, bucket, holder, count, now)
+
+    async def hold(self, until: Mapping[str, datetime]) -> int:
+        return await self._call(self.sync.hold, dict(until))
+
+    async def release_held(self) -> int:
+        return await self._call(self.sync.release_held)
 
     async def list(self, query: ListQuery) -> Page:
         return await self._read(self.sync.list, query)

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from duetime.api_keys import ApiKey
 from duetime.backends._schedules import ScheduleRules
@@ -44,6 +44,10 @@ from duetime.interfaces import (
     Put,
     StoreCounts,
 )
+from duetime.limits import LIMITS, PAUSES, RATE_STATE, SLOT_STATE, Limit, Pause, Rate, RateGrant
+from duetime.limits import give_slots as _give_slots
+from duetime.limits import take_rate as _take_rate
+from duetime.limits import take_slots as _take_slots
 from duetime.live_dispatchers import FORGET_AFTER, PRUNE_EVERY, DispatcherInfo
 from duetime.message import (
     MAX_GROUP_LENGTH,
@@ -56,6 +60,8 @@ from duetime.message import (
 from duetime.settings import TransactionMode
 from duetime.webhooks import WebhookEndpoint
 
+T = TypeVar("T")
+
 #: The layout every store writes; a store refuses tables or keys written by a newer duetime, and
 #: asks for `duetime setup` (which upgrades in place) on ones written by an older one.
 #: 2: the group key (a column, or a set per group on Redis). 3: the API keys' table (or hash).
@@ -63,6 +69,18 @@ from duetime.webhooks import WebhookEndpoint
 SCHEMA_VERSION = 4
 #: The kind of record a webhook endpoint is.
 WEBHOOKS = "webhook"
+#: The claim token of a message held back by a flow-control limit (duetime.limits): not claimed
+#: by anyone (a cancel, reschedule or replace reaches it), hidden from claims until its
+#: ``claimed_until``. Thirty-two zeros: a token of every store's column type (text, CHAR(32),
+#: uuid) that no claim's random token is.
+HOLD_TOKEN = "0" * 32
+#: As the SQL files write it (``{held}``).
+HOLD_TOKEN_SQL = f"'{HOLD_TOKEN}'"
+#: Tries of a compare-and-set of flow-control state before a store call gives up (each loses only
+#: to another dispatcher's change, so this many in a row means the store is thrashing).
+SWAP_TRIES = 50
+#: How a record is read before a swap: the last value seen, kept for this many buckets.
+SEEN_MOST = 10_000
 #: How long a claim keeps a message from other dispatchers unless a URL or the settings say otherwise.
 DEFAULT_CLAIM_TIMEOUT = timedelta(seconds=30)
 #: Destinations counted one by one in ``counts`` (the queries stop there); the rest are summed.
@@ -156,8 +174,16 @@ def _keeps_no_keys(store: object) -> ConfigurationError:
 
 def _keeps_no_records(store: object) -> ConfigurationError:
     return ConfigurationError(
-        f"{type(store).__name__} keeps no webhook endpoints; duetime's own stores do (a store "
-        "built on StoreRules implements _record_insert, _record_update, _record_delete and _records)."
+        f"{type(store).__name__} keeps no named records (webhook endpoints, flow-control limits and "
+        "pauses); duetime's own stores do (a store built on StoreRules implements _record_insert, "
+        "_record_update, _record_delete and _records)."
+    )
+
+
+def _keeps_no_limits(store: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"{type(store).__name__} keeps no flow-control limits; duetime's own stores do (a store "
+        "built on StoreRules implements the named records' primitives, _record_swap and _hold)."
     )
 
 
@@ -274,6 +300,8 @@ class StoreRules(ScheduleRules, Closing, ABC):
         self._pruned_at: datetime | None = None
         #: Single stores from many threads at once share a commit (:mod:`._shared_commit`).
         self._shared = SharedCommits(self.store_many)
+        #: The flow-control state this store last saw of each bucket (:meth:`_swapping`).
+        self._seen: dict[tuple[str, str], str | None] = {}
 
     # --- what a backend supplies -----------------------------------------------------------
     @abstractmethod
@@ -704,6 +732,96 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def remove_webhook(self, name: str) -> bool:
         """Forget the webhook and its secrets; False if there is none of that name."""
         return self._record_delete(self._ready(), WEBHOOKS, name)
+
+    # Flow control (duetime.limits): limits and pauses as named records, their shared state
+    # changed by compare-and-set, and held messages hidden until their turn.
+    def set_limit(self, limit: Limit) -> None:
+        """Keep ``limit`` for its destination, in place of any it had."""
+        endpoint, info = self._ready(), limit.to_json()
+        if not self._record_insert(endpoint, LIMITS, limit.destination, info):
+            self._record_update(endpoint, LIMITS, limit.destination, info)
+
+    def limits(self) -> builtins.list[Limit]:
+        return [Limit.from_json(text) for text in self._records(self._ready(), LIMITS)]
+
+    def remove_limit(self, destination: str) -> bool:
+        return self._record_delete(self._ready(), LIMITS, destination)
+
+    def pause_destination(self, pause: Pause) -> bool:
+        """Pause a destination; False (and the first pause kept, with who made it) if it is paused."""
+        return self._record_insert(self._ready(), PAUSES, pause.destination, pause.to_json())
+
+    def resume_destination(self, destination: str) -> bool:
+        """Resume a destination (every dispatcher sees it at its next look at the limits, and
+        gives back what it held for it: :meth:`release_held`)."""
+        return self._record_delete(self._ready(), PAUSES, destination)
+
+    def paused(self) -> builtins.list[Pause]:
+        return [Pause.from_json(text) for text in self._records(self._ready(), PAUSES)]
+
+    def take_rate(self, bucket: str, rate: Rate, wanted: int, now: datetime) -> RateGrant:
+        """Up to ``wanted`` turns of ``rate`` from the bucket every dispatcher shares."""
+        now = check_due_time(now, "now")
+        return self._swapping(RATE_STATE, bucket, lambda state: _take_rate(state, rate, wanted, now))
+
+    def take_slots(self, bucket: str, holder: str, wanted: int, most: int, now: datetime) -> int:
+        """Up to ``wanted`` of the ``most`` concurrency slots of the bucket, for ``holder``."""
+        return self._swapping(SLOT_STATE, bucket, lambda state: _take_slots(state, holder, wanted, most, now))
+
+    def give_slots(self, bucket: str, holder: str, count: int, now: datetime) -> None:
+        """Give back ``count`` slots ``holder`` took."""
+        self._swapping(SLOT_STATE, bucket, lambda state: (None, _give_slots(state, holder, count, now)))
+
+    def hold(self, until: Mapping[str, datetime]) -> int:
+        """Give claimed messages back, each hidden from every claim until its time (a limit's
+        turn): due time, failure count and content unchanged; a cancel, reschedule or replace
+        reaches them meanwhile. How many were held."""
+        self._ready()
+        return self._hold({i: check_due_time(t, "until") for i, t in until.items()}) if until else 0
+
+    def release_held(self) -> int:
+        """Every held message claimable at once: a limit or a pause changed, and what waited for
+        the old one takes its turn by the new."""
+        self._ready()
+        return self._release_held()
+
+    def _swapping(self, kind: str, name: str, change: Callable[[str | None], tuple[T, str]]) -> T:
+        """Apply ``change`` (the state's text, None when there is none, to what it answers and
+        the new text) by compare-and-set, again on the value another dispatcher put there
+        first, until it holds. Starts from the value this store saw last, so a lone dispatcher
+        makes one call a change."""
+        endpoint = self._ready()
+        seen = self._seen.get((kind, name))
+        for _ in range(SWAP_TRIES):
+            answer, new = change(seen)
+            if new == seen:
+                return answer
+            done, current = self._record_swap(endpoint, kind, name, seen, new)
+            if done:
+                if len(self._seen) >= SEEN_MOST:
+                    self._seen.clear()
+                self._seen[(kind, name)] = new
+                return answer
+            seen = current
+        raise StoreNotReady(
+            f"flow-control state {kind}:{name} kept changing under {SWAP_TRIES} tries in a row; "
+            "the store is overloaded, try again."
+        )
+
+    def _record_swap(
+        self, endpoint: str, kind: str, name: str, old: str | None, new: str
+    ) -> tuple[bool, str | None]:
+        """Set the record to ``new`` if it holds ``old`` (None: if there is none), in one atomic
+        step; whether it was set, and what the record holds now when it was not (None: none)."""
+        raise _keeps_no_limits(self)
+
+    def _hold(self, until: Mapping[str, datetime]) -> int:
+        """Mark each message held (:data:`HOLD_TOKEN`) until its time; how many there were."""
+        raise _keeps_no_limits(self)
+
+    def _release_held(self) -> int:
+        """Make every held message claimable at once; how many there were."""
+        raise _keeps_no_limits(self)
 
     # Named records (webhook endpoints): one record per (endpoint, kind, name), a JSON text.
     def _record_insert(self, endpoint: str, kind: str, name: str, info: str) -> bool:

@@ -34,6 +34,7 @@ from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
     DueCounter,
+    FlowControlStore,
     IfExists,
     ListQuery,
     NewOnlyStore,
@@ -45,6 +46,7 @@ from duetime.interfaces import (
     SyncDelayedMessageStore,
     WebhookStore,
 )
+from duetime.limits import Limit, Pause, Rate
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import MAX_BODY_BYTES, MAX_HEADERS_BYTES, DelayedMessage
 from duetime.recurring.rules import Recurrence
@@ -1064,7 +1066,7 @@ class StoreContract:
         try:
             await hooks.add_webhook(hook)
         except ConfigurationError as error:
-            assert "keeps no webhook endpoints" in str(error)
+            assert "keeps no named records" in str(error)
             return
 
         async def mine() -> list[WebhookEndpoint]:
@@ -1083,6 +1085,136 @@ class StoreContract:
         await hooks.add_webhook(hook)
         assert await mine() == [hook]
         assert await hooks.remove_webhook(hook.name)
+
+    async def _flow(self, store: DelayedMessageStore) -> FlowControlStore | None:
+        """The store as a flow-control store; None (the case passes) if it says in one line
+        that it keeps no limits."""
+        assert isinstance(store, (FlowControlStore, SyncSide))
+        flow = cast(FlowControlStore, store)
+        try:
+            await flow.limits()
+        except ConfigurationError as error:
+            assert "keeps no named records" in str(error) or "keeps no flow-control limits" in str(error)
+            return None
+        return flow
+
+    async def test_a_held_message_waits_unclaimed_for_its_turn_with_nothing_of_it_changed(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """A flow-control hold (:meth:`FlowControlStore.hold`): the claimed message comes back
+        hidden from every claim until its time, then claimable as it was (due time, failures,
+        content). It is no claim: counted apart, and a cancel, reschedule or replace reaches it.
+        A release of every hold makes them claimable at once."""
+        flow = await self._flow(store)
+        if flow is None:
+            return
+        t = now()
+        for i in range(4):
+            await store.store(msg(i, t - timedelta(seconds=1)))
+        claimed = await store.fetch_due(t, 10)
+        assert len(claimed) == 4
+        turn = t + timedelta(minutes=10)
+        assert await flow.hold({m.message_id: turn + timedelta(seconds=i) for i, m in enumerate(claimed)}) == 4
+        assert await store.fetch_due(t + timedelta(minutes=9), 10) == []
+        counts = await store.counts(t + timedelta(seconds=1))
+        assert (counts.held, counts.claimed, counts.total) == (4, 0, 4)
+        nxt = await store.next_due()
+        assert nxt is not None and abs((nxt - turn).total_seconds()) < 0.01  # it wakes for the turn
+        got = await store.get("m-00000")
+        assert got is not None and got.due_at == claimed[0].due_at and got.failure_count == 0
+        assert got.body == claimed[0].body and got.headers == claimed[0].headers
+        assert await store.cancel("m-00001")
+        later = t + timedelta(hours=1)
+        assert await store.reschedule("m-00002", later)
+        if isinstance(store, (ReplacingStore, SyncSide)):
+            put = await cast(ReplacingStore, store).put(
+                msg(3, t - timedelta(seconds=1)).with_changes(body=b"new"), IfExists.REPLACE
+            )
+            assert put.outcome == "replaced"
+        taken = await store.fetch_due(turn + timedelta(seconds=5), 10)
+        ids = sorted(m.message_id for m in taken)
+        assert "m-00000" in ids and "m-00001" not in ids and "m-00002" not in ids
+        for m in taken:
+            if m.message_id == "m-00000":
+                assert m.due_at == claimed[0].due_at
+            if m.message_id == "m-00003":
+                assert m.body == b"new"
+        await store.release([m.message_id for m in taken])
+        again = await store.fetch_due(turn + timedelta(seconds=5), 10)
+        assert sorted(m.message_id for m in again) == ids
+        assert await flow.hold({m.message_id: later for m in again}) == len(again)
+        assert await flow.release_held() == len(again)
+        assert sorted(m.message_id for m in await store.fetch_due(t, 10)) == ids
+        assert (await store.counts(t)).held == 0
+
+    async def test_limits_and_pauses_are_kept_replaced_and_removed(self, store: DelayedMessageStore) -> None:
+        """Limits and pauses by destination or pattern: a limit replaces the one it names, a
+        second pause keeps the first (and who made it), a remove says whether there was one."""
+        flow = await self._flow(store)
+        if flow is None:
+            return
+        t = now().replace(microsecond=0)
+        first = Limit("partner-*", Rate.parse("50/s", burst=5), 4, "customer-id", "ops@host", t)
+        await flow.set_limit(first)
+        await flow.set_limit(Limit("billing", concurrency=2))
+        assert [x for x in await flow.limits() if x.destination == "partner-*"] == [first]
+        changed = Limit("partner-*", Rate.parse("10/min"))
+        await flow.set_limit(changed)
+        assert {x.destination: x for x in await flow.limits()}["partner-*"] == changed
+        assert await flow.remove_limit("partner-*") and not await flow.remove_limit("partner-*")
+        assert [x.destination for x in await flow.limits()] == ["billing"]
+        assert await flow.remove_limit("billing")
+        pause = Pause("billing", "ann@ops", t, "receiver down: INC-42")
+        assert await flow.pause_destination(pause)
+        assert not await flow.pause_destination(Pause("billing", "bob", t))
+        assert await flow.paused() == [pause]
+        assert await flow.resume_destination("billing") and not await flow.resume_destination("billing")
+        assert await flow.paused() == []
+
+    async def test_a_rate_is_shared_by_every_store_object_at_once(
+        self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]
+    ) -> None:
+        """The shared state of a rate is changed by compare-and-set: four store objects taking
+        turns from one bucket on four threads at once are given no more than the rate allows
+        between them (a burst of 10, then one turn for each 10 ms)."""
+        flow = await self._flow(store)
+        if flow is None:
+            return
+        bucket, rate = f"b-{uuid.uuid4().hex[:12]}", Rate.parse("100/s", burst=10)
+        start = now()
+        stores = [make_sync_store() for _ in range(4)]
+        for s in stores:
+            s.initialize(ENDPOINT, TransactionMode.AT_LEAST_ONCE)
+
+        def take(s: Any) -> int:
+            got = 0
+            for i in range(50):
+                got += s.take_rate(bucket, rate, 3, start + timedelta(milliseconds=i)).granted
+            return got
+
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                granted = sum(pool.map(take, stores))
+            later = await flow.take_rate(bucket, rate, 3, start + timedelta(seconds=1))
+        finally:
+            for s in stores:
+                s.close()
+        assert granted == 10 + 4  # the burst, and 49 ms of turns at one per 10 ms
+        assert later.granted == 3 and later.interval_seconds == 0.01
+
+    async def test_concurrency_slots_are_shared_given_back_and_lapse(self, store: DelayedMessageStore) -> None:
+        """Concurrency slots: never more taken than the limit between holders, given back by
+        count, and a holder that never gives them back loses them when its lease ends."""
+        flow = await self._flow(store)
+        if flow is None:
+            return
+        bucket, t = f"s-{uuid.uuid4().hex[:12]}", now()
+        assert await flow.take_slots(bucket, "a", 3, 4, t) == 3
+        assert await flow.take_slots(bucket, "b", 3, 4, t) == 1
+        await flow.give_slots(bucket, "a", 2, t)
+        assert await flow.take_slots(bucket, "b", 5, 4, t) == 2
+        assert await flow.take_slots(bucket, "c", 1, 4, t) == 0
+        assert await flow.take_slots(bucket, "c", 4, 4, t + timedelta(minutes=2)) == 4  # a, b lapsed
 
     async def test_sync_twin_sees_the_same_messages(
         self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]

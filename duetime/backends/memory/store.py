@@ -28,9 +28,18 @@ from duetime.recurring.schedule import ScheduleRow
 class _Row:
     message: DelayedMessage
     claimed_until: datetime | None = None
+    #: Held back by a flow-control limit until ``claimed_until``: claimed by nobody.
+    held: bool = False
 
     def claimable(self, at: datetime) -> bool:
         return self.claimed_until is None or self.claimed_until <= at
+
+    def changeable(self, at: datetime) -> bool:
+        """No claim holds it (a hold is none): a cancel or reschedule may change it."""
+        return self.held or self.claimable(at)
+
+    def free(self) -> None:
+        self.claimed_until, self.held = None, False
 
 
 class SyncMemoryStore(StoreRules):
@@ -128,7 +137,7 @@ class SyncMemoryStore(StoreRules):
         with self._lock:
             rows = self._due(at, limit)
             for row in rows:
-                row.claimed_until = until
+                row.claimed_until, row.held = until, False
             return [r.message for r in rows]
 
     def _claim_and_next(
@@ -155,7 +164,7 @@ class SyncMemoryStore(StoreRules):
             if row is None:
                 return False
             row.message = row.message.with_changes(failure_count=row.message.failure_count + 1)
-            row.claimed_until = None
+            row.free()
             return True
 
     def _fail_until(self, message_id: str, due_at: datetime) -> bool:
@@ -165,7 +174,7 @@ class SyncMemoryStore(StoreRules):
                 return False
             changes = {"failure_count": row.message.failure_count + 1, "due_at": due_at}
             row.message = row.message.with_changes(**changes)
-            row.claimed_until = None
+            row.free()
             return True
 
     def _release(self, message_ids: Sequence[str]) -> int:
@@ -174,9 +183,26 @@ class SyncMemoryStore(StoreRules):
             for message_id in message_ids:
                 row = self._rows.get(message_id)
                 if row is not None:
-                    row.claimed_until = None
+                    row.free()
                     released += 1
             return released
+
+    def _hold(self, until: Mapping[str, datetime]) -> int:
+        with self._lock:
+            held = 0
+            for message_id, at in until.items():
+                row = self._rows.get(message_id)
+                if row is not None:
+                    row.claimed_until, row.held = at, True
+                    held += 1
+            return held
+
+    def _release_held(self) -> int:
+        with self._lock:
+            held = [r for r in self._rows.values() if r.held]
+            for row in held:
+                row.free()
+            return len(held)
 
     def _get(self, message_id: str) -> DelayedMessage | None:
         with self._lock:
@@ -186,14 +212,14 @@ class SyncMemoryStore(StoreRules):
     def _delete_unclaimed(self, message_id: str, now: datetime) -> bool:
         with self._lock:
             row = self._rows.get(message_id)
-            if row is None or not row.claimable(now):
+            if row is None or not row.changeable(now):
                 return False
             del self._rows[message_id]
             return True
 
     def _delete_group_unclaimed(self, group: str, now: datetime, limit: int | None) -> int:
         with self._lock:
-            gone = [i for i, r in self._rows.items() if r.message.group == group and r.claimable(now)]
+            gone = [i for i, r in self._rows.items() if r.message.group == group and r.changeable(now)]
             for message_id in gone[:limit]:
                 del self._rows[message_id]
             return len(gone[:limit])
@@ -205,16 +231,16 @@ class SyncMemoryStore(StoreRules):
     def _reschedule_unclaimed(self, message_id: str, due_at: datetime, now: datetime) -> bool:
         with self._lock:
             row = self._rows.get(message_id)
-            if row is None or not row.claimable(now):
+            if row is None or not row.changeable(now):
                 return False
             row.message = row.message.with_changes(due_at=due_at)
-            row.claimed_until = None
+            row.free()
             return True
 
     def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
         with self._lock:
             row = self._rows.get(message.message_id)
-            if row is None or row.claimed_until is not None:  # a lapsed claim's sender may still settle it
+            if row is None or (row.claimed_until is not None and not row.held):  # a lapsed claim's sender may still settle it
                 return False
             row.message = message
             return True
@@ -273,6 +299,16 @@ class SyncMemoryStore(StoreRules):
         with self._lock:
             return [info for (e, k, _), info in sorted(self._named.items()) if (e, k) == (endpoint, kind)]
 
+    def _record_swap(
+        self, endpoint: str, kind: str, name: str, old: str | None, new: str
+    ) -> tuple[bool, str | None]:
+        with self._lock:
+            current = self._named.get((endpoint, kind, name))
+            if current != old:
+                return False, current
+            self._named[(endpoint, kind, name)] = new
+            return True, None
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         with self._lock:
             messages = by_due([r.message for r in self._rows.values()])
@@ -284,10 +320,11 @@ class SyncMemoryStore(StoreRules):
         return StoreCounts(
             total=len(rows),
             due=sum(r.message.due_at <= at for r in rows),
-            claimed=sum(not r.claimable(at) for r in rows),
+            claimed=sum(not r.claimable(at) and not r.held for r in rows),
             failing=sum(r.message.failure_count > 0 for r in rows),
             next_due=None,
             by_destination=dict(Counter(r.message.destination for r in rows)),
+            held=sum(r.held and not r.claimable(at) for r in rows),
         )
 
     def move_due(

@@ -63,7 +63,7 @@ SET SESSION lock_wait_timeout = 1;
 SET SESSION lock_wait_timeout = DEFAULT;
 
 -- name: delete_group_unclaimed
-DELETE FROM {table} WHERE group_key = %s AND (claim_token IS NULL OR claimed_until <= %s) LIMIT %s;
+DELETE FROM {table} WHERE group_key = %s AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= %s) LIMIT %s;
 
 -- name: setup_lock
 SELECT GET_LOCK('duetime_setup', 60);
@@ -122,14 +122,14 @@ SELECT message_id, destination, due_at, headers, body, failure_count, group_key 
 WHERE message_id = %s;
 
 -- name: delete_unclaimed
-DELETE FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s);
+DELETE FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= %s);
 
 -- A change of a message no claim holds locks its row first, then changes it by id: an UPDATE's
 -- count is of rows it changed (CLIENT.FOUND_ROWS is off), so a change to what is there already
 -- (a reschedule to the same time, a replace with the same content) would count 0 and read as
 -- "in flight".
 -- name: lock_unclaimed
-SELECT 1 FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claimed_until <= %s) FOR UPDATE;
+SELECT 1 FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= %s) FOR UPDATE;
 
 -- name: reschedule
 UPDATE {table} SET due_at = %s, claim_token = NULL, claimed_until = NULL WHERE message_id = %s;
@@ -137,7 +137,7 @@ UPDATE {table} SET due_at = %s, claim_token = NULL, claimed_until = NULL WHERE m
 -- A waiting message's content in place (duetime.interfaces.IfExists), never under a claim, even
 -- one that lapsed: its dispatcher may still be sending, and would remove the new content.
 -- name: lock_unheld
-SELECT 1 FROM {table} WHERE message_id = %s AND claim_token IS NULL FOR UPDATE;
+SELECT 1 FROM {table} WHERE message_id = %s AND (claim_token IS NULL OR claim_token = {held}) FOR UPDATE;
 
 -- name: replace
 UPDATE {table} SET destination = %s, due_at = %s, headers = %s, body = %s, failure_count = %s,
@@ -161,7 +161,10 @@ SELECT UTC_TIMESTAMP(6);
 SELECT COUNT(*) FROM {table} WHERE due_at <= %s;
 
 -- name: count_claimed
-SELECT COUNT(*) FROM {table} WHERE claim_token IS NOT NULL AND claimed_until > %s;
+SELECT COUNT(*) FROM {table} WHERE claim_token IS NOT NULL AND claim_token <> {held} AND claimed_until > %s;
+
+-- name: count_held
+SELECT COUNT(*) FROM {table} WHERE claim_token = {held} AND claimed_until > %s;
 
 -- name: count_failing
 SELECT COUNT(*) FROM {table} WHERE failure_count > 0;
@@ -241,6 +244,22 @@ DELETE FROM duetime_records WHERE endpoint = %s AND kind = %s AND name = %s;
 
 -- name: records
 SELECT info FROM duetime_records WHERE endpoint = %s AND kind = %s ORDER BY name;
+
+-- A compare-and-set (flow control's shared state, duetime.limits), byte for byte.
+-- name: record_swap
+UPDATE duetime_records SET info = %s
+WHERE endpoint = %s AND kind = %s AND name = %s AND info COLLATE utf8mb4_bin = %s;
+
+-- name: record_get
+SELECT info FROM duetime_records WHERE endpoint = %s AND kind = %s AND name = %s;
+
+-- A message a flow-control limit holds back: no claim's, hidden from claims until claimed_until.
+-- name: hold
+UPDATE {table} SET claim_token = {held}, claimed_until = %s WHERE message_id = %s;
+
+-- Every held message claimable again (a limit changed, a destination resumed).
+-- name: release_held
+UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE claim_token = {held};
 
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table

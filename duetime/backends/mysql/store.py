@@ -32,6 +32,7 @@ from duetime.backends._on_a_thread import AsyncStoreBridge, Subscribers, poll_ne
 from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
+    HOLD_TOKEN_SQL,
     SCHEMA_VERSION,
     Duplicate,
     StoreRules,
@@ -263,7 +264,7 @@ class SyncMysqlStore(StoreRules):
 
     def _queries(self, table: str, collation: str) -> dict[str, str]:
         return {
-            name: sql.format(table=table_identifier(table), collation=collation)
+            name: sql.format(table=table_identifier(table), collation=collation, held=HOLD_TOKEN_SQL)
             for name, sql in QUERIES.items()
         }
 
@@ -542,6 +543,25 @@ class SyncMysqlStore(StoreRules):
     def _records(self, endpoint: str, kind: str) -> list[str]:
         return [r[0] for r in self._fetch(QUERIES["records"], (endpoint, kind))]
 
+    def _record_swap(
+        self, endpoint: str, kind: str, name: str, old: str | None, new: str
+    ) -> tuple[bool, str | None]:
+        if old is None:
+            done = self._execute(QUERIES["record_insert"], (endpoint, kind, name, new)) == 1
+        else:
+            done = self._execute(QUERIES["record_swap"], (new, endpoint, kind, name, old)) == 1
+        if done:
+            return True, None
+        rows = self._fetch(QUERIES["record_get"], (endpoint, kind, name))
+        return False, rows[0][0] if rows else None
+
+    def _hold(self, until: Mapping[str, datetime]) -> int:
+        rows = [(to_micros(t), i) for i, t in until.items()]
+        return int(self._run(lambda cur: cur.executemany(self.q["hold"], rows), transaction=True))
+
+    def _release_held(self) -> int:
+        return self._execute(self.q["release_held"])
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s", to_micros)
         table = table_identifier(self._table or "")
@@ -573,6 +593,7 @@ class SyncMysqlStore(StoreRules):
                 total=total,
                 due=one(cur, "count_due", (now,)),
                 claimed=one(cur, "count_claimed", (now,)),
+                held=one(cur, "count_held", (now,)),
                 failing=one(cur, "count_failing"),
                 next_due=None,
                 by_destination=by_destination,

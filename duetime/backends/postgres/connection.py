@@ -15,6 +15,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from duetime.backends._keepalive import LIBPQ
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
+    HOLD_TOKEN_SQL,
     claim_timeout_option,
     load_headers,
     table_name,
@@ -383,7 +384,8 @@ class PgNames:
         # the claims' shared end is a fragment of its own, written once (queries.sql)
         claimed_and_next = QUERIES["claimed_and_next"].format(**names)
         self.q = {
-            name: sql.format(**names, claimed_and_next=claimed_and_next) for name, sql in QUERIES.items()
+            name: sql.format(**names, claimed_and_next=claimed_and_next, held=HOLD_TOKEN_SQL)
+            for name, sql in QUERIES.items()
         }
         #: LISTEN/NOTIFY channel: stable, short, one per table.
         self.channel = channel_of(schema, table)

@@ -41,7 +41,7 @@ CREATE INDEX IF NOT EXISTS {index_group} ON {table} (group_key) WHERE group_key 
 -- name: delete_group_unclaimed
 DELETE FROM {table} WHERE message_id IN (
     SELECT message_id FROM {table}
-    WHERE group_key = %(group)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
+    WHERE group_key = %(group)s AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= %(now)s)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 );
@@ -274,12 +274,12 @@ WHERE message_id = %(id)s;
 
 -- A row a dispatcher holds locked is in flight too: skipped, not waited for.
 -- name: delete_unclaimed
-DELETE FROM {table} WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
+DELETE FROM {table} WHERE message_id = %(id)s AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= %(now)s)
 AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(id)s FOR UPDATE SKIP LOCKED);
 
 -- name: reschedule_unclaimed
 UPDATE {table} SET due_at = %(due_at)s, claim_token = NULL, claimed_until = NULL
-WHERE message_id = %(id)s AND (claim_token IS NULL OR claimed_until <= %(now)s)
+WHERE message_id = %(id)s AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= %(now)s)
 AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(id)s FOR UPDATE SKIP LOCKED);
 
 -- A waiting message's content in place (duetime.interfaces.IfExists); never under a claim, even
@@ -292,7 +292,7 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
 -- name: replace_unclaimed
 UPDATE {table} SET destination = %(destination)s, due_at = %(due_at)s, headers = %(headers)s,
     body = %(body)s, failure_count = %(failure_count)s, group_key = %(group_key)s
-WHERE message_id = %(message_id)s AND claim_token IS NULL
+WHERE message_id = %(message_id)s AND (claim_token IS NULL OR claim_token = {held})
 AND message_id IN (SELECT message_id FROM {table} WHERE message_id = %(message_id)s FOR UPDATE SKIP LOCKED);
 
 -- name: estimate_rows
@@ -318,7 +318,10 @@ SELECT clock_timestamp();
 SELECT count(*) FROM {table} WHERE due_at <= %(at)s;
 
 -- name: count_claimed
-SELECT count(*) FROM {table} WHERE claim_token IS NOT NULL AND claimed_until > %(at)s;
+SELECT count(*) FROM {table} WHERE claim_token IS NOT NULL AND claim_token <> {held} AND claimed_until > %(at)s;
+
+-- name: count_held
+SELECT count(*) FROM {table} WHERE claim_token = {held} AND claimed_until > %(at)s;
 
 -- name: count_failing
 SELECT count(*) FROM {table} WHERE failure_count > 0;
@@ -492,6 +495,24 @@ DELETE FROM {records} WHERE endpoint = %(endpoint)s AND kind = %(kind)s AND name
 
 -- name: records
 SELECT info::text FROM {records} WHERE endpoint = %(endpoint)s AND kind = %(kind)s ORDER BY name;
+
+-- A compare-and-set (flow control's shared state, duetime.limits): the text as written (json
+-- keeps it), or the insert of a first one; what is there when it does not hold.
+-- name: record_swap
+UPDATE {records} SET info = %(new)s
+WHERE endpoint = %(endpoint)s AND kind = %(kind)s AND name = %(name)s AND info::text = %(old)s;
+
+-- name: record_get
+SELECT info::text FROM {records} WHERE endpoint = %(endpoint)s AND kind = %(kind)s AND name = %(name)s;
+
+-- A message a flow-control limit holds back: no claim's, hidden from claims until claimed_until.
+-- name: hold
+UPDATE {table} AS t SET claim_token = {held}, claimed_until = h.until
+FROM unnest(%(ids)s::text[], %(untils)s::timestamptz[]) AS h (id, until) WHERE t.message_id = h.id;
+
+-- Every held message claimable again (a limit changed, a destination resumed).
+-- name: release_held
+UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE claim_token = {held};
 
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table

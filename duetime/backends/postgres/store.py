@@ -455,6 +455,34 @@ class SyncPostgresStore(StoreRules):
         params = {"endpoint": endpoint, "kind": kind}
         return [r[0] for r in self._rows(self.names.q["records"], params)]
 
+    def _record_swap(
+        self, endpoint: str, kind: str, name: str, old: str | None, new: str
+    ) -> tuple[bool, str | None]:
+        q, key = self.names.q, {"endpoint": endpoint, "kind": kind, "name": name}
+        if old is None:
+            done = self._rowcount(q["record_insert"], key | {"info": new}) == 1
+        else:
+            done = self._rowcount(q["record_swap"], key | {"old": old, "new": new}) == 1
+        if done:
+            return True, None
+        rows = self._rows(q["record_get"], key)
+        return False, rows[0][0] if rows else None
+
+    def _hold(self, until: Mapping[str, datetime]) -> int:
+        """A row this process holds locked is held in the transaction holding it (which ends
+        with it); a leased one alone."""
+        sql = self.names.q["hold"]
+
+        def params(ids: Sequence[str]) -> dict[str, Any]:
+            return {"ids": list(ids), "untils": [until[i] for i in ids]}
+
+        locked, rest = self._held.split(list(until))
+        count = sum(self._held.run(b, ids, sql, params(ids)) for b, ids in locked.values())
+        return count + (self._rowcount(sql, params(rest)) if rest else 0)
+
+    def _release_held(self) -> int:
+        return self._rowcount(self.names.q["release_held"], {})
+
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:
         return self._schedule_write("schedule_insert", self._schedule_params(row)) == 1
@@ -552,6 +580,7 @@ class SyncPostgresStore(StoreRules):
                 failing=one("count_failing")[0][0],
                 next_due=None,
                 by_destination={} if large else dict(one("count_by_destination")),
+                held=one("count_held", {"at": at})[0][0],
             )
             if not large:
                 return exact

@@ -1,5 +1,6 @@
 -- Remove, release, count a failure, cancel or reschedule messages: each id of ARGV[4..] in turn,
--- in one call (a dispatcher's batch settles in one round trip, not one a message).
+-- in one call (a dispatcher's batch settles in one round trip, not one a message). A claims-hash
+-- time below zero is a flow-control hold (store.py, _HOLD), no claim: a cancel reaches it.
 -- KEYS: 1 ready zset, 2 payload hash, 3 claims hash, 4 failures hash, 5 due-time hash, 6 by-due zset,
 --       7 group-of hash (the members of group G are the set KEYS[7] .. ':' .. G)
 -- ARGV: 1 action, 2 now (us), 3 new due (us, reschedule and fail_until), 4.. ids

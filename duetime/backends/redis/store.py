@@ -495,6 +495,21 @@ class SyncRedisStore(StoreRules):
         found = self.client.hgetall(self._record_key(endpoint, kind))
         return [_text(found[name]) for name in sorted(found)]
 
+    def _record_swap(
+        self, endpoint: str, kind: str, name: str, old: str | None, new: str
+    ) -> tuple[bool, str | None]:
+        key = self._record_key(endpoint, kind)
+        args = [name, "0" if old is None else "1", old or "", new]
+        done, there, current = self.client.eval(_SWAP, 1, key, *args)
+        return bool(int(done)), _text(current) if int(there) else None
+
+    def _hold(self, until: Mapping[str, datetime]) -> int:
+        args = [v for i, t in until.items() for v in (i, to_micros(t))]
+        return int(self.client.eval(_HOLD, 3, *self._k("payload", "ready", "claims"), *args))
+
+    def _release_held(self) -> int:
+        return int(self.client.eval(_RELEASE_HELD, 3, *self._k("claims", "ready", "due")))
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         """Walks the by-due index in pages from the lowest due time the query allows, filtering;
         a small group's listing reads the group's members instead (a walk would pass over the
@@ -569,7 +584,7 @@ class SyncRedisStore(StoreRules):
         now = to_micros(at)
         keys = self.keys
         total = int(self.client.zcard(keys["ready"]))
-        claims = [int(v) for v in self.client.hvals(keys["claims"])]
+        claims = [int(v) for v in self.client.hvals(keys["claims"])]  # a hold's is negative
         failures = [int(v) for v in self.client.hvals(keys["failures"])]
         every, read = self._destination_shares()
         counts = StoreCounts(
@@ -579,6 +594,7 @@ class SyncRedisStore(StoreRules):
             failing=sum(f > 0 for f in failures),
             next_due=None,
             by_destination=read,
+            held=sum(-c > now for c in claims),
         )
         return counts if every else sampled(counts, read)
 
@@ -613,6 +629,44 @@ _SET_IF_THERE = (
     "if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then "
     "redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) return 1 end return 0"
 )
+
+
+#: A compare-and-set of a record (flow control's shared state): ARGV 1 name, 2 "1" if there is an
+#: old value (3) to find, 4 the new; answers {set, there, what is there}.
+_SWAP = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if (ARGV[2] == '0' and not current) or (ARGV[2] == '1' and current == ARGV[3]) then
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[4])
+    return {1, 0, ''}
+end
+return {0, current and 1 or 0, current or ''}
+"""
+#: Hold messages back (a flow-control limit's, duetime.limits), ARGV pairs of id and end: each
+#: scored at its end and recorded in the claims hash as the negative of it (no claim's: a cancel,
+#: reschedule or replace reaches it; a claim's positive time replaces it).
+_HOLD = """
+local held = 0
+for i = 1, #ARGV, 2 do
+    if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+        redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i])
+        redis.call('HSET', KEYS[3], ARGV[i], -tonumber(ARGV[i + 1]))
+        held = held + 1
+    end
+end
+return held
+"""
+#: Every held message (a negative time in the claims hash) scored at its due time again.
+_RELEASE_HELD = """
+local flat, released = redis.call('HGETALL', KEYS[1]), 0
+for i = 1, #flat, 2 do
+    if tonumber(flat[i + 1]) < 0 then
+        redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[3], flat[i]), flat[i])
+        redis.call('HDEL', KEYS[1], flat[i])
+        released = released + 1
+    end
+end
+return released
+"""
 
 
 class RedisStore(AsyncStoreBridge):

@@ -32,7 +32,7 @@ CREATE INDEX IF NOT EXISTS {index_group} ON {table} (group_key) WHERE group_key 
 
 -- name: delete_group_unclaimed
 DELETE FROM {table} WHERE message_id IN (
-    SELECT message_id FROM {table} WHERE group_key = ? AND (claim_token IS NULL OR claimed_until <= ?) LIMIT ?
+    SELECT message_id FROM {table} WHERE group_key = ? AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= ?) LIMIT ?
 );
 
 -- name: create_store_due_index
@@ -147,11 +147,11 @@ SELECT message_id, destination, due_at, headers, body, failure_count, group_key,
 FROM {table} WHERE message_id = ?;
 
 -- name: delete_unclaimed
-DELETE FROM {table} WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
+DELETE FROM {table} WHERE message_id = ? AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= ?);
 
 -- name: reschedule_unclaimed
 UPDATE {table} SET due_at = ?, claim_token = NULL, claimed_until = NULL
-WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
+WHERE message_id = ? AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= ?);
 
 -- A waiting message's content in place, in one statement (duetime.interfaces.IfExists); never
 -- under a claim, even one that lapsed: its dispatcher may still be sending, and would remove the
@@ -159,7 +159,7 @@ WHERE message_id = ? AND (claim_token IS NULL OR claimed_until <= ?);
 -- name: replace_unclaimed
 UPDATE {table} SET destination = ?, due_at = ?, headers = ?, body = ?, failure_count = ?,
     group_key = ?
-WHERE message_id = ? AND claim_token IS NULL;
+WHERE message_id = ? AND (claim_token IS NULL OR claim_token = {held});
 
 -- name: count_due
 SELECT count(*) FROM {table} WHERE due_at <= :at;
@@ -172,7 +172,10 @@ SELECT count(*) FROM {table} WHERE group_key = ?;
 SELECT count(*) FROM {table};
 
 -- name: count_claimed
-SELECT count(*) FROM {table} WHERE claim_token IS NOT NULL AND claimed_until > :at;
+SELECT count(*) FROM {table} WHERE claim_token IS NOT NULL AND claim_token <> {held} AND claimed_until > :at;
+
+-- name: count_held
+SELECT count(*) FROM {table} WHERE claim_token = {held} AND claimed_until > :at;
 
 -- name: count_failing
 SELECT count(*) FROM {table} WHERE failure_count > 0;
@@ -312,6 +315,21 @@ DELETE FROM duetime_records WHERE endpoint = ? AND kind = ? AND name = ?;
 
 -- name: records
 SELECT info FROM duetime_records WHERE endpoint = ? AND kind = ? ORDER BY name;
+
+-- name: record_get
+SELECT info FROM duetime_records WHERE endpoint = ? AND kind = ? AND name = ?;
+
+-- A compare-and-set (flow control's shared state, duetime.limits).
+-- name: record_swap
+UPDATE duetime_records SET info = ? WHERE endpoint = ? AND kind = ? AND name = ? AND info = ?;
+
+-- A message a flow-control limit holds back: no claim's, hidden from claims until claimed_until.
+-- name: hold
+UPDATE {table} SET claim_token = {held}, claimed_until = ? WHERE message_id = ?;
+
+-- Every held message claimable again (a limit changed, a destination resumed).
+-- name: release_held
+UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE claim_token = {held};
 
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table

@@ -23,6 +23,7 @@ from duetime.backends._schedules import Planned, schedules_need_setup
 from duetime.backends._shared_commit import ROUND_LIMIT
 from duetime.backends._store import (
     DEFAULT_CLAIM_TIMEOUT,
+    HOLD_TOKEN_SQL,
     SCHEMA_VERSION,
     Duplicate,
     StoreRules,
@@ -123,6 +124,7 @@ class SyncSqliteStore(StoreRules):
             "index_destination": quote_identifier(f"{table}_destination"),
             "index_group": quote_identifier(f"{table}_group"),
             "index_failing": quote_identifier(f"{table}_failing"),
+            "held": HOLD_TOKEN_SQL,
         }
         return {"table": names["table"]} | {name: sql.format(**names) for name, sql in QUERIES.items()}
 
@@ -294,6 +296,25 @@ class SyncSqliteStore(StoreRules):
         with self._lock:
             return [r[0] for r in self._conn.execute(QUERIES["records"], (endpoint, kind))]
 
+    def _record_swap(
+        self, endpoint: str, kind: str, name: str, old: str | None, new: str
+    ) -> tuple[bool, str | None]:
+        with self._lock, write_transaction(self._conn):
+            if old is None:
+                done = self._conn.execute(QUERIES["record_insert"], (endpoint, kind, name, new)).rowcount == 1
+            else:
+                done = self._conn.execute(QUERIES["record_swap"], (new, endpoint, kind, name, old)).rowcount == 1
+            if done:
+                return True, None
+            row = self._conn.execute(QUERIES["record_get"], (endpoint, kind, name)).fetchone()
+        return False, None if row is None else row[0]
+
+    def _hold(self, until: Mapping[str, datetime]) -> int:
+        return self._write_each(self.q["hold"], [(to_micros(t), i) for i, t in until.items()])
+
+    def _release_held(self) -> int:
+        return self._write_each(self.q["release_held"], [()])
+
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:
         params = (self._ready(), row.schedule_id, row.text, _micros(row.planned_until))
@@ -376,14 +397,14 @@ class SyncSqliteStore(StoreRules):
         with self._reading() as conn:
             conn.execute("BEGIN")  # one snapshot for every figure
             try:
-                total, due, claimed, failing = (
+                total, due, claimed, failing, held = (
                     conn.execute(q[name], now if ":at" in q[name] else {}).fetchone()[0]
-                    for name in ("count_total", "count_due", "count_claimed", "count_failing")
+                    for name in ("count_total", "count_due", "count_claimed", "count_failing", "count_held")
                 )
                 by_destination = dict(conn.execute(q["count_by_destination"]).fetchall())
             finally:
                 conn.execute("COMMIT")
-        return StoreCounts(total, due, claimed, failing, None, by_destination)
+        return StoreCounts(total, due, claimed, failing, None, by_destination, held=held)
 
     def _close(self) -> None:
         with self._lock:
