@@ -879,6 +879,11 @@ class ClaimPolicy(Protocol):
         connections); False for a store with one writer at a time (SQLite)."""
 
 
+#: A database delivery log's outcome of a delivery a flow-control limit governed (its row has no
+#: column more): the report leaves it out of lateness, as a file's ``held_ms`` says.
+HELD_OUTCOME = "delivered-held"
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message forwarded or dead-lettered, as the delivery log keeps it."""
@@ -890,14 +895,19 @@ class Delivery:
     attempts: int
     #: "delivered" or "dead-lettered"
     outcome: str
+    #: A flow-control limit or pause governed its destination: its wait is ``held_ms``, the
+    #: limit's, and it has no ``lateness_ms`` (the two never mix).
+    held: bool = False
 
     def as_json(self) -> dict[str, Any]:
+        waited = round((self.dispatched_at - self.due_at).total_seconds() * 1000, 3)
         return {
             "message_id": self.message_id,
             "destination": self.destination,
             "due_at": self.due_at.isoformat(),
             "dispatched_at": self.dispatched_at.isoformat(),
-            "lateness_ms": round((self.dispatched_at - self.due_at).total_seconds() * 1000, 3),
+            "lateness_ms": None if self.held else waited,
+            "held_ms": waited if self.held else None,
             "attempts": self.attempts,
             "outcome": self.outcome,
         }

@@ -24,6 +24,7 @@ from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.bulk.server_backlog import count_in_server, planned
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.errors import ConfigurationError
+from duetime.interfaces import HELD_OUTCOME
 
 #: Due-time buckets, from now: (name, upper bound in seconds from now; None = no bound)
 HORIZONS: tuple[tuple[str, float | None], ...] = (
@@ -158,7 +159,13 @@ def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
     unit = int(PERIOD_LENGTHS[period].total_seconds() * 1_000_000)
     rows = (
         frame.withColumn("period", (F.col("dispatched_us") / unit).cast("long") * unit)
-        .withColumn("late_ms", (F.col("dispatched_us") - F.col("due_us")) / 1000.0)
+        # a limit's wait is not lateness: left out of the percentiles, counted in n
+        .withColumn(
+            "late_ms",
+            F.when(F.col("outcome") == HELD_OUTCOME, F.lit(None)).otherwise(
+                (F.col("dispatched_us") - F.col("due_us")) / 1000.0
+            ),
+        )
         .groupBy("period")
         .agg(
             F.count(F.lit(1)).alias("n"),
@@ -174,9 +181,9 @@ def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
         Lateness(
             from_micros(int(r["period"])),
             int(r["n"]),
-            float(r["p50"]),
-            float(r["p99"]),
-            float(r["mx"]),
+            float(r["p50"] or 0.0),  # a period of held deliveries only has no lateness: 0
+            float(r["p99"] or 0.0),
+            float(r["mx"] or 0.0),
             int(r["dead"]),
         )
         for r in rows
@@ -219,10 +226,15 @@ def _log_frame(spark: Any, log: str) -> Any:
             # the folder a dispatcher made at its start, before its first delivery: none yet
             return spark.createDataFrame([], schema)
         raw = spark.read.json(files)
+        held = (
+            F.when(F.col("held_ms").isNotNull(), F.lit(HELD_OUTCOME)).otherwise(F.col("outcome"))
+            if "held_ms" in raw.columns
+            else F.col("outcome")
+        )
         return raw.select(
             F.unix_micros(F.to_timestamp("due_at")).alias("due_us"),
             F.unix_micros(F.to_timestamp("dispatched_at")).alias("dispatched_us"),
-            F.col("outcome"),
+            held.alias("outcome"),
         )
     with db.session(write=False) as conn:  # unreachable or without a log: one line, on the driver
         if not db.table_exists(conn, STATE_TABLES["log"]):

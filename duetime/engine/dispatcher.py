@@ -24,6 +24,7 @@ from duetime.engine.calls import Breakers, EngineCalls
 from duetime.engine.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.engine.deadline import within
 from duetime.engine.failures import FailurePolicy
+from duetime.engine.flow import FlowControl
 from duetime.engine.observe import DispatchObserver, Observers
 from duetime.engine.outages import Outages
 from duetime.engine.planning import Planner
@@ -45,6 +46,7 @@ from duetime.interfaces import (
     Clock,
     DelayedMessageStore,
     DeliveryLog,
+    FlowControlStore,
     ReadsFromStore,
     RecurringStore,
     ServerClock,
@@ -156,6 +158,7 @@ class Dispatcher:
             lambda: self._stopping,
             self._fetch_failed,
             self.back_off,
+            FlowControl(store, self.clock) if isinstance(store, FlowControlStore) else None,
         )
         self.strategy: DeliveryStrategy = (
             ExactlyOnce(engine, store)

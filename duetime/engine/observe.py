@@ -36,6 +36,9 @@ class Settled(NamedTuple):
     trace: str | None = None
     #: Why it went to the error queue (for one dead-lettered).
     reason: str | None = None
+    #: A flow-control limit or pause governs its destination (:mod:`duetime.limits`): its wait
+    #: from its due time is measured as held, never as lateness.
+    held: bool = False
 
     @classmethod
     def moved(cls, moved: Moved) -> Settled:
@@ -44,12 +47,18 @@ class Settled(NamedTuple):
         return cls(moved.message_id, moved.destination, moved.due_at, 1, moved.trace)
 
     @classmethod
-    def of(cls, message: DelayedMessage, *, reason: str | None = None) -> Settled:
+    def of(cls, message: DelayedMessage, *, reason: str | None = None, held: bool = False) -> Settled:
         """``message`` as settled now: delivered by this try (its failures so far plus this one),
         or dead-lettered with ``reason`` (its failures, this one counted already, at least one)."""
         attempts = max(message.failure_count, 1) if reason is not None else message.failure_count + 1
         return cls(
-            message.message_id, message.destination, message.due_at, attempts, traced(message.headers), reason
+            message.message_id,
+            message.destination,
+            message.due_at,
+            attempts,
+            traced(message.headers),
+            reason,
+            held,
         )
 
     def lateness(self, at: datetime) -> float:
@@ -88,6 +97,10 @@ class DispatchObserver:
 
     def batch(self, size: int, seconds: float) -> None:
         """One batch handled: how many messages, how long from claim to done."""
+
+    def held_back(self, destinations: Sequence[str]) -> None:
+        """Claimed messages a flow-control limit or pause held back in the store (one
+        destination each): they wait there for their turn, unchanged."""
 
     def front_door(self, stored: int, rejected: int, duplicates: int) -> None:
         """Front-door messages stored, sent to the error queue as unreadable, already stored."""

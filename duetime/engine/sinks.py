@@ -53,7 +53,7 @@ class StatsSink(DispatchObserver):
 
     def delivered(self, done: Sequence[Settled], at: datetime) -> None:
         self.stats.forwarded += len(done)
-        self.lateness.add(s.lateness(at) for s in done)
+        self.lateness.add(s.lateness(at) for s in done if not s.held)  # a limit's wait is not lateness
 
     def dead_lettered(self, done: Sequence[Settled], at: datetime) -> None:
         self.stats.dead_lettered += len(done)
@@ -114,7 +114,7 @@ class DeliveryLogSink(DispatchObserver):
     def _keep(self, done: Sequence[Settled], outcome: str, at: datetime) -> None:
         if self.log is not None:
             self._pending.extend(
-                Delivery(d.message_id, d.destination, d.due_at, at, d.attempts, outcome) for d in done
+                Delivery(d.message_id, d.destination, d.due_at, at, d.attempts, outcome, d.held) for d in done
             )
 
     async def round_ended(self) -> None:

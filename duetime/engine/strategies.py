@@ -19,6 +19,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from duetime.engine.calls import EngineCalls
 from duetime.engine.deadline import within
 from duetime.engine.failures import FailurePolicy
+from duetime.engine.flow import FlowControl
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.outages import Outages
 from duetime.engine.triage import Triage
@@ -79,6 +80,8 @@ class StrategyParts:
     fetch_failed: Callable[[Exception], Awaitable[None]]
     #: Back off after a failure; ends at once on a stop request.
     back_off: Callable[[], Awaitable[None]]
+    #: The flow-control limits (a store that keeps them), else None.
+    flow: FlowControl | None = None
 
     @property
     def settings(self) -> DelayedDeliverySettings:
@@ -162,6 +165,34 @@ class AtLeastOnce:
 
     async def _forward(self, batch: list[DelayedMessage]) -> None:
         e = self.e
+        if e.flow is None:
+            await self._send(batch, None)
+            return
+        started = e.clock.monotonic()
+        try:
+            admitted = await e.flow.admit(batch)
+        except Exception as error:
+            # The store could not say what the limits allow: nothing goes past a limit unread.
+            # The batch goes back (its claims released) and the loop backs off as for a claim.
+            e.wakeups.forget_ahead()
+            await e.calls.release([m.message_id for m in batch])
+            await e.fetch_failed(error)
+            return
+        if admitted.held:
+            sent = {m.message_id for m in admitted.send}
+            e.observer.held_back([m.destination for m in batch if m.message_id not in sent])
+            e.wakeups.forget_ahead()  # the held ones' turns come sooner than what it knew
+        try:
+            if admitted.send:
+                await self._send(admitted.send, e.flow)
+        finally:
+            try:
+                await e.flow.settled(admitted, e.clock.monotonic() - started)
+            except Exception as error:  # the slots lapse by themselves (limits.SLOT_LEASE_SECONDS)
+                log.warning("giving back concurrency slots failed: %s", error)
+
+    async def _send(self, batch: list[DelayedMessage], flow: FlowControl | None) -> None:
+        e = self.e
         try:
             results = await e.calls.send(batch, "sending a batch")
         except Exception as error:
@@ -175,7 +206,13 @@ class AtLeastOnce:
         if answer.carried:
             if not await e.calls.remove([m.message_id for m in answer.carried]):
                 e.wakeups.forget_ahead()
-            e.observer.delivered([Settled.of(m) for m in answer.carried], sent_at)  # after the removal
+            e.observer.delivered(
+                [
+                    Settled.of(m, held=flow is not None and flow.limited(m.destination))
+                    for m in answer.carried
+                ],
+                sent_at,
+            )  # after the removal
         if len(answer.carried) < len(batch):
             e.wakeups.forget_ahead()
         transport_failures = answer.transport_failures
@@ -214,9 +251,13 @@ class ExactlyOnce:
         #: How many the next move may take: ``batch_size``, doubling while each move comes back
         #: full (a backlog), up to :data:`MOVE_GROWTH` times it.
         self.limit = engine.settings.batch_size
+        #: Whether the limits it does not apply were said (again after they are all gone).
+        self._warned = False
 
     async def round(self, now: datetime) -> Round:
         e, limit, batch_size = self.e, self.limit, self.e.settings.batch_size
+        if e.flow is not None:
+            await self._warn_of_limits(e.flow)
         started = e.clock.monotonic()
         e.wakeups.mark()
         try:
@@ -249,6 +290,21 @@ class ExactlyOnce:
         e.observer.dead_lettered([Settled.of(m, reason=r) for m, r in outcome.dead_lettered], moved_at)
         e.observer.batch(moved, e.clock.monotonic() - started)
         return Round(True, full)
+
+    async def _warn_of_limits(self, flow: FlowControl) -> None:
+        """A move takes what is due in one statement, past any limit: say so, once a change."""
+        try:
+            await flow.refresh()
+        except Exception:  # the move's own call will find the store down
+            return
+        said = flow.active
+        if said and not self._warned:
+            log.error(
+                "flow-control limits or pauses are set, and an exactly-once dispatcher does not "
+                "apply them (a move takes what is due in one transaction); run it with "
+                "--mode at-least-once to apply them"
+            )
+        self._warned = said
 
     async def finish(self) -> None:
         """Nothing is held between moves."""

@@ -24,7 +24,7 @@ from typing import Any
 from duetime.clock import to_micros
 from duetime.errors import ConfigurationError, DuetimeError, server_reason
 from duetime.inputs.urls import redact
-from duetime.interfaces import Delivery, DeliveryLog
+from duetime.interfaces import HELD_OUTCOME, Delivery, DeliveryLog
 
 log = logging.getLogger("duetime.deliverylog")
 #: Seconds ``close`` waits for a write in flight before it leaves the log as it is.
@@ -160,7 +160,7 @@ class SqlDeliveryLog:
                 to_micros(e.due_at),
                 to_micros(e.dispatched_at),
                 e.attempts,
-                e.outcome,
+                HELD_OUTCOME if e.held else e.outcome,
             )
             for e in entries
         ]

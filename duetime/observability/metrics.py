@@ -157,9 +157,24 @@ class PrometheusObserver(DispatchObserver):
             "Circuit breakers that tripped (each stops its dispatcher with a critical error), by breaker.",
             ["endpoint", "breaker"],
         )
+        self._held_back = counter(
+            "duetime_held_back",
+            "Claimed messages a flow-control limit or pause held back in the store for their turn, "
+            "by destination (a message held again counts again).",
+            by_destination,
+        )
+        self._held = Histogram(
+            "duetime_held_seconds",
+            "Seconds from a message's due time to its delivery, for a destination a flow-control "
+            "limit or pause governs: the wait the limit asked for, never counted as lateness.",
+            by_destination,
+            buckets=LATENESS_BUCKETS,
+            registry=registry,
+        )
         self._lateness = FastHistogram(
             "duetime_lateness_seconds",
-            "Seconds from a message's due time to its delivery.",
+            "Seconds from a message's due time to its delivery (destinations no flow-control limit "
+            "or pause governs; theirs is duetime_held_seconds).",
             endpoint,
             LATENESS_BUCKETS,
         )
@@ -194,7 +209,10 @@ class PrometheusObserver(DispatchObserver):
         self._claimed.labels(self.endpoint).inc(count)
 
     def delivered(self, done: Sequence[Settled], at: datetime) -> None:
-        self._lateness.observe_pairs((s.destination, s.lateness(at)) for s in done)
+        self._lateness.observe_pairs((s.destination, s.lateness(at)) for s in done if not s.held)
+        for s in done:
+            if s.held:
+                self._held.labels(self.endpoint, self.cap(s.destination)).observe(max(s.lateness(at), 0.0))
         for destination, count in Tally(s.destination for s in done).items():
             self._forwarded.labels(self.endpoint, self.cap(destination)).inc(count)
 
@@ -204,6 +222,10 @@ class PrometheusObserver(DispatchObserver):
 
     def retried(self, message: DelayedMessage, attempts: int, error: Exception) -> None:
         self._retried.labels(self.endpoint, self.cap(message.destination)).inc()
+
+    def held_back(self, destinations: Sequence[str]) -> None:
+        for destination, count in Tally(destinations).items():
+            self._held_back.labels(self.endpoint, self.cap(destination)).inc(count)
 
     def parked(self, message: DelayedMessage, reason: BaseException, until: datetime) -> None:
         self._parked.labels(self.endpoint).inc()

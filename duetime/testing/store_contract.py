@@ -1114,7 +1114,9 @@ class StoreContract:
         claimed = await store.fetch_due(t, 10)
         assert len(claimed) == 4
         turn = t + timedelta(minutes=10)
-        assert await flow.hold({m.message_id: turn + timedelta(seconds=i) for i, m in enumerate(claimed)}) == 4
+        assert (
+            await flow.hold({m.message_id: turn + timedelta(seconds=i) for i, m in enumerate(claimed)}) == 4
+        )
         assert await store.fetch_due(t + timedelta(minutes=9), 10) == []
         counts = await store.counts(t + timedelta(seconds=1))
         assert (counts.held, counts.claimed, counts.total) == (4, 0, 4)
@@ -1202,7 +1204,9 @@ class StoreContract:
         assert granted == 10 + 4  # the burst, and 49 ms of turns at one per 10 ms
         assert later.granted == 3 and later.interval_seconds == 0.01
 
-    async def test_concurrency_slots_are_shared_given_back_and_lapse(self, store: DelayedMessageStore) -> None:
+    async def test_concurrency_slots_are_shared_given_back_and_lapse(
+        self, store: DelayedMessageStore
+    ) -> None:
         """Concurrency slots: never more taken than the limit between holders, given back by
         count, and a holder that never gives them back loses them when its lease ends."""
         flow = await self._flow(store)

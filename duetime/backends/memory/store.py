@@ -240,7 +240,9 @@ class SyncMemoryStore(StoreRules):
     def _replace_unclaimed(self, message: DelayedMessage, now: datetime) -> bool:
         with self._lock:
             row = self._rows.get(message.message_id)
-            if row is None or (row.claimed_until is not None and not row.held):  # a lapsed claim's sender may still settle it
+            if row is None or (
+                row.claimed_until is not None and not row.held
+            ):  # a lapsed claim's sender may still settle it
                 return False
             row.message = message
             return True

@@ -303,7 +303,9 @@ class SyncSqliteStore(StoreRules):
             if old is None:
                 done = self._conn.execute(QUERIES["record_insert"], (endpoint, kind, name, new)).rowcount == 1
             else:
-                done = self._conn.execute(QUERIES["record_swap"], (new, endpoint, kind, name, old)).rowcount == 1
+                done = (
+                    self._conn.execute(QUERIES["record_swap"], (new, endpoint, kind, name, old)).rowcount == 1
+                )
             if done:
                 return True, None
             row = self._conn.execute(QUERIES["record_get"], (endpoint, kind, name)).fetchone()
