@@ -29,6 +29,7 @@ for _group in (
     "dashboard",
     "serve",
     "webhooks",
+    "limits",
 ):  # each adds its commands, in --help's order
     importlib.import_module(f"duetime.cli.{_group}")
 app.add_typer(bulk_app, name="bulk")

@@ -34,6 +34,7 @@ from duetime.cli.common import (
     transport_url_for,
     warn_undeclared,
 )
+from duetime.cli.limits import paused_of
 from duetime.cli.terminal import console, err, fail, progress_bar, say, table
 from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
@@ -52,6 +53,7 @@ from duetime.interfaces import (
     cursor_text,
     read_cursor,
 )
+from duetime.limits import pause_for
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage
 from duetime.nservicebus.frontdoor import front_door_queue
@@ -597,12 +599,14 @@ def stats(
         try:
             counts = await s.counts(SYSTEM.now())
             present = await s.dispatchers() if isinstance(s, DispatcherRegistry) else []
+            pauses = await paused_of(s)
         finally:
             await s.close()
         result: dict[str, Any] = {
             "stored": counts.total,
             "due": counts.due,
             "in_flight": counts.claimed,
+            "held": counts.held,
             "failing": counts.failing,
             "next_due": counts.next_due.isoformat() if counts.next_due else None,
             "by_destination": dict(counts.by_destination),
@@ -610,6 +614,11 @@ def stats(
             "more_messages": counts.more_messages,
             "estimated": counts.estimated,
             "dispatchers": [d.as_dict(SYSTEM.now()) for d in present],
+            "paused": {
+                name: {"by": p.by, "at": p.at.isoformat(), "reason": p.reason}
+                for name in counts.by_destination
+                if (p := pause_for(pauses, name)) is not None
+            },
         }
         try:
             shown = transport_url_for(store, transport)
@@ -641,19 +650,26 @@ def stats(
         print(json.dumps(result))
         return
     overview = table("what", "value", show_header=False)
-    for key in ("stored", "due", "in_flight", "failing", "next_due"):
+    for key in ("stored", "due", "in_flight", "held", "failing", "next_due"):
         value = result[key]
+        if key == "held" and not value:
+            continue  # shown only while a flow-control limit or pause holds messages back
         shown = "nothing stored" if value is None else counted.said(value) if key == "stored" else str(value)
         overview.add_row(key.replace("_", " "), shown)
     show_table(overview)
     if result["by_destination"] or result["more_messages"]:
         lacking = set(result.get("without_queue", []))
-        per = table("destination", "stored", *(["queue"] if lacking else []))
+        paused = result["paused"]
+        extra = (["queue"] if lacking else []) + (["paused"] if paused else [])
+        per = table("destination", "stored", *extra)
         for name, count in result["by_destination"].items():
             mark = ["none: to the error queue when due" if name in lacking else ""] if lacking else []
+            if paused:
+                p = paused.get(name)
+                mark.append(f"by {p['by']}" + (f": {p['reason']}" if p["reason"] else "") if p else "")
             per.add_row(name, counted.said(count), *mark)
         if rest := counted.rest_said():
-            per.add_row(rest, counted.said(result["more_messages"]), *([""] if lacking else []))
+            per.add_row(rest, counted.said(result["more_messages"]), *([""] * len(extra)))
         show_table(per)
     if counted.estimated:
         say(
