@@ -6,7 +6,9 @@ and answering as the test says, per path:
 - ``/fail-until/...``: 500 until :attr:`Receiver.recover_at` (a time.monotonic()), then 200;
 - ``/busy/...``: 429 with ``Retry-After: 3`` on an id's first request, then 200;
 - ``/missing/...``: 404 with a body;
-- ``/redirect?to=URL``: 302 to ``URL``.
+- ``/redirect?to=URL``: 302 to ``URL``;
+- ``/slow/...``: 200 after :attr:`Receiver.slow_seconds`, counting the requests in flight at
+  once (:attr:`Receiver.most_at_once`).
 
 Every request is kept (:attr:`Receiver.requests`); :meth:`Receiver.delivered` is the ids it took
 (a 2xx answer), each once per take, so a test counts repeats.
@@ -51,6 +53,9 @@ class Receiver:
         self.recover_at = 0.0
         self.lock = threading.Lock()
         self._busy_seen: set[str] = set()
+        self.slow_seconds = 0.2
+        self.at_once = 0
+        self.most_at_once = 0
 
     def url(self, path: str, host: str | None = None) -> str:
         return f"http://{host or self.host}:{self.port}{path}"
@@ -75,6 +80,15 @@ class Receiver:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         path = scope["path"]
         verified = self.verify(body, headers)
+        if path.startswith("/slow"):
+            with self.lock:
+                self.at_once += 1
+                self.most_at_once = max(self.most_at_once, self.at_once)
+            try:
+                await asyncio.sleep(self.slow_seconds)
+            finally:
+                with self.lock:
+                    self.at_once -= 1
         status, extra, answer = self._answer(path, headers, scope.get("query_string", b"").decode())
         if not verified:
             status, answer = 401, b"bad signature"

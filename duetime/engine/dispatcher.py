@@ -24,6 +24,7 @@ from duetime.engine.calls import Breakers, EngineCalls
 from duetime.engine.circuit import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from duetime.engine.deadline import within
 from duetime.engine.failures import FailurePolicy
+from duetime.engine.flow import REFRESH_SECONDS as FLOW_REFRESH_SECONDS
 from duetime.engine.flow import FlowControl
 from duetime.engine.observe import DispatchObserver, Observers
 from duetime.engine.outages import Outages
@@ -146,6 +147,8 @@ class Dispatcher:
         self.failures = FailurePolicy(
             self.calls, self.outages, self.observer, self.clock, self.endpoint, lambda: self._stopping
         )
+        #: The flow-control limits, for a store that keeps them.
+        self.flow = FlowControl(store, self.clock) if isinstance(store, FlowControlStore) else None
         engine = StrategyParts(
             self.calls,
             self.failures,
@@ -158,7 +161,7 @@ class Dispatcher:
             lambda: self._stopping,
             self._fetch_failed,
             self.back_off,
-            FlowControl(store, self.clock) if isinstance(store, FlowControlStore) else None,
+            self.flow,
         )
         self.strategy: DeliveryStrategy = (
             ExactlyOnce(engine, store)
@@ -510,6 +513,9 @@ class Dispatcher:
         owed = self.summary.due_in()
         if owed is not None:
             timeout = min(timeout, owed)
+        if self.flow is not None and self.flow.active:
+            # a resume or a changed limit gives back what is held: look for one at least this often
+            timeout = min(timeout, FLOW_REFRESH_SECONDS)
         wake.target, wake.asleep = next_due, True
         self.turned_at = self.clock.monotonic()
         try:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -116,6 +117,11 @@ class AtLeastOnce:
         seconds = e.calls.deadline(e.calls.breakers.fetch)
         started = e.clock.monotonic()
         ahead: NextDue | None = None  # the next due time, when the claim read it
+        if e.flow is not None:
+            # Before the claim: a change (a resume, a new limit) gives back what it held, and this
+            # claim takes it. A failure here is found again, and handled, by the admission.
+            with contextlib.suppress(Exception):
+                await e.flow.refresh()
         try:
             if self._prefetch is not None:
                 prefetched, self._prefetch = self._prefetch, None
