@@ -115,10 +115,17 @@ def test_a_rate_holds_across_dispatchers_and_a_kill_while_the_rest_goes_at_full_
         lines: list[dict[str, object]] = [
             {"id": f"p-{i:05d}", "destination": "partner", "body": str(i), "delay": "0s"} for i in range(SIZE)
         ]
-        lines += [{"id": f"i-{i:05d}", "destination": "internal", "body": str(i), "delay": "0s"} for i in range(SIZE)]
+        lines += [
+            {"id": f"i-{i:05d}", "destination": "internal", "body": str(i), "delay": "0s"}
+            for i in range(SIZE)
+        ]
         load(url, tmp_path, lines)
         with dispatchers(url, tmp_path, count) as runs:
-            until(lambda: len(first_times(receiver, "/ok/partner")[0]) >= SIZE // 2, SIZE / 25 + 30, "half of them")
+            until(
+                lambda: len(first_times(receiver, "/ok/partner")[0]) >= SIZE // 2,
+                SIZE / 25 + 30,
+                "half of them",
+            )
             if count > 1:
                 runs[0].kill()  # SIGKILL, mid-way
             until(lambda: len(first_times(receiver, "/ok/partner")[0]) >= SIZE, SIZE / 25 + 60, "every one")
@@ -130,9 +137,11 @@ def test_a_rate_holds_across_dispatchers_and_a_kill_while_the_rest_goes_at_full_
         assert internal[-1] < partner[SIZE // 5], "the unlimited destination waited for the limited one"
         seen = windows(partner, 10.0)
         assert seen, "the drain was shorter than a window"
-        assert 475 <= min(seen) and max(seen) <= 525, (min(seen), max(seen))
+        assert min(seen) >= 475 and max(seen) <= 525, (min(seen), max(seen))
         drain = partner[-1] - partner[0]
-        assert drain >= (SIZE - 3) / 50, drain  # never faster than the limit (a burst of 1, a turn late by at most one)
+        assert drain >= (SIZE - 3) / 50, (
+            drain
+        )  # never faster than the limit (a burst of 1, a turn late by at most one)
 
 
 @pytest.mark.slow
@@ -181,7 +190,11 @@ def test_a_concurrency_limit_is_never_passed_by_two_dispatchers(tmp_path: Path) 
         ok("setup", "--store", url)
         hooks(url, receiver, "slow", path="/slow")
         ok("limits", "set", "slow", "--concurrency", "4", "--store", url)
-        load(url, tmp_path, [{"id": f"c-{i}", "destination": "slow", "body": "x", "delay": "0s"} for i in range(60)])
+        load(
+            url,
+            tmp_path,
+            [{"id": f"c-{i}", "destination": "slow", "body": "x", "delay": "0s"} for i in range(60)],
+        )
         with dispatchers(url, tmp_path, 2):
             until(lambda: len(set(receiver.delivered())) >= 60, 60, "every slow message")
         assert receiver.most_at_once <= 4, receiver.most_at_once
@@ -189,7 +202,9 @@ def test_a_concurrency_limit_is_never_passed_by_two_dispatchers(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_a_paused_destination_gets_nothing_until_resumed_then_its_backlog_at_its_limit(tmp_path: Path) -> None:
+def test_a_paused_destination_gets_nothing_until_resumed_then_its_backlog_at_its_limit(
+    tmp_path: Path,
+) -> None:
     """Paused: nothing delivered while its due messages wait (held, counted by stats, the pause
     shown with who made it); another destination goes on. Resumed: the backlog at its limit."""
     with store_url("redis", tmp_path) as url, receiving(SECRET) as receiver:
@@ -197,7 +212,11 @@ def test_a_paused_destination_gets_nothing_until_resumed_then_its_backlog_at_its
         hooks(url, receiver, "billing", "other")
         ok("destinations", "pause", "billing", "--reason", "INC-42", "--by", "ann", "--store", url)
         ok("limits", "set", "billing", "--rate", "20/s", "--store", url)
-        load(url, tmp_path, [{"id": f"b-{i}", "destination": "billing", "body": "x", "delay": "0s"} for i in range(60)])
+        load(
+            url,
+            tmp_path,
+            [{"id": f"b-{i}", "destination": "billing", "body": "x", "delay": "0s"} for i in range(60)],
+        )
         with dispatchers(url, tmp_path, 1):
             load(url, tmp_path, [{"id": "o-1", "destination": "other", "body": "x", "delay": "0s"}])
             until(lambda: "o-1" in receiver.delivered(), 20, "the other destination")
@@ -205,7 +224,9 @@ def test_a_paused_destination_gets_nothing_until_resumed_then_its_backlog_at_its
             assert not receiver.to("/ok/billing"), "a paused destination was sent to"
             stats = json.loads(ok("stats", "--json", "--store", url))
             assert stats["held"] == 60 and stats["paused"]["billing"]["by"] == "ann", stats
-            listed = [json.loads(x) for x in ok("destinations", "list", "--json", "--store", url).splitlines()]
+            listed = [
+                json.loads(x) for x in ok("destinations", "list", "--json", "--store", url).splitlines()
+            ]
             billing = next(r for r in listed if r["destination"] == "billing")
             assert billing["paused_by"] == "ann" and billing["reason"] == "INC-42" and billing["stored"] == 60
             ok("destinations", "resume", "billing", "--store", url)
