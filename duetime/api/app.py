@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from duetime.api import failed, messages, schedules
+from duetime.api import failed, flow, messages, schedules
 from duetime.api.models import Health, Stats, counts_view
 from duetime.api.problems import (
     COMMON_PROBLEMS,
@@ -96,6 +96,7 @@ def create_app(api: HttpApi, *, ready: Callable[[], None] | None = None) -> Fast
         messages.destinations,
         schedules.router,
         failed.router,
+        flow.router,
     ):
         app.include_router(router)
 

@@ -488,6 +488,7 @@ class Stats(BaseModel):
     more_destinations: int
     more_messages: int
     estimated: bool
+    held: int = Field(0, description="Due messages waiting for a flow-control limit's turn or a resume.")
 
 
 class Health(BaseModel):
@@ -505,6 +506,7 @@ def counts_view(counts: StoreCounts) -> Stats:
         more_destinations=counts.more_destinations,
         more_messages=counts.more_messages,
         estimated=counts.estimated,
+        held=counts.held,
     )
 
 

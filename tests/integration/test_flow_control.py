@@ -234,3 +234,46 @@ def test_a_paused_destination_gets_nothing_until_resumed_then_its_backlog_at_its
         times, counts = first_times(receiver, "/ok/billing")
         assert len(counts) == 60
         assert (times[-1] - times[0]) >= 59 / 20 * 0.95, times[-1] - times[0]  # at the limit, not at once
+
+
+def test_limits_and_pauses_over_the_http_api_are_the_commands_own(tmp_path: Path) -> None:
+    """`duetime serve`: a limit set with PUT is the one `duetime limits list` shows (set by the
+    key's name), a pause with POST the one `destinations list` shows; a bad rate is a problem
+    answer in one line, nothing kept; a read key may look and not change."""
+    from tests.integration.http_api import make_key, once, serving
+
+    with store_url("mariadb", tmp_path) as url:
+        ok("setup", "--store", url)
+        manager, reader = make_key(url, "ops"), make_key(url, "look", "read")
+        with serving(url, tmp_path) as port:
+            put = once(
+                port,
+                "PUT",
+                "/v1/limits/partner-*",
+                manager,
+                {"rate": "50/s", "burst": 5, "key": "customer-id"},
+            )
+            assert put.status == 200 and put.body["per_second"] == 50.0 and put.body["set_by"] == "ops", (
+                put.body
+            )
+            bad = once(port, "PUT", "/v1/limits/x", manager, {"rate": "5/fortnight"})
+            assert bad.status == 400 and "50/s" in bad.body["detail"], (bad.status, bad.body)
+            none = once(port, "PUT", "/v1/limits/x", manager, {})
+            assert none.status == 400 and "needs a rate" in none.body["detail"]
+            assert once(port, "PUT", "/v1/limits/x", reader, {"rate": "1/s"}).status == 403
+            paused = once(port, "POST", "/v1/destinations/billing/pause", manager, {"reason": "INC-42"})
+            assert paused.status == 204
+            assert once(port, "POST", "/v1/destinations/billing/pause", manager, {}).status == 409
+            listed = once(port, "GET", "/v1/destinations", reader).body
+            assert {"destination": "billing", "stored": 0, "limit": None, "paused_by": "ops"}.items() <= next(
+                r for r in listed if r["destination"] == "billing"
+            ).items()
+            shown = [json.loads(x) for x in ok("limits", "list", "--json", "--store", url).splitlines()]
+            assert [(r["destination"], r["rate"], r["burst"], r["key"]) for r in shown] == [
+                ("partner-*", "50/s", 5, "customer-id")
+            ]
+            assert once(port, "POST", "/v1/destinations/billing/resume", manager).status == 204
+            assert once(port, "POST", "/v1/destinations/billing/resume", manager).status == 404
+            assert once(port, "DELETE", "/v1/limits/partner-*", manager).status == 204
+            assert once(port, "DELETE", "/v1/limits/partner-*", manager).status == 404
+            assert once(port, "GET", "/v1/limits", reader).body == []

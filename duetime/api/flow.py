@@ -1,0 +1,186 @@
+"""``/v1/limits`` and ``/v1/destinations``: flow-control limits and pauses, as ``duetime limits``
+and ``duetime destinations`` set them (the same store capability underneath)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Response
+from pydantic import BaseModel, Field
+
+from duetime.api.models import TEXT
+from duetime.api.problems import ApiProblem, problems
+from duetime.api.state import HttpApi, Served, caller_with
+from duetime.api_keys import Scope
+from duetime.interfaces import FlowControlStore
+from duetime.limits import COUNT_MOST, NAME_MOST, Limit, Pause, Rate, limit_for, pause_for
+
+router = APIRouter(tags=["flow control"], responses=problems(501))
+
+DestinationPath = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=NAME_MOST,
+        pattern=TEXT,
+        description="A destination's name or a pattern of them (partner-*).",
+    ),
+]
+
+
+class LimitIn(BaseModel):
+    rate: str | None = Field(None, max_length=40, description="At most this many: 50/s, 600/min, 2/h.")
+    burst: int = Field(
+        1, ge=1, le=COUNT_MOST, description="How many of the rate may go at once after a quiet spell."
+    )
+    concurrency: int | None = Field(
+        None, ge=1, le=COUNT_MOST, description="At most this many sent and not yet settled."
+    )
+    key: str | None = Field(
+        None, max_length=100, description="A header whose every value gets the limit of its own."
+    )
+
+
+class LimitOut(BaseModel):
+    destination: str
+    rate: str | None
+    per_second: float | None
+    burst: int | None
+    concurrency: int | None
+    key: str | None
+    set_by: str
+    set_at: str | None
+
+
+class PauseIn(BaseModel):
+    reason: str = Field("", max_length=500)
+    by: str | None = Field(None, max_length=200, description="Who paused it; by default the API key's name.")
+
+
+class DestinationOut(BaseModel):
+    destination: str
+    stored: int
+    limit: str | None
+    paused_by: str | None
+    paused_at: str | None
+    reason: str | None
+
+
+def _flow(api: HttpApi) -> FlowControlStore:
+    if not isinstance(api.store, FlowControlStore):
+        raise ApiProblem(501, "not-kept", f"{type(api.store).__name__} keeps no flow-control limits")
+    return api.store
+
+
+def _out(x: Limit) -> LimitOut:
+    return LimitOut(
+        destination=x.destination,
+        rate=x.rate.text() if x.rate else None,
+        per_second=x.rate.per_second if x.rate else None,
+        burst=x.rate.burst if x.rate else None,
+        concurrency=x.concurrency,
+        key=x.key,
+        set_by=x.set_by,
+        set_at=x.set_at.isoformat() if x.set_at else None,
+    )
+
+
+@router.get("/v1/limits", response_model=list[LimitOut], summary="Every flow-control limit")
+async def limits(served: Annotated[Served, Depends(caller_with(Scope.READ))]) -> list[LimitOut]:
+    api = served.api
+    return [_out(x) for x in await api.within(_flow(api).limits())]
+
+
+@router.put(
+    "/v1/limits/{destination:text}",
+    response_model=LimitOut,
+    responses=problems(400),
+    summary="Limit a destination (or each key of it), in place of any limit it had",
+)
+async def set_limit(
+    destination: DestinationPath,
+    given: LimitIn,
+    served: Annotated[Served, Depends(caller_with(Scope.MANAGE))],
+) -> LimitOut:
+    """Every dispatcher of the store applies it within a few seconds."""
+    api = served.api
+    rate = Rate.parse(given.rate, given.burst) if given.rate is not None else None
+    limit = Limit(destination, rate, given.concurrency, given.key, served.caller.name, api.clock.now())
+    await api.within(_flow(api).set_limit(limit))
+    return _out(limit)
+
+
+@router.delete(
+    "/v1/limits/{destination:text}",
+    status_code=204,
+    responses=problems(404),
+    summary="Remove a destination's limit",
+)
+async def remove_limit(
+    destination: DestinationPath, served: Annotated[Served, Depends(caller_with(Scope.MANAGE))]
+) -> Response:
+    api = served.api
+    if not await api.within(_flow(api).remove_limit(destination)):
+        raise ApiProblem(404, "not-found", f"no limit for {destination!r}")
+    return Response(status_code=204)
+
+
+@router.get(
+    "/v1/destinations", response_model=list[DestinationOut], summary="Destinations, limits and pauses"
+)
+async def destinations(served: Annotated[Served, Depends(caller_with(Scope.READ))]) -> list[DestinationOut]:
+    """Every destination with messages stored, and every limited or paused one."""
+    api = served.api
+    flow = _flow(api)
+    counts = await api.within(api.store.counts(api.clock.now()))
+    found, paused = await api.within(flow.limits()), await api.within(flow.paused())
+    stored = dict(counts.by_destination)
+    names = [*stored, *(x.destination for x in found if x.destination not in stored)]
+    names += [p.destination for p in paused if p.destination not in names]
+    rows = []
+    for name in names:
+        limit, pause = limit_for(found, name), pause_for(paused, name)
+        rows.append(
+            DestinationOut(
+                destination=name,
+                stored=stored.get(name, 0),
+                limit=limit.said() if limit else None,
+                paused_by=pause.by if pause else None,
+                paused_at=pause.at.isoformat() if pause else None,
+                reason=pause.reason if pause else None,
+            )
+        )
+    return rows
+
+
+@router.post(
+    "/v1/destinations/{destination:text}/pause",
+    status_code=204,
+    responses=problems(400, 409),
+    summary="Send nothing to a destination until it is resumed",
+)
+async def pause(
+    destination: DestinationPath,
+    given: PauseIn,
+    served: Annotated[Served, Depends(caller_with(Scope.MANAGE))],
+) -> Response:
+    api = served.api
+    made = Pause(destination, given.by or served.caller.name, api.clock.now(), given.reason)
+    if not await api.within(_flow(api).pause_destination(made)):
+        raise ApiProblem(409, "paused-already", f"{destination!r} is paused already")
+    return Response(status_code=204)
+
+
+@router.post(
+    "/v1/destinations/{destination:text}/resume",
+    status_code=204,
+    responses=problems(404),
+    summary="Resume a paused destination: its backlog goes at its limit",
+)
+async def resume(
+    destination: DestinationPath, served: Annotated[Served, Depends(caller_with(Scope.MANAGE))]
+) -> Response:
+    api = served.api
+    if not await api.within(_flow(api).resume_destination(destination)):
+        raise ApiProblem(404, "not-paused", f"{destination!r} is not paused")
+    return Response(status_code=204)
