@@ -60,6 +60,7 @@ from duetime.interfaces import (
     DelayedMessageStore,
     DispatcherRegistry,
     DueCounter,
+    FlowControlStore,
     InspectableQueue,
     ListQuery,
     ReceivedMessage,
@@ -69,6 +70,7 @@ from duetime.interfaces import (
     cursor_text,
     read_cursor,
 )
+from duetime.limits import Pause, check_destination, limit_for, pause_for
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage, check_due_time
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
@@ -324,6 +326,7 @@ async def overview(request: Request) -> Response:
     soon = await _due_soon(store, now)
     everyone = await store.dispatchers() if isinstance(store, DispatcherRegistry) else None
     broker = await _broker_look(dashboard, endpoint, list(counts.by_destination))
+    flow = await _flow_look(store, list(counts.by_destination))
     live = [d for d in everyone or [] if d.status(now) == "live"]
     window = request.query_params.get("window", "1h")
     seconds = WINDOWS.get(window, 3600)
@@ -366,6 +369,7 @@ async def overview(request: Request) -> Response:
         delivered_live=sum(d.forwarded for d in live),
         live_count=len(live),
         broker=broker,
+        flow=flow,
         error_queue=dashboard.error_queue,
         p50=_at_most(lateness.quantile(0.5)),
         p99=_at_most(lateness.quantile(0.99)),
@@ -377,6 +381,70 @@ async def overview(request: Request) -> Response:
         windows=list(WINDOWS),
         sample_every=dashboard.sample_every,
     )
+
+
+@dataclass(frozen=True)
+class FlowLook:
+    """The limits and pauses of the destinations shown: each one's limit as a line, and its
+    pause; ``kept`` is False for a store that keeps none (no column, no buttons)."""
+
+    kept: bool
+    limits: dict[str, str] = field(default_factory=dict)
+    pauses: dict[str, Pause] = field(default_factory=dict)
+    #: Limits and pauses of destinations with nothing stored (a pattern, a drained one).
+    others: list[str] = field(default_factory=list)
+
+
+async def _flow_look(store: DelayedMessageStore, destinations: list[str]) -> FlowLook:
+    if not isinstance(store, FlowControlStore):
+        return FlowLook(False)
+    try:
+        limits, pauses = await store.limits(), await store.paused()
+    except ConfigurationError:  # a store of the user's that keeps none
+        return FlowLook(False)
+    shown = set(destinations)
+    others = sorted(({x.destination for x in limits} | {p.destination for p in pauses}) - shown)
+    names = [*destinations, *others]
+    return FlowLook(
+        True,
+        {n: x.said() for n in names if (x := limit_for(limits, n)) is not None},
+        {n: p for n in names if (p := pause_for(pauses, n)) is not None},
+        others,
+    )
+
+
+async def _destination_action(request: Request, pause: bool) -> Response:
+    """Pause or resume a destination from the overview (who: the dashboard's user)."""
+    dashboard, form, endpoint, _ = await _form(request)
+    if not dashboard.can_change:
+        return _read_only()
+    back = _safe_back(str(form.get("back") or ""), f"/?endpoint={endpoint}")
+    store = dashboard.stores[endpoint]
+    if not isinstance(store, FlowControlStore):
+        return _done(request, back, "this store keeps no flow-control limits", error=True)
+    name = str(form.get("destination") or "")
+    try:
+        if pause:
+            who = dashboard.credentials.user if dashboard.credentials else "dashboard"
+            made = Pause(name, f"{who} (dashboard)", SYSTEM.now(), str(form.get("reason") or ""))
+            done = await store.pause_destination(made)
+        else:
+            check_destination(name)
+            done = await store.resume_destination(name)
+    except ConfigurationError as error:
+        return _done(request, back, str(error), error=True)
+    if not done:
+        return _done(request, back, f"{name!r} is {'paused already' if pause else 'not paused'}", error=True)
+    log.info("dashboard: %s %s in endpoint %s", "paused" if pause else "resumed", name, endpoint)
+    return _done(request, back, f"{'paused' if pause else 'resumed'} {name}")
+
+
+async def destinations_pause(request: Request) -> Response:
+    return await _destination_action(request, True)
+
+
+async def destinations_resume(request: Request) -> Response:
+    return await _destination_action(request, False)
 
 
 def _delivered_label(sampled: float) -> str:
@@ -947,6 +1015,8 @@ def create_app(dashboard: Dashboard, *, secret: str, ready: Callable[[], None] =
         Route("/recurring/pause", answering(recurring_pause), methods=["POST"]),
         Route("/recurring/resume", answering(recurring_resume), methods=["POST"]),
         Route("/recurring/trigger", answering(recurring_trigger), methods=["POST"]),
+        Route("/destinations/pause", answering(destinations_pause), methods=["POST"]),
+        Route("/destinations/resume", answering(destinations_resume), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(

@@ -661,6 +661,48 @@ def test_the_recurring_page_pauses_resumes_and_sends_one_now(world: dict[str, An
             store.remove_schedule(schedule_id)
 
 
+def test_the_overview_shows_limits_and_pauses_and_pauses_and_resumes(
+    world: dict[str, Any], browser: Any
+) -> None:
+    """Each destination's limit and pause beside it; Pause and Resume go through the page's
+    forms (with its CSRF token) and record the dashboard's user; a name that is markup stays
+    text; a form without the token changes nothing."""
+    from duetime.limits import Limit, Pause, Rate
+
+    store: SyncPostgresStore = world["store"]
+    hostile = "<b>x</b>*"
+    store.set_limit(Limit("orders", Rate.parse("50/s")))
+    store.pause_destination(Pause(hostile, "mallory", store_now(), "<i>why</i>"))
+    try:
+        page = page_for(browser)
+        page.goto(f"http://127.0.0.1:{world['port']}/?endpoint={ENDPOINT}")
+        row = page.locator('#destinations tr[data-destination="orders"]')
+        assert "50/s" in row.inner_text()
+        assert page.locator("#destinations b, #destinations i").count() == 0
+        assert "<i>why</i>" in page.inner_text("#destinations")
+        row.locator("input[name=reason]").fill("INC-7")
+        page.once("dialog", lambda dialog: dialog.accept())
+        row.locator("button[name=pause]").click()
+        assert "paused orders" in page.inner_text(".note")
+        [paused] = [p for p in store.paused() if p.destination == "orders"]
+        assert paused.by == "duetime (dashboard)" and paused.reason == "INC-7"
+        assert "paused by duetime (dashboard)" in page.inner_text(
+            '#destinations tr[data-destination="orders"]'
+        )
+        page.locator('#destinations tr[data-destination="orders"] button[name=resume]').click()
+        assert "resumed orders" in page.inner_text(".note")
+        assert [p for p in store.paused() if p.destination == "orders"] == []
+        form = f"endpoint={ENDPOINT}&destination=orders".encode()  # logged in, no token: refused
+        status, text = request(
+            world["port"], "/destinations/pause", data=form, auth=basic("duetime", PASSWORD)
+        )
+        assert status == 403 and "did not match" in text and store.paused() != [] and len(store.paused()) == 1
+    finally:
+        store.remove_limit("orders")
+        store.resume_destination(hostile)
+        store.resume_destination("orders")
+
+
 def test_the_dashboard_opened_as_a_library_object_serves_its_pages(tmp_path: Path) -> None:
     """What the command starts, without the command: the object opens the endpoints' stores, its
     app serves the overview of each, and closing it closes them. (On a thread of its own: the
