@@ -29,7 +29,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 
 from duetime.errors import ConfigurationError
@@ -315,10 +315,14 @@ def _live_slots(state: str | None, now_micros: int) -> dict[str, tuple[int, int]
     return {h: (int(c), int(u)) for h, (c, u) in held.items() if int(u) > now_micros}
 
 
-def spread(count: int, first: datetime, interval_seconds: float) -> list[datetime]:
-    """The times ``count`` held messages wait for: from ``first``, one an interval apart."""
-    step = max(interval_seconds, 0.0)
-    return [datetime.fromtimestamp(first.timestamp() + i * step, UTC) for i in range(count)]
+def spread_offset(key: str, window: timedelta) -> timedelta:
+    """A storm spread on purpose: how far into ``window`` the one named ``key`` goes, from a
+    digest of it, so that a second try of the same work (a retry cut short, a planning done
+    again) gives each the same time, and many keys fill the window evenly."""
+    if window <= timedelta(0):
+        return timedelta(0)
+    share = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+    return timedelta(microseconds=int(share * (window / timedelta(microseconds=1))))
 
 
 def rate_window(rate: Rate, seconds: float) -> int:

@@ -95,9 +95,10 @@ async def retry(pick: Retry, served: Annotated[Served, Depends(caller_with(Scope
     if pick.to is not None and (why := refused_destination(pick.to, api.error_queue)):
         raise ApiProblem(422, "message-refused", f"{why}; nothing was sent back")
     delay = parse_duration(str(pick.delay) if isinstance(pick.delay, int | float) else pick.delay)
+    window = parse_duration(str(pick.spread) if isinstance(pick.spread, int | float) else pick.spread)
     async with _queue(api) as t:
         taken = await _taken(api, t, pick)
-        done = await api.within(send_back(api.store, t, taken, to=pick.to, delay=delay))
+        done = await api.within(send_back(api.store, t, taken, to=pick.to, delay=delay, spread=window))
     return Retried(sent=done.sent, already=done.already, nowhere=done.nowhere)
 
 

@@ -345,6 +345,11 @@ class _When(_Strict):
     skipped: Literal["run", "skip"] | None = None
     catch_up: Literal["none", "latest", "all"] | None = None
     catch_up_window: str | None = Field(None, max_length=64)
+    jitter: str | None = Field(
+        None,
+        max_length=64,
+        description="Each tick may go up to this after its time (30s, 5m): a storm spread.",
+    )
 
     def when(self, base: Recurrence | None) -> Recurrence:
         """The recurrence these fields give, over ``base`` (None: a new one, which must say when)."""
@@ -359,6 +364,7 @@ class _When(_Strict):
             skipped=self.skipped,
             catch_up=self.catch_up,
             catch_up_window=self.catch_up_window,
+            jitter=self.jitter,
             flag="",
         )
 
@@ -464,6 +470,7 @@ class Pick(_Strict):
 class Retry(Pick):
     to: Destination | None = Field(None, description="Send them to this queue instead.")
     delay: Delay = 0
+    spread: Delay = Field(0, description="Spread them over this window after the delay, each its own moment.")
 
 
 class Retried(BaseModel):

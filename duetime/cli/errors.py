@@ -156,6 +156,14 @@ def errors_retry(
     destination: ForOpt = None,
     to: Annotated[str | None, typer.Option("--to", help="Send them to this queue instead.")] = None,
     in_: Annotated[str, typer.Option("--in", help="When to try again: 0 (now), 10m, 1h, ...")] = "0",
+    spread: Annotated[
+        str,
+        typer.Option(
+            "--spread",
+            help="Spread them over this window after --in (10m): each its own moment, so a large "
+            "retry does not fall due at once on a receiver that just recovered.",
+        ),
+    ] = "0",
     yes: YesOpt = False,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
@@ -167,7 +175,7 @@ def errors_retry(
     Each is stored first and only then removed from the error queue, so a retry that stops
     half-way loses nothing; running it again finishes it (ids already stored are skipped).
     """
-    delay = parse_duration(in_)
+    delay, window = parse_duration(in_), parse_duration(spread)
     if to is not None:
         check_name("queue", to)
         _run(lambda: warn_undeclared(store, transport, [to]))  # as schedule does: stored, then dead-lettered
@@ -182,7 +190,7 @@ def errors_retry(
                 "Send {n} message{s}{where} from error queue {queue!r} back for another try?" if every else None,
                 yes,
             )  # fmt: skip
-            done = await send_back(s, t, taken, to=to, delay=delay)
+            done = await send_back(s, t, taken, to=to, delay=delay, spread=window)
             return done.sent, done.already, done.nowhere
         finally:
             await s.close()
@@ -190,6 +198,8 @@ def errors_retry(
 
     sent, already, nowhere = _run(go)
     when = "now" if delay.total_seconds() <= 0 else f"in {in_}"
+    if window.total_seconds() > 0:
+        when += f", spread over {spread}"
     console.print(f"sent {sent} back, due {when}" + (f" ({already} were stored already)" if already else ""))
     if nowhere:
         raise _nowhere(nowhere)

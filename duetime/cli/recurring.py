@@ -90,6 +90,14 @@ WindowOpt = Annotated[
         "--catch-up-window", help="With --catch-up all: only the missed ticks of the last 1h (say)."
     ),
 ]
+JitterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--jitter",
+        help="Each tick may go up to this after its time (30s, 5m): many schedules of one time "
+        "then do not all fall due at once. 0 for none.",
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="JSON, as read.")]
 
 
@@ -128,6 +136,7 @@ def _when(
     catch_up: str | None,
     window: str | None,
     base: Recurrence | None = None,
+    jitter: str | None = None,
 ) -> Recurrence:
     """The recurrence the options give, over ``base`` (a change keeps what is not given)."""
     return recurrence_changed(
@@ -141,6 +150,7 @@ def _when(
         skipped=skipped,
         catch_up=catch_up,
         catch_up_window=window,
+        jitter=jitter,
     )
 
 
@@ -179,6 +189,7 @@ def add(
     skipped: SkippedOpt = None,
     catch_up: CatchUpOpt = None,
     catch_up_window: WindowOpt = None,
+    jitter: JitterOpt = None,
     header: HeaderOpt = [],  # noqa: B006
     paused: Annotated[
         bool, typer.Option("--paused", help="Keep it, but send nothing until resumed.")
@@ -193,7 +204,7 @@ def add(
       duetime recurring add invoices invoices.close '{}' --cron '0 9 * * MON-FRI' --zone Europe/Paris
       duetime recurring add ping health --every 30s
     """
-    when = _when(cron, every, zone, start, end, count, skipped, catch_up, catch_up_window)
+    when = _when(cron, every, zone, start, end, count, skipped, catch_up, catch_up_window, jitter=jitter)
     refuse_destination(destination)
     made = new_schedule(
         schedule_id,
@@ -305,6 +316,7 @@ def change(
     skipped: SkippedOpt = None,
     catch_up: CatchUpOpt = None,
     catch_up_window: WindowOpt = None,
+    jitter: JitterOpt = None,
     store: StoreOpt = DEFAULT_STORE,
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
@@ -313,7 +325,9 @@ def change(
         refuse_destination(destination)
 
     def apply(s: Schedule) -> Schedule:
-        when = _when(cron, every, zone, start, end, count, skipped, catch_up, catch_up_window, s.recurrence)
+        when = _when(
+            cron, every, zone, start, end, count, skipped, catch_up, catch_up_window, s.recurrence, jitter
+        )
         return changed(s, when=when, destination=destination, body=None if body is None else body.encode())
 
     async def go(s: RecurringStore) -> Schedule:

@@ -26,6 +26,7 @@ from duetime.error_headers import (
 )
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore, InspectableQueue, ReceivedMessage
+from duetime.limits import spread_offset
 from duetime.message import DelayedMessage
 from duetime.operations.message_files import store_new
 from duetime.registry import open_transport
@@ -172,9 +173,11 @@ async def send_back(
     *,
     to: str | None = None,
     delay: timedelta = timedelta(0),
+    spread: timedelta = timedelta(0),
 ) -> SentBack:
     """Store each taken message again (due after ``delay``, to ``to`` or where it was going), then
-    acknowledge it off the error queue, a round at a time. A notice of a message kept in the store
+    acknowledge it off the error queue, a round at a time. With ``spread``, each goes a moment of
+    its own (by its id) up to that after the delay: 50,000 retried do not all fall due at once. A notice of a message kept in the store
     reschedules that message instead (it cannot be sent elsewhere: it never left)."""
     kept = [m for m in taken if kept_in_store(m.headers)]
     if kept and to:
@@ -182,7 +185,12 @@ async def send_back(
             f"{kept[0].message_id} was kept in the store (its transport could never carry it); --to "
             "cannot send it elsewhere: fix what the notice says, then retry it without --to, or cancel it."
         )
-    again = sum([await store.reschedule(m.message_id, SYSTEM.now() + delay) for m in kept])
+    again = sum(
+        [
+            await store.reschedule(m.message_id, SYSTEM.now() + delay + spread_offset(m.message_id, spread))
+            for m in kept
+        ]
+    )
     await t.acknowledge(kept)
     taken = [m for m in taken if not kept_in_store(m.headers)]
     nowhere = [m.message_id for m in taken if not (to or goes_to(m))]
@@ -194,7 +202,7 @@ async def send_back(
             DelayedMessage.create(
                 to or goes_to(m),
                 m.body,
-                delay=delay,
+                delay=delay + spread_offset(m.message_id, spread),
                 headers=without_error_headers(m.headers),
                 message_id=m.message_id,
             )

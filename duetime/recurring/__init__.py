@@ -37,11 +37,13 @@ def cron(
     skipped: Skipped = "run",
     catch_up: CatchUp = "latest",
     catch_up_window: timedelta | str | None = None,
+    jitter: timedelta | str | None = None,
 ) -> Recurrence:
     """Ticks at the times a cron expression gives (5 fields, or 6 with seconds first), read in
     ``zone`` (an IANA name). ``skipped="skip"``: a wall time a spring-forward skips does not fire
     (by default it fires once, at the jump). ``catch_up``: what a dispatcher that was away does
-    with the ticks it missed (``none``, ``latest``, ``all``)."""
+    with the ticks it missed (``none``, ``latest``, ``all``). ``jitter``: each tick may go up to
+    that after its time, so that many schedules of one time do not fall due at once."""
     return recurrence_of(
         cron=expression,
         zone=zone,
@@ -51,6 +53,7 @@ def cron(
         skipped=skipped,
         catch_up=catch_up,
         catch_up_window=catch_up_window,
+        jitter=jitter,
     )
 
 
@@ -62,10 +65,17 @@ def every(
     count: int | None = None,
     catch_up: CatchUp = "latest",
     catch_up_window: timedelta | str | None = None,
+    jitter: timedelta | str | None = None,
 ) -> Recurrence:
     """Ticks every ``interval`` (``30s``, ``1h``, a timedelta; whole seconds) of elapsed time,
     counted from ``start`` (default: 2000-01-01 UTC, so two schedules of one interval tick
     together)."""
     return recurrence_of(
-        every=interval, start=start, end=end, count=count, catch_up=catch_up, catch_up_window=catch_up_window
+        every=interval,
+        start=start,
+        end=end,
+        count=count,
+        catch_up=catch_up,
+        catch_up_window=catch_up_window,
+        jitter=jitter,
     )

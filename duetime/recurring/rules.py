@@ -29,6 +29,7 @@ from cronsim import CronSim, CronSimError
 
 from duetime.errors import InvalidSchedule
 from duetime.inputs.durations import parse_duration, parse_time
+from duetime.limits import spread_offset
 from duetime.message import LATEST_DUE
 
 Skipped = Literal["run", "skip"]
@@ -36,6 +37,8 @@ CatchUp = Literal["none", "latest", "all"]
 
 #: The shortest interval a schedule may have: a tick is a stored message, not a busy loop.
 SHORTEST_INTERVAL = timedelta(seconds=1)
+#: The most a tick may go after its time on purpose (``jitter``).
+LONGEST_JITTER = timedelta(days=1)
 #: A cron expression that fires less often than this never fires (``0 0 30 2 *``): cronsim
 #: walks day by day, so an expression is looked at this far ahead when it is given.
 NEVER_AFTER = timedelta(days=366 * 28)  # every weekday-and-date combination repeats within 28 years
@@ -88,6 +91,10 @@ class Recurrence:
     #: of them (only those within ``catch_up_window`` of now, when it is set).
     catch_up: CatchUp = "latest"
     catch_up_window: timedelta | None = None
+    #: Each tick may go up to this after its time, on purpose (a flexible window, as Temporal's
+    #: and EventBridge Scheduler's): a tick's own offset, the same on every planning, so that a
+    #: thousand schedules for midnight do not all fall due in one millisecond.
+    jitter: timedelta | None = None
     #: False for a recurrence read back from a store: a zone this host cannot read is then said
     #: when its ticks are asked for (a planner sets the schedule aside), not when it is read, so
     #: the schedule can still be listed, shown, changed and removed.
@@ -112,6 +119,10 @@ class Recurrence:
             raise InvalidSchedule(f"A schedule's count must be at least 1, got {self.count}.")
         if self.skipped not in ("run", "skip"):
             raise InvalidSchedule(f"skipped must be 'run' or 'skip', got {self.skipped!r}.")
+        if self.jitter is not None and not timedelta(0) <= self.jitter <= LONGEST_JITTER:
+            raise InvalidSchedule(
+                f"A jitter is at most a day (and not negative), got {self.jitter.total_seconds():g} s."
+            )
         if self.catch_up not in ("none", "latest", "all"):
             raise InvalidSchedule(f"catch_up must be 'none', 'latest' or 'all', got {self.catch_up!r}.")
         if self.every is not None:
@@ -276,7 +287,17 @@ class Recurrence:
         what = f"every {_span(self.every)}" if self.every is not None else f"{self.cron} in {self.zone}"
         if self.count is not None:
             what += f", {self.count} ticks"
+        if self.jitter:
+            what += f", each up to {_span(self.jitter)} later"
         return what
+
+    def due_of(self, schedule_id: str, planned: datetime) -> datetime:
+        """When the tick planned at ``planned`` is due: then, or a moment up to the jitter after
+        (its offset a digest of the schedule and the planned time, so every planning of it
+        agrees and the tick's id, which is its planned time's, never changes)."""
+        if not self.jitter:
+            return planned
+        return planned + spread_offset(f"{schedule_id}\x00{planned.isoformat()}", self.jitter)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -289,6 +310,7 @@ class Recurrence:
             "skipped": self.skipped,
             "catch_up": self.catch_up,
             "catch_up_window": None if self.catch_up_window is None else self.catch_up_window.total_seconds(),
+            "jitter": None if self.jitter is None else self.jitter.total_seconds(),
         }
 
     @classmethod
@@ -309,6 +331,7 @@ class Recurrence:
             skipped=data.get("skipped") or "run",
             catch_up=data.get("catch_up") or "latest",
             catch_up_window=span("catch_up_window"),
+            jitter=span("jitter"),
             zone_checked=zone_checked,
         )
 
@@ -324,6 +347,7 @@ def recurrence_of(
     skipped: Skipped = "run",
     catch_up: CatchUp = "latest",
     catch_up_window: timedelta | str | None = None,
+    jitter: timedelta | str | None = None,
 ) -> Recurrence:
     """A recurrence from what the API and the command line take: ``every`` and the window may
     be written as durations (``30s``, ``1h``)."""
@@ -337,6 +361,7 @@ def recurrence_of(
         skipped=skipped,
         catch_up=catch_up,
         catch_up_window=_duration("catch-up window", catch_up_window),
+        jitter=_duration("jitter", jitter),
     )
 
 
@@ -352,6 +377,7 @@ def recurrence_changed(
     skipped: str | None = None,
     catch_up: str | None = None,
     catch_up_window: timedelta | str | None = None,
+    jitter: timedelta | str | None = None,
     flag: str = "--",
 ) -> Recurrence:
     """The recurrence given, over ``base`` (a change keeps what is not given; None: a new one,
@@ -380,6 +406,7 @@ def recurrence_changed(
         catch_up_window=catch_up_window
         if catch_up_window is not None
         else (base.catch_up_window if base else None),
+        jitter=jitter if jitter is not None else (base.jitter if base else None),
     )
 
 

@@ -355,7 +355,7 @@ def plan(
         last_planned=going[-1] if going else schedule.last_planned,
         planned_until=None if ended else until,
     )
-    return Plan([schedule.tick(at, at) for at in going], after, missed, more)
+    return Plan([schedule.tick(at, r.due_of(schedule.schedule_id, at)) for at in going], after, missed, more)
 
 
 def changed(

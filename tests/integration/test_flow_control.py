@@ -277,3 +277,35 @@ def test_limits_and_pauses_over_the_http_api_are_the_commands_own(tmp_path: Path
             assert once(port, "DELETE", "/v1/limits/partner-*", manager).status == 204
             assert once(port, "DELETE", "/v1/limits/partner-*", manager).status == 404
             assert once(port, "GET", "/v1/limits", reader).body == []
+
+
+def test_an_error_queue_retry_is_spread_over_its_window_and_a_jitter_over_its_ticks(tmp_path: Path) -> None:
+    """`errors retry --spread 10m`: each message due at a moment of its own within the 10
+    minutes after --in, never before; `recurring add --jitter 30s`: each tick due within 30 s
+    after its planned time; a bad window is one line."""
+    from datetime import datetime, timedelta
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    ok("setup", "--store", url)
+    load(
+        url,
+        tmp_path,
+        [{"id": f"e-{i}", "destination": "gone", "body": "x", "delay": "0s"} for i in range(40)],
+    )
+    assert "to the error queue 40" in run_cli("run", "--burst", "--store", url).stdout
+    before = datetime.now().astimezone()
+    said = ok("errors", "retry", "--all", "--yes", "--in", "1m", "--spread", "10m", "--store", url)
+    assert "spread over 10m" in said
+    dues = [
+        datetime.fromisoformat(json.loads(x)["due_at"])
+        for x in ok("list", "--json", "--store", url).splitlines()
+    ]
+    assert len(dues) == 40 and len(set(dues)) == 40
+    assert min(dues) >= before + timedelta(minutes=1)
+    assert max(dues) <= datetime.now().astimezone() + timedelta(minutes=11)
+    assert max(dues) - min(dues) > timedelta(minutes=5)  # spread, not bunched
+    bad = run_cli("errors", "retry", "--all", "--yes", "--spread", "soon", "--store", url)
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    ok("recurring", "add", "nightly", "reminders", "--every", "1m", "--jitter", "30s", "--store", url)
+    shown = ok("recurring", "list", "--json", "--store", url)
+    assert json.loads(shown.splitlines()[0])["recurrence"]["jitter"] == 30.0

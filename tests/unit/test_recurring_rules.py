@@ -357,3 +357,24 @@ async def test_a_planner_says_missed_ticks_in_one_line_and_when_it_is_behind(
     assert len(said) == 2  # behind is said once a minute
     assert seen == [BEHIND_AFTER + 10, BEHIND_AFTER + 20]  # each step
     assert steady == [None, NOW, NOW]  # later passes know planning kept on since the first
+
+
+def test_a_jitter_spreads_ticks_over_its_window_the_same_on_every_planning() -> None:
+    """A thousand schedules for one minute with a 30 s jitter: every tick due within 30 s after
+    its planned time, never before, spread (not bunched), each tick's due time the same on a
+    second planning, and its id still its planned time's."""
+    jittered = Recurrence(every=timedelta(minutes=1), jitter=timedelta(seconds=30))
+    offsets = []
+    for n in range(1000):
+        s = new_schedule(f"s-{n}", "reminders", jittered, NOW)
+        [first] = plan(s, NOW, timedelta(seconds=1), most=1).ticks
+        planned = datetime.fromisoformat(first.headers[PLANNED_HEADER])
+        assert first.message_id == tick_id(f"s-{n}", planned)
+        assert [t.due_at for t in plan(s, NOW, timedelta(seconds=1), most=1).ticks] == [first.due_at]
+        offsets.append((first.due_at - planned).total_seconds())
+    assert 0 <= min(offsets) and max(offsets) < 30
+    assert len({int(o // 3) for o in offsets}) == 10  # every tenth of the window has some
+    assert "each up to 30 s later" in jittered.describe()
+    assert Recurrence.from_json(jittered.to_json()) == jittered
+    with pytest.raises(InvalidSchedule, match="jitter"):
+        Recurrence(every=timedelta(minutes=1), jitter=timedelta(days=2))
