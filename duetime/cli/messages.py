@@ -41,7 +41,7 @@ from duetime.cli.terminal import show as show_table
 from duetime.client import DelayedMessageClient, build_message
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, MessageInFlight, command, one_line
-from duetime.inputs.durations import parse_time
+from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.urls import redact
 from duetime.interfaces import (
     AddressTopology,
@@ -144,6 +144,14 @@ def load(
             'store one line at a time, and need an "id" on every line.'
         ),
     ] = IfExists.REFUSE,
+    spread: Annotated[
+        str,
+        typer.Option(
+            "--spread",
+            help="Spread the messages over this window after their times (10m): each a moment of "
+            "its own, chosen from its id, so a file of one due time does not fall due at once.",
+        ),
+    ] = "0",
     transport: TransportOpt = None,
 ) -> None:
     """Schedule every message in a JSON Lines file, with a progress bar.
@@ -167,7 +175,7 @@ def load(
     from duetime.operations.message_files import load as load_file
     from duetime.operations.message_files import validate
 
-    now = SYSTEM.now()
+    now, window = SYSTEM.now(), parse_duration(spread)
     #: Lines stored or skipped so far, and how many the file holds: what an interruption reports.
     done, lines = 0, 0
 
@@ -202,6 +210,7 @@ def load(
                     progress=lambda n: advance(bar, task, n),
                     checked=checked,
                     if_exists=if_exists,
+                    spread=window,
                 )
         finally:
             await s.close()

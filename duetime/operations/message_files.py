@@ -17,7 +17,7 @@ import codecs
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +25,7 @@ from duetime.errors import ConfigurationError, DuplicateMessageId, InvalidMessag
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.jsontext import NumberTooLong, read_json
 from duetime.interfaces import DelayedMessageStore, IfExists, NewOnlyStore, ReplacingStore
+from duetime.limits import spread_offset
 from duetime.message import DelayedMessage, check_encodable, check_size, kind
 
 KNOWN = {"destination", "due_at", "delay", "body", "body_base64", "headers", "id", "group"}
@@ -172,8 +173,10 @@ async def load(
     progress: Callable[[int], None] = lambda _n: None,
     checked: LoadReport | None = None,
     if_exists: IfExists = IfExists.REFUSE,
+    spread: timedelta = timedelta(0),
 ) -> LoadReport:
-    """Validate ``path`` (unless ``checked`` is that pass's report), then store every line;
+    """Validate ``path`` (unless ``checked`` is that pass's report), then store every line (each
+    due a moment of its own up to ``spread`` after its time, by its id: a storm spread);
     raises InvalidMessage listing the problems. ``skip_duplicates`` is ``if_exists`` keep; with
     replace or debounce each line is stored as one change of its own (a later line of an id
     replaces an earlier one), and a line whose waiting message is being delivered is not stored
@@ -191,7 +194,10 @@ async def load(
     report = LoadReport(lines=checked.lines, destinations=checked.destinations)
     batch: list[DelayedMessage] = []
     for number, text in _lines(path):
-        batch.append(parse_line(text, number, now, if_exists))
+        message = parse_line(text, number, now, if_exists)
+        if spread:
+            message = message.with_changes(due_at=message.due_at + spread_offset(message.message_id, spread))
+        batch.append(message)
         if len(batch) >= chunk:
             await _store(store, batch, report, if_exists)
             progress(len(batch))

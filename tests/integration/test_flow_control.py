@@ -281,8 +281,8 @@ def test_limits_and_pauses_over_the_http_api_are_the_commands_own(tmp_path: Path
 
 def test_an_error_queue_retry_is_spread_over_its_window_and_a_jitter_over_its_ticks(tmp_path: Path) -> None:
     """`errors retry --spread 10m`: each message due at a moment of its own within the 10
-    minutes after --in, never before; `recurring add --jitter 30s`: each tick due within 30 s
-    after its planned time; a bad window is one line."""
+    minutes after --in, never before; `load --spread` the same for a file; `recurring add
+    --jitter 30s` is kept with its schedule; a bad window is one line."""
     from datetime import datetime, timedelta
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
@@ -306,6 +306,17 @@ def test_an_error_queue_retry_is_spread_over_its_window_and_a_jitter_over_its_ti
     assert max(dues) - min(dues) > timedelta(minutes=5)  # spread, not bunched
     bad = run_cli("errors", "retry", "--all", "--yes", "--spread", "soon", "--store", url)
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+    lines = [{"id": f"l-{i}", "destination": "gone", "body": "x", "delay": "1h"} for i in range(40)]
+    file = tmp_path / "spread.jsonl"
+    file.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ok("load", str(file), "--spread", "10m", "--store", url)
+    loaded = [
+        datetime.fromisoformat(m["due_at"])
+        for m in map(json.loads, ok("list", "--all", "--json", "--store", url).splitlines())
+        if m["id"].startswith("l-")
+    ]
+    assert len(set(loaded)) == 40 and min(loaded) >= before + timedelta(hours=1)
+    assert max(loaded) - min(loaded) > timedelta(minutes=5)
     ok("recurring", "add", "nightly", "reminders", "--every", "1m", "--jitter", "30s", "--store", url)
     shown = ok("recurring", "list", "--json", "--store", url)
     assert json.loads(shown.splitlines()[0])["recurrence"]["jitter"] == 30.0
