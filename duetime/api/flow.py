@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from duetime.api.models import TEXT
 from duetime.api.problems import ApiProblem, problems
@@ -28,17 +29,38 @@ DestinationPath = Annotated[
 ]
 
 
+#: A rate as the API takes it: a count (more than none, at most six digits before a point) per unit.
+RATE = r"^ *(0\.[0-9]*[1-9][0-9]*|[1-9][0-9]{0,5}(\.[0-9]+)?) */ *(s|sec|second|m|min|minute|h|hour) *$"
+#: A header's name (an HTTP token).
+HEADER = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$"
+#: One line of text.
+LINE = r"^[^\x00\r\n]*$"
+
+
 class LimitIn(BaseModel):
-    rate: str | None = Field(None, max_length=40, description="At most this many: 50/s, 600/min, 2/h.")
+    """A rate, a concurrency, or both (the document says so: one of them is required)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"anyOf": [{"required": ["rate"]}, {"required": ["concurrency"]}]}
+    )
+
+    rate: (
+        Annotated[str, Field(pattern=RATE, description="At most this many: 50/s, 600/min, 2/h.")]
+        | SkipJsonSchema[None]
+    ) = None
     burst: int = Field(
         1, ge=1, le=COUNT_MOST, description="How many of the rate may go at once after a quiet spell."
     )
-    concurrency: int | None = Field(
-        None, ge=1, le=COUNT_MOST, description="At most this many sent and not yet settled."
-    )
-    key: str | None = Field(
-        None, max_length=100, description="A header whose every value gets the limit of its own."
-    )
+    concurrency: (
+        Annotated[int, Field(ge=1, le=COUNT_MOST, description="At most this many sent and not yet settled.")]
+        | SkipJsonSchema[None]
+    ) = None
+    key: (
+        Annotated[
+            str, Field(pattern=HEADER, description="A header whose every value gets the limit of its own.")
+        ]
+        | SkipJsonSchema[None]
+    ) = None
 
 
 class LimitOut(BaseModel):
@@ -53,8 +75,14 @@ class LimitOut(BaseModel):
 
 
 class PauseIn(BaseModel):
-    reason: str = Field("", max_length=500)
-    by: str | None = Field(None, max_length=200, description="Who paused it; by default the API key's name.")
+    reason: str = Field("", max_length=500, pattern=LINE)
+    by: (
+        Annotated[
+            str,
+            Field(max_length=200, pattern=LINE, description="Who paused it; by default the API key's name."),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
 
 
 class DestinationOut(BaseModel):

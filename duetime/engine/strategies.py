@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -119,9 +118,12 @@ class AtLeastOnce:
         ahead: NextDue | None = None  # the next due time, when the claim read it
         if e.flow is not None:
             # Before the claim: a change (a resume, a new limit) gives back what it held, and this
-            # claim takes it. A failure here is found again, and handled, by the admission.
-            with contextlib.suppress(Exception):
-                await e.flow.refresh()
+            # claim takes it. The store not answering is a failed claim (its breaker counts it).
+            try:
+                await within(e.flow.refresh(), seconds, "reading the flow-control limits")
+            except Exception as error:
+                await e.fetch_failed(error)
+                return Round(False, False)
         try:
             if self._prefetch is not None:
                 prefetched, self._prefetch = self._prefetch, None
@@ -176,7 +178,11 @@ class AtLeastOnce:
             return
         started = e.clock.monotonic()
         try:
-            admitted = await e.flow.admit(batch)
+            admitted = await within(
+                e.flow.admit(batch),
+                e.calls.deadline(e.calls.breakers.fetch),
+                "asking the flow-control limits",
+            )
         except Exception as error:
             # The store could not say what the limits allow: nothing goes past a limit unread.
             # The batch goes back (its claims released) and the loop backs off as for a claim.
@@ -300,7 +306,9 @@ class ExactlyOnce:
     async def _warn_of_limits(self, flow: FlowControl) -> None:
         """A move takes what is due in one statement, past any limit: say so, once a change."""
         try:
-            await flow.refresh()
+            await within(
+                flow.refresh(), self.e.calls.deadline(self.e.calls.breakers.fetch), "reading the limits"
+            )
         except Exception:  # the move's own call will find the store down
             return
         said = flow.active

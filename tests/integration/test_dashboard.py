@@ -577,7 +577,7 @@ def test_the_overview_shows_what_the_broker_holds_and_what_live_dispatchers_deli
             cells[0]: cells
             for cells in (
                 re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
-                for row in re.findall(r"<tr>(.*?)</tr>", html.split('id="destinations"', 1)[1], re.S)
+                for row in re.findall(r"<tr[^>]*>(.*?)</tr>", html.split('id="destinations"', 1)[1], re.S)
             )
             if cells
         }
