@@ -36,8 +36,10 @@ from duetime.errors import ConfigurationError
 
 #: The record kinds the store keeps for flow control (its named records table).
 LIMITS, PAUSES, RATE_STATE, SLOT_STATE = "limit", "pause", "pace", "slots"
-#: The longest destination name or pattern a limit or a pause takes (a record's name).
-NAME_MOST = 100
+#: The longest destination name or pattern a limit or a pause takes: a message's destination's.
+NAME_MOST = 200
+#: The longest record name a store keeps (its column): a longer destination is kept by digest.
+RECORD_NAME_MOST = 100
 #: The units a rate is given in, as ``50/s`` or ``600/min`` takes them.
 _UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0}
 _UNITS |= {"h": 3600.0, "hour": 3600.0}
@@ -77,6 +79,14 @@ def check_destination(name: object, what: str = "destination") -> str:
     except UnicodeEncodeError:
         raise ConfigurationError(f"{what} {name!r} is not valid text; pass proper UTF-8.") from None
     return name
+
+
+def record_name(destination: str) -> str:
+    """The name a limit or pause of ``destination`` is kept under: the destination itself, or a
+    digest of it when it is longer than a record's name may be."""
+    if len(destination) <= RECORD_NAME_MOST:
+        return destination
+    return "sha256:" + hashlib.sha256(destination.encode()).hexdigest()
 
 
 def _one_line(value: str, what: str, most: int) -> str:

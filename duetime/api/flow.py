@@ -3,10 +3,11 @@ and ``duetime destinations`` set them (the same store capability underneath)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from duetime.api.models import TEXT
@@ -37,12 +38,26 @@ HEADER = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$"
 LINE = r"^[^\x00\r\n]*$"
 
 
+def _no_nulls(*fields: str) -> Callable[[Any], Any]:
+    """A field is given or left out; a null is neither (the document says each is its type)."""
+
+    def check(data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in fields:
+                if name in data and data[name] is None:
+                    raise ValueError(f"{name} is null: give it, or leave it out")
+        return data
+
+    return check
+
+
 class LimitIn(BaseModel):
     """A rate, a concurrency, or both (the document says so: one of them is required)."""
 
     model_config = ConfigDict(
         json_schema_extra={"anyOf": [{"required": ["rate"]}, {"required": ["concurrency"]}]}
     )
+    _given = model_validator(mode="before")(_no_nulls("rate", "burst", "concurrency", "key"))
 
     rate: (
         Annotated[str, Field(pattern=RATE, description="At most this many: 50/s, 600/min, 2/h.")]
@@ -75,6 +90,7 @@ class LimitOut(BaseModel):
 
 
 class PauseIn(BaseModel):
+    _given = model_validator(mode="before")(_no_nulls("reason", "by"))
     reason: str = Field("", max_length=500, pattern=LINE)
     by: (
         Annotated[

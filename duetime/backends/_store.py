@@ -44,7 +44,7 @@ from duetime.interfaces import (
     Put,
     StoreCounts,
 )
-from duetime.limits import LIMITS, PAUSES, RATE_STATE, SLOT_STATE, Limit, Pause, Rate, RateGrant
+from duetime.limits import LIMITS, PAUSES, RATE_STATE, SLOT_STATE, Limit, Pause, Rate, RateGrant, record_name
 from duetime.limits import give_slots as _give_slots
 from duetime.limits import take_rate as _take_rate
 from duetime.limits import take_slots as _take_slots
@@ -738,23 +738,24 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def set_limit(self, limit: Limit) -> None:
         """Keep ``limit`` for its destination, in place of any it had."""
         endpoint, info = self._ready(), limit.to_json()
-        if not self._record_insert(endpoint, LIMITS, limit.destination, info):
-            self._record_update(endpoint, LIMITS, limit.destination, info)
+        name = record_name(limit.destination)
+        if not self._record_insert(endpoint, LIMITS, name, info):
+            self._record_update(endpoint, LIMITS, name, info)
 
     def limits(self) -> builtins.list[Limit]:
         return [Limit.from_json(text) for text in self._records(self._ready(), LIMITS)]
 
     def remove_limit(self, destination: str) -> bool:
-        return self._record_delete(self._ready(), LIMITS, destination)
+        return self._record_delete(self._ready(), LIMITS, record_name(destination))
 
     def pause_destination(self, pause: Pause) -> bool:
         """Pause a destination; False (and the first pause kept, with who made it) if it is paused."""
-        return self._record_insert(self._ready(), PAUSES, pause.destination, pause.to_json())
+        return self._record_insert(self._ready(), PAUSES, record_name(pause.destination), pause.to_json())
 
     def resume_destination(self, destination: str) -> bool:
         """Resume a destination (every dispatcher sees it at its next look at the limits, and
         gives back what it held for it: :meth:`release_held`)."""
-        return self._record_delete(self._ready(), PAUSES, destination)
+        return self._record_delete(self._ready(), PAUSES, record_name(destination))
 
     def paused(self) -> builtins.list[Pause]:
         return [Pause.from_json(text) for text in self._records(self._ready(), PAUSES)]

@@ -216,8 +216,10 @@ def destinations(
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
 ) -> None:
-    """Every destination with messages stored, and every paused or limited one: how many wait,
-    its limit, and who paused it when."""
+    """Every destination stored for, limited or paused: how many wait, its limit, who paused it.
+
+    Shown for each: the messages stored for it, the limit it is sent at (a pattern's, if one
+    matches), and who paused it, when and why."""
 
     async def read(s: FlowControlStore) -> tuple[list[Limit], list[Pause], StoreCounts]:
         counts = await cast(DelayedMessageStore, s).counts(SYSTEM.now())  # every store counts

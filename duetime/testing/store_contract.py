@@ -1172,6 +1172,12 @@ class StoreContract:
         assert await flow.paused() == [pause]
         assert await flow.resume_destination("billing") and not await flow.resume_destination("billing")
         assert await flow.paused() == []
+        long = "q." + "x" * 190  # longer than a record's name: kept by a digest of it
+        await flow.set_limit(Limit(long, concurrency=1))
+        assert await flow.pause_destination(Pause(long, "ann", t))
+        assert [x.destination for x in await flow.limits()] == [long]
+        assert [p.destination for p in await flow.paused()] == [long]
+        assert await flow.remove_limit(long) and await flow.resume_destination(long)
 
     async def test_a_rate_is_shared_by_every_store_object_at_once(
         self, store: DelayedMessageStore, make_sync_store: Callable[[], SyncDelayedMessageStore]
