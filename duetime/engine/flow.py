@@ -77,6 +77,19 @@ class FlowControl:
     def active(self) -> bool:
         return bool(self.limits or self.pauses)
 
+    @property
+    def stale(self) -> bool:
+        """Whether the limits are due to be read again (a round asks this first: reading costs a
+        store call, asking costs nothing)."""
+        if self.unkept:
+            return False
+        return self._read_at is None or self.clock.monotonic() - self._read_at >= REFRESH_SECONDS
+
+    @property
+    def needed(self) -> bool:
+        """Whether a batch must be looked at: limits or pauses are set, or not read lately."""
+        return self.active or self.stale
+
     def limited(self, destination: str) -> bool:
         """Whether a limit or a pause governs ``destination``: its wait from its due time is
         then the limit's ("held"), never counted as duetime's lateness."""
@@ -88,9 +101,9 @@ class FlowControl:
         """Read the limits and pauses again when they are older than :data:`REFRESH_SECONDS`.
         When they changed, every held message is given back so that it takes its turn by the
         new ones (a resume, a raised limit)."""
-        now = self.clock.monotonic()
-        if self.unkept or (self._read_at is not None and now - self._read_at < REFRESH_SECONDS):
+        if not self.stale:
             return
+        now = self.clock.monotonic()
         try:
             limits, pauses = await self.store.limits(), await self.store.paused()
         except ConfigurationError as error:  # a store of the user's that keeps no limits

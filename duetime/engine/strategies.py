@@ -116,7 +116,7 @@ class AtLeastOnce:
         seconds = e.calls.deadline(e.calls.breakers.fetch)
         started = e.clock.monotonic()
         ahead: NextDue | None = None  # the next due time, when the claim read it
-        if e.flow is not None:
+        if e.flow is not None and e.flow.stale:
             # Before the claim: a change (a resume, a new limit) gives back what it held, and this
             # claim takes it. The store not answering is a failed claim (its breaker counts it).
             try:
@@ -173,7 +173,7 @@ class AtLeastOnce:
 
     async def _forward(self, batch: list[DelayedMessage]) -> None:
         e = self.e
-        if e.flow is None:
+        if e.flow is None or not e.flow.needed:  # no limit set: the batch goes as claimed
             await self._send(batch, None)
             return
         started = e.clock.monotonic()
@@ -268,7 +268,7 @@ class ExactlyOnce:
 
     async def round(self, now: datetime) -> Round:
         e, limit, batch_size = self.e, self.limit, self.e.settings.batch_size
-        if e.flow is not None:
+        if e.flow is not None and e.flow.stale:
             await self._warn_of_limits(e.flow)
         started = e.clock.monotonic()
         e.wakeups.mark()
