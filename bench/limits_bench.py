@@ -62,7 +62,9 @@ def run_case(case: str, rate: int, folder: Path) -> Result:
     subprocess.run([*cli, "setup", *common, "--transport", RABBITMQ], check=True, capture_output=True)
     if case != "none":
         limited = queue if case == "limited" else "someone-else"
-        subprocess.run([*cli, "limits", "set", limited, "--rate", "5000/s", *common], check=True, capture_output=True)
+        subprocess.run(
+            [*cli, "limits", "set", limited, "--rate", "5000/s", *common], check=True, capture_output=True
+        )
     consumer = python(CONSUMER, RABBITMQ, queue, str(out), stderr=subprocess.PIPE, start_new_session=True)
     assert consumer.stderr is not None
     consumer.stderr.readline()  # ready
@@ -90,7 +92,9 @@ def run_case(case: str, rate: int, folder: Path) -> Result:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rate", type=int, default=1000, help="messages a second")
     parser.add_argument("--rounds", type=int, default=2, help="each case this many times, in turn")
     args = parser.parse_args()

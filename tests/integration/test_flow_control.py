@@ -146,9 +146,9 @@ def test_a_rate_holds_across_dispatchers_and_a_kill_while_the_rest_goes_at_full_
 
 @pytest.mark.slow
 def test_a_key_limit_keeps_one_customers_storm_from_holding_back_the_others(tmp_path: Path) -> None:
-    """5 a second for each customer-id: one customer's 150 messages come at 5 a second, and the
-    20 customers of 10 messages each are all delivered within their own limit's time (2 s and a
-    little), not behind the big one."""
+    """5 a second for each customer-id: one customer's 2,000 messages come at 5 a second, and
+    the 50 customers of 20 messages each are all delivered within their own limit's time (4 s
+    and the start), not behind the big one."""
     with store_url("postgresql", tmp_path) as url, receiving(SECRET) as receiver:
         ok("setup", "--store", url)
         hooks(url, receiver, "reminders", header="customer-id")
@@ -156,21 +156,21 @@ def test_a_key_limit_keeps_one_customers_storm_from_holding_back_the_others(tmp_
         lines: list[dict[str, object]] = [
             {"id": f"a-big-{i:04d}", "destination": "reminders", "body": "b", "delay": "0s",
              "headers": {"customer-id": "big"}}
-            for i in range(150)
+            for i in range(2000)
         ]  # fmt: skip
         lines += [
             {"id": f"b-small-{c:02d}-{i}", "destination": "reminders", "body": "s", "delay": "0s",
              "headers": {"customer-id": f"small-{c}"}}
-            for c in range(20) for i in range(10)
+            for c in range(50) for i in range(20)
         ]  # fmt: skip
         load(url, tmp_path, lines)
         with dispatchers(url, tmp_path, 1):
             started = time.monotonic()
-            small = {f"b-small-{c:02d}-{i}" for c in range(20) for i in range(10)}
+            small = {f"b-small-{c:02d}-{i}" for c in range(50) for i in range(20)}
             until(lambda: small <= set(receiver.delivered()), 30, "every small customer's messages")
             small_done = time.monotonic() - started
             time.sleep(3)
-        assert small_done < 12, small_done  # 10 at 5 a second is 1.8 s; the start and claims take the rest
+        assert small_done < 15, small_done  # 20 at 5 a second is 3.8 s; the start and claims take the rest
         by_key: dict[str, list[float]] = {}
         for r in receiver.to("/ok/reminders"):
             by_key.setdefault(r.headers["customer-id"], []).append(r.at)
@@ -178,7 +178,7 @@ def test_a_key_limit_keeps_one_customers_storm_from_holding_back_the_others(tmp_
             times.sort()
             per_second = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0
             assert per_second <= 5 * 1.1, (key, per_second)
-        assert len(by_key["big"]) < 150, "the big customer went faster than its limit"
+        assert len(by_key["big"]) < 200, "the big customer went faster than its limit"
 
 
 @pytest.mark.slow

@@ -372,7 +372,7 @@ def test_a_jitter_spreads_ticks_over_its_window_the_same_on_every_planning() -> 
         assert first.message_id == tick_id(f"s-{n}", planned)
         assert [t.due_at for t in plan(s, NOW, timedelta(seconds=1), most=1).ticks] == [first.due_at]
         offsets.append((first.due_at - planned).total_seconds())
-    assert 0 <= min(offsets) and max(offsets) < 30
+    assert min(offsets) >= 0 and max(offsets) < 30
     assert len({int(o // 3) for o in offsets}) == 10  # every tenth of the window has some
     assert "each up to 30 s later" in jittered.describe()
     assert Recurrence.from_json(jittered.to_json()) == jittered
