@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from duetime.engine.calls import EngineCalls
 from duetime.engine.deadline import within
 from duetime.engine.failures import FailurePolicy
-from duetime.engine.flow import FlowControl
+from duetime.engine.flow import Admitted, FlowControl
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.outages import Outages
 from duetime.engine.triage import Triage
@@ -263,14 +264,22 @@ class ExactlyOnce:
         #: How many the next move may take: ``batch_size``, doubling while each move comes back
         #: full (a backlog), up to :data:`MOVE_GROWTH` times it.
         self.limit = engine.settings.batch_size
-        #: Whether the limits it does not apply were said (again after they are all gone).
-        self._warned = False
 
     async def round(self, now: datetime) -> Round:
         e, limit, batch_size = self.e, self.limit, self.e.settings.batch_size
-        if e.flow is not None and e.flow.stale:
-            await self._warn_of_limits(e.flow)
         started = e.clock.monotonic()
+        flow, admitted, claimed_full = e.flow, None, False
+        if flow is not None and flow.needed:
+            try:
+                taken = await self._make_way(flow, now)
+            except Exception as error:
+                await e.fetch_failed(error)
+                return Round(False, False)
+            if taken is not None:
+                admitted, claimed_full = taken
+                if not admitted.send:  # all held: nothing to move this round
+                    return Round(bool(admitted.held), claimed_full)
+                limit = len(admitted.send)
         e.wakeups.mark()
         try:
             outcome = await within(
@@ -288,37 +297,49 @@ class ExactlyOnce:
         except Exception as error:
             await e.fetch_failed(error)
             return Round(False, False)
+        finally:
+            if admitted is not None and flow is not None:
+                with contextlib.suppress(Exception):  # slots lapse by themselves
+                    await flow.settled(admitted, e.clock.monotonic() - started)
         e.calls.breakers.fetch.success()
         moved_at = e.progress.last_batch_at = e.clock.now()
         moved = len(outcome.moved) + len(outcome.dead_lettered)
-        full = moved >= limit
-        self.limit = min(limit * 2, batch_size * MOVE_GROWTH, MOVE_MOST) if full else batch_size
+        full = moved >= limit or claimed_full
+        if admitted is None:
+            self.limit = min(limit * 2, batch_size * MOVE_GROWTH, MOVE_MOST) if full else batch_size
         if outcome.next_due is not None and not full:
             e.wakeups.know_ahead(outcome.next_due.at)
         if not moved:
             return Round(False, full)
         e.observer.claimed(moved)
-        e.observer.delivered([Settled.moved(m) for m in outcome.moved], moved_at)
+        limited = flow.limited if flow is not None and flow.active else (lambda _: False)
+        e.observer.delivered(
+            [Settled.moved(m)._replace(held=limited(m.destination)) for m in outcome.moved], moved_at
+        )
         e.observer.dead_lettered([Settled.of(m, reason=r) for m, r in outcome.dead_lettered], moved_at)
         e.observer.batch(moved, e.clock.monotonic() - started)
         return Round(True, full)
 
-    async def _warn_of_limits(self, flow: FlowControl) -> None:
-        """A move takes what is due in one statement, past any limit: say so, once a change."""
-        try:
-            await within(
-                flow.refresh(), self.e.calls.deadline(self.e.calls.breakers.fetch), "reading the limits"
-            )
-        except Exception:  # the move's own call will find the store down
-            return
-        said = flow.active
-        if said and not self._warned:
-            log.error(
-                "flow-control limits or pauses are set, and an exactly-once dispatcher does not "
-                "apply them (a move takes what is due in one transaction); run it with "
-                "--mode at-least-once to apply them"
-            )
-        self._warned = said
+    async def _make_way(self, flow: FlowControl, now: datetime) -> tuple[Admitted, bool] | None:
+        """With limits or pauses set, before the move: claim what is due, hold in the store what
+        they hold, and give the rest back for the move, which takes only that many (the oldest
+        unclaimed, so those). Nothing is sent here: the move is still the one transaction that
+        delivers, so exactly-once stays exactly-once; a kill in between leaves held messages to
+        their turn and the rest unclaimed. None: no limit is set after all (the move goes as
+        ever). Also: whether the claim was full (more is due)."""
+        e = self.e
+        seconds = e.calls.deadline(e.calls.breakers.fetch)
+        await within(flow.refresh(), seconds, "reading the flow-control limits")
+        if not flow.active:
+            return None
+        claimed = await within(e.calls.store.fetch_due(now, self.limit), seconds, "claiming due messages")
+        admitted = await within(flow.admit(claimed), seconds, "asking the flow-control limits")
+        if admitted.held:
+            sent = {m.message_id for m in admitted.send}
+            e.observer.held_back([m.destination for m in claimed if m.message_id not in sent])
+            e.wakeups.forget_ahead()
+        await e.calls.release([m.message_id for m in admitted.send])
+        return admitted, len(claimed) >= self.limit
 
     async def finish(self) -> None:
         """Nothing is held between moves."""

@@ -322,3 +322,64 @@ def test_an_error_queue_retry_is_spread_over_its_window_and_a_jitter_over_its_ti
     ok("recurring", "add", "nightly", "reminders", "--every", "1m", "--jitter", "30s", "--store", url)
     shown = ok("recurring", "list", "--json", "--store", url)
     assert json.loads(shown.splitlines()[0])["recurrence"]["jitter"] == 30.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_an_exactly_once_dispatcher_keeps_the_limit_and_a_kill_doubles_nothing(
+    kind: str, tmp_path: Path
+) -> None:
+    """A store and its own queue (exactly-once): the limited destination reaches the queue at
+    its rate, the other at once; a dispatcher killed with SIGKILL half-way and started again
+    loses and doubles nothing (the move is still the one transaction that delivers)."""
+    import asyncio
+
+    from duetime.registry import open_transport
+
+    with store_url(kind, tmp_path) as url:
+        ok("setup", "--store", url, "--queue", "paced", "--queue", "free")
+        ok("limits", "set", "paced", "--rate", "20/s", "--store", url)
+        lines: list[dict[str, object]] = [
+            {"id": f"p-{i:04d}", "destination": "paced", "body": "x", "delay": "0s"} for i in range(200)
+        ]
+        lines += [{"id": f"f-{i:04d}", "destination": "free", "body": "x", "delay": "0s"} for i in range(200)]
+        load(url, tmp_path, lines)
+        arrived: dict[str, list[float]] = {}
+
+        async def drain(until_seconds: float) -> None:
+            queue = open_transport(url)
+            await queue.start()
+            try:
+                ends = time.monotonic() + until_seconds
+                while time.monotonic() < ends and len(arrived) < 400:
+                    for name in ("paced", "free"):
+                        got = await queue.receive(name, max_messages=100, wait=0.05)  # type: ignore[attr-defined]
+                        for m in got:
+                            arrived.setdefault(m.message_id, []).append(time.monotonic())
+                        await queue.acknowledge(got)  # type: ignore[attr-defined]
+            finally:
+                await queue.close()
+
+        first = spawn_run(duetime_cmd("run", "--store", url), tmp_path / "run-a.log")
+        try:
+            wait_until_serving(tmp_path / "run-a.log")
+            asyncio.run(drain(5))
+            first.kill()  # SIGKILL, half-way
+            first.wait(10)
+            second = spawn_run(duetime_cmd("run", "--store", url), tmp_path / "run-b.log")
+            wait_until_serving(tmp_path / "run-b.log")
+            asyncio.run(drain(30))
+        finally:
+            for run in (first, locals().get("second")):
+                if run is not None and run.poll() is None:
+                    run.send_signal(signal.SIGTERM)
+                    run.wait(30)
+        assert "exactly-once" in (tmp_path / "run-a.log").read_text()
+        assert len(arrived) == 400, 400 - len(arrived)
+        assert all(len(times) == 1 for times in arrived.values()), [
+            k for k, v in arrived.items() if len(v) > 1
+        ]
+        paced = sorted(t[0] for k, t in arrived.items() if k.startswith("p-"))
+        free = sorted(t[0] for k, t in arrived.items() if k.startswith("f-"))
+        assert free[-1] < paced[40], "the unlimited destination waited for the limited one"
+        assert paced[-1] - paced[0] >= (200 - 6) / 20, paced[-1] - paced[0]  # never faster than the limit
