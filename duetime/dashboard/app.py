@@ -70,7 +70,7 @@ from duetime.interfaces import (
     cursor_text,
     read_cursor,
 )
-from duetime.limits import Pause, check_destination, limit_for, pause_for
+from duetime.limits import Limit, Pause, Rate, check_destination, limit_for, pause_for
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage, check_due_time
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
@@ -393,6 +393,8 @@ class FlowLook:
     pauses: dict[str, Pause] = field(default_factory=dict)
     #: Limits and pauses of destinations with nothing stored (a pattern, a drained one).
     others: list[str] = field(default_factory=list)
+    #: The names with a limit of their own (not a pattern's): those a "Remove limit" removes.
+    exact: set[str] = field(default_factory=set)
 
 
 async def _flow_look(store: DelayedMessageStore, destinations: list[str]) -> FlowLook:
@@ -410,6 +412,7 @@ async def _flow_look(store: DelayedMessageStore, destinations: list[str]) -> Flo
         {n: x.said() for n in names if (x := limit_for(limits, n)) is not None},
         {n: p for n in names if (p := pause_for(pauses, n)) is not None},
         others,
+        {x.destination for x in limits},
     )
 
 
@@ -437,6 +440,51 @@ async def _destination_action(request: Request, pause: bool) -> Response:
         return _done(request, back, f"{name!r} is {'paused already' if pause else 'not paused'}", error=True)
     log.info("dashboard: %s %s in endpoint %s", "paused" if pause else "resumed", name, endpoint)
     return _done(request, back, f"{'paused' if pause else 'resumed'} {name}")
+
+
+async def _limit_action(request: Request, remove: bool) -> Response:
+    """Set or remove a destination's limit from the overview (who: the dashboard's user)."""
+    dashboard, form, endpoint, _ = await _form(request)
+    if not dashboard.can_change:
+        return _read_only()
+    back = _safe_back(str(form.get("back") or ""), f"/?endpoint={endpoint}")
+    store = dashboard.stores[endpoint]
+    if not isinstance(store, FlowControlStore):
+        return _done(request, back, "this store keeps no flow-control limits", error=True)
+    name = str(form.get("destination") or "")
+    try:
+        if remove:
+            check_destination(name)
+            if not await store.remove_limit(name):
+                return _done(request, back, f"{name!r} has no limit of its own", error=True)
+            log.info("dashboard: removed the limit of %s in endpoint %s", name, endpoint)
+            return _done(request, back, f"removed the limit of {name}")
+        rate_text = str(form.get("rate") or "").strip()
+        most = str(form.get("concurrency") or "").strip()
+        if most and not most.isdigit():
+            raise ConfigurationError(f"concurrency {most!r} is not a whole number")
+        who = dashboard.credentials.user if dashboard.credentials else "dashboard"
+        limit = Limit(
+            name,
+            Rate.parse(rate_text) if rate_text else None,
+            int(most) if most else None,
+            None,
+            f"{who} (dashboard)",
+            SYSTEM.now(),
+        )
+        await store.set_limit(limit)
+    except ConfigurationError as error:
+        return _done(request, back, str(error), error=True)
+    log.info("dashboard: limited %s to %s in endpoint %s", name, limit.said(), endpoint)
+    return _done(request, back, f"limited {name} to {limit.said()}")
+
+
+async def destinations_limit(request: Request) -> Response:
+    return await _limit_action(request, False)
+
+
+async def destinations_unlimit(request: Request) -> Response:
+    return await _limit_action(request, True)
 
 
 async def destinations_pause(request: Request) -> Response:
@@ -1016,6 +1064,8 @@ def create_app(dashboard: Dashboard, *, secret: str, ready: Callable[[], None] =
         Route("/recurring/resume", answering(recurring_resume), methods=["POST"]),
         Route("/recurring/trigger", answering(recurring_trigger), methods=["POST"]),
         Route("/destinations/pause", answering(destinations_pause), methods=["POST"]),
+        Route("/destinations/limit", answering(destinations_limit), methods=["POST"]),
+        Route("/destinations/unlimit", answering(destinations_unlimit), methods=["POST"]),
         Route("/destinations/resume", answering(destinations_resume), methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]

@@ -664,9 +664,10 @@ def test_the_recurring_page_pauses_resumes_and_sends_one_now(world: dict[str, An
 def test_the_overview_shows_limits_and_pauses_and_pauses_and_resumes(
     world: dict[str, Any], browser: Any
 ) -> None:
-    """Each destination's limit and pause beside it; Pause and Resume go through the page's
-    forms (with its CSRF token) and record the dashboard's user; a name that is markup stays
-    text; a form without the token changes nothing."""
+    """Each destination's limit and pause beside it; Pause, Resume, Limit and Remove limit go
+    through the page's forms (with its CSRF token) and record the dashboard's user; a bad rate
+    is one line and changes nothing; a name that is markup stays text; a form without the token
+    changes nothing."""
     from duetime.limits import Limit, Pause, Rate
 
     store: SyncPostgresStore = world["store"]
@@ -692,6 +693,19 @@ def test_the_overview_shows_limits_and_pauses_and_pauses_and_resumes(
         page.locator('#destinations tr[data-destination="orders"] button[name=resume]').click()
         assert "resumed orders" in page.inner_text(".note")
         assert [p for p in store.paused() if p.destination == "orders"] == []
+        refunds = '#destinations tr[data-destination="refunds"]'
+        page.locator(f"{refunds} input[name=rate]").fill("5/s")
+        page.locator(f"{refunds} input[name=concurrency]").fill("2")
+        page.locator(f"{refunds} button[name=limit]").click()
+        assert "limited refunds to 5/s, 2 at once" in page.inner_text(".note")
+        [limit] = [x for x in store.limits() if x.destination == "refunds"]
+        assert limit.concurrency == 2 and limit.set_by == "duetime (dashboard)"
+        page.locator(f"{refunds} input[name=rate]").fill("5/fortnight")
+        page.locator(f"{refunds} button[name=limit]").click()
+        assert "is not one duetime reads" in page.inner_text(".note")
+        page.locator(f"{refunds} button[name=unlimit]").click()
+        assert "removed the limit of refunds" in page.inner_text(".note")
+        assert [x for x in store.limits() if x.destination == "refunds"] == []
         form = f"endpoint={ENDPOINT}&destination=orders".encode()  # logged in, no token: refused
         status, text = request(
             world["port"], "/destinations/pause", data=form, auth=basic("duetime", PASSWORD)
