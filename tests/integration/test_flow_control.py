@@ -139,6 +139,9 @@ def test_a_rate_holds_across_dispatchers_and_a_kill_while_the_rest_goes_at_full_
         assert internal[-1] < partner[SIZE // 5], "the unlimited destination waited for the limited one"
         seen = windows(partner, 10.0)
         assert seen, "the drain was shorter than a window"
+        print(
+            f"{kind}: 10 s windows {min(seen)}-{max(seen)}, drain {partner[-1] - partner[0]:.2f} s, twice {len(twice)}"
+        )
         assert min(seen) >= 475 and max(seen) <= 525, (min(seen), max(seen))
         drain = partner[-1] - partner[0]
         assert drain >= (SIZE - 12) / 50, (
@@ -172,6 +175,7 @@ def test_a_key_limit_keeps_one_customers_storm_from_holding_back_the_others(tmp_
             until(lambda: small <= set(receiver.delivered()), 30, "every small customer's messages")
             small_done = time.monotonic() - started
             time.sleep(3)
+        print(f"the 50 small customers done in {small_done:.1f} s")
         assert small_done < 15, small_done  # 20 at 5 a second is 3.8 s; the start and claims take the rest
         by_key: dict[str, list[float]] = {}
         for r in receiver.to("/ok/reminders"):
