@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from duetime.bulk.filetarget import write_frame
@@ -27,9 +28,11 @@ from duetime.bulk.frames import (
 )
 from duetime.bulk.hadoopfs import Folder, check_writable, input_files
 from duetime.bulk.progress import Progress, RowCounter, watched
+from duetime.bulk.records import Record
 from duetime.bulk.targets import open_store_target
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
+from duetime.limits import spread_offset
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,12 @@ def schedule(
     rejects: str | None = None,
     batch_rows: int = 100_000,
     progress: Progress | None = None,
+    spread: timedelta = timedelta(0),
 ) -> Scheduled:
     """Schedule ``rows``: a DataFrame, or a ``parquet:``/``jsonl:`` path. Files are spread over
     about one task per ``batch_rows`` rows (a DataFrame keeps the partitions it has).
-    ``progress`` is told the rows done of the rows the files hold (of a DataFrame: unknown)."""
+    ``progress`` is told the rows done of the rows the files hold (of a DataFrame: unknown).
+    ``spread``: each message goes a moment of its own (by its id) up to that after its time."""
 
     check_schedule(rows, store_url, job=job, endpoint=endpoint, batch_rows=batch_rows)
     if isinstance(rows, str):
@@ -78,7 +83,14 @@ def schedule(
     there = Folder(spark, rejects).exists()
     folder = check_writable(spark, rejects)
     with kept(frame) as checked:  # checked once: endpoints, writes and rejects read it again
-        return _schedule(checked, store_url, job, folder, there, total, progress)
+        return _schedule(checked, store_url, job, folder, there, total, progress, spread)
+
+
+def _spread(record: Record, window: timedelta) -> int | None:
+    """The record's due time moved its own moment into ``window`` (the one rule: spread_offset)."""
+    if record.due_us is None:
+        return None
+    return record.due_us + spread_offset(record.message_id, window) // timedelta(microseconds=1)
 
 
 def _rejects_folder(given: str | None) -> str | None:
@@ -118,6 +130,7 @@ def _schedule(
     there: bool,
     total: int | None,
     progress: Progress | None,
+    spread: timedelta = timedelta(0),
 ) -> Scheduled:
     from pyspark.sql import functions as F
 
@@ -134,6 +147,8 @@ def _schedule(
             seen += len(chunk)
             counter.add(len(chunk))
             records = [r for r, why in chunk if why is None]
+            if spread:
+                records = [r._replace(due_us=_spread(r, spread)) for r in records]
             good += len(records)
             if records:
                 stored += store.write_once(job, records).inserted

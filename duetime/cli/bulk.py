@@ -25,7 +25,7 @@ from rich.text import Text
 from duetime.cli.common import TransportOpt
 from duetime.cli.terminal import console, err, fail, show
 from duetime.errors import ConfigurationError, DuetimeError
-from duetime.inputs.durations import parse_time, readable_duration
+from duetime.inputs.durations import parse_duration, parse_time, readable_duration
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.settings import STORE_VARIABLE
@@ -404,6 +404,15 @@ def schedule(
         str | None, typer.Option(help="Folder for rejected rows with reasons (JSON Lines).")
     ] = None,
     batch_rows: BatchRowsOpt = 100_000,
+    spread: Annotated[
+        str,
+        typer.Option(
+            "--spread",
+            help="Spread the messages over this window after their due times (10m): each a moment "
+            "of its own, chosen from its id (a re-run gives the same), so a million rows of one "
+            "time do not fall due at once.",
+        ),
+    ] = "0",
     transport: TransportOpt = None,
     master: MasterOpt = None,
     conf: ConfOpt = None,
@@ -422,6 +431,7 @@ def schedule(
         from duetime.bulk.schedule import schedule as run
 
         check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
+        window = parse_duration(spread)
         reach_target(store)
         with _spark(master, conf, reads=rows) as spark:
             _warn_undeclared(spark, rows, store, transport)
@@ -435,6 +445,7 @@ def schedule(
                     rejects=rejects,
                     batch_rows=batch_rows,
                     progress=report,
+                    spread=window,
                 )
         console.print(
             f"{done.rows:,} rows: {done.stored:,} stored, {done.skipped:,} already scheduled, {done.rejected:,} rejected"

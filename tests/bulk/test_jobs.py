@@ -71,6 +71,28 @@ def test_schedule_in_many_partitions_at_once_stores_every_row(spark: Any) -> Non
             assert done.rejects_path is None and not Folder(spark, "rejects-race").exists()
 
 
+def test_schedule_spreads_rows_of_one_time_over_a_window_the_same_on_a_rerun(spark: Any) -> None:
+    """--spread: 300 rows due at 09:00 go each at a moment of its own within the ten minutes
+    after, never before, evenly; the moment is the id's (duetime.limits.spread_offset), so a job
+    run again into another store gives every row the same."""
+    from duetime.limits import spread_offset
+
+    due = datetime(2031, 3, 1, 9, 0, tzinfo=UTC)
+    frame = spark.createDataFrame(
+        [(f"s{i}", "reminders", due, b"x", {}) for i in range(300)],
+        "id string, destination string, due_at timestamp, body binary, headers map<string,string>",
+    )
+    window = timedelta(minutes=10)
+    with postgres_schema() as pg:
+        assert schedule(spark, frame, pg, endpoint="spread", job="spread", spread=window).stored == 300
+        stored = store_rows(pg, "spread")
+    assert {k: m.due_at for k, m in stored.items()} == {
+        f"s{i}": due + spread_offset(f"s{i}", window) for i in range(300)
+    }
+    offsets = sorted((m.due_at - due).total_seconds() for m in stored.values())
+    assert offsets[0] >= 0 and offsets[-1] < 600 and len({int(o // 60) for o in offsets}) == 10
+
+
 def test_a_store_scheduled_from_empty_gets_planner_statistics(spark: Any) -> None:
     """Otherwise the store's dispatchers sort the whole table for every next-due question until
     autovacuum looks (see refresh_planner_stats)."""
