@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from fnmatch import fnmatchcase
 
 from duetime.errors import ConfigurationError
 from duetime.interfaces import Clock, FlowControlStore
@@ -72,6 +73,9 @@ class FlowControl:
         self.held_total = 0
         #: The store keeps no limits (it said so once): nothing is asked again.
         self.unkept = False
+        #: Limits and pauses seen gone, by destination or pattern, and when: a message due before
+        #: one ended waited for it (a resumed destination's backlog is held time, not lateness).
+        self._ended: dict[str, datetime] = {}
 
     @property
     def active(self) -> bool:
@@ -90,12 +94,18 @@ class FlowControl:
         """Whether a batch must be looked at: limits or pauses are set, or not read lately."""
         return self.active or self.stale
 
-    def limited(self, destination: str) -> bool:
-        """Whether a limit or a pause governs ``destination``: its wait from its due time is
-        then the limit's ("held"), never counted as duetime's lateness."""
-        return (
-            limit_for(self.limits, destination) is not None or pause_for(self.pauses, destination) is not None
-        )
+    @property
+    def measures_held(self) -> bool:
+        """Whether any delivery may be held time (a limit or pause now, or one that ended today)."""
+        return self.active or bool(self._ended)
+
+    def limited(self, destination: str, due_at: datetime) -> bool:
+        """Whether a limit or a pause governed ``destination`` at some moment since ``due_at``:
+        the message's wait from its due time is then the limit's ("held"), never counted as
+        duetime's lateness (a paused destination's backlog, sent once it is resumed, included)."""
+        if limit_for(self.limits, destination) is not None or pause_for(self.pauses, destination) is not None:
+            return True
+        return any(ended >= due_at and fnmatchcase(destination, name) for name, ended in self._ended.items())
 
     async def refresh(self) -> None:
         """Read the limits and pauses again when they are older than :data:`REFRESH_SECONDS`.
@@ -113,6 +123,13 @@ class FlowControl:
         self._read_at = now
         seen = (tuple(x.to_json() for x in limits), tuple(p.to_json() for p in pauses))
         changed = self._seen is not None and seen != self._seen
+        if changed:
+            wall = self.clock.now()
+            gone = {x.destination for x in self.limits} | {p.destination for p in self.pauses}
+            gone -= {x.destination for x in limits} | {p.destination for p in pauses}
+            self._ended.update(dict.fromkeys(gone, wall))
+            day_ago = wall - timedelta(days=1)
+            self._ended = {n: t for n, t in self._ended.items() if t > day_ago}
         self.limits, self.pauses, self._seen = limits, pauses, seen
         if changed:
             self._horizon.clear()
@@ -181,7 +198,8 @@ class FlowControl:
                 first_at = max(first_at, now + timedelta(seconds=wait))
         rest = messages[go:]
         if rest:
-            start = max(first_at, self._horizon.get(bucket, first_at) + timedelta(seconds=step))
+            last = self._horizon.get(bucket)
+            start = first_at if last is None else max(first_at, last + timedelta(seconds=step))
             turns = [start + timedelta(seconds=i * step) for i in range(len(rest))]
             for m, turn in zip(rest, turns, strict=True):
                 hold[m.message_id] = turn

@@ -175,7 +175,7 @@ class AtLeastOnce:
     async def _forward(self, batch: list[DelayedMessage]) -> None:
         e = self.e
         if e.flow is None or not e.flow.needed:  # no limit set: the batch goes as claimed
-            await self._send(batch, None)
+            await self._send(batch, e.flow if e.flow is not None and e.flow.measures_held else None)
             return
         started = e.clock.monotonic()
         try:
@@ -221,7 +221,7 @@ class AtLeastOnce:
                 e.wakeups.forget_ahead()
             e.observer.delivered(
                 [
-                    Settled.of(m, held=flow is not None and flow.limited(m.destination))
+                    Settled.of(m, held=flow is not None and flow.limited(m.destination, m.due_at))
                     for m in answer.carried
                 ],
                 sent_at,
@@ -312,9 +312,14 @@ class ExactlyOnce:
         if not moved:
             return Round(False, full)
         e.observer.claimed(moved)
-        limited = flow.limited if flow is not None and flow.active else (lambda _: False)
         e.observer.delivered(
-            [Settled.moved(m)._replace(held=limited(m.destination)) for m in outcome.moved], moved_at
+            [
+                Settled.moved(m)._replace(
+                    held=flow is not None and flow.measures_held and flow.limited(m.destination, m.due_at)
+                )
+                for m in outcome.moved
+            ],
+            moved_at,
         )
         e.observer.dead_lettered([Settled.of(m, reason=r) for m, r in outcome.dead_lettered], moved_at)
         e.observer.batch(moved, e.clock.monotonic() - started)
