@@ -1184,11 +1184,11 @@ class StoreContract:
     ) -> None:
         """The shared state of a rate is changed by compare-and-set: four store objects taking
         turns from one bucket on four threads at once are given no more than the rate allows
-        between them (a burst of 30, then one turn for each 10 ms)."""
+        between them (a burst of 50, then one turn for each 10 ms)."""
         flow = await self._flow(store)
         if flow is None:
             return
-        bucket, rate = f"b-{uuid.uuid4().hex[:12]}", Rate.parse("100/s", burst=30)
+        bucket, rate = f"b-{uuid.uuid4().hex[:12]}", Rate.parse("100/s", burst=50)
         start = now()
         stores = [make_sync_store() for _ in range(4)]
         for s in stores:
@@ -1207,7 +1207,7 @@ class StoreContract:
         finally:
             for s in stores:
                 s.close()
-        assert granted == 30 + 4  # the burst, and 49 ms of turns at one per 10 ms
+        assert granted == 50 + 4  # the burst, and 49 ms of turns at one per 10 ms
         assert later.granted == 3 and later.interval_seconds == 0.01
 
     async def test_concurrency_slots_are_shared_given_back_and_lapse(

@@ -24,17 +24,18 @@ async def _ready() -> tuple[MemoryStore, FakeClock]:
 async def test_a_rate_sends_its_turns_and_holds_the_rest_one_interval_apart() -> None:
     store, clock = await _ready()
     now = clock.now()
-    await store.store_many([DelayedMessage(f"m{i}", "partner", now, b"x") for i in range(5)])
+    await store.store_many([DelayedMessage(f"m{i}", "partner", now, b"x") for i in range(8)])
     await store.store(DelayedMessage("o", "other", now, b"x"))
     await store.set_limit(Limit("partner", Rate.parse("10/s")))
     flow = FlowControl(store, clock)
     batch = await store.fetch_due(now, 10)
     admitted = await flow.admit(batch)
-    assert sorted(m.message_id for m in admitted.send) == ["m0", "m1", "m2", "o"]  # a turn, 0.2 s made up
-    assert admitted.held == 2 and (await store.counts(now)).held == 2
+    sent = sorted(m.message_id for m in admitted.send)
+    assert sent == ["m0", "m1", "m2", "m3", "o"]  # one turn, and 0.3 s of them made up
+    assert admitted.held == 4 and (await store.counts(now)).held == 4
     assert await store.fetch_due(now + timedelta(milliseconds=99), 10) == []
     later = await store.fetch_due(now + timedelta(milliseconds=201), 10)
-    assert sorted(m.message_id for m in later) == ["m3", "m4"]  # their turns: 0.1 s and 0.2 s on
+    assert sorted(m.message_id for m in later) == ["m4", "m5"]  # their turns: 0.1 s and 0.2 s on
     assert flow.limited("partner", now) and not flow.limited("other", now)
 
 
