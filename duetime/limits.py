@@ -27,7 +27,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
@@ -269,6 +269,42 @@ def limit_for(limits: Iterable[Limit], destination: str) -> Limit | None:
 
 def pause_for(pauses: Iterable[Pause], destination: str) -> Pause | None:
     return next((p for p in pauses if p.matches(destination)), None)
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationState:
+    """A destination as every listing shows it (``destinations list``, the HTTP API, the
+    dashboard): what is stored for it, the limit it is sent at, and its pause."""
+
+    destination: str
+    stored: int
+    limit: Limit | None
+    pause: Pause | None
+
+    def as_json(self) -> dict[str, object]:
+        p = self.pause
+        return {
+            "destination": self.destination,
+            "stored": self.stored,
+            "limit": self.limit.said() if self.limit else None,
+            "paused_by": p.by if p else None,
+            "paused_at": p.at.isoformat() if p else None,
+            "reason": p.reason if p else None,
+        }
+
+
+def destination_states(
+    stored: Mapping[str, int], limits: Sequence[Limit], pauses: Sequence[Pause]
+) -> list[DestinationState]:
+    """Every destination with messages stored, then every limit's and pause's own name not
+    among them (a pattern, a drained destination), each with the limit and pause that govern it."""
+    names = list(stored)
+    names += [
+        n
+        for n in dict.fromkeys([*(x.destination for x in limits), *(p.destination for p in pauses)])
+        if n not in stored
+    ]
+    return [DestinationState(n, stored.get(n, 0), limit_for(limits, n), pause_for(pauses, n)) for n in names]
 
 
 @dataclass(frozen=True, slots=True)

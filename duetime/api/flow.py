@@ -15,7 +15,7 @@ from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
 from duetime.interfaces import FlowControlStore
-from duetime.limits import COUNT_MOST, NAME_MOST, Limit, Pause, Rate, limit_for, pause_for
+from duetime.limits import COUNT_MOST, NAME_MOST, Limit, Pause, Rate, destination_states
 
 router = APIRouter(tags=["flow control"], responses=problems(501))
 
@@ -178,23 +178,10 @@ async def destinations(served: Annotated[Served, Depends(caller_with(Scope.READ)
     flow = _flow(api)
     counts = await api.within(api.store.counts(api.clock.now()))
     found, paused = await api.within(flow.limits()), await api.within(flow.paused())
-    stored = dict(counts.by_destination)
-    names = [*stored, *(x.destination for x in found if x.destination not in stored)]
-    names += [p.destination for p in paused if p.destination not in names]
-    rows = []
-    for name in names:
-        limit, pause = limit_for(found, name), pause_for(paused, name)
-        rows.append(
-            DestinationOut(
-                destination=name,
-                stored=stored.get(name, 0),
-                limit=limit.said() if limit else None,
-                paused_by=pause.by if pause else None,
-                paused_at=pause.at.isoformat() if pause else None,
-                reason=pause.reason if pause else None,
-            )
-        )
-    return rows
+    return [
+        DestinationOut.model_validate(state.as_json())
+        for state in destination_states(counts.by_destination, found, paused)
+    ]
 
 
 @router.post(

@@ -22,7 +22,7 @@ from duetime.cli.terminal import show as show_table
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError
 from duetime.interfaces import DelayedMessageStore, FlowControlStore, StoreCounts
-from duetime.limits import Limit, Pause, Rate, check_destination, limit_for, pause_for
+from duetime.limits import Limit, Pause, Rate, check_destination, destination_states
 from duetime.settings import DEFAULT_ENDPOINT
 
 T = TypeVar("T")
@@ -226,22 +226,8 @@ def destinations(
         return await s.limits(), await s.paused(), counts
 
     limits, pauses, counts = _with_flow(store, endpoint, read)
-    stored = dict(counts.by_destination)
-    names = [*stored, *(x.destination for x in limits if x.destination not in stored)]
-    names += [p.destination for p in pauses if p.destination not in names]
-    rows = []
-    for name in names:
-        limit, paused = limit_for(limits, name), pause_for(pauses, name)
-        rows.append(
-            {
-                "destination": name,
-                "stored": stored.get(name, 0),
-                "limit": limit.said() if limit else None,
-                "paused_by": paused.by if paused else None,
-                "paused_at": paused.at.isoformat(timespec="seconds") if paused else None,
-                "reason": paused.reason if paused else None,
-            }
-        )
+    states = destination_states(counts.by_destination, limits, pauses)
+    rows = [state.as_json() for state in states]
     if as_json:
         sys.stdout.writelines(json.dumps(r) + "\n" for r in rows)
         return
@@ -249,14 +235,14 @@ def destinations(
         err.print("nothing stored, no limits, no pauses")
         return
     grid = table("destination", "stored", "limit", "paused", free=("paused",))
-    for r in rows:
-        mark = f"by {r['paused_by']} at {r['paused_at']}" + (f": {r['reason']}" if r["reason"] else "")
-        grid.add_row(
-            str(r["destination"]),
-            f"{r['stored']:,}",
-            str(r["limit"] or "-"),
-            mark if r["paused_by"] else "-",
+    for state in states:
+        p = state.pause
+        mark = (
+            f"by {p.by} at {p.at.isoformat(timespec='seconds')}" + (f": {p.reason}" if p.reason else "")
+            if p
+            else "-"
         )
+        grid.add_row(state.destination, f"{state.stored:,}", state.limit.said() if state.limit else "-", mark)
     show_table(grid)
     if counts.held:
         err.print(f"{counts.held:,} due messages wait for a limit's turn or a resume")

@@ -70,7 +70,7 @@ from duetime.interfaces import (
     cursor_text,
     read_cursor,
 )
-from duetime.limits import Limit, Pause, Rate, check_destination, limit_for, pause_for
+from duetime.limits import Limit, Pause, Rate, check_destination, destination_states
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
 from duetime.message import DelayedMessage, check_due_time
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths
@@ -404,20 +404,23 @@ async def _flow_look(store: DelayedMessageStore, destinations: list[str]) -> Flo
         limits, pauses = await store.limits(), await store.paused()
     except ConfigurationError:  # a store of the user's that keeps none
         return FlowLook(False)
-    shown = set(destinations)
-    others = sorted(({x.destination for x in limits} | {p.destination for p in pauses}) - shown)
-    names = [*destinations, *others]
+    states = destination_states(dict.fromkeys(destinations, 0), limits, pauses)
     return FlowLook(
         True,
-        {n: x.said() for n in names if (x := limit_for(limits, n)) is not None},
-        {n: p for n in names if (p := pause_for(pauses, n)) is not None},
-        others,
+        {d.destination: d.limit.said() for d in states if d.limit is not None},
+        {d.destination: d.pause for d in states if d.pause is not None},
+        [d.destination for d in states[len(destinations) :]],
         {x.destination for x in limits},
     )
 
 
-async def _destination_action(request: Request, pause: bool) -> Response:
-    """Pause or resume a destination from the overview (who: the dashboard's user)."""
+FlowChange = Callable[[FlowControlStore, str, str, FormData], Awaitable[str]]
+
+
+async def _flow_change(request: Request, change: FlowChange) -> Response:
+    """A change of a destination's limit or pause from the overview: the form's CSRF token
+    checked, the change made (``change`` answers the note, or raises ConfigurationError with the
+    line that says why not), who made it the dashboard's user."""
     dashboard, form, endpoint, _ = await _form(request)
     if not dashboard.can_change:
         return _read_only()
@@ -425,74 +428,58 @@ async def _destination_action(request: Request, pause: bool) -> Response:
     store = dashboard.stores[endpoint]
     if not isinstance(store, FlowControlStore):
         return _done(request, back, "this store keeps no flow-control limits", error=True)
-    name = str(form.get("destination") or "")
+    who = f"{dashboard.credentials.user if dashboard.credentials else 'dashboard'} (dashboard)"
     try:
-        if pause:
-            who = dashboard.credentials.user if dashboard.credentials else "dashboard"
-            made = Pause(name, f"{who} (dashboard)", SYSTEM.now(), str(form.get("reason") or ""))
-            done = await store.pause_destination(made)
-        else:
-            check_destination(name)
-            done = await store.resume_destination(name)
+        note = await change(store, str(form.get("destination") or ""), who, form)
     except ConfigurationError as error:
         return _done(request, back, str(error), error=True)
-    if not done:
-        return _done(request, back, f"{name!r} is {'paused already' if pause else 'not paused'}", error=True)
-    log.info("dashboard: %s %s in endpoint %s", "paused" if pause else "resumed", name, endpoint)
-    return _done(request, back, f"{'paused' if pause else 'resumed'} {name}")
+    log.info("dashboard: %s in endpoint %s", note, endpoint)
+    return _done(request, back, note)
 
 
-async def _limit_action(request: Request, remove: bool) -> Response:
-    """Set or remove a destination's limit from the overview (who: the dashboard's user)."""
-    dashboard, form, endpoint, _ = await _form(request)
-    if not dashboard.can_change:
-        return _read_only()
-    back = _safe_back(str(form.get("back") or ""), f"/?endpoint={endpoint}")
-    store = dashboard.stores[endpoint]
-    if not isinstance(store, FlowControlStore):
-        return _done(request, back, "this store keeps no flow-control limits", error=True)
-    name = str(form.get("destination") or "")
-    try:
-        if remove:
-            check_destination(name)
-            if not await store.remove_limit(name):
-                return _done(request, back, f"{name!r} has no limit of its own", error=True)
-            log.info("dashboard: removed the limit of %s in endpoint %s", name, endpoint)
-            return _done(request, back, f"removed the limit of {name}")
-        rate_text = str(form.get("rate") or "").strip()
-        most = str(form.get("concurrency") or "").strip()
-        if most and not most.isdigit():
-            raise ConfigurationError(f"concurrency {most!r} is not a whole number")
-        who = dashboard.credentials.user if dashboard.credentials else "dashboard"
-        limit = Limit(
-            name,
-            Rate.parse(rate_text) if rate_text else None,
-            int(most) if most else None,
-            None,
-            f"{who} (dashboard)",
-            SYSTEM.now(),
-        )
-        await store.set_limit(limit)
-    except ConfigurationError as error:
-        return _done(request, back, str(error), error=True)
-    log.info("dashboard: limited %s to %s in endpoint %s", name, limit.said(), endpoint)
-    return _done(request, back, f"limited {name} to {limit.said()}")
+async def _pause(store: FlowControlStore, name: str, who: str, form: FormData) -> str:
+    if not await store.pause_destination(Pause(name, who, SYSTEM.now(), str(form.get("reason") or ""))):
+        raise ConfigurationError(f"{name!r} is paused already")
+    return f"paused {name}"
+
+
+async def _resume(store: FlowControlStore, name: str, who: str, form: FormData) -> str:
+    if not await store.resume_destination(check_destination(name)):
+        raise ConfigurationError(f"{name!r} is not paused")
+    return f"resumed {name}"
+
+
+async def _limit(store: FlowControlStore, name: str, who: str, form: FormData) -> str:
+    rate, most = str(form.get("rate") or "").strip(), str(form.get("concurrency") or "").strip()
+    if most and not most.isdigit():
+        raise ConfigurationError(f"concurrency {most!r} is not a whole number")
+    limit = Limit(
+        name, Rate.parse(rate) if rate else None, int(most) if most else None, None, who, SYSTEM.now()
+    )
+    await store.set_limit(limit)
+    return f"limited {name} to {limit.said()}"
+
+
+async def _unlimit(store: FlowControlStore, name: str, who: str, form: FormData) -> str:
+    if not await store.remove_limit(check_destination(name)):
+        raise ConfigurationError(f"{name!r} has no limit of its own")
+    return f"removed the limit of {name}"
 
 
 async def destinations_limit(request: Request) -> Response:
-    return await _limit_action(request, False)
+    return await _flow_change(request, _limit)
 
 
 async def destinations_unlimit(request: Request) -> Response:
-    return await _limit_action(request, True)
+    return await _flow_change(request, _unlimit)
 
 
 async def destinations_pause(request: Request) -> Response:
-    return await _destination_action(request, True)
+    return await _flow_change(request, _pause)
 
 
 async def destinations_resume(request: Request) -> Response:
-    return await _destination_action(request, False)
+    return await _flow_change(request, _resume)
 
 
 def _delivered_label(sampled: float) -> str:

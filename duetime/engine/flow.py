@@ -69,8 +69,6 @@ class FlowControl:
         self._horizon: dict[str, datetime] = {}
         #: Bucket -> a running mean of a send's seconds (how soon a slot comes free).
         self._send_seconds: dict[str, float] = {}
-        #: Messages held back since the start (metrics and the summary read it).
-        self.held_total = 0
         #: The store keeps no limits (it said so once): nothing is asked again.
         self.unkept = False
         #: Limits and pauses seen gone, by destination or pattern, and when: a message due before
@@ -162,7 +160,6 @@ class FlowControl:
         if hold:
             await self.store.hold(hold)
             admitted.held = len(hold)
-            self.held_total += len(hold)
         if admitted.send and len(admitted.send) < len(batch):
             order = {m.message_id: i for i, m in enumerate(batch)}
             admitted.send.sort(key=lambda m: order[m.message_id])

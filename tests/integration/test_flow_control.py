@@ -188,8 +188,10 @@ def test_a_key_limit_keeps_one_customers_storm_from_holding_back_the_others(tmp_
             by_key.setdefault(r.headers["customer-id"], []).append(r.at)
         for key, times in by_key.items():
             times.sort()
-            per_second = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0
-            assert per_second <= 5 * 1.1, (key, per_second)
+            # n at 5 a second take (n - 1) turns of 0.2 s, less the 0.3 s of late turns made up
+            # (1.5 turns), with the receiver's 5 % of timing: never faster
+            least = (len(times) - 1 - 1.5) * 0.2 * 0.95
+            assert times[-1] - times[0] >= least, (key, len(times), times[-1] - times[0])
         assert len(by_key["big"]) < 200, "the big customer went faster than its limit"
 
 
@@ -397,3 +399,47 @@ def test_an_exactly_once_dispatcher_keeps_the_limit_and_a_kill_doubles_nothing(
         assert paced[-1] - paced[0] >= (200 - 8) / 20 * 0.95, (
             paced[-1] - paced[0]
         )  # never faster than the limit
+
+
+def test_every_bad_flow_control_command_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
+    """Each mistake a user types: one line saying what to give, exit 1, no traceback, and the
+    limits and pauses as they were; `limits remove`, `destinations resume` and `list` as typed."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    ok("setup", "--store", url)
+    ok("limits", "set", "kept", "--rate", "5/s", "--store", url)
+    ok("destinations", "pause", "held", "--by", "ann", "--store", url)
+    file = tmp_path / "one.jsonl"
+    file.write_text(json.dumps({"destination": "q", "body": "x", "delay": "1h"}) + "\n")
+    bad = [
+        ("limits", "set", "x", "--rate", "5/fortnight"),
+        ("limits", "set", "x", "--rate", "0/s"),
+        ("limits", "set", "x"),
+        ("limits", "set", "x", "--concurrency", "0"),
+        ("limits", "set", "x", "--rate", "5/s", "--burst", "0"),
+        ("limits", "set", "x", "--rate", "5/s", "--key", "not a header"),
+        ("limits", "set", " ", "--rate", "5/s"),
+        ("limits", "set", "x" * 201, "--rate", "5/s"),
+        ("limits", "remove", "nothing"),
+        ("destinations", "pause", "held"),
+        ("destinations", "pause", "x", "--reason", "two\nlines"),
+        ("destinations", "resume", "nothing"),
+        ("errors", "retry", "--all", "--yes", "--spread", "soon"),
+        ("load", str(file), "--spread", "soon"),
+        ("recurring", "add", "r", "q", "--every", "1m", "--jitter", "3d"),
+    ]
+    for args in bad:
+        done = run_cli(*args, "--store", url)
+        assert done.returncode != 0, args
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, (args, done.stderr)
+    limits = [json.loads(x) for x in ok("limits", "list", "--json", "--store", url).splitlines()]
+    assert [(r["destination"], r["rate"]) for r in limits] == [("kept", "5/s")]
+    listed = [json.loads(x) for x in ok("destinations", "list", "--json", "--store", url).splitlines()]
+    assert [(r["destination"], r["paused_by"], r["limit"]) for r in listed] == [
+        ("kept", None, "5/s"),
+        ("held", "ann", None),
+    ]
+    assert "resumed 'held'" in ok("destinations", "resume", "held", "--store", url)
+    assert "removed the limit for 'kept'" in ok("limits", "remove", "kept", "--store", url)
+    assert ok("limits", "list", "--json", "--store", url) == ""
+    assert ok("list", "--json", "--store", url) == ""  # the load with a bad --spread stored nothing
