@@ -195,7 +195,13 @@ class _Connection:
         if code != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
             raise TransportUnavailable(f"cannot subscribe to {topic!r}: {mqtt.error_string(code)}")
         self.subscribed[mid] = future
-        codes = await asyncio.wait_for(future, timeout)
+        try:
+            codes = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            self.subscribed.pop(mid, None)
+            raise TransportUnavailable(
+                f"the broker did not confirm a subscription to {topic!r} in {timeout:g} s; try again"
+            ) from None
         if any(c.is_failure for c in codes):
             raise MessageRefused(f"the broker refused a subscription to {topic!r}: {codes[0]}")
 
