@@ -90,6 +90,8 @@ class _Connection:
         self.lock = threading.Lock()
         self.arrived: asyncio.Queue[mqtt.MQTTMessage] = asyncio.Queue()
         self.subscribed: dict[int, asyncio.Future[list[ReasonCode]]] = {}
+        #: SUBACKs that came before ``subscribe`` noted their mid (paho's thread is that quick).
+        self.early_subscribed: dict[int, list[ReasonCode]] = {}
         self.lost: str | None = None
         self.maximum_packet: int | None = None
         #: the packet ids of messages handed out and not yet acknowledged
@@ -166,7 +168,10 @@ class _Connection:
     def _on_subscribe(
         self, client: Any, userdata: Any, mid: int, codes: list[ReasonCode], properties: Any
     ) -> None:
-        future = self.subscribed.pop(mid, None)
+        with self.lock:
+            future = self.subscribed.pop(mid, None)
+            if future is None:  # answered before subscribe() could note it, as a PUBACK can be
+                self.early_subscribed[mid] = codes
         if future is not None:
             self.loop.call_soon_threadsafe(self._set, future, codes)
 
@@ -194,11 +199,17 @@ class _Connection:
         code, mid = self.client.subscribe(topic, qos=1)
         if code != MQTTErrorCode.MQTT_ERR_SUCCESS or mid is None:
             raise TransportUnavailable(f"cannot subscribe to {topic!r}: {mqtt.error_string(code)}")
-        self.subscribed[mid] = future
+        with self.lock:
+            early = self.early_subscribed.pop(mid, None)
+            if early is None:
+                self.subscribed[mid] = future
+        if early is not None:
+            future.set_result(early)
         try:
             codes = await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            self.subscribed.pop(mid, None)
+            with self.lock:
+                self.subscribed.pop(mid, None)
             raise TransportUnavailable(
                 f"the broker did not confirm a subscription to {topic!r} in {timeout:g} s; try again"
             ) from None
