@@ -116,6 +116,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "prometheus_client": "metrics",
     "opentelemetry": "otel",
     "fastapi": "api",
+    "cryptography": "encryption",
     "pydantic": "api",
     "starlette": "dashboard",
     "uvicorn": "dashboard",

@@ -787,6 +787,55 @@ class SyncFlowControlStore(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Resealed:
+    """One step of a key rotation (:meth:`SealingStore.reseal`)."""
+
+    #: Messages looked at in this step.
+    seen: int
+    #: Sealed again with the primary key (or sealed for the first time: they were in plaintext).
+    resealed: int
+    #: To seal but left for the next pass: a dispatcher held them, or they changed meanwhile.
+    busy: int
+    #: Sealed with a key the keyring does not hold, or failing to authenticate: left as they are.
+    unreadable: int
+    #: The key each message of this step was sealed with when it was read ("" for plaintext).
+    by_key: Mapping[str, int]
+    #: Where the next step starts; None when this was the last.
+    after: tuple[datetime, str] | None
+
+
+@runtime_checkable
+class SealingStore(Protocol):
+    """A store that seals messages with a keyring (every store built on ``StoreRules``; see
+    :mod:`duetime.encryption`) and can seal what it holds again with the primary key, online."""
+
+    async def reseal(
+        self, after: tuple[datetime, str] | None, limit: int, *, look_only: bool = False
+    ) -> Resealed:
+        """Seal again each of the next ``limit`` messages (in due order after ``after``) that is
+        not sealed with the primary key; ``look_only`` counts by key and changes nothing."""
+        ...
+
+    async def reseal_schedules(self, *, look_only: bool = False) -> Mapping[str, int]:
+        """Seal every recurring schedule again with the primary key; how many are sealed with each
+        key after it ("" for plaintext)."""
+        ...
+
+
+@runtime_checkable
+class SyncSealingStore(Protocol):
+    """:class:`SealingStore`, blocking."""
+
+    def reseal(self, after: tuple[datetime, str] | None, limit: int, *, look_only: bool = False) -> Resealed:
+        """As :meth:`SealingStore.reseal`, blocking."""
+        ...
+
+    def reseal_schedules(self, *, look_only: bool = False) -> Mapping[str, int]:
+        """As :meth:`SealingStore.reseal_schedules`, blocking."""
+        ...
+
+
 @runtime_checkable
 class DueCounter(Protocol):
     """A store that counts what falls due by a time without counting everything else (the

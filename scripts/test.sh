@@ -2,7 +2,7 @@
 # The second command of the README: set up, lint, type-check and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,docs,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard,api,otel,webhooks,mqtt
+bash scripts/setup.sh dev,docs,postgres,mysql,rabbitmq,redis,nats,spark,celery,dramatiq,metrics,dashboard,api,otel,webhooks,mqtt,encryption
 # The servers and programs the tests talk to and run (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS,
 # Java 17 or newer, Chromium, ...): each found, installed from Debian's packages when this runs as root, and
 # started when it does not answer; scripts/services.py says how, and where the tests find each.

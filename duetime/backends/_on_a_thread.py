@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 from duetime.api_keys import ApiKey
 from duetime.backends._schedules import PLAN_AHEAD, PLAN_BATCH
 from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
-from duetime.backends._store import StoreRules, closed
+from duetime.backends._store import RESEAL_BATCH, StoreRules, closed
 from duetime.errors import ConfigurationError, TransportUnavailable
 from duetime.interfaces import (
     AsyncClosing,
@@ -35,6 +35,7 @@ from duetime.interfaces import (
     Page,
     Put,
     ReceivedMessage,
+    Resealed,
     StoreCounts,
     WakeupCallback,
 )
@@ -323,6 +324,14 @@ class AsyncStoreBridge(AsyncClosing):
 
     async def release_held(self) -> int:
         return await self._call(self.sync.release_held)
+
+    async def reseal(
+        self, after: tuple[datetime, str] | None, limit: int = RESEAL_BATCH, *, look_only: bool = False
+    ) -> Resealed:
+        return await self._call(functools.partial(self.sync.reseal, after, limit, look_only=look_only))
+
+    async def reseal_schedules(self, *, look_only: bool = False) -> dict[str, int]:
+        return await self._call(functools.partial(self.sync.reseal_schedules, look_only=look_only))
 
     async def list(self, query: ListQuery) -> Page:
         return await self._read(self.sync.list, query)

@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from itertools import islice
 
+from duetime.encryption import KEY_HEADER, PROBLEM_HEADER, Sealer, Unreadable, sealed_with
 from duetime.errors import (
+    ConfigurationError,
     InvalidSchedule,
     MessageInFlight,
     ScheduleExists,
@@ -103,6 +105,11 @@ class ScheduleRules(ABC):
     @abstractmethod
     def _announce(self, due_at: datetime) -> None: ...
 
+    @property
+    @abstractmethod
+    def sealer(self) -> Sealer | None:
+        """What seals and opens schedules (see StoreRules.sealer)."""
+
     @abstractmethod
     def cancel_group(self, group: str) -> int: ...
 
@@ -125,6 +132,21 @@ class ScheduleRules(ABC):
             return now
         return self.server_time() or self.clock.now()
 
+    # --- sealing (duetime.encryption): a schedule's body and headers are kept sealed, and its
+    # ticks copy them as they are, so planning never needs the keys --------------------------------
+    def _row_of(self, schedule: Schedule) -> ScheduleRow:
+        return (schedule if self.sealer is None else self.sealer.seal_schedule(schedule)).row()
+
+    def _schedule_of(self, row: ScheduleRow) -> Schedule:
+        """The stored schedule in plaintext, or still sealed with the reason it did not open."""
+        schedule = Schedule.from_row(row)
+        if self.sealer is None or KEY_HEADER not in schedule.headers:
+            return schedule
+        try:
+            return self.sealer.open_schedule(schedule)
+        except Unreadable as error:
+            return schedule.with_changes(headers={**schedule.headers, PROBLEM_HEADER: str(error)})
+
     # --- the rules ------------------------------------------------------------------------------
     def add_schedule(self, schedule: Schedule, now: datetime | None = None) -> Schedule:
         """Keep ``schedule`` and store its first ticks, planned from ``now`` (the store's time
@@ -141,7 +163,7 @@ class ScheduleRules(ABC):
         )
         if not schedule.paused:
             _plannable(plan(schedule, now, PLAN_AHEAD))
-        if not self._schedule_insert(schedule.row()):
+        if not self._schedule_insert(self._row_of(schedule)):
             raise ScheduleExists(
                 f"A schedule with id {schedule.schedule_id!r} exists; remove it first, or change it "
                 "with `duetime recurring change`."
@@ -160,7 +182,7 @@ class ScheduleRules(ABC):
             raise ScheduleNotFound(
                 f"No schedule {schedule_id!r} in this endpoint; `duetime recurring list` shows them."
             )
-        return Schedule.from_row(row)
+        return self._schedule_of(row)
 
     def list_schedules(self, after: str = "", limit: int = 100) -> builtins.list[Schedule]:
         """A page of schedules by id; pass the last id back as ``after``."""
@@ -169,7 +191,7 @@ class ScheduleRules(ABC):
                 "after is the last schedule id of the previous page: text without NUL bytes."
             )
         self._ready()
-        return [Schedule.from_row(r) for r in self._schedule_page(after, limit)]
+        return [self._schedule_of(r) for r in self._schedule_page(after, limit)]
 
     def change_schedule(
         self, schedule_id: str, change: Callable[[Schedule], Schedule], now: datetime | None = None
@@ -386,12 +408,31 @@ class ScheduleRules(ABC):
             row = self._schedule_get(schedule_id)
             if row is None:
                 raise ScheduleNotFound(f"No schedule {schedule_id!r} in this endpoint.")
-            changed = change(Schedule.from_row(row)).with_changes(
+            before = self._schedule_of(row)
+            changed = change(before).with_changes(
                 schedule_id=schedule_id, version=row.version, changed_at=now
             )
-            if self._schedule_update([(changed.row(), [])])[0]:
+            _check_sealed_change(before, changed)
+            if self._schedule_update([(self._row_of(changed), [])])[0]:
                 return changed.with_changes(version=row.version + 1)
         raise InvalidSchedule(f"The schedule {schedule_id!r} kept changing under this call; try again.")
+
+
+def _check_sealed_change(before: Schedule, after: Schedule) -> None:
+    """A schedule still sealed (no keyring here, or not its key) may be paused, resumed or
+    re-timed, but what it sends cannot be changed without opening it."""
+    kid = sealed_with(before.headers)
+    if kid is None:
+        return
+    if (before.destination, before.body, dict(before.headers)) != (
+        after.destination,
+        after.body,
+        dict(after.headers),
+    ):
+        raise ConfigurationError(
+            f"the schedule {before.schedule_id!r} is encrypted with key {kid!r}: to change what it sends, "
+            "set DUETIME_ENCRYPTION_KEYS to a keyring that holds that key."
+        )
 
 
 def _plan_row(

@@ -13,6 +13,7 @@ import builtins
 import json
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -23,6 +24,7 @@ from duetime.backends._schedules import ScheduleRules
 from duetime.backends._shared_commit import SharedCommits
 from duetime.backends.store_row import CLAIM_COLUMNS, STORE_COLUMNS
 from duetime.clock import SystemClock, to_micros
+from duetime.encryption import PROBLEM_HEADER, Sealer, Unreadable, sealed_with, sealer_from_environment
 from duetime.errors import (
     ApiKeyExists,
     ConfigurationError,
@@ -42,6 +44,7 @@ from duetime.interfaces import (
     NextDue,
     Page,
     Put,
+    Resealed,
     StoreCounts,
 )
 from duetime.limits import LIMITS, PAUSES, RATE_STATE, SLOT_STATE, Limit, Pause, Rate, RateGrant, record_name
@@ -57,10 +60,13 @@ from duetime.message import (
     check_text,
     dump_headers,
 )
-from duetime.settings import TransactionMode
+from duetime.recurring.schedule import Schedule
+from duetime.settings import ENCRYPTION_KEYS_VARIABLE, TransactionMode
 from duetime.webhooks import WebhookEndpoint
 
 T = TypeVar("T")
+#: Messages a step of a key rotation reads and seals again in one change.
+RESEAL_BATCH = 500
 
 #: The layout every store writes; a store refuses tables or keys written by a newer duetime, and
 #: asks for `duetime setup` (which upgrades in place) on ones written by an older one.
@@ -187,6 +193,11 @@ def _keeps_no_limits(store: object) -> ConfigurationError:
     )
 
 
+def _unknown_key(message: DelayedMessage, sealer: Sealer) -> bool:
+    kid = sealed_with(message.headers) if PROBLEM_HEADER in message.headers else None
+    return kid is not None and kid not in sealer.keyring.keys
+
+
 def closed() -> StoreNotReady:
     return StoreNotReady("The store is closed (it, or the client holding it, was closed); open a new one.")
 
@@ -302,6 +313,9 @@ class StoreRules(ScheduleRules, Closing, ABC):
         self._shared = SharedCommits(self.store_many)
         #: The flow-control state this store last saw of each bucket (:meth:`_swapping`).
         self._seen: dict[tuple[str, str], str | None] = {}
+        #: A sealer given to this store (tests, a program of its own); else the environment's.
+        self._sealer: Sealer | None = None
+        self._sealer_given = False
 
     # --- what a backend supplies -----------------------------------------------------------
     @abstractmethod
@@ -506,10 +520,38 @@ class StoreRules(ScheduleRules, Closing, ABC):
                 raise duplicate_id(m.message_id)
             seen.add(m.message_id)
         try:
-            self._insert(messages)
+            self._insert(self._sealed(messages))
         except Duplicate as error:
             raise duplicate_id(error.message_id or self._first_stored(messages)) from None
         return len(messages)
+
+    # --- encryption at rest (duetime.encryption): every message in and out of the store goes
+    # through these two, so no reader or writer of any duetime store can forget it -------------
+    @property
+    def sealer(self) -> Sealer | None:
+        """What seals messages on the way in and opens them on the way out: the keyring
+        ``DUETIME_ENCRYPTION_KEYS`` names (taken up again when the file changes), or one given."""
+        return self._sealer if self._sealer_given else sealer_from_environment()
+
+    @sealer.setter
+    def sealer(self, value: Sealer | None) -> None:
+        self._sealer, self._sealer_given = value, True
+
+    def _sealed(self, messages: Sequence[DelayedMessage]) -> Sequence[DelayedMessage]:
+        sealer = self.sealer
+        return messages if sealer is None else [sealer.seal(m) for m in messages]
+
+    def _opened(self, messages: builtins.list[DelayedMessage]) -> builtins.list[DelayedMessage]:
+        sealer = self.sealer
+        if sealer is None:
+            return messages
+        opened = [sealer.opened(m) for m in messages]
+        if not self._sealer_given and any(_unknown_key(m, sealer) for m in opened):
+            # sealed with a key this process has not read yet (another wrote it a moment ago)
+            fresh = sealer_from_environment(now=True)
+            if fresh is not None and fresh is not sealer:
+                opened = [fresh.opened(m) for m in messages]
+        return opened
 
     def store_new(self, messages: Sequence[DelayedMessage]) -> int:
         """Store, together, those of ``messages`` whose id is not stored yet (the first of a
@@ -519,7 +561,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
         first: dict[str, DelayedMessage] = {}
         for m in messages:
             first.setdefault(check_storable(m).message_id, m)
-        fresh = list(first.values())
+        fresh = list(self._sealed(list(first.values())))
         for _ in range(NEW_ONLY_TRIES):
             there = self._stored_ids([m.message_id for m in fresh])
             fresh = [m for m in fresh if m.message_id not in there]
@@ -547,22 +589,23 @@ class StoreRules(ScheduleRules, Closing, ABC):
         if how is IfExists.REFUSE:
             self.store(message)
             return Put(message, "stored")
+        given, message = message, self._sealed([message])[0]
         replacing = how is not IfExists.KEEP
         for _ in range(NEW_ONLY_TRIES):
             if replacing and self._replaced(message):
-                return Put(message, "replaced")
+                return Put(given, "replaced")
             try:
                 self._insert([message])
-                return Put(message, "stored")
+                return Put(given, "stored")
             except Duplicate:
                 pass
             if replacing:
                 if self._replaced(message):
-                    return Put(message, "replaced")
+                    return Put(given, "replaced")
                 raise not_replaced(message.message_id)
             stored = self._get(message.message_id)
             if stored is not None:
-                return Put(stored, "kept")
+                return Put(self._opened([stored])[0], "kept")
             # cancelled or forwarded between the insert and the look: store it again
         raise duplicate_id(message.message_id)
 
@@ -585,13 +628,13 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def fetch_due(self, at: datetime, limit: int) -> list[DelayedMessage]:
         at = check_due_time(at, "at")
         self._ready()
-        return by_due(self._claim(at, at + self.claim_timeout, limit))
+        return self._opened(by_due(self._claim(at, at + self.claim_timeout, limit)))
 
     def fetch_due_and_next(self, at: datetime, limit: int) -> Claimed:
         at = check_due_time(at, "at")
         self._ready()
         messages, next_due = self._claim_and_next(at, at + self.claim_timeout, limit)
-        return Claimed(by_due(messages), next_due if len(messages) < limit else None)
+        return Claimed(self._opened(by_due(messages)), next_due if len(messages) < limit else None)
 
     def next_due(self) -> datetime | None:
         self._ready()
@@ -625,7 +668,8 @@ class StoreRules(ScheduleRules, Closing, ABC):
 
     def get(self, message_id: str) -> DelayedMessage | None:
         self._ready()
-        return self._get(message_id)
+        found = self._get(message_id)
+        return None if found is None else self._opened([found])[0]
 
     def cancel(self, message_id: str) -> bool:
         """Cancel a stored message; MessageInFlight while a dispatcher holds it."""
@@ -786,6 +830,75 @@ class StoreRules(ScheduleRules, Closing, ABC):
         self._ready()
         return self._release_held()
 
+    # --- encryption at rest: rotation (duetime.encryption) ---------------------------------------
+    def _need_sealer(self) -> Sealer:
+        if self.sealer is None:
+            raise ConfigurationError(
+                f"no keyring: set {ENCRYPTION_KEYS_VARIABLE} to the keyring file (`duetime keys new FILE` makes one)."
+            )
+        return self.sealer
+
+    def reseal(
+        self, after: tuple[datetime, str] | None, limit: int = RESEAL_BATCH, *, look_only: bool = False
+    ) -> Resealed:
+        """One step of a rotation: of the next ``limit`` messages in due order after ``after``,
+        each not sealed with the primary key (plaintext ones too) is sealed again with it, in one
+        change of the store's that skips a message a dispatcher holds or that changed since it was
+        read (the next pass takes it). Run again from the start, it does only what is left."""
+        sealer = None if look_only else self._need_sealer()
+        self._ready()
+        rows = self._select(ListQuery(limit=limit, after=after), limit + 1)
+        page = rows[:limit]
+        todo: builtins.list[tuple[DelayedMessage, DelayedMessage]] = []
+        unreadable = 0
+        for m in page:
+            if sealer is None or not sealer.needs_sealing(m):
+                continue
+            try:
+                todo.append((m, sealer.reseal(m)))
+            except Unreadable:
+                unreadable += 1
+        changed = self._reseal(todo) if todo else 0
+        keys = Counter(sealed_with(m.headers) or "" for m in page)
+        more = len(rows) > limit and bool(page)
+        return Resealed(
+            len(page),
+            changed,
+            len(todo) - changed,
+            unreadable,
+            dict(keys),
+            (page[-1].due_at, page[-1].message_id) if more else None,
+        )
+
+    def reseal_schedules(self, *, look_only: bool = False) -> dict[str, int]:
+        """Seal every recurring schedule again with the primary key (a compare-and-set each, as
+        every change of a schedule is); how many are sealed with each key after it."""
+        sealer = None if look_only else self._need_sealer()
+        self._ready()
+        keys: Counter[str] = Counter()
+        after = ""
+        while page := self._schedule_page(after, 500):
+            after = page[-1].schedule_id
+            for row in page:
+                kid = sealed_with(Schedule.from_row(row).headers)
+                if (
+                    sealer is not None
+                    and kid != sealer.keyring.primary
+                    and kid in (None, *sealer.keyring.keys)
+                ):
+                    self._set(row.schedule_id, lambda s: s, self._now(None))
+                    kid = sealer.keyring.primary
+                keys[kid or ""] += 1
+        return dict(keys)
+
+    def _reseal(self, pairs: Sequence[tuple[DelayedMessage, DelayedMessage]]) -> int:
+        """In one change where the store has them: for each (as read, sealed again), put the new
+        body and headers in place if no claim holds the message and it still holds what was read
+        (body and headers); how many changed."""
+        raise ConfigurationError(
+            f"{type(self).__name__} cannot seal stored messages again (it has no _reseal)."
+        )
+
     def _swapping(self, kind: str, name: str, change: Callable[[str | None], tuple[T, str]]) -> T:
         """Apply ``change`` (the state's text, None when there is none, to what it answers and
         the new text) by compare-and-set, again on the value another dispatcher put there
@@ -850,7 +963,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
         rows = self._select(query, query.limit + 1)
         page = rows[: query.limit]
         more = len(rows) > query.limit and bool(page)
-        return Page(page, (page[-1].due_at, page[-1].message_id) if more else None)
+        return Page(self._opened(page), (page[-1].due_at, page[-1].message_id) if more else None)
 
     def counts(self, at: datetime) -> StoreCounts:
         at = check_due_time(at, "at")

@@ -13,6 +13,8 @@ import json
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
+from duetime.encryption import KEY_HEADER, Unreadable, describe, sealer_from_environment
+from duetime.error_headers import ORIGINAL_DESTINATION
 from duetime.interfaces import ReceivedMessage
 
 #: How long a queue table's receive may keep a consumer's handled messages (its ``done``) before
@@ -72,9 +74,29 @@ def received(
     text_id = "" if message_id is None else as_text(message_id)
     if problem is None and not isinstance(message_id, str | bytes):
         problem = "the message has no id" if message_id is None else "the message id is not text"
-    return ReceivedMessage(
-        queue, text_id, decoded, read_body(body), receipt, int(delivery_count or 0), problem
-    )
+    data = read_body(body)
+    if KEY_HEADER in decoded and problem is None:
+        data, decoded, problem = _opened(queue, text_id, data, decoded)
+    return ReceivedMessage(queue, text_id, decoded, data, receipt, int(delivery_count or 0), problem)
+
+
+def _opened(
+    queue: str, message_id: str, body: bytes, headers: dict[str, str]
+) -> tuple[bytes, dict[str, str], str | None]:
+    """A message a store moved into its own queue still sealed (the exactly-once move is one
+    statement of the database's: it never sees the keys), opened for the consumer; still sealed,
+    with the reason as its problem, when it cannot be."""
+    sealer = sealer_from_environment()
+    if sealer is None:
+        return body, headers, describe(headers)
+    try:
+        # a failed copy on the error queue was sealed for the destination it failed to reach
+        plain, opened = sealer.open_parts(
+            message_id, headers.get(ORIGINAL_DESTINATION) or queue, body, headers
+        )
+    except Unreadable as error:
+        return body, headers, f"cannot be opened: {error}"
+    return plain, opened, None
 
 
 def _valid_text(text: str) -> str:

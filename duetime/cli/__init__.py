@@ -30,6 +30,7 @@ for _group in (
     "serve",
     "webhooks",
     "limits",
+    "keys",
 ):  # each adds its commands, in --help's order
     importlib.import_module(f"duetime.cli.{_group}")
 app.add_typer(bulk_app, name="bulk")

@@ -40,6 +40,7 @@ from duetime.cli.terminal import run_async as _run
 from duetime.cli.terminal import show as show_table
 from duetime.client import DelayedMessageClient, build_message
 from duetime.clock import SYSTEM
+from duetime.encryption import describe
 from duetime.errors import ConfigurationError, MessageInFlight, command, one_line
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.urls import redact
@@ -59,7 +60,12 @@ from duetime.message import DelayedMessage
 from duetime.nservicebus.frontdoor import front_door_queue
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths, without_queue
 from duetime.registry import check_store_exists, open_ready_store, open_store, open_transport
-from duetime.settings import DEFAULT_ENDPOINT, TRANSPORT_VARIABLE, DelayedDeliverySettings
+from duetime.settings import (
+    DEFAULT_ENDPOINT,
+    ENCRYPTION_KEYS_VARIABLE,
+    TRANSPORT_VARIABLE,
+    DelayedDeliverySettings,
+)
 
 
 @app.command()
@@ -306,7 +312,7 @@ def _message_row(m: DelayedMessage) -> dict[str, Any]:
         "headers": dict(m.headers),
         "size": len(m.body),
         "group": m.group,
-    }
+    } | ({"encrypted": sealed} if (sealed := describe(m.headers)) else {})
 
 
 async def _pages(
@@ -413,6 +419,11 @@ def show(
     if m is None:
         raise fail(f"no stored message {message_id!r} (already delivered, or cancelled?)")
     row = _message_row(m)
+    if "encrypted" in row:  # no keyring here, or not its key: what it holds is not shown
+        err.print(
+            f"the body is {row['encrypted']}: set {ENCRYPTION_KEYS_VARIABLE} to a keyring that holds it"
+        )
+        m = m.with_changes(body=b"")
     if as_json:
         try:
             row["body"] = m.body.decode()

@@ -34,6 +34,7 @@ from duetime.dashboard.security import (
     token_matches,
 )
 from duetime.dashboard.timeline import Timeline
+from duetime.encryption import describe
 from duetime.engine.deadline import within
 from duetime.engine.summary import LatenessHistogram
 from duetime.error_headers import (
@@ -609,8 +610,9 @@ async def message(request: Request) -> Response:
     if found is None:
         return _page(request, "message.html", dashboard, endpoint, m=None, message_id=message_id)
     body = found.body[:BODY_SHOWN]
+    sealed = describe(found.headers)
     try:
-        shown, kind = body.decode(), "text"
+        shown, kind = (sealed, "encrypted") if sealed else (body.decode(), "text")
     except UnicodeDecodeError:
         shown, kind = body.hex(" ", 16), "hex"
     headers = heapq.nsmallest(HEADERS_SHOWN + 1, found.headers.items())  # not all of a million sorted

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from duetime.encryption import sealed_problem
 from duetime.engine.calls import EngineCalls
 from duetime.engine.deadline import within
 from duetime.engine.failures import FailurePolicy
@@ -26,6 +27,7 @@ from duetime.engine.outages import Outages
 from duetime.engine.triage import Triage
 from duetime.engine.wakeups import WakeUps
 from duetime.error_headers import error_headers
+from duetime.errors import MessageRefused
 from duetime.interfaces import ClaimsWithNextDue, Clock, NextDue, TransactionalStore
 from duetime.message import DelayedMessage
 from duetime.settings import DelayedDeliverySettings
@@ -206,6 +208,12 @@ class AtLeastOnce:
 
     async def _send(self, batch: list[DelayedMessage], flow: FlowControl | None) -> None:
         e = self.e
+        sealed = [(m, MessageRefused(f"not delivered: {why}")) for m in batch if (why := sealed_problem(m))]
+        if sealed:  # never delivered as ciphertext: to the error queue with the reason, at once
+            await e.failures.failed(sealed)
+            batch = [m for m in batch if sealed_problem(m) is None]
+            if not batch:
+                return
         try:
             results = await e.calls.send(batch, "sending a batch")
         except Exception as error:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from duetime.backends._on_a_thread import AsyncStoreBridge
@@ -203,6 +203,18 @@ class SyncMemoryStore(StoreRules):
             for row in held:
                 row.free()
             return len(held)
+
+    def _reseal(self, pairs: Sequence[tuple[DelayedMessage, DelayedMessage]]) -> int:
+        changed = 0
+        with self._lock:
+            for old, new in pairs:
+                row = self._rows.get(old.message_id)
+                if row is None or (row.claimed_until is not None and not row.held):
+                    continue
+                if (row.message.body, dict(row.message.headers)) == (old.body, dict(old.headers)):
+                    row.message = replace(row.message, body=new.body, headers=new.headers)
+                    changed += 1
+        return changed
 
     def _get(self, message_id: str) -> DelayedMessage | None:
         with self._lock:

@@ -261,6 +261,16 @@ UPDATE {table} SET claim_token = {held}, claimed_until = %s WHERE message_id = %
 -- name: release_held
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE claim_token = {held};
 
+-- Rotation (duetime keys rotate): a message's content as it is, locked, if no dispatcher holds
+-- it (skipped, not waited for), and its content sealed again with the primary key.
+-- name: reseal_look
+SELECT message_id, headers, body FROM {table}
+WHERE message_id IN %s AND (claim_token IS NULL OR claim_token = {held})
+FOR UPDATE SKIP LOCKED;
+
+-- name: reseal
+UPDATE {table} SET headers = %s, body = %s WHERE message_id = %s;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS duetime_schedules (

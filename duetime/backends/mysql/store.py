@@ -56,7 +56,7 @@ from duetime.errors import (
 from duetime.inputs.identifiers import check_name, mariadb_name
 from duetime.inputs.urls import number_option, redact, url_options
 from duetime.interfaces import ListQuery, NextDue, StoreCounts
-from duetime.message import DelayedMessage
+from duetime.message import DelayedMessage, dump_headers
 from duetime.recurring.schedule import ScheduleRow
 from duetime.settings import TransactionMode
 
@@ -561,6 +561,24 @@ class SyncMysqlStore(StoreRules):
 
     def _release_held(self) -> int:
         return self._execute(self.q["release_held"])
+
+    def _reseal(self, pairs: Sequence[tuple[DelayedMessage, DelayedMessage]]) -> int:
+        q = self.q
+        wanted = {old.message_id: (old, new) for old, new in pairs}
+
+        def work(cur: Any) -> int:
+            cur.execute(q["reseal_look"], (tuple(wanted),))
+            changes = [
+                (dump_headers(new.headers), new.body, i)
+                for i, headers, body in cur.fetchall()
+                for old, new in (wanted[i],)
+                if (load_headers(headers), bytes(body)) == (dict(old.headers), old.body)
+            ]
+            if changes:
+                cur.executemany(q["reseal"], changes)
+            return len(changes)
+
+        return int(self._run(work, transaction=True)) if wanted else 0
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         where, params = sql_filters(query, "%({})s", to_micros)

@@ -514,6 +514,17 @@ FROM unnest(%(ids)s::text[], %(untils)s::timestamptz[]) AS h (id, until) WHERE t
 -- name: release_held
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE claim_token = {held};
 
+-- Rotation (duetime keys rotate): a message's content as it is, locked, if no dispatcher holds
+-- it (one whose row a dispatcher has locked is skipped, not waited for), and its content sealed
+-- again with the primary key.
+-- name: reseal_look
+SELECT message_id, headers::text, body FROM {table}
+WHERE message_id = ANY(%(ids)s) AND (claim_token IS NULL OR claim_token = {held})
+FOR UPDATE SKIP LOCKED;
+
+-- name: reseal
+UPDATE {table} SET headers = %(headers)s, body = %(body)s WHERE message_id = %(id)s;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS {schedules} (

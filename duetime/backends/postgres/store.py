@@ -32,6 +32,7 @@ from duetime.backends._store import (
     StoreRules,
     change_in_use,
     check_store_columns,
+    load_headers,
     sql_filters,
 )
 from duetime.backends.postgres.connection import (
@@ -482,6 +483,21 @@ class SyncPostgresStore(StoreRules):
 
     def _release_held(self) -> int:
         return self._rowcount(self.names.q["release_held"], {})
+
+    def _reseal(self, pairs: Sequence[tuple[DelayedMessage, DelayedMessage]]) -> int:
+        q = self.names.q
+        wanted = {old.message_id: (old, new) for old, new in pairs}
+        with pooled(self.pool, self.options) as conn, conn.transaction():
+            rows = conn.execute(q["reseal_look"], {"ids": list(wanted)}).fetchall()
+            changes = [
+                {"id": i, "headers": dump_headers(new.headers), "body": new.body}
+                for i, headers, body in rows
+                for old, new in (wanted[i],)
+                if (load_headers(headers), bytes(body)) == (dict(old.headers), old.body)
+            ]
+            if changes:
+                conn.cursor().executemany(q["reseal"], changes)
+        return len(changes)
 
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:

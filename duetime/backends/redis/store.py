@@ -155,6 +155,7 @@ class SyncRedisStore(StoreRules):
         self._store_script = self.client.register_script(load_script("store_many.lua"))
         self._change_script = self.client.register_script(load_script("change.lua"))
         self._replace_script = self.client.register_script(load_script("replace.lua"))
+        self._reseal_script = self.client.register_script(_RESEAL)
         self._cancel_group_script = self.client.register_script(load_script("cancel_group.lua"))
         self._destinations_script = self.client.register_script(load_script("destinations.lua"))
         self._pick_script = self.client.register_script(load_script("pick.lua"))
@@ -510,6 +511,25 @@ class SyncRedisStore(StoreRules):
     def _release_held(self) -> int:
         return int(self.client.eval(_RELEASE_HELD, 3, *self._k("claims", "ready", "due")))
 
+    def _reseal(self, pairs: Sequence[tuple[DelayedMessage, DelayedMessage]]) -> int:
+        """A compare-and-set of each payload as stored (read first, so the comparison is of what
+        the store holds byte for byte), skipped while a claim holds the message."""
+        if not pairs:
+            return 0
+        keys = self._k("payload", "claims")
+        stored = self.client.hmget(keys[0], [old.message_id for old, _ in pairs])
+        args: list[Any] = []
+        for (old, new), raw in zip(pairs, stored, strict=True):
+            if raw is None:
+                continue
+            now = _message(old.message_id, raw, 0, 0)
+            if (now.body, dict(now.headers)) == (old.body, dict(old.headers)):
+                args += [old.message_id, raw, _payload(replace(now, body=new.body, headers=new.headers))]
+        if not args:
+            return 0
+        changed = self._write(self._reseal_script, keys, args, "message sealed again", lambda a: int(a) == 0)
+        return int(changed)
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         """Walks the by-due index in pages from the lowest due time the query allows, filtering;
         a small group's listing reads the group's members instead (a walk would pass over the
@@ -666,6 +686,19 @@ for i = 1, #flat, 2 do
     end
 end
 return released
+"""
+#: Rotation: each (id, payload as read, payload sealed again) changed if the payload is still
+#: the one read and no claim holds the message (a held one's negative time is no claim).
+_RESEAL = """
+local changed = 0
+for i = 1, #ARGV, 3 do
+    local claim = redis.call('HGET', KEYS[2], ARGV[i])
+    if not (claim and tonumber(claim) >= 0) and redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+        redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+        changed = changed + 1
+    end
+end
+return changed
 """
 
 

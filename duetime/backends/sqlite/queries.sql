@@ -331,6 +331,14 @@ UPDATE {table} SET claim_token = {held}, claimed_until = ? WHERE message_id = ?;
 -- name: release_held
 UPDATE {table} SET claim_token = NULL, claimed_until = NULL WHERE claim_token = {held};
 
+-- Rotation (duetime keys rotate): a message's content as it is, if no dispatcher holds it, and
+-- its content sealed again with the primary key.
+-- name: reseal_look
+SELECT headers, body FROM {table} WHERE message_id = ? AND (claim_token IS NULL OR claim_token = {held});
+
+-- name: reseal
+UPDATE {table} SET headers = ?, body = ? WHERE message_id = ?;
+
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table
 CREATE TABLE IF NOT EXISTS duetime_schedules (

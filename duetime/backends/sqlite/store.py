@@ -55,7 +55,13 @@ from duetime.clock import from_micros, to_micros
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, url_options
 from duetime.interfaces import ListQuery, Moved, MoveOutcome, NextDue, StoreCounts
-from duetime.message import DelayedMessage, check_due_time, outgoing_headers_json, traceparent_of
+from duetime.message import (
+    DelayedMessage,
+    check_due_time,
+    dump_headers,
+    outgoing_headers_json,
+    traceparent_of,
+)
 from duetime.recurring.schedule import ScheduleRow
 
 OPTIONS = {"table", "synchronous", "claim_timeout", "busy_timeout"}
@@ -316,6 +322,16 @@ class SyncSqliteStore(StoreRules):
 
     def _release_held(self) -> int:
         return self._write_each(self.q["release_held"], [()])
+
+    def _reseal(self, pairs: Sequence[tuple[DelayedMessage, DelayedMessage]]) -> int:
+        q, changed = self.q, 0
+        with self._lock, write_transaction(self._conn):
+            for old, new in pairs:
+                row = self._conn.execute(q["reseal_look"], (old.message_id,)).fetchone()
+                if row is not None and (load_headers(row[0]), bytes(row[1])) == (dict(old.headers), old.body):
+                    self._conn.execute(q["reseal"], (dump_headers(new.headers), new.body, old.message_id))
+                    changed += 1
+        return changed
 
     # --- recurring schedules ------------------------------------------------------------------
     def _schedule_insert(self, row: ScheduleRow) -> bool:
