@@ -177,6 +177,18 @@ class DbmSyncStore(StoreRules):
             self._put(message)
             return True
 
+    def _reseal(self, pairs: Sequence[tuple[DelayedMessage, DelayedMessage]]) -> int:
+        changed = 0
+        with self._lock:  # a key rotation: only what is still as read, and under no claim
+            for old, new in pairs:
+                if old.message_id not in self._db:
+                    continue
+                stored, held = self._row(old.message_id)
+                if held is None and (stored.body, dict(stored.headers)) == (old.body, dict(old.headers)):
+                    self._put(stored.with_changes(body=new.body, headers=new.headers))
+                    changed += 1
+        return changed
+
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
         with self._lock:
             return [m for m in by_due([m for m, _ in self._rows()]) if matches(query, m)][:limit]

@@ -56,9 +56,9 @@ def json_line(item: ReceivedMessage) -> str:
         body, encoding = item.body.decode(), "text"
     except UnicodeDecodeError:
         body, encoding = base64.b64encode(item.body).decode("ascii"), "base64"
-    return json.dumps(
-        {"id": item.message_id, "headers": dict(item.headers), "body": body, "encoding": encoding}
-    )
+    line = {"id": item.message_id, "headers": dict(item.headers), "body": body, "encoding": encoding}
+    # what could not be read as duetime wrote it (a sealed message this keyring cannot open)
+    return json.dumps(line | ({"problem": item.problem} if item.problem else {}))
 
 
 @queues_app.command("receive")

@@ -15,6 +15,7 @@ import pytest
 
 from duetime.api_keys import ApiKey, Scope, new_key
 from duetime.backends import ROUND_LIMIT, AsyncStoreBridge, StoreRules
+from duetime.encryption import Keyring, Sealer, sealed_problem, sealed_with
 from duetime.errors import (
     ApiKeyExists,
     ConfigurationError,
@@ -42,6 +43,7 @@ from duetime.interfaces import (
     RecurringStore,
     ReplacingStore,
     RetryingStore,
+    SealingStore,
     ServerClock,
     SyncDelayedMessageStore,
     WebhookStore,
@@ -95,8 +97,8 @@ class SyncSide:
     def __getattr__(self, name: str) -> Callable[..., Awaitable[object]]:
         method = getattr(self.sync, name)
 
-        async def call(*args: object) -> object:
-            return method(*args)
+        async def call(*args: object, **options: object) -> object:
+            return method(*args, **options)
 
         return call
 
@@ -1263,3 +1265,133 @@ class StoreContract:
             th.join()
         everything = [i for part in claimed for i in part]
         assert len(everything) == 400 and len(set(everything)) == 400
+
+    # --- encryption at rest (duetime.encryption): the store's rules seal and open -------------
+    @staticmethod
+    def _seal_with(store: object, keyring: Keyring | None) -> StoreRules:
+        rules = _rules_of(store)
+        rules.sealer = None if keyring is None else Sealer(keyring)
+        return rules
+
+    async def test_sealed_messages_hold_no_plaintext_at_rest_and_come_back_exact(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """Every way in seals (store, store_many, store_new, a replace) and every way out opens
+        (get, list, a claim), byte for byte; duetime's own headers stay readable."""
+        rules = self._seal_with(store, Keyring.new())
+        t = now()
+        secret = {"card": "4111-1111-SECRET", "ü": "ß-SECRET", "duetime-note": "kept"}
+
+        def made(i: int, body: bytes) -> DelayedMessage:
+            return DelayedMessage(f"sealed-{i}", "orders", t, body, secret)
+
+        originals = [made(0, b"\x00SECRET-BODY\xff"), made(1, b""), made(2, b"SECRET" * 100)]
+        await store.store(originals[0])
+        await store.store_many([originals[1]])
+        assert isinstance(store, NewOnlyStore) and isinstance(store, ReplacingStore)
+        await store.store_new([originals[2]])
+        replaced = made(0, b"SECRET-REPLACED")
+        assert (await store.put(replaced, IfExists.REPLACE)).outcome == "replaced"
+        originals[0] = replaced
+        for m in originals:
+            raw = rules._get(m.message_id)
+            assert raw is not None and b"SECRET" not in raw.body
+            assert not any("SECRET" in v for v in raw.headers.values())
+            assert raw.headers["duetime-note"] == "kept" and sealed_with(raw.headers) is not None
+            assert await store.get(m.message_id) == m
+        assert sorted((await store.list(ListQuery())).messages, key=lambda m: m.message_id) == originals
+        claimed = await store.fetch_due(t + timedelta(seconds=1), 10)
+        assert sorted(claimed, key=lambda m: m.message_id) == originals
+
+    async def test_a_sealed_message_that_does_not_open_says_why_and_is_never_given_as_plaintext(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """A row moved to another id, a changed byte, a key the keyring lacks: each comes out
+        still sealed with the reason, and a dispatcher would refuse to deliver it."""
+        ring = Keyring.new()
+        rules = self._seal_with(store, ring)
+        t = now()
+        await store.store(DelayedMessage("a", "orders", t, b"SECRET-A", {"k": "SECRET"}))
+        raw = rules._get("a")
+        assert raw is not None
+        rules._insert(
+            [raw.with_changes(message_id="moved"), raw.with_changes(message_id="b", destination="other")]
+        )
+        flipped = bytes([raw.body[0] ^ 1]) + raw.body[1:]
+        rules._insert([raw.with_changes(message_id="c", body=flipped)])
+        for message_id in ("moved", "b", "c"):
+            got = await store.get(message_id)
+            assert got is not None and b"SECRET" not in got.body
+            why = sealed_problem(got)
+            assert why is not None and "does not authenticate" in why
+        self._seal_with(store, Keyring.new())  # another keyring: not the key "a" was sealed with
+        got = await store.get("a")
+        assert got is not None and "which the keyring does not hold" in (sealed_problem(got) or "")
+        self._seal_with(store, None)  # no keyring at all
+        got = await store.get("a")
+        assert got is not None and "no keyring is set" in (sealed_problem(got) or "")
+        self._seal_with(store, ring)
+        assert await store.get("a") == DelayedMessage("a", "orders", t, b"SECRET-A", {"k": "SECRET"})
+
+    async def test_a_rotation_seals_everything_again_with_the_primary_and_leaves_what_a_dispatcher_holds(
+        self, store: DelayedMessageStore
+    ) -> None:
+        assert isinstance(store, SealingStore)
+        t = now()
+        self._seal_with(store, None)
+        plain = [msg(i, t + timedelta(hours=1)) for i in range(5)]
+        await store.store_many(plain)
+        old = Keyring.new("old")
+        rules = self._seal_with(store, old)
+        sealed = [msg(i, t + timedelta(minutes=i - 5)) for i in range(5, 10)]
+        await store.store_many(sealed)
+        claimed = await store.fetch_due(t + timedelta(minutes=1), 2)  # a dispatcher holds these
+        assert [m.message_id for m in claimed] == ["m-00005", "m-00006"]
+        new = old.with_new_key("new")
+        self._seal_with(store, new)
+        looked = await store.reseal(None, 100, look_only=True)
+        assert dict(looked.by_key) == {"": 5, "old": 5} and looked.resealed == 0
+        first, after = await store.reseal(None, 4), None
+        assert first.after is not None and first.seen == 4
+        rest = await store.reseal(first.after, 100)
+        assert rest.after is None and first.resealed + rest.resealed == 8 and first.busy + rest.busy == 2
+        keys = {
+            m.message_id: sealed_with(raw.headers)
+            for m in plain + sealed
+            if (raw := rules._get(m.message_id))
+        }
+        assert keys == {m.message_id: "old" if m in claimed else "new" for m in plain + sealed}
+        await store.release([m.message_id for m in claimed])
+        again = await store.reseal(after, 100)
+        assert again.resealed == 2 and dict(again.by_key) == {"new": 8, "old": 2}
+        assert dict((await store.reseal(None, 100, look_only=True)).by_key) == {"new": 10}
+        self._seal_with(store, new.without("old"))
+        assert sorted((await store.list(ListQuery())).messages, key=lambda m: m.message_id) == plain + sealed
+
+    async def test_a_sealed_schedule_keeps_its_body_sealed_and_its_ticks_open_exact(
+        self, store: DelayedMessageStore
+    ) -> None:
+        assert isinstance(store, RecurringStore) and isinstance(store, SealingStore)
+        ring = Keyring.new()
+        rules = self._seal_with(store, ring)
+        t0 = now()
+        every = Recurrence(every=timedelta(seconds=1))
+        made = new_schedule("sealed", "health", every, t0, body=b"SECRET-TICK", headers={"k": "SECRET"})
+        await store.add_schedule(made, t0)
+        row = rules._schedule_get("sealed")
+        assert row is not None and "SECRET" not in row.text
+        shown = await store.get_schedule("sealed")
+        assert shown.body == b"SECRET-TICK" and dict(shown.headers) == {"k": "SECRET"}
+        ticks = await ticks_of(store, "sealed")
+        assert ticks and all(m.body == b"SECRET-TICK" and m.headers["k"] == "SECRET" for m in ticks)
+        raw = rules._get(ticks[0].message_id)
+        assert raw is not None and b"SECRET" not in raw.body
+        changed = await store.change_schedule("sealed", lambda s: s.with_changes(body=b"SECRET-NEW"), t0)
+        assert changed.body == b"SECRET-NEW"
+        self._seal_with(store, ring.with_new_key("next"))
+        assert dict(await store.reseal_schedules()) == {"next": 1}
+        assert (await store.get_schedule("sealed")).body == b"SECRET-NEW"
+        self._seal_with(store, None)
+        with pytest.raises(ConfigurationError, match="encrypted with key 'next'"):
+            await store.change_schedule("sealed", lambda s: s.with_changes(body=b"garbled"), t0)
+        assert (await store.pause_schedule("sealed", t0)).paused  # what it sends stays as it was
