@@ -138,15 +138,15 @@ class Keyring:
     @classmethod
     def read(cls, path: str | Path) -> Keyring:
         """The keyring in ``path``; ConfigurationError in one line for anything wrong with it."""
-        where = f"the keyring {str(path)!r}"
+        where = repr(str(path))
         try:
             raw = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise ConfigurationError(
-                f"{where} does not exist; make one with `duetime keys new {path}`."
+                f"the keyring {where} does not exist; make one with `duetime keys new {path}`."
             ) from None
         except OSError as error:
-            raise ConfigurationError(f"cannot read {where}: {error.strerror or error}.") from None
+            raise ConfigurationError(f"cannot read the keyring {where}: {error.strerror or error}.") from None
         except UnicodeDecodeError:
             raise ConfigurationError(f"{where} is not a keyring (not text).") from None
         try:
