@@ -307,9 +307,6 @@ WHERE schemaname = %(schema)s AND tablename = %(table)s AND attname = 'destinati
 -- name: count_group
 SELECT count(*) FROM {table} WHERE group_key = %(group)s;
 
--- name: count_total
-SELECT count(*) FROM {table};
-
 -- The server's own time: due times and claims are compared with it, not the host's clock.
 -- name: server_time
 SELECT clock_timestamp();
@@ -326,8 +323,12 @@ SELECT count(*) FROM {table} WHERE claim_token = {held} AND claimed_until > %(at
 -- name: count_failing
 SELECT count(*) FROM {table} WHERE failure_count > 0;
 
+-- The destinations holding the most, and (on each row) how many the table holds in all: one scan
+-- for both (two scans of a few hundred thousand rows took over a second on a busy machine).
 -- name: count_by_destination
-SELECT destination, count(*) FROM {table} GROUP BY destination ORDER BY count(*) DESC LIMIT 1000;
+SELECT destination, n, sum(n) OVER () FROM (
+    SELECT destination, count(*) AS n FROM {table} GROUP BY destination
+) AS d ORDER BY n DESC LIMIT 1000;
 
 -- Asked only when count_by_destination came back full: how many destinations there are.
 -- name: count_destinations

@@ -588,14 +588,15 @@ class SyncPostgresStore(StoreRules):
 
             estimate = one("estimate_rows", {"regclass": names.qualified})[0][0]
             large = estimate > EXACT_COUNT_LIMIT
+            destinations = [] if large else one("count_by_destination")
             exact = StoreCounts(
-                total=estimate if large else one("count_total")[0][0],
+                total=estimate if large else int(destinations[0][2]) if destinations else 0,
                 due=one("count_due", {"at": at})[0][0],
                 # Leases anywhere, locks of this process (another process's locks do not show).
                 claimed=one("count_claimed", {"at": at})[0][0] + self._held.held_count(),
                 failing=one("count_failing")[0][0],
                 next_due=None,
-                by_destination={} if large else dict(one("count_by_destination")),
+                by_destination={d: int(n) for d, n, _ in destinations},
                 held=one("count_held", {"at": at})[0][0],
             )
             if not large:
