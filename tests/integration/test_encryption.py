@@ -264,7 +264,7 @@ def test_a_rotation_of_a_busy_store_killed_half_way_loses_nothing_and_leaves_eve
             time.sleep(4)
             rotating.send_signal(signal.SIGKILL)
             rotating.wait(10)
-            out = ok("keys", "rotate", "--store", url, timeout=600)
+            out = ok("keys", "rotate", "--store", url, timeout=max(600, WAITING / 200))
             assert "sealed again" in out
             counts = Counter[str]()
             for line in ok("keys", "list", "--count", "--store", url, "--json").splitlines():

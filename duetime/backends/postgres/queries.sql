@@ -524,7 +524,9 @@ WHERE message_id = ANY(%(ids)s) AND (claim_token IS NULL OR claim_token = {held}
 FOR UPDATE SKIP LOCKED;
 
 -- name: reseal
-UPDATE {table} SET headers = %(headers)s, body = %(body)s WHERE message_id = %(id)s;
+UPDATE {table} AS t SET headers = c.headers::json, body = c.body
+FROM unnest(%(ids)s::text[], %(headers)s::text[], %(bodies)s::bytea[]) AS c(id, headers, body)
+WHERE t.message_id = c.id;
 
 -- Recurring schedules (duetime.backends._schedules): a row per schedule, compare-and-set on version.
 -- name: create_schedule_table

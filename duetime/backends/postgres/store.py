@@ -490,13 +490,20 @@ class SyncPostgresStore(StoreRules):
         with pooled(self.pool, self.options) as conn, conn.transaction():
             rows = conn.execute(q["reseal_look"], {"ids": list(wanted)}).fetchall()
             changes = [
-                {"id": i, "headers": dump_headers(new.headers), "body": new.body}
+                new
                 for i, headers, body in rows
                 for old, new in (wanted[i],)
                 if (load_headers(headers), bytes(body)) == (dict(old.headers), old.body)
             ]
-            if changes:
-                conn.cursor().executemany(q["reseal"], changes)
+            if changes:  # one statement for the batch
+                conn.execute(
+                    q["reseal"],
+                    {
+                        "ids": [m.message_id for m in changes],
+                        "headers": [dump_headers(m.headers) for m in changes],
+                        "bodies": [m.body for m in changes],
+                    },
+                )
         return len(changes)
 
     # --- recurring schedules ------------------------------------------------------------------
