@@ -239,13 +239,15 @@ def claim_timeout_option(options: Mapping[str, str], default: timedelta | None =
 
 
 def sql_filters(
-    query: ListQuery, mark: str, to_db: Any = lambda moment: moment
+    query: ListQuery, mark: str, to_db: Any = lambda moment: moment, *, row_values: bool = False
 ) -> tuple[str, dict[str, Any]]:
     """The WHERE clause and parameters of a listing, for any SQL store.
 
     ``mark`` formats a parameter name for the driver (``":{}"`` or ``"%({})s"``); ``to_db`` turns a
     datetime into the column's type (microseconds for SQLite and MariaDB). Ordered by
-    ``(due_at, message_id)``, so the cursor is the last row's pair.
+    ``(due_at, message_id)``, so the cursor is the last row's pair. ``row_values``: the database
+    reads ``(due_at, message_id) > (d, i)`` as a range of its ``(due_at, message_id)`` index
+    (PostgreSQL, SQLite); MariaDB does not, and gets the same range written as two.
     """
     where: list[str] = ["1 = 1"]
     params: dict[str, Any] = {}
@@ -265,11 +267,17 @@ def sql_filters(
         where.append(f"due_at >= {mark.format('due_after')}")
         params["due_after"] = to_db(query.due_after)
     if query.after is not None:
-        # (due_at, message_id) > (d, i), written so that every database reads it as a range of
-        # the due-time index: MariaDB does not for a row comparison, and a page 25 days into a
-        # million messages read every row before it (63 s)
+        # (due_at, message_id) > (d, i) as a range of the (due_at, message_id) index, where a page
+        # starts at its cursor: a range of due_at alone read every row of the cursor's due time
+        # before it (a million messages due at one moment, as a bulk schedule stores them, were
+        # paged through in quadratic time), and MariaDB reads no row comparison as a range (a
+        # page 25 days into a million messages read every row before it, 63 s)
         due, ident = mark.format("after_due"), mark.format("after_id")
-        where.append(f"due_at >= {due} AND (due_at > {due} OR message_id > {ident})")
+        where.append(
+            f"(due_at, message_id) > ({due}, {ident})"
+            if row_values
+            else f"(due_at > {due} OR (due_at = {due} AND message_id > {ident}))"
+        )
         params["after_due"], params["after_id"] = to_db(query.after[0]), query.after[1]
     return " AND ".join(where), params
 

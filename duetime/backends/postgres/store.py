@@ -567,7 +567,7 @@ class SyncPostgresStore(StoreRules):
         return [ScheduleRow(r[0], r[1], r[2], int(r[3])) for r in rows]
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
-        where, params = sql_filters(query, "%({})s")
+        where, params = sql_filters(query, "%({})s", row_values=True)
         sql = (
             f"SELECT message_id, destination, due_at, headers::text, body, failure_count, group_key "
             f"FROM {self.names.qualified} WHERE {where} ORDER BY due_at, message_id LIMIT %(limit)s"

@@ -394,7 +394,7 @@ class SyncSqliteStore(StoreRules):
             yield self._reader
 
     def _select(self, query: ListQuery, limit: int) -> list[DelayedMessage]:
-        where, params = sql_filters(query, ":{}", to_micros)
+        where, params = sql_filters(query, ":{}", to_micros, row_values=True)
         sql = (
             f"SELECT {_COLUMNS} FROM {self.q['table']} WHERE {where} ORDER BY due_at, message_id LIMIT :limit"
         )
