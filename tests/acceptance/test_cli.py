@@ -343,14 +343,20 @@ def test_run_on_the_default_store_is_exactly_once_and_logs_one_line_records(cli,
     import time
 
     cli("setup", "--queue", "orders")
-    from tests.conftest import duetime_cmd
+    from tests.conftest import duetime_cmd, wait_until_serving
 
-    proc = subprocess.Popen(
-        duetime_cmd("run", "--log-format", "json"), cwd=tmp_path, stderr=subprocess.PIPE, text=True
-    )
-    time.sleep(3)
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            duetime_cmd("run", "--log-format", "json"), cwd=tmp_path, stderr=out, text=True
+        )
+    # stopped once it serves: a signal during its start (3 s of imports on a loaded machine) ends
+    # it before it has logged a line
+    wait_until_serving(log)
+    time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    stderr = log.read_text()
     records = [json.loads(line) for line in stderr.splitlines() if line.strip()]
     assert records, stderr
     started = [r for r in records if "dispatching endpoint" in r["message"]]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from duetime.limits import TURN_SLACK_MICROS
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.services import store_url, until
 from tests.webhook_receiver import Receiver, receiving
@@ -31,6 +32,10 @@ SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 #: The messages the rate case sends to its limited destination (50 a second: SIZE / 50 seconds);
 #: DUETIME_FLOW_SIZE=5000 runs the full-size case (100 s).
 SIZE = int(os.environ.get("DUETIME_FLOW_SIZE", "600"))
+#: What a loaded machine adds between a dispatcher's send and the receiver's clock, more to one
+#: request than to another (0.2 s seen with the whole suite beside the test): arrivals in a window
+#: may have been sent over that much more time, and a span of arrivals may be that much shorter.
+ARRIVAL_JITTER = 0.4
 #: How long the pause case waits with nothing delivered (30 s at full size).
 PAUSED_FOR = 30 if SIZE >= 5000 else 10
 
@@ -148,7 +153,10 @@ def test_a_rate_holds_across_dispatchers_and_a_kill_while_the_rest_goes_at_full_
         print(
             f"{kind}: 10 s windows {min(seen)}-{max(seen)}, drain {partner[-1] - partner[0]:.2f} s, twice {len(twice)}"
         )
-        assert min(seen) >= 475 and max(seen) <= 525, (min(seen), max(seen))
+        # at most the rate over the window, the 0.3 s of late turns made up, the burst of 1, and
+        # what the receiver's clock adds (ARRIVAL_JITTER); at least 5 % under the rate
+        most = 50 * (10 + TURN_SLACK_MICROS / 1e6 + ARRIVAL_JITTER) + 1
+        assert min(seen) >= 475 and max(seen) <= most, (min(seen), max(seen), most)
         drain = partner[-1] - partner[0]
         assert drain >= (SIZE - 20) / 50 * 0.95, (
             drain
@@ -189,8 +197,8 @@ def test_a_key_limit_keeps_one_customers_storm_from_holding_back_the_others(tmp_
         for key, times in by_key.items():
             times.sort()
             # n at 5 a second take (n - 1) turns of 0.2 s, less the 0.3 s of late turns made up
-            # (1.5 turns), with the receiver's 5 % of timing: never faster
-            least = (len(times) - 1 - 1.5) * 0.2 * 0.95
+            # (1.5 turns), less what the receiver's clock adds to one request and not another
+            least = (len(times) - 1 - 1.5) * 0.2 - ARRIVAL_JITTER
             assert times[-1] - times[0] >= least, (key, len(times), times[-1] - times[0])
         assert len(by_key["big"]) < 200, "the big customer went faster than its limit"
 
