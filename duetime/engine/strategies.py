@@ -208,10 +208,16 @@ class AtLeastOnce:
 
     async def _send(self, batch: list[DelayedMessage], flow: FlowControl | None) -> None:
         e = self.e
-        sealed = [(m, MessageRefused(f"not delivered: {why}")) for m in batch if (why := sealed_problem(m))]
-        if sealed:  # never delivered as ciphertext: to the error queue with the reason, at once
-            await e.failures.failed(sealed)
-            batch = [m for m in batch if sealed_problem(m) is None]
+        problems = [sealed_problem(m) for m in batch]
+        if any(problems):  # never delivered as ciphertext: to the error queue with the reason, at once
+            await e.failures.failed(
+                [
+                    (m, MessageRefused(f"not delivered: {why}"))
+                    for m, why in zip(batch, problems, strict=True)
+                    if why
+                ]
+            )
+            batch = [m for m, why in zip(batch, problems, strict=True) if not why]
             if not batch:
                 return
         try:

@@ -152,6 +152,11 @@ def test_nothing_at_rest_is_plaintext_and_the_exactly_once_move_delivers_exact_b
         assert sent_headers(line) == dict(m.headers)
 
 
+def flipped(body: bytes) -> bytes:
+    """``body`` with one bit of its last byte changed."""
+    return bytes(body[:-1]) + bytes([body[-1] ^ 1])
+
+
 def tamper(kind: str, url: str, folder: Path, message_id: str) -> None:
     """Change one byte of a stored body, as someone with write access to the database would."""
     if kind == "sqlite":
@@ -166,7 +171,7 @@ def tamper(kind: str, url: str, folder: Path, message_id: str) -> None:
                         f'SELECT body FROM "{table}" WHERE message_id = ?', (message_id,)
                     ).fetchone()
                     if row is not None:
-                        changed = bytes(row[0][:-1]) + bytes([row[0][-1] ^ 1])
+                        changed = flipped(row[0])
                         conn.execute(
                             f'UPDATE "{table}" SET body = ? WHERE message_id = ?', (changed, message_id)
                         )
@@ -185,7 +190,7 @@ def tamper(kind: str, url: str, folder: Path, message_id: str) -> None:
                 f'SELECT body FROM "{schema}"."{table}" WHERE message_id = %s', (message_id,)
             ).fetchone()
             if row is not None:
-                changed = bytes(row[0][:-1]) + bytes([row[0][-1] ^ 1])
+                changed = flipped(row[0])
                 conn.execute(
                     f'UPDATE "{schema}"."{table}" SET body = %s WHERE message_id = %s', (changed, message_id)
                 )
@@ -313,6 +318,13 @@ def test_the_keys_commands_teach_and_refuse_in_one_line(keyring: Path, tmp_path:
             done.stderr,
         )
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    done = run_cli("keys", "rotate", "--store", url, env={"DUETIME_ENCRYPTION_KEYS": ""})
+    assert (
+        done.returncode != 0
+        and "set DUETIME_ENCRYPTION_KEYS" in done.stderr
+        and "Traceback" not in done.stderr
+    )
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     (tmp_path / "broken.json").write_text("{not json")
     done = run_cli("keys", "list", str(tmp_path / "broken.json"))
     assert done.returncode != 0 and "not a keyring (not JSON)" in done.stderr
