@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import threading
 import uuid
@@ -93,14 +94,25 @@ class SyncSide:
 
     def __init__(self, sync: SyncDelayedMessageStore) -> None:
         self.sync = sync
+        # Each of the store's methods is an attribute of this object, not only an answer of
+        # __getattr__: since Python 3.12 isinstance() against a Protocol looks attributes up
+        # statically, so a capability the blocking store has must be found here the same way.
+        # (Looked up statically too: reading a property here could raise before initialize.)
+        for name in dir(sync):
+            if name.startswith("__") or hasattr(SyncSide, name):
+                continue
+            if callable(inspect.getattr_static(sync, name)):
+                self.__dict__[name] = self._awaitable(getattr(sync, name))
 
-    def __getattr__(self, name: str) -> Callable[..., Awaitable[object]]:
-        method = getattr(self.sync, name)
-
+    @staticmethod
+    def _awaitable(method: Callable[..., object]) -> Callable[..., Awaitable[object]]:
         async def call(*args: object, **options: object) -> object:
             return method(*args, **options)
 
         return call
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[object]]:
+        return self._awaitable(getattr(self.sync, name))
 
     def subscribe(self, callback: object) -> Callable[[], None]:
         return lambda: None
