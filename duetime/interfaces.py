@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from duetime.api_keys import ApiKey
+from duetime.audit import AuditEntry, AuditQuery
 from duetime.errors import ConfigurationError
 from duetime.inputs.durations import parse_time
 from duetime.limits import Limit, Pause, Rate, RateGrant
@@ -664,6 +665,40 @@ class SyncApiKeyStore(Protocol):
 
     def revoke_api_key(self, name: str, at: datetime) -> bool:
         """As :meth:`ApiKeyStore.revoke_api_key`, blocking."""
+        ...
+
+
+@runtime_checkable
+class AuditStore(Protocol):
+    """A store that keeps the audit trail of the changes made to it (every duetime store does,
+    in its named records): who, when, what, the ids, from where (:mod:`duetime.audit`)."""
+
+    async def audit(self, entry: AuditEntry) -> None:
+        """Keep ``entry``."""
+
+    async def audit_entries(self, query: AuditQuery) -> tuple[list[AuditEntry], str | None]:
+        """A page of the trail, newest first (or oldest first, as the query says), and the
+        cursor of the next page (None on the last)."""
+        ...
+
+    async def prune_audit(self, before: datetime) -> int:
+        """Forget the entries from before ``before``; how many."""
+        ...
+
+
+@runtime_checkable
+class SyncAuditStore(Protocol):
+    """The blocking twin of :class:`AuditStore`."""
+
+    def audit(self, entry: AuditEntry) -> None:
+        """As :meth:`AuditStore.audit`, blocking."""
+
+    def audit_entries(self, query: AuditQuery) -> tuple[list[AuditEntry], str | None]:
+        """As :meth:`AuditStore.audit_entries`, blocking."""
+        ...
+
+    def prune_audit(self, before: datetime) -> int:
+        """As :meth:`AuditStore.prune_audit`, blocking."""
         ...
 
 

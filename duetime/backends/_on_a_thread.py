@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from duetime.api_keys import ApiKey
+from duetime.audit import AuditEntry, AuditQuery
 from duetime.backends._schedules import PLAN_AHEAD, PLAN_BATCH
 from duetime.backends._shared_commit import AsyncSharedCommits, Outcome, store_round
 from duetime.backends._store import RESEAL_BATCH, StoreRules, closed
@@ -279,6 +280,15 @@ class AsyncStoreBridge(AsyncClosing):
 
     async def revoke_api_key(self, name: str, at: datetime) -> bool:
         return await self._call(self.sync.revoke_api_key, name, at)
+
+    async def audit(self, entry: AuditEntry) -> None:
+        await self._call(self.sync.audit, entry)
+
+    async def audit_entries(self, query: AuditQuery) -> tuple[builtins.list[AuditEntry], str | None]:
+        return await self._read(self.sync.audit_entries, query)
+
+    async def prune_audit(self, before: datetime) -> int:
+        return await self._call(self.sync.prune_audit, before)
 
     async def add_webhook(self, webhook: WebhookEndpoint) -> None:
         await self._call(self.sync.add_webhook, webhook)

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from duetime.api_keys import ApiKey
+from duetime.audit import AUDIT, AuditEntry, AuditQuery, in_range, key_at, page_of
 from duetime.backends._schedules import ScheduleRules
 from duetime.backends._shared_commit import SharedCommits
 from duetime.backends.store_row import CLAIM_COLUMNS, STORE_COLUMNS
@@ -784,6 +785,35 @@ class StoreRules(ScheduleRules, Closing, ABC):
     def remove_webhook(self, name: str) -> bool:
         """Forget the webhook and its secrets; False if there is none of that name."""
         return self._record_delete(self._ready(), WEBHOOKS, name)
+
+    # The audit trail (duetime.audit): each entry a named record, named by its time and id, so
+    # the names sort as the entries happened and a page is a range of names.
+    def audit(self, entry: AuditEntry) -> None:
+        """Keep ``entry`` in the endpoint's trail."""
+        if not self._record_insert(self._ready(), AUDIT, entry.key, entry.to_json()):
+            raise ConfigurationError(f"the audit trail has an entry {entry.key} already")
+
+    def audit_entries(self, query: AuditQuery) -> tuple[builtins.list[AuditEntry], str | None]:
+        """A page of the trail (newest first unless the query says oldest first) and the next
+        page's cursor."""
+        endpoint = self._ready()
+        return page_of(lambda *span: self._audit_range(endpoint, *span), query)
+
+    def prune_audit(self, before: datetime) -> int:
+        """Forget the entries from before ``before``; how many."""
+        return self._audit_prune(self._ready(), key_at(before))
+
+    def _audit_range(
+        self, endpoint: str, above: str, below: str, limit: int, oldest_first: bool
+    ) -> builtins.list[str]:
+        """The texts of the entries whose names lie between ``above`` and ``below``, in order.
+        This reads every entry; a store that can read a range of its records' names overrides it."""
+        return in_range(self._records(endpoint, AUDIT), above, below, limit, oldest_first)
+
+    def _audit_prune(self, endpoint: str, below: str) -> int:
+        """Delete the entries whose names are below ``below``; how many. Overridden likewise."""
+        old = [e.key for e in map(AuditEntry.from_json, self._records(endpoint, AUDIT)) if e.key < below]
+        return sum(self._record_delete(endpoint, AUDIT, name) for name in old)
 
     # Flow control (duetime.limits): limits and pauses as named records, their shared state
     # changed by compare-and-set, and held messages hidden until their turn.

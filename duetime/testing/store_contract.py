@@ -9,12 +9,14 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
 
 from duetime.api_keys import ApiKey, Scope, new_key
+from duetime.audit import Action, Actor, AuditEntry, AuditQuery, Via, made
 from duetime.backends import ROUND_LIMIT, AsyncStoreBridge, StoreRules
 from duetime.encryption import Keyring, Sealer, sealed_problem, sealed_with
 from duetime.errors import (
@@ -31,6 +33,7 @@ from duetime.errors import (
 )
 from duetime.interfaces import (
     ApiKeyStore,
+    AuditStore,
     Claimed,
     ClaimsWithNextDue,
     DelayedMessageStore,
@@ -1043,6 +1046,48 @@ class StoreContract:
         again, _ = new_key(key.name, {Scope.MANAGE}, t)
         await keys.add_api_key(again)
         assert await mine() == [again]
+
+    async def test_the_audit_trail_keeps_each_entry_exact_pages_newest_first_and_prunes_by_age(
+        self, store: DelayedMessageStore
+    ) -> None:
+        """The audit trail (:mod:`duetime.audit`): every entry comes back as written (an actor's
+        markup and non-ASCII text too), newest first a page at a time without a gap or a repeat,
+        oldest first for an export, filtered by actor and action; entries before a time are
+        forgotten and the rest kept. A store that keeps none says so in one line."""
+        assert isinstance(store, (AuditStore, SyncSide))
+        trail = cast(AuditStore, store)
+        run = uuid.uuid4().hex[:8]
+        # far in the past, at a moment of this run's own: other runs' entries never mix in
+        base = datetime(1971, 1, 1, tzinfo=UTC) + timedelta(days=int(run, 16) % 10_000)
+        alice = Actor(f"<b>alice</b> \u00e9 {run}", Via.DASHBOARD, "10.0.0.1")
+        key = Actor(f"key:{run}", Via.HTTP_API, "::1")
+        written = [
+            made(alice if i % 3 else key, Action.CANCEL if i % 2 else Action.RESCHEDULE, f"m-{i}",
+                 ids=[f"m-{i}"], detail=f"due \u2192 {i}", at=base + timedelta(seconds=i))
+            for i in range(12)
+        ]  # fmt: skip
+        try:
+            for entry in written:
+                await trail.audit(entry)
+        except ConfigurationError as error:
+            assert "keeps no" in str(error)
+            return
+        window = AuditQuery(since=base, until=base + timedelta(minutes=1))
+        seen: list[AuditEntry] = []
+        cursor: str | None = None
+        while True:
+            page, cursor = await trail.audit_entries(replace(window, limit=5, after=cursor))
+            seen += page
+            if cursor is None:
+                break
+        assert seen == written[::-1]
+        oldest, _ = await trail.audit_entries(replace(window, limit=100, oldest_first=True))
+        assert oldest == written
+        by_key, _ = await trail.audit_entries(replace(window, actor=key.name, action="cancel"))
+        assert by_key == [e for e in written[::-1] if e.actor == key.name and e.action == "cancel"]
+        assert await trail.prune_audit(base + timedelta(seconds=4)) >= 4
+        left, _ = await trail.audit_entries(replace(window, limit=100, oldest_first=True))
+        assert left == written[4:]
 
     async def test_a_retry_put_off_is_counted_released_and_due_later_in_one_change(
         self, store: DelayedMessageStore

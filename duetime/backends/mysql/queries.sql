@@ -245,6 +245,20 @@ DELETE FROM duetime_records WHERE endpoint = %s AND kind = %s AND name = %s;
 -- name: records
 SELECT info FROM duetime_records WHERE endpoint = %s AND kind = %s ORDER BY name;
 
+-- The audit trail (duetime.audit): a range of its entries' names (time, then id), from the
+-- primary key's index (the names hold digits, T, Z, '.', '-' and hex: every collation sorts
+-- them as bytes do); its old entries forgotten in one statement.
+-- name: audit_newest
+SELECT info FROM duetime_records WHERE endpoint = %s AND kind = 'audit' AND name > %s AND name < %s
+ORDER BY name DESC LIMIT %s;
+
+-- name: audit_oldest
+SELECT info FROM duetime_records WHERE endpoint = %s AND kind = 'audit' AND name > %s AND name < %s
+ORDER BY name LIMIT %s;
+
+-- name: audit_prune
+DELETE FROM duetime_records WHERE endpoint = %s AND kind = 'audit' AND name < %s;
+
 -- A compare-and-set (flow control's shared state, duetime.limits), byte for byte.
 -- name: record_swap
 UPDATE duetime_records SET info = %s

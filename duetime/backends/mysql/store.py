@@ -543,6 +543,15 @@ class SyncMysqlStore(StoreRules):
     def _records(self, endpoint: str, kind: str) -> list[str]:
         return [r[0] for r in self._fetch(QUERIES["records"], (endpoint, kind))]
 
+    def _audit_range(
+        self, endpoint: str, above: str, below: str, limit: int, oldest_first: bool
+    ) -> list[str]:
+        sql = QUERIES["audit_oldest" if oldest_first else "audit_newest"]
+        return [r[0] for r in self._fetch(sql, (endpoint, above, below, limit))]
+
+    def _audit_prune(self, endpoint: str, below: str) -> int:
+        return self._execute(QUERIES["audit_prune"], (endpoint, below))
+
     def _record_swap(
         self, endpoint: str, kind: str, name: str, old: str | None, new: str
     ) -> tuple[bool, str | None]:

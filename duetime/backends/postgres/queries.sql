@@ -497,6 +497,22 @@ DELETE FROM {records} WHERE endpoint = %(endpoint)s AND kind = %(kind)s AND name
 -- name: records
 SELECT info::text FROM {records} WHERE endpoint = %(endpoint)s AND kind = %(kind)s ORDER BY name;
 
+-- The audit trail (duetime.audit): a range of its entries' names (time, then id), from the
+-- primary key's index (the names hold digits, T, Z, '.', '-' and hex: every collation sorts
+-- them as bytes do); its old entries forgotten in one statement.
+-- name: audit_newest
+SELECT info::text FROM {records}
+WHERE endpoint = %(endpoint)s AND kind = 'audit' AND name > %(above)s AND name < %(below)s
+ORDER BY name DESC LIMIT %(limit)s;
+
+-- name: audit_oldest
+SELECT info::text FROM {records}
+WHERE endpoint = %(endpoint)s AND kind = 'audit' AND name > %(above)s AND name < %(below)s
+ORDER BY name LIMIT %(limit)s;
+
+-- name: audit_prune
+DELETE FROM {records} WHERE endpoint = %(endpoint)s AND kind = 'audit' AND name < %(below)s;
+
 -- A compare-and-set (flow control's shared state, duetime.limits): the text as written (json
 -- keeps it), or the insert of a first one; what is there when it does not hold.
 -- name: record_swap

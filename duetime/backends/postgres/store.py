@@ -456,6 +456,16 @@ class SyncPostgresStore(StoreRules):
         params = {"endpoint": endpoint, "kind": kind}
         return [r[0] for r in self._rows(self.names.q["records"], params)]
 
+    def _audit_range(
+        self, endpoint: str, above: str, below: str, limit: int, oldest_first: bool
+    ) -> list[str]:
+        sql = self.names.q["audit_oldest" if oldest_first else "audit_newest"]
+        params = {"endpoint": endpoint, "above": above, "below": below, "limit": limit}
+        return [r[0] for r in self._rows(sql, params)]
+
+    def _audit_prune(self, endpoint: str, below: str) -> int:
+        return self._rowcount(self.names.q["audit_prune"], {"endpoint": endpoint, "below": below})
+
     def _record_swap(
         self, endpoint: str, kind: str, name: str, old: str | None, new: str
     ) -> tuple[bool, str | None]:

@@ -319,6 +319,19 @@ SELECT info FROM duetime_records WHERE endpoint = ? AND kind = ? ORDER BY name;
 -- name: record_get
 SELECT info FROM duetime_records WHERE endpoint = ? AND kind = ? AND name = ?;
 
+-- The audit trail (duetime.audit): a range of its entries' names (time, then id), from the
+-- primary key's index; its old entries forgotten in one statement.
+-- name: audit_newest
+SELECT info FROM duetime_records WHERE endpoint = ? AND kind = 'audit' AND name > ? AND name < ?
+ORDER BY name DESC LIMIT ?;
+
+-- name: audit_oldest
+SELECT info FROM duetime_records WHERE endpoint = ? AND kind = 'audit' AND name > ? AND name < ?
+ORDER BY name LIMIT ?;
+
+-- name: audit_prune
+DELETE FROM duetime_records WHERE endpoint = ? AND kind = 'audit' AND name < ?;
+
 -- A compare-and-set (flow control's shared state, duetime.limits).
 -- name: record_swap
 UPDATE duetime_records SET info = ? WHERE endpoint = ? AND kind = ? AND name = ? AND info = ?;

@@ -302,6 +302,16 @@ class SyncSqliteStore(StoreRules):
         with self._lock:
             return [r[0] for r in self._conn.execute(QUERIES["records"], (endpoint, kind))]
 
+    def _audit_range(
+        self, endpoint: str, above: str, below: str, limit: int, oldest_first: bool
+    ) -> list[str]:
+        sql = QUERIES["audit_oldest" if oldest_first else "audit_newest"]
+        with self._lock:
+            return [r[0] for r in self._conn.execute(sql, (endpoint, above, below, limit))]
+
+    def _audit_prune(self, endpoint: str, below: str) -> int:
+        return self._write_each(QUERIES["audit_prune"], [(endpoint, below)])
+
     def _record_swap(
         self, endpoint: str, kind: str, name: str, old: str | None, new: str
     ) -> tuple[bool, str | None]:
