@@ -205,6 +205,20 @@ def made(
     )
 
 
+# What an entry says of a schedule's change, written once for every way of making one.
+def schedule_detail(destination: str, paused: bool) -> str:
+    return f"to {destination}" + (" (paused)" if paused else "")
+
+
+def changes_detail(fields: Iterable[str]) -> str:
+    """Which fields a change set, not their values (a body or headers may be secret)."""
+    return "changed " + ", ".join(sorted(fields))
+
+
+def backfill_detail(start: datetime, end: datetime, stored: int) -> str:
+    return f"{stored} ticks from {start.isoformat()} to {end.isoformat()}"
+
+
 @dataclass(frozen=True, slots=True)
 class AuditQuery:
     """Which entries to read: between two times, by one actor or of one action, newest first

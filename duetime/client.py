@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import copy
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from duetime import tracing
+from duetime import audit, tracing
+from duetime.audit import Action, Actor
 from duetime.clock import SystemClock
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.inputs.identifiers import check_name
@@ -155,7 +157,12 @@ class DelayedMessageClient(AsyncClosing):
     get a ready one from :func:`duetime.connect`. ``async with`` closes its store."""
 
     def __init__(
-        self, store: DelayedMessageStore, *, endpoint: str = DEFAULT_ENDPOINT, clock: Clock | None = None
+        self,
+        store: DelayedMessageStore,
+        *,
+        endpoint: str = DEFAULT_ENDPOINT,
+        clock: Clock | None = None,
+        actor: Actor | None = None,
     ) -> None:
         require(
             store,
@@ -167,10 +174,24 @@ class DelayedMessageClient(AsyncClosing):
         self.endpoint = check_name("endpoint", endpoint)
         self.clock: Clock = clock or SystemClock()
         self._clock_given = clock is not None
+        #: Who makes the changes this client makes: given, each change is kept in the store's
+        #: audit trail (:mod:`duetime.audit`).
+        self.actor = actor
 
     async def open(self) -> DelayedMessageClient:
         await self.store.initialize(self.endpoint, TransactionMode.AT_LEAST_ONCE)
         return self
+
+    def acting_as(self, actor: Actor) -> DelayedMessageClient:
+        """This client's store and settings, its changes recorded as ``actor``'s (a server gives
+        each request's caller one; the store is shared, not opened again)."""
+        other = copy.copy(self)
+        other.actor = actor
+        return other
+
+    async def _audit(self, action: Action, target: str, done: object = True, **said: Any) -> None:
+        if self.actor is not None and done:
+            await audit.record(self.store, audit.made(self.actor, action, target, **said))
 
     async def close(self) -> None:
         """Close the store (its connections); the client cannot be used afterwards."""
@@ -224,7 +245,10 @@ class DelayedMessageClient(AsyncClosing):
                 return Put(stamped, "stored")
             if not isinstance(self.store, ReplacingStore):
                 raise _cannot_replace(self.store)
-            return await self.store.put(stamped, how)
+            put = await self.store.put(stamped, how)
+        action, target, done, said = _replaced(put, how)
+        await self._audit(action, target, done, **said)
+        return put
 
     async def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
         """Store several at once, all or nothing."""
@@ -232,13 +256,17 @@ class DelayedMessageClient(AsyncClosing):
             return await self.store.store_many(stamped)
 
     async def cancel(self, message_id: str) -> bool:
-        return await self.store.cancel(_id(message_id))
+        done = await self.store.cancel(_id(message_id))
+        await self._audit(Action.CANCEL, message_id, done, ids=[message_id])
+        return done
 
     async def cancel_group(self, group: str, *, limit: int | None = None) -> int:
         """Cancel every stored message of ``group``, or at most ``limit`` of them in one
         transaction (call again until it returns 0: a large group in batches, each whole); how
         many. One being forwarded right now is not stopped (it is on its way)."""
-        return await self.store.cancel_group(_group(group), limit)
+        done = await self.store.cancel_group(_group(group), limit)
+        await self._audit(Action.CANCEL_GROUP, group, done, detail=f"{done} cancelled")
+        return done
 
     async def count_group(self, group: str) -> int:
         """How many stored messages ``group`` holds."""
@@ -248,7 +276,11 @@ class DelayedMessageClient(AsyncClosing):
         self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None
     ) -> bool:
         due = resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
-        return await self.store.reschedule(_id(message_id), due)
+        done = await self.store.reschedule(_id(message_id), due)
+        await self._audit(
+            Action.RESCHEDULE, message_id, done, ids=[message_id], detail=f"due {due.isoformat()}"
+        )
+        return done
 
     async def get(self, message_id: str) -> DelayedMessage | None:
         return await self.store.get(_id(message_id))
@@ -278,7 +310,11 @@ class DelayedMessageClient(AsyncClosing):
         """Deliver ``body`` to ``destination`` at every time ``when`` gives (build it with
         :func:`duetime.recurring.every` or :func:`duetime.recurring.cron`); ScheduleExists if the id is taken."""
         made = _new(self.clock, schedule_id, destination, body, when, headers, paused)
-        return await self._schedules.add_schedule(made, self._schedule_now())
+        added = await self._schedules.add_schedule(made, self._schedule_now())
+        await self._audit(
+            Action.SCHEDULE_ADD, schedule_id, detail=audit.schedule_detail(added.destination, added.paused)
+        )
+        return added
 
     async def recurring(self, schedule_id: str) -> Schedule:
         return await self._schedules.get_schedule(schedule_id)
@@ -289,27 +325,39 @@ class DelayedMessageClient(AsyncClosing):
     async def change_recurring(self, schedule_id: str, **changes: Any) -> Schedule:
         """Change what :func:`duetime.recurring.changed` names (``when``, ``destination``,
         ``body``, ``headers``); it takes effect from the next tick."""
-        return await self._schedules.change_schedule(
+        now = await self._schedules.change_schedule(
             schedule_id, lambda s: changed(s, **changes), self._schedule_now()
         )
+        await self._audit(Action.SCHEDULE_CHANGE, schedule_id, detail=audit.changes_detail(changes))
+        return now
 
     async def pause_recurring(self, schedule_id: str) -> Schedule:
-        return await self._schedules.pause_schedule(schedule_id, self._schedule_now())
+        now = await self._schedules.pause_schedule(schedule_id, self._schedule_now())
+        await self._audit(Action.SCHEDULE_PAUSE, schedule_id)
+        return now
 
     async def resume_recurring(self, schedule_id: str) -> Schedule:
-        return await self._schedules.resume_schedule(schedule_id, self._schedule_now())
+        now = await self._schedules.resume_schedule(schedule_id, self._schedule_now())
+        await self._audit(Action.SCHEDULE_RESUME, schedule_id)
+        return now
 
     async def trigger_recurring(self, schedule_id: str) -> DelayedMessage:
         """One tick now, beside the schedule's own."""
-        return await self._schedules.trigger_schedule(schedule_id, self._schedule_now())
+        tick = await self._schedules.trigger_schedule(schedule_id, self._schedule_now())
+        await self._audit(Action.SCHEDULE_TRIGGER, schedule_id, ids=[tick.message_id])
+        return tick
 
     async def backfill_recurring(self, schedule_id: str, start: datetime, end: datetime) -> int:
         """Send now the ticks planned from ``start`` to ``end``; how many were stored."""
-        return await self._schedules.backfill_schedule(schedule_id, start, end, self._schedule_now())
+        n = await self._schedules.backfill_schedule(schedule_id, start, end, self._schedule_now())
+        await self._audit(Action.SCHEDULE_BACKFILL, schedule_id, detail=audit.backfill_detail(start, end, n))
+        return n
 
     async def remove_recurring(self, schedule_id: str) -> int:
         """Forget the schedule; how many of its stored ticks were removed with it."""
-        return await self._schedules.remove_schedule(schedule_id)
+        n = await self._schedules.remove_schedule(schedule_id)
+        await self._audit(Action.SCHEDULE_REMOVE, schedule_id, detail=f"{n} waiting ticks removed")
+        return n
 
     def _schedule_now(self) -> datetime | None:
         """The time a schedule command counts from: the clock given, else the store's own
@@ -328,7 +376,12 @@ class SyncDelayedMessageClient(Closing):
     ``with`` closes its store."""
 
     def __init__(
-        self, store: SyncDelayedMessageStore, *, endpoint: str = DEFAULT_ENDPOINT, clock: Clock | None = None
+        self,
+        store: SyncDelayedMessageStore,
+        *,
+        endpoint: str = DEFAULT_ENDPOINT,
+        clock: Clock | None = None,
+        actor: Actor | None = None,
     ) -> None:
         require(
             store,
@@ -340,6 +393,9 @@ class SyncDelayedMessageClient(Closing):
         self.endpoint = check_name("endpoint", endpoint)
         self.clock: Clock = clock or SystemClock()
         self._clock_given = clock is not None
+        #: Who makes the changes this client makes: given, each change is kept in the store's
+        #: audit trail (:mod:`duetime.audit`).
+        self.actor = actor
         self.store.initialize(self.endpoint, TransactionMode.AT_LEAST_ONCE)
 
     def schedule(
@@ -384,7 +440,10 @@ class SyncDelayedMessageClient(Closing):
                 return Put(stamped, "stored")
             if not isinstance(self.store, SyncReplacingStore):
                 raise _cannot_replace(self.store)
-            return self.store.put(stamped, how)
+            put = self.store.put(stamped, how)
+        action, target, done, said = _replaced(put, how)
+        self._audit(action, target, done, **said)
+        return put
 
     def schedule_many(self, messages: Iterable[DelayedMessage]) -> int:
         with tracing.storing(_messages(messages)) as stamped:
@@ -395,11 +454,15 @@ class SyncDelayedMessageClient(Closing):
         self.store.close()
 
     def cancel(self, message_id: str) -> bool:
-        return self.store.cancel(_id(message_id))
+        done = self.store.cancel(_id(message_id))
+        self._audit(Action.CANCEL, message_id, done, ids=[message_id])
+        return done
 
     def cancel_group(self, group: str, *, limit: int | None = None) -> int:
         """Cancel every stored message of ``group``, or at most ``limit``; how many (see the async client)."""
-        return self.store.cancel_group(_group(group), limit)
+        done = self.store.cancel_group(_group(group), limit)
+        self._audit(Action.CANCEL_GROUP, group, done, detail=f"{done} cancelled")
+        return done
 
     def count_group(self, group: str) -> int:
         return self.store.count_group(_group(group))
@@ -407,9 +470,10 @@ class SyncDelayedMessageClient(Closing):
     def reschedule(
         self, message_id: str, *, delay: Delay | None = None, due_at: datetime | None = None
     ) -> bool:
-        return self.store.reschedule(
-            _id(message_id), resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
-        )
+        due = resolve_due_time(due_at=due_at, delay=delay, now=self.clock.now())
+        done = self.store.reschedule(_id(message_id), due)
+        self._audit(Action.RESCHEDULE, message_id, done, ids=[message_id], detail=f"due {due.isoformat()}")
+        return done
 
     def get(self, message_id: str) -> DelayedMessage | None:
         return self.store.get(_id(message_id))
@@ -437,7 +501,11 @@ class SyncDelayedMessageClient(Closing):
         paused: bool = False,
     ) -> Schedule:
         made = _new(self.clock, schedule_id, destination, body, when, headers, paused)
-        return self._schedules.add_schedule(made, self._schedule_now())
+        added = self._schedules.add_schedule(made, self._schedule_now())
+        self._audit(
+            Action.SCHEDULE_ADD, schedule_id, detail=audit.schedule_detail(added.destination, added.paused)
+        )
+        return added
 
     def recurring(self, schedule_id: str) -> Schedule:
         return self._schedules.get_schedule(schedule_id)
@@ -446,32 +514,63 @@ class SyncDelayedMessageClient(Closing):
         return self._schedules.list_schedules(after, limit)
 
     def change_recurring(self, schedule_id: str, **changes: Any) -> Schedule:
-        return self._schedules.change_schedule(
+        now = self._schedules.change_schedule(
             schedule_id, lambda s: changed(s, **changes), self._schedule_now()
         )
+        self._audit(Action.SCHEDULE_CHANGE, schedule_id, detail=audit.changes_detail(changes))
+        return now
 
     def pause_recurring(self, schedule_id: str) -> Schedule:
-        return self._schedules.pause_schedule(schedule_id, self._schedule_now())
+        now = self._schedules.pause_schedule(schedule_id, self._schedule_now())
+        self._audit(Action.SCHEDULE_PAUSE, schedule_id)
+        return now
 
     def resume_recurring(self, schedule_id: str) -> Schedule:
-        return self._schedules.resume_schedule(schedule_id, self._schedule_now())
+        now = self._schedules.resume_schedule(schedule_id, self._schedule_now())
+        self._audit(Action.SCHEDULE_RESUME, schedule_id)
+        return now
 
     def trigger_recurring(self, schedule_id: str) -> DelayedMessage:
-        return self._schedules.trigger_schedule(schedule_id, self._schedule_now())
+        tick = self._schedules.trigger_schedule(schedule_id, self._schedule_now())
+        self._audit(Action.SCHEDULE_TRIGGER, schedule_id, ids=[tick.message_id])
+        return tick
 
     def backfill_recurring(self, schedule_id: str, start: datetime, end: datetime) -> int:
-        return self._schedules.backfill_schedule(schedule_id, start, end, self._schedule_now())
+        n = self._schedules.backfill_schedule(schedule_id, start, end, self._schedule_now())
+        self._audit(Action.SCHEDULE_BACKFILL, schedule_id, detail=audit.backfill_detail(start, end, n))
+        return n
 
     def remove_recurring(self, schedule_id: str) -> int:
-        return self._schedules.remove_schedule(schedule_id)
+        n = self._schedules.remove_schedule(schedule_id)
+        self._audit(Action.SCHEDULE_REMOVE, schedule_id, detail=f"{n} waiting ticks removed")
+        return n
 
     def _schedule_now(self) -> datetime | None:
         """The time a schedule command counts from: the clock given, else the store's own
         (None), as the dispatchers follow it."""
         return self.clock.now() if self._clock_given else None
 
+    def acting_as(self, actor: Actor) -> SyncDelayedMessageClient:
+        """As :meth:`DelayedMessageClient.acting_as`."""
+        other = copy.copy(self)
+        other.actor = actor
+        return other
+
+    def _audit(self, action: Action, target: str, done: object = True, **said: Any) -> None:
+        if self.actor is not None and done:
+            audit.record_sync(self.store, audit.made(self.actor, action, target, **said))
+
     @property
     def _schedules(self) -> SyncRecurringStore:
         if not isinstance(self.store, SyncRecurringStore):
             raise _keeps_none(self.store)
         return self.store
+
+
+def _replaced(put: Put, how: IfExists) -> tuple[Action, str, bool, dict[str, Any]]:
+    """What a put records: a replace or a debounce of a waiting message (a store of a new one,
+    or a keep, changes nothing that was there)."""
+    action = Action.DEBOUNCE if how is IfExists.DEBOUNCE else Action.REPLACE
+    m = put.message
+    said = {"ids": [m.message_id], "detail": f"due {m.due_at.isoformat()}"}
+    return action, m.message_id, put.outcome == "replaced", said

@@ -65,10 +65,13 @@ DASHBOARD_PASSWORD_VARIABLE = "DUETIME_DASHBOARD_PASSWORD"
 DASHBOARD_SECRET_VARIABLE = "DUETIME_DASHBOARD_SECRET"
 #: The keyring that seals what messages hold before any store keeps it (``duetime keys new FILE``).
 ENCRYPTION_KEYS_VARIABLE = "DUETIME_ENCRYPTION_KEYS"
+#: Who the commands' changes are kept as in the audit trail (the user at the host when unset).
+ACTOR_VARIABLE = "DUETIME_ACTOR"
 #: The variables whose values are secrets: never printed, kept out of every line shown.
 SECRET_VARIABLES = (DASHBOARD_PASSWORD_VARIABLE, DASHBOARD_SECRET_VARIABLE)
 #: The variables read outside the commands' own options and the dispatcher's settings.
 OTHER_VARIABLES = (
+    ACTOR_VARIABLE,
     DEBUG_VARIABLE,
     ENCRYPTION_KEYS_VARIABLE,
     SPARK_LOGS_VARIABLE,

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import getpass
 import logging
 import os
 import re
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Annotated, Any, TypeVar
 
 import typer
 
+from duetime import audit
+from duetime.audit import Action, Actor, Via
 from duetime.cli.terminal import err, say
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, MessageRefused, command
@@ -31,6 +35,7 @@ from duetime.registry import (
     open_transport,
 )
 from duetime.settings import (
+    ACTOR_VARIABLE,
     DEFAULT_ENDPOINT,
     ENDPOINT_VARIABLE,
     ERROR_QUEUE_VARIABLE,
@@ -41,6 +46,7 @@ from duetime.settings import (
     DelayedDeliverySettings,
     misspelt,
     setting_variables,
+    variable,
 )
 
 T = TypeVar("T")
@@ -416,3 +422,45 @@ async def warn_undeclared(
         )
     if len(missing) > 5:
         say("warning:", "yellow", f"... and {len(missing) - 5} more destinations without a queue.", to=err)
+
+
+def who() -> str:
+    """Who runs this command: DUETIME_ACTOR, else the user at the host (what a pause and the
+    audit trail record)."""
+    given = variable(ACTOR_VARIABLE)
+    if given:
+        return given
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user name in this environment (a container without one)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def cli_actor() -> Actor:
+    """The audit trail's actor of this command's changes."""
+    return Actor(who(), Via.CLI, socket.gethostname())
+
+
+async def record_change(store: object, action: Action, target: str, **said: Any) -> None:
+    """Keep a change this command made in ``store``'s audit trail (:mod:`duetime.audit`)."""
+    await audit.record(store, audit.made(cli_actor(), action, target, **said))
+
+
+def changing(
+    work: Callable[[C], Awaitable[R]],
+    action: Action,
+    target: str,
+    said: Callable[[R], dict[str, Any]] = lambda _: {},
+) -> Callable[[C], Awaitable[R]]:
+    """``work`` on a store, then, unless it answered False (nothing was there to change), the
+    change kept in the store's audit trail; ``said`` gives the entry's ids and detail from what
+    ``work`` answered."""
+
+    async def go(store: C) -> R:
+        done = await work(store)
+        if done is not False:
+            await record_change(store, action, target, **said(done))
+        return done
+
+    return go

@@ -15,6 +15,7 @@ from duetime.cli.common import (
     ErrorQueueOpt,
     StoreOpt,
     TransportOpt,
+    cli_actor,
     confirm_many,
     errors_app,
     transport_url_for,
@@ -190,7 +191,7 @@ def errors_retry(
                 "Send {n} message{s}{where} from error queue {queue!r} back for another try?" if every else None,
                 yes,
             )  # fmt: skip
-            done = await send_back(s, t, taken, to=to, delay=delay, spread=window)
+            done = await send_back(s, t, taken, to=to, delay=delay, spread=window, actor=cli_actor())
             return done.sent, done.already, done.nowhere
         finally:
             await s.close()
@@ -234,7 +235,7 @@ def errors_discard(
                 t, error_queue, ids or [], every, destination, endpoint,
                 "Discard {n} message{s}{where} from error queue {queue!r} for good?", yes,
             )  # fmt: skip
-            return await discard(s, t, taken)
+            return await discard(s, t, taken, cli_actor())
         finally:
             await s.close()
             await t.close()

@@ -16,7 +16,8 @@ from typing import Annotated
 
 import typer
 
-from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app, with_capability
+from duetime.audit import Action
+from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app, record_change, with_capability
 from duetime.cli.terminal import console, err, fail, table
 from duetime.cli.terminal import show as show_table
 from duetime.encryption import Keyring, as_dict
@@ -192,6 +193,9 @@ def rotate(
             if steps % 20 == 0:
                 err.print(f"  {seen:,} messages looked at, {resealed:,} sealed again")
             if step.after is None:
+                primary = Keyring.read(variable(ENCRYPTION_KEYS_VARIABLE) or "").primary
+                said = f"{resealed} messages and {sum(schedules.values())} schedules sealed again"
+                await record_change(s, Action.KEY_ROTATE, primary, detail=said)
                 return seen, resealed, busy, unreadable, schedules
             after = step.after
 
@@ -237,4 +241,9 @@ def retire(
             f"{uses:,} stored messages or schedules are sealed with {key_id}: run `duetime keys rotate` first"
         )
     ring.write(path)
+
+    async def noted(s: SealingStore) -> None:
+        await record_change(s, Action.KEY_RETIRE, key_id, detail=f"removed from {path}")
+
+    with_capability(store, endpoint, SealingStore, "encrypted messages", noted)  # type: ignore[type-abstract]
     console.print(f"retired key {key_id}: nothing stored is sealed with it")

@@ -7,16 +7,15 @@ seconds of a change.
 
 from __future__ import annotations
 
-import getpass
 import json
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar, cast
 
 import typer
 
-from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app, with_capability
+from duetime.audit import Action
+from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app, changing, who, with_capability
 from duetime.cli.terminal import console, err, fail, table
 from duetime.cli.terminal import show as show_table
 from duetime.clock import SYSTEM
@@ -59,15 +58,6 @@ async def paused_of(store: object) -> list[Pause]:
         return await store.paused()
     except ConfigurationError:
         return []
-
-
-def who() -> str:
-    """Who is changing things, as a pause records it: the user at the host."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user name in this environment (a container without one)
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 @limits_app.command("set")
@@ -115,7 +105,10 @@ def set_(
         who(),
         SYSTEM.now(),
     )
-    _with_flow(store, endpoint, lambda s: s.set_limit(limit))
+    said = {"detail": limit.said()}
+    _with_flow(
+        store, endpoint, changing(lambda s: s.set_limit(limit), Action.LIMIT_SET, destination, lambda _: said)
+    )
     console.print(f"limit for {destination!r}: {limit.said()}")
 
 
@@ -168,7 +161,9 @@ def remove(
 ) -> None:
     """Remove a destination's limit: what waits for it goes at full speed (within seconds)."""
     check_destination(destination)
-    if not _with_flow(store, endpoint, lambda s: s.remove_limit(destination)):
+    if not _with_flow(
+        store, endpoint, changing(lambda s: s.remove_limit(destination), Action.LIMIT_REMOVE, destination)
+    ):
         raise fail(f"no limit for {destination!r} (see duetime limits list)")
     console.print(f"removed the limit for {destination!r}")
 
@@ -190,7 +185,13 @@ def pause(
       duetime destinations pause billing --reason "INC-42: receiver down"
     """
     paused = Pause(destination, by if by is not None else who(), SYSTEM.now(), reason)
-    if not _with_flow(store, endpoint, lambda s: s.pause_destination(paused)):
+    if not _with_flow(
+        store,
+        endpoint,
+        changing(
+            lambda s: s.pause_destination(paused), Action.PAUSE, destination, lambda _: {"detail": reason}
+        ),
+    ):
         raise fail(f"{destination!r} is paused already (see duetime destinations list)")
     console.print(
         f"paused {destination!r}: nothing is sent to it until duetime destinations resume {destination}"
@@ -205,7 +206,9 @@ def resume(
 ) -> None:
     """Resume a paused destination: what waited goes now, at its limit if it has one."""
     check_destination(destination)
-    if not _with_flow(store, endpoint, lambda s: s.resume_destination(destination)):
+    if not _with_flow(
+        store, endpoint, changing(lambda s: s.resume_destination(destination), Action.RESUME, destination)
+    ):
         raise fail(f"{destination!r} is not paused (see duetime destinations list)")
     console.print(f"resumed {destination!r}")
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from duetime.audit import Action
 from duetime.cli.common import (
     DEFAULT_STORE,
     AtOpt,
@@ -26,9 +27,11 @@ from duetime.cli.common import (
     TransportOpt,
     app,
     carry_rule,
+    cli_actor,
     confirm_many,
     due_from_options,
     headers_from_pairs,
+    record_change,
     refuse_destination,
     refuse_uncarriable,
     transport_url_for,
@@ -66,6 +69,14 @@ from duetime.settings import (
     TRANSPORT_VARIABLE,
     DelayedDeliverySettings,
 )
+
+
+async def _client(store: str, endpoint: str, *, audited: bool = True) -> DelayedMessageClient:
+    """A ready client of the store; its changes kept in the audit trail as this command's user's."""
+    actor = cli_actor() if audited else None
+    return await DelayedMessageClient(
+        open_store(check_store_exists(store)), endpoint=endpoint, actor=actor
+    ).open()
 
 
 @app.command()
@@ -114,7 +125,7 @@ def schedule(
     _run(lambda: refuse_uncarriable(store, transport, made))
 
     async def go() -> Put:
-        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        client = await _client(store, endpoint)
         try:
             return await client.put(made, if_exists)
         finally:
@@ -358,7 +369,7 @@ def list_(
     async def go() -> tuple[int, tuple[datetime, str] | None]:
         """Each page is printed as it comes (a table a page, or JSON lines): constant memory,
         however much is stored."""
-        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        client = await _client(store, endpoint)
         shown = 0
         try:
             async for page in _pages(client, destination, due_before, limit, start, group):
@@ -409,7 +420,7 @@ def show(
     """Show one stored message in full (body as text where it is text, else as hex)."""
 
     async def go() -> DelayedMessage | None:
-        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        client = await _client(store, endpoint)
         try:
             return await client.get(message_id)
         finally:
@@ -482,7 +493,7 @@ def cancel(
         return
 
     async def one() -> bool:
-        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        client = await _client(store, endpoint)
         try:
             return await client.cancel(message_id or "")
         finally:
@@ -495,7 +506,7 @@ def cancel(
         return
 
     async def many() -> tuple[int, int, int]:
-        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        client = await _client(store, endpoint, audited=False)  # one entry for them all, below
         try:
             ids = [
                 m.message_id
@@ -513,15 +524,22 @@ def cancel(
                 if part
             )
             confirm_many(f"Cancel {len(ids)} stored message{'' if len(ids) == 1 else 's'} {what}?", yes)
-            done = busy = 0
+            busy = 0
+            cancelled: list[str] = []
             with progress_bar("cancelling", len(ids)) as advance:
                 for mid in ids:
                     try:
-                        done += await client.cancel(mid)
+                        if await client.cancel(mid):
+                            cancelled.append(mid)
                     except MessageInFlight:
                         busy += 1
                     advance(1)
-            return len(ids), done, busy
+            if cancelled:
+                said = f"{len(cancelled)} cancelled {what}"
+                await record_change(
+                    client.store, Action.CANCEL, destination or "*", ids=cancelled, detail=said
+                )
+            return len(ids), len(cancelled), busy
         finally:
             await client.close()
 
@@ -545,7 +563,7 @@ def _cancel_group(group: str, yes: bool, store: str, endpoint: str) -> None:
     stop = threading.Event()
 
     async def go() -> tuple[int, int]:
-        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        client = await _client(store, endpoint)
         try:
             found = await client.count_group(group)
             if not found:
@@ -594,7 +612,7 @@ def reschedule(
     due = due_from_options(in_, at)
 
     async def go() -> bool:
-        client = await DelayedMessageClient(open_store(check_store_exists(store)), endpoint=endpoint).open()
+        client = await _client(store, endpoint)
         try:
             return await client.reschedule(message_id, **due)
         finally:

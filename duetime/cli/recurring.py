@@ -15,6 +15,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from duetime import audit
+from duetime.audit import Action
 from duetime.cli.common import (
     DEFAULT_STORE,
     EndpointOpt,
@@ -22,6 +24,7 @@ from duetime.cli.common import (
     StoreOpt,
     TransportOpt,
     app,
+    changing,
     headers_from_pairs,
     refuse_destination,
     warn_undeclared,
@@ -103,6 +106,18 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="JSON, as read.")]
 
 def _store_call(store: str, endpoint: str, work: Callable[[RecurringStore], Awaitable[T]]) -> T:
     return _store_read(store, endpoint, work)[0]
+
+
+def _store_change(
+    store: str,
+    endpoint: str,
+    work: Callable[[RecurringStore], Awaitable[T]],
+    action: Action,
+    schedule_id: str,
+    said: Callable[[T], dict[str, Any]] = lambda _: {},
+) -> T:
+    """``work``, then the change kept in the store's audit trail."""
+    return _store_call(store, endpoint, changing(work, action, schedule_id, said))
 
 
 def _store_read(
@@ -216,7 +231,15 @@ def add(
         paused=paused,
     )
     _said(
-        _store_call(store, endpoint, lambda s: s.add_schedule(made)), "added"
+        _store_change(
+            store,
+            endpoint,
+            lambda s: s.add_schedule(made),
+            Action.SCHEDULE_ADD,
+            schedule_id,
+            lambda s: {"detail": audit.schedule_detail(s.destination, s.paused)},
+        ),
+        "added",
     )  # planned from the store's time
     _run(lambda: warn_undeclared(store, transport, [destination]))
 
@@ -334,7 +357,14 @@ def change(
         apply(await s.get_schedule(schedule_id))  # bad input: one line, nothing changed
         return await s.change_schedule(schedule_id, apply)
 
-    _said(_store_call(store, endpoint, go), "changed")
+    given = {"when": any(x is not None for x in (cron, every, zone, start, end, count, skipped, catch_up,
+                                                 catch_up_window, jitter)),
+             "destination": destination is not None, "body": body is not None}  # fmt: skip
+    detail = audit.changes_detail(name for name, set_ in given.items() if set_)
+    _said(
+        _store_change(store, endpoint, go, Action.SCHEDULE_CHANGE, schedule_id, lambda _: {"detail": detail}),
+        "changed",
+    )
 
 
 @recurring_app.command()
@@ -342,7 +372,12 @@ def pause(
     schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
 ) -> None:
     """Send no tick until resumed (stored ticks not being delivered are removed)."""
-    _said(_store_call(store, endpoint, lambda s: s.pause_schedule(schedule_id)), "paused")
+    _said(
+        _store_change(
+            store, endpoint, lambda s: s.pause_schedule(schedule_id), Action.SCHEDULE_PAUSE, schedule_id
+        ),
+        "paused",
+    )
 
 
 @recurring_app.command()
@@ -350,7 +385,12 @@ def resume(
     schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
 ) -> None:
     """Tick again from the next planned time (the ticks of the pause are not sent)."""
-    _said(_store_call(store, endpoint, lambda s: s.resume_schedule(schedule_id)), "resumed")
+    _said(
+        _store_change(
+            store, endpoint, lambda s: s.resume_schedule(schedule_id), Action.SCHEDULE_RESUME, schedule_id
+        ),
+        "resumed",
+    )
 
 
 @recurring_app.command()
@@ -358,7 +398,14 @@ def trigger(
     schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
 ) -> None:
     """Send one tick now, beside the planned ones; prints its message id."""
-    tick = _store_call(store, endpoint, lambda s: s.trigger_schedule(schedule_id))
+    tick = _store_change(
+        store,
+        endpoint,
+        lambda s: s.trigger_schedule(schedule_id),
+        Action.SCHEDULE_TRIGGER,
+        schedule_id,
+        lambda t: {"ids": [t.message_id]},
+    )
     print(tick.message_id)
 
 
@@ -372,7 +419,14 @@ def backfill(
 ) -> None:
     """Send now the ticks planned between two past times (a tick still stored is not doubled)."""
     begin, finish = parse_time(start), parse_time(end)
-    stored = _store_call(store, endpoint, lambda s: s.backfill_schedule(schedule_id, begin, finish))
+    stored = _store_change(
+        store,
+        endpoint,
+        lambda s: s.backfill_schedule(schedule_id, begin, finish),
+        Action.SCHEDULE_BACKFILL,
+        schedule_id,
+        lambda n: {"detail": audit.backfill_detail(begin, finish, n)},
+    )
     console.print(f"stored {stored:,} tick(s) of {schedule_id}, due now")
 
 
@@ -381,5 +435,12 @@ def remove(
     schedule_id: IdArg, store: StoreOpt = DEFAULT_STORE, endpoint: EndpointOpt = DEFAULT_ENDPOINT
 ) -> None:
     """Forget a schedule and its stored ticks (one being delivered right now still goes)."""
-    removed = _store_call(store, endpoint, lambda s: s.remove_schedule(schedule_id))
+    removed = _store_change(
+        store,
+        endpoint,
+        lambda s: s.remove_schedule(schedule_id),
+        Action.SCHEDULE_REMOVE,
+        schedule_id,
+        lambda n: {"detail": f"{n} waiting ticks removed"},
+    )
     console.print(f"removed {schedule_id} and {removed:,} stored tick(s)")

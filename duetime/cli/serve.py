@@ -10,6 +10,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from duetime.audit import Action
 from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.common import (
     DEFAULT_STORE,
@@ -18,6 +19,7 @@ from duetime.cli.common import (
     StoreOpt,
     TransportOpt,
     app,
+    changing,
     configure_logging,
     with_capability,
 )
@@ -208,7 +210,10 @@ def keys_create(
     from duetime.api_keys import new_key, read_scopes
 
     key, secret = new_key(name, read_scopes(scope), SYSTEM.now(), rate)
-    _with_keys(store, endpoint, lambda s: s.add_api_key(key))
+    said = {"detail": f"scopes {','.join(sorted(x.value for x in key.scopes))}, {key.rate:g}/s"}
+    _with_keys(
+        store, endpoint, changing(lambda s: s.add_api_key(key), Action.API_KEY_CREATE, name, lambda _: said)
+    )
     err.print(
         f"created API key {key.name!r} ({','.join(sorted(x.value for x in key.scopes))}, {key.rate:g} "
         "requests a second); its secret follows, shown this once:"
@@ -260,6 +265,8 @@ def keys_revoke(
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:
     """Refuse a key from now on (every server of the store refuses it within 2 seconds)."""
-    if not _with_keys(store, endpoint, lambda s: s.revoke_api_key(name, SYSTEM.now())):
+    if not _with_keys(
+        store, endpoint, changing(lambda s: s.revoke_api_key(name, SYSTEM.now()), Action.API_KEY_REVOKE, name)
+    ):
         raise fail(f"no API key {name!r} in use (see duetime api-keys list)")
     console.print(f"revoked {name}")

@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 
 import typer
 
-from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app, with_capability
+from duetime.audit import Action
+from duetime.cli.common import DEFAULT_STORE, EndpointOpt, StoreOpt, app, changing, with_capability
 from duetime.cli.terminal import console, err, fail, table
 from duetime.cli.terminal import show as show_table
 from duetime.clock import SYSTEM
@@ -123,7 +124,10 @@ def add(
         max_connections=max_connections,
         follow_redirects=follow_redirects,
     )
-    _with_webhooks(store, endpoint, lambda s: s.add_webhook(hook))
+    said = {"detail": f"to {shown_url(url)}"}
+    _with_webhooks(
+        store, endpoint, changing(lambda s: s.add_webhook(hook), Action.WEBHOOK_ADD, name, lambda _: said)
+    )
     if made:
         err.print(f"added webhook {name!r} -> {shown_url(url)}; its signing secret follows, shown this once:")
         sys.stdout.write(hook.secrets[0] + "\n")
@@ -206,15 +210,16 @@ def rotate(
     made = secret is None and not finish
     new = check_secret(secret) if secret is not None else new_secret()
 
-    async def change(s: WebhookStore) -> WebhookEndpoint | None:
+    async def change(s: WebhookStore) -> WebhookEndpoint | bool:
         hook = next((w for w in await s.webhooks() if w.name == name), None)
         if hook is None:
-            return None
+            return False
         changed = hook.without_old_secret() if finish else hook.rotated(new)
-        return changed if await s.change_webhook(changed) else None
+        return changed if await s.change_webhook(changed) else False
 
-    hook = _with_webhooks(store, endpoint, change)
-    if hook is None:
+    said = {"detail": "finished: the newest secret only" if finish else "a new secret beside the one before"}
+    hook = _with_webhooks(store, endpoint, changing(change, Action.WEBHOOK_ROTATE, name, lambda _: said))
+    if hook is False:
         raise fail(f"no webhook named {name!r} (see duetime webhooks list)")
     if finish:
         console.print(f"webhook {name!r} now signs with its newest secret only")
@@ -236,6 +241,8 @@ def remove(
     Messages still sent to its name go to the error queue (no such destination) until it is
     added again.
     """
-    if not _with_webhooks(store, endpoint, lambda s: s.remove_webhook(name)):
+    if not _with_webhooks(
+        store, endpoint, changing(lambda s: s.remove_webhook(name), Action.WEBHOOK_REMOVE, name)
+    ):
         raise fail(f"no webhook named {name!r} (see duetime webhooks list)")
     console.print(f"removed {name}")

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from duetime import audit
+from duetime.audit import Action, Actor
 from duetime.clock import SYSTEM
 from duetime.error_headers import (
     ERROR_ATTEMPTS,
@@ -174,11 +176,13 @@ async def send_back(
     to: str | None = None,
     delay: timedelta = timedelta(0),
     spread: timedelta = timedelta(0),
+    actor: Actor | None = None,
 ) -> SentBack:
     """Store each taken message again (due after ``delay``, to ``to`` or where it was going), then
     acknowledge it off the error queue, a round at a time. With ``spread``, each goes a moment of
     its own (by its id) up to that after the delay: 50,000 retried do not all fall due at once. A notice of a message kept in the store
-    reschedules that message instead (it cannot be sent elsewhere: it never left)."""
+    reschedules that message instead (it cannot be sent elsewhere: it never left). With an
+    ``actor``, the retry is kept in the store's audit trail."""
     kept = [m for m in taken if kept_in_store(m.headers)]
     if kept and to:
         raise ConfigurationError(
@@ -211,13 +215,31 @@ async def send_back(
         stored += await store_new(store, messages)
         await t.acknowledge(batch)
         sent += len(batch)
+    if actor is not None and sent + again:
+        done = [m.message_id for m in kept] + [m.message_id for m in ready]
+        where = f"to {to}" if to else "to where each was going"
+        said = f"{len(done)} sent back {where}, due in {delay}" + (
+            f", spread over {spread}" if spread else ""
+        )
+        await audit.record(store, audit.made(actor, Action.RETRY, to or "error queue", ids=done, detail=said))
     return SentBack(sent + again, sent - stored, nowhere)
 
 
-async def discard(store: DelayedMessageStore, t: InspectableQueue, taken: Sequence[ReceivedMessage]) -> int:
+async def discard(
+    store: DelayedMessageStore,
+    t: InspectableQueue,
+    taken: Sequence[ReceivedMessage],
+    actor: Actor | None = None,
+) -> int:
     """Acknowledge the taken messages off the error queue for good; a notice of a message kept in
-    the store cancels that message too (discarding it means giving it up)."""
+    the store cancels that message too (discarding it means giving it up). With an ``actor``, the
+    discard is kept in the store's audit trail."""
     for m in taken:
         if kept_in_store(m.headers):
             await store.cancel(m.message_id)
-    return await t.acknowledge(taken)
+    gone = await t.acknowledge(taken)
+    if actor is not None and taken:
+        ids = [m.message_id for m in taken]
+        entry = audit.made(actor, Action.DISCARD, "error queue", ids=ids, detail=f"{len(ids)} discarded")
+        await audit.record(store, entry)
+    return gone
