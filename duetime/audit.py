@@ -72,6 +72,7 @@ class Action(enum.StrEnum):
     WEBHOOK_REMOVE = "webhook-remove"
     API_KEY_CREATE = "api-key-create"
     API_KEY_REVOKE = "api-key-revoke"
+    AUDIT_PRUNE = "audit-prune"
 
     @classmethod
     def of(cls, text: str) -> Action:

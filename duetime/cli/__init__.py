@@ -31,6 +31,7 @@ for _group in (
     "webhooks",
     "limits",
     "keys",
+    "audit",
 ):  # each adds its commands, in --help's order
     importlib.import_module(f"duetime.cli.{_group}")
 app.add_typer(bulk_app, name="bulk")
