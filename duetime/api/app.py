@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from duetime.api import failed, flow, messages, schedules
+from duetime.api import audit, failed, flow, messages, schedules
 from duetime.api.models import Health, Stats, counts_view
 from duetime.api.problems import (
     COMMON_PROBLEMS,
@@ -97,6 +97,7 @@ def create_app(api: HttpApi, *, ready: Callable[[], None] | None = None) -> Fast
         schedules.router,
         failed.router,
         flow.router,
+        audit.router,
     ):
         app.include_router(router)
 

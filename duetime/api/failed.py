@@ -98,7 +98,9 @@ async def retry(pick: Retry, served: Annotated[Served, Depends(caller_with(Scope
     window = parse_duration(str(pick.spread) if isinstance(pick.spread, int | float) else pick.spread)
     async with _queue(api) as t:
         taken = await _taken(api, t, pick)
-        done = await api.within(send_back(api.store, t, taken, to=pick.to, delay=delay, spread=window))
+        done = await api.within(
+            send_back(api.store, t, taken, to=pick.to, delay=delay, spread=window, actor=served.actor)
+        )
     return Retried(sent=done.sent, already=done.already, nowhere=done.nowhere)
 
 
@@ -112,4 +114,4 @@ async def discard_(pick: Pick, served: Annotated[Served, Depends(caller_with(Sco
     api = served.api
     async with _queue(api) as t:
         taken = await _taken(api, t, pick)
-        return Discarded(discarded=await api.within(discard(api.store, t, taken)))
+        return Discarded(discarded=await api.within(discard(api.store, t, taken, served.actor)))

@@ -14,6 +14,7 @@ from duetime.api.models import TEXT
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
+from duetime.audit import Action
 from duetime.interfaces import FlowControlStore
 from duetime.limits import COUNT_MOST, NAME_MOST, Limit, Pause, Rate, destination_states
 
@@ -151,6 +152,7 @@ async def set_limit(
     rate = Rate.parse(given.rate, given.burst) if given.rate is not None else None
     limit = Limit(destination, rate, given.concurrency, given.key, served.caller.name, api.clock.now())
     await api.within(_flow(api).set_limit(limit))
+    await served.audit(Action.LIMIT_SET, destination, detail=limit.said())
     return _out(limit)
 
 
@@ -166,6 +168,7 @@ async def remove_limit(
     api = served.api
     if not await api.within(_flow(api).remove_limit(destination)):
         raise ApiProblem(404, "not-found", f"no limit for {destination!r}")
+    await served.audit(Action.LIMIT_REMOVE, destination)
     return Response(status_code=204)
 
 
@@ -199,6 +202,7 @@ async def pause(
     made = Pause(destination, given.by or served.caller.name, api.clock.now(), given.reason)
     if not await api.within(_flow(api).pause_destination(made)):
         raise ApiProblem(409, "paused-already", f"{destination!r} is paused already")
+    await served.audit(Action.PAUSE, destination, detail=given.reason)
     return Response(status_code=204)
 
 
@@ -214,4 +218,5 @@ async def resume(
     api = served.api
     if not await api.within(_flow(api).resume_destination(destination)):
         raise ApiProblem(404, "not-paused", f"{destination!r} is not paused")
+    await served.audit(Action.RESUME, destination)
     return Response(status_code=204)

@@ -31,6 +31,7 @@ from duetime.api.models import (
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import Served, caller_with
 from duetime.api_keys import Scope
+from duetime.audit import Action
 from duetime.errors import DuplicateMessageId, MessageInFlight
 from duetime.interfaces import ListQuery
 from duetime.message import MAX_DESTINATION_LENGTH, MAX_GROUP_LENGTH, MAX_ID_LENGTH, DelayedMessage
@@ -91,7 +92,7 @@ async def create(
     message = new.message(served.api.clock)
     served.api.carry.refuse(message)
     if new.if_exists != "refuse":
-        done = await served.api.within(served.api.client.put(message, new.if_exists))
+        done = await served.api.within(served.client.put(message, new.if_exists))
         if done.outcome != "stored":
             return _found(response, done.message, done.outcome)
         return _made(response, message)
@@ -217,7 +218,7 @@ async def reschedule(
 ) -> Message:
     """409 while a dispatcher is delivering it (look again in a moment)."""
     due = due_of(change.due_at, change.delay, served.api.clock.now())
-    if not await served.api.within(served.api.client.reschedule(message_id, due_at=due)):
+    if not await served.api.within(served.client.reschedule(message_id, due_at=due)):
         raise _gone(message_id)
     found = await served.api.within(served.api.client.get(message_id))
     if found is None:  # delivered in the moment between (it was due at once)
@@ -232,7 +233,7 @@ async def cancel(
     message_id: str, served: Annotated[Served, Depends(caller_with(Scope.SCHEDULE))]
 ) -> Response:
     """It is never delivered. 409 while a dispatcher is delivering it (it may be delivered already)."""
-    if not await served.api.within(served.api.client.cancel(message_id)):
+    if not await served.api.within(served.client.cancel(message_id)):
         raise _gone(message_id)
     return Response(status_code=204)
 
@@ -254,7 +255,7 @@ async def cancel_group(
 ) -> Cancelled:
     """At most 5,000 in one transaction a request (``more``: send it again). Those being
     delivered at that moment are left alone (counted in ``in_flight``)."""
-    client = served.api.client
+    client = served.client
     done = await served.api.within(client.cancel_group(group, limit=CANCEL_BATCH))
     left = await served.api.within(client.count_group(group))
     more = done == CANCEL_BATCH and left > 0
@@ -272,10 +273,15 @@ async def cancel_destination(
     delivered at that moment are left alone."""
     client = served.api.client
     page = await served.api.within(client.list(destination=destination, limit=CANCEL_PER_REQUEST))
-    done = busy = 0
+    busy = 0
+    cancelled: list[str] = []
     for m in page.messages:
         try:
-            done += await served.api.within(client.cancel(m.message_id))
+            if await served.api.within(client.cancel(m.message_id)):
+                cancelled.append(m.message_id)
         except MessageInFlight:
             busy += 1
-    return Cancelled(cancelled=done, in_flight=busy, more=page.next_cursor is not None)
+    if cancelled:  # one entry for the request, not one a message
+        said = f"{len(cancelled)} cancelled for {destination!r}"
+        await served.audit(Action.CANCEL, destination, ids=cancelled, detail=said)
+    return Cancelled(cancelled=len(cancelled), in_flight=busy, more=page.next_cursor is not None)

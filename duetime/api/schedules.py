@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
+from duetime import audit
 from duetime.api.models import (
     SCHEDULE_ID,
     Backfill,
@@ -25,6 +26,7 @@ from duetime.api.models import (
 from duetime.api.problems import problems
 from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
+from duetime.audit import Action
 from duetime.interfaces import ServerClock
 from duetime.message import MAX_ID_LENGTH, DelayedMessage
 from duetime.recurring.schedule import MAX_SCHEDULE_ID_LENGTH, Schedule, changed, new_schedule
@@ -76,7 +78,11 @@ async def add(new: NewSchedule, served: Manager) -> ScheduleView:
         paused=new.paused,
     )
     api.carry.refuse(_probe(made))
-    return await _view(api, await api.within(api.schedules.add_schedule(made)))
+    added = await api.within(api.schedules.add_schedule(made))
+    await served.audit(
+        Action.SCHEDULE_ADD, new.id, detail=audit.schedule_detail(added.destination, added.paused)
+    )
+    return await _view(api, added)
 
 
 def _probe(s: Schedule) -> DelayedMessage:
@@ -137,7 +143,10 @@ async def change(schedule_id: ScheduleId, change: ScheduleChange, served: Manage
         api.carry.refuse(_probe(made))
         return made
 
-    return await _view(api, await api.within(api.schedules.change_schedule(schedule_id, apply)))
+    now = await api.within(api.schedules.change_schedule(schedule_id, apply))
+    given = change.model_dump(exclude_unset=True, exclude_none=True)
+    await served.audit(Action.SCHEDULE_CHANGE, schedule_id, detail=audit.changes_detail(given))
+    return await _view(api, now)
 
 
 @router.post(
@@ -147,14 +156,18 @@ async def change(schedule_id: ScheduleId, change: ScheduleChange, served: Manage
     summary="No ticks until resumed",
 )
 async def pause(schedule_id: ScheduleId, served: Manager) -> ScheduleView:
-    return await _view(served.api, await served.api.within(served.api.schedules.pause_schedule(schedule_id)))
+    now = await served.api.within(served.api.schedules.pause_schedule(schedule_id))
+    await served.audit(Action.SCHEDULE_PAUSE, schedule_id)
+    return await _view(served.api, now)
 
 
 @router.post(
     "/{schedule_id}/resume", response_model=ScheduleView, responses=problems(404), summary="Tick again"
 )
 async def resume(schedule_id: ScheduleId, served: Manager) -> ScheduleView:
-    return await _view(served.api, await served.api.within(served.api.schedules.resume_schedule(schedule_id)))
+    now = await served.api.within(served.api.schedules.resume_schedule(schedule_id))
+    await served.audit(Action.SCHEDULE_RESUME, schedule_id)
+    return await _view(served.api, now)
 
 
 @router.post(
@@ -164,7 +177,9 @@ async def resume(schedule_id: ScheduleId, served: Manager) -> ScheduleView:
     summary="One extra tick now",
 )
 async def trigger(schedule_id: ScheduleId, served: Manager) -> Message:
-    return Message.of(await served.api.within(served.api.schedules.trigger_schedule(schedule_id)))
+    tick = await served.api.within(served.api.schedules.trigger_schedule(schedule_id))
+    await served.audit(Action.SCHEDULE_TRIGGER, schedule_id, ids=[tick.message_id])
+    return Message.of(tick)
 
 
 @router.post(
@@ -177,7 +192,9 @@ async def backfill(schedule_id: ScheduleId, window: Backfill, served: Manager) -
     api = served.api
     start, end = time_of("start", window.start), time_of("end", window.end)
     assert start is not None and end is not None
-    return Count(count=await api.within(api.schedules.backfill_schedule(schedule_id, start, end)))
+    n = await api.within(api.schedules.backfill_schedule(schedule_id, start, end))
+    await served.audit(Action.SCHEDULE_BACKFILL, schedule_id, detail=audit.backfill_detail(start, end, n))
+    return Count(count=n)
 
 
 @router.delete(
@@ -188,4 +205,6 @@ async def backfill(schedule_id: ScheduleId, window: Backfill, served: Manager) -
 )
 async def remove(schedule_id: ScheduleId, served: Manager) -> Count:
     """``count``: how many stored ticks were removed with it."""
-    return Count(count=await served.api.within(served.api.schedules.remove_schedule(schedule_id)))
+    n = await served.api.within(served.api.schedules.remove_schedule(schedule_id))
+    await served.audit(Action.SCHEDULE_REMOVE, schedule_id, detail=f"{n} waiting ticks removed")
+    return Count(count=n)

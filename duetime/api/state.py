@@ -15,8 +15,10 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPBearer
 
+from duetime import audit
 from duetime.api.access import Access, Caller
 from duetime.api_keys import Scope
+from duetime.audit import Action, Actor, Via
 from duetime.client import DelayedMessageClient
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
@@ -110,10 +112,27 @@ class HttpApi:
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """What a route handler has: the API and who called."""
+    """What a route handler has: the API, who called, and from where."""
 
     api: HttpApi
     caller: Caller
+    origin: str = ""
+
+    @property
+    def actor(self) -> Actor:
+        """The caller as the audit trail records it: its key's name (a server without keys,
+        loopback only, has no name to give)."""
+        name = f"key:{self.caller.key.name}" if self.caller.key else "no key (open server)"
+        return Actor(name, Via.HTTP_API, self.origin)
+
+    @property
+    def client(self) -> DelayedMessageClient:
+        """The API's client, its changes recorded as this caller's."""
+        return self.api.client.acting_as(self.actor)
+
+    async def audit(self, action: Action, target: str, **said: Any) -> None:
+        """Keep a change this request made in the store's audit trail."""
+        await audit.record(self.api.store, audit.made(self.actor, action, target, **said))
 
 
 #: Tells the OpenAPI document (and the clients made from it) that requests carry a bearer key;
@@ -134,6 +153,6 @@ def caller_with(scope: Scope) -> Callable[..., Awaitable[Served]]:
         said = request.scope.get(CALLER_NOTE)
         if isinstance(said, dict):
             said["name"] = caller.name  # for the request's log line (app._Logged)
-        return Served(api, caller)
+        return Served(api, caller, request.client.host if request.client else "")
 
     return served

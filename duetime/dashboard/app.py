@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from duetime import audit
+from duetime.audit import Action, Actor, AuditEntry, AuditQuery, Via
 from duetime.clock import SYSTEM
 from duetime.dashboard.charts import Series, line_chart, seconds_label
 from duetime.dashboard.security import (
@@ -58,6 +60,7 @@ from duetime.errors import (
 from duetime.inputs.durations import parse_duration, parse_time, readable_duration
 from duetime.inputs.urls import redact, scrub
 from duetime.interfaces import (
+    AuditStore,
     DelayedMessageStore,
     DispatcherRegistry,
     DueCounter,
@@ -257,6 +260,20 @@ def _done(request: Request, back: str, note: str, *, error: bool = False) -> Res
     return RedirectResponse(back, 303)
 
 
+def _actor(request: Request, dashboard: Dashboard) -> Actor:
+    """Who makes a change through the dashboard: its user, from the browser's address."""
+    who = dashboard.credentials.user if dashboard.credentials else "dashboard"
+    return Actor(who, Via.DASHBOARD, request.client.host if request.client else "")
+
+
+async def _audit(
+    request: Request, dashboard: Dashboard, endpoint: str, action: Action, target: str, **said: Any
+) -> None:
+    """Keep a change the dashboard made in the endpoint store's audit trail."""
+    entry = audit.made(_actor(request, dashboard), action, target, **said)
+    await audit.record(dashboard.stores[endpoint], entry)
+
+
 def _page(request: Request, name: str, dashboard: Dashboard, endpoint: str, **context: Any) -> Response:
     note = request.session.pop("note", None)
     return templates.TemplateResponse(
@@ -418,7 +435,7 @@ async def _flow_look(store: DelayedMessageStore, destinations: list[str]) -> Flo
 FlowChange = Callable[[FlowControlStore, str, str, FormData], Awaitable[str]]
 
 
-async def _flow_change(request: Request, change: FlowChange) -> Response:
+async def _flow_change(request: Request, change: FlowChange, action: Action) -> Response:
     """A change of a destination's limit or pause from the overview: the form's CSRF token
     checked, the change made (``change`` answers the note, or raises ConfigurationError with the
     line that says why not), who made it the dashboard's user."""
@@ -430,11 +447,13 @@ async def _flow_change(request: Request, change: FlowChange) -> Response:
     if not isinstance(store, FlowControlStore):
         return _done(request, back, "this store keeps no flow-control limits", error=True)
     who = f"{dashboard.credentials.user if dashboard.credentials else 'dashboard'} (dashboard)"
+    destination = str(form.get("destination") or "")
     try:
-        note = await change(store, str(form.get("destination") or ""), who, form)
+        note = await change(store, destination, who, form)
     except ConfigurationError as error:
         return _done(request, back, str(error), error=True)
     log.info("dashboard: %s in endpoint %s", note, endpoint)
+    await _audit(request, dashboard, endpoint, action, destination, detail=note)
     return _done(request, back, note)
 
 
@@ -468,19 +487,19 @@ async def _unlimit(store: FlowControlStore, name: str, who: str, form: FormData)
 
 
 async def destinations_limit(request: Request) -> Response:
-    return await _flow_change(request, _limit)
+    return await _flow_change(request, _limit, Action.LIMIT_SET)
 
 
 async def destinations_unlimit(request: Request) -> Response:
-    return await _flow_change(request, _unlimit)
+    return await _flow_change(request, _unlimit, Action.LIMIT_REMOVE)
 
 
 async def destinations_pause(request: Request) -> Response:
-    return await _flow_change(request, _pause)
+    return await _flow_change(request, _pause, Action.PAUSE)
 
 
 async def destinations_resume(request: Request) -> Response:
-    return await _flow_change(request, _resume)
+    return await _flow_change(request, _resume, Action.RESUME)
 
 
 def _delivered_label(sampled: float) -> str:
@@ -693,6 +712,7 @@ async def cancel(request: Request) -> Response:
             request, back, f"no stored message {message_id} (delivered or cancelled already)", error=True
         )
     log.info("dashboard: cancelled %s in endpoint %s", message_id, endpoint)
+    await _audit(request, dashboard, endpoint, Action.CANCEL, message_id, ids=[message_id])
     return _done(request, back, f"cancelled {message_id}")
 
 
@@ -730,6 +750,8 @@ async def _move(
             request, back, f"no stored message {message_id} (delivered or cancelled already)", error=True
         )
     log.info("dashboard: rescheduled %s in endpoint %s to %s", message_id, endpoint, due.isoformat())
+    said = {"ids": [message_id], "detail": f"due {due.isoformat()}"}
+    await _audit(request, dashboard, endpoint, Action.RESCHEDULE, message_id, **said)
     what = "due now" if due <= now else f"due {_time(due)}"
     return _done(request, back, f"rescheduled {message_id}: {what}")
 
@@ -838,14 +860,16 @@ async def _error_action(request: Request, retry: bool) -> Response:
             taken, gone = await take(t, dashboard.error_queue, wanted)
             missing = absent + gone
             if retry:
-                done = await send_back(dashboard.stores[endpoint], t, taken, delay=delay)
+                actor = _actor(request, dashboard)
+                done = await send_back(dashboard.stores[endpoint], t, taken, delay=delay, actor=actor)
                 note = f"sent {done.sent} back for another try" + (
                     f" ({done.already} were stored already)" if done.already else ""
                 )
                 if done.nowhere:
                     note += f"; {len(done.nowhere)} do not say where they were going and stay (retry them with `duetime errors retry --to`)"
             else:
-                note = f"discarded {await discard(dashboard.stores[endpoint], t, taken)}"
+                discarded = await discard(dashboard.stores[endpoint], t, taken, _actor(request, dashboard))
+                note = f"discarded {discarded}"
     except (DuetimeError, ValueError) as error:
         return _done(request, back, f"nothing done: {one_line(error)}", error=True)
     if missing:
@@ -918,17 +942,22 @@ async def _schedule_action(request: Request, action: str) -> Response:
     store = dashboard.stores[endpoint]
     if not isinstance(store, RecurringStore):
         return _done(request, back, "this store keeps no recurring schedules", error=True)
+    said: dict[str, Any] = {}
     try:
         if action == "pause":
             await store.pause_schedule(schedule_id)
         elif action == "resume":
             await store.resume_schedule(schedule_id)
         else:
-            await store.trigger_schedule(schedule_id)
+            said["ids"] = [(await store.trigger_schedule(schedule_id)).message_id]
     except (ScheduleNotFound, InvalidSchedule) as error:
         return _done(request, back, str(error), error=True)
     done = {"pause": "paused", "resume": "resumed", "trigger": "sent one tick of"}[action]
     log.info("dashboard: %s %s in endpoint %s", done, schedule_id, endpoint)
+    recorded = {"pause": Action.SCHEDULE_PAUSE, "resume": Action.SCHEDULE_RESUME}.get(
+        action, Action.SCHEDULE_TRIGGER
+    )
+    await _audit(request, dashboard, endpoint, recorded, schedule_id, **said)
     return _done(request, back, f"{done} {schedule_id}")
 
 
@@ -942,6 +971,47 @@ async def recurring_resume(request: Request) -> Response:
 
 async def recurring_trigger(request: Request) -> Response:
     return await _schedule_action(request, "trigger")
+
+
+#: Entries on one page of the audit page.
+AUDIT_PER_PAGE = 100
+
+
+async def audit_page(request: Request) -> Response:
+    """The audit trail, newest first, by actor or action, a page at a time."""
+    dashboard: Dashboard = request.app.state.dashboard
+    endpoint = _endpoint(request, dashboard)
+    store = dashboard.stores[endpoint]
+    q = request.query_params
+    form = {k: q.get(k, "").strip() for k in ("actor", "action")}
+    problem, next_link = None, None
+    entries: list[AuditEntry] = []
+    try:
+        if not isinstance(store, AuditStore):
+            raise ConfigurationError("This store keeps no audit trail.")
+        query = AuditQuery(
+            actor=form["actor"] or None,
+            action=Action.of(form["action"]).value if form["action"] else None,
+            limit=AUDIT_PER_PAGE,
+            after=q.get("after") or None,
+        )
+        entries, cursor = await store.audit_entries(query)
+        if cursor is not None:
+            kept = {k: v for k, v in form.items() if v} | {"endpoint": endpoint}
+            next_link = "/audit?" + urlencode(kept | {"after": cursor})
+    except (DuetimeError, ValueError) as error:
+        problem = one_line(error)
+    return _page(
+        request,
+        "audit.html",
+        dashboard,
+        endpoint,
+        form=form,
+        entries=entries,
+        actions=[a.value for a in Action],
+        next_link=next_link,
+        problem=problem,
+    )
 
 
 async def healthz(request: Request) -> Response:
@@ -1042,6 +1112,7 @@ def create_app(dashboard: Dashboard, *, secret: str, ready: Callable[[], None] =
         Route("/message", a_few_at_a_time(answering(message))),
         Route("/errors", answering(errors)),
         Route("/recurring", answering(recurring)),
+        Route("/audit", answering(audit_page)),
         Route("/healthz", healthz),
         Route("/metrics", metrics),
         Route("/actions/cancel", answering(cancel), methods=["POST"]),
