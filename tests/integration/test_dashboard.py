@@ -661,6 +661,37 @@ def test_the_recurring_page_pauses_resumes_and_sends_one_now(world: dict[str, An
             store.remove_schedule(schedule_id)
 
 
+def test_the_audit_page_lists_changes_made_through_the_pages_and_keeps_markup_inert(
+    world: dict[str, Any], browser: Any
+) -> None:
+    """A cancel made on the messages page is on the Audit page with the dashboard's user, through
+    the dashboard, from the browser's address; a change typed at the command line by an actor whose
+    name is markup shows that name as text, and nothing of it runs; the filter by action works."""
+    store: SyncPostgresStore = world["store"]
+    m = DelayedMessage.create("refunds", b"audit me", delay=timedelta(hours=5))
+    store.store(m)
+    hostile = "<img id=injected src=x onerror=\"document.title='pwned'\">"
+    for verb in ("pause", "resume"):
+        typed = run_cli("destinations", verb, "audited-queue", "--store", world["url"], "--endpoint", ENDPOINT,
+                        env={"DUETIME_ACTOR": hostile})  # fmt: skip
+        assert typed.returncode == 0, typed.stderr
+    page = page_for(browser)
+    page.goto(f"http://127.0.0.1:{world['port']}/messages?id={m.message_id}")
+    page.locator(f"tr[data-id='{m.message_id}'] button[name=cancel]").click()
+    assert f"cancelled {m.message_id}" in page.inner_text("#note")
+    page.click("header a:text-is('Audit')")
+    row = page.locator("#entries tr[data-id]").filter(has_text=m.message_id).first
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1:6] == ["duetime", "dashboard", "127.0.0.1", "cancel", m.message_id]
+    assert page.locator("#entries td.actor").filter(has_text="onerror").count() == 2
+    assert hostile in page.inner_text("#entries")  # shown as text
+    assert page.locator("#injected").count() == 0 and page.title() != "pwned"
+    screenshot(page, "audit")
+    page.select_option("select[name=action]", "pause")
+    page.click("#filter button[type=submit]")
+    assert set(page.locator("#entries tr[data-id] td:nth-child(5)").all_inner_texts()) == {"pause"}
+
+
 def test_the_overview_shows_limits_and_pauses_and_pauses_and_resumes(
     world: dict[str, Any], browser: Any
 ) -> None:
