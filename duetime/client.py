@@ -9,12 +9,13 @@ from datetime import datetime
 from typing import Any
 
 from duetime import audit, tracing
-from duetime.audit import Action, Actor
+from duetime.audit import Action, Actor, AuditEntry
 from duetime.clock import SystemClock
 from duetime.errors import ConfigurationError, InvalidMessage
 from duetime.inputs.identifiers import check_name
 from duetime.interfaces import (
     AsyncClosing,
+    AuditStore,
     Clock,
     Closing,
     DelayedMessageStore,
@@ -24,6 +25,7 @@ from duetime.interfaces import (
     Put,
     RecurringStore,
     ReplacingStore,
+    SyncAuditStore,
     SyncDelayedMessageStore,
     SyncRecurringStore,
     SyncReplacingStore,
@@ -191,7 +193,7 @@ class DelayedMessageClient(AsyncClosing):
 
     async def _audit(self, action: Action, target: str, done: object = True, **said: Any) -> None:
         if self.actor is not None and done:
-            await audit.record(self.store, audit.made(self.actor, action, target, **said))
+            await record(self.store, audit.made(self.actor, action, target, **said))
 
     async def close(self) -> None:
         """Close the store (its connections); the client cannot be used afterwards."""
@@ -558,7 +560,7 @@ class SyncDelayedMessageClient(Closing):
 
     def _audit(self, action: Action, target: str, done: object = True, **said: Any) -> None:
         if self.actor is not None and done:
-            audit.record_sync(self.store, audit.made(self.actor, action, target, **said))
+            record_sync(self.store, audit.made(self.actor, action, target, **said))
 
     @property
     def _schedules(self) -> SyncRecurringStore:
@@ -574,3 +576,45 @@ def _replaced(put: Put, how: IfExists) -> tuple[Action, str, bool, dict[str, Any
     m = put.message
     said = {"ids": [m.message_id], "detail": f"due {m.due_at.isoformat()}"}
     return action, m.message_id, put.outcome == "replaced", said
+
+
+def _unrecorded(entry: AuditEntry, error: BaseException) -> None:
+    audit.log.error(
+        "audit: the change was made but its entry could not be stored (%s): %s",
+        " ".join(str(error).split())[:300],
+        entry.to_json(),
+        extra={"audit": entry.as_json()},
+    )
+
+
+def _recorded(entry: AuditEntry) -> None:
+    audit.log.info(
+        "audit: %s %s %s", entry.actor, entry.action, entry.target, extra={"audit": entry.as_json()}
+    )
+
+
+async def record(store: object, entry: AuditEntry) -> None:
+    """Keep ``entry`` in ``store``'s audit trail (:mod:`duetime.audit`): what every tool calls
+    after a change it made. A store that keeps no trail, or that fails now, gets the entry written
+    to the log at ERROR instead: the change was made, and is neither undone nor reported as failed
+    for it."""
+    try:
+        if not isinstance(store, AuditStore):
+            raise ConfigurationError(f"{type(store).__name__} keeps no audit trail")
+        await store.audit(entry)
+    except Exception as error:  # the change stands; the entry goes to the log whole
+        _unrecorded(entry, error)
+    else:
+        _recorded(entry)
+
+
+def record_sync(store: object, entry: AuditEntry) -> None:
+    """:func:`record` for a blocking store."""
+    try:
+        if not isinstance(store, SyncAuditStore):
+            raise ConfigurationError(f"{type(store).__name__} keeps no audit trail")
+        store.audit(entry)
+    except Exception as error:  # the change stands; the entry goes to the log whole
+        _unrecorded(entry, error)
+    else:
+        _recorded(entry)

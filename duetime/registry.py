@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+from duetime.audit import Actor
 from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme, command
 from duetime.inputs.identifiers import check_name
@@ -194,8 +195,9 @@ class _Connecting:
     """What :func:`connect` returns: ``await`` it for a client, or ``async with`` it to have the
     client closed at the end."""
 
-    def __init__(self, url: str | None, endpoint: str, setup: bool) -> None:
+    def __init__(self, url: str | None, endpoint: str, setup: bool, actor: Actor | None = None) -> None:
         self._args = (url, endpoint, setup)
+        self._actor = actor
         self._client: DelayedMessageClient | None = None
 
     def __await__(self) -> Generator[Any, None, DelayedMessageClient]:
@@ -203,7 +205,7 @@ class _Connecting:
 
     async def _open(self) -> DelayedMessageClient:
         url, endpoint, setup = self._args
-        client = DelayedMessageClient(open_store(store_url(url)), endpoint=endpoint)
+        client = DelayedMessageClient(open_store(store_url(url)), endpoint=endpoint, actor=self._actor)
         try:
             if setup:
                 await client.store.setup_infrastructure(client.endpoint)
@@ -236,7 +238,13 @@ class _NotAClient(ConfigurationError, AttributeError):
     """A one-line duetime error that is also the AttributeError Python expects there."""
 
 
-def connect(url: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, setup: bool = True) -> _Connecting:
+def connect(
+    url: str | None = None,
+    *,
+    endpoint: str = DEFAULT_ENDPOINT,
+    setup: bool = True,
+    actor: Actor | None = None,
+) -> _Connecting:
     """A ready async client for the store at ``url`` (default: ``DUETIME_STORE``, else the embedded
     SQLite file ``duetime.db``), in one step: the store is opened, set up if needed (idempotent; ``setup=False``
     to require an existing one) and initialized for ``endpoint``::
@@ -244,20 +252,25 @@ def connect(url: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, setup: 
         async with duetime.connect("sqlite:///duetime.db", endpoint="shop") as client:
             await client.schedule("orders", b"hello", delay="10m")
 
-    or ``client = await duetime.connect(...)`` and ``await client.close()`` when done.
+    or ``client = await duetime.connect(...)`` and ``await client.close()`` when done. With an
+    ``actor``, the client's changes are kept in the store's audit trail as that actor's.
     """
-    return _Connecting(url, check_name("endpoint", endpoint), setup)
+    return _Connecting(url, check_name("endpoint", endpoint), setup, actor)
 
 
 def connect_sync(
-    url: str | None = None, *, endpoint: str = DEFAULT_ENDPOINT, setup: bool = True
+    url: str | None = None,
+    *,
+    endpoint: str = DEFAULT_ENDPOINT,
+    setup: bool = True,
+    actor: Actor | None = None,
 ) -> SyncDelayedMessageClient:
     """:func:`connect` for blocking code: ``with duetime.connect_sync(url, endpoint="shop") as client:``."""
     store = open_sync_store(store_url(url))
     try:
         if setup:
             store.setup_infrastructure(check_name("endpoint", endpoint))
-        return SyncDelayedMessageClient(store, endpoint=endpoint)
+        return SyncDelayedMessageClient(store, endpoint=endpoint, actor=actor)
     except BaseException:
         store.close()
         raise

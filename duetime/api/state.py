@@ -19,7 +19,7 @@ from duetime import audit
 from duetime.api.access import Access, Caller
 from duetime.api_keys import Scope
 from duetime.audit import Action, Actor, Via
-from duetime.client import DelayedMessageClient
+from duetime.client import DelayedMessageClient, record
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
 from duetime.errors import ConfigurationError
@@ -132,7 +132,7 @@ class Served:
 
     async def audit(self, action: Action, target: str, **said: Any) -> None:
         """Keep a change this request made in the store's audit trail."""
-        await audit.record(self.api.store, audit.made(self.actor, action, target, **said))
+        await record(self.api.store, audit.made(self.actor, action, target, **said))
 
 
 #: Tells the OpenAPI document (and the clients made from it) that requests carry a bearer key;

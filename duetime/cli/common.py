@@ -18,6 +18,7 @@ import typer
 from duetime import audit
 from duetime.audit import Action, Actor, Via
 from duetime.cli.terminal import err, say
+from duetime.client import record
 from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, MessageRefused, command
 from duetime.inputs.durations import parse_duration, parse_time
@@ -444,7 +445,7 @@ def cli_actor() -> Actor:
 
 async def record_change(store: object, action: Action, target: str, **said: Any) -> None:
     """Keep a change this command made in ``store``'s audit trail (:mod:`duetime.audit`)."""
-    await audit.record(store, audit.made(cli_actor(), action, target, **said))
+    await record(store, audit.made(cli_actor(), action, target, **said))
 
 
 def changing(

@@ -24,6 +24,7 @@ from urllib.parse import urlencode
 
 from duetime import audit
 from duetime.audit import Action, Actor, AuditEntry, AuditQuery, Via
+from duetime.client import record
 from duetime.clock import SYSTEM
 from duetime.dashboard.charts import Series, line_chart, seconds_label
 from duetime.dashboard.security import (
@@ -271,7 +272,7 @@ async def _audit(
 ) -> None:
     """Keep a change the dashboard made in the endpoint store's audit trail."""
     entry = audit.made(_actor(request, dashboard), action, target, **said)
-    await audit.record(dashboard.stores[endpoint], entry)
+    await record(dashboard.stores[endpoint], entry)
 
 
 def _page(request: Request, name: str, dashboard: Dashboard, endpoint: str, **context: Any) -> Response:

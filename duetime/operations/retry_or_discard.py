@@ -15,6 +15,7 @@ from typing import Any
 
 from duetime import audit
 from duetime.audit import Action, Actor
+from duetime.client import record
 from duetime.clock import SYSTEM
 from duetime.error_headers import (
     ERROR_ATTEMPTS,
@@ -221,7 +222,7 @@ async def send_back(
         said = f"{len(done)} sent back {where}, due in {delay}" + (
             f", spread over {spread}" if spread else ""
         )
-        await audit.record(store, audit.made(actor, Action.RETRY, to or "error queue", ids=done, detail=said))
+        await record(store, audit.made(actor, Action.RETRY, to or "error queue", ids=done, detail=said))
     return SentBack(sent + again, sent - stored, nowhere)
 
 
@@ -241,5 +242,5 @@ async def discard(
     if actor is not None and taken:
         ids = [m.message_id for m in taken]
         entry = audit.made(actor, Action.DISCARD, "error queue", ids=ids, detail=f"{len(ids)} discarded")
-        await audit.record(store, entry)
+        await record(store, entry)
     return gone

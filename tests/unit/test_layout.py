@@ -16,9 +16,9 @@ ROOT = PACKAGE.parent
 
 #: The public core (what a message is, the errors, the capabilities, settings, the clock, the
 #: error queue's and the live dispatchers' records, the API keys, the webhook endpoints, the limits,
-#: the seal of encryption at rest, NServiceBus's wire format, tracing) and the entry points (the clients, URL -> backend, ``python -m duetime``).
+#: the seal of encryption at rest, the audit trail's entries, NServiceBus's wire format, tracing) and the entry points (the clients, URL -> backend, ``python -m duetime``).
 TOP_MODULES = {
-    "__init__", "__main__", "api_keys", "client", "clock", "encryption", "error_headers", "errors", "interfaces",
+    "__init__", "__main__", "api_keys", "audit", "client", "clock", "encryption", "error_headers", "errors", "interfaces",
     "limits", "live_dispatchers", "message", "nservicebus_wire", "registry", "service", "settings", "tracing",
     "version", "webhooks",
 }  # fmt: skip
