@@ -218,7 +218,7 @@ def load(
                 lines = checked.lines
                 bar.update(checking, total=lines, completed=lines)
                 task = bar.add_task("storing", total=lines)
-                return await load_file(
+                loaded = await load_file(
                     file,
                     s,
                     now,
@@ -229,6 +229,11 @@ def load(
                     if_exists=if_exists,
                     spread=window,
                 )
+            if loaded.replaced:
+                action = Action.DEBOUNCE if if_exists is IfExists.DEBOUNCE else Action.REPLACE
+                said = f"{loaded.replaced} replaced by lines of {file.name}"
+                await record_change(s, action, file.name, ids=loaded.replaced_ids, detail=said)
+            return loaded
         finally:
             await s.close()
 

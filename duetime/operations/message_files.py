@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+from duetime.audit import IDS_KEPT
 from duetime.errors import ConfigurationError, DuplicateMessageId, InvalidMessage, MessageInFlight
 from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.jsontext import NumberTooLong, read_json
@@ -36,8 +37,10 @@ class LoadReport:
     lines: int = 0
     stored: int = 0
     skipped_duplicates: int = 0
-    #: Lines that replaced a waiting message of their id (--if-exists replace or debounce).
+    #: Lines that replaced a waiting message of their id (--if-exists replace or debounce), and
+    #: the first of their ids (what the audit trail names).
     replaced: int = 0
+    replaced_ids: list[str] = field(default_factory=list)
     #: Ids whose waiting message was being delivered, so their line was not stored.
     in_flight: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -239,7 +242,10 @@ async def _replace_each(
             report.in_flight.append(message.message_id)
             continue
         report.stored += done.outcome == "stored"
-        report.replaced += done.outcome == "replaced"
+        if done.outcome == "replaced":
+            report.replaced += 1
+            if len(report.replaced_ids) < IDS_KEPT:
+                report.replaced_ids.append(message.message_id)
 
 
 async def store_new(store: DelayedMessageStore, batch: Sequence[DelayedMessage]) -> int:

@@ -44,8 +44,12 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def test_every_change_typed_at_the_command_line_is_recorded_once_with_its_actor(store: str) -> None:
+def test_every_change_typed_at_the_command_line_is_recorded_once_with_its_actor(
+    store: str, tmp_path: Path
+) -> None:
     url = store
+    lines = tmp_path / "carts.jsonl"
+    lines.write_text(json.dumps({"destination": "q", "delay": "1h", "id": "a1", "body": "from a file"}) + "\n")
     past = (datetime.now(UTC) - timedelta(hours=3)).isoformat()
     recent = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     steps: list[tuple[list[str], str | None]] = [
@@ -54,6 +58,7 @@ def test_every_change_typed_at_the_command_line_is_recorded_once_with_its_actor(
         (["schedule", "q", "b", "--in", "1h", "--id", "a1", "--if-exists", "replace"], "replace"),
         (["schedule", "q", "c", "--in", "1h", "--id", "a1", "--if-exists", "keep"], None),
         (["schedule", "q", "d", "--in", "10m", "--id", "a1", "--if-exists", "debounce"], "debounce"),
+        (["load", str(lines), "--if-exists", "replace"], "replace"),
         (["cancel", "a1"], "cancel"),
         (["schedule", "q", "g", "--in", "1h", "--group", "order-7"], None),
         (["cancel", "--group", "order-7", "--yes"], "cancel-group"),
@@ -86,6 +91,7 @@ def test_every_change_typed_at_the_command_line_is_recorded_once_with_its_actor(
     assert by["cancel-group"]["target"] == "order-7" and by["cancel-group"]["detail"] == "1 cancelled"
     assert by["schedule-change"]["detail"] == "changed when"
     assert by["limit-set"]["detail"] == "5/s" and by["pause"]["detail"] == "INC-1"
+    assert by["replace"]["target"] == "carts.jsonl" and by["replace"]["ids"] == ["a1"]
     key_secret = printed[-2].strip().splitlines()[-1]
     hook_secret = printed[-5].strip().splitlines()[-1]
     for secret in ("tok-5f1e", key_secret, hook_secret):  # a webhook's query and secrets stay out
