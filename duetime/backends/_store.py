@@ -790,7 +790,7 @@ class StoreRules(ScheduleRules, Closing, ABC):
     # the names sort as the entries happened and a page is a range of names.
     def audit(self, entry: AuditEntry) -> None:
         """Keep ``entry`` in the endpoint's trail."""
-        if not self._record_insert(self._ready(), AUDIT, entry.key, entry.to_json()):
+        if not self._audit_insert(self._ready(), entry.key, entry.to_json()):
             raise ConfigurationError(f"the audit trail has an entry {entry.key} already")
 
     def audit_entries(self, query: AuditQuery) -> tuple[builtins.list[AuditEntry], str | None]:
@@ -803,11 +803,17 @@ class StoreRules(ScheduleRules, Closing, ABC):
         """Forget the entries from before ``before``; how many."""
         return self._audit_prune(self._ready(), key_at(before))
 
+    def _audit_insert(self, endpoint: str, name: str, info: str) -> bool:
+        """Keep an entry; False if its name is taken. A named record, unless a store keeps the
+        trail's names in an index of their own (it overrides the three)."""
+        return self._record_insert(endpoint, AUDIT, name, info)
+
     def _audit_range(
         self, endpoint: str, above: str, below: str, limit: int, oldest_first: bool
     ) -> builtins.list[str]:
         """The texts of the entries whose names lie between ``above`` and ``below``, in order.
-        This reads every entry; a store that can read a range of its records' names overrides it."""
+        This reads every entry; a store that can read a range of names from an index overrides
+        it (the SQL stores from the records' primary key, Redis from a sorted set)."""
         return in_range(self._records(endpoint, AUDIT), above, below, limit, oldest_first)
 
     def _audit_prune(self, endpoint: str, below: str) -> int:

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from duetime.audit import AUDIT
 from duetime.backends._keepalive import socket_options
 from duetime.backends._on_a_thread import AsyncStoreBridge, Subscribers
 from duetime.backends._redis_database import (
@@ -123,6 +124,23 @@ def _message(message_id: str, payload: bytes, failures: Any, due: Any) -> Delaye
     return DelayedMessage.from_store(
         message_id, meta["d"], from_micros(int(due)), body, meta["h"], int(failures), meta.get("g")
     )
+
+
+#: An audit entry kept with its name in the trail's sorted set, in one step.
+_AUDIT_INSERT = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+return 1
+"""
+#: At most a thousand of the entries named below ARGV[1] forgotten, in one step; how many (a
+#: prune of a long trail is many short steps, never one that holds the server up).
+_AUDIT_PRUNE = """
+local names = redis.call('ZRANGEBYLEX', KEYS[2], '-', ARGV[1], 'LIMIT', 0, 1000)
+if #names == 0 then return 0 end
+redis.call('HDEL', KEYS[1], unpack(names))
+redis.call('ZREM', KEYS[2], unpack(names))
+return #names
+"""
 
 
 def _text(value: Any) -> str:
@@ -495,6 +513,39 @@ class SyncRedisStore(StoreRules):
     def _records(self, endpoint: str, kind: str) -> list[str]:
         found = self.client.hgetall(self._record_key(endpoint, kind))
         return [_text(found[name]) for name in sorted(found)]
+
+    # The audit trail: each entry in the kind's hash, and its name in a sorted set of its own (all
+    # of one score, so ordered by name, which is the entry's time): a page is one ZRANGEBYLEX.
+    def _audit_names(self, endpoint: str) -> str:
+        return self._record_key(endpoint, AUDIT) + ":names"
+
+    def _audit_insert(self, endpoint: str, name: str, info: str) -> bool:
+        return bool(
+            self.client.eval(
+                _AUDIT_INSERT, 2, self._record_key(endpoint, AUDIT), self._audit_names(endpoint), name, info
+            )
+        )
+
+    def _audit_range(
+        self, endpoint: str, above: str, below: str, limit: int, oldest_first: bool
+    ) -> list[str]:
+        low, high = "(" + above if above else "-", "(" + below
+        names = self._audit_names(endpoint)
+        if oldest_first:
+            found = self.client.zrangebylex(names, low, high, start=0, num=limit)
+        else:
+            found = self.client.zrevrangebylex(names, high, low, start=0, num=limit)
+        if not found:
+            return []
+        texts = self.client.hmget(self._record_key(endpoint, AUDIT), found)
+        return [_text(t) for t in texts if t is not None]
+
+    def _audit_prune(self, endpoint: str, below: str) -> int:
+        keys = (self._record_key(endpoint, AUDIT), self._audit_names(endpoint))
+        gone = 0
+        while step := int(self.client.eval(_AUDIT_PRUNE, 2, *keys, "(" + below)):
+            gone += step
+        return gone
 
     def _record_swap(
         self, endpoint: str, kind: str, name: str, old: str | None, new: str
