@@ -49,7 +49,9 @@ def test_every_change_typed_at_the_command_line_is_recorded_once_with_its_actor(
 ) -> None:
     url = store
     lines = tmp_path / "carts.jsonl"
-    lines.write_text(json.dumps({"destination": "q", "delay": "1h", "id": "a1", "body": "from a file"}) + "\n")
+    lines.write_text(
+        json.dumps({"destination": "q", "delay": "1h", "id": "a1", "body": "from a file"}) + "\n"
+    )
     past = (datetime.now(UTC) - timedelta(hours=3)).isoformat()
     recent = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     steps: list[tuple[list[str], str | None]] = [
