@@ -28,6 +28,7 @@ from pathlib import Path
 from playwright.sync_api import sync_playwright
 
 from duetime import DelayedMessage, TransactionMode
+from duetime.audit import Action, Actor, Via, made
 from duetime.backends.sqlite import SyncSqliteStore
 from duetime.clock import SYSTEM
 from duetime.recurring import cron, every
@@ -70,9 +71,38 @@ def main() -> None:
     for schedule in (
         new_schedule("ping", "orders", every("10s"), now, body=b"ping"),
         new_schedule("close-invoices", "invoices", cron("0 9 * * MON-FRI", zone="Europe/Paris"), now),
-        new_schedule("monthly-report", "invoices", cron("0 6 1 * *", zone="America/New_York"), now, paused=True),
+        new_schedule(
+            "monthly-report", "invoices", cron("0 6 1 * *", zone="America/New_York"), now, paused=True
+        ),
     ):
         store.add_schedule(schedule, now)
+    later = messages[-40:]  # the ones due in hours: what an operator changed (the Audit page)
+    for actor, action, target, ids, detail in (
+        (
+            Actor("ada@ops-1", Via.CLI, "ops-1"),
+            Action.RESCHEDULE,
+            later[0].message_id,
+            [later[0].message_id],
+            "due in 3h",
+        ),
+        (
+            Actor("key:billing", Via.HTTP_API, "10.2.0.14"),
+            Action.CANCEL,
+            later[1].message_id,
+            [later[1].message_id],
+            "",
+        ),
+        (
+            Actor("duetime", Via.DASHBOARD, "10.2.0.7"),
+            Action.PAUSE,
+            "shipping",
+            [],
+            "INC-7: carrier API down",
+        ),
+        (Actor("nightly-cleanup", Via.PYTHON, "batch-1"), Action.CANCEL_GROUP, "order-7", [], "12 cancelled"),
+        (Actor("ada@ops-1", Via.CLI, "ops-1"), Action.LIMIT_SET, "invoices", [], "50/s"),
+    ):
+        store.audit(made(actor, action, target, ids=ids, detail=detail))
     env = {**os.environ, "DUETIME_DASHBOARD_PASSWORD": "demo"}
     board = duetime("dashboard", "--store", url, "--port", str(PORT), "--sample-every", "2s", env=env)
     time.sleep(4)
@@ -99,6 +129,8 @@ def main() -> None:
             page.screenshot(path=str(ROOT / "docs/dashboard-errors.png"), full_page=True)
             page.goto(base + "/recurring")
             page.screenshot(path=str(ROOT / "docs/dashboard-recurring.png"), full_page=True)
+            page.goto(base + "/audit")
+            page.screenshot(path=str(ROOT / "docs/dashboard-audit.png"), full_page=True)
             browser.close()
         with urllib.request.urlopen(base + "/healthz") as answer:
             assert answer.status == 200
