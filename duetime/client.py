@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import copy
 from collections.abc import Iterable, Mapping
@@ -593,15 +594,20 @@ def _recorded(entry: AuditEntry) -> None:
     )
 
 
+#: Seconds an audit entry may take to be stored: a store that stopped answering right after the
+#: change holds up no command, page or request for longer (the entry goes to the log instead).
+RECORD_WITHIN = 10.0
+
+
 async def record(store: object, entry: AuditEntry) -> None:
     """Keep ``entry`` in ``store``'s audit trail (:mod:`duetime.audit`): what every tool calls
-    after a change it made. A store that keeps no trail, or that fails now, gets the entry written
-    to the log at ERROR instead: the change was made, and is neither undone nor reported as failed
-    for it."""
+    after a change it made. A store that keeps no trail, or that fails or does not answer within
+    :data:`RECORD_WITHIN` now, gets the entry written to the log at ERROR instead: the change was
+    made, and is neither undone nor reported as failed for it."""
     try:
         if not isinstance(store, AuditStore):
             raise ConfigurationError(f"{type(store).__name__} keeps no audit trail")
-        await store.audit(entry)
+        await asyncio.wait_for(store.audit(entry), RECORD_WITHIN)
     except Exception as error:  # the change stands; the entry goes to the log whole
         _unrecorded(entry, error)
     else:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime
 
 import pytest
 
+from duetime import client
 from duetime.audit import DETAIL_MOST, IDS_KEPT, NAME_MOST, Action, Actor, AuditEntry, Via, made
 from duetime.errors import ConfigurationError
 
@@ -41,3 +44,36 @@ def test_keys_sort_as_the_entries_happened() -> None:
     early = made(Actor("a"), Action.CANCEL, "x", at=datetime(2026, 1, 1, 9, 0, 0, 5, tzinfo=UTC))
     late = made(Actor("a"), Action.CANCEL, "x", at=datetime(2026, 1, 1, 10, 0, 0, tzinfo=UTC))
     assert early.key < late.key and early.key.startswith("20260101T090000.000005Z-")
+
+
+class _Trail:
+    """An audit store that fails, or never answers, when asked to keep an entry."""
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    async def audit(self, entry: AuditEntry) -> None:
+        if self.hang:
+            await asyncio.sleep(3600)
+        raise ConnectionError("server closed the connection\nunexpectedly")
+
+    async def audit_entries(self, query: object) -> tuple[list[AuditEntry], str | None]:
+        return [], None
+
+    async def prune_audit(self, before: datetime) -> int:
+        return 0
+
+
+@pytest.mark.parametrize(
+    "store", [_Trail(hang=False), _Trail(hang=True), object()], ids=["fails", "hangs", "none"]
+)
+async def test_an_entry_the_store_cannot_take_goes_to_the_log_whole_and_the_change_stands(
+    store: object, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client, "RECORD_WITHIN", 0.05)
+    entry = made(Actor("ada"), Action.CANCEL, "m-1", ids=["m-1"])
+    with caplog.at_level(logging.ERROR, logger="duetime.audit"):
+        await client.record(store, entry)  # never raises: the change it records was made
+    [line] = caplog.records
+    assert line.getMessage().startswith("audit: the change was made but its entry could not be stored (")
+    assert line.getMessage().endswith(entry.to_json()) and "\n" not in line.getMessage()
