@@ -584,13 +584,17 @@ def _unrecorded(entry: AuditEntry, error: BaseException) -> None:
         "audit: the change was made but its entry could not be stored (%s): %s",
         " ".join(str(error).split())[:300],
         entry.to_json(),
-        extra={"audit": entry.as_json()},
+        extra={"fields": {"audit": entry.as_json()}},
     )
 
 
 def _recorded(entry: AuditEntry) -> None:
     audit.log.info(
-        "audit: %s %s %s", entry.actor, entry.action, entry.target, extra={"audit": entry.as_json()}
+        "audit: %s %s %s",
+        entry.actor,
+        entry.action,
+        entry.target,
+        extra={"fields": {"audit": entry.as_json()}},
     )
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from datetime import UTC, datetime
 
 import pytest
 
 from duetime import client
-from duetime.audit import DETAIL_MOST, IDS_KEPT, NAME_MOST, Action, Actor, AuditEntry, Via, made
+from duetime.audit import DETAIL_MOST, IDS_KEPT, NAME_MOST, Action, Actor, AuditEntry, AuditQuery, Via, made
 from duetime.errors import ConfigurationError
 
 
@@ -77,3 +78,21 @@ async def test_an_entry_the_store_cannot_take_goes_to_the_log_whole_and_the_chan
     [line] = caplog.records
     assert line.getMessage().startswith("audit: the change was made but its entry could not be stored (")
     assert line.getMessage().endswith(entry.to_json()) and "\n" not in line.getMessage()
+
+
+async def test_a_kept_entry_is_logged_with_the_whole_entry_for_json_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from duetime.backends.memory import MemoryStore
+    from duetime.observability.logs import JsonFormatter
+    from duetime.settings import TransactionMode
+
+    store = MemoryStore()
+    await store.setup_infrastructure("e")
+    await store.initialize("e", TransactionMode.AT_LEAST_ONCE)
+    entry = made(Actor("ada", Via.CLI, "host-1"), Action.PAUSE, "billing", detail="INC-7")
+    with caplog.at_level(logging.INFO, logger="duetime.audit"):
+        await client.record(store, entry)
+    [line] = caplog.records
+    assert json.loads(JsonFormatter().format(line))["audit"] == entry.as_json()
+    assert (await store.audit_entries(AuditQuery()))[0] == [entry]
