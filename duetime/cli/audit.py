@@ -134,16 +134,22 @@ def export(
     duetime audit export --since 30d > audit.jsonl
     """
     base = _query(since, until, actor, action)
-    cursor: str | None = None
-    written = 0
-    while True:
-        query = AuditQuery(base.since, base.until, base.actor, base.action, 1000, cursor, oldest_first=True)
-        entries, cursor = _trail(store, endpoint, query)
-        sys.stdout.writelines(json.dumps(e.as_json(), ensure_ascii=False) + "\n" for e in entries)
-        written += len(entries)
-        if cursor is None:
-            break
-    sys.stdout.flush()
+
+    async def every_page(s: AuditStore) -> int:
+        cursor: str | None = None
+        written = 0
+        while True:
+            query = AuditQuery(
+                base.since, base.until, base.actor, base.action, 1000, cursor, oldest_first=True
+            )
+            entries, cursor = await s.audit_entries(query)
+            sys.stdout.writelines(json.dumps(e.as_json(), ensure_ascii=False) + "\n" for e in entries)
+            written += len(entries)
+            if cursor is None:
+                sys.stdout.flush()
+                return written
+
+    written = with_capability(store, endpoint, AuditStore, "audit trail", every_page)  # type: ignore[type-abstract]
     err.print(f"exported {written:,} entries")
 
 
