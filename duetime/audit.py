@@ -115,6 +115,11 @@ class Actor:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigurationError("an actor needs a name: who makes the change (a person, a program).")
         object.__setattr__(self, "name", _line(self.name, NAME_MOST))
+        if self.via not in set(Via):
+            raise ConfigurationError(
+                f"{self.via!r} is not a way of making changes; give one of: "
+                + ", ".join(v.value for v in Via)
+            )
         object.__setattr__(self, "via", Via(self.via))
         object.__setattr__(self, "origin", _line(self.origin, NAME_MOST))
 
