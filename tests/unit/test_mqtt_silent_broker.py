@@ -4,6 +4,7 @@ Mosquitto): declaring a topic is a transport outage in one line, never a bare Ti
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 
@@ -49,3 +50,24 @@ async def test_a_subscription_never_confirmed_is_an_outage_in_one_line() -> None
         server.close()
         for conn in accepted:
             conn.close()
+
+
+def test_a_disconnect_heard_after_the_event_loop_closed_is_dropped_not_raised_in_pahos_thread() -> None:
+    """Paho's network thread may report a lost connection after the program's event loop has
+    closed (a transport never closed, a loop ended first): it raised "Event loop is closed" in that
+    thread, which pytest blamed on whatever test ran next (a fresh Debian 12 run, a bulk test)."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    from duetime.backends.mqtt.transport import MqttTransport, _Connection
+
+    async def made() -> _Connection:
+        return _Connection(MqttTransport("mqtt://127.0.0.1:1"), "c-closed-loop", True)
+
+    loop = asyncio.new_event_loop()
+    connection = loop.run_until_complete(made())
+    loop.close()
+    connection._on_disconnect(
+        None, None, None, ReasonCode(PacketTypes.DISCONNECT, "Normal disconnection"), None
+    )
+    assert connection.lost is not None and "lost" in connection.lost

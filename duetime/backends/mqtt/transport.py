@@ -138,7 +138,14 @@ class _Connection:
     def _on_connect(self, client: Any, userdata: Any, flags: Any, code: ReasonCode, properties: Any) -> None:
         size = getattr(properties, "MaximumPacketSize", None) if properties is not None else None
         self.maximum_packet = int(size) if size else None
-        self.loop.call_soon_threadsafe(self._set, self.connected, code)
+        self._tell(self._set, self.connected, code)
+
+    def _tell(self, callback: Any, *args: Any) -> None:
+        """Hand an event of paho's network thread to the event loop. A loop closed already (its
+        program ended before this connection did) has nobody waiting to hear it: the event is
+        dropped, never raised in paho's thread."""
+        with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+            self.loop.call_soon_threadsafe(callback, *args)
 
     def _on_disconnect(
         self, client: Any, userdata: Any, flags: Any, code: ReasonCode, properties: Any
@@ -152,7 +159,7 @@ class _Connection:
                 if not future.done():
                     future.set_exception(TransportUnavailable(self.lost))
 
-        self.loop.call_soon_threadsafe(fail_all)
+        self._tell(fail_all)
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, code: ReasonCode, properties: Any) -> None:
         with self.lock:
@@ -160,10 +167,10 @@ class _Connection:
             if future is None:  # answered before publish() could note it
                 self.early[mid] = code
         if future is not None:
-            self.loop.call_soon_threadsafe(self._set, future, code)
+            self._tell(self._set, future, code)
 
     def _on_message(self, client: Any, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        self.loop.call_soon_threadsafe(self.arrived.put_nowait, message)
+        self._tell(self.arrived.put_nowait, message)
 
     def _on_subscribe(
         self, client: Any, userdata: Any, mid: int, codes: list[ReasonCode], properties: Any
@@ -173,7 +180,7 @@ class _Connection:
             if future is None:  # answered before subscribe() could note it, as a PUBACK can be
                 self.early_subscribed[mid] = codes
         if future is not None:
-            self.loop.call_soon_threadsafe(self._set, future, codes)
+            self._tell(self._set, future, codes)
 
     def publish(
         self, topic: str, body: bytes, properties: Properties, retain: bool
