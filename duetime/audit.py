@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import re
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ DETAIL_MOST = 1000
 NAME_MOST = 200
 #: The longest an id kept in an entry may be (a message id's own limit).
 ID_MOST = 200
+#: A page's cursor: an entry's key (its time to the microsecond, '-', its id).
+CURSOR = r"^[0-9]{8}T[0-9]{6}\.[0-9]{6}Z-[0-9a-f]{1,32}$"
 
 
 class Action(enum.StrEnum):
@@ -237,6 +240,12 @@ class AuditQuery:
     limit: int = 50
     after: str | None = None
     oldest_first: bool = False
+
+    def __post_init__(self) -> None:
+        if self.after is not None and not re.match(CURSOR, self.after):
+            raise ConfigurationError(
+                f"{self.after!r} is not a place in the audit trail; pass the cursor the previous page gave."
+            )
 
     def matches(self, entry: AuditEntry) -> bool:
         return (self.actor is None or entry.actor == self.actor) and (

@@ -12,13 +12,10 @@ from duetime.api.models import TEXT, TIME, time_of
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import Served, caller_with
 from duetime.api_keys import Scope
-from duetime.audit import NAME_MOST, Action, AuditEntry, AuditQuery
+from duetime.audit import CURSOR, NAME_MOST, Action, AuditEntry, AuditQuery
 from duetime.interfaces import AuditStore
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=problems(501))
-
-#: A page's cursor: an entry's key (its time to the microsecond, '-', its id).
-AUDIT_CURSOR = r"^[0-9]{8}T[0-9]{6}\.[0-9]{6}Z-[0-9a-f]{1,32}$"
 
 
 class AuditEntryOut(BaseModel):
@@ -61,7 +58,7 @@ async def list_(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[
         str | None,
-        Query(max_length=64, pattern=AUDIT_CURSOR, description="The next_cursor of the previous page."),
+        Query(max_length=64, pattern=CURSOR, description="The next_cursor of the previous page."),
     ] = None,
 ) -> AuditPage:
     """Every change made through the command line, the dashboard, this API or a Python client

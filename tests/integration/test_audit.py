@@ -18,6 +18,7 @@ import duetime
 from duetime.audit import Actor, AuditQuery, Via
 from duetime.cli import app
 from duetime.encryption import Keyring
+from duetime.errors import DuetimeError
 from tests.conftest import run_cli
 from tests.integration.http_api import Api, make_key, serving
 from tests.services import store_url
@@ -106,6 +107,12 @@ def test_every_change_typed_at_the_command_line_is_recorded_once_with_its_actor(
     assert typed(url, "audit", "prune", "--older-than", "0s").startswith(f"forgot {len(entries)} entries")
     [pruned] = exported(url)
     assert pruned["action"] == "audit-prune"  # a prune is a change too
+    for bad in (["list", "--action", "nope"], ["list", "--since", "yesterday"], ["list", "--after", "zz"],
+                ["prune", "--older-than", "soon"]):  # fmt: skip
+        refused = runner.invoke(app, ["audit", *bad, "--store", url])
+        # a DuetimeError of one line is what `duetime` prints as `error: ...`, exit 1
+        assert isinstance(refused.exception, DuetimeError) and "\n" not in str(refused.exception), bad
+    assert len(exported(url)) == 1  # nothing of it changed anything
 
 
 def test_an_error_queue_retry_and_discard_and_a_key_rotation_are_recorded(tmp_path: Path) -> None:
