@@ -28,6 +28,7 @@ user what went wrong and what to do about it. The tree (a test holds it to the c
     │   ├── RetryLater                not taken this time (a 5xx, a 429): tried again later
     │   └── TransportUnavailable      an outage: the dispatcher waits and reconnects
     │       └── DestinationUnavailable
+    │           └── RouteUnavailable  one route is down: its messages wait, the others go on
     ├── ConnectionFailed              a server cannot be reached: address, user, password
     ├── DeadlineExceeded              no answer in time (a partition, an overload)
     └── CriticalError                 the dispatcher stopped: its supervisor starts it again
@@ -236,6 +237,20 @@ class DestinationUnavailable(TransportUnavailable):
     """The transport answers, but a destination cannot take messages now (a RabbitMQ quorum queue
     electing a new leader after a node was lost, a queue full that refuses more): an outage of
     that destination like any other, and never a sign that the message broke the connection."""
+
+
+class RouteUnavailable(DestinationUnavailable):
+    """A route's transport cannot be reached while another route's can (``duetime run --route``):
+    its messages wait in the store, held for ``retry_in`` seconds, until the route is tried again,
+    and the other routes go on. No circuit breaker counts it: a restart would not mend one route,
+    and would stop the others. ``tried``: this answer came from a try, not from the wait between
+    two tries (an outage is counted once per try)."""
+
+    def __init__(self, message: str, *, route: str, retry_in: float, tried: bool) -> None:
+        super().__init__(message)
+        self.route = route
+        self.retry_in = retry_in
+        self.tried = tried
 
 
 class NotReplicated(StoreError):

@@ -29,7 +29,7 @@ from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher
-from duetime.engine.routes import described, read_routes, routed
+from duetime.engine.routes import Backoff, described, read_routes, routed
 from duetime.errors import DuetimeError, InvalidSetting, one_line
 from duetime.inputs.urls import redact
 from duetime.interfaces import DeliveryLog, ServerClock
@@ -241,7 +241,7 @@ def run(
             # whatever was opened is closed, also when a later step of the start fails
             s = open_store(store, claim_timeout=settings.claim_timeout)
             opened.push_async_callback(_close, s.close)
-            t = routed(routes, shown, open_transport)
+            t = routed(routes, shown, open_transport, Backoff.of(settings))
             opened.push_async_callback(_close, t.close)
             log = await _open_log(delivery_log, opened)
             service = Service(

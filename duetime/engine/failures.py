@@ -1,6 +1,8 @@
 """What happens to a message whose forward failed, in one place.
 
 - The transport could not be reached: an outage, not the message's; its claim goes back untouched.
+- Its route could not be reached while another can: it waits in the store, held until the route
+  is tried again, and the other routes go on (:mod:`duetime.engine.routes`).
 - Another try may go: its failure is counted and it waits its turn (``number_of_retries``).
 - Its destination said "not now" (:class:`RetryLater`, a webhook's 503): its failure is counted
   and it waits in the store as long as the destination's own schedule says.
@@ -22,8 +24,8 @@ from duetime.engine.observe import DispatchObserver, Settled
 from duetime.engine.outages import Outages
 from duetime.engine.triage import NOT_RETRIED, Triage
 from duetime.error_headers import KEPT_IN_STORE, error_headers
-from duetime.errors import MessageInFlight, RetryLater, one_line
-from duetime.interfaces import Clock, RetryingStore
+from duetime.errors import ConfigurationError, MessageInFlight, RetryLater, RouteUnavailable, one_line
+from duetime.interfaces import Clock, FlowControlStore, RetryingStore
 from duetime.message import DelayedMessage
 
 log = logging.getLogger("duetime.dispatcher")
@@ -63,6 +65,32 @@ class FailurePolicy:
         await self.calls.release([m.message_id for m in batch])
         if pause and not self.stopping():
             await self.outages.pause()
+
+    async def wait_for_route(
+        self, waiting: Sequence[tuple[DelayedMessage, RouteUnavailable]], doing: str
+    ) -> bool:
+        """Messages whose route is down while another can be reached: each held in the store,
+        unchanged, until its route is tried again, so no round claims them in between and no
+        breaker counts it. A store that cannot hold them gives their claims back and the
+        dispatcher backs off, as for any outage: False then."""
+        store, now = self.calls.store, self.clock.now()
+        for error in {e.route: e for _, e in waiting if e.tried}.values():
+            self.observer.unreachable(error, f"{doing} by route {error.route}")
+        until = {m.message_id: now + timedelta(seconds=e.retry_in) for m, e in waiting}
+        if isinstance(store, FlowControlStore):
+            try:
+                await within(
+                    store.hold(until), self.calls.deadline(self.breakers.store), "holding a route's messages"
+                )
+                return True
+            except ConfigurationError:  # a store that keeps no holds (the example dbm store)
+                pass
+            except Exception as error:  # their claims lapse by themselves; they are tried again then
+                log.warning("holding %d messages for their route failed: %s", len(until), one_line(error))
+                self.breakers.store.failure(error)
+                return True
+        await self.give_back([m for m, _ in waiting], waiting[0][1], doing, pause=False)
+        return False
 
     async def failed(self, failed: Failed) -> None:
         """Count each failure; dead-letter what is out of retries or has nowhere to go."""
@@ -139,6 +167,8 @@ class FailurePolicy:
             )
         if answer.outage is not None:
             await self.give_back(answer.unreachable, answer.outage, doing, pause=False)
+        if answer.waiting:  # the error queue's route is down: the originals wait for it
+            await self.wait_for_route(answer.waiting, doing)
         refused, failed = answer.split_refused()
         if refused:  # the error queue is on the same server, with the same limits
             await self.park(refused)

@@ -8,12 +8,17 @@ route names it). ``duetime run --route 'reminders.*=webhooks://'`` or
 is the one reading of that text.
 
 A batch is split by route and each part sent at once; every message gets its own transport's
-answer, and a transport that fails as a whole fails only its own part (its messages are
-unreachable, the others carried), so a broker that is down never holds back a webhook. Its
-messages stay stored and count as an outage: one that lasts the dispatch breaker's time (30 s)
-ends the run with exit code 3, for its supervisor to start again, as with one transport. Exactly-once
-needs one transaction for the store and the transport: a dispatcher with routes delivers
-at-least-once, each route's messages by their id (a receiver drops a repeat by it).
+answer. A route whose transport cannot be reached while another route's can is down on its own:
+its messages wait in the store, held until the route is tried again (after ``failure_backoff``,
+doubling to ``max_failure_backoff`` while it stays down), and are never sent in between, so a broker
+that is down never holds back a webhook, and no circuit breaker counts it (a restart would not
+mend that route and would stop the others). Only when no route can be reached is it an outage of
+the dispatcher, as with one transport: one that lasts the dispatch breaker's time (30 s) ends the
+run with exit code 3, for its supervisor to start again. A route's connection lost in the middle
+of a batch, with the route answering again at once, is no outage: the dispatcher looks for the
+message that drops it (:mod:`duetime.engine.pinpoint`). Exactly-once needs one transaction for the
+store and the transport: a dispatcher with routes delivers at-least-once, each route's messages by
+their id (a receiver drops a repeat by it).
 """
 
 from __future__ import annotations
@@ -22,13 +27,21 @@ import asyncio
 import fnmatch
 import logging
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from duetime.errors import ConfigurationError, TransportUnavailable, one_line
+from duetime.errors import (
+    ConfigurationError,
+    DestinationUnavailable,
+    RouteUnavailable,
+    TransportUnavailable,
+    one_line,
+)
 from duetime.inputs.urls import redact, remember
 from duetime.interfaces import Located, ReadsFromStore, Transport
 from duetime.message import DelayedMessage
+from duetime.settings import DelayedDeliverySettings
 
 log = logging.getLogger("duetime.dispatcher")
 
@@ -60,15 +73,52 @@ def read_routes(text: str | Sequence[str]) -> list[Route]:
     return routes
 
 
+@dataclass(slots=True)
+class _Down:
+    """A route's transport that could not be reached: since when, how often, when to try again."""
+
+    error: Exception
+    since: float
+    tries: int = 1
+    retry_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long a route that is down waits between tries: ``first`` seconds, doubling to ``longest``
+    (the dispatcher's ``failure_backoff`` and ``max_failure_backoff``)."""
+
+    first: float = 1.0
+    longest: float = 5.0
+
+    @classmethod
+    def of(cls, settings: DelayedDeliverySettings) -> Backoff:
+        return cls(settings.failure_backoff.total_seconds(), settings.max_failure_backoff.total_seconds())
+
+    def after(self, tries: int) -> float:
+        return min(self.first * 2.0 ** max(tries - 1, 0), self.longest)
+
+
 class RoutedTransport:
     """Several transports behind one: each message to the transport of its destination's route."""
 
-    def __init__(self, routes: Sequence[tuple[Route, Transport]], default: Transport) -> None:
+    def __init__(
+        self,
+        routes: Sequence[tuple[Route, Transport]],
+        default: Transport,
+        *,
+        backoff: Backoff = Backoff(),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.routes = list(routes)
         self.default = default
+        self.backoff = backoff
+        self._monotonic = monotonic
         self._by_destination: dict[str, Transport] = {}
-        #: The transports that could not be reached when started, by id.
-        self._down: dict[int, Exception] = {}
+        #: The transports that could not be reached, by id: tried again when their turn comes.
+        self._down: dict[int, _Down] = {}
+        #: The transports not started yet (they could not be reached at the start), by id.
+        self._unstarted: set[int] = set()
 
     @property
     def url(self) -> str:
@@ -110,12 +160,14 @@ class RoutedTransport:
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
-                log.warning(
-                    "route to %s cannot be reached: %s; tried again with its messages",
-                    _shown(t),
-                    one_line(result),
-                )
-        self._down = {k: v for k, v in failed.items() if isinstance(v, Exception)}
+                if id(t) not in self._down:
+                    log.warning(
+                        "route to %s cannot be reached: %s; tried again with its messages",
+                        _shown(t),
+                        one_line(result),
+                    )
+                    self._down[id(t)] = _Down(result, self._monotonic(), tries=0)
+        self._unstarted = set(failed)
 
     async def declare(self, queue: str) -> None:
         await self.route_of(queue).declare(queue)
@@ -132,25 +184,83 @@ class RoutedTransport:
             t = self.route_of(message.destination)
             parts.setdefault(id(t), (t, []))[1].append(i)
         results: list[Exception | None] = [None] * len(messages)
+        waiting = {key for key in parts if self._waits(key)}
+        failed: set[int] = set()
 
-        async def send(t: Transport, indexes: list[int]) -> None:
+        async def send(key: int, t: Transport, indexes: list[int]) -> None:
             try:
-                if id(t) in self._down:  # it could not be reached at the start: try it again now
+                if key in self._unstarted:  # it could not be reached at the start: try it again now
                     await t.start()
-                    self._down.pop(id(t), None)
+                    self._unstarted.discard(key)
                 answers = await t.send_batch([messages[i] for i in indexes])
+                if answers and all(_lost(a) for a in answers):
+                    await t.start()  # the connection dropped: does it answer again (a message's doing)?
             except Exception as error:  # that transport is down: its part is unreachable
-                down = (
-                    error
-                    if isinstance(error, TransportUnavailable)
-                    else TransportUnavailable(one_line(error))
-                )
-                answers = [down] * len(indexes)
+                self._went_down(key, t, error)
+                failed.add(key)
+                return
+            self._came_back(key, t)
             for i, answer in zip(indexes, answers, strict=True):
                 results[i] = answer
 
-        await asyncio.gather(*(send(t, indexes) for t, indexes in parts.values()))
+        await asyncio.gather(
+            *(send(key, t, indexes) for key, (t, indexes) in parts.items() if key not in waiting)
+        )
+        for key in waiting | failed:  # after every try: whether another route answered is known
+            t, indexes = parts[key]
+            answer = self._answer(key, t, tried=key in failed)
+            for i in indexes:
+                results[i] = answer
         return results
+
+    def _waits(self, key: int) -> bool:
+        """Whether a route's messages wait without a try: it is down, its next try has not come,
+        and another route can be reached (with none, each try is the dispatcher's, as with one
+        transport)."""
+        down = self._down.get(key)
+        return down is not None and self._monotonic() < down.retry_at and self._others_up(key)
+
+    def _others_up(self, key: int) -> bool:
+        return any(id(t) not in self._down for t in self.transports if id(t) != key)
+
+    def _answer(self, key: int, t: Transport, *, tried: bool) -> TransportUnavailable:
+        """What a down route's messages are answered: they wait for its next try while another
+        route can be reached; an outage of the dispatcher's when none can."""
+        down = self._down[key]
+        text = f"route to {_shown(t)} cannot be reached: {one_line(down.error)}"
+        if not self._others_up(key):
+            return TransportUnavailable(text)
+        retry_in = max(down.retry_at - self._monotonic(), 0.001)
+        return RouteUnavailable(text, route=_shown(t), retry_in=retry_in, tried=tried)
+
+    def _went_down(self, key: int, t: Transport, error: Exception) -> None:
+        now = self._monotonic()
+        down = self._down.get(key)
+        if down is None or not down.tries:
+            down = self._down[key] = _Down(error, now if down is None else down.since)
+        else:
+            down.error, down.tries = error, down.tries + 1
+        wait = self.backoff.after(down.tries)
+        down.retry_at = now + wait
+        log.warning(
+            "route to %s cannot be reached (%s), for %.0f s now; its messages wait in the store, "
+            "tried again in %g s%s",
+            _shown(t),
+            one_line(error),
+            now - down.since,
+            wait,
+            "" if self._others_up(key) else " (no route can be reached)",
+        )
+
+    def _came_back(self, key: int, t: Transport) -> None:
+        down = self._down.pop(key, None)
+        if down is not None:
+            log.info("route to %s reachable again after %.0f s", _shown(t), self._monotonic() - down.since)
+
+
+def _lost(answer: Exception | None) -> bool:
+    """An answer that says the connection dropped (not that a destination cannot take it now)."""
+    return isinstance(answer, TransportUnavailable) and not isinstance(answer, DestinationUnavailable)
 
 
 def described(routes: Sequence[Route], default_url: str) -> str:
@@ -167,7 +277,10 @@ def _url_of(transport: Transport) -> str:
 
 
 def routed(
-    routes: Sequence[Route], default_url: str, open_transport: Callable[[str], Transport]
+    routes: Sequence[Route],
+    default_url: str,
+    open_transport: Callable[[str], Transport],
+    backoff: Backoff = Backoff(),
 ) -> Transport:
     """The transport of ``default_url`` alone without routes, else one that routes; a URL named by
     several routes is one transport (one connection)."""
@@ -180,4 +293,4 @@ def routed(
             opened[url] = open_transport(url)
         return opened[url]
 
-    return RoutedTransport([(r, one(r.url)) for r in routes], one(default_url))
+    return RoutedTransport([(r, one(r.url)) for r in routes], one(default_url), backoff=backoff)

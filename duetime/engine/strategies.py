@@ -252,8 +252,9 @@ class AtLeastOnce:
             e.outages.up()
         if answer.failed:
             await e.failures.failed(answer.failed)
-        if (transport_failures or answer.unreachable) and not e.stopping():
-            await (e.outages.pause() if answer.unreachable else e.back_off())
+        held = await e.failures.wait_for_route(answer.waiting, "sending") if answer.waiting else True
+        if (transport_failures or answer.unreachable or not held) and not e.stopping():
+            await (e.outages.pause() if answer.unreachable or not held else e.back_off())
 
     async def finish(self) -> None:
         """Give back a batch claimed ahead but not sent (a stop or a critical error came first)."""

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from duetime.errors import DestinationNotFound, MessageRefused, RetryLater, TransportUnavailable
+from duetime.errors import (
+    DestinationNotFound,
+    MessageRefused,
+    RetryLater,
+    RouteUnavailable,
+    TransportUnavailable,
+)
 from duetime.message import DelayedMessage
 
 #: Failures another try cannot mend: to the error queue at once, without retries.
@@ -29,6 +35,9 @@ class Triage:
     unreachable: list[DelayedMessage] = field(default_factory=list)
     #: The first unreachable answer (what the outage is logged and counted with).
     outage: TransportUnavailable | None = None
+    #: Not sent because their route is down while another can be reached: they wait for its
+    #: next try (an outage of that route alone, not of the dispatcher).
+    waiting: list[tuple[DelayedMessage, RouteUnavailable]] = field(default_factory=list)
     #: Failed, each with its error; :data:`NOT_RETRIED` among them will never go.
     failed: list[tuple[DelayedMessage, Exception]] = field(default_factory=list)
 
@@ -39,6 +48,8 @@ class Triage:
         for message, result in zip(batch, results, strict=True):
             if result is None:
                 triage.carried.append(message)
+            elif isinstance(result, RouteUnavailable):
+                triage.waiting.append((message, result))
             elif isinstance(result, TransportUnavailable):
                 triage.unreachable.append(message)
                 if triage.outage is None:

@@ -1,5 +1,5 @@
-"""The webhook rules and routes without a network: addresses, signatures, answers, retries put
-off by the dispatcher, and a batch split by route."""
+"""The webhook rules without a network: addresses, signatures, answers, and retries put off by
+the dispatcher."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from duetime import DelayedMessage
-from duetime.backends.memory import MemoryTransport
 from duetime.backends.webhooks.transport import GuardedResolver, WebhookTransport, check_literal, outcome
-from duetime.engine.routes import RoutedTransport, read_routes, routed
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
@@ -192,66 +190,6 @@ async def test_ids_and_headers_http_cannot_carry_unchanged_are_refused_alone() -
     assert [type(r) for r in results] == [MessageRefused, MessageRefused, MessageRefused, DestinationNotFound]
     with pytest.raises(TransportUnavailable):
         await t.send_batch([message()])
-
-
-class Down(MemoryTransport):
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
-        raise ConnectionResetError("the broker went away")
-
-
-async def test_routes_split_a_batch_and_one_transport_down_holds_back_only_its_own() -> None:
-    routes = read_routes("hook.*=memory:// orders.*=memory://")
-    assert [r.pattern for r in routes] == ["hook.*", "orders.*"]
-    hooks, orders, rest = MemoryTransport(), Down(), MemoryTransport()
-    t = RoutedTransport([(routes[0], hooks), (routes[1], orders)], rest)
-    for q in ("hook.a", "other"):
-        await t.declare(q)
-    batch = [
-        DelayedMessage(f"m{i}", d, T, b"") for i, d in enumerate(["hook.a", "orders.x", "other", "hook.a"])
-    ]
-    results = await t.send_batch(batch)
-    assert results[0] is None and results[2] is None and results[3] is None
-    assert isinstance(results[1], TransportUnavailable)
-    assert [m.message_id for m in hooks.messages("hook.a")] == ["m0", "m3"]
-    assert [m.message_id for m in rest.messages("other")] == ["m2"]
-    with pytest.raises(ConfigurationError, match="PATTERN=TRANSPORT_URL"):
-        read_routes(["orders.*"])
-    opened: list[str] = []
-
-    def open_transport(url: str) -> MemoryTransport:
-        opened.append(url)
-        return MemoryTransport()
-
-    assert isinstance(routed([], "memory://", open_transport), MemoryTransport)
-    routed(read_routes("a=memory://x b=memory://x"), "memory://y", open_transport)
-    assert opened == ["memory://", "memory://x", "memory://y"]  # one transport per URL
-
-
-class CannotConnect(MemoryTransport):
-    """A broker that is not there when the run starts, and is there later."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tries = 0
-
-    async def start(self) -> None:
-        self.tries += 1
-        if self.tries == 1:
-            raise TransportUnavailable("not there yet")
-
-
-async def test_a_route_down_at_the_start_holds_back_no_other_and_is_tried_again() -> None:
-    route = read_routes("late.*=memory://")[0]
-    late, rest = CannotConnect(), MemoryTransport()
-    t = RoutedTransport([(route, late)], rest)
-    await t.start()  # the other connected: no error
-    for q, where in (("late.a", late), ("other", rest)):
-        await where.declare(q)
-    batch = [DelayedMessage("m1", "late.a", T, b""), DelayedMessage("m2", "other", T, b"")]
-    assert await t.send_batch(batch) == [None, None]  # tried again, and there now
-    assert late.tries == 2
-    with pytest.raises(TransportUnavailable):
-        await RoutedTransport([(route, CannotConnect())], CannotConnect()).start()  # none: an error
 
 
 class NotNow:
