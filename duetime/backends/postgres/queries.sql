@@ -38,13 +38,18 @@ ALTER TABLE {table} ADD COLUMN IF NOT EXISTS group_key varchar(200);
 CREATE INDEX IF NOT EXISTS {index_group} ON {table} (group_key) WHERE group_key IS NOT NULL;
 
 -- A row a dispatcher holds locked is in flight: skipped, not waited for.
+-- Every statement that picks up to N rows with SKIP LOCKED and changes them picks them once, in
+-- a MATERIALIZED CTE: as a subquery the planner may scan it again for each row it joins (a
+-- nested loop), and a scan again skips the rows this statement has changed already (locked by
+-- it) and picks others, so more than N were changed (a one-row move took two on PostgreSQL 15).
 -- name: delete_group_unclaimed
-DELETE FROM {table} WHERE message_id IN (
+WITH chosen AS MATERIALIZED (
     SELECT message_id FROM {table}
     WHERE group_key = %(group)s AND (claim_token IS NULL OR claim_token = {held} OR claimed_until <= %(now)s)
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-);
+)
+DELETE FROM {table} AS t USING chosen WHERE t.message_id = chosen.message_id;
 
 -- name: create_store_due_index
 CREATE INDEX IF NOT EXISTS {index_due} ON {table} (due_at, message_id);
@@ -137,16 +142,16 @@ FROM left_after AS l LEFT JOIN c ON true
 
 -- A lease claim, and the next due time (claimed_and_next).
 -- name: claim_due
-WITH c AS (
+WITH chosen AS MATERIALIZED (
+    SELECT message_id FROM {table}
+    WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
+    ORDER BY due_at, message_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), c AS (
     UPDATE {table} AS t SET claim_token = %(token)s, claimed_until = %(until)s
-    FROM (
-        SELECT message_id FROM {table}
-        WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
-        ORDER BY due_at, message_id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-    WHERE t.message_id = c.message_id
+    FROM chosen
+    WHERE t.message_id = chosen.message_id
     RETURNING t.message_id, t.destination, t.due_at, t.headers::text AS headers, t.body, t.failure_count,
               t.group_key
 ), {claimed_and_next};
@@ -164,15 +169,16 @@ WITH c AS (
 
 -- The rows come back in due order (a DELETE's own RETURNING has none): the queues get them so.
 -- name: take_due
-WITH taken AS (
+WITH chosen AS MATERIALIZED (
+    SELECT message_id FROM {table}
+    WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
+    ORDER BY due_at, message_id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), taken AS (
     DELETE FROM {table} AS t
-    WHERE t.message_id IN (
-        SELECT message_id FROM {table}
-        WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
-        ORDER BY due_at, message_id
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED
-    )
+    USING chosen
+    WHERE t.message_id = chosen.message_id
     RETURNING t.message_id, t.destination, t.due_at, t.headers::text, t.body, t.failure_count, t.group_key
 )
 SELECT * FROM taken ORDER BY due_at, message_id;
@@ -187,7 +193,7 @@ SELECT * FROM taken ORDER BY due_at, message_id;
 -- counted in `strays`: the caller then moves that batch row by row. The result is one row per
 -- moved message, or one row of NULLs with the counts when none moved.
 -- name: move_due_at_once
-WITH due AS (
+WITH due AS MATERIALIZED (
     SELECT d.message_id,
            d.due_at >= '1970-01-01T00:00:00Z'
            AND left(d.headers::text, 1) = '{{' AND right(d.headers::text, 1) = '}}'
@@ -397,16 +403,16 @@ WITH acknowledged AS (
     DELETE FROM {messages} AS m
     USING unnest(%(seqs)s::bigint[], %(receipts)s::uuid[]) AS a(seq, receipt)
     WHERE m.seq = a.seq AND m.receipt = a.receipt
-)
-UPDATE {messages} AS m
-SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1
-FROM (
+), chosen AS MATERIALIZED (
     SELECT seq FROM {messages}
     WHERE queue = %(queue)s AND visible_at <= clock_timestamp() AND seq <> ALL(%(seqs)s::bigint[])
     ORDER BY visible_at, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-) AS c
+)
+UPDATE {messages} AS m
+SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1
+FROM chosen AS c
 WHERE m.seq = c.seq
 RETURNING m.seq, m.queue, m.message_id, m.headers::text, m.body, m.delivery_count;
 
