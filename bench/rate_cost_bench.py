@@ -33,6 +33,9 @@ ratio column is Dramatiq's CPU per message at the same rate.
 ``--budgets 1ms,10ms,50ms`` runs each duetime path once for each lateness budget
 (``DUETIME_LATENESS_BUDGET``: how late the dispatcher may wake so that one round takes every
 message due by then), to show what a few milliseconds of punctuality buy in CPU.
+``--windows 0,50ms`` runs each once for each claim window (``DUETIME_CLAIM_WINDOW``: how far ahead
+an at-least-once dispatcher claims, to send each message from memory at its due time); with both,
+each pair.
 """
 
 from __future__ import annotations
@@ -127,7 +130,7 @@ class Result:
     cpu: float  # the delivering process(es)
     consumer_cpu: float | None  # duetime's consumer; None for a peer (its worker is both)
     late_ms: list[float]
-    budget: str | None = None  # the lateness budget the dispatcher was given; None: its default
+    budget: str | None = None  # the settings the dispatcher was given ("budget 1ms"); None: defaults
 
     @property
     def label(self) -> str:
@@ -218,9 +221,15 @@ def duetime_path(name: str, folder: Path) -> Iterator[tuple[str, str | None, str
 
 
 def run_duetime(
-    name: str, rate: int, folder: Path, profile: Path | None = None, burst: int = 0, budget: str | None = None
+    name: str,
+    rate: int,
+    folder: Path,
+    profile: Path | None = None,
+    burst: int = 0,
+    budget: str | None = None,
+    claim_window: str | None = None,
 ) -> Result:
-    out = folder / f"{name}-{rate}-{budget}.arrivals"
+    out = folder / f"{name}-{rate}-{budget}-{claim_window}.arrivals"
     out.write_text("")
     with duetime_path(name, folder) as (store, transport, queue):
         args = ["--store", store, "--endpoint", "ratebench"] + (
@@ -232,7 +241,8 @@ def run_duetime(
         )
         assert consumer.stderr is not None
         consumer.stderr.readline()  # ready
-        env = {**os.environ, "DUETIME_LATENESS_BUDGET": budget} if budget else None
+        given = {"DUETIME_LATENESS_BUDGET": budget, "DUETIME_CLAIM_WINDOW": claim_window}
+        env = {**os.environ, **{k: v for k, v in given.items() if v}} if budget or claim_window else None
         dispatcher = spawn([sys.executable, "-m", "duetime", "run", *args], folder, env)
         try:
             time.sleep(3.0)  # started and idle
@@ -403,8 +413,14 @@ def main() -> None:
         help="run each duetime path once per lateness budget, comma-separated (1ms,10ms); "
         "empty: the dispatcher's default",
     )
+    parser.add_argument(
+        "--windows",
+        default="",
+        help="run each duetime path once per claim window, comma-separated (0,50ms); empty: the default",
+    )
     args = parser.parse_args()
     budgets: list[str | None] = [b.strip() for b in args.budgets.split(",") if b.strip()] or [None]
+    windows: list[str | None] = [w.strip() for w in args.windows.split(",") if w.strip()] or [None]
     rates = [0] if args.burst else [int(r) for r in args.rates.split(",")]
     only = args.only.split(",")
     if unknown := set(only) - set(PEERS + DUETIME_PATHS):
@@ -417,13 +433,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for rate in rates:
             baseline: float | None = None
-            runs = list(dict.fromkeys((name, None if name in PEERS else b) for name in only for b in budgets))
-            for name, budget in runs:
+            runs = list(
+                dict.fromkeys(
+                    (name, None, None) if name in PEERS else (name, b, w)
+                    for name in only
+                    for b in budgets
+                    for w in windows
+                )
+            )
+            for name, budget, window in runs:
                 result = (
                     run_peer(name, rate, Path(folder), args.burst)
                     if name in PEERS
-                    else run_duetime(name, rate, Path(folder), args.profile, args.burst, budget)
+                    else run_duetime(name, rate, Path(folder), args.profile, args.burst, budget, window)
                 )
+                given = [f"budget {budget}" if budget else "", f"window {window}" if window else ""]
+                result.budget = ", ".join(g for g in given if g) or None
                 results.append(result)
                 if name == "dramatiq":
                     baseline = result.per_message_ms
@@ -436,7 +461,7 @@ def main() -> None:
                     flush=True,
                 )
     if args.plot and not args.burst:
-        (plot_budgets if budgets != [None] else plot)(results, args.plot)
+        (plot_budgets if budgets != [None] or windows != [None] else plot)(results, args.plot)
         print(f"curves drawn in {args.plot}")
 
 

@@ -75,9 +75,10 @@ class Clock(Protocol):
     def monotonic(self) -> float:
         """Seconds from an arbitrary start that never go back (what breakers and deadlines use)."""
 
-    async def wait(self, event: asyncio.Event, timeout: float) -> bool:
+    async def wait(self, event: asyncio.Event, timeout: float, *, slack: float = 0.0) -> bool:
         """Wait until ``event`` is set (True) or ``timeout`` seconds have passed (False), ending on
-        time to well under a millisecond."""
+        time to well under a millisecond; or anywhere in its last ``slack`` seconds, when a wait
+        that ends a little early costs less."""
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds``."""

@@ -94,6 +94,8 @@ DEFAULT_ERROR_QUEUE = "error"
 
 #: A lateness budget above this would be a delay, not a budget.
 MAX_LATENESS_BUDGET = timedelta(seconds=1)
+#: The most a dispatcher claims ahead: a claim held in memory longer only keeps a cancel waiting.
+MAX_CLAIM_WINDOW = timedelta(seconds=1)
 #: The shortest each time may be. Shorter, a call cannot finish or a breaker cannot see an
 #: outage from a slow answer: a 1 µs operation timeout or a 1 ms breaker made every call a
 #: failure, a made-up outage that ended the dispatcher.
@@ -145,6 +147,12 @@ class DelayedDeliverySettings:
     #: message due by then: at a steady few hundred a second, a round (and its CPU) per several
     #: messages instead of one each. Never early; zero wakes on each message's due time.
     lateness_budget: timedelta = timedelta(milliseconds=1)
+    #: How far ahead of their due time an at-least-once dispatcher claims messages, to send each
+    #: from memory at its due time (never before): one claim and one removal for all that come
+    #: due within it, instead of a round each. A message claimed ahead is being delivered: a
+    #: cancel or reschedule is refused with a one-line error (look again in a moment). A kill
+    #: gives it back when its claim lapses, as for any claim. Zero claims only what is due.
+    claim_window: timedelta = timedelta(milliseconds=50)
     #: How long a claimed batch stays hidden from other dispatchers before it is taken back.
     claim_timeout: timedelta = timedelta(seconds=30)
     #: Pause after a failure while a circuit breaker is armed, so an outage is not a hot loop.
@@ -180,6 +188,10 @@ class DelayedDeliverySettings:
             )
         if not timedelta(0) <= self.lateness_budget <= MAX_LATENESS_BUDGET:
             raise InvalidSetting("lateness_budget", "must be from 0 to 1 second")
+        if not timedelta(0) <= self.claim_window <= MAX_CLAIM_WINDOW:
+            raise InvalidSetting("claim_window", "must be from 0 to 1 second")
+        if self.claim_window * 2 > self.claim_timeout:
+            raise InvalidSetting("claim_window", "must be at most half the claim_timeout")
         if self.summary_interval < timedelta(0):
             raise InvalidSetting("summary_interval", "must not be negative (zero turns it off)")
         if not self.error_queue.strip():

@@ -149,7 +149,7 @@ class Dispatcher:
         )
         #: The flow-control limits, for a store that keeps them.
         self.flow = FlowControl(store, self.clock) if isinstance(store, FlowControlStore) else None
-        engine = StrategyParts(
+        self._parts = engine = StrategyParts(
             self.calls,
             self.failures,
             self.outages,
@@ -429,6 +429,7 @@ class Dispatcher:
 
     async def run_burst(self) -> DispatchStats:
         """Forward everything due now, then return (raises CriticalError like ``run``)."""
+        self._parts.burst = True
         try:
             await self.start()
             if self.planner is not None:  # what the schedules have due now is stored first
@@ -507,8 +508,10 @@ class Dispatcher:
         cap = self.settings.max_sleep.total_seconds()
         if next_due is None:
             timeout = cap
-        else:  # woken within the budget after it is due: the round takes what came due meanwhile
-            wake_at = next_due + self.settings.lateness_budget
+        else:  # woken within the budget after it is due (or a claim's time before it, claiming
+            # ahead): the round takes what came due meanwhile
+            lead = self.strategy.lead
+            wake_at = next_due - lead if lead else next_due + self.settings.lateness_budget
             timeout = min(max((wake_at - self.clock.now()).total_seconds(), 0.0), cap)
         owed = self.summary.due_in()
         if owed is not None:

@@ -37,7 +37,7 @@ class FakeClock:
         """How many waits are pending (so a test can tell the dispatcher went to sleep)."""
         return sum(not f.done() for _, f in self._waiters)
 
-    async def wait(self, event: asyncio.Event, timeout: float) -> bool:
+    async def wait(self, event: asyncio.Event, timeout: float, *, slack: float = 0.0) -> bool:
         if event.is_set():
             return True
         if timeout <= 0:

@@ -934,7 +934,7 @@ async def test_a_destination_that_cannot_take_messages_now_blames_no_message() -
 async def test_a_lateness_budget_takes_what_comes_due_within_it_in_one_round_and_nothing_early() -> None:
     """Woken the budget after the first is due, one round takes both; the third, due after
     that, waits for its own round."""
-    rig = await Rig(lateness_budget=timedelta(milliseconds=5)).setup("orders")
+    rig = await Rig(lateness_budget=timedelta(milliseconds=5), claim_window=timedelta(0)).setup("orders")
     await rig.store.store_many([rig.message(1, 10), rig.message(2, 10.004), rig.message(3, 10.006)])
     await rig.start()
     await rig.tick(10.004)

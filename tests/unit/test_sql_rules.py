@@ -15,7 +15,11 @@ def test_rows_picked_with_skip_locked_and_a_limit_are_picked_once(name: str, tex
     MATERIALIZED CTE: as a subquery the planner may scan it again for each row it joins, and the
     scan again skips what the statement changed already and picks other rows (a one-row move took
     two on PostgreSQL 15)."""
-    if "SKIP LOCKED" not in text or "LIMIT" not in text or not re.search(r"(?<!FOR )\b(UPDATE|DELETE)\b", text):
+    if (
+        "SKIP LOCKED" not in text
+        or "LIMIT" not in text
+        or not re.search(r"(?<!FOR )\b(UPDATE|DELETE)\b", text)
+    ):
         return
     picks = re.findall(r"(\w+)\s+AS(\s+MATERIALIZED)?\s*\(\s*SELECT[^;]*?LIMIT[^;]*?SKIP LOCKED", text, re.S)
     assert picks, f"{name}: the rows it changes are picked in a subquery, not a MATERIALIZED CTE"

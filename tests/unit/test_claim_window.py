@@ -1,0 +1,102 @@
+"""Claiming ahead on a fake clock: what comes due within ``claim_window`` is claimed in one round
+and sent from memory at its due time, never before, and removed in one call; a message claimed
+ahead cannot be cancelled; a stop gives back what was not sent; a message stored meanwhile, due
+sooner than the next, is claimed into the same window."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import pytest
+
+from duetime.errors import MessageInFlight
+from tests.unit.helpers import Rig
+
+
+class Counting(Rig):
+    def __init__(self, **settings: object) -> None:
+        super().__init__(**settings)
+        self.claims = 0
+        self.removals: list[list[str]] = []
+        store, fetch, remove = self.store, self.store.fetch_due_and_next, self.store.remove_many
+
+        async def counted_fetch(at, limit):  # type: ignore[no-untyped-def]
+            self.claims += 1
+            return await fetch(at, limit)
+
+        async def counted_remove(ids: Sequence[str]) -> int:
+            self.removals.append(list(ids))
+            return await remove(ids)
+
+        store.fetch_due_and_next = counted_fetch  # type: ignore[method-assign]
+        store.remove_many = counted_remove  # type: ignore[method-assign]
+
+
+async def test_one_claim_takes_the_window_and_each_goes_at_its_due_time_never_before() -> None:
+    rig = await Counting(claim_window=timedelta(milliseconds=50)).setup("orders")
+    await rig.store.store_many([rig.message(1, 10), rig.message(2, 10.010), rig.message(3, 10.030)])
+    await rig.start()
+    claims = rig.claims
+    await rig.tick(9.999)
+    assert rig.delivered() == [] and rig.claims == claims, "woken early while messages come far apart"
+    await rig.tick(0.001)  # due: claimed with what comes due within 50 ms, and sent
+    assert rig.delivered() == ["m1"] and rig.claims == claims + 1
+    with pytest.raises(MessageInFlight):
+        await rig.store.cancel("m2")  # claimed ahead: being delivered
+    await rig.tick(0.009)
+    assert rig.delivered() == ["m1"], "sent before it was due"
+    await rig.tick(0.001)
+    assert rig.delivered() == ["m1", "m2"]
+    await rig.tick(0.020)
+    assert rig.delivered() == ["m1", "m2", "m3"]
+    assert rig.claims == claims + 1, "one claim for the window"
+    assert rig.removals == [["m1", "m2", "m3"]], "one removal for the window"
+    assert (await rig.store.counts(rig.clock.now())).total == 0
+    # messages closer than the window: the next wake is a claim's time early, so the first is
+    # in memory when it comes due
+    await rig.store.store_many([rig.message(4, 0.970), rig.message(5, 0.980)])  # at 11.000, 11.010
+    await rig.tick(0.968)
+    assert rig.delivered() == ["m1", "m2", "m3"] and rig.claims == claims + 2
+    await rig.tick(0.002)
+    assert rig.delivered() == ["m1", "m2", "m3", "m4"]
+    await rig.tick(0.010)
+    assert rig.delivered() == ["m1", "m2", "m3", "m4", "m5"]
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_a_stop_while_a_window_waits_gives_back_what_was_not_sent() -> None:
+    rig = await Rig(claim_window=timedelta(milliseconds=50)).setup("orders")
+    await rig.store.store_many([rig.message(1, 10), rig.message(2, 10.040)])
+    await rig.start()
+    await rig.tick(10)
+    assert rig.delivered() == ["m1"]
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+    assert rig.delivered() == ["m1"]
+    assert await rig.store.get("m1") is None, "what was sent is removed at the stop"
+    assert await rig.store.cancel("m2"), "given back: unclaimed, so a cancel reaches it"
+
+
+async def test_a_message_stored_during_a_window_due_sooner_is_claimed_into_it_on_time() -> None:
+    rig = await Rig(claim_window=timedelta(milliseconds=50)).setup("orders")
+    await rig.store.store_many([rig.message(1, 10), rig.message(2, 10.040)])
+    await rig.start()
+    await rig.tick(10)
+    assert rig.delivered() == ["m1"]
+    await rig.store.store(rig.message(3, 0.010))  # due at 10.010, before m2
+    await rig.tick(0.010)
+    assert rig.delivered() == ["m1", "m3"]
+    await rig.tick(0.030)
+    assert rig.delivered() == ["m1", "m3", "m2"]
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_a_burst_claims_nothing_ahead() -> None:
+    rig = await Rig(claim_window=timedelta(milliseconds=50)).setup("orders")
+    await rig.store.store_many([rig.message(1, 0), rig.message(2, 0.010)])
+    await rig.dispatcher.run_burst()
+    assert rig.delivered() == ["m1"]
+    assert await rig.store.cancel("m2")
