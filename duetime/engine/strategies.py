@@ -223,6 +223,7 @@ class AtLeastOnce:
         not sent: its claims never outlive the round."""
         e = self.e
         pending = sorted(batch, key=lambda m: m.due_at)
+        room = e.settings.batch_size - len(batch)  # a kill sends one batch again at the most
         self._carried = []
         try:
             while pending and not e.stopping():
@@ -238,8 +239,9 @@ class AtLeastOnce:
                     continue
                 if e.stopping():
                     break
-                if await self._wait_until(pending[0].due_at) and not e.stopping():
-                    more = await self._claim_more(e.clock.now() + window)  # something came due sooner?
+                if await self._wait_until(pending[0].due_at) and not e.stopping() and room > 0:
+                    more = await self._claim_more(e.clock.now() + window, room)  # something due sooner?
+                    room -= len(more)
                     pending = sorted([*pending, *more], key=lambda m: m.due_at)
         finally:
             carried, self._carried = self._carried, None
@@ -263,14 +265,14 @@ class AtLeastOnce:
         finally:
             wake.target, wake.asleep = None, False
 
-    async def _claim_more(self, at: datetime) -> list[DelayedMessage]:
-        """What came due within the window since its claim (stored meanwhile); nothing when the
-        store does not answer (the next round claims it)."""
+    async def _claim_more(self, at: datetime, limit: int) -> list[DelayedMessage]:
+        """Up to ``limit`` that came due within the window since its claim (stored meanwhile);
+        nothing when the store does not answer (the next round claims them)."""
         e = self.e
         e.wakeups.forget_ahead()  # the next due time read before this claim is stale
         try:
             more = await within(
-                e.calls.store.fetch_due(at, e.settings.batch_size),
+                e.calls.store.fetch_due(at, limit),
                 e.calls.deadline(e.calls.breakers.fetch),
                 "claiming due messages",
             )

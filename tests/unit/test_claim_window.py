@@ -100,3 +100,14 @@ async def test_a_burst_claims_nothing_ahead() -> None:
     await rig.dispatcher.run_burst()
     assert rig.delivered() == ["m1"]
     assert await rig.store.cancel("m2")
+
+
+async def test_a_window_never_holds_more_than_a_batch_so_a_kill_sends_one_batch_again_at_most() -> None:
+    rig = await Rig(claim_window=timedelta(milliseconds=50), batch_size=2).setup("orders")
+    await rig.store.store_many([rig.message(1, 10), rig.message(2, 10.040)])
+    await rig.start()
+    await rig.tick(10)
+    await rig.store.store(rig.message(3, 0.010))  # due sooner than m2, but the window is full
+    assert await rig.store.cancel("m3"), "claimed into a full window"
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
