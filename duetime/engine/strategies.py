@@ -191,7 +191,7 @@ class AtLeastOnce:
         full = len(batch) >= settings.batch_size
         e.observer.claimed(len(batch))
         e.progress.in_flight = len(batch)
-        e.progress.claims_end_by = now + settings.claim_timeout
+        e.progress.claims_end_by = now + window + settings.claim_timeout
         if full and not e.stopping() and self.claim_ahead:
             # More is probably due: claim the next batch while this one is sent. Its messages were
             # due when claimed (never early), and are sent only after this batch is removed, so a

@@ -39,6 +39,30 @@ def prepare(
     return store
 
 
+async def test_a_commit_before_the_file_watch_began_is_heard_when_it_begins(tmp_path: Path) -> None:
+    """The file watch starts on a thread after the dispatcher subscribes: a message another
+    process stores in between was heard by nobody, and a dispatcher that found nothing slept its
+    whole `max_sleep` (a minute) with it due (a `duetime run` under load, its first second)."""
+    db = tmp_path / "early.db"
+    prepare(db, "early").close()
+    store = SqliteStore.from_url(f"sqlite:///{db}")
+    await store.initialize("early", TransactionMode.AT_LEAST_ONCE)
+    heard: list[datetime | None] = []
+    unsubscribe = store.subscribe(heard.append)
+    due = datetime.now(UTC) + timedelta(hours=1)
+    with prepare(db, "early") as other:  # before the watch's task has run: nothing is watching yet
+        other.store(DelayedMessage("early", "orders", due))
+    try:
+        for _ in range(200):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        assert heard and heard[0] is not None and abs(heard[0] - due) < timedelta(milliseconds=1), heard
+    finally:
+        unsubscribe()
+        await store.close()
+
+
 @pytest.mark.slow
 async def test_a_message_stored_by_another_process_wakes_the_sleeping_dispatcher(tmp_path: Path) -> None:
     db = tmp_path / "wake.db"

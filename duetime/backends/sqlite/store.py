@@ -610,6 +610,8 @@ class _Watcher:
         watch = watch_file(self._store.path)
         try:
             version = self._version()
+            if not stopped.is_set():  # a commit between the dispatcher's look and this watch: heard now
+                self._tell()
             looks = Looks()
             while not stopped.is_set():
                 if watch is None:
