@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from duetime.backends.sqlfiles import load_queries
+from duetime.backends.postgres.connection import PgNames
 
 
-@pytest.mark.parametrize("name, text", sorted(load_queries("duetime.backends.postgres").items()))
+@pytest.mark.parametrize("name, text", sorted(PgNames("duetime", "orders.delayed").q.items()))
 def test_rows_picked_with_skip_locked_and_a_limit_are_picked_once(name: str, text: str) -> None:
     """A statement that picks up to N rows with SKIP LOCKED and changes them picks them in a
     MATERIALIZED CTE: as a subquery the planner may scan it again for each row it joins, and the

@@ -381,11 +381,10 @@ class PgNames:
             names["queues"],
             names["messages"],
         ]
-        # the claims' shared end is a fragment of its own, written once (queries.sql)
-        claimed_and_next = QUERIES["claimed_and_next"].format(**names)
+        # the claims' shared parts are fragments of their own, written once (queries.sql)
+        fragments = {name: QUERIES[name].format(**names) for name in ("claimed_and_next", "due_rows")}
         self.q = {
-            name: sql.format(**names, claimed_and_next=claimed_and_next, held=HOLD_TOKEN_SQL)
-            for name, sql in QUERIES.items()
+            name: sql.format(**names, **fragments, held=HOLD_TOKEN_SQL) for name, sql in QUERIES.items()
         }
         #: LISTEN/NOTIFY channel: stable, short, one per table.
         self.channel = channel_of(schema, table)

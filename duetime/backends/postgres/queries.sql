@@ -140,14 +140,20 @@ SELECT c.message_id, c.destination, c.due_at, c.headers, c.body, c.failure_count
        l.first, l.expiry
 FROM left_after AS l LEFT JOIN c ON true
 
--- A lease claim, and the next due time (claimed_and_next).
--- name: claim_due
-WITH chosen AS MATERIALIZED (
-    SELECT message_id FROM {table}
+-- The rows a claim or a move takes ({due_rows}, written once): the oldest due by %(at)s that no
+-- claim holds (or whose claim lapsed), at most %(limit)s, locked, skipping any another
+-- transaction holds.
+-- name: due_rows
+SELECT message_id FROM {table}
     WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
     ORDER BY due_at, message_id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+
+-- A lease claim, and the next due time (claimed_and_next).
+-- name: claim_due
+WITH chosen AS MATERIALIZED (
+    {due_rows}
 ), c AS (
     UPDATE {table} AS t SET claim_token = %(token)s, claimed_until = %(until)s
     FROM chosen
@@ -170,11 +176,7 @@ WITH c AS (
 -- The rows come back in due order (a DELETE's own RETURNING has none): the queues get them so.
 -- name: take_due
 WITH chosen AS MATERIALIZED (
-    SELECT message_id FROM {table}
-    WHERE due_at <= %(at)s AND (claim_token IS NULL OR claimed_until <= %(at)s)
-    ORDER BY due_at, message_id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    {due_rows}
 ), taken AS (
     DELETE FROM {table} AS t
     USING chosen
