@@ -188,7 +188,8 @@ class PrometheusObserver(DispatchObserver):
         ).labels(endpoint)
         self._batch_seconds = Histogram(
             "duetime_batch_duration_seconds",
-            "Seconds from claiming a batch to having it delivered and removed.",
+            "Seconds from claiming a batch to having it delivered and removed, not counting the wait "
+            "for the due times of what was claimed ahead.",
             ["endpoint"],
             buckets=BATCH_SECONDS_BUCKETS,
             registry=registry,

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 
+from duetime import Dispatcher
 from duetime.errors import MessageInFlight
 from tests.unit.helpers import Rig
 
@@ -109,5 +110,30 @@ async def test_a_window_never_holds_more_than_a_batch_so_a_kill_sends_one_batch_
     await rig.tick(10)
     await rig.store.store(rig.message(3, 0.010))  # due sooner than m2, but the window is full
     assert await rig.store.cancel("m3"), "claimed into a full window"
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+async def test_a_batchs_duration_leaves_out_the_wait_for_due_times_claimed_ahead() -> None:
+    from duetime import DispatchObserver
+
+    class Durations(DispatchObserver):
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def batch(self, size: int, seconds: float) -> None:
+            self.seen.append(seconds)
+
+    durations = Durations()
+    rig = await Rig(claim_window=timedelta(milliseconds=50)).setup("orders")
+    rig.dispatcher = Dispatcher(
+        rig.store, rig.transport, rig.settings, endpoint="unit", clock=rig.clock, observer=durations
+    )
+    await rig.store.store_many([rig.message(1, 10), rig.message(2, 10.040)])
+    await rig.start()
+    await rig.tick(10)
+    await rig.tick(0.040)
+    assert rig.delivered() == ["m1", "m2"]
+    assert durations.seen and max(durations.seen) < 0.001, durations.seen  # not the 40 ms waited
     rig.dispatcher.stop()
     await rig.task  # type: ignore[misc]
