@@ -35,10 +35,11 @@ class WakeUps:
         file shared with a consumer, every message's receipt and acknowledgement came in as such a
         word.
         """
-        if due is not None and not self.asleep:
-            self.told = due if self.told is None else min(self.told, due)
-        elif due is None or self.target is None or due < self.target:
+        if due is None or (self.asleep and (self.target is None or due < self.target)):
             self.event.set()
+        else:  # kept for the coming wait: mid-round, or asleep toward an earlier time (a wait for
+            # a message claimed ahead, after which the round ends without asking again)
+            self.told = due if self.told is None else min(self.told, due)
 
     def ask_ahead(self, question: Awaitable[datetime | None]) -> None:
         """Start asking the next due time now, beside the round's send and removal; what is told

@@ -137,3 +137,20 @@ async def test_a_batchs_duration_leaves_out_the_wait_for_due_times_claimed_ahead
     assert durations.seen and max(durations.seen) < 0.001, durations.seen  # not the 40 ms waited
     rig.dispatcher.stop()
     await rig.task  # type: ignore[misc]
+
+
+async def test_a_message_stored_during_a_window_due_after_what_it_holds_is_not_forgotten() -> None:
+    """Stored while the window waits for m2, due after m2 but long before what the claim saw next
+    (m3): the wait after the window ends by it, instead of sleeping until m3."""
+    rig = await Rig(claim_window=timedelta(milliseconds=50)).setup("orders")
+    await rig.store.store_many([rig.message(1, 10), rig.message(2, 10.040), rig.message(3, 20)])
+    await rig.start()
+    await rig.tick(10)
+    assert rig.delivered() == ["m1"]
+    await rig.store.store(rig.message(4, 0.045))  # due at 10.045: after m2, before m3
+    await rig.tick(0.040)
+    assert rig.delivered() == ["m1", "m2"]
+    await rig.tick(0.005)
+    assert rig.delivered() == ["m1", "m2", "m4"], "slept toward m3 with m4 due"
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
