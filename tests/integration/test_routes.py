@@ -47,18 +47,20 @@ def test_a_route_down_past_the_breaker_holds_back_no_other_route_and_loses_nothi
     try:
         ok("setup", "--store", url, "--queue", "local")
         ok("queues", "declare", queue, "--transport", RABBITMQ)
-        lines = [
-            json.dumps({"id": f"{d}-{i}", "destination": d, "body": f"m {i}", "delay": f"{2 + i * 0.1:.1f}s"})
-            for i in range(80)
-            for d in ("local", queue)
-        ]
-        (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
-        ok("load", str(tmp_path / "m.jsonl"), "--store", url)
         log = tmp_path / "run.log"
         run = spawn_run(duetime_cmd("run", "--store", url, "--route", f"routes.*={proxy.url(RABBITMQ)}"), log)
         try:
             wait_until_serving(log)
-            proxy.cut()  # before the first is due: every one of the route's waits for it
+            proxy.cut()  # the route was reached at the start; from now on it is not
+            lines = [
+                json.dumps(
+                    {"id": f"{d}-{i}", "destination": d, "body": f"m {i}", "delay": f"{2 + i * 0.1:.1f}s"}
+                )
+                for i in range(80)
+                for d in ("local", queue)
+            ]
+            (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+            ok("load", str(tmp_path / "m.jsonl"), "--store", url)
             local: set[str] = set()
             started = time.monotonic()
             while time.monotonic() - started < 12:  # six times the breaker's time
