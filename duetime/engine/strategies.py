@@ -209,7 +209,7 @@ class AtLeastOnce:
             # it (claimed or locked); anything stored meanwhile is told.
             e.wakeups.ask_ahead(store.next_due())
         try:
-            self._held_ahead = bool(window) and batch[-1].due_at > e.clock.now()
+            self._held_ahead = bool(window) and max(m.due_at for m in batch) > e.clock.now()
             self._waited = 0.0
             if self._held_ahead:  # some are due later in the window: each at its time
                 await self._forward_on_time(batch, window)
@@ -243,10 +243,14 @@ class AtLeastOnce:
                     continue
                 if e.stopping():
                     break
-                if await self._wait_until(pending[0].due_at) and not e.stopping() and room > 0:
-                    more = await self._claim_more(e.clock.now() + window, room)  # something due sooner?
-                    room -= len(more)
-                    pending = sorted([*pending, *more], key=lambda m: m.due_at)
+                if await self._wait_until(pending[0].due_at) and not e.stopping():
+                    # a store's word: heard here, so the next wait asks the store again
+                    e.wakeups.event.clear()
+                    e.wakeups.forget_ahead()
+                    if room > 0:  # something due sooner?
+                        more = await self._claim_more(e.clock.now() + window, room)
+                        room -= len(more)
+                        pending = sorted([*pending, *more], key=lambda m: m.due_at)
         finally:
             carried, self._carried = self._carried, None
             if pending:
@@ -255,12 +259,12 @@ class AtLeastOnce:
             await self._settle(carried)
 
     async def _wait_until(self, due_at: datetime) -> bool:
-        """Wait until ``due_at`` by this clock; True if a store's word (or a stop) came first."""
+        """Wait until ``due_at`` by this clock; True if a store's word (or a stop) came first,
+        or had come already (the event is left set for the caller)."""
         e = self.e
         wake = e.wakeups
         budget = e.settings.lateness_budget.total_seconds()
         slack = TIMER_LATENESS if budget >= TIMER_LATENESS else 0.0  # asyncio's timer: late, never early
-        wake.event.clear()
         wake.target, wake.asleep = due_at, True
         began = e.clock.monotonic()
         try:
@@ -275,7 +279,6 @@ class AtLeastOnce:
         """Up to ``limit`` that came due within the window since its claim (stored meanwhile);
         nothing when the store does not answer (the next round claims them)."""
         e = self.e
-        e.wakeups.forget_ahead()  # the next due time read before this claim is stale
         try:
             more = await within(
                 e.calls.store.fetch_due(at, limit),
