@@ -858,6 +858,12 @@ def test_a_flag_out_of_range_is_named_as_typed(tmp_path: Path) -> None:
         done = run_cli("run", "--burst", *args, cwd=tmp_path)
         assert done.returncode == 1 and done.stderr.strip() == said, done.stderr
         assert not (tmp_path / "duetime.db").exists(), "refused before anything was opened"
+    done = run_cli("run", "--burst", cwd=tmp_path, env={"DUETIME_CLAIM_WINDOW": "2s"})
+    assert (
+        done.returncode == 1
+        and done.stderr.strip() == "error: DUETIME_CLAIM_WINDOW='2s' must be from 0 to 1 second."
+    )
+    assert not (tmp_path / "duetime.db").exists(), "refused before anything was opened"
 
 
 def test_a_burst_run_is_recorded_as_a_dispatcher_that_ran(cli) -> None:  # type: ignore[no-untyped-def]

@@ -180,6 +180,12 @@ def test_a_flag_of_duetime_run_is_read_as_its_variable_is(monkeypatch: pytest.Mo
         ({"max_sleep": timedelta(0)}, "max_sleep"),
         ({"error_queue": " "}, "error_queue"),
         ({"transaction_mode": "twice"}, "twice"),
+        ({"claim_window": timedelta(seconds=2)}, "claim_window must be from 0 to 1 second"),
+        ({"claim_window": timedelta(milliseconds=-1)}, "claim_window must be from 0 to 1 second"),
+        (
+            {"claim_window": timedelta(milliseconds=800), "claim_timeout": timedelta(seconds=1)},
+            "claim_window must be at most half the claim_timeout",
+        ),
     ],
 )
 def test_bad_settings(kwargs: dict[str, object], message: str) -> None:
