@@ -29,7 +29,8 @@ from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher
-from duetime.engine.routes import Backoff, described, read_routes, routed
+from duetime.engine.outages import Backoff
+from duetime.engine.routes import described, read_routes, routed
 from duetime.errors import DuetimeError, InvalidSetting, one_line
 from duetime.inputs.urls import redact
 from duetime.interfaces import DeliveryLog, ServerClock

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 
 from duetime.engine.circuit import RepeatedFailuresOverTimeCircuitBreaker
 from duetime.engine.observe import DispatchObserver
@@ -16,6 +17,27 @@ from duetime.interfaces import Clock
 from duetime.settings import DelayedDeliverySettings
 
 log = logging.getLogger("duetime.dispatcher")
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait after the ``tries``-th failed try in a row: ``first`` seconds, doubling to
+    ``longest`` (the dispatcher's ``failure_backoff`` and ``max_failure_backoff``), for the
+    transport as a whole and for each route alike."""
+
+    first: float = 1.0
+    longest: float = 5.0
+
+    @classmethod
+    def of(cls, settings: DelayedDeliverySettings) -> Backoff:
+        return cls(settings.failure_backoff.total_seconds(), settings.max_failure_backoff.total_seconds())
+
+    def after(self, tries: int) -> float:
+        return min(self.first * 2.0 ** max(tries - 1, 0), self.longest)
+
+
+#: The dispatcher's default back-off (1 s doubling to 5 s), for a caller without settings at hand.
+DEFAULT_BACKOFF = Backoff()
 
 
 class Outages:
@@ -64,9 +86,7 @@ class Outages:
     async def pause(self) -> None:
         """Back off while the transport is down: ``failure_backoff``, doubling to the maximum, and
         never past the moment the breaker is due (it looks again then, not later)."""
-        first = self.settings.failure_backoff.total_seconds()
-        longest = self.settings.max_failure_backoff.total_seconds()
-        pause = min(first * 2 ** max(self.consecutive - 1, 0), longest)
+        pause = Backoff.of(self.settings).after(self.consecutive)
         breaker = self.breaker
         if breaker.armed_at is not None:
             left = breaker.armed_at + breaker.time_to_trigger - self.clock.monotonic()

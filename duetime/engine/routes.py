@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from duetime.engine.outages import DEFAULT_BACKOFF, Backoff
 from duetime.errors import (
     ConfigurationError,
     DestinationUnavailable,
@@ -41,7 +42,6 @@ from duetime.errors import (
 from duetime.inputs.urls import redact, remember
 from duetime.interfaces import Located, ReadsFromStore, Transport
 from duetime.message import DelayedMessage
-from duetime.settings import DelayedDeliverySettings
 
 log = logging.getLogger("duetime.dispatcher")
 
@@ -83,22 +83,6 @@ class _Down:
     retry_at: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """How long a route that is down waits between tries: ``first`` seconds, doubling to ``longest``
-    (the dispatcher's ``failure_backoff`` and ``max_failure_backoff``)."""
-
-    first: float = 1.0
-    longest: float = 5.0
-
-    @classmethod
-    def of(cls, settings: DelayedDeliverySettings) -> Backoff:
-        return cls(settings.failure_backoff.total_seconds(), settings.max_failure_backoff.total_seconds())
-
-    def after(self, tries: int) -> float:
-        return min(self.first * 2.0 ** max(tries - 1, 0), self.longest)
-
-
 class RoutedTransport:
     """Several transports behind one: each message to the transport of its destination's route."""
 
@@ -107,7 +91,7 @@ class RoutedTransport:
         routes: Sequence[tuple[Route, Transport]],
         default: Transport,
         *,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = DEFAULT_BACKOFF,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.routes = list(routes)
@@ -280,7 +264,7 @@ def routed(
     routes: Sequence[Route],
     default_url: str,
     open_transport: Callable[[str], Transport],
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = DEFAULT_BACKOFF,
 ) -> Transport:
     """The transport of ``default_url`` alone without routes, else one that routes; a URL named by
     several routes is one transport (one connection)."""

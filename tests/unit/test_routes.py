@@ -11,7 +11,8 @@ import pytest
 
 from duetime import DelayedMessage
 from duetime.backends.memory import MemoryTransport
-from duetime.engine.routes import Backoff, RoutedTransport, read_routes, routed
+from duetime.engine.outages import Backoff
+from duetime.engine.routes import RoutedTransport, read_routes, routed
 from duetime.errors import ConfigurationError, RouteUnavailable, TransportUnavailable
 from duetime.testing import FakeClock
 from tests.unit.helpers import Rig
