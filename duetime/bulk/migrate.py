@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -62,6 +62,8 @@ class MigrationSpec:
     batch_rows: int = 100_000
     #: (found, real): store a source endpoint's messages under another endpoint name (--rename).
     renames: tuple[tuple[str, str], ...] = ()
+    #: The key id the driver's keyring seals with (set by :func:`migrate`): each task's must hold it.
+    sealed_with: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.cutoff is not None and self.cutoff.tzinfo is None:
@@ -138,6 +140,8 @@ def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -
         return _migrate_files(spark, spec, progress)
     source = DbSource(Database.from_url(spec.source), renames=dict(spec.renames))
     target = open_target(spec.target)
+    if isinstance(target, StoreTarget | RedisStoreTarget):
+        spec = replace(spec, sealed_with=target.sealed_with)
     now_us = to_micros(SYSTEM.now())
     tables = source.tables(spec.endpoint)
     _refuse_moving_into_itself(source, target, tables)
@@ -255,6 +259,8 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
     target = open_target(spec.target)
     if isinstance(target, FileTarget):
         raise TypeError("folders are written by the whole run (_to_files), not batch by batch")
+    if isinstance(target, StoreTarget | RedisStoreTarget):
+        target.expect_key(spec.sealed_with)
     rows = {r["batch"]: r for r in source.batches(run_id)}
     row = rows[number]
     batch = batch_of(row)

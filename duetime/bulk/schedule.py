@@ -137,11 +137,12 @@ def _schedule(
     target = open_store_target(store_url)
     valid = frame.where(F.col("problem").isNull())
     target.prepare([r[0] for r in valid.select("endpoint").distinct().collect()])
-    url = store_url
+    url, sealed_with = store_url, target.sealed_with
     counter = RowCounter(frame.sparkSession)
 
     def write(_: int, pairs: Iterator[Checked]) -> list[tuple[int, int, int, int]]:
         store = open_store_target(url)
+        store.expect_key(sealed_with)  # the driver's keyring seals, or nothing is written
         seen = stored = good = 0
         for chunk in chunked(pairs, CHUNK_ROWS):  # a partition of any size, in bounded memory
             seen += len(chunk)

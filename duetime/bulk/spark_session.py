@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from duetime.errors import ConfigurationError, MissingExtra
-from duetime.settings import SPARK_LOGS_VARIABLE, variable
+from duetime.settings import ENCRYPTION_KEYS_VARIABLE, SPARK_LOGS_VARIABLE, variable
 
 DEFAULT_MASTER = "local[*]"
 #: Set (to anything) to see Spark's own console output; it goes to a log file otherwise.
@@ -60,6 +60,11 @@ def spark_session(
         if key not in given:  # spark-submit --conf, spark-defaults.conf and the cluster win
             settings[key] = value
     settings |= dict(conf or {})
+    # The tasks seal what they write with the driver's keyring: its file, at the same path (a
+    # cluster's executors need the file there; a task without it stops, never writes plaintext).
+    keys, keys_setting = variable(ENCRYPTION_KEYS_VARIABLE), f"spark.executorEnv.{ENCRYPTION_KEYS_VARIABLE}"
+    if keys and keys_setting not in given:
+        settings[keys_setting] = os.path.abspath(keys)
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)

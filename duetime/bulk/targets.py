@@ -24,6 +24,8 @@ from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import CHUNK_ROWS, checked_of, chunked
 from duetime.bulk.layouts import DuetimeLayout
 from duetime.bulk.records import Destination, Record, bulk_row, group_sql
+from duetime.bulk.sealing import seal_record, sealed_records, task_sealer
+from duetime.encryption import Sealer, sealer_from_environment
 from duetime.errors import ConfigurationError
 from duetime.inputs.urls import redact, split_options
 
@@ -73,7 +75,40 @@ class _TakesAll:
         return []
 
 
-class StoreTarget(_TakesAll):
+class _Seals:
+    """A duetime store target: with a keyring, every row is sealed before it is written (the
+    store's own rule for every way in: :mod:`duetime.bulk.sealing`)."""
+
+    #: This process's keyring's sealer (``DUETIME_ENCRYPTION_KEYS``), or None: rows go as they are.
+    sealer: Sealer | None
+
+    @property
+    def sealed_with(self) -> str | None:
+        """The primary key id rows are sealed with, None when they are written as they are."""
+        return None if self.sealer is None else self.sealer.keyring.primary
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to Spark's tasks with the key id it seals with, never the keys: each task seals
+        with its own keyring, which must hold that key (:meth:`expect_key`)."""
+        state = dict(self.__dict__)
+        state["sealer"] = self.sealed_with
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.expect_key(state["sealer"])
+
+    def expect_key(self, expected: str | None) -> None:
+        """In a Spark task: seal with the driver's keyring (``expected``: its primary key id), or
+        stop before a row is written (:func:`task_sealer`)."""
+        self.sealer = task_sealer(expected)
+
+    def sealed(self, records: Sequence[Record] | Any) -> Sequence[Record] | Any:
+        """The rows as they are written: sealed records with a keyring, else as given."""
+        return records if self.sealer is None else sealed_records(self.sealer, records)
+
+
+class StoreTarget(_TakesAll, _Seals):
     """A duetime store in a SQL database, written through the store's bulk writer
     (``duetime.backends.<store>.bulk_rows``: COPY on PostgreSQL, multi-row inserts on MariaDB
     and SQLite), each batch in one transaction with its ledger row."""
@@ -88,6 +123,7 @@ class StoreTarget(_TakesAll):
         self.display = db.display
         #: PostgreSQL: COPY straight into the store table until an id is found there already.
         self._straight = True
+        self.sealer = sealer_from_environment(now=True)
 
     def prepare(self, endpoints: Sequence[str]) -> None:
         from duetime.registry import open_sync_store
@@ -153,7 +189,7 @@ class StoreTarget(_TakesAll):
             earliest: dict[str, int | None] = {}
             added: dict[str, int] = {}
             for chunk in chunks:
-                for table, rows, first_us in self._by_table(chunk):
+                for table, rows, first_us in self._by_table(self.sealed(chunk)):
                     got, clash = self.insert_rows(conn, table, rows)
                     inserted += got
                     added[table] = added.get(table, 0) + got
@@ -168,8 +204,8 @@ class StoreTarget(_TakesAll):
 
     def shares_database(self, other: Database) -> bool:
         """Both on one PostgreSQL database as one user, so the source's connection can copy
-        staged rows inside the server."""
-        if self.db.dialect != "postgres" or other.dialect != "postgres":
+        staged rows inside the server (never with a keyring: each row is sealed in Python)."""
+        if self.sealer is not None or self.db.dialect != "postgres" or other.dialect != "postgres":
             return False
         from duetime.backends.postgres.connection import PgOptions
 
@@ -227,8 +263,14 @@ class StoreTarget(_TakesAll):
 
     def pipes_from(self, source: Database) -> bool:
         """Both PostgreSQL (in two databases): staged rows can stream from one server's COPY into
-        the other's without being decoded here, while no id of this task has clashed."""
-        return self.db.dialect == "postgres" and source.dialect == "postgres" and self._straight
+        the other's without being decoded here, while no id of this task has clashed (never with
+        a keyring: each row is sealed in Python)."""
+        return (
+            self.sealer is None
+            and self.db.dialect == "postgres"
+            and source.dialect == "postgres"
+            and self._straight
+        )
 
     def write_piped(
         self,
@@ -365,7 +407,7 @@ class StoreTarget(_TakesAll):
             if d.dialect == "sqlite":
                 conn.commit()
                 conn.execute("BEGIN IMMEDIATE")
-            unique = list({r.message_id: r for r in records}.values())
+            unique = self.sealed(list({r.message_id: r for r in records}.values()))
             claimed = self._claim_ids(conn, job, [r.message_id for r in unique])
             unique = [r for r in unique if r.message_id in claimed]
             by_table: dict[str, list[Record]] = {}
@@ -413,7 +455,7 @@ class StoreTarget(_TakesAll):
             self.db.execute(conn, self.db.query("forget_run"), [run_id])
 
 
-class RedisStoreTarget(_TakesAll):
+class RedisStoreTarget(_TakesAll, _Seals):
     """A duetime Redis store (``redis://…``, ``redis+sentinel://…``), written through its bulk
     writer (:mod:`duetime.backends.redis.bulk_rows`): each chunk of a batch once, its answer in
     the run's ledger hash beside the store's keys, so a re-run never writes a batch twice."""
@@ -425,13 +467,16 @@ class RedisStoreTarget(_TakesAll):
         self.display = redact(url)
         self._store = SyncRedisStore.from_url(url)  # checks the URL; connects when first used
         self._rows: RedisBulkRows | None = None
+        self.sealer = sealer_from_environment(now=True)
 
-    def __getstate__(self) -> dict[str, str]:
-        """Sent to Spark's tasks as its URL: each task connects on its own."""
-        return {"url": self.url}
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to Spark's tasks as its URL and the key id it seals with: each task connects on
+        its own, and seals with its own keyring."""
+        return {"url": self.url, "sealer": self.sealed_with}
 
-    def __setstate__(self, state: dict[str, str]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"])  # type: ignore[misc]
+        self.expect_key(state["sealer"])
 
     def _writer(self) -> RedisBulkRows:
         if self._rows is None:
@@ -460,6 +505,8 @@ class RedisStoreTarget(_TakesAll):
             return done
         by_endpoint: dict[str, list[tuple[Any, ...]]] = {}
         for record in records:
+            if self.sealer is not None:
+                record = seal_record(self.sealer, record)
             by_endpoint.setdefault(record.endpoint, []).append(bulk_row(record))
         stored, held = 0, []
         for endpoint, rows in sorted(by_endpoint.items()):
@@ -473,7 +520,7 @@ class RedisStoreTarget(_TakesAll):
     def write_once(self, job: str, records: Sequence[Record]) -> Written:
         """Each id at most once per job, ever (the job's set of ids beside the store's keys)."""
         by_endpoint: dict[str, list[tuple[Any, ...]]] = {}
-        for record in {r.message_id: r for r in records}.values():
+        for record in self.sealed(list({r.message_id: r for r in records}.values())):
             by_endpoint.setdefault(record.endpoint, []).append(bulk_row(record))
         stored, held = 0, []
         for endpoint, rows in by_endpoint.items():
