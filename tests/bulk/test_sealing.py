@@ -5,6 +5,7 @@ import; and a Spark task without the driver's keyring writes nothing."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from duetime.message import DelayedMessage
 from duetime.registry import open_sync_store
 from duetime.settings import ENCRYPTION_KEYS_VARIABLE, TransactionMode
 from tests.bulk.test_migrate import store_rows
+from tests.conftest import run_cli
 from tests.services import postgres_database, postgres_schema, store_url
 
 SECRET = b"SECRET-PAYLOAD"
@@ -131,3 +133,30 @@ def test_a_task_without_the_drivers_keyring_writes_nothing(
     monkeypatch.setenv(ENCRYPTION_KEYS_VARIABLE, str(rotated))
     sealer = task_sealer("first")  # rotated since the driver read it: its key is still there
     assert sealer is not None and sealer.keyring.primary == "second"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a Spark of its own, started by the command
+def test_bulk_schedule_as_a_user_runs_it_seals_with_the_keyring_the_variable_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`DUETIME_ENCRYPTION_KEYS=keys.json duetime bulk schedule …`: a path relative to where the
+    command runs reaches Spark's tasks, which seal every row."""
+    Keyring.new("first").write(tmp_path / "keys.json")
+    lines = [
+        {"id": f"u{i}", "destination": "orders", "due_at": "2031-03-01T09:00:00Z", "body": f"SECRET-PAYLOAD {i}",
+         "headers": {"card": f"SECRET-{i}"}}
+        for i in range(20)
+    ]  # fmt: skip
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = run_cli(
+        "bulk", "schedule", "jsonl:rows.jsonl", "--to", "sqlite:///s.db", "--endpoint", "e", "--job", "j",
+        cwd=tmp_path, timeout=240, env={ENCRYPTION_KEYS_VARIABLE: "keys.json"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    monkeypatch.setenv(ENCRYPTION_KEYS_VARIABLE, str(tmp_path / "keys.json"))
+    assert sealed_at_rest(as_stored(url, "e", monkeypatch))
+    assert {k: v.body for k, v in store_rows(url, "e").items()} == {
+        line["id"]: line["body"].encode() for line in lines
+    }
