@@ -235,6 +235,10 @@ SELECT message_id FROM {scheduled} WHERE job=%s AND message_id IN ({marks})
 -- name: insert_scheduled_id
 INSERT INTO {scheduled} (job, message_id) VALUES (%s, %s)
 
+-- The ids a job found waiting and replaces after this commit: its own again once replaced.
+-- name: release_scheduled_ids
+DELETE FROM {scheduled} WHERE job=%s AND message_id IN ({marks})
+
 -- ---------------------------------------------------------------------------------------------
 -- The delivery log (`duetime run --delivery-log URL`) and the report that reads it.
 

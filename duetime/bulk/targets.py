@@ -396,12 +396,14 @@ class StoreTarget(_TakesAll, _Seals):
             for table, count in added.items():
                 self.pg_rows(table).written(conn, earliest.get(table), count)
 
-    def write_once(self, job: str, records: Sequence[Record]) -> Written:
-        return self.db.retrying(lambda: self._write_once(job, records))
+    def write_once(self, job: str, records: Sequence[Record], *, keep_held: bool = True) -> Written:
+        return self.db.retrying(lambda: self._write_once(job, records, keep_held))
 
-    def _write_once(self, job: str, records: Sequence[Record]) -> Written:
+    def _write_once(self, job: str, records: Sequence[Record], keep_held: bool) -> Written:
         """Store each id at most once per job, ever: ids the job stored before (even ones since
-        delivered and removed) are skipped. The ids and the messages commit together."""
+        delivered and removed) are skipped. The ids and the messages commit together. An id the
+        store holds already is the job's too, unless not ``keep_held``: then the caller replaces
+        it and says so after (:meth:`settled`), so a crash in between replaces it on a re-run."""
         with self.db.session() as conn:
             d = self.db
             if d.dialect == "sqlite":
@@ -422,8 +424,20 @@ class StoreTarget(_TakesAll, _Seals):
                 added[table] = got
                 conflicts += clash
                 earliest[table] = min((r.due_us for r in rows_ if r.due_us is not None), default=None)
+            if not keep_held:
+                for part in d.chunks(conflicts, 500):
+                    query = d.query("release_scheduled_ids", marks=d.in_list(len(part)))
+                    d.execute(conn, query, [job, *part])
             self.written(conn, earliest, added)
             return Written(inserted, tuple(conflicts))
+
+    def settled(self, job: str, ids: Sequence[str]) -> None:
+        """``ids`` (found waiting by :meth:`write_once`) are the job's now: a re-run skips them."""
+        with self.db.session() as conn:
+            if self.db.dialect == "sqlite":
+                conn.commit()
+                conn.execute("BEGIN IMMEDIATE")
+            self._claim_ids(conn, job, ids)
 
     def _claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:
         """Record ids as scheduled by ``job``; returns those it had not scheduled before."""
@@ -517,17 +531,22 @@ class RedisStoreTarget(_TakesAll, _Seals):
         self._writer().keep(run_id, str(batch), stored, held)
         return Written(stored, tuple(held))
 
-    def write_once(self, job: str, records: Sequence[Record]) -> Written:
-        """Each id at most once per job, ever (the job's set of ids beside the store's keys)."""
+    def write_once(self, job: str, records: Sequence[Record], *, keep_held: bool = True) -> Written:
+        """Each id at most once per job, ever (the job's set of ids beside the store's keys); an
+        id the store holds is the job's too unless not ``keep_held`` (as :class:`StoreTarget`)."""
         by_endpoint: dict[str, list[tuple[Any, ...]]] = {}
         for record in self.sealed(list({r.message_id: r for r in records}.values())):
             by_endpoint.setdefault(record.endpoint, []).append(bulk_row(record))
         stored, held = 0, []
         for endpoint, rows in by_endpoint.items():
-            got, there = self._writer().write(endpoint, rows, job=job)
+            got, there = self._writer().write(endpoint, rows, job=job, keep_held=keep_held)
             stored += got
             held += there
         return Written(stored, tuple(held))
+
+    def settled(self, job: str, ids: Sequence[str]) -> None:
+        """As :meth:`StoreTarget.settled`."""
+        self._writer().settled(job, ids)
 
     def forget(self, run_id: str) -> None:
         self._writer().forget(run_id)

@@ -28,6 +28,7 @@ from duetime.errors import ConfigurationError, DuetimeError
 from duetime.inputs.durations import parse_duration, parse_time, readable_duration
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
+from duetime.interfaces import IfExists
 from duetime.settings import STORE_VARIABLE
 
 bulk_app = typer.Typer(
@@ -413,6 +414,15 @@ def schedule(
             "time do not fall due at once.",
         ),
     ] = "0",
+    if_exists: Annotated[
+        str,
+        typer.Option(
+            "--if-exists",
+            help="When a row's id is waiting in the store: keep the stored message (the row is "
+            "counted as skipped), or replace it with the row (body, headers, destination, group, due "
+            "time; never one being delivered). A re-run of the job replaces nothing twice.",
+        ),
+    ] = "keep",
     transport: TransportOpt = None,
     master: MasterOpt = None,
     conf: ConfOpt = None,
@@ -427,9 +437,10 @@ def schedule(
 
     def go() -> None:
         from duetime.bulk.migrate import reach_target
-        from duetime.bulk.schedule import check_schedule
+        from duetime.bulk.schedule import bulk_if_exists, check_schedule
         from duetime.bulk.schedule import schedule as run
 
+        how = bulk_if_exists(if_exists)
         check_schedule(rows, store, job=job, endpoint=endpoint, batch_rows=batch_rows)  # before Spark starts
         window = parse_duration(spread)
         reach_target(store)
@@ -446,10 +457,18 @@ def schedule(
                     batch_rows=batch_rows,
                     progress=report,
                     spread=window,
+                    if_exists=how,
                 )
+        replaced = f", {done.replaced:,} replaced" if how is IfExists.REPLACE else ""
         console.print(
-            f"{done.rows:,} rows: {done.stored:,} stored, {done.skipped:,} already scheduled, {done.rejected:,} rejected"
+            f"{done.rows:,} rows: {done.stored:,} stored{replaced}, {done.skipped:,} already scheduled, "
+            f"{done.rejected:,} rejected"
         )
+        if done.in_flight:
+            console.print(
+                f"{done.in_flight:,} rows not stored: a dispatcher was delivering the message with "
+                "their id as it was, so it was not replaced."
+            )
         if done.rejects_path:
             console.print(f"rejected rows and reasons: {done.rejects_path}")
 

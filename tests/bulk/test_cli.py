@@ -169,6 +169,12 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         (["migrate", "--from", "jsonl:nothing-here", "--to", "sqlite:///x.db"], "nothing-here: does not exist"),
         (["report", "--store", "sqlite:///x.db", "--delivery-log", "jsonl:nothing-here"], "nothing-here: does not exist"),
         (["import", "--from", "jsonl:in/*.jsonl", "--to", "sqlite:///x.db"], "/in/*.jsonl: matches no file"),
+        (["schedule", "jsonl:rows", "--to", "sqlite:///x.db", "--job", "j", "--if-exists", "refuse"],
+         "a bulk schedule does not stop for one row"),
+        (["schedule", "jsonl:rows", "--to", "sqlite:///x.db", "--job", "j", "--if-exists", "debounce"],
+         "each row gives its own due time, so it replaces; use replace"),
+        (["schedule", "jsonl:rows", "--to", "sqlite:///x.db", "--job", "j", "--if-exists", "<b>"],
+         "--if-exists is keep or replace for a bulk schedule, not '<b>'."),
     ):  # fmt: skip
         early = run_cli("bulk", *command, cwd=tmp_path)
         assert early.returncode == 1 and said in early.stderr, early.stderr[-2000:]

@@ -49,6 +49,11 @@ class RedisBulkRows:
         """Keep a whole batch's answer (its chunks kept theirs as they went in)."""
         self.store.client.hset(self.ledger_key(run_id), field, json.dumps([stored, list(held)]))
 
+    def settled(self, job: str, ids: Sequence[str]) -> None:
+        """``ids`` are the job's: a re-run skips them."""
+        if ids:
+            self.store.client.sadd(self.job_key(job), *ids)
+
     def forget(self, run_id: str) -> None:
         self.store.client.delete(self.ledger_key(run_id))
 
@@ -60,10 +65,12 @@ class RedisBulkRows:
         run_id: str = "",
         field: str = "",
         job: str = "",
+        keep_held: bool = True,
     ) -> tuple[int, list[str]]:
         """``rows`` of ``endpoint`` in chunks, each once: under ``field`` of the run's ledger
-        (``field.N`` for its Nth chunk), or, for a ``job``, skipping the ids it stored before.
-        How many were stored, and the ids the store held already."""
+        (``field.N`` for its Nth chunk), or, for a ``job``, skipping the ids it stored before
+        (an id the store held is the job's too, unless not ``keep_held``: the caller replaces
+        it, then :meth:`settled`). How many were stored, and the ids the store held already."""
         store = self.store
         store.check_eviction_policy()
         keys = store.keys_for(endpoint)
@@ -72,7 +79,7 @@ class RedisBulkRows:
         stored, held = 0, []
         for n, start in enumerate(range(0, len(rows), ROWS_A_SCRIPT)):
             chunk = rows[start : start + ROWS_A_SCRIPT]
-            args: list[Any] = [f"{field}.{n}" if field else "", "1" if job else "0"]
+            args: list[Any] = [f"{field}.{n}" if field else "", ("1" if keep_held else "2") if job else "0"]
             for message_id, destination, due_us, headers, body, failures, group in chunk:
                 args += [message_id, payload_of(destination, json.loads(headers), group, body)]
                 args += [due_us, group or "", failures]

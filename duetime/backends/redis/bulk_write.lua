@@ -2,7 +2,8 @@
 -- A chunk of a bulk job's rows for one endpoint, written once.
 -- KEYS: 1-6 as store_many.lua; 7 the run's ledger hash; 8 the schedule job's set of the ids it
 --       has stored (ids in it are skipped: stored by the job before, even if since delivered)
--- ARGV: 1 the chunk's field in the ledger ('' for none), 2 '1' to use the job's set, then id,
+-- ARGV: 1 the chunk's field in the ledger ('' for none), 2 '1' to use the job's set, '2' to
+--       use it and leave out of it the ids the store held (the caller replaces them), then id,
 --       payload, due, group ('' for none), failures for each row
 -- Returns the chunk's answer as JSON, [stored, [ids the store held already]]: the one the ledger
 -- kept if the chunk was written before, else the new one (then kept). An id given twice: the
@@ -15,10 +16,13 @@ local m = {KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]}
 local stored, held = 0, {}
 for i = 3, #ARGV, 5 do
     local id = ARGV[i]
-    if ARGV[2] == '1' and redis.call('SADD', KEYS[8], id) == 0 then
+    if ARGV[2] ~= '0' and redis.call('SADD', KEYS[8], id) == 0 then
         -- this job's before
     elseif redis.call('HEXISTS', KEYS[2], id) == 1 then
         held[#held + 1] = id
+        if ARGV[2] == '2' then
+            redis.call('SREM', KEYS[8], id)
+        end
     else
         put_message(m, id, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4])
         stored = stored + 1
