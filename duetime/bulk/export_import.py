@@ -19,7 +19,9 @@ from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.migrate import MigrationResult, MigrationSpec, check_urls, migrate
 from duetime.bulk.preview import source_frame
 from duetime.bulk.progress import Progress, RowCounter, watched
+from duetime.bulk.sealing import opened_frame
 from duetime.clock import to_micros
+from duetime.encryption import sealer_from_environment
 from duetime.errors import ConfigurationError
 
 
@@ -27,6 +29,8 @@ from duetime.errors import ConfigurationError
 class Exported:
     rows: int
     path: str
+    #: with ``decrypt``: rows written still sealed (their key is not in the keyring)
+    still_sealed: int = 0
 
 
 def export(
@@ -37,11 +41,17 @@ def export(
     cutoff: datetime | None = None,
     progress: Progress | None = None,
     overwrite: bool = False,
+    decrypt: bool = False,
 ) -> Exported:
     """Every stored message of ``source_url`` into files at ``to``; ``progress`` is told the rows
     read of the rows the store held when the export was planned. ``to`` is replaced only if it is
-    empty or holds an earlier export, unless ``overwrite`` (never the current folder or a home)."""
+    empty or holds an earlier export, unless ``overwrite`` (never the current folder or a home).
+
+    Sealed rows are written as they are stored (a backup stays sealed), or opened with
+    ``decrypt`` by the keyring ``DUETIME_ENCRYPTION_KEYS`` names (those it cannot open stay
+    sealed, and are counted)."""
     fmt, path = check_export(source_url, to)
+    expected = decrypting_key() if decrypt else None
     check_replaceable(Folder(spark, path), to, overwrite)
     target = FileTarget(path, fmt)
     folder = target.check(spark)  # before a row is read
@@ -55,11 +65,24 @@ def export(
         check=False,
         counter=counter,
     )
+    unreadable = spark.sparkContext.accumulator(0)
+    if expected is not None:
+        frame = opened_frame(frame, expected, unreadable)
     # The count comes from the committed files, not from what was sent their way.
     rows = watched(lambda: target.write(spark, frame, folder), counter.reporter("exporting", progress))
     if progress is not None:
         progress("exporting", rows, rows)
-    return Exported(rows, folder.uri)
+    return Exported(rows, folder.uri, int(unreadable.value))
+
+
+def decrypting_key() -> str:
+    """The driver's primary key id, for ``decrypt``; one line when there is no keyring."""
+    sealer = sealer_from_environment(now=True)
+    if sealer is None:
+        raise ConfigurationError(
+            "--decrypt opens sealed rows with the keyring: set DUETIME_ENCRYPTION_KEYS to its file."
+        )
+    return sealer.keyring.primary
 
 
 def import_(

@@ -11,12 +11,12 @@ promises none.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from duetime.bulk.frames import checked_of
 from duetime.bulk.records import Record, parse_headers
-from duetime.encryption import KEY_HEADER, Sealer, sealer_from_environment
+from duetime.encryption import KEY_HEADER, Sealer, Unreadable, sealer_from_environment
 from duetime.errors import ConfigurationError
 from duetime.message import dump_headers
 
@@ -58,3 +58,48 @@ def sealed_records(sealer: Sealer, rows: Sequence[Record] | Any) -> list[Record]
         rows if isinstance(rows, Sequence) else (record for record, _ in checked_of([rows]))
     )
     return [seal_record(sealer, record) for record in records]
+
+
+def opened_frame(frame: Any, expected: str, unreadable: Any) -> Any:
+    """A record frame with every sealed row opened (``bulk export --decrypt``), in each task with
+    its keyring, which must hold ``expected`` (the driver's primary key). A row this keyring cannot
+    open stays as it is stored, and ``unreadable`` (a Spark accumulator) counts it."""
+
+    def run(batches: Iterator[Any]) -> Iterator[Any]:
+        sealer = task_sealer(expected)
+        assert sealer is not None  # task_sealer raises without a keyring holding ``expected``
+        for batch in batches:
+            opened, left = opened_batch(sealer, batch)
+            if left:
+                unreadable.add(left)
+            yield opened
+
+    return frame.mapInArrow(run, frame.schema)
+
+
+def opened_batch(sealer: Sealer, batch: Any) -> tuple[Any, int]:
+    """An Arrow batch of records with its sealed rows opened, and how many could not be."""
+    import pyarrow as pa
+
+    headers = batch.column("headers").to_pylist()
+    if not any(text and KEY_HEADER in text for text in headers):
+        return batch, 0
+    bodies = batch.column("body").to_pylist()
+    ids, destinations = batch.column("message_id").to_pylist(), batch.column("destination").to_pylist()
+    left = 0
+    for i, text in enumerate(headers):
+        parsed = parse_headers(text) if text and KEY_HEADER in text else {}
+        if KEY_HEADER not in parsed:
+            continue
+        try:
+            body, opened = sealer.open_parts(ids[i], destinations[i] or "", bytes(bodies[i] or b""), parsed)
+        except Unreadable:
+            left += 1
+            continue
+        headers[i], bodies[i] = dump_headers(opened), body
+    columns = {
+        "headers": pa.array(headers, batch.schema.field("headers").type),
+        "body": pa.array(bodies, batch.schema.field("body").type),
+    }
+    arrays = [columns.get(name, batch.column(name)) for name in batch.schema.names]
+    return pa.RecordBatch.from_arrays(arrays, schema=batch.schema), left

@@ -493,20 +493,35 @@ def export_(
             help="Replace a folder that holds other files too (never the current folder or a home).",
         ),
     ] = False,
+    decrypt: Annotated[
+        bool,
+        typer.Option(
+            "--decrypt",
+            help="Write sealed messages opened, with the keyring DUETIME_ENCRYPTION_KEYS names "
+            "(without it they are written sealed, as stored: a backup stays unreadable).",
+        ),
+    ] = False,
     master: MasterOpt = None,
     conf: ConfOpt = None,
 ) -> None:
     """Write every stored message (ids, due times, headers, bodies, failure counts) to files."""
 
     def go() -> None:
-        from duetime.bulk.export_import import check_export, export
+        from duetime.bulk.export_import import decrypting_key, check_export, export
         from duetime.bulk.migrate import reach_source
 
         check_export(store, to)  # before Spark takes seconds to start
+        if decrypt:
+            decrypting_key()
         reach_source(store, endpoint)
         with _spark(master, conf) as spark, _RowReport("exporting") as report:
-            done = export(spark, store, to, endpoint, progress=report, overwrite=overwrite)
+            done = export(spark, store, to, endpoint, progress=report, overwrite=overwrite, decrypt=decrypt)
         console.print(f"{done.rows:,} messages written to {done.path}")
+        if done.still_sealed:
+            console.print(
+                f"{done.still_sealed:,} written still encrypted: their key is not in the keyring "
+                "(`duetime keys list` shows its keys)."
+            )
 
     _guard(go)
 

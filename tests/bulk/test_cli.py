@@ -169,6 +169,8 @@ def test_what_a_newcomer_gets_wrong_first_is_one_line_and_never_internal(tmp_pat
         (["migrate", "--from", "jsonl:nothing-here", "--to", "sqlite:///x.db"], "nothing-here: does not exist"),
         (["report", "--store", "sqlite:///x.db", "--delivery-log", "jsonl:nothing-here"], "nothing-here: does not exist"),
         (["import", "--from", "jsonl:in/*.jsonl", "--to", "sqlite:///x.db"], "/in/*.jsonl: matches no file"),
+        (["export", "--from", "sqlite:///x.db", "--to", "parquet:out", "--decrypt"],
+         "--decrypt opens sealed rows with the keyring: set DUETIME_ENCRYPTION_KEYS to its file."),
         (["schedule", "jsonl:rows", "--to", "sqlite:///x.db", "--job", "j", "--if-exists", "refuse"],
          "a bulk schedule does not stop for one row"),
         (["schedule", "jsonl:rows", "--to", "sqlite:///x.db", "--job", "j", "--if-exists", "debounce"],

@@ -5,6 +5,7 @@ import; and a Spark task without the driver's keyring writes nothing."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -109,6 +110,26 @@ def test_bulk_migrate_seals_in_one_database_across_databases_and_from_files(
         assert SECRET not in b"".join(p.read_bytes() for p in out.glob("part-*"))  # kept as sealed
         again = other + "&table=imported"
         assert import_(spark, f"parquet:{out}", again).inserted == 30
+        # --decrypt: the rows opened where the keyring holds their key, the others as stored
+        stranger = tmp_path / "stranger.json"
+        Keyring.new("stranger").write(stranger)
+        with monkeypatch.context() as m:
+            m.setenv(ENCRYPTION_KEYS_VARIABLE, str(stranger))
+            store = open_sync_store(other)
+            store.initialize("legacy", TransactionMode.AT_LEAST_ONCE)
+            store.store(DelayedMessage("theirs", "orders", DUE, SECRET, {}))
+            store.close()
+        opened = export(spark, other, f"jsonl:{tmp_path / 'opened'}", "legacy", decrypt=True)
+        assert (opened.rows, opened.still_sealed) == (31, 1)
+        lines = [
+            json.loads(x) for p in (tmp_path / "opened").glob("part-*") for x in p.read_text().splitlines()
+        ]
+        bodies = {line["message_id"]: line for line in lines}
+        assert {k: base64.b64decode(v["body_base64"]) for k, v in bodies.items() if k != "theirs"} == {
+            x.message_id: x.body for x in messages
+        }
+        assert base64.b64decode(bodies["theirs"]["body_base64"]) != SECRET
+        assert "stranger" in bodies["theirs"]["headers"]
         assert sealed_at_rest(as_stored(again, "legacy", monkeypatch))
         assert {k: v.body for k, v in store_rows(again, "legacy").items()} == {
             x.message_id: x.body for x in messages
