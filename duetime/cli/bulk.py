@@ -507,7 +507,7 @@ def export_(
     """Write every stored message (ids, due times, headers, bodies, failure counts) to files."""
 
     def go() -> None:
-        from duetime.bulk.export_import import decrypting_key, check_export, export
+        from duetime.bulk.export_import import check_export, decrypting_key, export
         from duetime.bulk.migrate import reach_source
 
         check_export(store, to)  # before Spark takes seconds to start

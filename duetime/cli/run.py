@@ -30,7 +30,7 @@ from duetime.clock import SYSTEM
 from duetime.engine.deadline import within
 from duetime.engine.dispatcher import SKEW_WARNING, Dispatcher
 from duetime.engine.outages import Backoff
-from duetime.engine.routes import described, read_routes, routed
+from duetime.engine.routes import described, read_routes, route_transport, routed
 from duetime.errors import DuetimeError, InvalidSetting, one_line
 from duetime.inputs.urls import redact
 from duetime.interfaces import DeliveryLog, ServerClock
@@ -150,7 +150,9 @@ RouteOpt = Annotated[
         "matches) go to that transport instead, e.g. 'reminders.*=webhooks://' or "
         "'orders.*=amqp://guest:guest@localhost/'. Repeat it; the first that matches wins, "
         "--transport takes the rest and the error queue (unless a route names it). "
-        "DUETIME_ROUTES holds them separated by spaces. With routes, delivery is at-least-once.",
+        "DUETIME_ROUTES holds them separated by spaces. With routes, delivery is at-least-once. "
+        "'sealed:' before a URL delivers that route's messages encrypted with the keyring "
+        "(DUETIME_ENCRYPTION_KEYS), for a consumer that holds it.",
         show_default=False,
     ),
 ]
@@ -452,7 +454,7 @@ def check(
             return f"{answers}; no transport given (--transport), so none checked{skew}"
         for url in urls:
             try:
-                t = open_transport(url)
+                t = route_transport(url, open_transport)
                 await within(t.start(), timeout, "connecting")
             except Exception as error:
                 raise _NotOk(_said("transport", url, error)) from None

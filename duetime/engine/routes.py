@@ -5,7 +5,8 @@ A route is a destination pattern (``orders.*``, as shell patterns match: ``*``, 
 destination is its route, and the default transport takes the rest (the error queue too, unless a
 route names it). ``duetime run --route 'reminders.*=webhooks://'`` or
 ``DUETIME_ROUTES='reminders.*=webhooks:// orders.*=amqp://...'`` read them; :func:`read_routes`
-is the one reading of that text.
+is the one reading of that text. A route's URL may begin ``sealed:``: its messages are delivered
+sealed with the keyring (:mod:`duetime.engine.sealed_route`).
 
 A batch is split by route and each part sent at once; every message gets its own transport's
 answer. A route whose transport cannot be reached while another route's can is down on its own:
@@ -32,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from duetime.engine.outages import DEFAULT_BACKOFF, Backoff
+from duetime.engine.sealed_route import SEALED_PREFIX, SealedDelivery
 from duetime.errors import (
     ConfigurationError,
     DestinationUnavailable,
@@ -63,12 +65,14 @@ def read_routes(text: str | Sequence[str]) -> list[Route]:
     routes: list[Route] = []
     for item in items:
         pattern, equals, url = item.partition("=")
-        if not equals or not pattern or not url or not re.match(r"^[a-z][a-z0-9+.-]*:", url):
+        transport = url.removeprefix(SEALED_PREFIX)
+        if not equals or not pattern or not re.match(r"^[a-z][a-z0-9+.-]*:", transport):
             raise ConfigurationError(
                 f"a route is PATTERN=TRANSPORT_URL, such as 'reminders.*=webhooks://' or "
-                f"'orders.*=amqp://guest:guest@localhost/'; got {redact(item)!r}."
+                f"'orders.*=amqp://guest:guest@localhost/' ('sealed:' before the URL delivers them "
+                f"sealed); got {redact(item)!r}."
             )
-        remember(url)  # its password is kept out of every line printed from now on
+        remember(transport)  # its password is kept out of every line printed from now on
         routes.append(Route(pattern, url))
     return routes
 
@@ -133,8 +137,13 @@ class RoutedTransport:
 
     async def start(self) -> None:
         """Connect every transport. One that cannot be reached does not hold back the others:
-        it is tried again when its messages are sent. Only when none connects is it an error."""
+        it is tried again when its messages are sent. Only when none connects is it an error;
+        and one configured wrongly (credentials, no keyring for a sealed route), which waiting
+        will not mend, stops the start."""
         results = await asyncio.gather(*(t.start() for t in self.transports), return_exceptions=True)
+        wrong = next((r for r in results if isinstance(r, ConfigurationError)), None)
+        if wrong is not None:
+            raise wrong
         failed = {
             id(t): r for t, r in zip(self.transports, results, strict=True) if isinstance(r, BaseException)
         }
@@ -260,6 +269,13 @@ def _url_of(transport: Transport) -> str:
     return transport.url if isinstance(transport, Located) else type(transport).__name__
 
 
+def route_transport(url: str, open_transport: Callable[[str], Transport]) -> Transport:
+    """The transport of a route's URL: ``sealed:URL`` is URL's, delivering messages sealed."""
+    if url.startswith(SEALED_PREFIX):
+        return SealedDelivery(open_transport(url.removeprefix(SEALED_PREFIX)))
+    return open_transport(url)
+
+
 def routed(
     routes: Sequence[Route],
     default_url: str,
@@ -274,7 +290,7 @@ def routed(
 
     def one(url: str) -> Transport:
         if url not in opened:
-            opened[url] = open_transport(url)
+            opened[url] = route_transport(url, open_transport)
         return opened[url]
 
     return RoutedTransport([(r, one(r.url)) for r in routes], one(default_url), backoff=backoff)

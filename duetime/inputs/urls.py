@@ -36,7 +36,8 @@ def redact(url: str) -> str:
     records. It is rebuilt from its parts with every credential replaced by ``***``: the password
     of the user part (and a token that is the whole user part: ``nats://TOKEN@host``), every
     option whose name is a secret's (``?password=``, ``?%70assword=``, ``?pwd=``, ``?sslkey=``),
-    the values of such keys in a keyword connection string (``host=h password=…``).
+    the values of such keys in a keyword connection string (``host=h password=…``); a URL
+    wrapped in another scheme (``sealed:amqp://…``) as that scheme and the URL shown.
 
     A password may hold ``#``, ``/`` or ``?`` unencoded (generated ones often do) and drivers
     disagree on where it ends, so the user part runs to the URL's one ``@`` wherever it is, unless
@@ -52,6 +53,8 @@ def redact(url: str) -> str:
             return "<unparsable URL: it has no scheme (write scheme://…)>"
         return url
     rest = text[scheme.end() :]
+    if not rest.startswith("//") and (inner := _SCHEME.match(rest)) and rest[inner.end() :].startswith("//"):
+        return text[: scheme.end()] + redact(rest)  # one URL wrapping another: ``sealed:amqp://…``
     if not rest.startswith("//"):
         if "@" in rest:  # ``postgresql:/user:PW@host``: a slash short
             return f"<unparsable URL: write {scheme.group(1)}://… (two slashes after the scheme)>"

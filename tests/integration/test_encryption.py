@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from duetime.encryption import KEY_HEADER, Keyring
+from duetime.encryption import KEY_HEADER, Keyring, sealer_from_environment
 from duetime.interfaces import SyncSealingStore
 from duetime.message import DelayedMessage
 from duetime.registry import open_sync_store
@@ -342,3 +342,37 @@ def test_the_keys_commands_teach_and_refuse_in_one_line(keyring: Path, tmp_path:
     done = run_cli("show", "x", "--store", url, env={"DUETIME_ENCRYPTION_KEYS": ""})
     assert done.returncode == 0 and "encrypted with key second" in done.stderr and "SECRET" not in done.stdout
     assert (keyring.stat().st_mode & 0o777) == 0o600
+
+
+def test_a_sealed_route_delivers_sealed_bytes_the_consumer_opens_exactly(
+    keyring: Path, tmp_path: Path
+) -> None:
+    """`--route 'X=sealed:amqp://…'`: that route's messages reach RabbitMQ sealed (the broker holds
+    no plaintext) and open with the keyring to the bytes sent; the default route delivers plaintext."""
+    sealed_q, plain_q = unique("enc_sealed"), unique("enc_plain")
+    try:
+        with store_url("postgresql", tmp_path) as url:
+            ok("setup", "--store", url)
+            ok("queues", "declare", sealed_q, plain_q, "--transport", RABBITMQ)
+            due = datetime.now(UTC) + timedelta(seconds=2)
+            sent = [m.with_changes(destination=sealed_q) for m in secret_messages(10, due, "s")]
+            sent += [m.with_changes(destination=plain_q) for m in secret_messages(5, due, "p")]
+            store_all(url, sent)
+            route = f"{sealed_q}=sealed:{RABBITMQ}"
+            with dispatcher(tmp_path, "--store", url, "--transport", RABBITMQ, "--route", route):
+                sealed = received(sealed_q, "--transport", RABBITMQ, count=10)
+                plain = received(plain_q, "--transport", RABBITMQ, count=5)
+    finally:
+        delete_rabbitmq_queues(sealed_q, plain_q)
+    sealer = sealer_from_environment()
+    assert sealer is not None
+    by_id = {m.message_id: m for m in sent}
+    for line in sealed:
+        body, headers = base64.b64decode(str(line["body"])), sent_headers(line)
+        assert headers[KEY_HEADER].startswith("first ") and not holds_secret(body)
+        assert not any("SECRET" in v for v in headers.values())
+        m = by_id[str(line["id"])]
+        assert sealer.open_parts(m.message_id, sealed_q, body, headers) == (m.body, dict(m.headers))
+    for line in plain:
+        m = by_id[str(line["id"])]
+        assert base64.b64decode(str(line["body"])) == m.body and sent_headers(line) == dict(m.headers)

@@ -25,6 +25,8 @@ FORMS = [
     "{scheme}:user:{secret}@{host}",
     "{scheme}://user:{secret}@{host}:99999999/db",  # a port that cannot be read
     "{scheme}://user:{secret}@[::1/db",  # an IPv6 address that is not closed
+    "sealed:{scheme}://user:{secret}@{host}/db",  # a URL wrapped in another (a sealed route)
+    "sealed:{scheme}://{host}/db?{option}={secret}",
 ]
 
 

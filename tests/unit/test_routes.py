@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from duetime import DelayedMessage
 from duetime.backends.memory import MemoryTransport
+from duetime.encryption import KEY_HEADER, Keyring, sealer_from_environment
 from duetime.engine.outages import Backoff
 from duetime.engine.routes import RoutedTransport, read_routes, routed
 from duetime.errors import ConfigurationError, RouteUnavailable, TransportUnavailable
@@ -194,3 +196,37 @@ async def test_the_dispatcher_keeps_the_other_routes_going_past_the_breaker_and_
     finally:
         rig.dispatcher.stop()
         await rig.task  # type: ignore[misc]
+
+
+async def test_a_sealed_route_seals_each_message_and_without_a_keyring_does_not_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DUETIME_ENCRYPTION_KEYS", raising=False)
+    inner, rest = MemoryTransport(), MemoryTransport()
+    opened = {"memory://sealed": inner, "memory://rest": rest}
+    t = routed(read_routes("pay.*=sealed:memory://sealed"), "memory://rest", opened.__getitem__)
+    assert "pay.*=sealed:memory://sealed" in str(getattr(t, "url", ""))
+    with pytest.raises(ConfigurationError, match="delivers sealed: set DUETIME_ENCRYPTION_KEYS"):
+        await t.start()
+    Keyring.new("k1").write(tmp_path / "keys.json")
+    monkeypatch.setenv("DUETIME_ENCRYPTION_KEYS", str(tmp_path / "keys.json"))
+    await t.start()
+    for queue in ("pay.in", "x"):
+        await t.declare(queue)
+    sent = [
+        DelayedMessage("m1", "pay.in", T, b"card 4111", {"name": "Ann"}),
+        DelayedMessage("m2", "x", T, b"plain"),
+    ]
+    assert await t.send_batch(sent) == [None, None]
+    [got] = inner.messages("pay.in")
+    assert got.body != b"card 4111" and got.headers[KEY_HEADER].startswith("k1 ")
+    sealer = sealer_from_environment()
+    assert sealer is not None
+    body, headers = sealer.open_parts(got.message_id, got.queue, got.body, got.headers)
+    assert (body, {k: v for k, v in headers.items() if not k.startswith("duetime-")}) == (
+        b"card 4111",
+        {"name": "Ann"},
+    )
+    assert [m.body for m in rest.messages("x")] == [b"plain"]  # the other route: as it was
+    with pytest.raises(ConfigurationError, match="'sealed:' before the URL"):
+        read_routes("pay.*=sealed:nothing")
