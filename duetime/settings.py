@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import timedelta
 from typing import Any
@@ -85,6 +85,87 @@ def variable(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of the ``DUETIME_*`` variable ``name`` (one of this module's), None when unset
     or empty: the one place duetime reads its environment."""
     return (os.environ if environ is None else environ).get(name) or None
+
+
+#: The command-line options a variable fills in when the command line does not give them: by
+#: flag, in every command that has it (the first variable set wins).
+OPTION_VARIABLES: Mapping[str, tuple[str, ...]] = {
+    "--store": (STORE_VARIABLE,),
+    "--transport": (TRANSPORT_VARIABLE,),
+    "--endpoint": (ENDPOINT_VARIABLE,),
+    "--error-queue": (ERROR_QUEUE_VARIABLE,),
+    "--log-format": (LOG_FORMAT_VARIABLE,),
+    "--front-door": (FRONT_DOOR_VARIABLE,),
+    "--route": (ROUTES_VARIABLE,),
+    "--delivery-log": (DELIVERY_LOG_VARIABLE,),
+    "--metrics-port": (METRICS_PORT_VARIABLE,),
+    "--metrics-host": (METRICS_HOST_VARIABLE,),
+    "--ready-after": (READY_AFTER_VARIABLE,),
+}
+#: Where a command group reads an option otherwise, by (the group's word, a flag); () is none.
+GROUP_OPTION_VARIABLES: Mapping[tuple[str, str], tuple[str, ...]] = {
+    ("dashboard", "--host"): (DASHBOARD_HOST_VARIABLE,),
+    ("dashboard", "--port"): (DASHBOARD_PORT_VARIABLE,),
+    ("rabbitmq", "--transport"): (TRANSPORT_VARIABLE, RABBITMQ_VARIABLE),
+    # bulk jobs take every endpoint they find unless told: an endpoint from the environment would
+    # quietly narrow a migration to one of them; a report's delivery log is a file to read
+    ("bulk", "--endpoint"): (),
+    ("bulk", "--delivery-log"): (),
+}
+
+
+def option_variables(group: str, flags: Sequence[str]) -> tuple[str, ...]:
+    """The variables that give the option written ``flags`` its value in the commands of
+    ``group`` (a command's first word) when the command line does not."""
+    for flag in flags:
+        if (group, flag) in GROUP_OPTION_VARIABLES:
+            return GROUP_OPTION_VARIABLES[group, flag]
+    return next((OPTION_VARIABLES[flag] for flag in flags if flag in OPTION_VARIABLES), ())
+
+
+def option_value(names: Sequence[str], given: Mapping[str, str] | None = None) -> str | None:
+    """The value of the first of ``names`` that is set: in ``given`` (what the command line said
+    before the command, as its variable), else in the environment."""
+    return next((found for name in names if (found := (given or {}).get(name) or variable(name))), None)
+
+
+def _is_port(text: str) -> bool:
+    return text.isdigit() and 0 <= int(text) <= 65535
+
+
+def _is_seconds(text: str) -> bool:
+    try:
+        return 0 <= float(text) < float("inf")
+    except ValueError:
+        return False
+
+
+#: What an option's variable must hold where the option takes more than text (a command that
+#: reads it refuses it in one line naming the variable, not the option the user never typed).
+OPTION_VALUE_RULES: Mapping[str, tuple[str, Callable[[str], bool]]] = {
+    METRICS_PORT_VARIABLE: ("a port, 0-65535", _is_port),
+    DASHBOARD_PORT_VARIABLE: ("a port, 0-65535", _is_port),
+    READY_AFTER_VARIABLE: ("seconds, 0 or more", _is_seconds),
+    LOG_FORMAT_VARIABLE: ("text or json", lambda text: text.lower() in ("text", "json")),
+    FRONT_DOOR_VARIABLE: (
+        "true or false",
+        lambda text: text.lower() in ("1", "0", "true", "false", "yes", "no"),
+    ),
+}
+
+
+def check_option_value(name: str, value: str) -> None:
+    """ConfigurationError when the variable ``name`` holds what its option cannot take."""
+    rule = OPTION_VALUE_RULES.get(name)
+    if rule is not None and not rule[1](value.strip()):
+        raise ConfigurationError(f"{name}={value!r} is not allowed: give {rule[0]}.")
+
+
+def option_variable_names() -> set[str]:
+    """Every variable a command-line option reads."""
+    return {
+        name for names in [*OPTION_VARIABLES.values(), *GROUP_OPTION_VARIABLES.values()] for name in names
+    }
 
 
 #: The endpoint every command, client and server uses unless told another.
@@ -263,13 +344,13 @@ def _said(span: timedelta) -> str:
     return f"{seconds:g} s" if seconds >= 1 else f"{seconds * 1000:g} ms"
 
 
-def misspelt(environ: Mapping[str, str], known: set[str], prefix: str = PREFIX) -> list[str]:
+def misspelt(known: set[str], environ: Mapping[str, str] | None = None, prefix: str = PREFIX) -> list[str]:
     """A line for each ``DUETIME_*`` variable that is not one duetime reads but is spelt much like
     one (``NUMBER_OF_RETRY`` for ``NUMBER_OF_RETRIES``): it would be ignored, silently, though meant."""
     import difflib
 
     said = []
-    for name in sorted(environ):
+    for name in sorted(os.environ if environ is None else environ):
         if not name.startswith(prefix) or name in known:
             continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.9)

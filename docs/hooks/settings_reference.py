@@ -73,22 +73,19 @@ def _commands() -> str:
     import typer
 
     from duetime.cli import app
+    from duetime.cli.common import command_options
+    from duetime.settings import option_variables
 
     seen: dict[str, tuple[set[str], set[str], str]] = {}
 
-    def walk(command: Any, path: str) -> None:
-        for param in command.params:
-            names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
-            for name in names:
-                options, commands, help_ = seen.setdefault(name, (set(), set(), ""))
-                options.update(o for o in param.opts if o.startswith("--"))
-                commands.add(path)
-                if not help_ and getattr(param, "help", None):
-                    seen[name] = (options, commands, param.help)
-        for name, sub in getattr(command, "commands", {}).items():
-            walk(sub, f"{path} {name}")
-
-    walk(typer.main.get_command(app), "duetime")
+    for words, param in command_options(typer.main.get_command(app)):
+        path = " ".join(["duetime", *words])
+        for name in option_variables(words[0], param.opts):
+            options, commands, help_ = seen.setdefault(name, (set(), set(), ""))
+            options.update(o for o in param.opts if o.startswith("--"))
+            commands.add(path)
+            if not help_ and getattr(param, "help", None):
+                seen[name] = (options, commands, param.help)
     rows = ["| Variable | Option | Commands | What it gives |", "|---|---|---|---|"]
     for name in sorted(seen):
         options, commands, help_ = seen[name]

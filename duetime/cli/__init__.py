@@ -12,13 +12,13 @@ from typing import Any, TextIO, cast
 
 from duetime.cli import exit_watchdog as lastresort
 from duetime.cli.bulk import bulk_app
-from duetime.cli.common import SETTING_VARIABLES, app, split_duration_in, tidy_flags
+from duetime.cli.common import app, name_variables, split_duration_in, tidy_flags
 from duetime.cli.rabbitmq import rabbitmq_app
 from duetime.cli.terminal import fail
 from duetime.errors import DuetimeError, MissingExtra, not_permitted
 from duetime.inputs.urls import remember, remember_secret, scrub
 from duetime.observability.logs import quiet_drivers
-from duetime.settings import DEBUG_VARIABLE, SECRET_VARIABLES, variable
+from duetime.settings import DEBUG_VARIABLE, SECRET_VARIABLES, option_variable_names, variable
 
 for _group in (
     "run",
@@ -43,7 +43,7 @@ def command() -> Any:
     """The click command the app is built into, as ``duetime`` runs it (flags shown as flags)."""
     import typer
 
-    return tidy_flags(typer.main.get_command(app))
+    return name_variables(tidy_flags(typer.main.get_command(app)))
 
 
 #: Seconds the process may take to exit once its command is over (see duetime.cli.exit_watchdog).
@@ -80,7 +80,7 @@ def _guard_secrets() -> None:
     """Remember the secrets of every URL the command was given (its arguments and the settings it
     reads from the environment) and the secrets given on their own, and print only through the
     scrubber."""
-    settings = [variable(name) or "" for name in SETTING_VARIABLES.values()]
+    settings = [variable(name) or "" for name in sorted(option_variable_names())]
     for value in [*sys.argv[1:], *settings]:
         remember(value.partition("=")[2] if value.startswith("--") else value)
     for name in SECRET_VARIABLES:

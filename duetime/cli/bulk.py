@@ -29,7 +29,6 @@ from duetime.inputs.durations import parse_duration, parse_time, readable_durati
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.interfaces import IfExists
-from duetime.settings import STORE_VARIABLE
 
 bulk_app = typer.Typer(
     help=(
@@ -564,7 +563,7 @@ def import_(
 def report(
     store: Annotated[
         str,
-        typer.Option("--store", envvar=STORE_VARIABLE, help="The duetime store whose backlog to report."),
+        typer.Option("--store", help="The duetime store whose backlog to report."),
     ],
     endpoint: EndpointOpt = None,
     delivery_log: Annotated[

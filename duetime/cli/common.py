@@ -6,11 +6,10 @@ import asyncio
 import contextlib
 import getpass
 import logging
-import os
 import re
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -41,11 +40,14 @@ from duetime.settings import (
     ENDPOINT_VARIABLE,
     ERROR_QUEUE_VARIABLE,
     OTHER_VARIABLES,
-    PREFIX,
     STORE_VARIABLE,
     TRANSPORT_VARIABLE,
     DelayedDeliverySettings,
+    check_option_value,
     misspelt,
+    option_value,
+    option_variable_names,
+    option_variables,
     setting_variables,
     variable,
 )
@@ -72,15 +74,11 @@ app.add_typer(queues_app, name="queues")
 
 StoreOpt = Annotated[
     str,
-    typer.Option(
-        "--store", envvar=STORE_VARIABLE, help="Where delayed messages are kept, e.g. sqlite:///duetime.db."
-    ),
+    typer.Option("--store", help="Where delayed messages are kept, e.g. sqlite:///duetime.db."),
 ]
 EndpointOpt = Annotated[
     str,
-    typer.Option(
-        "--endpoint", envvar=ENDPOINT_VARIABLE, help="The endpoint; its table is <endpoint>.delayed."
-    ),
+    typer.Option("--endpoint", help="The endpoint; its table is <endpoint>.delayed."),
 ]
 
 
@@ -97,7 +95,6 @@ ErrorQueueOpt = Annotated[
     str,
     typer.Option(
         "--error-queue",
-        envvar=ERROR_QUEUE_VARIABLE,
         callback=_queue_name,
         help="The error queue's name (the dispatchers' --error-queue).",
     ),
@@ -124,7 +121,6 @@ TransportOpt = Annotated[
     str | None,
     typer.Option(
         "--transport",
-        envvar=TRANSPORT_VARIABLE,
         help="Where due messages go. Default: the queue tables in the store's own database (SQLite, PostgreSQL).",
     ),
 ]
@@ -250,15 +246,17 @@ def _main(
 ) -> None:
     """duetime keeps delayed messages in a durable store and forwards each to its destination when
     it is due."""
-    if any(name.startswith(PREFIX) for name in os.environ):
-        for line in misspelt(os.environ, known_variables(ctx.command)):
-            say("warning:", "yellow", line, to=err)
-    # Given before the command (`duetime --store URL list`): its variable, which the command's own
-    # option reads, and still overrides. Click parses the command's options after this runs, so
-    # each command of every group sees it.
-    for flag, value in (("--store", store), ("--endpoint", endpoint), ("--transport", transport)):
-        if value is not None:
-            os.environ[SETTING_VARIABLES[flag]] = value
+    for line in misspelt(known_variables()):
+        say("warning:", "yellow", line, to=err)
+    # Given before the command (`duetime --store URL list`): as its variable, which the command's
+    # own option reads, and still overrides. Click reads the command's options after this runs
+    # (their defaults from this map), so each command of every group sees it.
+    given = {"--store": store, "--endpoint": endpoint, "--transport": transport}
+    ctx.default_map = from_environment(
+        ctx.command,
+        {SETTING_VARIABLES[flag]: value for flag, value in given.items() if value is not None},
+        ctx.invoked_subcommand,
+    )
 
 
 def tidy_flags(command: Any) -> Any:
@@ -281,21 +279,54 @@ def tidy_flags(command: Any) -> Any:
     return command
 
 
-def known_variables(root: Any) -> set[str]:
-    """Every DUETIME_* variable duetime reads: each command's options under ``root`` (the click
-    command the app was built into; their ``envvar``), the dispatcher's settings and
-    :data:`OTHER_VARIABLES`."""
-    known = setting_variables() | set(OTHER_VARIABLES)
+def known_variables() -> set[str]:
+    """Every DUETIME_* variable duetime reads: the commands' options', the dispatcher's settings
+    and :data:`OTHER_VARIABLES`."""
+    return option_variable_names() | setting_variables() | set(OTHER_VARIABLES)
 
-    def walk(command: Any) -> None:
-        for param in command.params:
-            envvar = getattr(param, "envvar", None)
-            known.update([envvar] if isinstance(envvar, str) else envvar or [])
-        for sub in getattr(command, "commands", {}).values():
-            walk(sub)
 
-    walk(root)
-    return known
+def command_options(root: Any) -> Iterator[tuple[list[str], Any]]:
+    """Every option of every command under ``root`` (the click command the app is built into),
+    with the words of its command (``["errors", "list"]``); the root's own are not a command's."""
+    for name, sub in getattr(root, "commands", {}).items():
+        yield from (([name], param) for param in sub.params)
+        yield from (([name, *words], param) for words, param in command_options(sub))
+
+
+def name_variables(root: Any) -> Any:
+    """``root`` with each option's help ending in the variables it reads (``[env var: …]``), as
+    click's own ``envvar`` would show them."""
+    for words, param in command_options(root):
+        names = option_variables(words[0], getattr(param, "opts", []))
+        shown = "\\" + f"[env var: {', '.join(names)}]"  # escaped: the help is Rich markup
+        if names and shown not in (param.help or ""):
+            param.help = f"{param.help or ''} {shown}".strip()
+    return root
+
+
+def from_environment(root: Any, given: dict[str, str], invoked: str | None = None) -> dict[str, Any]:
+    """Click's ``default_map`` for ``root``: each option's value from its variables
+    (:func:`~duetime.settings.option_variables`; ``given`` first), where one is set. An option
+    the command line gives still wins; a repeatable one takes the value's words, one each."""
+    found: dict[str, Any] = {}
+    for words, param in command_options(root):
+        names = option_variables(words[0], getattr(param, "opts", []))
+        value = option_value(names, given)
+        if value is None or param.name is None:
+            continue
+        if words == [invoked]:  # the command that runs: a value it cannot take names its variable
+            _check_value(value, names, given)
+        place = found
+        for word in words:
+            place = place.setdefault(word, {})
+        place[param.name] = value.split() if getattr(param, "multiple", False) else value
+    return found
+
+
+def _check_value(value: str, names: Sequence[str], given: dict[str, str]) -> None:
+    """One line naming the variable when ``value`` is not what its option takes (a port that is
+    not a number): click would name only the option, which the user never typed."""
+    check_option_value(next(n for n in names if (given.get(n) or variable(n)) == value), value)
 
 
 def confirm_many(question: str, yes: bool) -> None:

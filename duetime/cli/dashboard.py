@@ -22,12 +22,8 @@ from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
 from duetime.observability.logs import LogFormat
 from duetime.settings import (
-    DASHBOARD_HOST_VARIABLE,
-    DASHBOARD_PORT_VARIABLE,
     DEFAULT_ENDPOINT,
     DEFAULT_ERROR_QUEUE,
-    ENDPOINT_VARIABLE,
-    LOG_FORMAT_VARIABLE,
 )
 
 log = logging.getLogger("duetime.dashboard")
@@ -40,23 +36,18 @@ def dashboard(
     store: StoreOpt = DEFAULT_STORE,
     endpoint: Annotated[
         list[str],
-        typer.Option(
-            "--endpoint", envvar=ENDPOINT_VARIABLE, help="Endpoint to show; repeat it to show several."
-        ),
+        typer.Option("--endpoint", help="Endpoint to show; repeat it to show several."),
     ] = [DEFAULT_ENDPOINT],  # noqa: B006
     transport: TransportOpt = None,
     error_queue: ErrorQueueOpt = DEFAULT_ERROR_QUEUE,
     host: Annotated[
         str,
         typer.Option(
-            envvar=DASHBOARD_HOST_VARIABLE,
             help="Address to listen on: 127.0.0.1 is this machine only (a reverse proxy on it "
             "reaches it); 0.0.0.0 lets other machines in (set a password first).",
         ),
     ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(envvar=DASHBOARD_PORT_VARIABLE, min=0, max=65535, help="Port to serve on.")
-    ] = 8080,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 8080,
     read_only: Annotated[
         bool, typer.Option("--read-only", help="Serve the pages only: no cancel, reschedule or retry.")
     ] = False,
@@ -95,9 +86,7 @@ def dashboard(
             "send is never taken for it (the login throttle counts per client).",
         ),
     ] = None,
-    log_format: Annotated[
-        LogFormat, typer.Option("--log-format", envvar=LOG_FORMAT_VARIABLE, help="text or json.")
-    ] = LogFormat.TEXT,
+    log_format: Annotated[LogFormat, typer.Option("--log-format", help="text or json.")] = LogFormat.TEXT,
 ) -> None:
     """Serve the web dashboard: backlog and lateness over time, live dispatchers, browse and search
     stored messages, cancel, reschedule or send one now, and the error queue's retry and discard.

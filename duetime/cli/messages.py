@@ -66,7 +66,6 @@ from duetime.registry import check_store_exists, open_ready_store, open_store, o
 from duetime.settings import (
     DEFAULT_ENDPOINT,
     ENCRYPTION_KEYS_VARIABLE,
-    TRANSPORT_VARIABLE,
     DelayedDeliverySettings,
 )
 
@@ -276,9 +275,7 @@ def send_delayed_command(
     message_id: MessageIdOpt = None,
     transport: Annotated[
         str,
-        typer.Option(
-            "--transport", envvar=TRANSPORT_VARIABLE, help="The broker, e.g. amqp://guest:guest@localhost/."
-        ),
+        typer.Option("--transport", help="The broker, e.g. amqp://guest:guest@localhost/."),
     ] = "",
     endpoint: EndpointOpt = DEFAULT_ENDPOINT,
 ) -> None:

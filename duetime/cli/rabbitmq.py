@@ -17,7 +17,6 @@ from duetime.clock import SYSTEM
 from duetime.errors import ConfigurationError, DuetimeError
 from duetime.inputs.durations import parse_duration
 from duetime.inputs.urls import redact
-from duetime.settings import ENDPOINT_VARIABLE, RABBITMQ_VARIABLE, STORE_VARIABLE, TRANSPORT_VARIABLE
 
 T = TypeVar("T")
 rabbitmq_app = typer.Typer(
@@ -35,7 +34,6 @@ UrlOpt = Annotated[
     typer.Option(
         "--transport",
         "--url",
-        envvar=[TRANSPORT_VARIABLE, RABBITMQ_VARIABLE],
         help="The broker, amqp://user:pass@host:5672/vhost (also DUETIME_TRANSPORT, as every command).",
     ),
 ]
@@ -207,12 +205,10 @@ def catchall(
     short_help="Switch an endpoint's store off; refused while it still holds delayed messages.",
 )
 def retire_store(
-    store: Annotated[
-        str, typer.Option("--store", envvar=STORE_VARIABLE, help="The endpoint's duetime store.")
-    ],
+    store: Annotated[str, typer.Option("--store", help="The endpoint's duetime store.")],
     endpoint: Annotated[
         str,
-        typer.Option("--endpoint", envvar=ENDPOINT_VARIABLE, help="The endpoint whose store is retired."),
+        typer.Option("--endpoint", help="The endpoint whose store is retired."),
     ],
     url: UrlOpt = "amqp://guest:guest@127.0.0.1:5672/",
     delete_front_door: Annotated[

@@ -42,13 +42,6 @@ from duetime.service import Service
 from duetime.settings import (
     DEFAULT_ENDPOINT,
     DEFAULT_ERROR_QUEUE,
-    DELIVERY_LOG_VARIABLE,
-    FRONT_DOOR_VARIABLE,
-    LOG_FORMAT_VARIABLE,
-    METRICS_HOST_VARIABLE,
-    METRICS_PORT_VARIABLE,
-    READY_AFTER_VARIABLE,
-    ROUTES_VARIABLE,
     DelayedDeliverySettings,
     TransactionMode,
     setting_value,
@@ -134,7 +127,6 @@ FrontDoorOpt = Annotated[
     bool,
     typer.Option(
         "--front-door/--no-front-door",
-        envvar=FRONT_DOOR_VARIABLE,
         help="Also store what senders put on the <endpoint>.Timeouts queue (NServiceBus's timeout "
         "manager queue; the old name <endpoint>.timeouts too while it exists). Needs a transport "
         "duetime can read from: RabbitMQ, NATS, Redis streams or the store's own queue tables.",
@@ -145,7 +137,6 @@ RouteOpt = Annotated[
     list[str],
     typer.Option(
         "--route",
-        envvar=ROUTES_VARIABLE,
         help="PATTERN=TRANSPORT_URL: destinations matching the pattern (orders.*, as the shell "
         "matches) go to that transport instead, e.g. 'reminders.*=webhooks://' or "
         "'orders.*=amqp://guest:guest@localhost/'. Repeat it; the first that matches wins, "
@@ -164,7 +155,6 @@ DeliveryLogOpt = Annotated[
     typer.Option(
         help="Log every delivery for `duetime bulk report`: jsonl:/folder, or a database URL "
         "(table duetime_delivery_log).",
-        envvar=DELIVERY_LOG_VARIABLE,
     ),
 ]
 
@@ -174,7 +164,6 @@ LogFormatOpt = Annotated[
     LogFormat,
     typer.Option(
         "--log-format",
-        envvar=LOG_FORMAT_VARIABLE,
         help="text (one line per record, UTC timestamps) or json (one object per line).",
     ),
 ]
@@ -182,7 +171,6 @@ LogFormatOpt = Annotated[
 MetricsPortOpt = Annotated[
     int | None,
     typer.Option(
-        envvar=METRICS_PORT_VARIABLE,
         min=0,
         max=65535,
         help="Serve Prometheus metrics on /metrics and the probes /healthz (alive) and /readyz "
@@ -193,7 +181,6 @@ MetricsPortOpt = Annotated[
 MetricsHostOpt = Annotated[
     str,
     typer.Option(
-        envvar=METRICS_HOST_VARIABLE,
         help="Address the metrics port listens on; 0.0.0.0 to let other machines (Prometheus, "
         "a kubelet) reach it.",
     ),
@@ -202,7 +189,6 @@ MetricsHostOpt = Annotated[
 ReadyAfterOpt = Annotated[
     float,
     typer.Option(
-        envvar=READY_AFTER_VARIABLE,
         min=0,
         help="/readyz answers 503 once a circuit breaker has been failing this many seconds.",
     ),

@@ -33,7 +33,7 @@ from duetime.inputs.urls import redact
 from duetime.interfaces import ApiKeyStore
 from duetime.observability.logs import LogFormat
 from duetime.registry import check_store_exists
-from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE, LOG_FORMAT_VARIABLE
+from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
 
 log = logging.getLogger("duetime.api")
 T = TypeVar("T")
@@ -89,9 +89,7 @@ def serve(
     openapi: Annotated[
         bool, typer.Option("--openapi", help="Print the OpenAPI document and exit (serves nothing).")
     ] = False,
-    log_format: Annotated[
-        LogFormat, typer.Option("--log-format", envvar=LOG_FORMAT_VARIABLE, help="text or json.")
-    ] = LogFormat.TEXT,
+    log_format: Annotated[LogFormat, typer.Option("--log-format", help="text or json.")] = LogFormat.TEXT,
 ) -> None:
     """Serve the HTTP API: messages (create, batch, get, list, reschedule, cancel), recurring
     schedules, the error queue, stats, /healthz and /readyz, and its OpenAPI document at

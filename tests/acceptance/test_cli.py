@@ -7,7 +7,6 @@ import os
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -878,31 +877,37 @@ def test_a_burst_run_is_recorded_as_a_dispatcher_that_ran(cli) -> None:  # type:
 
 def test_every_command_reads_each_setting_from_the_same_variable() -> None:
     """With DUETIME_ERROR_QUEUE set, `run`, `setup` and `stats` used it while `errors list` and the
-    dashboard read 'error'. Every option named in SETTING_VARIABLES now reads its variable, in
-    every command, so a new command cannot forget one."""
-    import typer.main
-
-    from duetime.cli import app
-    from duetime.cli.common import SETTING_VARIABLES
+    dashboard read 'error'. Every option is read from the one table in duetime.settings, by its
+    flag, so every command that has --store reads DUETIME_STORE; and its help says so."""
+    from duetime.cli import command
+    from duetime.cli.common import SETTING_VARIABLES, command_options
+    from duetime.settings import option_variables
 
     #: bulk jobs take every endpoint they find unless told: an endpoint from the environment
     #: would quietly narrow a migration to one of them
     deliberate = {("bulk", "--endpoint")}
-    forgot = []
-
-    def walk(words: list[str], command: Any) -> None:
-        for param in command.params:
-            for flag in getattr(param, "opts", []):
-                wanted = SETTING_VARIABLES.get(flag)
-                read = param.envvar if isinstance(param.envvar, list) else [param.envvar]
-                # the root's own (`duetime --store URL list`) set the variable for the command
-                if words and wanted and wanted not in read and (words[0], flag) not in deliberate:
-                    forgot.append(f"duetime {' '.join(words)} {flag}: reads {param.envvar}, not {wanted}")
-        for name, sub in getattr(command, "commands", {}).items():
-            walk([*words, name], sub)
-
-    walk([], typer.main.get_command(app))
+    forgot, unsaid = [], []
+    for words, param in command_options(command()):
+        read = option_variables(words[0], param.opts)
+        for flag in param.opts:
+            wanted = SETTING_VARIABLES.get(flag)
+            if wanted and wanted not in read and (words[0], flag) not in deliberate:
+                forgot.append(f"duetime {' '.join(words)} {flag}: reads {read}, not {wanted}")
+        if read and f"[env var: {', '.join(read)}]" not in (param.help or ""):
+            unsaid.append(f"duetime {' '.join(words)} {param.opts[0]}")
     assert not forgot, "\n".join(forgot)
+    assert not unsaid, "\n".join(unsaid)
+
+
+def test_a_variable_an_option_cannot_take_is_one_line_naming_it_and_only_for_its_command(cli) -> None:  # type: ignore[no-untyped-def]
+    """DUETIME_METRICS_PORT=abc stops `duetime run` in one line naming the variable (not the
+    --metrics-port nobody typed), and troubles no other command."""
+    bad = cli("run", "--burst", ok=False, env={"DUETIME_METRICS_PORT": "abc"})
+    assert bad.returncode == 1 and "DUETIME_METRICS_PORT='abc' is not allowed: give a port" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    cli("setup", env={"DUETIME_METRICS_PORT": "abc"})
+    routes = cli("check", env={"DUETIME_ROUTES": "a.*=memory:// b.*=memory://"})
+    assert "a.*=memory:// b.*=memory://" in routes.stdout  # a repeatable option: one item a word
 
 
 def test_an_error_queue_set_by_the_environment_is_the_one_every_command_uses(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
