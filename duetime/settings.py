@@ -172,6 +172,8 @@ def option_variable_names() -> set[str]:
 DEFAULT_ENDPOINT = "duetime"
 #: The error queue every dispatcher uses unless told another.
 DEFAULT_ERROR_QUEUE = "error"
+#: Where the dashboard listens unless told otherwise: this machine only.
+DEFAULT_DASHBOARD_HOST, DEFAULT_DASHBOARD_PORT = "127.0.0.1", 8080
 
 #: A lateness budget above this would be a delay, not a budget.
 MAX_LATENESS_BUDGET = timedelta(seconds=1)

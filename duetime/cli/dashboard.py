@@ -15,13 +15,13 @@ from duetime.cli.common import (
     TransportOpt,
     app,
     configure_logging,
-    transport_url_for,
 )
 from duetime.cli.terminal import run_async as _run
 from duetime.inputs.durations import parse_duration
-from duetime.inputs.urls import redact
 from duetime.observability.logs import LogFormat
 from duetime.settings import (
+    DEFAULT_DASHBOARD_HOST,
+    DEFAULT_DASHBOARD_PORT,
     DEFAULT_ENDPOINT,
     DEFAULT_ERROR_QUEUE,
 )
@@ -46,8 +46,8 @@ def dashboard(
             help="Address to listen on: 127.0.0.1 is this machine only (a reverse proxy on it "
             "reaches it); 0.0.0.0 lets other machines in (set a password first).",
         ),
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = 8080,
+    ] = DEFAULT_DASHBOARD_HOST,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on.")] = DEFAULT_DASHBOARD_PORT,
     read_only: Annotated[
         bool, typer.Option("--read-only", help="Serve the pages only: no cancel, reschedule or retry.")
     ] = False,
@@ -96,68 +96,28 @@ def dashboard(
 
       DUETIME_DASHBOARD_PASSWORD=s3cret duetime dashboard --store postgresql://db/app --port 8080
     """
-    from duetime.dashboard.app import Dashboard
-    from duetime.dashboard.security import Credentials, secret
-    from duetime.observability.webserver import bind, loopback, serve
+    from duetime.dashboard.server import DashboardServer
 
     configure_logging(False, log_format)
-    every = parse_duration(sample_every).total_seconds()
-    if every < 1:
-        raise typer.BadParameter("--sample-every must be at least 1s")
-    answer_within = parse_duration(timeout).total_seconds()
-    if not 0 < answer_within <= 3600:
-        raise typer.BadParameter("--timeout must be more than 0s and at most 1h")
-    credentials = Credentials.from_env()
-    sock = bind(host, port, what="The dashboard port", option="--port")  # an address it lacks: first
-    if credentials is None and not allow_no_password and not loopback(host):
-        sock.close()
-        raise typer.BadParameter(
-            f"--host {host} lets other machines in, and no DUETIME_DASHBOARD_PASSWORD is set: set "
-            "one, or pass --allow-no-password to open the read-only pages to anyone who reaches the port"
-        )
+    server = DashboardServer(
+        store,
+        endpoint,
+        transport=transport,
+        error_queue=error_queue,
+        host=host,
+        port=port,
+        read_only=read_only,
+        show_contents=show_contents,
+        allow_no_password=allow_no_password,
+        sample_every=parse_duration(sample_every).total_seconds(),
+        answer_within=parse_duration(timeout).total_seconds(),
+        forwarded_allow_ips=forwarded_allow_ips,
+    )
+    sock = server.bind()
 
-    async def go() -> None:
-        try:
-            board = await Dashboard.open(
-                store,
-                endpoint,
-                transport_url=transport_url_for(store, transport),
-                error_queue=error_queue,
-                read_only=read_only,
-                credentials=credentials,
-                show_contents=show_contents,
-                sample_every=every,
-                answer_within=answer_within,
-            )
-        except BaseException:
-            sock.close()
-            raise
-        address, bound = sock.getsockname()[:2]
+    def stopping() -> None:
+        # a store behind a partition answers no goodbye, and Python waits at exit for the thread
+        # still waiting on it: leave after --timeout, as `duetime run` does
+        lastresort.arm(server.answer_within + 5, lambda: 0, lambda: None)
 
-        def ready() -> None:
-            """Said once the server runs and a stop signal ends it cleanly: a script that stops
-            it when it reads this line never kills it half-started (exit 143)."""
-            log.info(
-                "dashboard of %s on http://%s:%d/ (%s)",
-                redact(store),
-                address,
-                bound,
-                "read-only"
-                if not board.can_change
-                else f"changes need user {credentials.user if credentials else ''!r} and the password",
-            )
-            if credentials is None and not read_only:
-                log.info("set DUETIME_DASHBOARD_PASSWORD to cancel, reschedule and retry from the dashboard")
-
-        try:
-            await serve(
-                board.app(secret=secret(), ready=ready), sock, forwarded_allow_ips=forwarded_allow_ips
-            )
-        finally:
-            # a store behind a partition answers no goodbye, and Python waits at exit for the
-            # thread still waiting on it: leave after --timeout, as `duetime run` does
-            lastresort.arm(answer_within + 5, lambda: 0, lambda: None)
-            await board.close()
-            sock.close()
-
-    _run(go)
+    _run(lambda: server.serve(sock, on_stop=stopping))

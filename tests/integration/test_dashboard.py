@@ -775,3 +775,36 @@ def test_the_dashboard_opened_as_a_library_object_serves_its_pages(tmp_path: Pat
 
     with ThreadPoolExecutor(1) as pool:
         pool.submit(asyncio.run, go()).result()
+
+
+def test_the_server_object_serves_as_the_command_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`DashboardServer`, which `duetime dashboard` only starts: the same refusals (bad values, the
+    network without a password) and the pages served on its port until it is stopped."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from duetime.dashboard.server import DashboardServer
+    from duetime.errors import ConfigurationError
+
+    monkeypatch.delenv("DUETIME_DASHBOARD_PASSWORD", raising=False)
+    url = f"sqlite:///{tmp_path / 'lib.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    with pytest.raises(ConfigurationError, match="--sample-every must be at least 1s"):
+        DashboardServer(url, sample_every=0.5)
+    with pytest.raises(ConfigurationError, match="no DUETIME_DASHBOARD_PASSWORD is set"):
+        DashboardServer(url, host="0.0.0.0", port=free_port()).bind()
+    port = free_port()
+    server = DashboardServer(url, port=port, read_only=True)
+
+    async def go() -> None:
+        serving = asyncio.create_task(server.serve())
+        try:
+            await asyncio.to_thread(until, lambda: request(port, "/")[0] == 200, 20, "the pages")
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, go()).result()
