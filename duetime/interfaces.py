@@ -23,7 +23,7 @@ from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import PlanReport, Schedule
 from duetime.settings import TransactionMode
-from duetime.webhooks import WebhookEndpoint
+from duetime.webhooks import AttemptLog, WebhookEndpoint
 
 #: Called by a store when something may now be due earlier than before; ``None`` means "another
 #: process changed the store, look again".
@@ -367,6 +367,27 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         """Release the connection; calls after it raise TransportUnavailable."""
+
+
+@runtime_checkable
+class CountsAttempts(Protocol):
+    """A transport that keeps what each attempt came to, per destination (webhooks: a request
+    each), for the metrics: ``duetime_webhook_requests`` and ``duetime_webhook_request_seconds``."""
+
+    @property
+    def attempts(self) -> AttemptLog:
+        """The attempts so far, as this process made them."""
+        ...
+
+
+@runtime_checkable
+class HoldsTransports(Protocol):
+    """A transport made of others (routes, a sealed route): what each part offers is asked of it."""
+
+    @property
+    def parts(self) -> Sequence[Transport]:
+        """The transports it sends through."""
+        ...
 
 
 @runtime_checkable

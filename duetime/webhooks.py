@@ -290,3 +290,39 @@ def _carried_ipv4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[ipa
     if ip.teredo is not None:
         found.extend(ip.teredo)
     return found
+
+
+#: The bounds of the request-time histogram, in seconds (a receiver's answer: milliseconds to a
+#: timeout's tens of seconds).
+REQUEST_SECONDS_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: What an attempt can come to, beside the status class of an answer (``2xx``, ``4xx``, ...).
+TIMED_OUT, UNREACHABLE, ADDRESS_REFUSED, NOT_SENT = "timeout", "unreachable", "address-refused", "not-sent"
+
+
+@dataclass
+class AttemptLog:
+    """What a transport's attempts came to, per endpoint: how many of each outcome (an answer's
+    status class, ``2xx`` to ``5xx``, or ``timeout``, ``unreachable``, ``address-refused``,
+    ``not-sent``) and how long the requests took. Kept in memory by the transport that makes
+    them; a metrics registry reads it on each scrape."""
+
+    outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: per endpoint: the count of requests at or under each of :data:`REQUEST_SECONDS_BOUNDS`
+    #: (and one over them all), and the seconds they took in all
+    seconds: dict[str, tuple[list[int], float]] = field(default_factory=dict)
+
+    def record(self, endpoint: str, outcome: str, took: float | None) -> None:
+        """One attempt to ``endpoint``: its outcome, and its request's seconds (None: none made)."""
+        key = (endpoint, outcome)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        if took is None:
+            return
+        counts, total = self.seconds.get(endpoint) or ([0] * (len(REQUEST_SECONDS_BOUNDS) + 1), 0.0)
+        index = next((i for i, bound in enumerate(REQUEST_SECONDS_BOUNDS) if took <= bound), -1)
+        counts[index] += 1
+        self.seconds[endpoint] = (counts, total + took)
+
+
+def status_class(status: int) -> str:
+    """``2xx`` for 204: the outcome an answer's status gives an attempt."""
+    return f"{status // 100}xx" if 100 <= status < 600 else "other"

@@ -31,17 +31,25 @@ async def _table() -> str:
     from prometheus_client.parser import text_string_to_metric_families
 
     import duetime
+    from duetime.backends.webhooks.transport import WebhookTransport
+    from duetime.engine.routes import RoutedTransport, read_routes
     from duetime.live_dispatchers import DispatcherInfo
     from duetime.observability.metrics import instrument
+    from duetime.webhooks import WebhookEndpoint, new_secret
 
-    async with duetime.open_store("memory://") as store, duetime.open_transport("memory://") as transport:
+    # a webhook route too, whose endpoint's one request is refused (loopback, not allowed), so
+    # the webhook series have a sample without a network
+    hook = WebhookEndpoint("hook", "http://127.0.0.1:9/", (new_secret(),), datetime.now(UTC))
+    async with duetime.open_store("memory://") as store, duetime.open_transport("memory://") as queues:
         await store.setup_infrastructure("docs")
         await store.initialize("docs", duetime.TransactionMode.AT_LEAST_ONCE)
-        await transport.declare("orders")
-        await transport.declare("error")
+        await queues.declare("orders")
+        await queues.declare("error")
+        transport = RoutedTransport([(read_routes("hook=webhooks://")[0], WebhookTransport([hook]))], queues)
         dispatcher = duetime.Dispatcher(store, transport, endpoint="docs")
         registry, backlog = instrument(dispatcher)
         await store.store(duetime.DelayedMessage.create("orders", b"x", delay=0))
+        await store.store(duetime.DelayedMessage.create("hook", b"x", delay=0))
         await store.store(duetime.DelayedMessage.create("nowhere", b"x", delay=0))
         await dispatcher.run_burst()
         await store.store(duetime.DelayedMessage.create("orders", b"later", delay=3600))

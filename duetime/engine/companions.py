@@ -45,7 +45,8 @@ class Running(Protocol):
 
 class Reported(Running, Protocol):
     """What the heartbeat and the metrics say of a dispatcher: its counts, claims and breakers,
-    and its observers, which the metrics join to count events as they happen."""
+    its observers, which the metrics join to count events as they happen, and its transport,
+    whose own counts (a webhook's requests) the metrics read."""
 
     @property
     def mode(self) -> TransactionMode: ...
@@ -63,6 +64,8 @@ class Reported(Running, Protocol):
     def breakers(self) -> Breakers: ...
     @property
     def observer(self) -> Observers: ...
+    @property
+    def transport(self) -> Transport: ...
     def breakers_armed(self) -> dict[str, float | None]: ...
 
 

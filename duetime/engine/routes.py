@@ -114,6 +114,11 @@ class RoutedTransport:
         return described([r for r, _ in self.routes], _url_of(self.default))
 
     @property
+    def parts(self) -> list[Transport]:
+        """Each transport once (:class:`~duetime.interfaces.HoldsTransports`)."""
+        return self.transports
+
+    @property
     def transports(self) -> list[Transport]:
         """Each transport once, the default last."""
         seen: list[Transport] = []

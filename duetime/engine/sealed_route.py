@@ -29,6 +29,10 @@ class SealedDelivery:
         self.inner = inner
 
     @property
+    def parts(self) -> list[Transport]:
+        return [self.inner]
+
+    @property
     def url(self) -> str:
         inner = self.inner.url if isinstance(self.inner, Located) else type(self.inner).__name__
         return SEALED_PREFIX + inner

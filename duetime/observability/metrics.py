@@ -22,9 +22,10 @@ from duetime.engine.companions import Reported
 from duetime.engine.deadline import within
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.errors import CriticalError, MissingExtra, one_line
-from duetime.interfaces import DispatcherRegistry, StoreCounts
+from duetime.interfaces import CountsAttempts, DispatcherRegistry, HoldsTransports, StoreCounts, Transport
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
+from duetime.webhooks import REQUEST_SECONDS_BOUNDS
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -410,6 +411,69 @@ class DispatcherCollector:
             yield live
 
 
+class AttemptCollector:
+    """Each webhook endpoint's requests, read from the transports that count them (the dispatcher's
+    own, or each of its routes'): how many came to what, and how long they took."""
+
+    def __init__(self, transport: Transport, endpoint: str, cap: LabelCap) -> None:
+        self.transport = transport
+        self.endpoint = endpoint
+        self.cap = cap
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        logs = [t.attempts for t in _parts(self.transport) if isinstance(t, CountsAttempts)]
+        if not logs:
+            return
+        requests = CounterMetricFamily(
+            "duetime_webhook_requests",
+            "Requests to webhook endpoints, by endpoint and what each came to: its answer's status "
+            "class (2xx is delivered), or timeout, unreachable, address-refused (an address no one "
+            "allowed), not-sent.",
+            labels=["endpoint", "webhook", "outcome"],
+        )
+        seconds = HistogramMetricFamily(
+            "duetime_webhook_request_seconds",
+            "Seconds from a webhook request's start to its answer (or its failure), by endpoint.",
+            labels=["endpoint", "webhook"],
+        )
+        tallied: dict[tuple[str, str], int] = {}
+        timed: dict[str, tuple[list[int], float]] = {}
+        for log in logs:
+            for (name, outcome), count in list(log.outcomes.items()):
+                key = (self.cap(name), outcome)
+                tallied[key] = tallied.get(key, 0) + count
+            for name, (counts, total) in list(log.seconds.items()):
+                had, had_total = timed.get(self.cap(name)) or ([0] * len(counts), 0.0)
+                timed[self.cap(name)] = ([a + b for a, b in zip(had, counts, strict=True)], had_total + total)
+        for (name, outcome), count in sorted(tallied.items()):
+            requests.add_metric([self.endpoint, name, outcome], count)
+        for name, (counts, total) in sorted(timed.items()):
+            running, buckets = 0, []
+            for bound, count in zip([*map(str, REQUEST_SECONDS_BOUNDS), "+Inf"], counts, strict=True):
+                running += count
+                buckets.append((bound, float(running)))
+            seconds.add_metric([self.endpoint, name], buckets, total)
+        yield requests
+        yield seconds
+
+
+def _parts(transport: Transport) -> Iterable[Transport]:
+    """``transport`` and every transport it is made of, each once."""
+    seen: set[int] = set()
+    todo = [transport]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        yield t
+        if isinstance(t, HoldsTransports):
+            todo.extend(t.parts)
+
+
 def instrument(
     dispatcher: Reported, *, backlog_interval: float = 10.0, max_destinations: int = 50
 ) -> tuple[CollectorRegistry, Backlog]:
@@ -421,5 +485,6 @@ def instrument(
     dispatcher.observer.add(PrometheusObserver(registry, dispatcher.endpoint, cap))
     backlog = Backlog(dispatcher, backlog_interval)
     registry.register(DispatcherCollector(dispatcher, backlog, cap))
+    registry.register(AttemptCollector(dispatcher.transport, dispatcher.endpoint, cap))
     ProcessCollector(registry=registry)
     return registry, backlog

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import duetime_cmd, run_cli, spawn_run, wait_until_serving
 from tests.integration.proxy import TcpProxy
-from tests.services import MQTT, RABBITMQ, delete_rabbitmq_queues, require, store_url, until
+from tests.services import MQTT, RABBITMQ, delete_rabbitmq_queues, free_port, require, store_url, until
 from tests.webhook_receiver import Receiver, receiving
 
 ROUTE = "hook.*=webhooks://"
@@ -86,7 +86,10 @@ def test_one_run_delivers_signed_webhooks_by_route_and_sorts_every_answer(kind: 
         refused = {name: name for name in names[1:]}
         receiver.recover_at = time.monotonic() + 1000  # failing until the run is there
         log = tmp_path / "run.log"
-        run = spawn_run(duetime_cmd("run", "--store", url, "--route", ROUTE), log)
+        metrics_port = free_port()
+        run = spawn_run(
+            duetime_cmd("run", "--store", url, "--route", ROUTE, "--metrics-port", str(metrics_port)), log
+        )
         try:
             wait_until_serving(log)
             receiver.recover_at = time.monotonic() + 20
@@ -94,6 +97,7 @@ def test_one_run_delivers_signed_webhooks_by_route_and_sorts_every_answer(kind: 
             assert time.monotonic() < receiver.recover_at, "hook.ok waited for the failing endpoint"
             until(lambda: set(receiver.delivered()) >= flaky, 40, "hook.flaky delivered once it recovered")
             until(lambda: set(refused.values()) <= set(errors(url)), 30, "the refused in the error queue")
+            requests, timed = webhook_metrics(metrics_port)
         finally:
             run.send_signal(signal.SIGTERM)
             run.wait(30)
@@ -120,6 +124,31 @@ def test_one_run_delivers_signed_webhooks_by_route_and_sorts_every_answer(kind: 
         )
         received = json.loads(ok("queues", "receive", "orders", "--store", url).splitlines()[0])
         assert received["id"] == local
+        # each endpoint's requests, by what they came to, as the metrics tell an operator
+        assert requests[("hook.ok", "2xx")] == 20 and timed["hook.ok"] == 20
+        assert requests[("hook.flaky", "2xx")] == 3 and requests[("hook.flaky", "5xx")] >= 3
+        assert requests[("hook.busy", "4xx")] == 1 and requests[("hook.busy", "2xx")] == 1  # the 429
+        assert requests[("hook.missing", "4xx")] == 1
+        assert requests[("hook.closed", "address-refused")] == 1
+        assert requests[("hook.number", "address-refused")] == 1
+
+
+def webhook_metrics(port: int) -> tuple[Counter[tuple[str, str]], Counter[str]]:
+    """From the run's metrics: each endpoint's requests by outcome, and how many were timed."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    requests: Counter[tuple[str, str]] = Counter()
+    timed: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "duetime_webhook_requests_total":
+                requests[(sample.labels["webhook"], sample.labels["outcome"])] += int(sample.value)
+            elif sample.name == "duetime_webhook_request_seconds_count":
+                timed[sample.labels["webhook"]] += int(sample.value)
+    return requests, timed
 
 
 def test_reset_and_black_holed_connections_are_retried_until_they_heal(tmp_path: Path) -> None:

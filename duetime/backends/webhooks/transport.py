@@ -46,11 +46,17 @@ from duetime.interfaces import AsyncClosing, WebhookStore
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.version import __version__
 from duetime.webhooks import (
+    ADDRESS_REFUSED,
     LONGEST_RETRY_AFTER,
+    NOT_SENT,
     RETRIED_STATUSES,
+    TIMED_OUT,
+    UNREACHABLE,
+    AttemptLog,
     WebhookEndpoint,
     check_url,
     signature_header,
+    status_class,
 )
 
 #: How often the endpoints are read again from the store.
@@ -198,6 +204,8 @@ class WebhookTransport(AsyncClosing):
         self._resolve = resolve
         self._clock = clock
         self._closed = False
+        #: What each attempt came to, per endpoint (the metrics read it).
+        self.attempts = AttemptLog()
 
     @classmethod
     def from_url(cls, url: str) -> WebhookTransport:
@@ -290,28 +298,37 @@ class WebhookTransport(AsyncClosing):
         try:
             request = _request_headers(endpoint, message, int(self._clock()))
         except MessageRefused as refused:
+            self.attempts.record(endpoint.name, NOT_SENT, None)
             return refused
+        started = time.monotonic()
+        answer, came_to = await self._attempt(endpoint, message, request)
+        self.attempts.record(endpoint.name, came_to, time.monotonic() - started)
+        return answer
+
+    async def _attempt(
+        self, endpoint: WebhookEndpoint, message: DelayedMessage, request: dict[str, str]
+    ) -> tuple[Exception | None, str]:
+        """One attempt's answer, and what it came to (for :attr:`attempts`)."""
         try:
             async with asyncio.timeout(endpoint.timeout):
-                return await self._post(endpoint, self._session(endpoint), message, request)
+                status, answer = await self._post(endpoint, self._session(endpoint), message, request)
+                return answer, status_class(status)
         except AddressNotAllowed as refused:
-            return MessageRefused(str(refused))
+            return MessageRefused(str(refused)), ADDRESS_REFUSED
         except aiohttp.ClientConnectorDNSError as error:
             if isinstance(error.os_error, AddressNotAllowed):
-                return MessageRefused(str(error.os_error))
+                return MessageRefused(str(error.os_error)), ADDRESS_REFUSED
             said = f"its name does not resolve: {error.os_error}"
-            return retry_or_give_up(
-                endpoint, message, f"webhook {endpoint.name!r} could not be reached: {said}"
-            )
+            reason = f"webhook {endpoint.name!r} could not be reached: {said}"
+            return retry_or_give_up(endpoint, message, reason), UNREACHABLE
         except (TimeoutError, aiohttp.ServerTimeoutError):
-            return retry_or_give_up(endpoint, message, f"webhook {endpoint.name!r} did not answer in time")
+            reason = f"webhook {endpoint.name!r} did not answer in time"
+            return retry_or_give_up(endpoint, message, reason), TIMED_OUT
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
-            said = one_line(error)
-            return retry_or_give_up(
-                endpoint, message, f"webhook {endpoint.name!r} could not be reached: {said}"
-            )
+            reason = f"webhook {endpoint.name!r} could not be reached: {one_line(error)}"
+            return retry_or_give_up(endpoint, message, reason), UNREACHABLE
         except (aiohttp.InvalidURL, aiohttp.ClientResponseError, ConfigurationError, ValueError) as error:
-            return MessageRefused(f"webhook {endpoint.name!r}: {one_line(error)}")
+            return MessageRefused(f"webhook {endpoint.name!r}: {one_line(error)}"), NOT_SENT
 
     async def _post(
         self,
@@ -319,7 +336,8 @@ class WebhookTransport(AsyncClosing):
         session: aiohttp.ClientSession,
         message: DelayedMessage,
         headers: dict[str, str],
-    ) -> Exception | None:
+    ) -> tuple[int, Exception | None]:
+        """The last answer's status and what it makes of the attempt."""
         url = endpoint.url
         for _ in range(MAX_REDIRECTS + 1):
             check_literal(endpoint, urlsplit(url).hostname or "")
@@ -332,8 +350,8 @@ class WebhookTransport(AsyncClosing):
             if status in REDIRECTS and endpoint.follow_redirects and location:
                 url = check_url(urljoin(url, location))
                 continue
-            return outcome(endpoint, message, status, answered, answer)
-        return MessageRefused(f"webhook {endpoint.name!r} redirected more than {MAX_REDIRECTS} times")
+            return status, outcome(endpoint, message, status, answered, answer)
+        return status, MessageRefused(f"webhook {endpoint.name!r} redirected more than {MAX_REDIRECTS} times")
 
 
 def _request_headers(endpoint: WebhookEndpoint, message: DelayedMessage, timestamp: int) -> dict[str, str]:
