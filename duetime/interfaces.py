@@ -375,7 +375,7 @@ class CountsAttempts(Protocol):
     each), for the metrics: ``duetime_webhook_requests`` and ``duetime_webhook_request_seconds``."""
 
     @property
-    def attempts(self) -> AttemptLog:
+    def attempt_log(self) -> AttemptLog:
         """The attempts so far, as this process made them."""
         ...
 

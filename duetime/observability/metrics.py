@@ -25,7 +25,7 @@ from duetime.errors import CriticalError, MissingExtra, one_line
 from duetime.interfaces import CountsAttempts, DispatcherRegistry, HoldsTransports, StoreCounts, Transport
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
-from duetime.webhooks import REQUEST_SECONDS_BOUNDS
+from duetime.webhooks import REQUEST_SECONDS_BOUNDS, AttemptLog
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -424,7 +424,11 @@ class AttemptCollector:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        logs = [t.attempts for t in _parts(self.transport) if isinstance(t, CountsAttempts)]
+        logs = [
+            t.attempt_log
+            for t in _parts(self.transport)
+            if isinstance(t, CountsAttempts) and isinstance(t.attempt_log, AttemptLog)
+        ]
         if not logs:
             return
         requests = CounterMetricFamily(

@@ -15,7 +15,7 @@ from duetime.webhooks import REQUEST_SECONDS_BOUNDS, AttemptLog, status_class
 class Counting(MemoryTransport):
     def __init__(self) -> None:
         super().__init__()
-        self.attempts = AttemptLog()
+        self.attempt_log = AttemptLog()
 
 
 def test_attempts_are_counted_by_outcome_and_timed_into_buckets() -> None:
@@ -38,8 +38,8 @@ def test_attempts_are_counted_by_outcome_and_timed_into_buckets() -> None:
 
 def test_the_metrics_find_the_counts_behind_routes_and_a_sealed_route() -> None:
     hooks, sealed, rest = Counting(), Counting(), MemoryTransport()
-    hooks.attempts.record("billing", "2xx", 0.01)
-    sealed.attempts.record("payments", "5xx", 0.02)
+    hooks.attempt_log.record("billing", "2xx", 0.01)
+    sealed.attempt_log.record("payments", "5xx", 0.02)
     routes = read_routes("bill*=memory://a pay*=sealed:memory://b")
     transport = RoutedTransport([(routes[0], hooks), (routes[1], SealedDelivery(sealed))], rest)
     registry = CollectorRegistry()

@@ -205,7 +205,7 @@ class WebhookTransport(AsyncClosing):
         self._clock = clock
         self._closed = False
         #: What each attempt came to, per endpoint (the metrics read it).
-        self.attempts = AttemptLog()
+        self.attempt_log = AttemptLog()
 
     @classmethod
     def from_url(cls, url: str) -> WebhookTransport:
@@ -298,11 +298,11 @@ class WebhookTransport(AsyncClosing):
         try:
             request = _request_headers(endpoint, message, int(self._clock()))
         except MessageRefused as refused:
-            self.attempts.record(endpoint.name, NOT_SENT, None)
+            self.attempt_log.record(endpoint.name, NOT_SENT, None)
             return refused
         started = time.monotonic()
         answer, came_to = await self._attempt(endpoint, message, request)
-        self.attempts.record(endpoint.name, came_to, time.monotonic() - started)
+        self.attempt_log.record(endpoint.name, came_to, time.monotonic() - started)
         return answer
 
     async def _attempt(
