@@ -409,9 +409,9 @@ class StoreTarget(_TakesAll, _Seals):
             if d.dialect == "sqlite":
                 conn.commit()
                 conn.execute("BEGIN IMMEDIATE")
-            unique = list({r.message_id: r for r in records}.values())
-            claimed = self._claim_ids(conn, job, [r.message_id for r in unique])
-            unique = self.sealed([r for r in unique if r.message_id in claimed])
+            given = list({r.message_id: r for r in records}.values())
+            claimed = self._claim_ids(conn, job, [r.message_id for r in given])
+            unique: Sequence[Record] = self.sealed([r for r in given if r.message_id in claimed])
             by_table: dict[str, list[Record]] = {}
             for record in unique:
                 by_table.setdefault(self.layout.table_for(record.endpoint), []).append(record)

@@ -7,32 +7,28 @@ envelope and routing. RabbitMQ publishes wait for the broker's confirm (``confir
 task counts as forwarded only once the broker has it. Other query options are kombu transport
 options (``?global_keyprefix=app1:`` on Redis, ``?confirm_publish=false``).
 
-kombu is blocking: everything runs on one thread of its own, which keeps one connection and
-channel.
+kombu is blocking: the transport is a :class:`~duetime.backends._blocking_transport.BlockingTransport`,
+everything on one thread of its own, which keeps one connection and channel.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kombu import Connection, Exchange, Producer, Queue
 
-from duetime.backends._on_a_thread import BlockingCalls, transport_closed
+from duetime.backends._blocking_transport import BlockingTransport
 from duetime.backends._redis_database import check_database, no_such_database
 from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
-from duetime.backends.refusals import send_each
 from duetime.error_headers import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
     TransportUnavailable,
     server_reason,
 )
-from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import options_of, redact
-from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import SCHEDULE_HEADER
 
@@ -77,13 +73,13 @@ def queue_from_spec(spec: dict[str, Any]) -> Queue:
     )
 
 
-class CeleryTransport(AsyncClosing):
+class CeleryTransport(BlockingTransport):
     """A duetime transport whose destination is a Celery broker."""
 
     def __init__(self, broker_url: str, transport_options: dict[str, Any] | None = None) -> None:
+        super().__init__("duetime-celery")
         self.broker_url = broker_url
         self.transport_options = dict(transport_options or {})
-        self._calls = BlockingCalls(1, "duetime-celery", transport_closed)
         self._connection: Any = None
         self._producer: Any = None
 
@@ -100,8 +96,13 @@ class CeleryTransport(AsyncClosing):
             options.setdefault("confirm_publish", True)
         return cls(check_database(urlunsplit(parts._replace(scheme=scheme, query=""))), options)
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await self._calls.call(fn, *args)
+    @property
+    def outages(self) -> tuple[type[BaseException], ...]:
+        return (*(self._connection.connection_errors if self._connection else ()), OSError)
+
+    @property
+    def shown(self) -> str:
+        return f"the Celery broker {redact(self.broker_url)}"
 
     def _connect(self) -> None:
         if self._producer is not None:
@@ -125,50 +126,20 @@ class CeleryTransport(AsyncClosing):
                 self._connection.release()
         self._connection = self._producer = None
 
-    async def start(self) -> None:
-        await self._run(self._connect)
-
-    async def close(self) -> None:
-        if self._calls.shut:  # closed already: a second close does nothing
-            return
-        await self._run(self._drop)
-        self._calls.shutdown()
-
-    async def declare(self, queue: str) -> None:
+    def _declare_one(self, queue: str) -> None:
         """Make sure a queue for copies duetime sends aside (its error queue) exists: one of that
         name is taken as it is (it may be shared with other systems); a missing one is made plain
         and durable. Task queues are declared as Celery declares them, with each publish."""
-        name = check_name("queue", queue)
-
-        def declare() -> None:
+        self._connect()
+        try:
+            self._producer.channel.queue_declare(queue, passive=True)
+        except self._connection.channel_errors:
+            self._drop()  # the broker closed the channel (404): start clean
             self._connect()
-            try:
-                self._producer.channel.queue_declare(name, passive=True)
-            except self._connection.channel_errors:
-                self._drop()  # the broker closed the channel (404): start clean
-                self._connect()
-                Queue(name, durable=True).bind(self._producer.channel).declare()
+            Queue(queue, durable=True).bind(self._producer.channel).declare()
 
-        await self._run(declare)
-
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
-        return list(await self._run(self._publish_all, list(messages)))
-
-    def _publish_all(self, messages: list[DelayedMessage]) -> list[Exception | None]:
-        self._connect()  # a broker that cannot be reached fails the batch as a whole
-        outages = (*self._connection.connection_errors, OSError)
-
-        def publish(message: DelayedMessage) -> None:
-            self._connect()
-            self._publish(message.body, self._publish_of(message))
-
-        return send_each(
-            messages,
-            publish,
-            outages=outages,
-            reset=self._drop,
-            broker=f"the Celery broker {redact(self.broker_url)}",
-        )
+    def _send_one(self, message: DelayedMessage) -> None:
+        self._publish(message.body, self._publish_of(message))
 
     def _publish_of(self, message: DelayedMessage) -> CeleryPublish:
         """The task's publish when it is due; a copy of the message addressed elsewhere (the

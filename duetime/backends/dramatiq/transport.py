@@ -16,16 +16,14 @@ Dramatiq's brokers are blocking: everything runs on one thread of their own.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dramatiq import Broker, Message
 from dramatiq.errors import BrokerConnectionError, DecodeError
 
-from duetime.backends._on_a_thread import BlockingCalls, transport_closed
+from duetime.backends._blocking_transport import BlockingTransport
 from duetime.backends._redis_database import check_database, no_such_database
-from duetime.backends.refusals import send_each
 from duetime.error_headers import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
@@ -35,7 +33,6 @@ from duetime.errors import (
 )
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, url_options
-from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
 from duetime.recurring.schedule import SCHEDULE_HEADER
 
@@ -65,16 +62,16 @@ def _unavailable_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-class DramatiqTransport(AsyncClosing):
+class DramatiqTransport(BlockingTransport):
     """A duetime transport whose destination is a Dramatiq actor's queue."""
 
     def __init__(
         self, broker_url: str, *, max_priority: int | None = None, namespace: str = "dramatiq"
     ) -> None:
+        super().__init__("duetime-dramatiq")
         self.broker_url = broker_url
         self.max_priority = max_priority
         self.namespace = namespace
-        self._calls = BlockingCalls(1, "duetime-dramatiq", transport_closed)
         self._broker: Broker | None = None
         self._unavailable = _unavailable_errors()
 
@@ -97,8 +94,13 @@ class DramatiqTransport(AsyncClosing):
             namespace=options.get("namespace", "dramatiq"),
         )
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        return await self._calls.call(fn, *args)
+    @property
+    def outages(self) -> tuple[type[BaseException], ...]:
+        return self._unavailable
+
+    @property
+    def shown(self) -> str:
+        return f"the Dramatiq broker {redact(self.broker_url)}"
 
     def _connect(self) -> Broker:
         if self._broker is not None:
@@ -134,35 +136,21 @@ class DramatiqTransport(AsyncClosing):
                 self._broker.close()
         self._broker = None
 
-    async def start(self) -> None:
-        await self._run(self._connect)
-
-    async def close(self) -> None:
-        if self._calls.shut:  # closed already: a second close does nothing
-            return
-        await self._run(self._drop)
-        self._calls.shutdown()
-
-    async def declare(self, queue: str) -> None:
+    def _declare_one(self, queue: str) -> None:
         """Make sure a queue for copies duetime sends aside (its error queue) exists. On RabbitMQ a
         queue of that name is taken as it is (it may be shared with other systems: declaring it
         with Dramatiq's arguments would be refused); a missing one is made plain and durable.
         Actor queues need nothing: Dramatiq declares them as it enqueues."""
-        name = check_name("queue", queue)
+        broker = self._connect()
+        if not self._amqp:
+            return  # Redis: a queue exists once something is in it
+        import pika.exceptions
 
-        def declare() -> None:
-            broker = self._connect()
-            if not self._amqp:
-                return  # Redis: a queue exists once something is in it
-            import pika.exceptions
-
-            try:
-                broker.channel.queue_declare(name, passive=True)  # type: ignore[attr-defined]
-            except pika.exceptions.ChannelClosedByBroker:
-                del broker.channel  # type: ignore[attr-defined]  # the broker closed it (404)
-                broker.channel.queue_declare(name, durable=True)  # type: ignore[attr-defined]
-
-        await self._run(declare)
+        try:
+            broker.channel.queue_declare(queue, passive=True)  # type: ignore[attr-defined]
+        except pika.exceptions.ChannelClosedByBroker:
+            del broker.channel  # type: ignore[attr-defined]  # the broker closed it (404)
+            broker.channel.queue_declare(queue, durable=True)  # type: ignore[attr-defined]
 
     @property
     def _amqp(self) -> bool:
@@ -184,9 +172,6 @@ class DramatiqTransport(AsyncClosing):
             properties=pika.BasicProperties(delivery_mode=2, message_id=message.message_id, headers=headers),
             mandatory=True,
         )
-
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
-        return list(await self._run(self._enqueue_all, list(messages)))
 
     @staticmethod
     def _message_of(stored: DelayedMessage) -> Message[Any]:
@@ -221,21 +206,10 @@ class DramatiqTransport(AsyncClosing):
             options={"duetime_error": dict(stored.headers)},
         )
 
-    def _enqueue_all(self, messages: list[DelayedMessage]) -> list[Exception | None]:
-        self._connect()  # a broker that cannot be reached fails the batch as a whole
-
-        def enqueue(stored: DelayedMessage) -> None:
-            message = self._message_of(stored)
-            broker = self._connect()
-            if ERROR_TYPE in stored.headers:
-                self._send_aside(broker, message, dict(stored.headers))
-            else:
-                broker.enqueue(message)
-
-        return send_each(
-            messages,
-            enqueue,
-            outages=self._unavailable,
-            reset=self._drop,
-            broker=f"the Dramatiq broker {redact(self.broker_url)}",
-        )
+    def _send_one(self, stored: DelayedMessage) -> None:
+        message = self._message_of(stored)
+        broker = self._connect()
+        if ERROR_TYPE in stored.headers:
+            self._send_aside(broker, message, dict(stored.headers))
+        else:
+            broker.enqueue(message)
