@@ -7,7 +7,7 @@ envelope and routing. RabbitMQ publishes wait for the broker's confirm (``confir
 task counts as forwarded only once the broker has it. Other query options are kombu transport
 options (``?global_keyprefix=app1:`` on Redis, ``?confirm_publish=false``).
 
-kombu is blocking: the transport is a :class:`~duetime.backends._blocking_transport.BlockingTransport`,
+kombu is blocking: the transport is a :class:`~duetime.backends.blocking.BlockingTransport`,
 everything on one thread of its own, which keeps one connection and channel.
 """
 
@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kombu import Connection, Exchange, Producer, Queue
 
-from duetime.backends._blocking_transport import BlockingTransport
 from duetime.backends._redis_database import check_database, no_such_database
+from duetime.backends.blocking import BlockingTransport
 from duetime.backends.celery.envelope import PUBLISH_HEADER, CeleryPublish
 from duetime.error_headers import ERROR_TYPE
 from duetime.errors import (

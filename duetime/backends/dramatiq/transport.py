@@ -22,8 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 from dramatiq import Broker, Message
 from dramatiq.errors import BrokerConnectionError, DecodeError
 
-from duetime.backends._blocking_transport import BlockingTransport
 from duetime.backends._redis_database import check_database, no_such_database
+from duetime.backends.blocking import BlockingTransport
 from duetime.error_headers import ERROR_TYPE
 from duetime.errors import (
     ConfigurationError,
