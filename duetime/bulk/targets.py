@@ -406,9 +406,7 @@ class StoreTarget(_TakesAll, _Seals):
         it and says so after (:meth:`settled`), so a crash in between replaces it on a re-run."""
         with self.db.session() as conn:
             d = self.db
-            if d.dialect == "sqlite":
-                conn.commit()
-                conn.execute("BEGIN IMMEDIATE")
+            self._only_writer(conn)
             given = list({r.message_id: r for r in records}.values())
             claimed = self._claim_ids(conn, job, [r.message_id for r in given])
             unique: Sequence[Record] = self.sealed([r for r in given if r.message_id in claimed])
@@ -434,10 +432,15 @@ class StoreTarget(_TakesAll, _Seals):
     def settled(self, job: str, ids: Sequence[str]) -> None:
         """``ids`` (found waiting by :meth:`write_once`) are the job's now: a re-run skips them."""
         with self.db.session() as conn:
-            if self.db.dialect == "sqlite":
-                conn.commit()
-                conn.execute("BEGIN IMMEDIATE")
+            self._only_writer(conn)
             self._claim_ids(conn, job, ids)
+
+    def _only_writer(self, conn: Any) -> None:
+        """SQLite: this transaction the only writer from its start (:meth:`_claim_ids` looks, then
+        inserts); the other databases lock the ids' rows themselves."""
+        if self.db.dialect == "sqlite":
+            conn.commit()
+            conn.execute("BEGIN IMMEDIATE")
 
     def _claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:
         """Record ids as scheduled by ``job``; returns those it had not scheduled before."""

@@ -162,7 +162,7 @@ def test_bulk_schedule_as_a_user_runs_it_seals_with_the_keyring_the_variable_nam
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`DUETIME_ENCRYPTION_KEYS=keys.json duetime bulk schedule …`: a path relative to where the
-    command runs reaches Spark's tasks, which seal every row."""
+    command runs reaches Spark's tasks, which seal every row; `bulk export --decrypt` opens them."""
     Keyring.new("first").write(tmp_path / "keys.json")
     lines = [
         {"id": f"u{i}", "destination": "orders", "due_at": "2031-03-01T09:00:00Z", "body": f"SECRET-PAYLOAD {i}",
@@ -181,3 +181,16 @@ def test_bulk_schedule_as_a_user_runs_it_seals_with_the_keyring_the_variable_nam
     assert {k: v.body for k, v in store_rows(url, "e").items()} == {
         line["id"]: line["body"].encode() for line in lines
     }
+    # and back out, opened, as the encryption page says: every row, none left sealed
+    out = run_cli(
+        "bulk", "export", "--from", "sqlite:///s.db", "--to", "jsonl:opened", "--decrypt",
+        cwd=tmp_path, timeout=240, env={ENCRYPTION_KEYS_VARIABLE: "keys.json"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "20 messages written to" in out.stdout and "still encrypted" not in out.stdout, out.stdout
+    exported = [
+        json.loads(x) for p in (tmp_path / "opened").glob("part-*") for x in p.read_text().splitlines()
+    ]
+    assert sorted(base64.b64decode(e["body_base64"]).decode() for e in exported) == sorted(
+        line["body"] for line in lines
+    )
