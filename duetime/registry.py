@@ -10,6 +10,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from duetime.audit import Actor
+from duetime.bulk_interfaces import KeyedBulkRows, NativeDelayTopology, SqlDatabase
 from duetime.client import DelayedMessageClient, SyncDelayedMessageClient
 from duetime.errors import ConfigurationError, MissingExtra, UnknownScheme, command
 from duetime.inputs.identifiers import check_name
@@ -60,6 +61,20 @@ TRANSPORTS: dict[str, str] = {
     "dramatiq+rediss": "duetime.backends.dramatiq.transport:DramatiqTransport",
 }
 
+#: scheme -> the SQL database bulk jobs and the delivery log read and write through
+SQL_DATABASES: dict[str, str] = {
+    "postgresql": "duetime.backends.postgres.sql_database:PostgresDatabase",
+    "postgres": "duetime.backends.postgres.sql_database:PostgresDatabase",
+    "mysql": "duetime.backends.mysql.sql_database:MariaDbDatabase",
+    "mariadb": "duetime.backends.mysql.sql_database:MariaDbDatabase",
+    "sqlite": "duetime.backends.sqlite.sql_database:SqliteDatabase",
+}
+#: scheme -> the bulk writer of a store of keys (its ledger beside the store's keys)
+KEYED_BULK_ROWS: dict[str, str] = {
+    "redis": "duetime.backends.redis.bulk_rows:RedisBulkRows",
+    "redis+sentinel": "duetime.backends.redis.bulk_rows:RedisBulkRows",
+}
+
 
 def scheme_of(url: str) -> str:
     if not isinstance(url, str) or "://" not in url:
@@ -106,6 +121,48 @@ def _pick(kind: str, url: str, table: dict[str, Any]) -> Any:
         hint = f" Did you mean {close[0]}://?" if close else ""
         raise UnknownScheme(f"No {kind} for URL scheme {scheme!r}.{hint} Known: {', '.join(sorted(table))}.")
     return table[scheme]
+
+
+def _scheme(url: str) -> str:
+    return url.partition(":")[0].lower()
+
+
+def is_sql_database(url: str) -> bool:
+    """``url`` names a SQL database bulk jobs read and write (no driver import, no connection)."""
+    return _scheme(url) in SQL_DATABASES
+
+
+def is_keyed_store(url: str) -> bool:
+    """``url`` names a store of keys bulk jobs write through :func:`open_keyed_bulk_rows`."""
+    return _scheme(url) in KEYED_BULK_ROWS
+
+
+def open_sql_database(url: str) -> SqlDatabase:
+    """The SQL database ``url`` names, as bulk jobs and the delivery log use it (its bulk options
+    ``layout``, ``table`` and ``schema`` read); one line for any other URL, never a guess."""
+    if not is_sql_database(url):
+        raise ConfigurationError(
+            f"{redact(url)} is not a database URL bulk jobs can read; use postgresql://, "
+            "mysql:// or sqlite:///, or a parquet:/ or jsonl:/ path."
+        )
+    remember(url)
+    cls = _load(SQL_DATABASES[_scheme(url)], f"A {_scheme(url)}:// database")
+    return cast(SqlDatabase, cls.from_url(url))
+
+
+def open_keyed_bulk_rows(url: str) -> KeyedBulkRows:
+    """The bulk writer of the store of keys ``url`` names (checked now; it connects when used)."""
+    cls = _load(_pick("bulk writer", url, KEYED_BULK_ROWS), f"A {_scheme(url)}:// store")
+    return cast(KeyedBulkRows, cls.from_url(url))
+
+
+async def open_native_delays(amqp_url: str, names: str, *, levels: int) -> NativeDelayTopology:
+    """RabbitMQ's native delay topology on the broker at ``amqp_url``, its connection started."""
+    transport = open_transport(amqp_url)
+    cls = _load("duetime.backends.rabbitmq.native:NativeDelays", "RabbitMQ's native delays")
+    native = cls(transport, names, levels=levels)
+    await transport.start()
+    return cast(NativeDelayTopology, native)
 
 
 #: The embedded default: a SQLite file in the working directory, no server.
@@ -162,8 +219,8 @@ def check_store_exists(store_url: str) -> str:
     SQLite path would leave an empty file behind): only ``setup`` and ``run`` create. Servers
     answer for themselves; a SQLite file is checked here."""
     if scheme_of(store_url) == "sqlite":
-        from duetime.backends.sqlite.connection import parse_sqlite_url
-
+        # loaded by name, as every backend here is: what imports the registry imports no backend
+        parse_sqlite_url: Any = _load("duetime.backends.sqlite.connection:parse_sqlite_url", "SQLite")
         path, _ = parse_sqlite_url(store_url)
         if not path.exists():
             raise ConfigurationError(

@@ -23,7 +23,6 @@ from duetime.api_keys import ApiKey
 from duetime.audit import AUDIT, AuditEntry, AuditQuery, in_range, key_at, page_of
 from duetime.backends._schedules import ScheduleRules
 from duetime.backends._shared_commit import SharedCommits
-from duetime.backends.store_row import CLAIM_COLUMNS, STORE_COLUMNS
 from duetime.clock import SystemClock, to_micros
 from duetime.encryption import PROBLEM_HEADER, Sealer, Unreadable, sealed_with, sealer_from_environment
 from duetime.errors import (
@@ -63,6 +62,7 @@ from duetime.message import (
 )
 from duetime.recurring.schedule import Schedule
 from duetime.settings import ENCRYPTION_KEYS_VARIABLE, TransactionMode
+from duetime.store_row import CLAIM_COLUMNS, STORE_COLUMNS
 from duetime.webhooks import WebhookEndpoint
 
 T = TypeVar("T")

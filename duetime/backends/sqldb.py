@@ -1,80 +1,81 @@
-"""One SQL database as the bulk jobs and the delivery log see it: a picklable URL, a DB-API connection, dialect bits.
+"""One SQL database as the bulk jobs and the delivery log see it: a picklable URL, a DB-API
+connection, and what differs between databases answered by each backend's subclass.
 
-Spark ships a :class:`Database` to each executor, which opens its own connection with the Python
-driver (psycopg, PyMySQL, sqlite3): no JDBC jar and no download at run time.
+The base holds what every SQL database shares (the statements of ``sqldb.sql``, sessions,
+retries, streaming); each backend's folder holds its own (``sql_database.py``: quoting, column
+types, connecting, and the abilities bulk asks about, such as reading by blocks or copying
+rows between two servers). Bulk never asks which database it is: it asks an ability
+(:class:`duetime.bulk_interfaces.SqlDatabase`). Spark ships one to each executor, which
+opens its own connection with the Python driver (psycopg, PyMySQL, sqlite3): no JDBC jar.
 """
 
 from __future__ import annotations
 
-import itertools
 import random
-import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-from urllib.parse import urlencode, urlsplit
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlencode
 
 from duetime.backends.source_rows import SourceRows
 from duetime.backends.sqlfiles import load_queries
+from duetime.bulk_interfaces import STATE_TABLES
 from duetime.errors import ConfigurationError
-from duetime.inputs.identifiers import check_name, mariadb_name, postgres_name
+from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, split_options
 
 T = TypeVar("T")
-DIALECTS = {
-    "postgresql": "postgres",
-    "postgres": "postgres",
-    "mysql": "mysql",
-    "mariadb": "mysql",
-    "sqlite": "sqlite",
-}
 #: URL options the bulk jobs read themselves; everything else goes to the store or the driver.
 BULK_OPTIONS = ("layout", "table", "schema")
-#: The tables duetime keeps beside the stores, by the name ``sqldb.sql`` uses for them.
-STATE_TABLES = {
-    "runs": "duetime_bulk_runs",
-    "batches": "duetime_bulk_batches",
-    "staged": "duetime_bulk_staged",
-    "ledger": "duetime_bulk_ledger",
-    "scheduled": "duetime_bulk_scheduled",
-    "log": "duetime_delivery_log",
-}
+#: The layouts a bulk job reads: duetime's own store tables, and NServiceBus's two.
+LAYOUTS = ("duetime", "timeoutdata", "msmq")
 
 
 @dataclass(frozen=True)
 class Database:
-    """A database URL split into what the driver needs and the bulk options (layout, table)."""
+    """A database URL split into what the driver needs and the bulk options (layout, table).
+
+    Not used itself: each SQL backend subclasses it (``duetime.backends.<store>.sql_database``)
+    and the registry opens the one a URL's scheme names."""
 
     url: str = field(repr=False)
-    dialect: str
     layout: str = "duetime"
     table: str | None = None
     schema: str | None = None
     display: str = ""
 
+    #: The suffix of this database's own statements in ``sqldb.sql`` (``name.postgres``).
+    dialect: ClassVar[str] = ""
+    #: Column types of the state tables.
+    blob: ClassVar[str] = "BLOB"
+    text: ClassVar[str] = "TEXT"
+    #: The lock a read that is about to change rows takes ("" where the transaction holds it).
+    row_lock: ClassVar[str] = " FOR UPDATE"
+    #: Holds NServiceBus's layouts (``TimeoutData``, the MSMQ store): server databases do.
+    keeps_other_layouts: ClassVar[bool] = True
+    #: Computes a record's columns from a source row in the server (:meth:`exact_in_server`).
+    computes_records: ClassVar[bool] = False
+
     @classmethod
     def from_url(cls, url: str) -> Database:
-        parts = urlsplit(url)
-        dialect = DIALECTS.get(parts.scheme.lower())
-        if dialect is None:
-            raise ConfigurationError(
-                f"{redact(url)} is not a database URL bulk jobs can read; use postgresql://, "
-                "mysql:// or sqlite:///, or a parquet:/ or jsonl:/ path."
-            )
+        """``url`` as this database: its bulk options taken out and checked."""
         driver_url, ours = split_options(url, BULK_OPTIONS)
         layout = ours.get("layout", "duetime").lower()
-        if layout not in ("duetime", "timeoutdata", "msmq"):
+        if layout not in LAYOUTS:
             raise ConfigurationError(
                 f"Unknown layout {layout!r} in {redact(url)}; use layout=duetime (a duetime store), "
                 "layout=timeoutdata (NServiceBus SQL persistence) or layout=msmq (the NServiceBus MSMQ transport's delayed store)."
+            )
+        if layout != "duetime" and not cls.keeps_other_layouts:
+            raise ConfigurationError(
+                f"layout={layout} tables live in PostgreSQL or MariaDB, not SQLite ({redact(url)})."
             )
         table = ours.get("table")
         schema = ours.get("schema")
         return cls(
             url=driver_url,
-            dialect=dialect,
             layout=layout,
             table=None if table is None else check_name("table", table),
             schema=None if schema is None else check_name("schema", schema),
@@ -85,18 +86,13 @@ class Database:
         """Where its tables are, as the server itself says: two URLs naming one server two ways
         (``localhost`` and ``127.0.0.1``, a socket and a port) are one place. Connects, except
         for SQLite (a file's resolved path)."""
-        if self.dialect == "sqlite":
-            from duetime.backends.sqlite.connection import parse_sqlite_url
-
-            return ("sqlite", str(parse_sqlite_url(self.url)[0].resolve()))
         with self.session(write=False) as conn:
             server = [str(value) for value in self.execute(conn, self.query("server_identity")).fetchone()]
-        schema = (self.schema or "public") if self.dialect == "postgres" else ""
-        return (self.dialect, *server, schema)
+        return (self.dialect, *server, *self.schema_params())
 
     def store_url(self, table: str | None = None) -> str:
         """The URL a duetime store for one table would be opened with."""
-        extra = [("schema", self.schema)] if self.schema and self.dialect == "postgres" else []
+        extra = self._store_options()
         if table:
             extra.append(("table", table))
         if not extra:
@@ -104,23 +100,43 @@ class Database:
         joiner = "&" if "?" in self.url else "?"
         return self.url + joiner + urlencode(extra)
 
-    # -- dialect ----------------------------------------------------------------------------------
+    def _store_options(self) -> list[tuple[str, str]]:
+        """The URL options a store of this database is opened with besides its table."""
+        return []
+
+    # -- how this database writes things ----------------------------------------------------------
 
     def quote(self, name: str) -> str:
-        if self.dialect == "mysql":
-            return "`" + name.replace("`", "``") + "`"
         return '"' + name.replace('"', '""') + '"'
 
     def qualified(self, table: str) -> str:
-        if self.dialect == "postgres":
-            return f"{self.quote(self.schema or 'public')}.{self.quote(self.kept_name(table))}"
         return self.quote(self.kept_name(table))
 
     def kept_name(self, table: str) -> str:
         """``table``'s name as this database keeps it: a long one cut as the stores cut theirs."""
-        if self.dialect == "postgres":
-            return postgres_name(table)
-        return mariadb_name(table) if self.dialect == "mysql" else table
+        return table
+
+    def schema_params(self) -> list[str]:
+        """The parameters naming this database's schema in the catalog statements (none where a
+        database has one)."""
+        return []
+
+    def as_text(self, column: str) -> str:
+        """A column read as its stored text (PostgreSQL would parse a json column)."""
+        return self.quote(column)
+
+    def store_due(self, due_us: int) -> Any:
+        """A due time as a duetime store table of this database keeps it: µs since 1970."""
+        return due_us
+
+    def uuid_param(self, text: str) -> Any:
+        """A GUID column's value as this database's driver takes it."""
+        return text
+
+    def block_range(self, lower: int | None, upper: int | None) -> tuple[str, list[Any]] | None:
+        """A condition for the rows in physical blocks ``lower`` to ``upper`` (either may be open),
+        where this database can read a table that way (:meth:`reads_by_blocks`)."""
+        return None
 
     def query(self, name: str, **names: object) -> str:
         """The statement ``name`` of ``sqldb.sql`` in this dialect, with the state tables, the column
@@ -132,68 +148,91 @@ class Database:
     def _words(self) -> dict[str, str]:
         words = {key: self.qualified(table) for key, table in STATE_TABLES.items()}
         words |= {f"key{n}": self.key_text(n) for n in (16, 64, 200, 250)}
-        words |= {
-            "text": self.text,
-            "blob": self.blob,
-            "lock": "" if self.dialect == "sqlite" else " FOR UPDATE",
-        }
+        words |= {"text": self.text, "blob": self.blob, "lock": self.row_lock}
         return words
 
     def sql(self, text: str) -> str:
-        """Queries are written with ``%s``; sqlite3 wants ``?``."""
-        return text.replace("%s", "?") if self.dialect == "sqlite" else text
-
-    @property
-    def blob(self) -> str:
-        return {"postgres": "bytea", "mysql": "LONGBLOB", "sqlite": "BLOB"}[self.dialect]
-
-    @property
-    def text(self) -> str:
-        return "LONGTEXT" if self.dialect == "mysql" else "TEXT"
+        """Queries are written with ``%s``; a driver that wants another mark overrides this."""
+        return text
 
     def key_text(self, length: int) -> str:
-        return "TEXT" if self.dialect == "sqlite" else f"VARCHAR({length})"
+        return f"VARCHAR({length})"
 
     def source_rows(self, table: str) -> SourceRows:
         """``table`` of this database as a migration takes rows out of it and puts them back, with
         the statements of this database's backend (its ``bulk_rows`` module)."""
-        if self.dialect == "postgres":
-            from duetime.backends.postgres.bulk_rows import source_rows
-        elif self.dialect == "mysql":
-            from duetime.backends.mysql.bulk_rows import source_rows
-        else:
-            from duetime.backends.sqlite.bulk_rows import source_rows
-        return source_rows(self.qualified(table))
+        raise NotImplementedError
+
+    def store_rows(self, table: str) -> Any:
+        """The duetime store's bulk writer for one endpoint's ``table`` in this database
+        (:class:`duetime.bulk_interfaces.StoreBulkRows`)."""
+        raise NotImplementedError
+
+    def moving_rows(self, table: str) -> Any:
+        """The store's writer that takes rows from statements in this server
+        (:class:`duetime.bulk_interfaces.MovingBulkRows`): only where :meth:`same_database` or
+        :meth:`pipes_from` said so."""
+        raise NotImplementedError
+
+    # -- what this database can do, asked by bulk ---------------------------------------------------
+
+    def check_readable(self) -> None:
+        """Before reading: one line if there is nothing to read (a SQLite file that is not there,
+        which opening would create)."""
+
+    def check_writable(self) -> bool:
+        """Before writing: one line if it cannot be written; False when there is nothing there yet
+        to connect to (a SQLite file the job will make)."""
+        return True
+
+    def reads_by_blocks(self, conn: Any) -> bool:
+        """Plans a table's batches by physical blocks (:meth:`block_range`) on this server."""
+        return False
+
+    def exact_in_server(self, conn: Any) -> bool:
+        """Computes a record's columns (``Layout.record_sql``) in this server exactly, to the
+        microsecond (only where :attr:`computes_records`)."""
+        return False
+
+    def taking(self, table: str, where: str, returning: str) -> str:
+        """One statement deleting ``table``'s rows ``where`` and returning ``returning`` of them
+        (only where :attr:`computes_records`)."""
+        raise NotImplementedError
+
+    def same_database(self, other: Database) -> bool:
+        """``other`` is this very database as the same user, so one connection can move rows
+        between their tables inside the server."""
+        return False
+
+    def pipes_from(self, other: Database) -> bool:
+        """Rows can stream from ``other``'s server into this one without being decoded here."""
+        return False
+
+    def write_staged(self, conn: Any, rows: Sequence[Sequence[Any]]) -> None:
+        """Staged rows (``insert_staged``'s columns) into the staging table."""
+        self.executemany(conn, self.query("insert_staged"), rows)
+
+    def lock_ledger_row(self, conn: Any, run_id: str, batch: int) -> None:
+        """Where a concurrent twin of a batch write would not wait on its own: lock the batch's
+        ledger row first."""
+
+    def claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:
+        """Record ``ids`` as scheduled by ``job``; returns those it had not scheduled before."""
+        raise NotImplementedError
+
+    def become_only_writer(self, conn: Any) -> None:
+        """Make the open transaction the only writer from its start (SQLite); the server
+        databases lock the rows they touch instead."""
+
+    def begin_writing(self, conn: Any) -> None:
+        """Start a write on a connection kept open between commits, where the driver does not."""
 
     # -- connections --------------------------------------------------------------------------------
 
     def connect(self, write: bool = True) -> Any:
         """A new DB-API connection, not in autocommit; the caller commits. A server that cannot
         be reached, or a database that is not there, is one line (:class:`ConnectionFailed`)."""
-        if self.dialect == "postgres":
-            from duetime.backends.postgres.connection import PgOptions, connect
-
-            return connect(PgOptions.from_url(self.url))
-        if self.dialect == "mysql":
-            from duetime.backends.mysql.store import MysqlOptions, mysql_connect
-
-            return mysql_connect(MysqlOptions.from_url(self.url), autocommit=False)
-        from duetime.backends.sqlite.connection import cannot_open, check_folder, parse_sqlite_url
-
-        path, _ = parse_sqlite_url(self.url)
-        check_folder(path)
-        try:
-            conn: Any = sqlite3.connect(str(path), timeout=30, isolation_level=None)
-        except sqlite3.DatabaseError as error:
-            raise cannot_open(path, error) or error from None
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.DatabaseError as error:
-            conn.close()
-            raise cannot_open(path, error) or error from None
-        # A writer takes the write lock up front, so status checks hold for the whole session.
-        conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-        return conn
+        raise NotImplementedError
 
     @contextmanager
     def session(self, write: bool = True) -> Iterator[Any]:
@@ -209,13 +248,8 @@ class Database:
             conn.close()
 
     def ensure_schema(self, conn: Any) -> None:
-        """PostgreSQL: the schema named in the URL, created if missing (before any table in it)."""
-        if (
-            self.dialect == "postgres"
-            and self.schema
-            and not self.execute(conn, self.query("schema_exists"), [self.schema]).fetchone()
-        ):
-            self.execute(conn, self.query("create_schema", schema=self.quote(self.schema)))
+        """The schema named in the URL, created if missing (before any table in it), where a
+        database has schemas."""
 
     def retrying(self, action: Callable[[], T], attempts: int = 8) -> T:
         """Run a whole transaction again when the database chose it as a deadlock victim."""
@@ -236,18 +270,9 @@ class Database:
     def stream(
         self, conn: Any, text: str, params: Sequence[Any] = (), size: int = 5000
     ) -> Iterator[list[tuple[Any, ...]]]:
-        """The rows of a query in lists of at most ``size``, never the whole result in memory: a
-        server-side cursor on PostgreSQL (a plain one fetches everything at once), an unbuffered
-        one on MariaDB (the connection runs nothing else meanwhile); SQLite steps as it goes."""
-        if self.dialect == "postgres":
-            cur = conn.cursor(name=f"duetime_stream_{next(_CURSORS)}")
-            cur.itersize = size
-        elif self.dialect == "mysql":
-            import pymysql.cursors
-
-            cur = conn.cursor(pymysql.cursors.SSCursor)
-        else:
-            cur = conn.cursor()
+        """The rows of a query in lists of at most ``size``, never the whole result in memory
+        (each database's :meth:`_streaming_cursor`)."""
+        cur = self._streaming_cursor(conn, size)
         try:
             cur.execute(self.sql(text), tuple(params))
             while rows := cur.fetchmany(size):
@@ -255,19 +280,36 @@ class Database:
         finally:
             cur.close()
 
+    def _streaming_cursor(self, conn: Any, size: int) -> Any:
+        """A cursor that fetches as it goes (SQLite steps as it goes)."""
+        return conn.cursor()
+
     def executemany(self, conn: Any, text: str, rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             cur = conn.cursor()
             cur.executemany(self.sql(text), [tuple(r) for r in rows])
 
     def table_exists(self, conn: Any, table: str) -> bool:
-        name = self.kept_name(table)
-        where = [self.schema or "public", name] if self.dialect == "postgres" else [name]
+        where = [*self.schema_params(), self.kept_name(table)]
         return self.execute(conn, self.query("table_exists"), where).fetchone() is not None
 
     def tables(self, conn: Any) -> list[str]:
-        where = [self.schema or "public"] if self.dialect == "postgres" else []
-        return sorted(str(r[0]) for r in self.execute(conn, self.query("tables"), where).fetchall())
+        return sorted(
+            str(r[0]) for r in self.execute(conn, self.query("tables"), self.schema_params()).fetchall()
+        )
+
+    def store_tables(self, conn: Any) -> list[str]:
+        """The tables duetime stores in this database keep (their ``duetime_schema`` rows), those
+        that are there."""
+        if not self.table_exists(conn, "duetime_schema"):
+            return []
+        rows = self.execute(conn, self.query("store_components", table=self._schema_table())).fetchall()
+        tables = sorted(str(r[0])[len("store:") :] for r in rows)
+        return [t for t in tables if self.table_exists(conn, t)]
+
+    def _schema_table(self) -> str:
+        """``duetime_schema`` as ``store_components`` names it."""
+        return "duetime_schema"
 
     def chunks(self, items: Sequence[Any], size: int = 1000) -> Iterator[Sequence[Any]]:
         for start in range(0, len(items), size):
@@ -275,9 +317,6 @@ class Database:
 
     def in_list(self, count: int) -> str:
         return ", ".join(["%s"] * count)
-
-
-_CURSORS = itertools.count()
 
 
 def _is_deadlock(error: Exception) -> bool:

@@ -207,7 +207,7 @@ FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id =
 -- COPY feeds the other's, in binary, so the types are exactly the store table's columns.
 -- name: copy_staged_out.postgres
 COPY (
-    SELECT message_id::text, destination::text, {due}, coalesce(headers, '{{}}')::text, body, failure_count::int4,
+    SELECT message_id::text, destination::text, {due_us_as_timestamptz}, coalesce(headers, '{{}}')::text, body, failure_count::int4,
            ({group_of_extra})::text
     FROM {staged} WHERE run_id=%s AND batch=%s AND endpoint=%s AND NOT (message_id = ANY(%s))
 ) TO STDOUT (FORMAT BINARY)

@@ -13,7 +13,7 @@ from typing import Any
 
 from duetime.bulk.records import MSMQ_PROPERTIES, store_headers
 
-#: For each of the store's columns (:data:`~duetime.backends.store_row.STORE_COLUMNS`), in its
+#: For each of the store's columns (:data:`~duetime.store_row.STORE_COLUMNS`), in its
 #: order, the record batch's column it comes from.
 BATCH_COLUMNS = ("message_id", "destination", "due_us", "headers", "body", "failure_count", "group")
 

@@ -7,13 +7,10 @@ row back as it was), and finds the tables of each endpoint.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from duetime.backends.sqldb import Database
-from duetime.backends.store_row import STORE_COLUMNS
 from duetime.bulk.records import (
     Record,
     bulk_row,
@@ -22,8 +19,9 @@ from duetime.bulk.records import (
     parse_headers,
     to_header_infos,
 )
+from duetime.bulk_interfaces import SqlDatabase
 from duetime.clock import from_micros, to_micros
-from duetime.errors import ConfigurationError
+from duetime.store_row import STORE_COLUMNS
 
 
 class Layout:
@@ -37,7 +35,7 @@ class Layout:
     key_type = "text"
     in_flight = False
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: SqlDatabase) -> None:
         self.db = db
 
     def table_for(self, endpoint: str) -> str:
@@ -113,18 +111,12 @@ class DuetimeLayout(Layout):
     def discover(self, conn: Any) -> list[tuple[str, str]]:
         if self.db.table:
             return [(self.endpoint_of(self.db.table), self.db.table)]
-        schema = self.db.qualified("duetime_schema") if self.db.dialect == "postgres" else "duetime_schema"
-        if not self.db.table_exists(conn, "duetime_schema"):
-            return []
-        rows = self.db.execute(conn, self.db.query("store_components", table=schema)).fetchall()
-        tables = sorted(str(r[0])[len("store:") :] for r in rows)
-        return [(self.endpoint_of(t), t) for t in tables if self.db.table_exists(conn, t)]
+        return [(self.endpoint_of(t), t) for t in self.db.store_tables(conn)]
 
     @property
     def select(self) -> str:
-        text = super().select
-        # psycopg would parse a json column; export must carry the stored text byte for byte
-        return text.replace('"headers"', '"headers"::text') if self.db.dialect == "postgres" else text
+        """The headers as their stored text, byte for byte (a driver may parse a json column)."""
+        return ", ".join(self.db.as_text(c) if c == "headers" else self.db.quote(c) for c in self.columns)
 
     def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
         where, params = super().selection(cutoff_us, now_us)
@@ -136,7 +128,7 @@ class DuetimeLayout(Layout):
         )
 
     def due_param(self, due_us: int) -> Any:
-        return from_micros(due_us) if self.db.dialect == "postgres" else due_us
+        return self.db.store_due(due_us)
 
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
         extra = None if row[6] is None else group_extra(row[6])
@@ -207,10 +199,8 @@ class TimeoutDataLayout(Layout):
     def to_row(self, record: Record) -> tuple[Any, ...]:
         extra = json.loads(record.extra or "{}")
         saga = extra.get("SagaId")
-        ident: Any = record.message_id
-        if self.db.dialect == "postgres":
-            ident = uuid.UUID(record.message_id)
-            saga = None if saga is None else uuid.UUID(saga)
+        ident = self.db.uuid_param(record.message_id)
+        saga = None if saga is None else self.db.uuid_param(saga)
         due = None if record.due_us is None else self.due_param(record.due_us)
         return (
             ident,
@@ -271,9 +261,6 @@ class MsmqLayout(Layout):
         return self.db.query("create_msmq", table=self.db.qualified(table))
 
 
-def layout_for(db: Database) -> Layout:
-    if db.layout != "duetime" and db.dialect == "sqlite":
-        raise ConfigurationError(
-            f"layout={db.layout} tables live in PostgreSQL or MariaDB, not SQLite ({db.display})."
-        )
+def layout_for(db: SqlDatabase) -> Layout:
+    """The layout ``db``'s URL names (the database refused a layout it cannot hold when opened)."""
     return {"duetime": DuetimeLayout, "timeoutdata": TimeoutDataLayout, "msmq": MsmqLayout}[db.layout](db)

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.filetarget import FileTarget, rows_in
 from duetime.bulk.frames import (
     Checked,
@@ -51,6 +50,7 @@ from duetime.bulk.targets import RedisStoreTarget, StoreTarget, Target, open_tar
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
+from duetime.registry import open_sql_database
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def check_urls(source: str, target: str | None) -> None:
     connection (the CLI asks before Spark takes seconds to start): a database URL is parsed, a
     ``parquet:``/``jsonl:`` path is left to Spark, a target is opened (no I/O)."""
     if file_kind(source) is None:
-        Database.from_url(source)
+        open_sql_database(source)
     if target is not None:
         open_target(target)
 
@@ -110,7 +110,7 @@ def reach_source(url: str, endpoint: str | None, renames: dict[str, str] | None 
     step does: the CLI asks before Spark starts, so a database, table or file that is not there
     is said in a second, not after Spark's start-up. Files are left to Spark."""
     if file_kind(url) is None:
-        DbSource(Database.from_url(url), renames=renames).tables(endpoint)
+        DbSource(open_sql_database(url), renames=renames).tables(endpoint)
 
 
 def reach_target(url: str) -> None:
@@ -124,13 +124,8 @@ def reach_target(url: str) -> None:
         target.reach()
     if not isinstance(target, StoreTarget):
         return
-    if target.db.dialect == "sqlite":
-        from duetime.backends.sqlite.connection import check_folder, parse_sqlite_url
-
-        path = parse_sqlite_url(target.db.url)[0]
-        check_folder(path)
-        if not path.exists():
-            return
+    if not target.db.check_writable():
+        return  # a file the job makes
     with target.db.session():
         pass
 
@@ -138,7 +133,7 @@ def reach_target(url: str) -> None:
 def migrate(spark: Any, spec: MigrationSpec, progress: Progress | None = None) -> MigrationResult:
     if file_kind(spec.source):
         return _migrate_files(spark, spec, progress)
-    source = DbSource(Database.from_url(spec.source), renames=dict(spec.renames))
+    source = DbSource(open_sql_database(spec.source), renames=dict(spec.renames))
     target = open_target(spec.target)
     if isinstance(target, StoreTarget | RedisStoreTarget):
         spec = replace(spec, sealed_with=target.sealed_with)
@@ -211,7 +206,7 @@ def abort(spec: MigrationSpec, spark: Any = None) -> MigrationResult:
         return MigrationResult(
             "", status="aborted", notes=["a file source is never changed: nothing to put back."]
         )
-    source = DbSource(Database.from_url(spec.source))
+    source = DbSource(open_sql_database(spec.source))
     target = open_target(spec.target)
     source.ensure_state_tables()
     latest = _latest_run(source, spec.job)
@@ -255,7 +250,7 @@ def _set_aborted(source: DbSource, run_id: str, number: int) -> None:
 
 def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
     """One batch, start to finish; safe to run again after a crash at any point. Runs in a Spark task."""
-    source = DbSource(Database.from_url(spec.source))
+    source = DbSource(open_sql_database(spec.source))
     target = open_target(spec.target)
     if isinstance(target, FileTarget):
         raise TypeError("folders are written by the whole run (_to_files), not batch by batch")
@@ -349,8 +344,6 @@ def _move_batch(
     the few left are read, checked in Python by :func:`problem`, and the good ones written from
     here (their headers rewritten where a store cannot keep them as they are). Ids the target
     holds already stay in the source as conflicts; rows with a problem stay for their problem."""
-    from duetime.backends.postgres.bulk_rows import take_sql
-
     d, lay = source.db, source.layout
     table = d.qualified(batch.table)
     store_table = target.layout.table_for(batch.endpoint)
@@ -361,7 +354,7 @@ def _move_batch(
         ident = exprs[0]
         if not source.claim_status(conn, run_id, batch.number, "pending"):
             return None
-        store = target.pg_rows(store_table)
+        store = target.moving_rows(store_table)
         present = store.ids_present(conn, f"SELECT {ident} AS id FROM {table} WHERE {where}", params)
         # A long list as an anti-join: ``<> ALL(ids)`` is hashed only from PostgreSQL 15 on, and
         # compared id by id a batch whose 100,000 rows the target all holds is 10^10 comparisons.
@@ -376,7 +369,7 @@ def _move_batch(
         cols = ", ".join(
             f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], group_value_sql(lay.group_expr())])
         )
-        take = take_sql(table, f"{where} AND {plainly_fine_sql(exprs)} AND {not_present}", cols)
+        take = d.taking(table, f"{where} AND {plainly_fine_sql(exprs)} AND {not_present}", cols)
         moved, stored, first_us = store.move(conn, take, [*params, present])
         if moved != stored:
             raise RuntimeError(f"batch {batch.number}: moved {moved} rows but inserted {stored}")
@@ -397,7 +390,7 @@ def _move_batch(
                 r[0]
                 for r in d.execute(
                     conn,
-                    take_sql(table, f"{where} AND ({ident}) = ANY(%s::text[])", ident),
+                    d.taking(table, f"{where} AND ({ident}) = ANY(%s::text[])", ident),
                     [*params, [r.message_id for r in good]],
                 ).fetchall()
             }
@@ -566,7 +559,7 @@ def _to_files(
     if not folder.committed():  # a crashed attempt's partial output is replaced, never appended to
 
         def valid(batch: Batch) -> Iterator[Checked]:
-            reader = DbSource(Database.from_url(url))
+            reader = DbSource(open_sql_database(url))
             with reader.db.session(write=False) as conn:
                 for record in reader.iter_staged(conn, run_id, batch.number):
                     if problem(record) is None:
@@ -598,7 +591,7 @@ def _to_files(
 
 
 def _stage_only(url: str, run_id: str, number: int, cutoff_us: int | None) -> int:
-    source = DbSource(Database.from_url(url))
+    source = DbSource(open_sql_database(url))
     row = {r["batch"]: r for r in source.batches(run_id)}[number]
     if row["status"] != "pending":
         return 0
@@ -606,13 +599,13 @@ def _stage_only(url: str, run_id: str, number: int, cutoff_us: int | None) -> in
 
 
 def _valid_staged(url: str, run_id: str, number: int) -> int:
-    source = DbSource(Database.from_url(url))
+    source = DbSource(open_sql_database(url))
     with source.db.session(write=False) as conn:
         return sum(1 for _ in _checked(source.iter_staged(conn, run_id, number, bodies=False), {}))
 
 
 def _complete_written(url: str, run_id: str, number: int, valid: int) -> None:
-    source = DbSource(Database.from_url(url))
+    source = DbSource(open_sql_database(url))
     row = {r["batch"]: r for r in source.batches(run_id)}[number]
     if row["status"] == "staged":
         _complete(source, run_id, batch_of(row), int(row["staged"]), valid, ())

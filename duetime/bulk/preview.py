@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.frames import Checked, batch_frame, checked_files, file_kind, record_frame
 from duetime.bulk.layouts import TOOL_CUTOFF, TOOL_CUTOFF_US, TimeoutDataLayout
 from duetime.bulk.progress import RowCounter
 from duetime.bulk.sources import Batch, DbSource, left_before
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, from_micros, to_micros
+from duetime.registry import open_sql_database
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def source_frame(
             if cutoff_us is None
             else frame.where(F.col("due_us").isNull() | (F.col("due_us") >= cutoff_us))
         )
-    source = DbSource(Database.from_url(source_url), in_flight=in_flight, renames=renames)
+    source = DbSource(open_sql_database(source_url), in_flight=in_flight, renames=renames)
     now_us = to_micros(SYSTEM.now())
     batches = source.plan(endpoint, cutoff_us, now_us, batch_rows)
     url = source_url
@@ -86,7 +86,7 @@ def source_frame(
             counter.total = sum(batch.planned for batch in batches)
 
         def chunks(batch: Batch) -> Iterator[Any]:
-            read = DbSource(Database.from_url(url), in_flight=in_flight).read_batches(
+            read = DbSource(open_sql_database(url), in_flight=in_flight).read_batches(
                 batch, cutoff_us, now_us
             )
             return read if counter is None else counter.counted(read)
@@ -96,7 +96,7 @@ def source_frame(
     def read(batch: Batch) -> Iterator[Checked]:
         from duetime.bulk.records import problem
 
-        reader = DbSource(Database.from_url(url), in_flight=in_flight)
+        reader = DbSource(open_sql_database(url), in_flight=in_flight)
         for record in reader.read(batch, cutoff_us, now_us):
             yield record, problem(record)
 
@@ -164,7 +164,7 @@ def preview(
             "fire on the old endpoint while the migration runs; migrate them later (a --cutoff) or accept it."
         )
     if file_kind(source_url) is None:
-        described = DbSource(Database.from_url(source_url), renames=renames)
+        described = DbSource(open_sql_database(source_url), renames=renames)
         _describe_tables(result, described, endpoint)
         if cutoff_us is None and isinstance(described.layout, TimeoutDataLayout):
             older = left_before(described, described.tables(endpoint), TOOL_CUTOFF_US)
@@ -175,7 +175,7 @@ def preview(
                     "never sends them either. Give --cutoff to choose another."
                 )
         if target_url is not None:
-            source = DbSource(Database.from_url(source_url), renames=renames)
+            source = DbSource(open_sql_database(source_url), renames=renames)
             wanted = source.destinations(source.tables(endpoint), cutoff_us, now_us)
             result.target_problems = open_target(target_url).problems(wanted, now_us)
     for (name, destination), (count, lo, hi) in sorted(groups):

@@ -165,7 +165,7 @@ def group_extra(group: str) -> str:
 
 def bulk_row(record: Record) -> tuple[Any, ...]:
     """The row a duetime store keeps for a checked record, as the stores' bulk writes take it
-    (``duetime.backends.<store>.bulk_rows``): id, destination, due µs, headers as the store keeps
+    (:class:`~duetime.bulk_interfaces.StoreBulkRows`): id, destination, due µs, headers as the store keeps
     them, body, failure count, group (duetime's own, or an NServiceBus saga's)."""
     assert record.due_us is not None  # checked records only
     return (

@@ -17,14 +17,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.hadoopfs import Folder, input_files
 from duetime.bulk.preview import source_frame
 from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.bulk.server_backlog import count_in_server, planned
+from duetime.bulk_interfaces import STATE_TABLES, SqlDatabase
 from duetime.clock import SYSTEM, from_micros, to_micros
 from duetime.errors import ConfigurationError
 from duetime.interfaces import HELD_OUTCOME
+from duetime.registry import open_sql_database
 
 #: Due-time buckets, from now: (name, upper bound in seconds from now; None = no bound)
 HORIZONS: tuple[tuple[str, float | None], ...] = (
@@ -190,13 +191,13 @@ def lateness(spark: Any, log: str, period: str = "minute") -> list[Lateness]:
     ]
 
 
-def check_log(log: str) -> Database | None:
+def check_log(log: str) -> SqlDatabase | None:
     """The ``--delivery-log`` URL as far as it can be checked without Spark or a connection (the
     CLI asks before Spark starts): a ``jsonl:`` folder is left to Spark (None), else the database."""
     if log.partition(":")[0] == "jsonl":
         return None
     try:
-        return Database.from_url(log)
+        return open_sql_database(log)
     except ConfigurationError:
         raise ConfigurationError(
             f"--delivery-log takes jsonl:/folder (the dispatcher's JSON Lines files) or a database "
@@ -248,7 +249,7 @@ def _log_frame(spark: Any, log: str) -> Any:
         import pyarrow as pa
 
         for _ in batches:  # one task, one scan of the table, streamed in bounded chunks
-            d = Database.from_url(url)
+            d = open_sql_database(url)
             with d.session(write=False) as conn:
                 for rows in d.stream(conn, d.query("log_rows"), (), size=50_000):
                     columns = list(zip(*rows, strict=True))

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.bulk.sources import Batch, DbSource
 from duetime.errors import ConfigurationError
+from duetime.registry import open_sql_database
 
 #: Rows a batch holds when the report plans the store (a task each).
 BATCH_ROWS = 500_000
@@ -44,10 +44,10 @@ class Figures:
 def planned(store_url: str, endpoint: str | None, now_us: int) -> list[Batch] | None:
     """The store's batches, if its server can count them itself; None for the rows' way."""
     try:
-        db = Database.from_url(store_url)
+        db = open_sql_database(store_url)
     except ConfigurationError:  # files, or a URL the rows' way explains as it reads
         return None
-    if db.dialect != "postgres":
+    if not db.computes_records:
         return None
     source = DbSource(db, in_flight=True)
     with db.session(write=False) as conn:
@@ -92,7 +92,7 @@ def batch_figures(
     aside (a materialized CTE), then counted three ways and searched for the largest bodies.
     Two statements scanned the table twice, and a scan reads every row's page (about 1.6 KB a
     message) where what is kept aside is a few dozen bytes a row."""
-    source = DbSource(Database.from_url(store_url), in_flight=True)
+    source = DbSource(open_sql_database(store_url), in_flight=True)
     db = source.db
     where, params = source.bucket_where(batch, None, now_us)
     table = db.qualified(batch.table)

@@ -13,9 +13,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from duetime.backends.sqldb import STATE_TABLES, Database
 from duetime.bulk.layouts import Layout, layout_for
 from duetime.bulk.records import Destination, Record, due_us_of, plainly_fine_sql
+from duetime.bulk_interfaces import STATE_TABLES, SqlDatabase
 from duetime.errors import ConfigurationError
 
 RUNS = STATE_TABLES["runs"]
@@ -39,7 +39,7 @@ class DbSource:
     """A table layout in a database, read by key range; its state tables live beside it."""
 
     def __init__(
-        self, db: Database, *, in_flight: bool = False, renames: Mapping[str, str] | None = None
+        self, db: SqlDatabase, *, in_flight: bool = False, renames: Mapping[str, str] | None = None
     ) -> None:
         self.db = db
         #: The endpoint a source table's messages are stored under, where its name does not say
@@ -53,13 +53,7 @@ class DbSource:
     # -- reading --------------------------------------------------------------------------------
 
     def tables(self, endpoint: str | None) -> list[tuple[str, str]]:
-        if self.db.dialect == "sqlite":  # opening a file that is not there would make an empty one
-            from duetime.backends.sqlite.connection import parse_sqlite_url
-
-            if not parse_sqlite_url(self.db.url)[0].exists():
-                raise ConfigurationError(
-                    f"{self.display}: no such file, so there is nothing to read; check the path."
-                )
+        self.db.check_readable()
         with self.db.session(write=False) as conn:
             if endpoint is not None:
                 table = self.layout.table_for(endpoint)
@@ -108,7 +102,7 @@ class DbSource:
         batches: list[Batch] = []
         tables = self.tables(endpoint)
         with self.db.session() as conn:
-            by_blocks = self.db.dialect == "postgres" and conn.info.server_version >= 140000
+            by_blocks = self.db.reads_by_blocks(conn)
             for name, table in tables:
                 where, params = self.layout.selection(cutoff_us, now_us)
                 q = self.db.qualified(table)
@@ -201,13 +195,9 @@ class DbSource:
 
     def bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
         where, params = self.layout.selection(cutoff_us, now_us)
-        lower, upper = block_of(batch.lower), block_of(batch.upper)
-        if self.db.dialect == "postgres" and (lower is not None or upper is not None):
-            if lower is not None:
-                where, params = f"{where} AND ctid >= %s::tid", [*params, f"({lower},0)"]
-            if upper is not None:
-                where, params = f"{where} AND ctid < %s::tid", [*params, f"({upper},0)"]
-            return where, params
+        blocks = self.db.block_range(block_of(batch.lower), block_of(batch.upper))
+        if blocks is not None:
+            return f"{where} AND {blocks[0]}", [*params, *blocks[1]]
         key = self.db.quote(self.layout.key)
         if batch.lower is not None:
             where, params = f"{where} AND {key} >= %s", [*params, batch.lower]
@@ -232,7 +222,7 @@ class DbSource:
         exactly, else None (the rows then go through Python). PostgreSQL 14 or later:
         ``extract(epoch …)`` is numeric there; before, double precision, which can miss a
         microsecond of a due time in this century."""
-        if self.db.dialect != "postgres" or conn.info.server_version < 140000:
+        if not self.db.exact_in_server(conn):
             return None
         return self.layout.record_sql()
 
@@ -244,7 +234,7 @@ class DbSource:
         from duetime.bulk.frames import CHUNK_ROWS, arrow_chunks, unchecked_batch
         from duetime.bulk.records import group_value_sql
 
-        if self.db.dialect == "postgres" and self.layout.record_sql() is not None:
+        if self.db.computes_records and self.layout.record_sql() is not None:
             where, params = self.bucket_where(batch, cutoff_us, now_us)
             with self.db.session(write=False) as conn:
                 if (exprs := self.server_records(conn)) is not None:
@@ -263,14 +253,7 @@ class DbSource:
             d.ensure_schema(conn)
             for name in ("create_runs", "create_batches", "create_staged"):
                 d.execute(conn, d.query(name))
-            if (
-                d.execute(
-                    conn,
-                    d.query("staged_index_exists"),
-                    [d.schema or "public"] if d.dialect == "postgres" else [],
-                ).fetchone()
-                is None
-            ):
+            if d.execute(conn, d.query("staged_index_exists"), d.schema_params()).fetchone() is None:
                 d.execute(conn, d.query("create_staged_index"))
 
     def stage(self, run_id: str, batch: Batch, cutoff_us: int | None, now_us: int) -> int:
@@ -287,9 +270,7 @@ class DbSource:
             exprs = self.server_records(conn)
             if exprs is not None:
                 # One statement in the server: the rows the source gives up feed the staging INSERT.
-                from duetime.backends.postgres.bulk_rows import take_sql
-
-                taken = take_sql(source, where, ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs)))
+                taken = d.taking(source, where, ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs)))
                 cur = d.execute(
                     conn, d.query("stage_taken", taken=taken), [*params, run_id, batch.number, batch.endpoint]
                 )
@@ -303,7 +284,7 @@ class DbSource:
             keys = [
                 r[0] for r in d.execute(conn, f"SELECT {key} FROM {source} WHERE {where}", params).fetchall()
             ]
-            lock = "" if d.dialect == "sqlite" else " FOR UPDATE"
+            lock = d.row_lock
             rows_out = d.source_rows(batch.table)
             staged = removed = 0
             for chunk in d.chunks(keys, 1000):
@@ -325,12 +306,7 @@ class DbSource:
             return staged
 
     def _insert_staged(self, conn: Any, run_id: str, batch: int, records: Sequence[Record]) -> None:
-        if self.db.dialect == "postgres":
-            with conn.cursor().copy(self.db.query("copy_staged")) as copy:
-                for r in records:
-                    copy.write_row((run_id, batch, *r))
-            return
-        self.db.executemany(conn, self.db.query("insert_staged"), [(run_id, batch, *r) for r in records])
+        self.db.write_staged(conn, [(run_id, batch, *r) for r in records])
 
     def staged_count(self, run_id: str, batch: int) -> int:
         with self.db.session(write=False) as conn:

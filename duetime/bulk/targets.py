@@ -4,7 +4,7 @@ Lines files, or RabbitMQ's native delays.
 Every write of a batch is idempotent and leaves a ledger entry in the same commit (a row in the
 target database; on Redis, each part of a batch with its own), so a re-run never writes a batch
 twice, even when the target's own dispatcher has meanwhile delivered and removed its messages.
-The rows go into a store only through its bulk writer (``duetime.backends.<store>.bulk_rows``).
+The rows go into a store only through its bulk writer (:mod:`duetime.bulk_interfaces`).
 Files are written by Spark for the whole cluster (:mod:`duetime.bulk.filetarget`).
 """
 
@@ -14,24 +14,26 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlsplit
+from typing import Any, Protocol
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.arrowrows import store_rows
 from duetime.bulk.copybinary import HEADER, TRAILER, copy_rows
 from duetime.bulk.filetarget import FileTarget
-from duetime.bulk.frames import CHUNK_ROWS, checked_of, chunked
+from duetime.bulk.frames import CHUNK_ROWS, chunked
 from duetime.bulk.layouts import DuetimeLayout
 from duetime.bulk.records import Destination, Record, bulk_row, group_sql
 from duetime.bulk.sealing import seal_record, sealed_records, task_sealer
+from duetime.bulk_interfaces import KeyedBulkRows, MovingBulkRows, NativeDelayTopology, SqlDatabase
 from duetime.encryption import Sealer, sealer_from_environment
 from duetime.errors import ConfigurationError
 from duetime.inputs.urls import redact, split_options
-
-if TYPE_CHECKING:
-    from duetime.backends.postgres.bulk_rows import PgBulkRows
-    from duetime.backends.redis.bulk_rows import RedisBulkRows
+from duetime.registry import (
+    is_keyed_store,
+    is_sql_database,
+    open_keyed_bulk_rows,
+    open_native_delays,
+    open_sql_database,
+)
 
 
 class _IdTaken(Exception):
@@ -110,10 +112,10 @@ class _Seals:
 
 class StoreTarget(_TakesAll, _Seals):
     """A duetime store in a SQL database, written through the store's bulk writer
-    (``duetime.backends.<store>.bulk_rows``: COPY on PostgreSQL, multi-row inserts on MariaDB
-    and SQLite), each batch in one transaction with its ledger row."""
+    (:class:`~duetime.bulk_interfaces.StoreBulkRows`: COPY where the store copies, multi-row
+    inserts elsewhere), each batch in one transaction with its ledger row."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: SqlDatabase) -> None:
         if db.layout != "duetime":
             raise ConfigurationError(
                 f"{db.display}: bulk jobs write duetime stores only; drop layout={db.layout}."
@@ -121,7 +123,7 @@ class StoreTarget(_TakesAll, _Seals):
         self.db = db
         self.layout = DuetimeLayout(db)
         self.display = db.display
-        #: PostgreSQL: COPY straight into the store table until an id is found there already.
+        #: COPY straight into the store table (where it copies) until an id is found there already.
         self._straight = True
         self.sealer = sealer_from_environment(now=True)
 
@@ -179,8 +181,7 @@ class StoreTarget(_TakesAll, _Seals):
     def _write(self, run_id: str, batch: int, chunks: Iterable[list[Record] | Any]) -> Written:
         """Chunks of records, or Arrow batches of them, in one transaction with the ledger row."""
         with self.db.session() as conn:
-            if self.db.dialect == "mysql":  # the ledger row first: a concurrent twin waits here
-                self.db.execute(conn, self.db.query("lock_ledger_row"), [run_id, batch])
+            self.db.lock_ledger_row(conn, run_id, batch)
             done = self._ledger(conn, run_id, batch)
             if done is not None:
                 return done
@@ -202,24 +203,16 @@ class StoreTarget(_TakesAll, _Seals):
             self.written(conn, earliest, added)
             return written
 
-    def shares_database(self, other: Database) -> bool:
-        """Both on one PostgreSQL database as one user, so the source's connection can copy
-        staged rows inside the server (never with a keyring: each row is sealed in Python)."""
-        if self.sealer is not None or self.db.dialect != "postgres" or other.dialect != "postgres":
-            return False
-        from duetime.backends.postgres.connection import PgOptions
+    def shares_database(self, other: SqlDatabase) -> bool:
+        """Both in one database as one user, where its server moves rows between tables, so the
+        source's connection can copy staged rows inside the server (never with a keyring: each
+        row is sealed in Python)."""
+        return self.sealer is None and self.db.same_database(other)
 
-        if PgOptions.from_url(self.db.url).conninfo == PgOptions.from_url(other.url).conninfo:
-            return True  # spelled alike (the usual case; this is asked once per batch): no round trip
-        if urlsplit(self.db.url).username != urlsplit(other.url).username:
-            return False
-        return self.db.place()[:-1] == other.place()[:-1]  # the schema aside: one database
-
-    def pg_rows(self, table: str) -> PgBulkRows:
-        """The PostgreSQL store's bulk writer for one endpoint's ``table``."""
-        from duetime.backends.postgres.bulk_rows import PgBulkRows
-
-        return PgBulkRows(self.db.schema or "public", table)
+    def moving_rows(self, table: str) -> MovingBulkRows:
+        """The store's writer for one endpoint's ``table`` that takes rows from statements run
+        in its server (only where :meth:`shares_database` or :meth:`pipes_from` said so)."""
+        return self.db.moving_rows(table)
 
     def write_from_staging(
         self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
@@ -245,7 +238,7 @@ class StoreTarget(_TakesAll, _Seals):
             added: dict[str, int] = {}
             earliest: dict[str, int | None] = {}
             for table, rows in by_table.items():
-                ids = self.pg_rows(table).insert_selected(
+                ids = self.moving_rows(table).insert_selected(
                     conn, staged_rows, [run_id, batch, rows[0].endpoint, list(skip)]
                 )
                 new |= ids
@@ -261,22 +254,17 @@ class StoreTarget(_TakesAll, _Seals):
             self.written(conn, earliest, added)
             return written
 
-    def pipes_from(self, source: Database) -> bool:
-        """Both PostgreSQL (in two databases): staged rows can stream from one server's COPY into
-        the other's without being decoded here, while no id of this task has clashed (never with
-        a keyring: each row is sealed in Python)."""
-        return (
-            self.sealer is None
-            and self.db.dialect == "postgres"
-            and source.dialect == "postgres"
-            and self._straight
-        )
+    def pipes_from(self, source: SqlDatabase) -> bool:
+        """Staged rows can stream from the source server's COPY into this one's without being
+        decoded here (two PostgreSQL databases), while no id of this task has clashed (never
+        with a keyring: each row is sealed in Python)."""
+        return self.sealer is None and self._straight and self.db.pipes_from(source)
 
     def write_piped(
         self,
         run_id: str,
         batch: int,
-        source: Database,
+        source: SqlDatabase,
         endpoints: Mapping[str, tuple[int, int | None]],
         skip: set[str],
     ) -> Written | None:
@@ -297,15 +285,12 @@ class StoreTarget(_TakesAll, _Seals):
         self,
         run_id: str,
         batch: int,
-        source: Database,
+        source: SqlDatabase,
         endpoints: Mapping[str, tuple[int, int | None]],
         skip: set[str],
     ) -> Written:
-        from duetime.backends.postgres.bulk_rows import timestamptz_sql
-
-        out = source.query(  # {staged}: the source's own staging table
-            "copy_staged_out", group_of_extra=group_sql("extra"), due=timestamptz_sql("due_us")
-        )
+        # {staged}: the source's own staging table
+        out = source.query("copy_staged_out", group_of_extra=group_sql("extra"))
         with self.db.session() as conn:
             done = self._ledger(conn, run_id, batch)
             if done is not None:
@@ -319,7 +304,7 @@ class StoreTarget(_TakesAll, _Seals):
                         reading.cursor() as src,
                         src.copy(out, [run_id, batch, endpoint, list(skip)]) as rows_out,
                     ):
-                        copied = self.pg_rows(table).copy_encoded(conn, rows_out)
+                        copied = self.moving_rows(table).copy_encoded(conn, rows_out)
                     if copied is None:
                         raise _IdTaken()  # the session rolls back every table's rows
                     if copied != count:
@@ -357,44 +342,29 @@ class StoreTarget(_TakesAll, _Seals):
     def insert_rows(self, conn: Any, table: str, rows: Sequence[Record] | Any) -> tuple[int, list[str]]:
         """Rows (records, or an Arrow batch of them) into ``table`` through the store's bulk
         writer: how many went in, and the ids that were there already (or given twice: the
-        first wins). PostgreSQL COPYs them; an id already in the table makes this task insert
-        through a temporary table from then on (``ON CONFLICT`` tells them apart)."""
-        d = self.db
+        first wins). A store that copies COPYs them straight in; an id already in the table
+        makes this task insert from then on (which tells them apart)."""
+        writer = self.db.store_rows(table)
         arrow = not isinstance(rows, Sequence)
-        if d.dialect == "postgres":
-            pg = self.pg_rows(table)
-            if self._straight:
-                copied = (
-                    pg.copy_encoded(conn, [HEADER, copy_rows(rows), TRAILER])
-                    if arrow
-                    else pg.copy(conn, [bulk_row(r) for r in rows])
-                )
-                if copied is not None:
-                    return copied, []
-                self._straight = False  # ids clash here: the rest of this task sorts them out
-            if arrow:
-                rows = [record for record, _ in checked_of([rows])]
-            new = pg.insert_new(conn, [bulk_row(r) for r in rows])
-            return len(new), _not_written([r.message_id for r in rows], new)
-        store_rows_ = store_rows(rows) if arrow else [bulk_row(r) for r in rows]
-        ids = [r[0] for r in store_rows_]
-        if d.dialect == "mysql":
-            from duetime.backends.mysql.bulk_rows import MariaDbBulkRows
-
-            new = MariaDbBulkRows(table).insert_new(conn.cursor(), store_rows_)
-            return len(new), _not_written(ids, new)
-        from duetime.backends.sqlite.bulk_rows import SqliteBulkRows
-
-        fresh = SqliteBulkRows(table).insert_new(conn, store_rows_)
-        return len(fresh), _not_written(ids, {r[0] for r in fresh})
+        if writer.copies and self._straight:
+            copied = (
+                writer.copy_encoded(conn, [HEADER, copy_rows(rows), TRAILER])
+                if arrow
+                else writer.copy(conn, [bulk_row(r) for r in rows])
+            )
+            if copied is not None:
+                return copied, []
+            self._straight = False  # ids clash here: the rest of this task sorts them out
+        given = store_rows(rows) if arrow else [bulk_row(r) for r in rows]
+        new = writer.insert_new(conn, given)
+        return len(new), _not_written([r[0] for r in given], new)
 
     def written(self, conn: Any, earliest: Mapping[str, int | None], added: Mapping[str, int]) -> None:
-        """In the transaction that wrote ``added`` rows per table, the earliest due (µs) of each:
-        PostgreSQL wakes the store's dispatchers and refreshes a filled table's statistics
-        (SQLite's and MariaDB's dispatchers notice new rows themselves)."""
-        if self.db.dialect == "postgres":
-            for table, count in added.items():
-                self.pg_rows(table).written(conn, earliest.get(table), count)
+        """In the transaction that wrote ``added`` rows per table, the earliest due (µs) of each,
+        told to the store (PostgreSQL wakes its dispatchers and refreshes a filled table's
+        statistics; SQLite's and MariaDB's dispatchers notice new rows themselves)."""
+        for table, count in added.items():
+            self.db.store_rows(table).written(conn, earliest.get(table), count)
 
     def write_once(self, job: str, records: Sequence[Record], *, keep_held: bool = True) -> Written:
         return self.db.retrying(lambda: self._write_once(job, records, keep_held))
@@ -406,9 +376,9 @@ class StoreTarget(_TakesAll, _Seals):
         it and says so after (:meth:`settled`), so a crash in between replaces it on a re-run."""
         with self.db.session() as conn:
             d = self.db
-            self._only_writer(conn)
+            d.become_only_writer(conn)  # the ids are looked up, then inserted
             given = list({r.message_id: r for r in records}.values())
-            claimed = self._claim_ids(conn, job, [r.message_id for r in given])
+            claimed = d.claim_ids(conn, job, [r.message_id for r in given])
             unique: Sequence[Record] = self.sealed([r for r in given if r.message_id in claimed])
             by_table: dict[str, list[Record]] = {}
             for record in unique:
@@ -432,40 +402,8 @@ class StoreTarget(_TakesAll, _Seals):
     def settled(self, job: str, ids: Sequence[str]) -> None:
         """``ids`` (found waiting by :meth:`write_once`) are the job's now: a re-run skips them."""
         with self.db.session() as conn:
-            self._only_writer(conn)
-            self._claim_ids(conn, job, ids)
-
-    def _only_writer(self, conn: Any) -> None:
-        """SQLite: this transaction the only writer from its start (:meth:`_claim_ids` looks, then
-        inserts); the other databases lock the ids' rows themselves."""
-        if self.db.dialect == "sqlite":
-            conn.commit()
-            conn.execute("BEGIN IMMEDIATE")
-
-    def _claim_ids(self, conn: Any, job: str, ids: Sequence[str]) -> set[str]:
-        """Record ids as scheduled by ``job``; returns those it had not scheduled before."""
-        d = self.db
-        if d.dialect == "postgres":
-            cur = d.execute(conn, d.query("claim_ids"), [job, list(ids)])
-            return {r[0] for r in cur.fetchall()}
-        if d.dialect == "mysql":
-            claimed: set[str] = set()
-            for chunk in d.chunks(ids, 500):
-                values = ", ".join(["(%s, %s)"] * len(chunk))
-                cur = d.execute(
-                    conn, d.query("claim_ids", values=values), [v for i in chunk for v in (job, i)]
-                )
-                claimed |= {r[0] for r in cur.fetchall()}
-            return claimed
-        known: set[str] = set()  # SQLite: BEGIN IMMEDIATE already made this the only writer
-        for chunk in d.chunks(ids, 500):
-            rows = d.execute(
-                conn, d.query("scheduled_ids", marks=d.in_list(len(chunk))), [job, *chunk]
-            ).fetchall()
-            known |= {r[0] for r in rows}
-        fresh = [i for i in ids if i not in known]
-        d.executemany(conn, d.query("insert_scheduled_id"), [(job, i) for i in fresh])
-        return set(fresh)
+            self.db.become_only_writer(conn)
+            self.db.claim_ids(conn, job, ids)
 
     def forget(self, run_id: str) -> None:
         with self.db.session() as conn:
@@ -473,17 +411,15 @@ class StoreTarget(_TakesAll, _Seals):
 
 
 class RedisStoreTarget(_TakesAll, _Seals):
-    """A duetime Redis store (``redis://…``, ``redis+sentinel://…``), written through its bulk
-    writer (:mod:`duetime.backends.redis.bulk_rows`): each chunk of a batch once, its answer in
-    the run's ledger hash beside the store's keys, so a re-run never writes a batch twice."""
+    """A duetime store of keys (Redis: ``redis://…``, ``redis+sentinel://…``), written through its
+    bulk writer (:class:`~duetime.bulk_interfaces.KeyedBulkRows`): each chunk of a batch once,
+    its answer in the run's ledger beside the store's keys, so a re-run never writes a batch
+    twice."""
 
     def __init__(self, url: str) -> None:
-        from duetime.backends.redis.store import SyncRedisStore
-
         self.url = url
         self.display = redact(url)
-        self._store = SyncRedisStore.from_url(url)  # checks the URL; connects when first used
-        self._rows: RedisBulkRows | None = None
+        self._rows = open_keyed_bulk_rows(url)  # checks the URL; connects when first used
         self.sealer = sealer_from_environment(now=True)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -495,16 +431,12 @@ class RedisStoreTarget(_TakesAll, _Seals):
         self.__init__(state["url"])  # type: ignore[misc]
         self.expect_key(state["sealer"])
 
-    def _writer(self) -> RedisBulkRows:
-        if self._rows is None:
-            from duetime.backends.redis.bulk_rows import RedisBulkRows
-
-            self._rows = RedisBulkRows(self._store)
+    def _writer(self) -> KeyedBulkRows:
         return self._rows
 
     def prepare(self, endpoints: Sequence[str]) -> None:
         for endpoint in sorted(set(endpoints)):
-            self._store.setup_infrastructure(endpoint)
+            self._rows.prepare(endpoint)
 
     def ledger(self, run_id: str, batch: int) -> Written | None:
         found = self._writer().answer(run_id, str(batch))
@@ -557,7 +489,7 @@ class RedisStoreTarget(_TakesAll, _Seals):
     def reach(self) -> None:
         """Ask the server now (before Spark starts): one line if it does not answer, or if it
         may evict what the store keeps."""
-        self._store.check_eviction_policy()
+        self._rows.reach()
 
 
 class NativeDelayTarget:
@@ -594,36 +526,28 @@ class NativeDelayTarget:
                 if problems:
                     raise ConfigurationError("The native delay topology is not ready: " + "; ".join(problems))
             finally:
-                await native.transport.close()
+                await native.close()
 
         asyncio.run(check())
         self._ledger_db().close()
 
-    async def _open(self) -> Any:
-        from duetime.backends.rabbitmq.native import NativeDelays
-        from duetime.backends.rabbitmq.transport import RabbitMqTransport
-
-        transport = RabbitMqTransport(self.amqp)
-        await transport.start()
-        return NativeDelays(transport, self.names, levels=self.levels)
+    async def _open(self) -> NativeDelayTopology:
+        return await open_native_delays(self.amqp, self.names, levels=self.levels)
 
     def problems(self, destinations: Sequence[Destination], now_us: int) -> list[str]:
         """The timeout migration tool's checks (T4): every destination has a queue, and no delay
         is longer than the levels hold."""
         import asyncio
 
-        from duetime.backends.rabbitmq.native import MAX_DELAY
-
-        limit = min(MAX_DELAY, 2**self.levels - 1)
-
         async def check() -> list[str]:
             native = await self._open()
+            limit = native.longest_delay
             found: list[str] = []
             try:
                 queues: dict[str, bool] = {}
                 for d in destinations:
                     if d.destination and d.destination not in queues:
-                        queues[d.destination] = await native.transport.has_queue(d.destination)
+                        queues[d.destination] = await native.has_queue(d.destination)
                     if d.destination and not queues[d.destination]:
                         found.append(
                             f"endpoint {d.endpoint}: destination {d.destination!r} has no queue on the broker; "
@@ -636,7 +560,7 @@ class NativeDelayTarget:
                             f"({limit:,} s); keep such timeouts in a duetime store."
                         )
             finally:
-                await native.transport.close()
+                await native.close()
             return found
 
         return asyncio.run(check())
@@ -674,7 +598,7 @@ class NativeDelayTarget:
                             raise result
                 return Written(sent, tuple(conflicts))
             finally:
-                await native.transport.close()
+                await native.close()
 
         written = asyncio.run(publish())
         conn = self._ledger_db()
@@ -697,15 +621,11 @@ class NativeDelayTarget:
             conn.close()
 
 
-#: The stores bulk jobs write: a SQL database's tables (:class:`StoreTarget`), or Redis's keys.
-REDIS_SCHEMES = ("redis", "redis+sentinel")
-
-
 def open_target(url: str) -> Target | FileTarget | NativeDelayTarget:
     """``postgresql://…``, ``mysql://…``, ``sqlite:///…``, ``redis://…`` (a duetime store) or
     ``parquet:DIR`` / ``jsonl:DIR``, or RabbitMQ's native delays."""
     scheme, _, rest = url.partition(":")
-    if scheme.lower() in REDIS_SCHEMES:
+    if is_keyed_store(url):
         return RedisStoreTarget(url)
     _check_writable(url, "a parquet:/ or jsonl:/ folder, or amqp://…?native=duetime")
     if scheme in ("parquet", "jsonl"):
@@ -716,24 +636,22 @@ def open_target(url: str) -> Target | FileTarget | NativeDelayTarget:
                 "A RabbitMQ target is the native delay topology: add ?native=duetime (or nsb-v2, nsb-v1)."
             )
         return NativeDelayTarget(url)
-    return StoreTarget(Database.from_url(url))
+    return StoreTarget(open_sql_database(url))
 
 
 def open_store_target(url: str) -> StoreTarget | RedisStoreTarget:
     """A duetime store for ``bulk schedule``: one line for anything else."""
-    if url.partition(":")[0].lower() in REDIS_SCHEMES:
+    if is_keyed_store(url):
         return RedisStoreTarget(url)
     _check_writable(url, "")
-    return StoreTarget(Database.from_url(url))
+    return StoreTarget(open_sql_database(url))
 
 
 def _check_writable(url: str, or_else: str) -> None:
     """One line for a URL bulk jobs cannot write into: a store without a bulk writer (the memory
     store, a store of one's own), or not a store at all."""
-    from duetime.backends.sqldb import DIALECTS
-
     scheme = url.partition(":")[0].lower()
-    if scheme in DIALECTS or (or_else and scheme in ("parquet", "jsonl", "amqp", "amqps")):
+    if is_sql_database(url) or (or_else and scheme in ("parquet", "jsonl", "amqp", "amqps")):
         return
     stores = "postgresql://, mysql://, sqlite:/// or redis://"
     raise ConfigurationError(

@@ -121,9 +121,9 @@ class SqlDeliveryLog:
     """Rows in ``duetime_delivery_log`` (times as µs since 1970), through the Python driver."""
 
     def __init__(self, url: str) -> None:
-        from duetime.backends.sqldb import Database
+        from duetime.registry import open_sql_database
 
-        self.db = Database.from_url(url)
+        self.db = open_sql_database(url)
         self.url = url
         self._conn: Any = None
         self._lock = threading.Lock()
@@ -167,8 +167,7 @@ class SqlDeliveryLog:
         with self._lock:
             conn = self._connect()
             try:
-                if self.db.dialect == "sqlite" and not conn.in_transaction:
-                    conn.execute("BEGIN IMMEDIATE")
+                self.db.begin_writing(conn)
                 self.db.executemany(conn, self.db.query("insert_log"), rows)
                 conn.commit()
             except Exception:

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.layouts import MsmqLayout, TimeoutDataLayout
+from duetime.bulk_interfaces import SqlDatabase
+from duetime.registry import open_sql_database
 from tests.services import require_java
 
 try:
@@ -74,8 +75,8 @@ def timeout_rows(
     ]
 
 
-def create_timeoutdata(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> Database:
-    db = Database.from_url(url + ("&" if "?" in url else "?") + f"layout=timeoutdata&table={table}")
+def create_timeoutdata(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> SqlDatabase:
+    db = open_sql_database(url + ("&" if "?" in url else "?") + f"layout=timeoutdata&table={table}")
     layout = TimeoutDataLayout(db)
     with db.session() as conn:
         db.ensure_schema(conn)
@@ -86,8 +87,8 @@ def create_timeoutdata(url: str, table: str, rows: Sequence[tuple[Any, ...]]) ->
     return db
 
 
-def create_msmq(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> Database:
-    db = Database.from_url(url + ("&" if "?" in url else "?") + f"layout=msmq&table={table}")
+def create_msmq(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> SqlDatabase:
+    db = open_sql_database(url + ("&" if "?" in url else "?") + f"layout=msmq&table={table}")
     with db.session() as conn:
         db.ensure_schema(conn)
         db.execute(conn, MsmqLayout(db).create_sql(table))
@@ -95,13 +96,13 @@ def create_msmq(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> Databa
     return db
 
 
-def table_rows(db: Database, table: str, order: str) -> list[tuple[Any, ...]]:
+def table_rows(db: SqlDatabase, table: str, order: str) -> list[tuple[Any, ...]]:
     with db.session() as conn:
         rows = db.execute(conn, f"SELECT * FROM {db.qualified(table)} ORDER BY {db.quote(order)}").fetchall()
     return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row) for row in rows]
 
 
-def count(db: Database, table: str) -> int:
+def count(db: SqlDatabase, table: str) -> int:
     with db.session() as conn:
         return int(db.execute(conn, f"SELECT COUNT(*) FROM {db.qualified(table)}").fetchone()[0])
 

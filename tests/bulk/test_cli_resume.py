@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.sources import BATCHES
+from duetime.bulk_interfaces import SqlDatabase
+from duetime.registry import open_sql_database
 from tests.bulk.conftest import count, create_timeoutdata, table_rows, timeout_rows
 from tests.bulk.test_migrate import store_rows
 from tests.conftest import run_cli
@@ -24,7 +25,7 @@ from tests.services import postgres_schema
 pytestmark = pytest.mark.slow
 
 
-def _progress(db: Database) -> int:
+def _progress(db: SqlDatabase) -> int:
     """Batches past 'pending' in the state table (0 before the run is planned)."""
     try:
         with db.session(write=False) as conn:
@@ -48,7 +49,7 @@ def test_preview_then_a_migration_killed_twice_then_resumed(tmp_path: Path) -> N
         preview = run_cli(*args, "--mode", "preview", timeout=240)
         assert preview.returncode == 0, preview.stderr
         assert "10,000 messages would move" in preview.stdout and "no problems found" in preview.stdout
-        state = Database.from_url(pg)
+        state = open_sql_database(pg)
         seen = 0
         rng = random.Random(7)
         # kill -9 (driver, JVM and Python workers at once), then Ctrl-C (SIGINT to the group, as

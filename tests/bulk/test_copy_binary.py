@@ -11,10 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.frames import arrow_chunks
 from duetime.bulk.records import Record
 from duetime.bulk.targets import StoreTarget
+from duetime.registry import open_sql_database
 from tests.services import mariadb_database, postgres_schema
 
 HEADERS = [
@@ -68,15 +68,15 @@ def test_arrow_encoded_copy_writes_what_the_record_copy_writes() -> None:
     records = _records()
     with postgres_schema() as by_record, postgres_schema() as by_arrow:
         for url in (by_record, by_arrow):
-            StoreTarget(Database.from_url(url)).prepare(["Sales"])
-        StoreTarget(Database.from_url(by_record)).write("run", 0, records)
+            StoreTarget(open_sql_database(url)).prepare(["Sales"])
+        StoreTarget(open_sql_database(by_record)).write("run", 0, records)
         batches = list(arrow_chunks((r, None) for r in records))
-        assert StoreTarget(Database.from_url(by_arrow)).write_batches(
+        assert StoreTarget(open_sql_database(by_arrow)).write_batches(
             "run", 0, iter(batches)
         ).inserted == len(records)
         assert _rows(by_arrow) == _rows(by_record)
         # an id already there: the batch goes in record by record, and says which clashed
-        again = StoreTarget(Database.from_url(by_arrow)).write_batches(
+        again = StoreTarget(open_sql_database(by_arrow)).write_batches(
             "run2",
             0,
             iter(list(arrow_chunks((r, None) for r in [records[0], records[0]._replace(message_id="new")]))),
@@ -89,7 +89,7 @@ def test_several_endpoints_into_one_table_all_go_in() -> None:
     written, none in place of another."""
     records = [r._replace(endpoint=f"e{i % 3}") for i, r in enumerate(_records())]
     with postgres_schema() as url:
-        target = StoreTarget(Database.from_url(url + "&table=shared"))
+        target = StoreTarget(open_sql_database(url + "&table=shared"))
         target.prepare(["e0"])
         batches = iter(list(arrow_chunks((r, None) for r in records)))
         assert target.write_batches("run", 0, batches).inserted == len(records)
@@ -105,7 +105,7 @@ def _sqlite(folder: Path, name: str) -> Iterator[str]:
 
 
 def _table(url: str) -> list[tuple[Any, ...]]:
-    db = Database.from_url(url)
+    db = open_sql_database(url)
     with db.session(write=False) as conn:
         rows = db.execute(
             conn,
@@ -127,11 +127,11 @@ def test_rows_zipped_from_arrow_columns_are_the_rows_records_make(dialect: str, 
 
     with place("records") as by_record, place("arrow") as by_arrow:
         for url in (by_record, by_arrow):
-            StoreTarget(Database.from_url(url)).prepare(["Sales"])
+            StoreTarget(open_sql_database(url)).prepare(["Sales"])
         twice = [*records, records[1]]
-        plain = StoreTarget(Database.from_url(by_record)).write("run", 0, twice)
+        plain = StoreTarget(open_sql_database(by_record)).write("run", 0, twice)
         batches = list(arrow_chunks((r, None) for r in twice))
-        zipped = StoreTarget(Database.from_url(by_arrow)).write_batches("run", 0, iter(batches))
+        zipped = StoreTarget(open_sql_database(by_arrow)).write_batches("run", 0, iter(batches))
         assert (
             (zipped.inserted, zipped.conflicts)
             == (plain.inserted, plain.conflicts)
@@ -141,7 +141,7 @@ def test_rows_zipped_from_arrow_columns_are_the_rows_records_make(dialect: str, 
             )
         )
         assert _table(by_arrow) == _table(by_record)
-        again = StoreTarget(Database.from_url(by_arrow)).write_batches(
+        again = StoreTarget(open_sql_database(by_arrow)).write_batches(
             "run2",
             0,
             iter(list(arrow_chunks((r, None) for r in [records[0], records[0]._replace(message_id="new")]))),

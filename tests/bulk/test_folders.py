@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from duetime.backends.sqldb import Database
 from duetime.bulk.export_import import export, import_
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.migrate import MigrationSpec, _current_run, _stage_only, abort, migrate
 from duetime.bulk.sources import DbSource
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
+from duetime.registry import open_sql_database
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.conftest import run_cli
 from tests.services import postgres_schema
@@ -62,7 +62,7 @@ def test_a_crash_after_staging_resumes_and_a_tampered_folder_keeps_the_source(
         messages = seed_store(pg, "crash", 300)
         folder = tmp_path / "out"
         spec = MigrationSpec(pg + "&table=crash.delayed", f"parquet:{folder}", "crash", batch_rows=100)
-        source = DbSource(Database.from_url(spec.source))
+        source = DbSource(open_sql_database(spec.source))
         source.ensure_state_tables()
         # a run killed after it staged two of its three batches, before it wrote anything
         run_id, _ = _current_run(source, spec, to_micros(SYSTEM.now()))
@@ -131,7 +131,7 @@ def test_a_folder_migration_killed_after_the_files_committed_is_aborted_as_it_wo
         assert ended["put_back"] == 0 and any("already held every message" in n for n in ended["notes"])
         assert (
             len(store_rows(pg, "late")) == 0
-            and DbSource(Database.from_url(spec.source)).staged(ended["run_id"], 0) == []
+            and DbSource(open_sql_database(spec.source)).staged(ended["run_id"], 0) == []
         )
 
 

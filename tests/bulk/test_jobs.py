@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from duetime import DelayedDeliverySettings, DelayedMessage, Dispatcher, TransactionMode
-from duetime.backends.sqldb import Database
 from duetime.backends.sqlite import SqliteQueueTransport, SqliteStore
 from duetime.bulk.export_import import export, import_
 from duetime.bulk.hadoopfs import Folder
 from duetime.bulk.report import backlog, lateness, write_csv, write_html
 from duetime.bulk.schedule import schedule
 from duetime.observability.deliverylog import JsonLinesDeliveryLog, SqlDeliveryLog
-from duetime.registry import open_sync_store
+from duetime.registry import open_sql_database, open_sync_store
 from tests.bulk.conftest import store_planner_rows
 from tests.bulk.test_migrate import seed_store, store_rows
 from tests.services import mariadb_database, postgres_schema
@@ -170,7 +169,7 @@ def test_export_and_import_round_trip_byte_for_byte(spark: Any, tmp_path: Path) 
 
 
 def _raw(url: str, table: str) -> list[tuple[Any, ...]]:
-    db = Database.from_url(url)
+    db = open_sql_database(url)
     with db.session(write=False) as conn:
         rows = db.execute(
             conn,
@@ -282,7 +281,7 @@ def test_an_import_makes_no_table_for_an_endpoint_that_is_not_text(spark: Any, t
     result = import_(spark, f"jsonl:{tmp_path / 'in'}", url)
     assert (result.inserted, result.put_back) == (1, 3)
     assert any("endpoint must be text, got a number (5)" in note for note in result.notes), result.notes
-    db = Database.from_url(url)
+    db = open_sql_database(url)
     with db.session(write=False) as conn:
         tables = {r[0] for r in db.execute(conn, "SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert not {t for t in tables if t.startswith(("5", "{", "true"))}, tables

@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 
 from duetime import DelayedMessage, TransactionMode
-from duetime.backends.sqldb import Database
 from duetime.bulk.migrate import MigrationSpec, abort, migrate, process_batch
 from duetime.bulk.preview import preview
 from duetime.bulk.sources import DbSource
 from duetime.bulk.targets import StoreTarget, open_target
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError
-from duetime.registry import open_sync_store
+from duetime.registry import open_sql_database, open_sync_store
 from tests.bulk.conftest import count, create_msmq, create_timeoutdata, table_rows, timeout_rows
 from tests.services import POSTGRES, mariadb_database, postgres_database, postgres_schema
 
@@ -50,7 +49,7 @@ MIGRATE = sys.modules["duetime.bulk.migrate"]
 def _run_started(spec: MigrationSpec) -> tuple[DbSource, str, list[dict[str, Any]]]:
     """The spec's source with its state tables, and a run of it started (planned, nothing
     moved): the source, the run's id and its batches' rows."""
-    src = DbSource(Database.from_url(spec.source))
+    src = DbSource(open_sql_database(spec.source))
     src.ensure_state_tables()
     run_id, _ = MIGRATE._current_run(src, spec, to_micros(datetime.now(UTC)))
     assert run_id is not None
@@ -155,7 +154,7 @@ def test_a_move_into_a_store_in_another_postgres_database_pipes_rows_exactly(
         store.close()
         spec = MigrationSpec(pg + "&layout=timeoutdata", other, "Sales", batch_rows=250)
         src, run_id, _ = _run_started(spec)
-        StoreTarget(Database.from_url(other)).prepare(["Sales"])
+        StoreTarget(open_sql_database(other)).prepare(["Sales"])
         ways: list[str] = []
         for name in ("write_piped", "write"):
             real = getattr(StoreTarget, name)
@@ -302,7 +301,7 @@ def test_a_migration_stopped_at_each_step_resumes_without_losing_or_doubling(spa
         source = pg + "&layout=timeoutdata"
         spec = MigrationSpec(source, pg, "Crm", batch_rows=250)
         src, run_id, batches = _run_started(spec)
-        target = StoreTarget(Database.from_url(pg))
+        target = StoreTarget(open_sql_database(pg))
         target.prepare(["Crm"])
         assert [b["status"] for b in batches] == ["pending"] * 4
         # batch 0: staged only (killed before writing); batch 1: written, killed before completing
@@ -334,7 +333,7 @@ def test_abort_puts_back_everything_the_target_has_not_committed(spark: Any) -> 
         src, run_id, batches = _run_started(spec)
         for row in batches:
             src.stage(run_id, MIGRATE.batch_of(row), None, to_micros(datetime.now(UTC)))
-        target = StoreTarget(Database.from_url(pg))
+        target = StoreTarget(open_sql_database(pg))
         target.prepare(["Ops"])
         committed = target.write(run_id, 0, src.staged(run_id, 0))  # batch 0 reached the target
         assert count(legacy, "Ops_TimeoutData") == 0
@@ -397,7 +396,7 @@ def test_files_naming_several_endpoints_fill_a_store_table_each(spark: Any, tmp_
         for e in range(3):
             assert set(store_rows(pg, f"e{e}")) == {f"m{i}" for i in range(300) if i % 3 == e}
         assert set(store_rows(pg, "fallback")) == {"plain"}
-        db = Database.from_url(pg)
+        db = open_sql_database(pg)
         with db.session() as conn:
             assert db.table_exists(conn, "bad.delayed")
         assert store_rows(pg, "bad") == {}
@@ -450,15 +449,15 @@ def test_preview_reports_duplicate_ids_in_files(spark: Any, tmp_path: Path) -> N
 
 def test_bad_input_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigurationError, match="layout=duetime"):
-        Database.from_url("postgresql://x/db?layout=nservicebus")
+        open_sql_database("postgresql://x/db?layout=nservicebus")
     with pytest.raises(ConfigurationError, match="UTC offset"):
         MigrationSpec("sqlite:///a.db", "sqlite:///b.db", cutoff=datetime(2030, 1, 1))
     with pytest.raises(ConfigurationError, match="not a database URL"):
-        Database.from_url("redis://localhost/0")
+        open_sql_database("redis://localhost/0")
     with pytest.raises(ConfigurationError, match="batch-rows"):
         MigrationSpec("sqlite:///a.db", "sqlite:///b.db", batch_rows=10)
     with pytest.raises(ConfigurationError, match="PostgreSQL or MariaDB"):
-        DbSource(Database.from_url("sqlite:///a.db?layout=timeoutdata"))
+        DbSource(open_sql_database("sqlite:///a.db?layout=timeoutdata"))
     with pytest.raises(ConfigurationError, match="native=duetime"):
         open_target("amqp://guest:guest@localhost/")
     with pytest.raises(ConfigurationError, match="Name a folder"):
@@ -525,13 +524,13 @@ def test_a_store_table_as_its_own_target_is_refused_and_a_rename_within_it_moves
                 migrate(spark, MigrationSpec(pg, same, "Orders"))
         assert len(store_rows(pg, "Orders")) == 10
         target = open_target(pg.replace("@127.0.0.1:", "@localhost:"))
-        assert isinstance(target, StoreTarget) and target.shares_database(Database.from_url(POSTGRES))
-        assert not target.shares_database(Database.from_url(POSTGRES.replace("postgres@", "root@")))
+        assert isinstance(target, StoreTarget) and target.shares_database(open_sql_database(POSTGRES))
+        assert not target.shares_database(open_sql_database(POSTGRES.replace("postgres@", "root@")))
     with mariadb_database() as maria, mariadb_database() as other:
         seed_store(maria, "Orders", 10)
         with pytest.raises(ConfigurationError, match="the same store table"):
             migrate(spark, MigrationSpec(maria, maria.replace("@127.0.0.1:", "@localhost:"), "Orders"))
-        assert Database.from_url(maria).place() != Database.from_url(other).place()
+        assert open_sql_database(maria).place() != open_sql_database(other).place()
     moved = migrate(spark, MigrationSpec(url, url, "Orders", renames=(("Orders", "Sales"),)))
     assert moved.inserted == 120 and store_rows(url, "Orders") == {}
     assert set(store_rows(url, "Sales")) == {m.message_id for m in messages}
@@ -560,7 +559,7 @@ def test_a_store_staged_and_aborted_gets_every_message_back_as_it_was(
     abort puts every one back, byte for byte."""
     seeded = {m.message_id: m for m in seed_store(any_sql_url, "Ops", 250)}
     target = f"sqlite:///{tmp_path / 'target.db'}"
-    StoreTarget(Database.from_url(target)).prepare(["Ops"])
+    StoreTarget(open_sql_database(target)).prepare(["Ops"])
     spec = MigrationSpec(any_sql_url, target, "Ops", batch_rows=100)
     src, run_id, batches = _run_started(spec)
     staged = sum(src.stage(run_id, MIGRATE.batch_of(b), None, to_micros(datetime.now(UTC))) for b in batches)
@@ -588,7 +587,7 @@ def test_a_store_staged_and_aborted_gets_every_message_back_as_it_was(
 def test_a_tables_rows_are_taken_by_key_and_put_back_by_its_own_backend(any_sql_url: str) -> None:
     """``Database.source_rows``: what a migration takes out of any table and puts back, on each
     database (PostgreSQL takes by key only before version 14, so this is its one test of it)."""
-    db = Database.from_url(any_sql_url)
+    db = open_sql_database(any_sql_url)
     with db.session() as conn:
         db.ensure_schema(conn)
         db.execute(

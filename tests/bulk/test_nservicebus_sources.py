@@ -17,13 +17,13 @@ import aiormq
 import pytest
 
 from duetime import TransactionMode
-from duetime.backends.sqldb import Database
 from duetime.bulk.migrate import MigrationSpec, migrate
 from duetime.bulk.preview import preview
 from duetime.bulk.records import to_header_infos
+from duetime.bulk_interfaces import SqlDatabase
 from duetime.errors import ConfigurationError
 from duetime.nservicebus_wire import EMPTY_GUID, to_wire
-from duetime.registry import open_sync_store
+from duetime.registry import open_sql_database, open_sync_store
 from tests.bulk.conftest import count
 from tests.bulk.test_migrate import store_rows
 from tests.services import RABBITMQ, mariadb_database, postgres_schema, require
@@ -33,7 +33,7 @@ PREFIX = "Shipping_Policy_"  # P3: the endpoint name with '.' replaced by '_', p
 TABLE = f"{PREFIX}TimeoutData"
 
 
-def create_timeoutdata_as_nservicebus(db: Database) -> None:
+def create_timeoutdata_as_nservicebus(db: SqlDatabase) -> None:
     """The table and indexes of Persistence.Sql's Create_PostgreSql.sql / Create_MySql.sql (P1, P2)."""
     with db.session() as conn:
         db.ensure_schema(conn)
@@ -97,14 +97,14 @@ def legacy(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
         yield url + ("&" if "?" in url else "?") + "layout=timeoutdata", url
 
 
-def insert(db: Database, rows: list[tuple[Any, ...]]) -> None:
+def insert(db: SqlDatabase, rows: list[tuple[Any, ...]]) -> None:
     with db.session() as conn:
         db.executemany(conn, f"INSERT INTO {db.qualified(TABLE)} VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
 
 
 def test_timeoutdata_migrates_as_the_migration_tool_would(spark: Any, legacy: tuple[str, str]) -> None:
     source, store = legacy
-    db = Database.from_url(source)
+    db = open_sql_database(source)
     create_timeoutdata_as_nservicebus(db)
     cutoff = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)  # MySQL datetime: whole seconds
     saga = str(uuid.uuid4())
@@ -158,7 +158,7 @@ def test_the_msmq_transports_delayed_store_is_read_as_it_writes_it(spark: Any) -
     .NET's byte order mark), the dispatch properties beside the headers."""
     with postgres_schema() as url:
         source = url + "&layout=msmq"
-        db = Database.from_url(source)
+        db = open_sql_database(source)
         table = "Billing.timeouts"
         with db.session() as conn:
             db.ensure_schema(conn)
@@ -208,7 +208,7 @@ def test_the_native_target_refuses_before_anything_moves_and_sends_what_nservice
     require(RABBITMQ)
     with postgres_schema() as url:
         source = url + "&layout=timeoutdata"
-        db = Database.from_url(source)
+        db = open_sql_database(source)
         create_timeoutdata_as_nservicebus(db)
         dest = f"Shipping.Orders-{uuid.uuid4().hex[:6]}"
         now = datetime.now(UTC)
@@ -310,7 +310,7 @@ def test_without_a_cutoff_timeouts_before_2012_stay_as_the_migration_tool_leaves
     """The tool's Program.cs takes ``Time >= 2012-01-01`` when no --cutoffTime is given (T3); the
     endpoint never sends older ones either. duetime moved them all, and delivered 2011's at once."""
     source, store = legacy
-    db = Database.from_url(source)
+    db = open_sql_database(source)
     create_timeoutdata_as_nservicebus(db)
     old = persister_row("from-2011", datetime(2011, 6, 1, tzinfo=UTC))
     new = persister_row("next-week", (datetime.now(UTC) + timedelta(days=7)).replace(microsecond=0))

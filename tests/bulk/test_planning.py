@@ -12,10 +12,10 @@ from uuid import UUID
 
 import pytest
 
-from duetime.backends.sqldb import Database
 from duetime.bulk import sources
 from duetime.bulk.sources import Batch, DbSource, block_of
 from duetime.clock import SYSTEM, to_micros
+from duetime.registry import open_sql_database
 from tests.bulk.conftest import create_timeoutdata, timeout_rows
 from tests.services import mariadb_database, postgres_database, postgres_schema
 
@@ -30,7 +30,7 @@ def _legacy(database: AbstractContextManager[str], n: int) -> Iterator[tuple[DbS
         create_timeoutdata(url, TABLE, rows)
         sep = "&" if "?" in url else "?"
         yield (
-            DbSource(Database.from_url(f"{url}{sep}layout=timeoutdata&table={TABLE}")),
+            DbSource(open_sql_database(f"{url}{sep}layout=timeoutdata&table={TABLE}")),
             sorted(str(r[0]) for r in rows),
         )
 

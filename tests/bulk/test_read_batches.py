@@ -15,14 +15,13 @@ import pyarrow as pa
 import pytest
 
 from duetime import DelayedMessage, TransactionMode
-from duetime.backends.sqldb import Database
 from duetime.bulk.frames import arrow_chunks
 from duetime.bulk.migrate import MigrationSpec, _current_run, process_batch
 from duetime.bulk.sources import DbSource
 from duetime.bulk.targets import open_target
 from duetime.clock import SYSTEM, to_micros
 from duetime.nservicebus_wire import EMPTY_GUID
-from duetime.registry import open_sync_store
+from duetime.registry import open_sql_database, open_sync_store
 from tests.bulk.conftest import create_timeoutdata, timeout_rows
 from tests.bulk.test_migrate import store_rows
 from tests.bulk.test_nservicebus_sources import create_timeoutdata_as_nservicebus, insert, persister_row
@@ -32,7 +31,7 @@ from tests.services import mariadb_database, postgres_schema
 def _both_ways(
     url: str, endpoint: str, *, in_the_server: bool = True, cutoff: int | None = None
 ) -> tuple[pa.Table, pa.Table]:
-    source = DbSource(Database.from_url(url), in_flight=True)
+    source = DbSource(open_sql_database(url), in_flight=True)
     now = to_micros(SYSTEM.now())
     batches = source.plan(endpoint, cutoff, now, 1000)
     records = pa.Table.from_batches(
@@ -108,7 +107,7 @@ def test_a_duetime_store_reads_the_same_both_ways() -> None:
 
 def test_timeoutdata_reads_the_same_both_ways() -> None:
     with postgres_schema() as url:
-        db = Database.from_url(url)
+        db = open_sql_database(url)
         create_timeoutdata_as_nservicebus(db)
         rows = [
             persister_row("no-saga", datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=UTC)),
@@ -130,7 +129,7 @@ def test_timeoutdata_reads_the_same_both_ways() -> None:
 def test_mariadb_reads_records_for_either(timeoutdata: bool) -> None:
     with mariadb_database() as url:
         if timeoutdata:
-            db = Database.from_url(url)
+            db = open_sql_database(url)
             create_timeoutdata_as_nservicebus(db)
             insert(db, [persister_row("one", datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=UTC))])
             source = url + ("&" if "?" in url else "?") + "layout=timeoutdata"
@@ -144,7 +143,7 @@ def test_a_server_before_postgresql_14_computes_no_record_columns() -> None:
     """Before 14, ``extract(epoch …)`` is double precision and can miss a microsecond: exports,
     staging and same-database moves then take the rows through Python."""
     with postgres_schema() as url:
-        source = DbSource(Database.from_url(url), in_flight=True)
+        source = DbSource(open_sql_database(url), in_flight=True)
 
         class Info:
             server_version = 130011
@@ -168,7 +167,7 @@ def test_without_server_records_a_same_database_move_goes_through_python(
         rows = timeout_rows(250)
         create_timeoutdata(url, "Sales_TimeoutData", rows)
         spec = MigrationSpec(url + "&layout=timeoutdata", url, "Sales", batch_rows=100)
-        source = DbSource(Database.from_url(spec.source))
+        source = DbSource(open_sql_database(spec.source))
         source.ensure_state_tables()
         run_id, _ = _current_run(source, spec, to_micros(SYSTEM.now()))
         assert run_id is not None

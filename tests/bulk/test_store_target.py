@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 
 from duetime import DelayedMessage, TransactionMode
-from duetime.backends.sqldb import Database
 from duetime.bulk.frames import CHUNK_ROWS
 from duetime.bulk.records import Record, group_extra
 from duetime.bulk.targets import StoreTarget, Written, open_target
 from duetime.clock import to_micros
 from duetime.interfaces import SyncDelayedMessageStore
-from duetime.registry import open_sync_store
+from duetime.registry import open_sql_database, open_sync_store
 from tests.bulk.test_migrate import store_rows
 from tests.services import (
     postgres_schema,
@@ -56,7 +55,7 @@ def test_straight_copy_until_an_id_is_there_then_conflicts_are_counted_and_nothi
         clash = CHUNK_ROWS + 5  # in the second chunk: the first went straight in
         store = _holding(pg, f"m{clash}")
         store.close()
-        target = StoreTarget(Database.from_url(pg))
+        target = StoreTarget(open_sql_database(pg))
         target.prepare(["Sales"])
         count = 2 * CHUNK_ROWS + 100
         written = target.write("run-1", 0, [_record(i) for i in range(count)])
@@ -73,7 +72,7 @@ def test_straight_copy_until_an_id_is_there_then_conflicts_are_counted_and_nothi
             "g7",
         )
         # the same id twice in one batch of a new run: one stored, one conflict
-        again = StoreTarget(Database.from_url(pg))
+        again = StoreTarget(open_sql_database(pg))
         twice = again.write("run-2", 0, [_record(count), _record(count, "other"), _record(count + 1)])
         assert (twice.inserted, twice.conflicts) == (2, (f"m{count}",))
         assert store_rows(pg, "Sales")[f"m{count}"].destination == "orders"
@@ -82,7 +81,7 @@ def test_straight_copy_until_an_id_is_there_then_conflicts_are_counted_and_nothi
 
 def test_an_id_given_twice_is_written_once_and_counted_as_a_conflict_on_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
-    target = StoreTarget(Database.from_url(url))
+    target = StoreTarget(open_sql_database(url))
     target.prepare(["Sales"])
     written = target.write("run-1", 0, [_record(1), _record(1, "other"), _record(2)])
     assert (written.inserted, written.conflicts) == (2, ("m1",))
@@ -215,7 +214,7 @@ async def test_a_bulk_write_wakes_a_sleeping_dispatcher_with_the_due_time_it_ann
             await asyncio.sleep(0.5)  # asleep toward "later"
             due = datetime.now(UTC).replace(microsecond=123_456)
             record = Record("Sales", "now", "orders", to_micros(due), "{}", b"b", 0, None)
-            target = StoreTarget(Database.from_url(pg))
+            target = StoreTarget(open_sql_database(pg))
             await asyncio.to_thread(target.prepare, ["Sales"])
             await asyncio.to_thread(target.write, "run-1", 0, [record])
             started = asyncio.get_running_loop().time()

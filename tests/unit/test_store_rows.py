@@ -1,4 +1,4 @@
-"""The store's row is defined once (``duetime.backends.store_row``), and only a store's own backend
+"""The store's row is defined once (``duetime.store_row``), and only a store's own backend
 folder writes rows into its table: the bulk jobs hand their batches to the store's bulk writer
 (``duetime/backends/<store>/bulk_rows.py``) instead of statements of their own, and take a
 migration's rows out of the table it reads the same way (``Database.source_rows``)."""
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import duetime
-from duetime.backends.store_row import CLAIM_COLUMNS, STORE_COLUMNS
+from duetime.store_row import CLAIM_COLUMNS, STORE_COLUMNS
 
 PACKAGE = Path(duetime.__file__).parent
 #: The backends whose folders hold a SQL store and its writes.
@@ -67,7 +67,7 @@ def test_every_list_of_the_store_rows_columns_is_the_one() -> None:
         if names[: len(STORE_COLUMNS)] != STORE_COLUMNS
         or names[len(STORE_COLUMNS) :] not in ((), CLAIM_COLUMNS, CLAIM_COLUMNS[:1])
     ]
-    assert wrong == [], "a store row spelled other than duetime.backends.store_row.STORE_COLUMNS"
+    assert wrong == [], "a store row spelled other than duetime.store_row.STORE_COLUMNS"
 
 
 def test_only_a_stores_backend_writes_rows_into_its_table() -> None:

@@ -9,7 +9,7 @@ reads (a store's, or another layout's) and putting them back if the job aborts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from duetime.backends.mysql.store import QUERIES, table_identifier
@@ -20,14 +20,20 @@ ROWS_A_STATEMENT = 500
 
 
 class MariaDbBulkRows:
-    """One endpoint's table (``table``, unquoted) of a MariaDB store, written a batch at a time."""
+    """One endpoint's table (``table``, unquoted) of a MariaDB store, written a batch at a time.
+    MariaDB's dispatchers notice new rows themselves, and there is no COPY: rows go in by
+    :meth:`insert_new`."""
+
+    #: No COPY straight into the table.
+    copies = False
 
     def __init__(self, table: str) -> None:
         self.insert = QUERIES["bulk_insert_ignoring"].format(table=table_identifier(table))
 
-    def insert_new(self, cursor: Any, rows: Sequence[tuple[Any, ...]]) -> set[str]:
+    def insert_new(self, conn: Any, rows: Sequence[tuple[Any, ...]]) -> set[str]:
         """``rows`` whose ids the table does not hold (``INSERT IGNORE``: the first of an id
         given twice): the ids that went in."""
+        cursor = conn.cursor()
         new: set[str] = set()
         for start in range(0, len(rows), ROWS_A_STATEMENT):
             chunk = rows[start : start + ROWS_A_STATEMENT]
@@ -35,6 +41,16 @@ class MariaDbBulkRows:
             cursor.execute(self.insert.replace("{values}", values), [v for row in chunk for v in row])
             new |= {r[0] for r in cursor.fetchall()}
         return new
+
+    def copy(self, conn: Any, rows: Iterable[tuple[Any, ...]]) -> int | None:
+        """No COPY here: None, nothing written (the caller inserts instead)."""
+        return None
+
+    def copy_encoded(self, conn: Any, chunks: Iterable[bytes | memoryview]) -> int | None:
+        return None
+
+    def written(self, conn: Any, earliest_us: int | None, added: int) -> None:
+        """Nothing to announce: MariaDB's dispatchers poll."""
 
 
 def source_rows(table: str) -> SourceRows:

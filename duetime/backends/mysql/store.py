@@ -45,7 +45,6 @@ from duetime.backends._store import (
     table_name,
 )
 from duetime.backends.sqlfiles import load_queries
-from duetime.backends.store_row import STORE_COLUMNS
 from duetime.clock import from_micros, to_micros
 from duetime.errors import (
     ConfigurationError,
@@ -59,6 +58,7 @@ from duetime.interfaces import ListQuery, NextDue, StoreCounts
 from duetime.message import DelayedMessage, dump_headers
 from duetime.recurring.schedule import ScheduleRow
 from duetime.settings import TransactionMode
+from duetime.store_row import STORE_COLUMNS
 
 log = logging.getLogger("duetime.mysql")
 QUERIES = load_queries("duetime.backends.mysql")

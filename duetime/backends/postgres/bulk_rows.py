@@ -35,6 +35,9 @@ def timestamptz_sql(micros: str) -> str:
 class PgBulkRows:
     """One endpoint's table of a PostgreSQL store (``schema``.``table``), written a batch at a time."""
 
+    #: COPY straight into the table until an id is found there already.
+    copies = True
+
     def __init__(self, schema: str, table: str) -> None:
         self.names = PgNames(schema, table)
         self.table = self.names.qualified

@@ -157,6 +157,19 @@ class NativeDelays:
         self.bound: set[str] = set()
         self.notes: list[str] = []
 
+    @property
+    def longest_delay(self) -> int:
+        """The longest delay its levels hold, in seconds."""
+        return int(min(MAX_DELAY, 2**self.levels - 1))
+
+    async def has_queue(self, queue: str) -> bool:
+        """The destination's queue is on the broker."""
+        return await self.transport.has_queue(queue)
+
+    async def close(self) -> None:
+        """Close its transport's connection."""
+        await self.transport.close()
+
     # -- topology --------------------------------------------------------------------------------
 
     async def broker_version(self) -> tuple[int, ...]:

@@ -34,6 +34,19 @@ class RedisBulkRows:
         self.store = store
         self._script = store.client.register_script(load_script("bulk_write.lua"))
 
+    @classmethod
+    def from_url(cls, url: str) -> RedisBulkRows:
+        """The store at ``url`` (checked now; it connects when first used)."""
+        return cls(SyncRedisStore.from_url(url))
+
+    def prepare(self, endpoint: str) -> None:
+        """The endpoint's keys and the store's schema record, before rows go in."""
+        self.store.setup_infrastructure(endpoint)
+
+    def reach(self) -> None:
+        """Ask the server now: one line if it does not answer, or may evict what the store keeps."""
+        self.store.check_eviction_policy()
+
     def ledger_key(self, run_id: str) -> str:
         return f"{self.store.prefix}bulk:ledger:{run_id}"
 

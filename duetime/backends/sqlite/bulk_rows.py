@@ -9,7 +9,7 @@ reads (a store's, or another layout's) and putting them back if the job aborts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from duetime.backends.source_rows import SourceRows
@@ -21,15 +21,20 @@ IDS_A_LOOK = 500
 
 
 class SqliteBulkRows:
-    """One endpoint's table (``table``, unquoted) of a SQLite store, written a batch at a time."""
+    """One endpoint's table (``table``, unquoted) of a SQLite store, written a batch at a time.
+    SQLite's dispatchers notice new rows themselves, and there is no COPY: rows go in by
+    :meth:`insert_new`."""
+
+    #: No COPY straight into the table.
+    copies = False
 
     def __init__(self, table: str) -> None:
         quoted = quote_identifier(table)
         self.existing = QUERIES["bulk_existing_ids"].format(table=quoted)
         self.insert = QUERIES["insert"].format(table=quoted)
 
-    def insert_new(self, conn: Any, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        """``rows`` whose ids the table does not hold (the first of an id given twice): the rows
+    def insert_new(self, conn: Any, rows: Sequence[tuple[Any, ...]]) -> set[str]:
+        """``rows`` whose ids the table does not hold (the first of an id given twice): the ids
         that went in. The caller's transaction holds the write lock, so nobody adds one between."""
         present: set[str] = set()
         ids = [r[0] for r in rows]
@@ -43,7 +48,17 @@ class SqliteBulkRows:
                 present.add(row[0])
                 fresh.append(row)
         conn.executemany(self.insert, fresh)
-        return fresh
+        return {row[0] for row in fresh}
+
+    def copy(self, conn: Any, rows: Iterable[tuple[Any, ...]]) -> int | None:
+        """No COPY here: None, nothing written (the caller inserts instead)."""
+        return None
+
+    def copy_encoded(self, conn: Any, chunks: Iterable[bytes | memoryview]) -> int | None:
+        return None
+
+    def written(self, conn: Any, earliest_us: int | None, added: int) -> None:
+        """Nothing to announce: SQLite's dispatchers watch the file."""
 
 
 def source_rows(table: str) -> SourceRows:

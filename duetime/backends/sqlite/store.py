@@ -50,7 +50,6 @@ from duetime.backends.sqlite.queue import (
     enqueue,
     queue_exists,
 )
-from duetime.backends.store_row import STORE_COLUMNS
 from duetime.clock import from_micros, to_micros
 from duetime.inputs.identifiers import check_name, quote_identifier
 from duetime.inputs.urls import number_option, url_options
@@ -63,6 +62,7 @@ from duetime.message import (
     traceparent_of,
 )
 from duetime.recurring.schedule import ScheduleRow
+from duetime.store_row import STORE_COLUMNS
 
 OPTIONS = {"table", "synchronous", "claim_timeout", "busy_timeout"}
 _COLUMNS = ", ".join(STORE_COLUMNS)
