@@ -102,6 +102,7 @@ class SqlDatabase(Protocol):
     def display(self) -> str: ...
 
     row_lock: ClassVar[str]
+    keeps_other_layouts: ClassVar[bool]
     computes_records: ClassVar[bool]
 
     def place(self) -> tuple[str, ...]:

@@ -68,10 +68,6 @@ class Database:
                 f"Unknown layout {layout!r} in {redact(url)}; use layout=duetime (a duetime store), "
                 "layout=timeoutdata (NServiceBus SQL persistence) or layout=msmq (the NServiceBus MSMQ transport's delayed store)."
             )
-        if layout != "duetime" and not cls.keeps_other_layouts:
-            raise ConfigurationError(
-                f"layout={layout} tables live in PostgreSQL or MariaDB, not SQLite ({redact(url)})."
-            )
         table = ours.get("table")
         schema = ours.get("schema")
         return cls(

@@ -21,6 +21,7 @@ from duetime.bulk.records import (
 )
 from duetime.bulk_interfaces import SqlDatabase
 from duetime.clock import from_micros, to_micros
+from duetime.errors import ConfigurationError
 from duetime.store_row import STORE_COLUMNS
 
 
@@ -262,5 +263,9 @@ class MsmqLayout(Layout):
 
 
 def layout_for(db: SqlDatabase) -> Layout:
-    """The layout ``db``'s URL names (the database refused a layout it cannot hold when opened)."""
+    """The layout ``db``'s URL names, where the database can hold it."""
+    if db.layout != "duetime" and not db.keeps_other_layouts:
+        raise ConfigurationError(
+            f"layout={db.layout} tables live in PostgreSQL or MariaDB, not SQLite ({db.display})."
+        )
     return {"duetime": DuetimeLayout, "timeoutdata": TimeoutDataLayout, "msmq": MsmqLayout}[db.layout](db)
