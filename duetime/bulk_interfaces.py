@@ -18,8 +18,9 @@ a store of keys (Redis) implements :class:`KeyedBulkRows`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from duetime.message import DelayedMessage
@@ -38,6 +39,29 @@ STATE_TABLES = {
 }
 #: A store row for a bulk write: id, destination, due (µs), headers JSON, body, failures, group.
 BulkRow = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows of a source table a bulk job reads, as values: the database writes the
+    statement (:class:`SqlDatabase`), so no SQL text crosses the boundary. Times are given as
+    the table keeps them (the layout's ``due_param``)."""
+
+    #: The due-time column.
+    due: str
+    #: Rows due at or after this; None: any.
+    due_from: Any = None
+    #: Rows due before this; None: any.
+    due_before: Any = None
+    #: A duetime store's rows no dispatcher holds now: never claimed, or their claim lapsed
+    #: before this time; None: in flight too.
+    unclaimed_at: Any = None
+    #: The key column and a range of it, [lower, upper) (None: open).
+    key: str = ""
+    lower: Any = None
+    upper: Any = None
+    #: A range of the table's physical blocks instead, [first, end) (``reads_by_blocks``).
+    blocks: tuple[int | None, int | None] | None = None
 
 
 class StoreBulkRows(Protocol):
@@ -123,6 +147,41 @@ class SqlDatabase(Protocol):
     def source_rows(self, table: str) -> SourceTable: ...
     def store_rows(self, table: str) -> StoreBulkRows: ...
     def moving_rows(self, table: str) -> MovingBulkRows: ...
+
+    def has_columns(self, conn: Any, table: str, columns: Sequence[str]) -> bool: ...
+    def count_rows(self, conn: Any, table: str, selection: Selection) -> int: ...
+    def latest_due_by(
+        self, conn: Any, table: str, column: str, selection: Selection
+    ) -> list[tuple[Any, Any]]: ...
+    def key_bounds(
+        self, conn: Any, table: str, selection: Selection, every: int
+    ) -> list[tuple[Any, int, int]]: ...
+    def read_rows(
+        self,
+        conn: Any,
+        table: str,
+        columns: Sequence[str],
+        selection: Selection,
+        *,
+        size: int = 5000,
+        as_stored: Collection[str] = (),
+    ) -> Iterator[list[tuple[Any, ...]]]: ...
+    def keys_of(self, conn: Any, table: str, selection: Selection) -> list[Any]: ...
+    def rows_with_keys(
+        self,
+        conn: Any,
+        table: str,
+        columns: Sequence[str],
+        selection: Selection,
+        keys: Sequence[Any],
+        *,
+        as_stored: Collection[str] = (),
+    ) -> list[tuple[Any, ...]]: ...
+    def where(self, selection: Selection) -> tuple[str, list[Any]]: ...
+    def table_blocks(self, conn: Any, table: str) -> tuple[int, int]: ...
+    def count_block_slices(
+        self, conn: Any, table: str, selection: Selection, starts: Sequence[int]
+    ) -> list[int]: ...
 
     def check_readable(self) -> None: ...
     def check_writable(self) -> bool: ...

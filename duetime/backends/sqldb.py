@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 from duetime.backends.source_rows import SourceRows
 from duetime.backends.sqlfiles import load_queries
-from duetime.bulk_interfaces import STATE_TABLES
+from duetime.bulk_interfaces import STATE_TABLES, Selection
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, split_options
@@ -185,6 +185,18 @@ class Database:
         """Plans a table's batches by physical blocks (:meth:`block_range`) on this server."""
         return False
 
+    def table_blocks(self, conn: Any, table: str) -> tuple[int, int]:
+        """How many physical blocks ``table`` has and the rows its statistics expect (only where
+        :meth:`reads_by_blocks`)."""
+        raise NotImplementedError
+
+    def count_block_slices(
+        self, conn: Any, table: str, selection: Selection, starts: Sequence[int]
+    ) -> list[int]:
+        """The selected rows in each slice of blocks from one start to the next (only where
+        :meth:`reads_by_blocks`)."""
+        raise NotImplementedError
+
     def exact_in_server(self, conn: Any) -> bool:
         """Computes a record's columns (``Layout.record_sql``) in this server exactly, to the
         microsecond (only where :attr:`computes_records`)."""
@@ -306,6 +318,122 @@ class Database:
     def _schema_table(self) -> str:
         """``duetime_schema`` as ``store_components`` names it."""
         return "duetime_schema"
+
+    # -- reading a source table by a selection ---------------------------------------------------
+
+    def where(self, selection: Selection) -> tuple[str, list[Any]]:
+        """The condition (and its parameters) picking ``selection``'s rows."""
+        clauses, params = ["1=1"], []
+        due = self.quote(selection.due)
+        if selection.due_from is not None:
+            clauses, params = [f"{due} >= %s"], [selection.due_from]
+        if selection.due_before is not None:
+            clauses, params = [*clauses, f"{due} < %s"], [*params, selection.due_before]
+        if selection.unclaimed_at is not None:
+            claimed = self.quote("claimed_until")
+            clauses, params = (
+                [*clauses, f"({claimed} IS NULL OR {claimed} < %s)"],
+                [*params, selection.unclaimed_at],
+            )
+        blocks = None if selection.blocks is None else self.block_range(*selection.blocks)
+        if blocks is not None:
+            clauses, params = [*clauses, blocks[0]], [*params, *blocks[1]]
+        key = self.quote(selection.key) if selection.key else ""
+        if blocks is None and selection.lower is not None:
+            clauses, params = [*clauses, f"{key} >= %s"], [*params, selection.lower]
+        if blocks is None and selection.upper is not None:
+            clauses, params = [*clauses, f"{key} < %s"], [*params, selection.upper]
+        return " AND ".join(clauses), params
+
+    def _columns(self, columns: Sequence[str], as_stored: Collection[str] = ()) -> str:
+        return ", ".join(self.as_text(c) if c in as_stored else self.quote(c) for c in columns)
+
+    def has_columns(self, conn: Any, table: str, columns: Sequence[str]) -> bool:
+        """``table`` has every one of ``columns`` (asked of the server; a failed look is rolled back)."""
+        try:
+            self.execute(
+                conn, f"SELECT {self._columns(columns)} FROM {self.qualified(table)} WHERE 1=0"
+            ).fetchall()
+        except Exception:
+            conn.rollback()
+            return False
+        return True
+
+    def count_rows(self, conn: Any, table: str, selection: Selection) -> int:
+        where, params = self.where(selection)
+        return int(
+            self.execute(
+                conn, f"SELECT COUNT(*) FROM {self.qualified(table)} WHERE {where}", params
+            ).fetchone()[0]
+        )
+
+    def latest_due_by(
+        self, conn: Any, table: str, column: str, selection: Selection
+    ) -> list[tuple[Any, Any]]:
+        """Each value of ``column`` among the selected rows, with the latest due time."""
+        where, params = self.where(selection)
+        group, due = self.quote(column), self.quote(selection.due)
+        text = f"SELECT {group}, MAX({due}) FROM {self.qualified(table)} WHERE {where} GROUP BY {group}"
+        return [(r[0], r[1]) for r in self.execute(conn, text, params).fetchall()]
+
+    def key_bounds(
+        self, conn: Any, table: str, selection: Selection, every: int
+    ) -> list[tuple[Any, int, int]]:
+        """Every ``every``-th key of the selected rows in key order, with its place and the
+        total: each batch is then one range of the primary key, read by an index range scan (a
+        hash bucket would scan the table per batch)."""
+        where, params = self.where(selection)
+        key = self.quote(selection.key)
+        text = (
+            f"SELECT k, rn, total FROM (SELECT {key} AS k, ROW_NUMBER() OVER (ORDER BY {key}) AS rn, "
+            f"COUNT(*) OVER () AS total FROM {self.qualified(table)} WHERE {where}) x "
+            "WHERE MOD(rn - 1, %s) = 0 ORDER BY rn"
+        )
+        return [(r[0], int(r[1]), int(r[2])) for r in self.execute(conn, text, [*params, every]).fetchall()]
+
+    def read_rows(
+        self,
+        conn: Any,
+        table: str,
+        columns: Sequence[str],
+        selection: Selection,
+        *,
+        size: int = 5000,
+        as_stored: Collection[str] = (),
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """The selected rows' ``columns`` in lists of at most ``size`` (:meth:`stream`);
+        ``as_stored``: columns read as their stored text, byte for byte."""
+        where, params = self.where(selection)
+        text = f"SELECT {self._columns(columns, as_stored)} FROM {self.qualified(table)} WHERE {where}"
+        return self.stream(conn, text, params, size)
+
+    def keys_of(self, conn: Any, table: str, selection: Selection) -> list[Any]:
+        where, params = self.where(selection)
+        key = self.quote(selection.key)
+        return [
+            r[0]
+            for r in self.execute(
+                conn, f"SELECT {key} FROM {self.qualified(table)} WHERE {where}", params
+            ).fetchall()
+        ]
+
+    def rows_with_keys(
+        self,
+        conn: Any,
+        table: str,
+        columns: Sequence[str],
+        selection: Selection,
+        keys: Sequence[Any],
+        *,
+        as_stored: Collection[str] = (),
+    ) -> list[tuple[Any, ...]]:
+        """The selected rows among ``keys``, locked for the transaction (:attr:`row_lock`)."""
+        where, params = self.where(selection)
+        text = (
+            f"SELECT {self._columns(columns, as_stored)} FROM {self.qualified(table)} "
+            f"WHERE {self.quote(selection.key)} IN ({self.in_list(len(keys))}) AND {where}{self.row_lock}"
+        )
+        return [tuple(r) for r in self.execute(conn, text, [*keys, *params]).fetchall()]
 
     def chunks(self, items: Sequence[Any], size: int = 1000) -> Iterator[Sequence[Any]]:
         for start in range(0, len(items), size):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +20,7 @@ from duetime.bulk.records import (
     parse_headers,
     to_header_infos,
 )
-from duetime.bulk_interfaces import SqlDatabase
+from duetime.bulk_interfaces import Selection, SqlDatabase
 from duetime.clock import from_micros, to_micros
 from duetime.errors import ConfigurationError
 from duetime.store_row import STORE_COLUMNS
@@ -51,30 +52,18 @@ class Layout:
             return [(self.endpoint_of(self.db.table), self.db.table)]
         found = []
         for table in self.db.tables(conn):
-            if table.endswith(self.suffix) and self._looks_right(conn, table):
+            if table.endswith(self.suffix) and self.db.has_columns(conn, table, self.columns):
                 found.append((self.endpoint_of(table), table))
         return found
 
-    def _looks_right(self, conn: Any, table: str) -> bool:
-        try:
-            self.db.execute(
-                conn, f"SELECT {self.select} FROM {self.db.qualified(table)} WHERE 1=0"
-            ).fetchall()
-        except Exception:
-            conn.rollback()
-            return False
-        return True
+    #: Columns read as their stored text, byte for byte (a driver may parse a json column).
+    as_stored: tuple[str, ...] = ()
 
-    @property
-    def select(self) -> str:
-        return ", ".join(self.db.quote(c) for c in self.columns)
-
-    def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
-        """WHERE text (and params) for the rows a job takes: due at the cutoff or later (the
-        timeout migration tool's ``Time >= @CutOffTime``)."""
-        if cutoff_us is None:
-            return "1=1", []
-        return f"{self.db.quote(self.due)} >= %s", [self.due_param(cutoff_us)]
+    def selection(self, cutoff_us: int | None, now_us: int) -> Selection:
+        """The rows a job takes: due at the cutoff or later (the timeout migration tool's
+        ``Time >= @CutOffTime``)."""
+        due_from = None if cutoff_us is None else self.due_param(cutoff_us)
+        return Selection(self.due, due_from=due_from, key=self.key)
 
     def due_param(self, due_us: int) -> Any:
         return due_us
@@ -114,19 +103,11 @@ class DuetimeLayout(Layout):
             return [(self.endpoint_of(self.db.table), self.db.table)]
         return [(self.endpoint_of(t), t) for t in self.db.store_tables(conn)]
 
-    @property
-    def select(self) -> str:
-        """The headers as their stored text, byte for byte (a driver may parse a json column)."""
-        return ", ".join(self.db.as_text(c) if c == "headers" else self.db.quote(c) for c in self.columns)
+    as_stored = ("headers",)  # export carries the stored text byte for byte
 
-    def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
-        where, params = super().selection(cutoff_us, now_us)
-        if self.in_flight:
-            return where, params
-        return (
-            f"{where} AND (claimed_until IS NULL OR claimed_until < %s)",
-            [*params, self.due_param(now_us)],
-        )
+    def selection(self, cutoff_us: int | None, now_us: int) -> Selection:
+        chosen = super().selection(cutoff_us, now_us)
+        return chosen if self.in_flight else replace(chosen, unclaimed_at=self.due_param(now_us))
 
     def due_param(self, due_us: int) -> Any:
         return self.db.store_due(due_us)
@@ -170,7 +151,7 @@ class TimeoutDataLayout(Layout):
     def table_for(self, endpoint: str) -> str:
         return self.db.table or f"{endpoint.replace('.', '_')}{self.suffix}"
 
-    def selection(self, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
+    def selection(self, cutoff_us: int | None, now_us: int) -> Selection:
         """Without a cutoff, the timeout migration tool's own: timeouts due before 2012 stay where
         they are, as the tool leaves them (and as the endpoint never sent them)."""
         return super().selection(TOOL_CUTOFF_US if cutoff_us is None else cutoff_us, now_us)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from duetime.bulk.layouts import Layout, layout_for
 from duetime.bulk.records import Destination, Record, due_us_of, plainly_fine_sql
-from duetime.bulk_interfaces import STATE_TABLES, SqlDatabase
+from duetime.bulk_interfaces import STATE_TABLES, Selection, SqlDatabase
 from duetime.errors import ConfigurationError
 
 RUNS = STATE_TABLES["runs"]
@@ -84,16 +84,11 @@ class DbSource:
         self, tables: Sequence[tuple[str, str]], cutoff_us: int | None, now_us: int
     ) -> list[Destination]:
         """Each endpoint's destinations among the selected rows, with the latest due time."""
-        where, params = self.layout.selection(cutoff_us, now_us)
-        dest, due = self.db.quote(self.layout.columns[1]), self.db.quote(self.layout.due)
+        chosen = self.layout.selection(cutoff_us, now_us)
         found: list[Destination] = []
         with self.db.session(write=False) as conn:
             for endpoint, table in tables:
-                rows = self.db.execute(
-                    conn,
-                    f"SELECT {dest}, MAX({due}) FROM {self.db.qualified(table)} WHERE {where} GROUP BY {dest}",
-                    params,
-                ).fetchall()
+                rows = self.db.latest_due_by(conn, table, self.layout.columns[1], chosen)
                 found += [Destination(endpoint, r[0], due_us_of(r[1])) for r in rows]
         return found
 
@@ -104,20 +99,11 @@ class DbSource:
         with self.db.session() as conn:
             by_blocks = self.db.reads_by_blocks(conn)
             for name, table in tables:
-                where, params = self.layout.selection(cutoff_us, now_us)
-                q = self.db.qualified(table)
+                chosen = self.layout.selection(cutoff_us, now_us)
                 if by_blocks:
-                    batches += self._plan_blocks(conn, name, table, where, params, batch_rows, len(batches))
+                    batches += self._plan_blocks(conn, name, table, chosen, batch_rows, len(batches))
                     continue
-                key = self.db.quote(self.layout.key)
-                # Every batch_rows-th key in key order: each batch is one range of the primary
-                # key, read by an index range scan (a hash bucket would scan the table per batch).
-                rows = self.db.execute(
-                    conn,
-                    f"SELECT k, rn, total FROM (SELECT {key} AS k, ROW_NUMBER() OVER (ORDER BY {key}) AS rn, "
-                    f"COUNT(*) OVER () AS total FROM {q} WHERE {where}) x WHERE MOD(rn - 1, %s) = 0 ORDER BY rn",
-                    [*params, batch_rows],
-                ).fetchall()
+                rows = self.db.key_bounds(conn, table, chosen, batch_rows)
                 if not rows:
                     batches.append(Batch(len(batches), name, table, None, None, 0))
                     continue
@@ -132,7 +118,7 @@ class DbSource:
         return batches
 
     def _plan_blocks(
-        self, conn: Any, name: str, table: str, where: str, params: list[Any], batch_rows: int, first: int
+        self, conn: Any, name: str, table: str, chosen: Selection, batch_rows: int, first: int
     ) -> list[Batch]:
         """PostgreSQL: batches as ranges of the table's blocks, about ``batch_rows`` rows each.
 
@@ -149,30 +135,11 @@ class DbSource:
         rows; counting the slices 0.2 s). A batch starts at the slice where the rows before it
         reach the next multiple of ``batch_rows``, so a batch is ``batch_rows`` give or take a
         slice (exact to the block when the table has few blocks)."""
-        d = self.db
-        q = d.qualified(table)
-        blocks, tuples = d.execute(
-            conn,
-            "SELECT (pg_relation_size(%s::regclass) / current_setting('block_size')::int)::bigint, "
-            "reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
-            [q, q],
-        ).fetchone()
-        starts = block_slices(int(blocks), int(tuples), batch_rows)
-        counts: list[Any] = []
-        with conn.pipeline():
-            for i, start in enumerate(starts):
-                upper = f" AND ctid < '({starts[i + 1]},0)'::tid" if i + 1 < len(starts) else ""
-                counts.append(
-                    d.execute(
-                        conn,
-                        f"SELECT count(*) FROM {q} WHERE ({where}) AND ctid >= '({start},0)'::tid{upper}",
-                        params,
-                    )
-                )
+        blocks, tuples = self.db.table_blocks(conn, table)
+        starts = block_slices(blocks, tuples, batch_rows)
         batches: list[list[int]] = []  # [first block, rows, rows before it // batch_rows]
         before = 0
-        for start, cursor in zip(starts, counts, strict=True):
-            n = int(cursor.fetchone()[0])
+        for start, n in zip(starts, self.db.count_block_slices(conn, table, chosen, starts), strict=True):
             if n and (not batches or before // batch_rows != batches[-1][2]):
                 batches.append([start, 0, before // batch_rows])
             if n:
@@ -193,27 +160,24 @@ class DbSource:
             for i, (_, rows, _) in enumerate(batches)
         ]
 
+    def bucket(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Selection:
+        """The batch's rows: a range of blocks (a plan by blocks) or of keys."""
+        chosen = self.layout.selection(cutoff_us, now_us)
+        lower, upper = block_of(batch.lower), block_of(batch.upper)
+        if lower is not None or upper is not None:
+            return replace(chosen, blocks=(lower, upper))
+        return replace(chosen, lower=batch.lower, upper=batch.upper)
+
     def bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
-        where, params = self.layout.selection(cutoff_us, now_us)
-        blocks = self.db.block_range(block_of(batch.lower), block_of(batch.upper))
-        if blocks is not None:
-            return f"{where} AND {blocks[0]}", [*params, *blocks[1]]
-        key = self.db.quote(self.layout.key)
-        if batch.lower is not None:
-            where, params = f"{where} AND {key} >= %s", [*params, batch.lower]
-        if batch.upper is not None:
-            where, params = f"{where} AND {key} < %s", [*params, batch.upper]
-        return where, params
+        """:meth:`bucket` as a condition, for the statements PostgreSQL's server runs itself."""
+        return self.db.where(self.bucket(batch, cutoff_us, now_us))
 
     def read(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Record]:
         """The batch's rows, untouched (preview, export, report)."""
-        where, params = self.bucket_where(batch, cutoff_us, now_us)
+        chosen = self.bucket(batch, cutoff_us, now_us)
         with self.db.session(write=False) as conn:
-            for rows in self.db.stream(
-                conn,
-                f"SELECT {self.layout.select} FROM {self.db.qualified(batch.table)} WHERE {where}",
-                params,
-            ):
+            lay = self.layout
+            for rows in self.db.read_rows(conn, batch.table, lay.columns, chosen, as_stored=lay.as_stored):
                 for row in rows:
                     yield self.layout.to_record(batch.endpoint, row)
 
@@ -280,20 +244,15 @@ class DbSource:
             # Keys first, then the rows a chunk of keys at a time: a batch of any size is staged
             # in bounded memory. MariaDB locks by primary key only (a locking scan of the whole
             # table deadlocks with its twins); SQLite's BEGIN IMMEDIATE already excludes writers.
+            chosen = self.bucket(batch, cutoff_us, now_us)
+            keys = d.keys_of(conn, batch.table, chosen)
             key = d.quote(lay.key)
-            keys = [
-                r[0] for r in d.execute(conn, f"SELECT {key} FROM {source} WHERE {where}", params).fetchall()
-            ]
-            lock = d.row_lock
             rows_out = d.source_rows(batch.table)
             staged = removed = 0
             for chunk in d.chunks(keys, 1000):
-                marks = d.in_list(len(chunk))
-                rows = d.execute(
-                    conn,
-                    f"SELECT {lay.select} FROM {source} WHERE {key} IN ({marks}) AND {where}{lock}",
-                    [*chunk, *params],
-                ).fetchall()
+                rows = d.rows_with_keys(
+                    conn, batch.table, lay.columns, chosen, chunk, as_stored=lay.as_stored
+                )
                 records = [lay.to_record(batch.endpoint, r) for r in rows]
                 self._insert_staged(conn, run_id, batch.number, records)
                 removed += rows_out.take_keys(conn, key, [lay.to_row(r)[0] for r in records])
@@ -407,34 +366,19 @@ class DbSource:
         """Selected rows still in the source tables (in flight, or stored during the run)."""
         in_flight, self.layout.in_flight = self.layout.in_flight, True
         try:
-            where, params = self.layout.selection(cutoff_us, now_us)
+            chosen = self.layout.selection(cutoff_us, now_us)
         finally:
             self.layout.in_flight = in_flight
-        total = 0
         with self.db.session(write=False) as conn:
-            for _, table in endpoints:
-                total += int(
-                    self.db.execute(
-                        conn, f"SELECT COUNT(*) FROM {self.db.qualified(table)} WHERE {where}", params
-                    ).fetchone()[0]
-                )
-        return total
+            return sum(self.db.count_rows(conn, table, chosen) for _, table in endpoints)
 
 
 def left_before(source: DbSource, endpoints: Sequence[tuple[str, str]], before_us: int) -> int:
     """Rows of the source tables due before ``before_us``: what a cutoff leaves where it is."""
     layout = source.layout
-    total = 0
+    chosen = Selection(layout.due, due_before=layout.due_param(before_us))
     with source.db.session(write=False) as conn:
-        for _, table in endpoints:
-            total += int(
-                source.db.execute(
-                    conn,
-                    f"SELECT COUNT(*) FROM {source.db.qualified(table)} WHERE {source.db.quote(layout.due)} < %s",
-                    [layout.due_param(before_us)],
-                ).fetchone()[0]
-            )
-    return total
+        return sum(source.db.count_rows(conn, table, chosen) for _, table in endpoints)
 
 
 #: How a block bound is written in the batches table (a run planned by key ranges, before block

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -17,6 +17,7 @@ from duetime.backends.postgres.bulk_rows import PgBulkRows, source_rows, take_sq
 from duetime.backends.postgres.connection import PgOptions, connect
 from duetime.backends.source_rows import SourceRows
 from duetime.backends.sqldb import Database
+from duetime.bulk_interfaces import Selection
 from duetime.clock import from_micros
 from duetime.inputs.identifiers import postgres_name
 
@@ -82,6 +83,33 @@ class PostgresDatabase(Database):
 
     def reads_by_blocks(self, conn: Any) -> bool:
         return bool(conn.info.server_version >= EXACT_FROM)
+
+    def table_blocks(self, conn: Any, table: str) -> tuple[int, int]:
+        """How many blocks ``table`` has, and the rows its statistics expect (-1 or 0 before the
+        first ANALYZE)."""
+        q = self.qualified(table)
+        blocks, tuples = self.execute(
+            conn,
+            "SELECT (pg_relation_size(%s::regclass) / current_setting('block_size')::int)::bigint, "
+            "reltuples::bigint FROM pg_class WHERE oid = %s::regclass",
+            [q, q],
+        ).fetchone()
+        return int(blocks), int(tuples)
+
+    def count_block_slices(
+        self, conn: Any, table: str, selection: Selection, starts: Sequence[int]
+    ) -> list[int]:
+        """The selected rows in each slice of blocks from one start to the next, each slice by
+        its own TID range scan, all in one round trip (a pipeline)."""
+        counts: list[Any] = []
+        with conn.pipeline():
+            for i, start in enumerate(starts):
+                end = starts[i + 1] if i + 1 < len(starts) else None
+                where, params = self.where(replace(selection, blocks=(start, end)))
+                counts.append(
+                    self.execute(conn, f"SELECT count(*) FROM {self.qualified(table)} WHERE {where}", params)
+                )
+        return [int(cursor.fetchone()[0]) for cursor in counts]
 
     def exact_in_server(self, conn: Any) -> bool:
         return bool(conn.info.server_version >= EXACT_FROM)
