@@ -11,6 +11,7 @@ opens its own connection with the Python driver (psycopg, PyMySQL, sqlite3): no 
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -318,6 +319,26 @@ class Database:
     def _schema_table(self) -> str:
         """``duetime_schema`` as ``store_components`` names it."""
         return "duetime_schema"
+
+    # -- a target's ledger: one row per batch written, committed with the batch -------------------
+
+    def create_ledger(self, conn: Any) -> None:
+        self.execute(conn, self.query("create_ledger"))
+
+    def ledger_entry(self, conn: Any, run_id: str, batch: int) -> tuple[int, list[str]] | None:
+        """What the batch's write did (rows in, ids the target held), if it committed."""
+        row = self.execute(conn, self.query("ledger_row"), [run_id, batch]).fetchone()
+        return None if row is None else (int(row[0]), [str(i) for i in json.loads(row[1])])
+
+    def keep_ledger_entry(
+        self, conn: Any, run_id: str, batch: int, inserted: int, conflicts: Sequence[str]
+    ) -> None:
+        self.execute(
+            conn, self.query("insert_ledger_row"), [run_id, batch, inserted, json.dumps(list(conflicts))]
+        )
+
+    def forget_ledger(self, conn: Any, run_id: str) -> None:
+        self.execute(conn, self.query("forget_run"), [run_id])
 
     # -- reading a source table by a selection ---------------------------------------------------
 

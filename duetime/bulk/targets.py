@@ -10,11 +10,11 @@ Files are written by Spark for the whole cluster (:mod:`duetime.bulk.filetarget`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from duetime.bulk.arrowrows import store_rows
 from duetime.bulk.copybinary import HEADER, TRAILER, copy_rows
@@ -141,7 +141,7 @@ class StoreTarget(_TakesAll, _Seals):
         # Created here, on the driver, before any task starts: tasks creating them at once race in
         # PostgreSQL's catalog (a unique violation on pg_type) even with IF NOT EXISTS.
         with self.db.session() as conn:
-            self.db.execute(conn, self.db.query("create_ledger"))
+            self.db.create_ledger(conn)
             self.db.execute(conn, self.db.query("create_scheduled"))
 
     def _check_table(self, table: str) -> None:
@@ -161,8 +161,8 @@ class StoreTarget(_TakesAll, _Seals):
             return self._ledger(conn, run_id, batch)
 
     def _ledger(self, conn: Any, run_id: str, batch: int) -> Written | None:
-        row = self.db.execute(conn, self.db.query("ledger_row"), [run_id, batch]).fetchone()
-        return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
+        found = self.db.ledger_entry(conn, run_id, batch)
+        return None if found is None else Written(found[0], tuple(found[1]))
 
     def write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
         """One transaction, fed in bounded chunks. Records streamed from elsewhere cannot be read
@@ -197,9 +197,7 @@ class StoreTarget(_TakesAll, _Seals):
                     conflicts += clash
                     earliest[table] = _earliest(earliest.get(table), first_us)
             written = Written(inserted, tuple(conflicts))
-            self.db.execute(
-                conn, self.db.query("insert_ledger_row"), [run_id, batch, inserted, json.dumps(conflicts)]
-            )
+            self.db.keep_ledger_entry(conn, run_id, batch, inserted, conflicts)
             self.written(conn, earliest, added)
             return written
 
@@ -246,11 +244,7 @@ class StoreTarget(_TakesAll, _Seals):
                 earliest[table] = min((r.due_us for r in rows if r.due_us is not None), default=None)
             wanted = [r.message_id for rows in by_table.values() for r in rows]
             written = Written(len(new), tuple(_not_written(wanted, new)))
-            self.db.execute(
-                conn,
-                self.db.query("insert_ledger_row"),
-                [run_id, batch, written.inserted, json.dumps(list(written.conflicts))],
-            )
+            self.db.keep_ledger_entry(conn, run_id, batch, written.inserted, written.conflicts)
             self.written(conn, earliest, added)
             return written
 
@@ -312,11 +306,7 @@ class StoreTarget(_TakesAll, _Seals):
                     added[table] = count
                     earliest[table] = first_us
             written = Written(sum(added.values()))
-            self.db.execute(
-                conn,
-                self.db.query("insert_ledger_row"),
-                [run_id, batch, written.inserted, json.dumps([])],
-            )
+            self.db.keep_ledger_entry(conn, run_id, batch, written.inserted, [])
             self.written(conn, earliest, added)
             return written
 
@@ -407,7 +397,7 @@ class StoreTarget(_TakesAll, _Seals):
 
     def forget(self, run_id: str) -> None:
         with self.db.session() as conn:
-            self.db.execute(conn, self.db.query("forget_run"), [run_id])
+            self.db.forget_ledger(conn, run_id)
 
 
 class RedisStoreTarget(_TakesAll, _Seals):
@@ -503,18 +493,9 @@ class NativeDelayTarget:
         self.names = options.get("native", "duetime")
         self.levels = int(options.get("levels", "28"))
         self.ledger_path = Path(options.get("ledger", "duetime-native-ledger.db"))
-
+        #: The ledger: a SQLite file's ledger table, as a store target keeps its own.
+        self.ledger_db = open_sql_database("sqlite:///" + quote(str(self.ledger_path)))
         self.display = f"RabbitMQ native delays ({self.names}) at {redact(self.amqp)}"
-
-    def _ledger_db(self) -> Any:
-        import sqlite3
-
-        conn = sqlite3.connect(str(self.ledger_path), timeout=30)
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS ledger (run_id TEXT, batch INTEGER, inserted INTEGER, conflicts TEXT, "
-            "PRIMARY KEY (run_id, batch))"
-        )
-        return conn
 
     def prepare(self, endpoints: Sequence[str]) -> None:
         import asyncio
@@ -529,7 +510,8 @@ class NativeDelayTarget:
                 await native.close()
 
         asyncio.run(check())
-        self._ledger_db().close()
+        with self.ledger_db.session() as conn:
+            self.ledger_db.create_ledger(conn)
 
     async def _open(self) -> NativeDelayTopology:
         return await open_native_delays(self.amqp, self.names, levels=self.levels)
@@ -566,14 +548,9 @@ class NativeDelayTarget:
         return asyncio.run(check())
 
     def ledger(self, run_id: str, batch: int) -> Written | None:
-        conn = self._ledger_db()
-        try:
-            row = conn.execute(
-                "SELECT inserted, conflicts FROM ledger WHERE run_id=? AND batch=?", (run_id, batch)
-            ).fetchone()
-        finally:
-            conn.close()
-        return None if row is None else Written(int(row[0]), tuple(json.loads(row[1])))
+        with self.ledger_db.session(write=False) as conn:
+            found = self.ledger_db.ledger_entry(conn, run_id, batch)
+        return None if found is None else Written(found[0], tuple(found[1]))
 
     def write(self, run_id: str, batch: int, records: Iterable[Record]) -> Written:
         import asyncio
@@ -601,24 +578,14 @@ class NativeDelayTarget:
                 await native.close()
 
         written = asyncio.run(publish())
-        conn = self._ledger_db()
-        try:
-            with conn:
-                conn.execute(
-                    "INSERT OR REPLACE INTO ledger VALUES (?, ?, ?, ?)",
-                    (run_id, batch, written.inserted, json.dumps(list(written.conflicts))),
-                )
-        finally:
-            conn.close()
+        with self.ledger_db.session() as conn:  # the only writer from its start: looks, then keeps
+            if self.ledger_db.ledger_entry(conn, run_id, batch) is None:  # a twin's publish kept it
+                self.ledger_db.keep_ledger_entry(conn, run_id, batch, written.inserted, written.conflicts)
         return written
 
     def forget(self, run_id: str) -> None:
-        conn = self._ledger_db()
-        try:
-            with conn:
-                conn.execute("DELETE FROM ledger WHERE run_id=?", (run_id,))
-        finally:
-            conn.close()
+        with self.ledger_db.session() as conn:
+            self.ledger_db.forget_ledger(conn, run_id)
 
 
 def open_target(url: str) -> Target | FileTarget | NativeDelayTarget:
