@@ -2,7 +2,7 @@
 side of the boundary that :mod:`duetime.interfaces` draws for the online path.
 
 ``duetime.bulk`` imports no backend: it opens these through :mod:`duetime.registry` by a URL's
-scheme, and asks each one what it can do (``reads_by_blocks``, ``computes_records``,
+scheme, and asks each one what it can do (``reads_by_blocks``, ``record_columns``,
 ``pipes_from``) instead of which database it is. A new SQL store implements :class:`SqlDatabase`
 (subclassing ``duetime.backends.sqldb.Database``) and :class:`StoreBulkRows` in its own folder;
 a store of keys (Redis) implements :class:`KeyedBulkRows`.
@@ -127,7 +127,6 @@ class SqlDatabase(Protocol):
 
     row_lock: ClassVar[str]
     keeps_other_layouts: ClassVar[bool]
-    computes_records: ClassVar[bool]
 
     def place(self) -> tuple[str, ...]:
         """Where its tables are, as the server says (two spellings of one server are one)."""
@@ -183,7 +182,6 @@ class SqlDatabase(Protocol):
         self, conn: Any, run_id: str, batch: int, inserted: int, conflicts: Sequence[str]
     ) -> None: ...
     def forget_ledger(self, conn: Any, run_id: str) -> None: ...
-    def where(self, selection: Selection) -> tuple[str, list[Any]]: ...
     def table_blocks(self, conn: Any, table: str) -> tuple[int, int]: ...
     def count_block_slices(
         self, conn: Any, table: str, selection: Selection, starts: Sequence[int]
@@ -193,7 +191,42 @@ class SqlDatabase(Protocol):
     def check_writable(self) -> bool: ...
     def reads_by_blocks(self, conn: Any) -> bool: ...
     def exact_in_server(self, conn: Any) -> bool: ...
-    def taking(self, table: str, where: str, returning: str) -> str: ...
+    def record_columns(self, layout: str) -> list[str] | None: ...
+    def read_records(
+        self, conn: Any, table: str, layout: str, selection: Selection, size: int
+    ) -> Iterator[list[tuple[Any, ...]]]: ...
+    def stage_records(
+        self, conn: Any, table: str, layout: str, selection: Selection, run_id: str, batch: int, endpoint: str
+    ) -> int: ...
+    def staged_to_check(self, conn: Any, run_id: str, batch: int) -> list[tuple[Any, ...]]: ...
+    def ids_held(
+        self, conn: Any, table: str, layout: str, selection: Selection, rows: MovingBulkRows
+    ) -> list[str]: ...
+    def move_plainly_fine(
+        self,
+        conn: Any,
+        table: str,
+        layout: str,
+        selection: Selection,
+        held: Sequence[str],
+        rows: MovingBulkRows,
+    ) -> tuple[int, int, int | None]: ...
+    def records_left(
+        self, conn: Any, table: str, layout: str, selection: Selection, held: Sequence[str]
+    ) -> list[tuple[Any, ...]]: ...
+    def take_ids(
+        self, conn: Any, table: str, layout: str, selection: Selection, ids: Sequence[str]
+    ) -> set[str]: ...
+    def figures(
+        self,
+        conn: Any,
+        table: str,
+        layout: str,
+        selection: Selection,
+        now_us: int,
+        horizons: Sequence[tuple[str, float | None]],
+        top: int,
+    ) -> list[tuple[Any, ...]]: ...
     def same_database(self, other: Any) -> bool: ...
     def pipes_from(self, other: Any) -> bool: ...
     def write_staged(self, conn: Any, rows: Sequence[Sequence[Any]]) -> None: ...

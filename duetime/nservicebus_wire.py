@@ -31,6 +31,8 @@ RELATED_TO_TIMEOUT = "NServiceBus.RelatedToTimeoutId"
 DELAY_IN_SECONDS = "NServiceBus.Transport.RabbitMQ.DelayInSeconds"
 #: The saga id of a timeout that belongs to no saga.
 EMPTY_GUID = "00000000-0000-0000-0000-000000000000"
+#: The header prefix of the MSMQ transport's timeout properties, which a store does not keep.
+MSMQ_PROPERTIES = "NServiceBus.Timeouts.Properties."
 
 _WIRE = re.compile(r"^(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2}):(\d{1,6}) Z$")
 

@@ -56,8 +56,6 @@ class Database:
     row_lock: ClassVar[str] = " FOR UPDATE"
     #: Holds NServiceBus's layouts (``TimeoutData``, the MSMQ store): server databases do.
     keeps_other_layouts: ClassVar[bool] = True
-    #: Computes a record's columns from a source row in the server (:meth:`exact_in_server`).
-    computes_records: ClassVar[bool] = False
 
     @classmethod
     def from_url(cls, url: str) -> Database:
@@ -199,13 +197,68 @@ class Database:
         raise NotImplementedError
 
     def exact_in_server(self, conn: Any) -> bool:
-        """Computes a record's columns (``Layout.record_sql``) in this server exactly, to the
-        microsecond (only where :attr:`computes_records`)."""
+        """Computes a record's columns (:meth:`record_columns`) in this server exactly, to the
+        microsecond."""
         return False
 
-    def taking(self, table: str, where: str, returning: str) -> str:
-        """One statement deleting ``table``'s rows ``where`` and returning ``returning`` of them
-        (only where :attr:`computes_records`)."""
+    # -- records computed in the server: only where record_columns(layout) and exact_in_server ---
+
+    def record_columns(self, layout: str) -> list[str] | None:
+        """The expressions this server computes a record of ``layout``'s rows with; None where
+        only Python reads them as records."""
+        return None
+
+    def read_records(
+        self, conn: Any, table: str, layout: str, selection: Selection, size: int
+    ) -> Iterator[list[tuple[Any, ...]]]:
+        """The selected rows as records (and each one's group), computed in the server."""
+        raise NotImplementedError
+
+    def stage_records(
+        self, conn: Any, table: str, layout: str, selection: Selection, run_id: str, batch: int, endpoint: str
+    ) -> int:
+        """The selected rows moved into the staging table as records, in the server: how many."""
+        raise NotImplementedError
+
+    def staged_to_check(self, conn: Any, run_id: str, batch: int) -> list[tuple[Any, ...]]:
+        """The batch's staged rows (without bodies) the server cannot vouch for."""
+        raise NotImplementedError
+
+    def ids_held(self, conn: Any, table: str, layout: str, selection: Selection, rows: Any) -> list[str]:
+        """The selected rows' ids the store table ``rows`` writes holds already."""
+        raise NotImplementedError
+
+    def move_plainly_fine(
+        self, conn: Any, table: str, layout: str, selection: Selection, held: Sequence[str], rows: Any
+    ) -> tuple[int, int, int | None]:
+        """The selected rows the server vouches for, but ``held``, moved into the store table in
+        one statement: taken, stored, the earliest due (µs)."""
+        raise NotImplementedError
+
+    def records_left(
+        self, conn: Any, table: str, layout: str, selection: Selection, held: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
+        """The selected rows (but ``held``) still in the table, as records."""
+        raise NotImplementedError
+
+    def take_ids(
+        self, conn: Any, table: str, layout: str, selection: Selection, ids: Sequence[str]
+    ) -> set[str]:
+        """Delete the selected rows with ``ids``: the ids that went."""
+        raise NotImplementedError
+
+    def figures(
+        self,
+        conn: Any,
+        table: str,
+        layout: str,
+        selection: Selection,
+        now_us: int,
+        horizons: Sequence[tuple[str, float | None]],
+        top: int,
+    ) -> list[tuple[Any, ...]]:
+        """The selected rows counted by destination, horizon and failures, and the largest, in
+        one scan: ``(destination, horizon, failures, grouping, count or size, id)`` rows."""
         raise NotImplementedError
 
     def same_database(self, other: Database) -> bool:

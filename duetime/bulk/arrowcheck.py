@@ -7,7 +7,7 @@ those out with Arrow's vectorized functions and hands back the rest, which :func
 checks row by row as before. So :func:`check_row` stays the one rule: the Arrow test may be
 stricter than it, never looser (printable ASCII ids and destinations, headers a compact JSON
 object of strings without ``\\u`` escapes, a group of printable ASCII, an id given), and a test holds it to
-:func:`check_row` over generated rows, as :func:`duetime.bulk.records.plainly_fine_sql` is held to
+:func:`check_row` over generated rows, as :func:`duetime.backends.postgres.bulk_records.plainly_fine_sql` is held to
 :func:`duetime.bulk.records.problem` for rows a database moves.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from duetime.bulk.records import COMPACT_HEADERS, EARLIEST_US, GROUP_OPEN, LATEST_US, PLAIN_TEXT
 from duetime.message import MAX_BODY_BYTES, MAX_DESTINATION_LENGTH, MAX_HEADERS_BYTES, MAX_ID_LENGTH
 from duetime.nservicebus_wire import EMPTY_GUID
+from duetime.plainly_fine import COMPACT_HEADERS, EARLIEST_US, GROUP_OPEN, LATEST_US, PLAIN_TEXT
 
 _INT32_MAX = 2**31 - 1
 #: A group JSON writes as it is (printable ASCII but the quote and the backslash), so its extra

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from duetime.bulk.records import MSMQ_PROPERTIES, store_headers
+from duetime.bulk.records import store_headers
+from duetime.nservicebus_wire import MSMQ_PROPERTIES
 
 #: For each of the store's columns (:data:`~duetime.store_row.STORE_COLUMNS`), in its
 #: order, the record batch's column it comes from.

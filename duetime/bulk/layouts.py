@@ -71,17 +71,6 @@ class Layout:
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
         raise NotImplementedError
 
-    def record_sql(self) -> list[str] | None:
-        """PostgreSQL expressions giving a record's columns (message_id … extra) from a source row,
-        so staging runs in the server without a round trip; None where only Python can convert."""
-        return None
-
-    def group_expr(self) -> str:
-        """The PostgreSQL expression of a source row's group text (a saga id, duetime's group),
-        read without the round trip through ``extra``'s JSON that ``record_sql`` makes (it cost
-        a same-database move 40 % of its time); with ``record_sql`` wherever that is given."""
-        raise NotImplementedError
-
     def to_row(self, record: Record) -> tuple[Any, ...]:
         raise NotImplementedError
 
@@ -115,14 +104,6 @@ class DuetimeLayout(Layout):
     def to_record(self, endpoint: str, row: Sequence[Any]) -> Record:
         extra = None if row[6] is None else group_extra(row[6])
         return Record(endpoint, row[0], row[1], due_us_of(row[2]), row[3], bytes(row[4]), int(row[5]), extra)
-
-    def record_sql(self) -> list[str] | None:
-        micros = "(extract(epoch FROM due_at) * 1000000)::bigint"
-        group = "CASE WHEN group_key IS NULL THEN NULL ELSE json_build_object('group', group_key)::text END"
-        return ["message_id", "destination", micros, "headers::text", "body", "failure_count", group]
-
-    def group_expr(self) -> str:
-        return "group_key"
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
         """The row a duetime store keeps (:func:`bulk_row`), its due time as this database takes it."""
@@ -163,20 +144,6 @@ class TimeoutDataLayout(Layout):
         extra = json.dumps({"SagaId": None if row[2] is None else str(row[2]), "PersistenceVersion": row[6]})
         body = b"" if row[3] is None else bytes(row[3])
         return Record(endpoint, str(row[0]), row[1], due_us_of(row[4]), row[5], body, 0, extra)
-
-    def record_sql(self) -> list[str] | None:
-        return [
-            '"Id"::text',
-            '"Destination"',
-            """(extract(epoch FROM "Time") * 1000000)::bigint""",
-            '"Headers"',
-            """coalesce("State", ''::bytea)""",
-            "0",
-            """json_build_object('SagaId', "SagaId"::text, 'PersistenceVersion', "PersistenceVersion")::text""",
-        ]
-
-    def group_expr(self) -> str:
-        return '"SagaId"::text'
 
     def to_row(self, record: Record) -> tuple[Any, ...]:
         extra = json.loads(record.extra or "{}")

@@ -40,13 +40,12 @@ from duetime.bulk.hadoopfs import Listed, input_files
 from duetime.bulk.progress import Progress, RowCounter, watched
 from duetime.bulk.records import (
     Record,
-    group_value_sql,
-    plainly_fine_sql,
     problem,
     store_ready,
 )
 from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import RedisStoreTarget, StoreTarget, Target, open_target
+from duetime.bulk_interfaces import Selection
 from duetime.clock import SYSTEM, to_micros
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
@@ -260,7 +259,7 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
     row = rows[number]
     batch = batch_of(row)
     local = isinstance(target, StoreTarget) and target.shares_database(source.db)
-    if row["status"] == "pending" and local and source.layout.record_sql() is not None:
+    if row["status"] == "pending" and local and source.computes_records:
         assert isinstance(target, StoreTarget)
         moved = source.db.retrying(lambda: _move_in_place(source, target, run_id, batch, spec))
         if moved is not None:
@@ -322,9 +321,8 @@ def _move_in_place(
     completed, with nothing staged in between (a crash rolls all of it back). None if the batch
     must take the staged path (an id reached the target meanwhile)."""
     now_us = to_micros(SYSTEM.now())
-    where, params = source.bucket_where(batch, spec.cutoff_us, now_us)
     try:
-        return _move_batch(source, target, run_id, batch, where, params)
+        return _move_batch(source, target, run_id, batch, source.bucket(batch, spec.cutoff_us, now_us))
     except _Clash:
         return None
     except Exception as error:
@@ -338,62 +336,34 @@ class _Clash(Exception):
 
 
 def _move_batch(
-    source: DbSource, target: StoreTarget, run_id: str, batch: Batch, where: str, params: list[Any]
+    source: DbSource, target: StoreTarget, run_id: str, batch: Batch, chosen: Selection
 ) -> int | None:
-    """The rows the server vouches for (:func:`plainly_fine_sql`) move in one statement and never leave it;
+    """The rows the server vouches for move in one statement and never leave it;
     the few left are read, checked in Python by :func:`problem`, and the good ones written from
     here (their headers rewritten where a store cannot keep them as they are). Ids the target
     holds already stay in the source as conflicts; rows with a problem stay for their problem."""
-    d, lay = source.db, source.layout
-    table = d.qualified(batch.table)
+    d, layout = source.db, source.layout.name
     store_table = target.layout.table_for(batch.endpoint)
     with d.session() as conn:
-        exprs = source.server_records(conn)
-        if exprs is None:  # a server that cannot convert exactly: the staged path, through Python
+        if not source.server_records(conn):  # a server that cannot convert exactly: the staged path
             return None
-        ident = exprs[0]
         if not source.claim_status(conn, run_id, batch.number, "pending"):
             return None
         store = target.moving_rows(store_table)
-        present = store.ids_present(conn, f"SELECT {ident} AS id FROM {table} WHERE {where}", params)
-        # A long list as an anti-join: ``<> ALL(ids)`` is hashed only from PostgreSQL 15 on, and
-        # compared id by id a batch whose 100,000 rows the target all holds is 10^10 comparisons.
-        # A short one (the usual: none) as the array, which is the faster plan when it is short.
-        not_present = (
-            f"NOT EXISTS (SELECT 1 FROM unnest(%s::text[]) AS duetime_present(id) "
-            f"WHERE duetime_present.id = ({ident}))"
-            if len(present) > 1_000
-            else f"({ident}) <> ALL(%s::text[])"
-        )
-        # The store's row: c0..c6 (the group as duetime keeps it: no empty GUID)
-        cols = ", ".join(
-            f"{e} AS c{i}" for i, e in enumerate([*exprs[:6], group_value_sql(lay.group_expr())])
-        )
-        take = d.taking(table, f"{where} AND {plainly_fine_sql(exprs)} AND {not_present}", cols)
-        moved, stored, first_us = store.move(conn, take, [*params, present])
+        present = d.ids_held(conn, batch.table, layout, chosen, store)
+        moved, stored, first_us = d.move_plainly_fine(conn, batch.table, layout, chosen, present, store)
         if moved != stored:
             raise RuntimeError(f"batch {batch.number}: moved {moved} rows but inserted {stored}")
         earliest = [first_us] if first_us is not None else []
         # What is left (the server could not vouch for it) is checked here, usually nothing.
         rest = [
             Record(batch.endpoint, r[0], r[1], r[2], r[3], bytes(r[4]), int(r[5]), r[6])
-            for r in d.execute(
-                conn,
-                f"SELECT {', '.join(exprs)} FROM {table} WHERE {where} AND {not_present}",
-                [*params, present],
-            ).fetchall()
+            for r in d.records_left(conn, batch.table, layout, chosen, present)
         ]
         problems = {r.message_id: why for r in rest if (why := problem(r)) is not None}
         good = [r for r in rest if r.message_id not in problems]
         if good:
-            taken = {
-                r[0]
-                for r in d.execute(
-                    conn,
-                    d.taking(table, f"{where} AND ({ident}) = ANY(%s::text[])", ident),
-                    [*params, [r.message_id for r in good]],
-                ).fetchall()
-            }
+            taken = d.take_ids(conn, batch.table, layout, chosen, [r.message_id for r in good])
             good = [r for r in good if r.message_id in taken]
             got, clash = target.insert_rows(conn, store_table, good)
             if clash:

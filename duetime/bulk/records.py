@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 from xml.etree import ElementTree
@@ -13,12 +12,8 @@ from duetime.errors import InvalidMessage
 from duetime.inputs.durations import parse_time
 from duetime.inputs.jsontext import read_json
 from duetime.message import (
-    EARLIEST_DUE,
-    LATEST_DUE,
-    MAX_BODY_BYTES,
     MAX_DESTINATION_LENGTH,
     MAX_FAILURE_COUNT,
-    MAX_HEADERS_BYTES,
     MAX_ID_LENGTH,
     DelayedMessage,
     check_body_size,
@@ -26,7 +21,8 @@ from duetime.message import (
     check_text,
     dump_headers,
 )
-from duetime.nservicebus_wire import EMPTY_GUID
+from duetime.nservicebus_wire import EMPTY_GUID, MSMQ_PROPERTIES
+from duetime.plainly_fine import EARLIEST_US, GROUP_OPEN, LATEST_US
 
 
 class Record(NamedTuple):
@@ -59,10 +55,6 @@ class Destination(NamedTuple):
 FIELDS = Record._fields
 
 
-EARLIEST_US = to_micros(EARLIEST_DUE)
-LATEST_US = to_micros(LATEST_DUE)
-
-
 def problem(record: Record) -> str | None:
     """Why ``record`` cannot become a duetime message, or None if it can.
 
@@ -85,48 +77,6 @@ def problem(record: Record) -> str | None:
     except InvalidMessage as error:
         return str(error)
     return None
-
-
-# The regular expressions below read the same in PostgreSQL's AREs (plainly_fine_sql) and in RE2, which
-# Arrow's regex functions use (duetime.bulk.arrowcheck): in both a backslash stays special inside
-# brackets ([^"\\] is neither " nor \) and [:cntrl:] is the control characters.
-# A JSON string with no control character and no \u escape.
-_JSON_STRING = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])*"'
-_JSON_KEY = r'"(?:[^"\\[:cntrl:]]|\\["\\/bfnrt])+"'
-_JSON_PAIR = f"{_JSON_KEY}:{_JSON_STRING}"
-#: A compact JSON object of strings to strings: what NServiceBus and duetime write.
-COMPACT_HEADERS = rf"^\{{(?:{_JSON_PAIR}(?:,{_JSON_PAIR})*)?\}}$"
-#: Printable ASCII without spaces: an id or destination no check refuses.
-PLAIN_TEXT = "^[!-~]+$"
-
-
-def plainly_fine_sql(exprs: Sequence[str]) -> str:
-    """A PostgreSQL condition, over a layout's record expressions (``record_sql``), true only for
-    rows :func:`problem` finds nothing wrong with and whose headers a store keeps as they are
-    (:func:`store_ready`).
-
-    Why: a same-database move then leaves such rows in the server, and only the rest (those it
-    is false or null for) come to Python, where :func:`problem` stays the one rule. So it may
-    be stricter than the rule, never looser: printable ASCII ids and destinations, compact JSON
-    headers of plain strings; anything else is simply checked in Python. A test holds it to
-    :func:`problem` over generated rows.
-    """
-    ident, destination, due, headers, body, failures, _ = exprs
-    checks = [
-        f"({ident}) ~ '{PLAIN_TEXT}'",
-        f"length({ident}) <= {MAX_ID_LENGTH}",
-        f"({destination}) ~ '{PLAIN_TEXT}'",
-        f"length({destination}) <= {MAX_DESTINATION_LENGTH}",
-        f"({due}) >= {EARLIEST_US}",
-        f"({due}) < {LATEST_US}",
-        f"({headers}) ~ '{COMPACT_HEADERS}'",
-        f"position('null' in ({headers})) = 0",
-        f"position('{MSMQ_PROPERTIES}' in ({headers})) = 0",
-        f"octet_length({headers}) <= {MAX_HEADERS_BYTES}",
-        f"coalesce(octet_length({body}), 0) <= {MAX_BODY_BYTES}",
-        f"({failures}) >= 0",
-    ]
-    return "coalesce(" + " AND ".join(checks) + ", false)"
 
 
 def _moment(micros: int) -> str:
@@ -155,9 +105,6 @@ def group_of(record: Record) -> str | None:
     return group if isinstance(group, str) and group and group != EMPTY_GUID else None
 
 
-GROUP_OPEN = '{"group": "'
-
-
 def group_extra(group: str) -> str:
     """A record's ``extra`` for duetime's own group (the JSON ``{"group": …}``)."""
     return '{"group": ' + json.dumps(group) + "}"
@@ -177,17 +124,6 @@ def bulk_row(record: Record) -> tuple[Any, ...]:
         record.failure_count,
         group_of(record),
     )
-
-
-def group_sql(extra: str) -> str:
-    """:func:`group_of` as a PostgreSQL expression over a record's ``extra`` text column."""
-    return group_value_sql(f"coalesce(({extra})::json->>'group', ({extra})::json->>'SagaId')")
-
-
-def group_value_sql(value: str) -> str:
-    """:func:`group_of` as a PostgreSQL expression over the group's text itself (a layout's
-    ``group_expr``): the empty GUID NServiceBus stores outside a saga is no group."""
-    return f"NULLIF({value}, '{EMPTY_GUID}')"
 
 
 def to_message(record: Record) -> DelayedMessage:
@@ -235,7 +171,6 @@ def parse_headers(text: str | None) -> dict[str, str]:
 
 
 #: The MSMQ transport's prefix for what it stores beside the headers of a delayed message.
-MSMQ_PROPERTIES = "NServiceBus.Timeouts.Properties."
 
 
 def _without_properties(headers: dict[str, str]) -> dict[str, str]:

@@ -47,11 +47,11 @@ def planned(store_url: str, endpoint: str | None, now_us: int) -> list[Batch] | 
         db = open_sql_database(store_url)
     except ConfigurationError:  # files, or a URL the rows' way explains as it reads
         return None
-    if not db.computes_records:
-        return None
     source = DbSource(db, in_flight=True)
+    if not source.computes_records:
+        return None
     with db.session(write=False) as conn:
-        if source.server_records(conn) is None:
+        if not source.server_records(conn):
             return None
     return source.plan(endpoint, None, now_us, BATCH_ROWS)
 
@@ -94,35 +94,11 @@ def batch_figures(
     message) where what is kept aside is a few dozen bytes a row."""
     source = DbSource(open_sql_database(store_url), in_flight=True)
     db = source.db
-    where, params = source.bucket_where(batch, None, now_us)
-    table = db.qualified(batch.table)
     figures = Figures()
     with db.session(write=False) as conn:
-        exprs = source.server_records(conn)
-        assert exprs is not None  # planned() asked the same server
-        ident, dest, due, body, failures = exprs[0], exprs[1], exprs[2], exprs[4], exprs[5]
-        # The first bucket whose bound the due time is within, as the rows' way picks it.
-        cases = " ".join(
-            f"WHEN ({due}) - %s <= {int(bound * 1_000_000)} THEN '{name}'"
-            for name, bound in horizons
-            if bound is not None
-        )
-        horizon = f"CASE WHEN ({due}) IS NULL THEN 'later' {cases} ELSE 'later' END"
-        bounded = [now_us for _, bound in horizons if bound is not None]
-        # octet_length reads a compressed body's size from its header: no body is unpacked
-        rows = db.execute(
-            conn,
-            f"WITH r AS MATERIALIZED ("
-            f"SELECT COALESCE({dest}, '') AS d, {horizon} AS h, ({failures})::bigint AS f, "
-            f"COALESCE(octet_length({body}), 0) AS s, ({ident})::text AS i FROM {table} WHERE {where}"
-            f") SELECT * FROM ("
-            f"SELECT d, h, f, GROUPING(d, h, f) AS g, count(*) AS n, NULL::text AS i FROM r "
-            f"GROUP BY GROUPING SETS ((d), (h), (f))) AS counted "
-            f"UNION ALL SELECT * FROM ("
-            f"SELECT d, NULL::text, NULL::bigint, -1, s::bigint, i FROM r "
-            f'ORDER BY s DESC, i COLLATE "C" LIMIT %s) AS largest',
-            [*bounded, *params, top],
-        ).fetchall()
+        assert source.server_records(conn)  # planned() asked the same server
+        chosen = source.bucket(batch, None, now_us)
+        rows = db.figures(conn, batch.table, source.layout.name, chosen, now_us, horizons, top)
         for d, h, f, grouping, n, i in rows:
             if grouping == 0b011:
                 figures.by_destination[d] += int(n)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from duetime.bulk.layouts import Layout, layout_for
-from duetime.bulk.records import Destination, Record, due_us_of, plainly_fine_sql
+from duetime.bulk.records import Destination, Record, due_us_of
 from duetime.bulk_interfaces import STATE_TABLES, Selection, SqlDatabase
 from duetime.errors import ConfigurationError
 
@@ -168,10 +168,6 @@ class DbSource:
             return replace(chosen, blocks=(lower, upper))
         return replace(chosen, lower=batch.lower, upper=batch.upper)
 
-    def bucket_where(self, batch: Batch, cutoff_us: int | None, now_us: int) -> tuple[str, list[Any]]:
-        """:meth:`bucket` as a condition, for the statements PostgreSQL's server runs itself."""
-        return self.db.where(self.bucket(batch, cutoff_us, now_us))
-
     def read(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Record]:
         """The batch's rows, untouched (preview, export, report)."""
         chosen = self.bucket(batch, cutoff_us, now_us)
@@ -181,14 +177,17 @@ class DbSource:
                 for row in rows:
                     yield self.layout.to_record(batch.endpoint, row)
 
-    def server_records(self, conn: Any) -> list[str] | None:
-        """The layout's record expressions (``record_sql``) where this server computes them
-        exactly, else None (the rows then go through Python). PostgreSQL 14 or later:
-        ``extract(epoch …)`` is numeric there; before, double precision, which can miss a
-        microsecond of a due time in this century."""
-        if not self.db.exact_in_server(conn):
-            return None
-        return self.layout.record_sql()
+    @property
+    def computes_records(self) -> bool:
+        """The source's server can compute this layout's records (it may still not be exact:
+        :meth:`server_records`)."""
+        return self.db.record_columns(self.layout.name) is not None
+
+    def server_records(self, conn: Any) -> bool:
+        """This server computes the layout's records exactly, so they need not come through
+        Python (PostgreSQL 14 or later: ``extract(epoch …)`` is numeric there; before, double
+        precision, which can miss a microsecond of a due time in this century)."""
+        return self.computes_records and self.db.exact_in_server(conn)
 
     def read_batches(self, batch: Batch, cutoff_us: int | None, now_us: int) -> Iterator[Any]:
         """The batch's rows, untouched and unchecked, as Arrow record batches (export). On
@@ -196,15 +195,13 @@ class DbSource:
         record column and the rows go straight into Arrow; elsewhere, and for layouts only Python
         can convert, from :meth:`read`'s records."""
         from duetime.bulk.frames import CHUNK_ROWS, arrow_chunks, unchecked_batch
-        from duetime.bulk.records import group_value_sql
 
-        if self.db.computes_records and self.layout.record_sql() is not None:
-            where, params = self.bucket_where(batch, cutoff_us, now_us)
+        if self.computes_records:
+            chosen = self.bucket(batch, cutoff_us, now_us)
             with self.db.session(write=False) as conn:
-                if (exprs := self.server_records(conn)) is not None:
-                    columns = ", ".join([*exprs, group_value_sql(self.layout.group_expr())])
-                    text = f"SELECT {columns} FROM {self.db.qualified(batch.table)} WHERE {where}"
-                    for rows in self.db.stream(conn, text, params, CHUNK_ROWS):
+                if self.server_records(conn):
+                    read = self.db.read_records(conn, batch.table, self.layout.name, chosen, CHUNK_ROWS)
+                    for rows in read:
                         yield unchecked_batch(batch.endpoint, rows)
                     return
         yield from arrow_chunks((r, None) for r in self.read(batch, cutoff_us, now_us))
@@ -226,25 +223,19 @@ class DbSource:
     def _stage(self, run_id: str, batch: Batch, cutoff_us: int | None, now_us: int) -> int:
         """Move the batch's rows into the staging table; mark it staged. One transaction."""
         d, lay = self.db, self.layout
-        where, params = self.bucket_where(batch, cutoff_us, now_us)
-        source = d.qualified(batch.table)
+        chosen = self.bucket(batch, cutoff_us, now_us)
         with d.session() as conn:
             if not self.claim_status(conn, run_id, batch.number, "pending"):
                 return -1  # someone else took it: the caller reads the state again
-            exprs = self.server_records(conn)
-            if exprs is not None:
-                # One statement in the server: the rows the source gives up feed the staging INSERT.
-                taken = d.taking(source, where, ", ".join(f"{e} AS c{i}" for i, e in enumerate(exprs)))
-                cur = d.execute(
-                    conn, d.query("stage_taken", taken=taken), [*params, run_id, batch.number, batch.endpoint]
+            if self.server_records(conn):  # one statement, the rows never leaving the server
+                staged = d.stage_records(
+                    conn, batch.table, lay.name, chosen, run_id, batch.number, batch.endpoint
                 )
-                staged = cur.rowcount
                 self._set_staged(conn, run_id, batch.number, staged)
-                return int(staged)
+                return staged
             # Keys first, then the rows a chunk of keys at a time: a batch of any size is staged
             # in bounded memory. MariaDB locks by primary key only (a locking scan of the whole
             # table deadlocks with its twins); SQLite's BEGIN IMMEDIATE already excludes writers.
-            chosen = self.bucket(batch, cutoff_us, now_us)
             keys = d.keys_of(conn, batch.table, chosen)
             key = d.quote(lay.key)
             rows_out = d.source_rows(batch.table)
@@ -279,15 +270,10 @@ class DbSource:
                 yield Record(r[0], r[1], r[2], r[3], r[4], bytes(r[5] or b""), int(r[6]), r[7])
 
     def staged_to_check(self, run_id: str, batch: int) -> list[Record]:
-        """PostgreSQL: the batch's staged records (without bodies) the server cannot vouch for
-        (:func:`plainly_fine_sql`); the rest need no look from Python."""
-        fine = plainly_fine_sql(
-            ["message_id", "destination", "due_us", "headers", "body", "failure_count", "extra"]
-        )
+        """The batch's staged records (without bodies) the server cannot vouch for (where it
+        computes records); the rest need no look from Python."""
         with self.db.session(write=False) as conn:
-            rows = self.db.execute(
-                conn, self.db.query("staged_rows_to_check", fine=fine), [run_id, batch]
-            ).fetchall()
+            rows = self.db.staged_to_check(conn, run_id, batch)
         return [Record(r[0], r[1], r[2], r[3], r[4], b"", int(r[6]), r[7]) for r in rows]
 
     def staged_per_endpoint(

@@ -21,7 +21,7 @@ from duetime.bulk.copybinary import HEADER, TRAILER, copy_rows
 from duetime.bulk.filetarget import FileTarget
 from duetime.bulk.frames import CHUNK_ROWS, chunked
 from duetime.bulk.layouts import DuetimeLayout
-from duetime.bulk.records import Destination, Record, bulk_row, group_sql
+from duetime.bulk.records import Destination, Record, bulk_row
 from duetime.bulk.sealing import seal_record, sealed_records, task_sealer
 from duetime.bulk_interfaces import KeyedBulkRows, MovingBulkRows, NativeDelayTopology, SqlDatabase
 from duetime.encryption import Sealer, sealer_from_environment
@@ -221,9 +221,7 @@ class StoreTarget(_TakesAll, _Seals):
     def _write_from_staging(
         self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
     ) -> Written:
-        staged_rows = self.db.query(
-            "staged_store_rows", staged=staged_table, group_of_extra=group_sql("extra")
-        )
+        staged_rows = self.db.query("staged_store_rows", staged=staged_table)
         with self.db.session() as conn:
             done = self._ledger(conn, run_id, batch)
             if done is not None:
@@ -284,7 +282,7 @@ class StoreTarget(_TakesAll, _Seals):
         skip: set[str],
     ) -> Written:
         # {staged}: the source's own staging table
-        out = source.query("copy_staged_out", group_of_extra=group_sql("extra"))
+        out = source.query("copy_staged_out")
         with self.db.session() as conn:
             done = self._ledger(conn, run_id, batch)
             if done is not None:

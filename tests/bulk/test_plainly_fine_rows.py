@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from duetime.backends.postgres.bulk_records import plainly_fine_sql
 from duetime.backends.postgres.bulk_rows import timestamptz_sql
-from duetime.bulk.records import Record, plainly_fine_sql, problem, store_ready
+from duetime.bulk.records import Record, problem, store_ready
 from duetime.clock import from_micros
 from tests.services import POSTGRES
 
