@@ -70,6 +70,9 @@ class StoreBulkRows(Protocol):
 
     #: COPYs rows straight into the table (:meth:`copy`); else only :meth:`insert_new` writes.
     copies: bool
+    #: Where it copies: the database type each column of a store row is sent as in its binary
+    #: COPY (:meth:`copy_encoded`).
+    copy_types: tuple[str, ...]
 
     def copy(self, conn: Any, rows: Iterable[BulkRow]) -> int | None:
         """How many rows went in; None, none of them written, if an id was there already."""

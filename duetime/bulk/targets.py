@@ -336,7 +336,7 @@ class StoreTarget(_TakesAll, _Seals):
         arrow = not isinstance(rows, Sequence)
         if writer.copies and self._straight:
             copied = (
-                writer.copy_encoded(conn, [HEADER, copy_rows(rows), TRAILER])
+                writer.copy_encoded(conn, [HEADER, copy_rows(rows, writer.copy_types), TRAILER])
                 if arrow
                 else writer.copy(conn, [bulk_row(r) for r in rows])
             )

@@ -147,3 +147,15 @@ def test_rows_zipped_from_arrow_columns_are_the_rows_records_make(dialect: str, 
             iter(list(arrow_chunks((r, None) for r in [records[0], records[0]._replace(message_id="new")]))),
         )
         assert (again.inserted, again.conflicts) == (1, (records[0].message_id,))
+
+
+def test_a_copy_type_the_encoder_does_not_know_is_refused_not_guessed() -> None:
+    """The store's writer says what each column is sent as; a type the Arrow encoder has no
+    encoding for stops the write instead of sending bytes the server would misread."""
+    from duetime.bulk.copybinary import copy_rows
+
+    batch = next(iter(arrow_chunks((r, None) for r in _records()[:3])))
+    with pytest.raises(ValueError, match="'uuid'"):
+        copy_rows(batch, ("uuid", "text", "timestamptz", "text", "bytea", "int4", "text"))
+    with pytest.raises(ValueError, match="6 COPY types"):
+        copy_rows(batch, ("text",) * 6)

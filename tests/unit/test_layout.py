@@ -14,13 +14,14 @@ import duetime
 PACKAGE = Path(duetime.__file__).parent
 ROOT = PACKAGE.parent
 
-#: The public core (what a message is, the errors, the capabilities, settings, the clock, the
+#: The public core (what a message is, the errors, the capabilities (the bulk jobs' too), the store's
+#: row, the patterns that vouch for a row in a server, settings, the clock, the
 #: error queue's and the live dispatchers' records, the API keys, the webhook endpoints, the limits,
 #: the seal of encryption at rest, the audit trail's entries, NServiceBus's wire format, tracing) and the entry points (the clients, URL -> backend, ``python -m duetime``).
 TOP_MODULES = {
-    "__init__", "__main__", "api_keys", "audit", "client", "clock", "encryption", "error_headers", "errors", "interfaces",
-    "limits", "live_dispatchers", "message", "nservicebus_wire", "registry", "service", "settings", "tracing",
-    "version", "webhooks",
+    "__init__", "__main__", "api_keys", "audit", "bulk_interfaces", "client", "clock", "encryption", "error_headers",
+    "errors", "interfaces", "limits", "live_dispatchers", "message", "nservicebus_wire", "plainly_fine", "registry",
+    "service", "settings", "store_row", "tracing", "version", "webhooks",
 }  # fmt: skip
 SUBPACKAGES = {
     "api", "backends", "bridges", "bulk", "cli", "dashboard", "engine", "inputs", "nservicebus",

@@ -26,6 +26,7 @@ class MariaDbBulkRows:
 
     #: No COPY straight into the table.
     copies = False
+    copy_types: tuple[str, ...] = ()
 
     def __init__(self, table: str) -> None:
         self.insert = QUERIES["bulk_insert_ignoring"].format(table=table_identifier(table))

@@ -37,6 +37,9 @@ class PgBulkRows:
 
     #: COPY straight into the table until an id is found there already.
     copies = True
+    #: The PostgreSQL type each of the store row's columns is sent as in a binary COPY (the
+    #: headers as text: a json column's binary form is the text itself).
+    copy_types = ("text", "text", "timestamptz", "text", "bytea", "int4", "text")
 
     def __init__(self, schema: str, table: str) -> None:
         self.names = PgNames(schema, table)
@@ -85,7 +88,7 @@ class PgBulkRows:
         with cur.copy(self._q("bulk_copy")) as copy:
             # The headers as text: COPY hands a json column its binary form, which is the text
             # itself (psycopg's json type would encode the text as a JSON string).
-            copy.set_types(["text", "text", "timestamptz", "text", "bytea", "int4", "text"])
+            copy.set_types(list(self.copy_types))
             for message_id, destination, due_us, headers, body, failures, group in rows:
                 copy.write_row((message_id, destination, from_micros(due_us), headers, body, failures, group))
 

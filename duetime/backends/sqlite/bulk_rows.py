@@ -27,6 +27,7 @@ class SqliteBulkRows:
 
     #: No COPY straight into the table.
     copies = False
+    copy_types: tuple[str, ...] = ()
 
     def __init__(self, table: str) -> None:
         quoted = quote_identifier(table)
