@@ -373,6 +373,47 @@ class Database:
         """``duetime_schema`` as ``store_components`` names it."""
         return "duetime_schema"
 
+    # -- a migration's source rows and state ------------------------------------------------------
+
+    def take_rows(self, conn: Any, table: str, key: str, keys: Sequence[Any]) -> int:
+        """Delete ``table``'s rows whose ``key`` column is one of ``keys``: how many went."""
+        return self.source_rows(table).take_keys(conn, self.quote(key), keys)
+
+    def put_back(self, conn: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Rows taken out, back into ``table`` (``columns``: their names, in the rows' order)."""
+        self.source_rows(table).put_back(conn, [self.quote(c) for c in columns], rows)
+
+    def rows_in_states(self, conn: Any, run_id: str, statuses: Sequence[str]) -> int:
+        """The planned rows of a run's batches whose status is one of ``statuses``."""
+        query = self.query("rows_in_states", marks=self.in_list(len(statuses)))
+        return int(self.execute(conn, query, [run_id, *statuses]).fetchone()[0])
+
+    def release_scheduled(self, conn: Any, job: str, ids: Sequence[str]) -> None:
+        """``ids`` are no longer ``job``'s (it replaces them after this commit, then claims them)."""
+        for part in self.chunks(ids, 500):
+            self.execute(
+                conn, self.query("release_scheduled_ids", marks=self.in_list(len(part))), [job, *part]
+            )
+
+    def is_store_table(self, conn: Any, table: str) -> bool:
+        """``table`` is a duetime store's (it has the store's columns); a failed look is rolled back."""
+        try:
+            self.execute(conn, self.query("is_duetime_store", table=self.qualified(table))).fetchall()
+        except Exception:
+            conn.rollback()
+            return False
+        return True
+
+    def staged_store_rows(self, source: Database) -> str:
+        """The statement giving an endpoint's staged rows of a batch in ``source`` (this very
+        database) as a store keeps them (only where :meth:`same_database`)."""
+        raise NotImplementedError
+
+    def copy_staged_out(self) -> str:
+        """The statement streaming an endpoint's staged rows of a batch out of this server in
+        its binary COPY format (only where another database :meth:`pipes_from` this one)."""
+        raise NotImplementedError
+
     # -- a target's ledger: one row per batch written, committed with the batch -------------------
 
     def create_ledger(self, conn: Any) -> None:

@@ -74,9 +74,6 @@ class Layout:
     def to_row(self, record: Record) -> tuple[Any, ...]:
         raise NotImplementedError
 
-    def create_sql(self, table: str) -> str:
-        raise NotImplementedError
-
 
 class DuetimeLayout(Layout):
     """duetime's own store tables. Rows a live dispatcher has claimed are in flight: left alone."""
@@ -161,9 +158,6 @@ class TimeoutDataLayout(Layout):
             extra.get("PersistenceVersion", ""),
         )
 
-    def create_sql(self, table: str) -> str:
-        return self.db.query("create_timeoutdata", table=self.db.qualified(table))
-
 
 class MsmqLayout(Layout):
     """The NServiceBus MSMQ transport's delayed-message store (``SqlServerDelayedMessageStore``):
@@ -205,9 +199,6 @@ class MsmqLayout(Layout):
             headers = bytes.fromhex(headers[1:]) if headers.startswith("\ufffd") else headers.encode()
         due = None if record.due_us is None else self.due_param(record.due_us)
         return (record.message_id, record.destination, record.body, due, headers, record.failure_count)
-
-    def create_sql(self, table: str) -> str:
-        return self.db.query("create_msmq", table=self.db.qualified(table))
 
 
 def layout_for(db: SqlDatabase) -> Layout:

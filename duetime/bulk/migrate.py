@@ -43,7 +43,7 @@ from duetime.bulk.records import (
     problem,
     store_ready,
 )
-from duetime.bulk.sources import STAGED, Batch, DbSource, batch_of, spec_json
+from duetime.bulk.sources import Batch, DbSource, batch_of, spec_json
 from duetime.bulk.targets import RedisStoreTarget, StoreTarget, Target, open_target
 from duetime.bulk_interfaces import Selection
 from duetime.clock import SYSTEM, to_micros
@@ -287,9 +287,7 @@ def process_batch(spec: MigrationSpec, run_id: str, number: int) -> int:
             problems = {r.message_id: why for r in light if (why := problem(r)) is not None}
             assert isinstance(target, StoreTarget)
             if local:
-                written = target.write_from_staging(
-                    run_id, number, source.db.qualified(STAGED), light, set(problems)
-                )
+                written = target.write_from_staging(run_id, number, source.db, light, set(problems))
             else:
                 tables = source.staged_per_endpoint(run_id, number, list(problems))
                 written = target.write_piped(run_id, number, source.db, tables, set(problems))
@@ -429,8 +427,7 @@ def _rows_past(source: DbSource, run_id: str, *statuses: str) -> int:
     while a job runs: one sum, not every batch's row)."""
     db = source.db
     with db.session(write=False) as conn:
-        query = db.query("rows_in_states", marks=db.in_list(len(statuses)))
-        return int(db.execute(conn, query, [run_id, *statuses]).fetchone()[0])
+        return db.rows_in_states(conn, run_id, statuses)
 
 
 def _latest_run(source: DbSource, job: str) -> tuple[str, int, str] | None:

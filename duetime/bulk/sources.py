@@ -237,8 +237,6 @@ class DbSource:
             # in bounded memory. MariaDB locks by primary key only (a locking scan of the whole
             # table deadlocks with its twins); SQLite's BEGIN IMMEDIATE already excludes writers.
             keys = d.keys_of(conn, batch.table, chosen)
-            key = d.quote(lay.key)
-            rows_out = d.source_rows(batch.table)
             staged = removed = 0
             for chunk in d.chunks(keys, 1000):
                 rows = d.rows_with_keys(
@@ -246,7 +244,7 @@ class DbSource:
                 )
                 records = [lay.to_record(batch.endpoint, r) for r in rows]
                 self._insert_staged(conn, run_id, batch.number, records)
-                removed += rows_out.take_keys(conn, key, [lay.to_row(r)[0] for r in records])
+                removed += d.take_rows(conn, batch.table, lay.key, [lay.to_row(r)[0] for r in records])
                 staged += len(records)
             if removed != staged:
                 raise RuntimeError(
@@ -326,9 +324,7 @@ class DbSource:
         records = [
             r for r in self._staged_in(conn, run_id, batch.number) if only is None or r.message_id in only
         ]
-        self.db.source_rows(batch.table).put_back(
-            conn, [self.db.quote(c) for c in self.layout.columns], [self.layout.to_row(r) for r in records]
-        )
+        self.db.put_back(conn, batch.table, self.layout.columns, [self.layout.to_row(r) for r in records])
         return len(records)
 
     def _staged_in(self, conn: Any, run_id: str, batch: int) -> list[Record]:

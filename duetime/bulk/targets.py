@@ -145,16 +145,13 @@ class StoreTarget(_TakesAll, _Seals):
             self.db.execute(conn, self.db.query("create_scheduled"))
 
     def _check_table(self, table: str) -> None:
-        try:
-            with self.db.session() as conn:
-                self.db.execute(
-                    conn, self.db.query("is_duetime_store", table=self.db.qualified(table))
-                ).fetchall()
-        except Exception:
+        with self.db.session() as conn:
+            ours = self.db.is_store_table(conn, table)
+        if not ours:
             raise ConfigurationError(
                 f"Table {table!r} in {self.display} exists but is not a duetime store (a legacy table of "
                 "the same name?); give the target another table with ?table=…."
-            ) from None
+            )
 
     def ledger(self, run_id: str, batch: int) -> Written | None:
         with self.db.session(write=False) as conn:
@@ -213,15 +210,15 @@ class StoreTarget(_TakesAll, _Seals):
         return self.db.moving_rows(table)
 
     def write_from_staging(
-        self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
+        self, run_id: str, batch: int, source: SqlDatabase, records: Sequence[Record], skip: set[str]
     ) -> Written:
-        """Like :meth:`write`, reading the rows from the staging table in the same database."""
-        return self.db.retrying(lambda: self._write_from_staging(run_id, batch, staged_table, records, skip))
+        """Like :meth:`write`, reading the rows from the source's staging table in the same database."""
+        return self.db.retrying(lambda: self._write_from_staging(run_id, batch, source, records, skip))
 
     def _write_from_staging(
-        self, run_id: str, batch: int, staged_table: str, records: Sequence[Record], skip: set[str]
+        self, run_id: str, batch: int, source: SqlDatabase, records: Sequence[Record], skip: set[str]
     ) -> Written:
-        staged_rows = self.db.query("staged_store_rows", staged=staged_table)
+        staged_rows = self.db.staged_store_rows(source)
         with self.db.session() as conn:
             done = self._ledger(conn, run_id, batch)
             if done is not None:
@@ -282,7 +279,7 @@ class StoreTarget(_TakesAll, _Seals):
         skip: set[str],
     ) -> Written:
         # {staged}: the source's own staging table
-        out = source.query("copy_staged_out")
+        out = source.copy_staged_out()
         with self.db.session() as conn:
             done = self._ledger(conn, run_id, batch)
             if done is not None:
@@ -381,9 +378,7 @@ class StoreTarget(_TakesAll, _Seals):
                 conflicts += clash
                 earliest[table] = min((r.due_us for r in rows_ if r.due_us is not None), default=None)
             if not keep_held:
-                for part in d.chunks(conflicts, 500):
-                    query = d.query("release_scheduled_ids", marks=d.in_list(len(part)))
-                    d.execute(conn, query, [job, *part])
+                d.release_scheduled(conn, job, conflicts)
             self.written(conn, earliest, added)
             return Written(inserted, tuple(conflicts))
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from duetime.bulk_interfaces import KeyedBulkRows, SqlDatabase
+from duetime.bulk_interfaces import KeyedBulkRows, Selection, SqlDatabase
 from duetime.clock import to_micros
 from duetime.interfaces import SyncDelayedMessageStore
 from duetime.message import DelayedMessage
@@ -157,16 +157,18 @@ class SqlBulkContract:
         with database.session() as conn:
             database.store_rows(table).insert_new(conn, [kept])
         columns = ["message_id", "destination", "due_at", "headers", "body", "failure_count", "group_key"]
-        key, select = (
-            database.quote("message_id"),
-            ", ".join(database.as_text(c) if c == "headers" else database.quote(c) for c in columns),
-        )
         with database.session() as conn:
-            taken = database.execute(conn, f"SELECT {select} FROM {database.qualified(table)}").fetchall()
-            assert database.source_rows(table).take_keys(conn, key, ["taken"]) == 1
+            taken = [
+                row
+                for rows in database.read_rows(
+                    conn, table, columns, Selection("due_at"), as_stored=["headers"]
+                )
+                for row in rows
+            ]
+            assert database.take_rows(conn, table, "message_id", ["taken"]) == 1
         assert store.get("taken") is None
         with database.session() as conn:
-            database.source_rows(table).put_back(conn, [database.quote(c) for c in columns], taken)
+            database.put_back(conn, table, columns, taken)
         check_stored(store, kept)
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from duetime.bulk.layouts import MsmqLayout, TimeoutDataLayout
 from duetime.bulk_interfaces import SqlDatabase
 from duetime.registry import open_sql_database
 from tests.services import require_java
@@ -77,10 +76,9 @@ def timeout_rows(
 
 def create_timeoutdata(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> SqlDatabase:
     db = open_sql_database(url + ("&" if "?" in url else "?") + f"layout=timeoutdata&table={table}")
-    layout = TimeoutDataLayout(db)
     with db.session() as conn:
         db.ensure_schema(conn)
-        db.execute(conn, layout.create_sql(table))
+        db.execute(conn, db.query("create_timeoutdata", table=db.qualified(table)))
         if db.dialect == "mysql":
             rows = [(str(r[0]), r[1], None if r[2] is None else str(r[2]), *r[3:]) for r in rows]
         db.executemany(conn, f"INSERT INTO {db.qualified(table)} VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
@@ -91,7 +89,7 @@ def create_msmq(url: str, table: str, rows: Sequence[tuple[Any, ...]]) -> SqlDat
     db = open_sql_database(url + ("&" if "?" in url else "?") + f"layout=msmq&table={table}")
     with db.session() as conn:
         db.ensure_schema(conn)
-        db.execute(conn, MsmqLayout(db).create_sql(table))
+        db.execute(conn, db.query("create_msmq", table=db.qualified(table)))
         db.executemany(conn, f"INSERT INTO {db.qualified(table)} VALUES (%s, %s, %s, %s, %s, %s)", rows)
     return db
 

@@ -24,7 +24,7 @@ from duetime.backends.postgres.bulk_rows import PgBulkRows, source_rows, take_sq
 from duetime.backends.postgres.connection import PgOptions, connect
 from duetime.backends.source_rows import SourceRows
 from duetime.backends.sqldb import Database
-from duetime.bulk_interfaces import MovingBulkRows, Selection
+from duetime.bulk_interfaces import STATE_TABLES, MovingBulkRows, Selection
 from duetime.clock import from_micros
 from duetime.inputs.identifiers import postgres_name
 
@@ -257,6 +257,12 @@ class PostgresDatabase(Database):
 
     def pipes_from(self, other: Database) -> bool:
         return isinstance(other, PostgresDatabase)
+
+    def staged_store_rows(self, source: Database) -> str:
+        return self.query("staged_store_rows", staged=source.qualified(STATE_TABLES["staged"]))
+
+    def copy_staged_out(self) -> str:
+        return self.query("copy_staged_out")
 
     def write_staged(self, conn: Any, rows: Sequence[Sequence[Any]]) -> None:
         with conn.cursor().copy(self.query("copy_staged")) as copy:
