@@ -135,6 +135,57 @@ class SqlBulkContract:
                 database.become_only_writer(conn)
                 assert database.claim_ids(conn, job, ids) == fresh
 
+    def test_a_selection_picks_rows_by_due_time_and_key_range(
+        self, database: SqlDatabase, store: SyncDelayedMessageStore, table: str
+    ) -> None:
+        start = datetime(2031, 1, 1, tzinfo=UTC)
+        rows = [row(f"k{i}", due=start + timedelta(minutes=i)) for i in range(8)]
+        with database.session() as conn:
+            database.store_rows(table).insert_new(conn, rows)
+        now = to_micros(datetime.now(UTC))
+        later = Selection(
+            "due_at", due_from=database.store_due(to_micros(start + timedelta(minutes=2))), key="message_id"
+        )
+        unclaimed = Selection("due_at", unclaimed_at=database.store_due(now), key="message_id")
+        ranged = Selection("due_at", key="message_id", lower="k2", upper="k5")
+        before = Selection("due_at", due_before=database.store_due(to_micros(start + timedelta(minutes=3))))
+        with database.session(write=False) as conn:
+            assert database.count_rows(conn, table, later) == 6
+            assert database.count_rows(conn, table, unclaimed) == 8  # none claimed
+            assert database.count_rows(conn, table, before) == 3
+            assert sorted(database.keys_of(conn, table, ranged)) == ["k2", "k3", "k4"]
+            bounds = database.key_bounds(conn, table, later, 4)
+            assert [(k, n, total) for k, n, total in bounds] == [("k2", 1, 6), ("k6", 5, 6)]
+            (latest,) = database.latest_due_by(conn, table, "destination", later)
+            assert latest[0] == "dest.queue"
+            assert sorted(
+                r[0] for r in database.rows_with_keys(conn, table, ["message_id"], ranged, ["k1", "k3"])
+            ) == ["k3"]
+
+    def test_a_batchs_ledger_entry_is_kept_once_until_its_run_is_forgotten(
+        self, database: SqlDatabase
+    ) -> None:
+        with database.session() as conn:
+            database.ensure_schema(conn)
+            database.create_ledger(conn)
+        with database.session() as conn:
+            assert database.ledger_entry(conn, "run", 1) is None
+            database.keep_ledger_entry(conn, "run", 1, 5, ["held"])
+        with database.session(write=False) as conn:
+            assert database.ledger_entry(conn, "run", 1) == (5, ["held"])
+        with pytest.raises(Exception), database.session() as conn:  # noqa: B017 (each driver's own)
+            database.keep_ledger_entry(conn, "run", 1, 9, [])
+        with database.session() as conn:
+            database.forget_ledger(conn, "run")
+            assert database.ledger_entry(conn, "run", 1) is None
+
+    def test_a_store_table_is_told_from_another(self, database: SqlDatabase, table: str) -> None:
+        with database.session() as conn:
+            database.create_ledger(conn)
+        with database.session() as conn:
+            assert database.is_store_table(conn, table)
+            assert not database.is_store_table(conn, "duetime_bulk_ledger")
+
     def test_the_store_tables_are_found(self, database: SqlDatabase, table: str) -> None:
         with database.session(write=False) as conn:
             assert database.kept_name(table) in database.store_tables(conn)
