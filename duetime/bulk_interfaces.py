@@ -9,7 +9,7 @@ a store of keys (Redis) implements :class:`KeyedBulkRows`.
 
 ::
 
-    bulk job ──registry──▶ SqlDatabase      one database: sessions, statements, abilities
+    bulk job ──registry──▶ SqlDatabase      one database: its statements for a Selection, abilities
                    │         └─ StoreBulkRows     a store table's writer (COPY, INSERT … ignore)
                    │         └─ MovingBulkRows    PostgreSQL: rows moved inside the server
                    ├──────▶ KeyedBulkRows    a Redis store's writer, ledgered in its keys
