@@ -23,7 +23,7 @@ For each server (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS with JetStream):
 What the tests should use is written to ``$DUETIME_SERVICES_DIR/env`` (``export
 DUETIME_TEST_POSTGRES=…`` lines) for ``scripts/test.sh`` to read. The programs the tests run
 (Java 17 or newer for Spark, Chromium for the dashboard, Node and npm for a TypeScript client,
-openssl, faketime, chattr, promtool, systemd-analyze,
+openssl, nginx, dnsmasq, faketime, chattr, promtool, systemd-analyze,
 ``ip``) are installed the same way.
 
     python3 scripts/services.py          # find, install, start; then say what is where
@@ -383,6 +383,8 @@ PROGRAMS: list[tuple[Callable[[], bool], str, str]] = [
     (lambda: bool(shutil.which("curl")), "curl", "curl (the how-to guides' commands)"),
     (lambda: bool(shutil.which("mosquitto_pub")), "mosquitto-clients", "mosquitto_pub (the MQTT how-to's publisher)"),
     (lambda: bool(shutil.which("openssl")), "openssl", "openssl (the HTTP API's TLS test)"),
+    (lambda: bool(shutil.which("nginx")), "nginx", "nginx (the webhooks' TLS test: a receiver behind it)"),
+    (lambda: bool(shutil.which("dnsmasq")), "dnsmasq-base", "dnsmasq (the webhooks' test of names a resolver answers)"),
     (lambda: bool(shutil.which("npm")), "npm", "npm and Node (the HTTP API's TypeScript client)"),
 ]
 

@@ -91,10 +91,13 @@ def duetime_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "duetime", *args]
 
 
-def spawn_run(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """A ``duetime run`` process (``args`` from :func:`duetime_cmd`) logging to a file of its own."""
+def spawn_run(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A ``duetime run`` process (``args`` from :func:`duetime_cmd`) logging to a file of its own,
+    with ``env`` added to this process's environment."""
     with log.open("wb") as out:
-        return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=out)
+        return subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=out, env={**os.environ, **(env or {})}
+        )
 
 
 def wait_until_serving(log: Path, seconds: float = 60) -> None:
