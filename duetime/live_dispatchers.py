@@ -57,6 +57,9 @@ class DispatcherInfo:
     lateness: dict[str, int] = field(default_factory=dict)
     #: Each circuit breaker's seconds armed (failing), None while it is closed.
     breakers: dict[str, float | None] = field(default_factory=dict)
+    #: Each webhook endpoint it delivers to: its attempts by outcome since it started, what the
+    #: latest came to and when, and the health that says (:func:`duetime.webhooks.endpoint_health`).
+    webhooks: dict[str, dict[str, int | str]] = field(default_factory=dict)
 
     @classmethod
     def new(cls, endpoint: str, mode: str, transport: str, now: datetime) -> DispatcherInfo:

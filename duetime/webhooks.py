@@ -311,16 +311,42 @@ class AttemptLog:
     #: (and one over them all), and the seconds they took in all
     seconds: dict[str, tuple[list[int], float]] = field(default_factory=dict)
 
-    def record(self, endpoint: str, outcome: str, took: float | None) -> None:
-        """One attempt to ``endpoint``: its outcome, and its request's seconds (None: none made)."""
+    #: per endpoint: what its latest attempt came to, and when (seconds since 1970)
+    latest: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def record(self, endpoint: str, outcome: str, took: float | None, at: int = 0) -> None:
+        """One attempt to ``endpoint`` at ``at`` (seconds since 1970): its outcome, and its
+        request's seconds (None: none made)."""
         key = (endpoint, outcome)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        self.latest[endpoint] = (outcome, at)
         if took is None:
             return
         counts, total = self.seconds.get(endpoint) or ([0] * (len(REQUEST_SECONDS_BOUNDS) + 1), 0.0)
         index = next((i for i, bound in enumerate(REQUEST_SECONDS_BOUNDS) if took <= bound), -1)
         counts[index] += 1
         self.seconds[endpoint] = (counts, total + took)
+
+
+#: An endpoint's health from what its latest attempt came to: delivered, refused by the receiver
+#: or by the addresses allowed (a message's or a setting's fault, not the receiver's health), or failing.
+HEALTH = {"2xx": "ok", "4xx": "refusing", ADDRESS_REFUSED: "refusing", NOT_SENT: "refusing"}
+
+
+def endpoint_health(logs: Iterable[AttemptLog]) -> dict[str, dict[str, int | str]]:
+    """Each endpoint's attempts across ``logs`` (several dispatchers, several routes): the count of
+    each outcome, what the latest came to (``last``), when (``last_at``, seconds since 1970), and
+    its health from that (``health``: ``ok``, ``refusing`` or ``failing``)."""
+    found: dict[str, dict[str, int | str]] = {}
+    for log in logs:
+        for (name, outcome), count in list(log.outcomes.items()):
+            counts = found.setdefault(name, {})
+            counts[outcome] = int(counts.get(outcome, 0)) + count
+        for name, (outcome, at) in list(log.latest.items()):
+            counts = found.setdefault(name, {})
+            if at >= int(counts.get("last_at", -1)):
+                counts.update(last=outcome, last_at=at, health=HEALTH.get(outcome, "failing"))
+    return found
 
 
 def status_class(status: int) -> str:

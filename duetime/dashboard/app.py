@@ -72,6 +72,7 @@ from duetime.interfaces import (
     RecurringStore,
     ServerClock,
     StoreCounts,
+    WebhookStore,
     cursor_text,
     read_cursor,
 )
@@ -92,6 +93,7 @@ from duetime.operations.retry_or_discard import (
 from duetime.recurring.schedule import group_of
 from duetime.registry import open_ready_store
 from duetime.settings import DEFAULT_ENDPOINT, DEFAULT_ERROR_QUEUE
+from duetime.webhooks import ADDRESS_REFUSED, TIMED_OUT, UNREACHABLE
 
 try:
     from starlette.applications import Starlette
@@ -394,6 +396,7 @@ async def overview(request: Request) -> Response:
         p99=_at_most(lateness.quantile(0.99)),
         dispatchers=None if everyone is None else [_dispatcher_row(d, now) for d in everyone],
         breakers=_breakers(everyone or [], now),
+        webhooks=await _webhooks(store, live, now),
         elsewhere=_elsewhere(dashboard, everyone or [], now),
         charts=charts,
         window=window,
@@ -558,6 +561,46 @@ def _breakers(dispatchers: list[DispatcherInfo], now: datetime) -> list[tuple[st
             if armed is not None:
                 seen[name].append(f"armed {armed:.0f} s on {d.dispatcher_id}")
     return [(name, "; ".join(states) or "closed") for name, states in sorted(seen.items())]
+
+
+#: The outcomes an endpoint's row shows, in this order: delivered, refused, failing.
+WEBHOOK_OUTCOMES = ("2xx", "4xx", ADDRESS_REFUSED, "5xx", TIMED_OUT, UNREACHABLE)
+
+
+@dataclass(frozen=True)
+class WebhookRow:
+    """One webhook endpoint on the overview: its health and its attempts by outcome."""
+
+    name: str
+    health: str
+    counts: tuple[int, ...]
+    last: str
+
+
+async def _webhooks(store: object, live: list[DispatcherInfo], now: datetime) -> list[WebhookRow]:
+    """Each registered endpoint (and any a live dispatcher has tried since it started): what the
+    live dispatchers' attempts came to, and its health by the latest of them."""
+    seen: dict[str, dict[str, int | str]] = {}
+    for d in live:
+        for name, counts in d.webhooks.items():
+            row = seen.setdefault(name, {})
+            for outcome, value in counts.items():
+                if outcome not in ("last", "last_at", "health") and isinstance(value, int):
+                    row[outcome] = int(row.get(outcome, 0)) + value
+            if int(counts.get("last_at", -1)) >= int(row.get("last_at", -1)):
+                row.update({k: counts[k] for k in ("last", "last_at", "health") if k in counts})
+    registered = [w.name for w in await store.webhooks()] if isinstance(store, WebhookStore) else []
+    rows = []
+    for name in sorted(set(registered) | set(seen)):
+        row = seen.get(name, {})
+        at = row.get("last_at")
+        last = "no requests yet"
+        if isinstance(at, int) and at > 0:
+            ago = max(0, int(now.timestamp()) - at)
+            last = f"{row.get('last')} {ago:,} s ago"
+        tally = tuple(int(row.get(outcome, 0)) for outcome in WEBHOOK_OUTCOMES)
+        rows.append(WebhookRow(name, str(row.get("health", "unknown")), tally, last))
+    return rows
 
 
 def _when(text: str, what: str) -> datetime | None:

@@ -13,6 +13,8 @@ from duetime.engine.deadline import within
 from duetime.errors import one_line
 from duetime.interfaces import DispatcherRegistry
 from duetime.live_dispatchers import HEARTBEAT_INTERVAL, DispatcherInfo
+from duetime.observability.attempts import attempt_logs
+from duetime.webhooks import endpoint_health
 
 log = logging.getLogger("duetime.heartbeat")
 
@@ -44,6 +46,7 @@ class Heartbeat:
             breakers={
                 name: None if armed is None else round(armed, 1) for name, armed in d.breakers_armed().items()
             },
+            webhooks=endpoint_health(attempt_logs(d.transport)),
             in_flight=holding,
             claims_end_by=d.claims_end_by if holding else None,
             stopped=stopped,

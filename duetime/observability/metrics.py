@@ -22,10 +22,11 @@ from duetime.engine.companions import Reported
 from duetime.engine.deadline import within
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.errors import CriticalError, MissingExtra, one_line
-from duetime.interfaces import CountsAttempts, DispatcherRegistry, HoldsTransports, StoreCounts, Transport
+from duetime.interfaces import DispatcherRegistry, StoreCounts, Transport
 from duetime.live_dispatchers import DispatcherInfo
 from duetime.message import DelayedMessage
-from duetime.webhooks import REQUEST_SECONDS_BOUNDS, AttemptLog
+from duetime.observability.attempts import attempt_logs
+from duetime.webhooks import REQUEST_SECONDS_BOUNDS
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -424,11 +425,7 @@ class AttemptCollector:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        logs = [
-            t.attempt_log
-            for t in _parts(self.transport)
-            if isinstance(t, CountsAttempts) and isinstance(t.attempt_log, AttemptLog)
-        ]
+        logs = attempt_logs(self.transport)
         if not logs:
             return
         requests = CounterMetricFamily(
@@ -462,20 +459,6 @@ class AttemptCollector:
             seconds.add_metric([self.endpoint, name], buckets, total)
         yield requests
         yield seconds
-
-
-def _parts(transport: Transport) -> Iterable[Transport]:
-    """``transport`` and every transport it is made of, each once."""
-    seen: set[int] = set()
-    todo = [transport]
-    while todo:
-        t = todo.pop()
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        yield t
-        if isinstance(t, HoldsTransports):
-            todo.extend(t.parts)
 
 
 def instrument(

@@ -5,16 +5,19 @@ address connected to is what is checked, whatever the name said."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -183,6 +186,42 @@ def with_resolver(resolv: Path, args: list[str]) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(resolv), *args]
 
 
+@contextmanager
+def dashboard(url: str) -> Iterator[Callable[[], dict[str, str]]]:
+    """``duetime dashboard`` on the store; yields a look at its overview's webhook endpoints: each
+    endpoint's row as text."""
+    port, password = free_port(), "correct horse battery"
+    process = subprocess.Popen(
+        duetime_cmd("dashboard", "--store", url, "--port", str(port)),
+        env={**os.environ, "DUETIME_DASHBOARD_PASSWORD": password},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def look() -> dict[str, str]:
+        login = base64.b64encode(f"duetime:{password}".encode()).decode()
+        asked = urllib.request.Request(
+            f"http://127.0.0.1:{port}/", headers={"Authorization": f"Basic {login}"}
+        )
+        with urllib.request.urlopen(asked, timeout=10) as answer:
+            page = answer.read().decode()
+        table = page.partition('id="webhooks"')[2].partition("</table>")[0]
+        rows = re.findall(r'<td class="mono">([^<]+)</td>(.*?)</tr>', table, re.DOTALL)
+        return {name: re.sub(r"<[^>]+>", " ", cells) for name, cells in rows}
+
+    try:
+        until(lambda: _answers("127.0.0.1", port), 30, "the dashboard")
+        yield look
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def health(rows: dict[str, str]) -> dict[str, str]:
+    """Each endpoint's health word, from its row's text."""
+    return {name: text.split()[0] for name, text in rows.items() if text.split()}
+
+
 @pytest.mark.slow
 def test_webhooks_reach_a_receiver_behind_nginx_over_tls_with_the_ca_they_are_told_to_trust(
     tmp_path: Path,
@@ -222,9 +261,17 @@ def test_webhooks_reach_a_receiver_behind_nginx_over_tls_with_the_ca_they_are_to
             until(
                 lambda: untrusted in errors(url), 30, "the untrusted certificate's message in the error queue"
             )
+            with dashboard(url) as overview:
+                until(
+                    lambda: health(overview()) == {"hook.tls": "ok", "hook.stranger": "failing"},
+                    30,
+                    "health shown",
+                )
+                shown = overview()
         finally:
             run.send_signal(signal.SIGTERM)
             run.wait(30)
+        assert shown["hook.tls"].split()[1] == "10" and "unreachable" in shown["hook.stranger"], shown
         assert all(r.verified for r in receiver.requests), "a signature the receiver could not verify"
         assert sorted(r.headers["webhook-id"] for r in receiver.requests) == sorted(sent)
         assert "certificate" in errors(url)[untrusted]["error"].lower()

@@ -220,3 +220,20 @@ async def test_the_dispatcher_puts_a_retry_off_as_the_destination_asks_and_no_br
     assert kept.due_at == rig.clock.now() + timedelta(seconds=30)
     assert rig.dispatcher.calls.breakers.dispatch.failures == 0
     assert rig.criticals == []
+
+
+def test_an_endpoints_health_is_what_its_latest_attempt_came_to_across_every_log() -> None:
+    """Several dispatchers (or routes) each count their own attempts: the counts add up, and the
+    health is the latest attempt's, whichever log holds it."""
+    from duetime.webhooks import AttemptLog, endpoint_health
+
+    first, second = AttemptLog(), AttemptLog()
+    first.record("billing", "2xx", 0.01, at=100)
+    first.record("billing", "5xx", 0.02, at=105)
+    second.record("billing", "2xx", 0.01, at=110)
+    second.record("ledger", "timeout", None, at=50)
+    first.record("crm", "4xx", 0.01, at=60)
+    found = endpoint_health([first, second])
+    assert found["billing"] == {"2xx": 2, "5xx": 1, "last": "2xx", "last_at": 110, "health": "ok"}
+    assert found["ledger"]["health"] == "failing"
+    assert found["crm"]["health"] == "refusing"

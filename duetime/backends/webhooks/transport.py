@@ -298,11 +298,11 @@ class WebhookTransport(AsyncClosing):
         try:
             request = _request_headers(endpoint, message, int(self._clock()))
         except MessageRefused as refused:
-            self.attempt_log.record(endpoint.name, NOT_SENT, None)
+            self.attempt_log.record(endpoint.name, NOT_SENT, None, int(self._clock()))
             return refused
         started = time.monotonic()
         answer, came_to = await self._attempt(endpoint, message, request)
-        self.attempt_log.record(endpoint.name, came_to, time.monotonic() - started)
+        self.attempt_log.record(endpoint.name, came_to, time.monotonic() - started, int(self._clock()))
         return answer
 
     async def _attempt(
