@@ -114,6 +114,86 @@ def check_url(url: str) -> str:
     return url
 
 
+#: Ports a URL without one means.
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def is_url(destination: str) -> bool:
+    """A destination given as a URL (``https://…``) rather than an endpoint's name."""
+    return destination.startswith(("http://", "https://"))
+
+
+def check_url_pattern(pattern: str) -> str:
+    """A URL pattern an endpoint delivers for: an http(s) URL whose host may start with one
+    ``*.`` label (any subdomain, never the domain itself) and whose path may hold ``*`` (any
+    characters, ``/`` too); no user, password, query or fragment. Else a one-line error."""
+    parts = urlsplit(pattern.replace("*.", "wildcard.", 1) if "://*." in pattern else pattern)
+    host_pattern = pattern.split("://", 1)[-1].split("/", 1)[0]
+    if (
+        "*" in host_pattern.removeprefix("*.")
+        or parts.query
+        or parts.fragment
+        or "?" in pattern
+        or "#" in pattern
+    ):
+        raise ConfigurationError(
+            f"a webhook URL pattern is http(s)://HOST/PATH, its host exact or starting with one '*.' "
+            f"label and '*' only in its path, without a query; got {pattern!r}."
+        )
+    check_url(parts.geturl().replace("*", "x"))
+    return pattern
+
+
+def _path_regex(path: str) -> re.Pattern[str]:
+    """A pattern's path as a regular expression: ``*`` is any characters, everything else itself."""
+    return re.compile("".join(".*" if c == "*" else re.escape(c) for c in path) + r"\Z", re.DOTALL)
+
+
+#: A path that names something else than it seems: dot segments, encoded slashes, dots or
+#: backslashes (a receiver may decode them into a path the pattern never allowed).
+_TRICKY_PATH = re.compile(r"(^|/)\.\.?(/|$)|%2f|%2e|%5c|\\", re.IGNORECASE)
+
+
+def url_matches(pattern: str, url: str) -> bool:
+    """``url`` is one ``pattern`` allows, compared part by part (never as text: ``@``, ``#`` and
+    encoded characters cannot make one host look like another): the same scheme and port, no
+    user or fragment, the host itself or one of its subdomains where the pattern says ``*.``,
+    and a path the pattern's matches, with no dot segment or encoded separator in it."""
+    try:
+        want, got = urlsplit(pattern.replace("://*.", "://wildcard.", 1)), urlsplit(url)
+        want_port = want.port or DEFAULT_PORTS.get(want.scheme)
+        got_port = got.port or DEFAULT_PORTS.get(got.scheme)
+    except ValueError:
+        return False
+    host = got.hostname or ""
+    if (
+        got.scheme != want.scheme
+        or got.username is not None
+        or got.fragment
+        or "#" in url
+        or not host.isascii()
+        or got_port != want_port
+        or _TRICKY_PATH.search(got.path)
+        or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url)
+    ):
+        return False
+    wanted_host = (want.hostname or "").lower()
+    if pattern.split("://", 1)[-1].startswith("*."):
+        suffix = wanted_host.removeprefix("wildcard")
+        if not (host.endswith(suffix) and len(host) > len(suffix) and not host.startswith(".")):
+            return False
+    elif host != wanted_host:
+        return False
+    return bool(_path_regex(want.path or "/").match(got.path or "/"))
+
+
+def endpoint_for_url(endpoints: Iterable[WebhookEndpoint], url: str) -> WebhookEndpoint | None:
+    """The endpoint whose URL pattern allows ``url``, the most specific (longest pattern) where
+    several do; None where none does."""
+    allowing = [e for e in endpoints if e.is_pattern and url_matches(e.url, url)]
+    return max(allowing, key=lambda e: (len(e.url), e.name), default=None)
+
+
 def check_networks(networks: Iterable[str]) -> tuple[str, ...]:
     """Networks (``10.0.0.0/8``, ``127.0.0.1``, ``::1``) an endpoint may reach although they are
     internal, each written as Python's ``ipaddress`` writes it."""
@@ -180,7 +260,10 @@ class WebhookEndpoint:
 
     def __post_init__(self) -> None:
         check_name("webhook", self.name)
-        check_url(self.url)
+        if "*" in self.url:
+            check_url_pattern(self.url)
+        else:
+            check_url(self.url)
         if not 1 <= len(self.secrets) <= MAX_SECRETS:
             raise ConfigurationError(f"a webhook signs with 1 or {MAX_SECRETS} secrets.")
         for secret in self.secrets:
@@ -194,6 +277,12 @@ class WebhookEndpoint:
             raise ConfigurationError("--max-connections is from 1 to 1,000.")
         nets = tuple(ipaddress.ip_network(n, strict=False) for n in check_networks(self.allow))
         object.__setattr__(self, "networks", nets)
+
+    @property
+    def is_pattern(self) -> bool:
+        """Its URL is a pattern: it delivers messages whose destination is a URL it allows
+        (:func:`url_matches`), each to that URL."""
+        return "*" in self.url
 
     def retry_after(self, failures: int) -> float | None:
         """The wait after the ``failures``-th failed attempt (1 is the first), or None: none left."""

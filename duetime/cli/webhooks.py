@@ -62,7 +62,14 @@ def shown_url(url: str) -> str:
 @webhooks_app.command("add")
 def add(
     name: Annotated[str, typer.Argument(help="The destination name messages are sent to (billing).")],
-    url: Annotated[str, typer.Argument(help="Where they are POSTed: https://billing.example.com/hooks.")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="Where they are POSTed: https://billing.example.com/hooks. Or a pattern "
+            "(https://*.partners.example/hooks/*): then a message whose destination is a URL it "
+            "allows is POSTed to that URL."
+        ),
+    ],
     secret: Annotated[
         str | None,
         typer.Option(
@@ -108,6 +115,12 @@ def add(
     and the secret.
 
       duetime webhooks add billing https://billing.example.com/hooks --header customer-id
+
+    With a URL pattern, the endpoint delivers messages whose destination is a URL: '*.' first
+    in the host is any subdomain, '*' in the path any characters.
+
+      duetime webhooks add partners 'https://*.partners.example/hooks/*'
+      duetime schedule https://acme.partners.example/hooks/order '{"id": 7}' --in 1h
     """
     secret = _given(secret)
     made = secret is None

@@ -310,3 +310,51 @@ def test_a_name_a_resolver_answers_with_an_address_nobody_allowed_is_refused(tmp
         assert "::1" in dead[six]["error"] and "may not reach" in dead[six]["error"]
         assert [r.headers["webhook-id"] for r in receiver.requests] == [named]
         ok("webhooks", "list", "--store", url)  # the endpoints stay as they were
+
+
+@pytest.mark.slow
+def test_a_url_destination_goes_where_an_endpoints_pattern_allows_and_nowhere_else(tmp_path: Path) -> None:
+    """Messages whose destination is a URL: delivered to that very URL (its query too) by the
+    endpoint whose pattern allows it, signed with its secret; the domain itself, another path, a
+    URL no pattern allows and a pattern's name as a destination are refused; a pattern does not
+    open an address its endpoint may not reach."""
+    with (
+        store_url("sqlite", tmp_path) as url,
+        receiving(SECRET, host="127.0.0.2") as receiver,
+        dnsmasq(tmp_path, {"hooks.test": "127.0.0.2", "evil.test": "10.0.0.1"}) as resolv,
+    ):
+        port = receiver.port
+        ok("setup", "--store", url)
+        add(url, "partners", f"http://*.hooks.test:{port}/ok*", SECRET, "--allow", "127.0.0.2")
+        add(url, "others", f"http://*.evil.test:{port}/*", SECRET)
+        given = {
+            "sub": f"http://a.hooks.test:{port}/ok?order=1",
+            "deeper": f"http://b.c.hooks.test:{port}/ok/x",
+            "domain": f"http://hooks.test:{port}/ok",
+            "path": f"http://a.hooks.test:{port}/missing",
+            "nobody": f"http://a.hooks.test:{port + 1}/ok",
+            "name": "partners",
+            "rebound": f"http://a.evil.test:{port}/ok",
+        }
+        for message_id, destination in given.items():
+            schedule(url, destination, message_id, "--id", message_id)
+        routes = ("--route", ROUTE, "--route", "http://*=webhooks://", "--route", "partners=webhooks://")
+        log = tmp_path / "run.log"
+        run = spawn_run(with_resolver(resolv, duetime_cmd("run", "--store", url, *routes)), log)
+        refused = set(given) - {"sub", "deeper"}
+        try:
+            wait_until_serving(log)
+            until(lambda: {"sub", "deeper"} <= set(receiver.delivered()), 30, "the allowed URLs delivered")
+            until(lambda: refused <= set(errors(url)), 30, "the others in the error queue")
+        finally:
+            run.send_signal(signal.SIGTERM)
+            run.wait(30)
+        assert all(r.verified for r in receiver.requests)
+        assert sorted(r.headers["webhook-id"] for r in receiver.requests) == ["deeper", "sub"]
+        paths = {r.headers["webhook-id"]: r.path for r in receiver.requests}
+        assert paths["sub"].startswith("/ok") and paths["deeper"] == "/ok/x"
+        dead = errors(url)
+        for message_id in ("domain", "path", "nobody"):
+            assert "no webhook endpoint allows the URL" in dead[message_id]["error"], message_id
+        assert "give one of them as the destination" in dead["name"]["error"]
+        assert "10.0.0.1" in dead["rebound"]["error"] and "may not reach" in dead["rebound"]["error"]

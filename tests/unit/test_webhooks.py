@@ -237,3 +237,68 @@ def test_an_endpoints_health_is_what_its_latest_attempt_came_to_across_every_log
     assert found["billing"] == {"2xx": 2, "5xx": 1, "last": "2xx", "last_at": 110, "health": "ok"}
     assert found["ledger"]["health"] == "failing"
     assert found["crm"]["health"] == "refusing"
+
+
+PATTERN = "https://*.partner.example/hooks/*"
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("https://a.partner.example/hooks/x", True),
+        ("https://a.b.partner.example/hooks/x/y?q=1", True),
+        ("https://A.Partner.Example/hooks/x", True),
+        ("https://partner.example/hooks/x", False),  # the domain itself: '*.' is a subdomain
+        ("https://apartner.example/hooks/x", False),
+        ("https://a.partner.example.evil.com/hooks/x", False),
+        ("https://evil.com#@a.partner.example/hooks/x", False),
+        ("https://evil.com\\@a.partner.example/hooks/x", False),
+        ("https://u:p@a.partner.example/hooks/x", False),
+        ("https://a.partner.example:8443/hooks/x", False),
+        ("http://a.partner.example/hooks/x", False),
+        ("https://a.partner.example/other", False),
+        ("https://a.partner.example/hooks/../admin", False),
+        ("https://a.partner.example/hooks/%2e%2e/admin", False),
+        ("https://a.partner.example/hooks/x%2F..%2Fadmin", False),
+        ("https://a.partner.example/hooks/x#frag", False),
+        ("https://a.partner.example/hooks/x\n", False),
+        ("https://ä.partner.example/hooks/x", False),
+        ("https://[::1/hooks/x", False),
+    ],
+)
+def test_a_url_is_allowed_by_a_pattern_part_by_part_never_as_text(url: str, allowed: bool) -> None:
+    from duetime.webhooks import url_matches
+
+    assert url_matches(PATTERN, url) is allowed
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "https://*/x",
+        "https://a.*.com/x",
+        "https://x.com/a?b=*",
+        "https://u@x.com/*",
+        "ftp://*.x.com/*",
+        "https://*.x.com/*#f",
+    ],
+)
+def test_a_url_pattern_wildcards_only_a_leading_host_label_and_the_path(pattern: str) -> None:
+    from duetime.webhooks import check_url_pattern
+
+    with pytest.raises(ConfigurationError) as caught:
+        check_url_pattern(pattern)
+    assert "\n" not in str(caught.value)
+
+
+def test_of_several_patterns_the_most_specific_delivers_a_url() -> None:
+    from dataclasses import replace
+
+    from duetime.webhooks import endpoint_for_url
+
+    broad = replace(endpoint(), name="broad", url="https://*.example.com/*")
+    narrow = replace(endpoint(), name="narrow", url="https://*.example.com/billing/*")
+    plain = replace(endpoint(), name="plain", url="https://api.example.com/billing/x")
+    assert endpoint_for_url([broad, narrow, plain], "https://api.example.com/billing/x") is narrow
+    assert endpoint_for_url([broad, narrow, plain], "https://api.example.com/crm") is broad
+    assert endpoint_for_url([narrow], "https://api.example.com/crm") is None

@@ -42,6 +42,7 @@ from duetime.errors import (
     TransportUnavailable,
     one_line,
 )
+from duetime.inputs.urls import redact
 from duetime.interfaces import AsyncClosing, WebhookStore
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.version import __version__
@@ -55,6 +56,8 @@ from duetime.webhooks import (
     AttemptLog,
     WebhookEndpoint,
     check_url,
+    endpoint_for_url,
+    is_url,
     signature_header,
     status_class,
 )
@@ -231,10 +234,12 @@ class WebhookTransport(AsyncClosing):
         await self._refresh(force=True)
 
     async def declare(self, queue: str) -> None:
-        """A webhook is not made by declaring it: one that is not registered is a one-line error."""
+        """A webhook is not made by declaring it: one that is not registered (or a URL no
+        endpoint's pattern allows) is a one-line error."""
         await self._refresh(force=True)
-        if queue not in self._endpoints:
-            raise DestinationNotFound(_not_registered(queue))
+        endpoint, _ = self._endpoint_for(queue)
+        if isinstance(endpoint, Exception):
+            raise endpoint
 
     async def close(self) -> None:
         self._closed = True
@@ -292,26 +297,47 @@ class WebhookTransport(AsyncClosing):
         return session
 
     async def _send(self, message: DelayedMessage) -> Exception | None:
-        endpoint = self._endpoints.get(message.destination)
-        if endpoint is None:
-            return DestinationNotFound(_not_registered(message.destination))
+        endpoint, url = self._endpoint_for(message.destination)
+        if isinstance(endpoint, Exception):
+            return endpoint
         try:
             request = _request_headers(endpoint, message, int(self._clock()))
         except MessageRefused as refused:
             self.attempt_log.record(endpoint.name, NOT_SENT, None, int(self._clock()))
             return refused
         started = time.monotonic()
-        answer, came_to = await self._attempt(endpoint, message, request)
+        answer, came_to = await self._attempt(endpoint, message, request, url)
         self.attempt_log.record(endpoint.name, came_to, time.monotonic() - started, int(self._clock()))
         return answer
 
+    def _endpoint_for(self, destination: str) -> tuple[WebhookEndpoint | Exception, str]:
+        """The endpoint that delivers ``destination`` and the URL it posts to: the endpoint of that
+        name at its URL, or for a URL the endpoint whose pattern allows it, at that URL."""
+        endpoint = self._endpoints.get(destination)
+        if endpoint is not None and endpoint.is_pattern:
+            return MessageRefused(
+                f"webhook {destination!r} delivers to the URLs its pattern {endpoint.url} allows: give "
+                "one of them as the destination, not its name"
+            ), ""
+        if endpoint is not None:
+            return endpoint, endpoint.url
+        if not is_url(destination):
+            return DestinationNotFound(_not_registered(destination)), ""
+        found = endpoint_for_url(self._endpoints.values(), destination)
+        if found is None:
+            return MessageRefused(
+                f"no webhook endpoint allows the URL {redact(destination)}: add one whose URL is a pattern "
+                "it matches (`duetime webhooks add NAME 'https://host/path/*' --secret …`)"
+            ), ""
+        return found, destination
+
     async def _attempt(
-        self, endpoint: WebhookEndpoint, message: DelayedMessage, request: dict[str, str]
+        self, endpoint: WebhookEndpoint, message: DelayedMessage, request: dict[str, str], url: str
     ) -> tuple[Exception | None, str]:
         """One attempt's answer, and what it came to (for :attr:`attempts`)."""
         try:
             async with asyncio.timeout(endpoint.timeout):
-                status, answer = await self._post(endpoint, self._session(endpoint), message, request)
+                status, answer = await self._post(endpoint, self._session(endpoint), message, request, url)
                 return answer, status_class(status)
         except AddressNotAllowed as refused:
             return MessageRefused(str(refused)), ADDRESS_REFUSED
@@ -336,9 +362,9 @@ class WebhookTransport(AsyncClosing):
         session: aiohttp.ClientSession,
         message: DelayedMessage,
         headers: dict[str, str],
+        url: str,
     ) -> tuple[int, Exception | None]:
-        """The last answer's status and what it makes of the attempt."""
-        url = endpoint.url
+        """The last answer's status and what it makes of the attempt (``url``: where it posts)."""
         for _ in range(MAX_REDIRECTS + 1):
             check_literal(endpoint, urlsplit(url).hostname or "")
             async with session.post(
