@@ -411,7 +411,7 @@ class Database:
 
     def copy_staged_out(self) -> str:
         """The statement streaming an endpoint's staged rows of a batch out of this server in
-        its binary COPY format (only where another database :meth:`pipes_from` this one)."""
+        the binary format a COPY streams (only where another database :meth:`pipes_from` this one)."""
         raise NotImplementedError
 
     # -- a target's ledger: one row per batch written, committed with the batch -------------------

@@ -24,9 +24,9 @@ TABLE_WRITE = re.compile(
     r"\b(?:INSERT(?:\s+IGNORE|\s+OR\s+[A-Z]+)?\s+INTO|COPY|UPDATE|DELETE\s+FROM)\s+"
     r"(\{[^}]*\}|[A-Za-z_][\w.]*)(?=\s*(?:\(|WHERE\b|SET\b|VALUES\b|SELECT\b|FROM\b|RETURNING\b))",
 )
-#: The tables the bulk jobs keep for themselves (``duetime.backends.sqldb.STATE_TABLES`` as the
-#: shared statements name them, and the native-delay target's own SQLite ledger).
-BULK_OWN_TABLES = {"{runs}", "{batches}", "{staged}", "{ledger}", "{scheduled}", "{log}", "ledger"}
+#: The tables the bulk jobs keep for themselves (``duetime.bulk_interfaces.STATE_TABLES`` as the
+#: shared statements name them).
+BULK_OWN_TABLES = {"{runs}", "{batches}", "{staged}", "{ledger}", "{scheduled}", "{log}"}
 #: A statement that puts rows into a table by naming the store's columns.
 ROW_WRITE = re.compile(
     r"\b(?:INSERT(?:\s+IGNORE)?\s+INTO|COPY)\s+\S+\s*\(\s*message_id,\s*destination,\s*due_at", re.IGNORECASE
