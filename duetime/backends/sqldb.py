@@ -411,7 +411,8 @@ class Database:
 
     def copy_staged_out(self) -> str:
         """The statement streaming an endpoint's staged rows of a batch out of this server in
-        the binary format a COPY streams (only where another database :meth:`pipes_from` this one)."""
+        binary form, as a copy to standard output streams them (only where another database
+        :meth:`pipes_from` this one)."""
         raise NotImplementedError
 
     # -- a target's ledger: one row per batch written, committed with the batch -------------------
