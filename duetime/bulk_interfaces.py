@@ -44,8 +44,8 @@ BulkRow = tuple[Any, ...]
 @dataclass(frozen=True)
 class Selection:
     """Which rows of a source table a bulk job reads, as values: the database writes the
-    statement (:class:`SqlDatabase`), so no SQL text crosses the boundary. Times are given as
-    the table keeps them (the layout's ``due_param``)."""
+    statement (:class:`SqlDatabase`), so the bulk jobs write no SQL. Times are given as the
+    table keeps them (the layout's ``due_param``)."""
 
     #: The due-time column.
     due: str

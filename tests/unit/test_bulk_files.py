@@ -40,3 +40,24 @@ def test_what_the_registry_opens_is_a_file_the_page_lists() -> None:
     for target in [*SQL_DATABASES.values(), *KEYED_BULK_ROWS.values()]:
         module = target.partition(":")[0].rsplit(".", 1)[1]
         assert f"{module}.py" in listed, f"{target} opens a file the page does not list"
+
+
+def test_bulk_builds_no_sql_and_asks_no_dialect() -> None:
+    """The bulk jobs ask the database for rows (a Selection, a layout's name) and run its named
+    statements: no SQL keyword in their string literals, no identifier quoted or list of marks
+    made there, and no dialect named (``duetime.bulk_interfaces`` is the boundary)."""
+    import io
+    import tokenize
+
+    sql = re.compile(r"\b(SELECT|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|CREATE\s+TABLE|WHERE)\b\s+[\w{(\"`*]")
+    found = []
+    for path in sorted((ROOT / "duetime" / "bulk").glob("*.py")):
+        text = path.read_text()
+        tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+        literals = [t.string for t in tokens if t.type == tokenize.STRING and not t.string.startswith('"""')]
+        found += [f"{path.name}: {m.group()}" for literal in literals for m in sql.finditer(literal)]
+        found += [
+            f"{path.name}: {m.group()}"
+            for m in re.finditer(r"\.(quote|qualified|in_list|sql)\(|dialect", text)
+        ]
+    assert found == []
