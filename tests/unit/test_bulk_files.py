@@ -49,7 +49,9 @@ def test_bulk_builds_no_sql_and_asks_no_dialect() -> None:
     import io
     import tokenize
 
-    sql = re.compile(r"\b(SELECT|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|CREATE\s+TABLE|WHERE)\b\s+[\w{(\"`*]")
+    sql = re.compile(
+        r"\b(SELECT|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|CREATE\s+TABLE|WHERE)\b\s+[\w{(\"`*]"
+    )
     found = []
     for path in sorted((ROOT / "duetime" / "bulk").glob("*.py")):
         text = path.read_text()
