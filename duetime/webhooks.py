@@ -149,6 +149,8 @@ def _path_regex(path: str) -> re.Pattern[str]:
     return re.compile("".join(".*" if c == "*" else re.escape(c) for c in path) + r"\Z", re.DOTALL)
 
 
+#: The characters of a host name (after urlsplit lowers it): no percent sign, no other escape.
+_HOST_NAME = re.compile(r"[a-z0-9.-]+")
 #: A path that names something else than it seems: dot segments, encoded slashes, dots or
 #: backslashes (a receiver may decode them into a path the pattern never allowed).
 _TRICKY_PATH = re.compile(r"(^|/)\.\.?(/|$)|%2f|%2e|%5c|\\", re.IGNORECASE)
@@ -171,7 +173,7 @@ def url_matches(pattern: str, url: str) -> bool:
         or got.username is not None
         or got.fragment
         or "#" in url
-        or not host.isascii()
+        or not (_HOST_NAME.fullmatch(host) or ":" in host)  # a name's own characters, or IPv6
         or got_port != want_port
         or _TRICKY_PATH.search(got.path)
         or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url)

@@ -264,6 +264,8 @@ PATTERN = "https://*.partner.example/hooks/*"
         ("https://a.partner.example/hooks/x\n", False),
         ("https://ä.partner.example/hooks/x", False),
         ("https://[::1/hooks/x", False),
+        ("https://evil.com%2f.partner.example/hooks/x", False),
+        ("https://a_b.partner.example/hooks/x", False),
     ],
 )
 def test_a_url_is_allowed_by_a_pattern_part_by_part_never_as_text(url: str, allowed: bool) -> None:
