@@ -7,7 +7,6 @@ With ``DUETIME_SCREENSHOTS=folder`` the test also saves a screenshot of each pag
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -26,75 +25,20 @@ import pytest
 from duetime import DelayedMessage, StoreNotReady, TransactionMode
 from duetime.backends.postgres import SyncPostgresStore
 from tests.conftest import duetime_cmd, run_cli
+from tests.dashboard_process import PASSWORD, basic, dashboard, request, stop
 from tests.integration.proxy import proxy_for
 from tests.services import free_port, postgres_schema, until
 
 playwright = pytest.importorskip("playwright.sync_api")
 pytestmark = pytest.mark.slow
 
-PASSWORD = "correct horse"
-ENDPOINT = "shop"
-
-
-def request(port: int, path: str, *, data: bytes | None = None, auth: str | None = None) -> tuple[int, str]:
-    headers = {"Authorization": auth} if auth else {}
-    if data is not None:
-        headers["Content-Type"] = "application/x-www-form-urlencoded"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        with error:  # it holds the connection: closed here, not left to the garbage collector
-            return error.code, error.read().decode()
-    except OSError as error:  # not listening (yet)
-        return 0, str(error)
+ENDPOINT = "shop"  # the dashboard helpers' default endpoint
 
 
 def ok(*args: str) -> subprocess.CompletedProcess[str]:
     result = run_cli(*args)
     assert result.returncode == 0, result.stderr
     return result
-
-
-def basic(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def dashboard(
-    url: str, port: int, *extra: str, password: str | None = PASSWORD, settings: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DUETIME_DASHBOARD")} | (settings or {})
-    if password:
-        env["DUETIME_DASHBOARD_PASSWORD"] = password
-    process = subprocess.Popen(
-        duetime_cmd(
-            "dashboard",
-            "--store",
-            url,
-            "--endpoint",
-            ENDPOINT,
-            "--port",
-            str(port),
-            "--sample-every",
-            "1s",
-            *extra,
-        ),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    until(lambda: process.poll() is not None or request(port, "/healthz")[0] == 200, 30, "the dashboard")
-    assert process.poll() is None, process.stderr.read() if process.stderr else ""
-    return process
-
-
-def stop(process: subprocess.Popen[str]) -> str:
-    """SIGTERM, then what the dashboard wrote to its log (stderr), its pipe read and closed."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    return process.communicate(timeout=30)[1] or ""
 
 
 @pytest.fixture(scope="module")

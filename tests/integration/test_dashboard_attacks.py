@@ -24,15 +24,8 @@ import pytest
 from duetime import DelayedMessage, TransactionMode
 from duetime.backends.postgres import SyncPostgresStore
 from tests.conftest import run_cli
-from tests.integration.test_dashboard import (
-    PASSWORD,
-    basic,
-    dashboard,
-    errors_in_queue,
-    ok,
-    request,
-    stop,
-)
+from tests.dashboard_process import PASSWORD, basic, dashboard, request, stop
+from tests.integration.test_dashboard import errors_in_queue, ok
 from tests.services import free_port, postgres_schema
 
 playwright = pytest.importorskip("playwright.sync_api")

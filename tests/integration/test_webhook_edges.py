@@ -5,7 +5,6 @@ address connected to is what is checked, whatever the name said."""
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import ipaddress
 import os
@@ -16,16 +15,19 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from duetime.settings import DEFAULT_ENDPOINT
 from tests.conftest import duetime_cmd, spawn_run, wait_until_serving
+from tests.dashboard_process import PASSWORD, basic, dashboard, request
+from tests.dashboard_process import stop as stop_dashboard
 from tests.integration.test_webhooks import ROUTE, add, errors, ok, schedule
 from tests.services import free_port, store_url, until
+from tests.topology.servers import stop
 from tests.webhook_receiver import receiving
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -142,12 +144,7 @@ http {{
         until(lambda: all(_answers(NGINX_AT, port) for port, _, _ in servers), 20, "nginx listening")
         yield
     finally:
-        server.send_signal(signal.SIGQUIT)  # a graceful stop: the master ends its workers
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(10)
+        stop(server, signal.SIGQUIT)  # a graceful stop: the master ends its workers
 
 
 @contextmanager
@@ -175,8 +172,7 @@ def dnsmasq(folder: Path, answers: dict[str, str]) -> Iterator[Path]:
         resolv.write_text(f"nameserver {address}\n")
         yield resolv
     finally:
-        server.terminate()
-        server.wait(10)
+        stop(server)
 
 
 def with_resolver(resolv: Path, args: list[str]) -> list[str]:
@@ -187,34 +183,23 @@ def with_resolver(resolv: Path, args: list[str]) -> list[str]:
 
 
 @contextmanager
-def dashboard(url: str) -> Iterator[Callable[[], dict[str, str]]]:
+def overview_of(url: str) -> Iterator[Callable[[], dict[str, str]]]:
     """``duetime dashboard`` on the store; yields a look at its overview's webhook endpoints: each
     endpoint's row as text."""
-    port, password = free_port(), "correct horse battery"
-    process = subprocess.Popen(
-        duetime_cmd("dashboard", "--store", url, "--port", str(port)),
-        env={**os.environ, "DUETIME_DASHBOARD_PASSWORD": password},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    port = free_port()
+    board = dashboard(url, port, endpoint=DEFAULT_ENDPOINT)
 
     def look() -> dict[str, str]:
-        login = base64.b64encode(f"duetime:{password}".encode()).decode()
-        asked = urllib.request.Request(
-            f"http://127.0.0.1:{port}/", headers={"Authorization": f"Basic {login}"}
-        )
-        with urllib.request.urlopen(asked, timeout=10) as answer:
-            page = answer.read().decode()
+        status, page = request(port, "/", auth=basic("duetime", PASSWORD))
+        assert status == 200, page
         table = page.partition('id="webhooks"')[2].partition("</table>")[0]
         rows = re.findall(r'<td class="mono">([^<]+)</td>(.*?)</tr>', table, re.DOTALL)
         return {name: re.sub(r"<[^>]+>", " ", cells) for name, cells in rows}
 
     try:
-        until(lambda: _answers("127.0.0.1", port), 30, "the dashboard")
         yield look
     finally:
-        process.terminate()
-        process.wait(10)
+        stop_dashboard(board)
 
 
 def health(rows: dict[str, str]) -> dict[str, str]:
@@ -261,7 +246,7 @@ def test_webhooks_reach_a_receiver_behind_nginx_over_tls_with_the_ca_they_are_to
             until(
                 lambda: untrusted in errors(url), 30, "the untrusted certificate's message in the error queue"
             )
-            with dashboard(url) as overview:
+            with overview_of(url) as overview:
                 until(
                     lambda: health(overview()) == {"hook.tls": "ok", "hook.stranger": "failing"},
                     30,
