@@ -51,6 +51,7 @@ from duetime.settings import (
     setting_variables,
     variable,
 )
+from duetime.webhooks import endpoint_for_url, is_url
 
 T = TypeVar("T")
 DEFAULT_STORE = DEFAULT_STORE_URL
@@ -392,18 +393,21 @@ def with_capability(
     return run_async(go)
 
 
-async def _webhook_names(store_url: str, endpoint: str) -> set[str]:
-    """The names of the store's webhooks (none where it cannot tell: an advisory look)."""
+async def _by_webhooks(store_url: str, endpoint: str, destinations: Iterable[str]) -> set[str]:
+    """Which of ``destinations`` the store's webhooks deliver: an endpoint's name, or a URL an
+    endpoint's pattern allows (none where it cannot tell: an advisory look)."""
     try:
         store = await open_ready_store(store_url, endpoint)
     except Exception:
         return set()
     try:
-        return {w.name for w in await store.webhooks()} if isinstance(store, WebhookStore) else set()
+        hooks = await store.webhooks() if isinstance(store, WebhookStore) else []
     except Exception:
         return set()
     finally:
         await store.close()
+    names = {w.name for w in hooks if not w.is_pattern}
+    return {d for d in destinations if d in names or (is_url(d) and endpoint_for_url(hooks, d) is not None)}
 
 
 def can_warn_undeclared(store_url: str, transport: str | None) -> bool:
@@ -441,17 +445,19 @@ async def warn_undeclared(
     finally:
         await t.close()
     if missing:  # only then is the store asked (a second open of it, for a warning alone)
-        webhooks = await _webhook_names(store_url, endpoint)
-        missing = [d for d in missing if d not in webhooks]
+        delivered = await _by_webhooks(store_url, endpoint, missing)
+        missing = [d for d in missing if d not in delivered]
     flag = " (with the same --transport)" if transport else ""
     for name in missing[:5]:
-        say(
-            "warning:",
-            "yellow",
-            f"no queue {name!r} is declared on {redact(url)}: when due, the message goes to the error "
-            f"queue. Declare it with `{command('duetime', 'queues', 'declare', name)}`{flag}.",
-            to=err,
-        )
+        if is_url(name):  # a webhook delivers a URL, never a queue
+            add = command("duetime", "webhooks", "add", "NAME", "https://host/path/*")
+            advice = f"no webhook endpoint allows the URL {redact(name)}: when due, the message goes to the error queue. Register one whose URL is a pattern it matches (`{add}`)."
+        else:
+            advice = (
+                f"no queue {name!r} is declared on {redact(url)}: when due, the message goes to the error "
+                f"queue. Declare it with `{command('duetime', 'queues', 'declare', name)}`{flag}."
+            )
+        say("warning:", "yellow", advice, to=err)
     if len(missing) > 5:
         say("warning:", "yellow", f"... and {len(missing) - 5} more destinations without a queue.", to=err)
 

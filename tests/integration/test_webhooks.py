@@ -337,6 +337,9 @@ def test_every_bad_webhook_command_is_one_line_and_changes_nothing(tmp_path: Pat
             "soon",
         ),
         "a name that is not one": ("webhooks", "add", "a b", "https://hooks.example/"),
+        "a pattern that is any host": ("webhooks", "add", "x", "https://*/hooks/*"),
+        "a pattern with a wildcard inside its host": ("webhooks", "add", "x", "https://a.*.example/*"),
+        "a pattern with a query": ("webhooks", "add", "x", "https://*.hooks.example/in?k=*"),
         "a name in use": ("webhooks", "add", "hook.in", "https://hooks.example/other"),
         "rotating one that is not there": ("webhooks", "rotate", "nobody"),
         "removing one that is not there": ("webhooks", "remove", "nobody"),
@@ -350,3 +353,9 @@ def test_every_bad_webhook_command_is_one_line_and_changes_nothing(tmp_path: Pat
     assert [(w["name"], w["url"]) for w in listed] == [("hook.in", "https://hooks.example/in")]
     scheduled = run_cli("schedule", "hook.in", "x", "--in", "1h", "--store", url)
     assert scheduled.returncode == 0 and "warning" not in scheduled.stderr  # a webhook needs no queue
+    ok("webhooks", "add", "partners", "https://*.partners.example/hooks/*", "--store", url)
+    allowed = run_cli("schedule", "https://acme.partners.example/hooks/x", "x", "--in", "1h", "--store", url)
+    assert allowed.returncode == 0 and "warning" not in allowed.stderr  # a pattern allows it: no queue
+    stray = run_cli("schedule", "https://partners.example/hooks/x", "x", "--in", "1h", "--store", url)
+    assert stray.returncode == 0 and "no webhook endpoint allows the URL" in stray.stderr, stray.stderr
+    assert "queues declare" not in stray.stderr  # a URL is never a queue to declare
