@@ -290,8 +290,9 @@ class KeyedBulkRows(Protocol):
 class NativeDelayTopology(Protocol):
     """RabbitMQ's native delays, started: a bulk job publishes stored timeouts into them."""
 
-    #: The longest delay its levels hold, in seconds.
-    longest_delay: int
+    @property
+    def longest_delay(self) -> int:
+        """The longest delay its levels hold, in seconds."""
 
     async def verify(self) -> list[str]:
         """Problems with the topology (empty: ready)."""

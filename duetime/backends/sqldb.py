@@ -22,7 +22,7 @@ from urllib.parse import urlencode
 
 from duetime.backends.source_rows import SourceRows
 from duetime.backends.sqlfiles import load_queries
-from duetime.bulk_interfaces import STATE_TABLES, Selection
+from duetime.bulk_interfaces import STATE_TABLES, MovingBulkRows, Selection, SqlDatabase, StoreBulkRows
 from duetime.errors import ConfigurationError
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact, split_options
@@ -158,12 +158,12 @@ class Database:
         the statements of this database's backend (its ``bulk_rows`` module)."""
         raise NotImplementedError
 
-    def store_rows(self, table: str) -> Any:
+    def store_rows(self, table: str) -> StoreBulkRows:
         """The duetime store's bulk writer for one endpoint's ``table`` in this database
         (:class:`duetime.bulk_interfaces.StoreBulkRows`)."""
         raise NotImplementedError
 
-    def moving_rows(self, table: str) -> Any:
+    def moving_rows(self, table: str) -> MovingBulkRows:
         """The store's writer that takes rows from statements in this server
         (:class:`duetime.bulk_interfaces.MovingBulkRows`): only where :meth:`same_database` or
         :meth:`pipes_from` said so."""
@@ -224,7 +224,9 @@ class Database:
         """The batch's staged rows (without bodies) the server cannot vouch for."""
         raise NotImplementedError
 
-    def ids_held(self, conn: Any, table: str, layout: str, selection: Selection, rows: Any) -> list[str]:
+    def ids_held(
+        self, conn: Any, table: str, layout: str, selection: Selection, rows: MovingBulkRows
+    ) -> list[str]:
         """The selected rows' ids the store table ``rows`` writes holds already."""
         raise NotImplementedError
 
@@ -565,3 +567,9 @@ def _is_deadlock(error: Exception) -> bool:
         return True
     args: tuple[Any, ...] = tuple(getattr(error, "args", ()))
     return len(args) > 0 and args[0] in (1213, 1205)  # MariaDB: deadlock, lock wait timeout
+
+
+def _answers_for_bulk(db: Database) -> SqlDatabase:
+    """Never called: mypy holds here that every database is what the bulk jobs ask of one (the
+    registry hands them out cast, so nothing else would)."""
+    return db

@@ -39,7 +39,7 @@ class PgBulkRows:
     copies = True
     #: The PostgreSQL type each of the store row's columns is sent as in a binary COPY (the
     #: headers as text: a json column's binary form is the text itself).
-    copy_types = ("text", "text", "timestamptz", "text", "bytea", "int4", "text")
+    copy_types: tuple[str, ...] = ("text", "text", "timestamptz", "text", "bytea", "int4", "text")
 
     def __init__(self, schema: str, table: str) -> None:
         self.names = PgNames(schema, table)
