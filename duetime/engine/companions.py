@@ -94,3 +94,14 @@ class FrontDoorHost(Running, Protocol):
     def recovery_breaker(self) -> FailureRateCircuitBreaker: ...
     def trip(self, error: CriticalError) -> None: ...
     async def back_off(self) -> None: ...
+
+
+async def until_started(dispatcher: Running) -> bool:
+    """Wait until the dispatcher has started (its store initialized for the endpoint, its
+    transport connected); False if it stops first. A companion that reads the store waits for
+    this: a store not yet bound to the endpoint refuses every read, and a companion whose first
+    read failed would otherwise show nothing until its next turn."""
+    while not dispatcher.started:
+        if dispatcher.stopping or await dispatcher.wait_for_stop(0.05):
+            return False
+    return True

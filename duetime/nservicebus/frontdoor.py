@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from duetime import tracing
 from duetime.engine.circuit import RepeatedFailuresOverTimeCircuitBreaker
-from duetime.engine.companions import FrontDoorHost
+from duetime.engine.companions import FrontDoorHost, until_started
 from duetime.engine.deadline import within
 from duetime.error_headers import PREFIX as ERROR_PREFIX
 from duetime.error_headers import error_headers
@@ -247,6 +247,7 @@ class FrontDoor:
         """Serve until the dispatcher stops. A queue that cannot be declared yet (a broker that is
         down) is retried like any outage; only wrong settings end the front door at once."""
         declared = False
+        await until_started(self.dispatcher)  # stored before then, the store would refuse
         while not self.dispatcher.stopping:
             if not declared:
                 try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from duetime.engine.companions import Reported
+from duetime.engine.companions import Reported, until_started
 from duetime.engine.deadline import within
 from duetime.errors import one_line
 from duetime.interfaces import DispatcherRegistry
@@ -70,8 +70,7 @@ class Heartbeat:
 
     async def run(self) -> None:
         d = self.dispatcher
-        while not d.started and not d.stopping:  # the store is bound to the endpoint first
-            await d.wait_for_stop(0.05)
+        await until_started(d)  # the store is bound to the endpoint first
         while not d.stopping:
             await self.beat()
             if await d.wait_for_stop(self.interval):

@@ -18,7 +18,7 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from duetime.engine.companions import Reported
+from duetime.engine.companions import Reported, until_started
 from duetime.engine.deadline import within
 from duetime.engine.observe import DispatchObserver, Settled
 from duetime.errors import CriticalError, MissingExtra, one_line
@@ -290,6 +290,8 @@ class Backlog:
             log.debug("counting the backlog failed: %s", self.error)
 
     async def run(self) -> None:
+        if not await until_started(self.dispatcher):  # counted before then, the store refuses
+            return
         while not self.dispatcher.stopping:
             await self.refresh()
             if await self.dispatcher.wait_for_stop(self.interval):

@@ -221,3 +221,28 @@ def test_an_estimated_backlog_never_reads_as_a_count() -> None:
     uncounted = StoreCounts(2_000_000, 0, 0, 0, None, {}, 0, 2_000_000, estimated=True)
     assert uncounted.rest_said() == "destinations not counted (a store this large is not scanned)"
     assert StoreCounts(3, 0, 0, 0, None, {"a": 3}).rest_said() == ""
+
+
+async def test_the_backlog_is_first_counted_once_the_dispatcher_has_started() -> None:
+    """Counted before the store is bound to the endpoint, the store refuses: the gauges then stayed
+    empty for a whole interval (10 s), which a loaded machine showed as a missing backlog."""
+    import asyncio
+
+    from tests.unit.helpers import settle
+
+    rig = Rig()
+    _, backlog = instrument(rig.dispatcher)
+    counting = asyncio.create_task(backlog.run())
+    await settle()
+    assert (backlog.counts, backlog.error) == (None, None)  # not asked before the start
+    await rig.setup("orders")
+    await rig.store.store(rig.message(1, 100))
+    await rig.start()
+    rig.clock.advance(0.05)
+    await settle()
+    assert backlog.error is None
+    assert backlog.counts is not None and backlog.counts.total == 1
+    rig.dispatcher.stop()
+    await asyncio.wait_for(counting, 5)
+    assert rig.task is not None
+    await rig.task
