@@ -6,6 +6,9 @@ bash scripts/setup.sh dev,docs,postgres,mysql,rabbitmq,redis,nats,spark,celery,d
 # The servers and programs the tests talk to and run (PostgreSQL, MariaDB, Redis, RabbitMQ, NATS,
 # Java 17 or newer, Chromium, ...): each found, installed from Debian's packages when this runs as root, and
 # started when it does not answer; scripts/services.py says how, and where the tests find each.
+# Bytecode for every module, written once: the suite starts the CLI in hundreds of processes, and
+# where PYTHONDONTWRITEBYTECODE is set each of them would otherwise compile the package anew.
+.venv/bin/python -m compileall -q duetime tests >/dev/null
 echo "== servers and programs the tests need"
 .venv/bin/python scripts/services.py
 services_env="${DUETIME_SERVICES_DIR:-/var/tmp/duetime-services}/env"
