@@ -18,14 +18,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn
 from rich.table import Table
-from rich.text import Text
 
 from duetime.cli.common import TransportOpt
 from duetime.cli.terminal import console, err, fail, show
 from duetime.errors import ConfigurationError, DuetimeError
-from duetime.inputs.durations import parse_duration, parse_time, readable_duration
+from duetime.inputs.durations import parse_duration, parse_time
 from duetime.inputs.identifiers import check_name
 from duetime.inputs.urls import redact
 from duetime.interfaces import IfExists
@@ -173,87 +171,6 @@ def _guard(action: Callable[[], None]) -> None:
 _TASK_ERROR = re.compile(r"^duetime\.errors\.\w+: (.+)$", re.MULTILINE)
 
 
-def _per_second(rate: float) -> str:
-    """``52,310 rows/s``; below ten a second with a decimal (a small job read "0 rows/s")."""
-    return f"{rate:,.0f} rows/s" if rate >= 10 else f"{rate:.1f} rows/s"
-
-
-class _Rate(ProgressColumn):
-    """Rows a second over the job's wall time, as the line off a terminal says it. (Rich's own
-    speed is over the last updates: rows counted in a jump as a task ends read as "936,982
-    rows/s" for a job that did 4,500 a second.)"""
-
-    def render(self, task: Task) -> Text:
-        elapsed = task.elapsed or 0.0
-        return Text(_per_second(task.completed / elapsed) if elapsed > 0 and task.completed else "")
-
-
-class _Left(ProgressColumn):
-    """The time left at the job's rate so far (see :class:`_Rate`)."""
-
-    def render(self, task: Task) -> Text:
-        elapsed, done = task.elapsed or 0.0, task.completed
-        if not task.total or not done or elapsed <= 0 or done >= task.total:
-            return Text("")
-        return Text(f"about {readable_duration((task.total - done) / (done / elapsed))} left")
-
-
-class _RowReport:
-    """A job's progress in rows: rows done of rows in all, the rate and the time left, as a bar on a
-    terminal and as a line every :data:`LOG_EVERY` seconds (and a last one) off one."""
-
-    #: Off a terminal, a line this often.
-    LOG_EVERY = 10.0
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.bar: Progress | None = None
-        self.started = self.logged = time.monotonic()
-        self.last: tuple[str, int, int | None] | None = None
-
-    def __enter__(self) -> _RowReport:
-        if err.is_terminal:
-            self.bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TextColumn("{task.fields[rows]}"),
-                _Rate(),
-                _Left(),
-                console=err,
-            )
-            self.task = self.bar.add_task(self.label, total=None, rows="")
-            self.bar.start()
-        return self
-
-    def __call__(self, what: str, done: int, total: int | None) -> None:
-        self.last = (what, done, total)
-        if self.bar is not None:
-            rows = f"{done:,} of {total:,} rows" if total is not None else f"{done:,} rows"
-            self.bar.update(self.task, description=what, completed=done, total=total, rows=rows)
-        elif time.monotonic() - self.logged >= self.LOG_EVERY:
-            self.logged = time.monotonic()
-            self._line()
-
-    def _line(self) -> None:
-        assert self.last is not None
-        what, done, total = self.last
-        seconds = max(time.monotonic() - self.started, 1e-9)
-        rate = done / seconds
-        line = (
-            f"{what}: {done:,} of {total:,} rows ({done / total:.0%})" if total else f"{what}: {done:,} rows"
-        )
-        line += f", {_per_second(rate)}"
-        if total and rate > 0 and done < total:
-            line += f", about {readable_duration((total - done) / rate)} left"
-        err.print(line, markup=False, highlight=False)
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-        elif self.last is not None and kind is None:  # a failed job's one line says what happened
-            self._line()
-
-
 def _cutoff(text: str | None) -> datetime | None:
     return None if text is None else parse_time(text)
 
@@ -331,7 +248,9 @@ def migrate(
                     found = preview(spark, source, endpoint, spec.cutoff, target_url=target, renames=renames)
                 _print_preview(found, as_json)
                 return
-            with _RowReport("migrating") as report:
+            from duetime.cli.row_progress import RowReport  # (Rich's bar: only when a job runs)
+
+            with RowReport("migrating") as report:
                 result = migrate(spark, spec, report)
             _print_result(result, as_json)
 
@@ -445,7 +364,9 @@ def schedule(
         reach_target(store)
         with _spark(master, conf, reads=rows) as spark:
             _warn_undeclared(spark, rows, store, transport)
-            with _RowReport("scheduling") as report:
+            from duetime.cli.row_progress import RowReport  # (Rich's bar: only when a job runs)
+
+            with RowReport("scheduling") as report:
                 done = run(
                     spark,
                     rows,
@@ -513,7 +434,9 @@ def export_(
         if decrypt:
             decrypting_key()
         reach_source(store, endpoint)
-        with _spark(master, conf) as spark, _RowReport("exporting") as report:
+        from duetime.cli.row_progress import RowReport  # (Rich's bar: only when a job runs)
+
+        with _spark(master, conf) as spark, RowReport("exporting") as report:
             done = export(spark, store, to, endpoint, progress=report, overwrite=overwrite, decrypt=decrypt)
         console.print(f"{done.rows:,} messages written to {done.path}")
         if done.still_sealed:
@@ -552,7 +475,9 @@ def import_(
         reach_target(store)
         with _spark(master, conf, reads=files) as spark:
             _warn_undeclared(spark, files, store, transport)
-            with _RowReport("importing") as report:
+            from duetime.cli.row_progress import RowReport  # (Rich's bar: only when a job runs)
+
+            with RowReport("importing") as report:
                 result = run(spark, files, store, endpoint, progress=report, batch_rows=batch_rows)
         _print_result(result, as_json)
 
@@ -595,7 +520,9 @@ def report(
             r.check_log(delivery_log)
         reach_source(store, endpoint)
         with _spark(master, conf, reads=delivery_log) as spark:
-            with _RowReport("reading") as report:
+            from duetime.cli.row_progress import RowReport  # (Rich's bar: only when a job runs)
+
+            with RowReport("reading") as report:
                 found = r.backlog(spark, store, endpoint, progress=report)
             if delivery_log:
                 with console.status("reading the delivery log…"):

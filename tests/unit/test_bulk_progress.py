@@ -8,7 +8,7 @@ import pytest
 def test_a_bulk_jobs_progress_off_a_terminal_is_a_line_of_rows_rate_and_time_left(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from duetime.cli.bulk import _RowReport
+    from duetime.cli.row_progress import RowReport as _RowReport
 
     with _RowReport("scheduling") as report:
         report.LOG_EVERY = 0.0
