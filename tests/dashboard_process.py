@@ -16,13 +16,24 @@ from tests.services import until
 PASSWORD = "correct horse"
 
 
-def request(port: int, path: str, *, data: bytes | None = None, auth: str | None = None) -> tuple[int, str]:
-    headers = {"Authorization": auth} if auth else {}
+def request(
+    port: int,
+    path: str,
+    *,
+    data: bytes | None = None,
+    auth: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10,
+) -> tuple[int, str]:
+    """The status and text of a request to the dashboard (0 and why when nothing listens); a body
+    is sent as a form unless ``headers`` say otherwise."""
+    sent = {"Authorization": auth} if auth else {}
     if data is not None:
-        headers["Content-Type"] = "application/x-www-form-urlencoded"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
+        sent["Content-Type"] = "application/x-www-form-urlencoded"
+    sent |= headers or {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=sent)
     try:
-        with urllib.request.urlopen(req, timeout=10) as answer:
+        with urllib.request.urlopen(req, timeout=timeout) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         with error:  # it holds the connection: closed here, not left to the garbage collector

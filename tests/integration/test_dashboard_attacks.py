@@ -155,13 +155,7 @@ def test_markup_and_script_in_every_field_never_run_and_a_cancelled_confirmation
 
 
 def _post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        with error:  # it holds the connection: closed here, not left to the garbage collector
-            return error.code, error.read().decode()
+    return request(port, path, data=body, headers=headers, timeout=30)
 
 
 def test_another_sites_form_is_refused_also_through_a_proxy_that_adds_a_bearer_token(
