@@ -982,3 +982,31 @@ async def test_front_door_acknowledges_what_it_stored_with_its_next_receive_or_a
     await door.finish()
     assert not rig.queues._in_flight and rig.queues.messages("unit.Timeouts") == []
     assert [await rig.store.get(f"m{i}") is not None for i in (1, 2, 3)] == [True, True, True]
+
+
+async def test_the_front_door_stores_nothing_before_the_dispatcher_has_started() -> None:
+    """Stored before the store is bound to the endpoint, every store refuses: an envelope waiting
+    at the start was counted as a storage outage. The front door waits for the start."""
+    from duetime.nservicebus.frontdoor import FrontDoor, envelope_headers
+
+    rig = Rig()
+    door = FrontDoor(rig.dispatcher, rig.queues, wait=0)
+    await rig.queues.declare("orders")
+    await rig.queues.declare(door.queue)
+    envelope = rig.message(7, 5).with_changes(
+        destination=door.queue, headers=envelope_headers("orders", rig.clock.now())
+    )
+    await rig.queues.send_batch([envelope])
+    serving = asyncio.create_task(door.run())
+    await settle()
+    assert (door.stored, door.outage_breaker.armed) == (0, False)
+    await rig.setup()
+    await rig.start()
+    await rig.tick(0.05, steps=3)
+    assert door.stored == 1 and not door.outage_breaker.armed
+    assert rig.delivered("orders") == ["m7"]  # stored, then due at once: delivered
+    rig.dispatcher.stop()
+    await rig.tick(1, steps=3)
+    await asyncio.wait_for(serving, 5)
+    assert rig.task is not None
+    await rig.task
