@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.cli_server import Forks
+
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = str(ROOT / "tests")
 
@@ -160,12 +162,32 @@ def _closes_its_sqlite_connections() -> Iterator[None]:
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 60, env: dict[str, str] | None = None
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    errors: str = "strict",
 ) -> subprocess.CompletedProcess[str]:
+    """``duetime ARGS`` run to its end: forked from a process that has imported the CLI already
+    (tests/cli_server.py says why and what stays the same), else a new interpreter."""
     full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
+    if _FORKS is not None:
+        done = _FORKS.run(list(args), str(cwd or os.getcwd()), full_env, timeout, errors)
+        if done is not None:
+            return done
     return subprocess.run(
-        duetime_cmd(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+        duetime_cmd(*args),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        errors=errors,
     )
+
+
+#: DUETIME_TEST_FORKS=0 starts every command in a new interpreter, as the README's users do.
+_FORKS = None if os.environ.get("DUETIME_TEST_FORKS") == "0" else Forks()
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import os
 import re
 import socket
 import sys
@@ -195,6 +196,13 @@ def due_from_options(in_: str | None, at: str | None, body: str | None = None) -
             to=err,
         )
     return {"due_at": due}
+
+
+def body_bytes(body: str) -> bytes:
+    """A body given on the command line, as the bytes the shell passed. Python decodes arguments
+    with ``surrogateescape`` and ``os.fsencode`` undoes it, so a body that is not UTF-8 is kept
+    byte for byte (``str.encode`` refused it with an internal error)."""
+    return os.fsencode(body)
 
 
 def headers_from_pairs(pairs: list[str]) -> dict[str, str]:

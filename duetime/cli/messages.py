@@ -26,6 +26,7 @@ from duetime.cli.common import (
     StoreOpt,
     TransportOpt,
     app,
+    body_bytes,
     carry_rule,
     cli_actor,
     confirm_many,
@@ -110,7 +111,7 @@ def schedule(
     debounce` sends one reminder ten minutes after the last of many calls.
     """
     due = due_from_options(in_, at, body if body_file is None else None)
-    payload = body_file.read() if body_file is not None else body.encode()
+    payload = body_file.read() if body_file is not None else body_bytes(body)
     made = build_message(
         SYSTEM,
         destination,
@@ -303,7 +304,7 @@ def send_delayed_command(
                 t,
                 endpoint,
                 destination,
-                body.encode(),
+                body_bytes(body),
                 headers=headers_from_pairs(header),
                 message_id=message_id,
                 **due,

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from duetime.cli.common import refuse_split_duration
+from duetime.cli.common import body_bytes, refuse_split_duration
 from duetime.cli.terminal import console, err, say, show, table
 from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
@@ -166,7 +166,7 @@ def send(
 
     async def go() -> str:
         async with _native(url, names) as native:
-            sent = await native.send(destination, body.encode(), delay=parse_duration(in_))
+            sent = await native.send(destination, body_bytes(body), delay=parse_duration(in_))
             return str(sent.message_id)
 
     console.print(f"sent {_run(go)}")

@@ -24,6 +24,7 @@ from duetime.cli.common import (
     StoreOpt,
     TransportOpt,
     app,
+    body_bytes,
     changing,
     headers_from_pairs,
     refuse_destination,
@@ -226,7 +227,7 @@ def add(
         destination,
         when,
         SYSTEM.now(),
-        body=body.encode(),
+        body=body_bytes(body),
         headers=headers_from_pairs(header),
         paused=paused,
     )
@@ -351,7 +352,7 @@ def change(
         when = _when(
             cron, every, zone, start, end, count, skipped, catch_up, catch_up_window, s.recurrence, jitter
         )
-        return changed(s, when=when, destination=destination, body=None if body is None else body.encode())
+        return changed(s, when=when, destination=destination, body=None if body is None else body_bytes(body))
 
     async def go(s: RecurringStore) -> Schedule:
         apply(await s.get_schedule(schedule_id))  # bad input: one line, nothing changed
