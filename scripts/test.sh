@@ -22,9 +22,9 @@ echo "== import layers (import-linter, contracts in pyproject.toml)"; .venv/bin/
 # Six workers, each test file whole on one of them (a file's shared fixtures stay shared), the
 # longest files first (tests/file-seconds.json) and no more than two Spark files side by side:
 # most tests wait on servers, timers and subprocesses, so six keep two cores busy for the whole run
-# (here: 18-20 minutes for 2,286 tests, both cores at 95-100 % throughout; Spark's JVM started
-# as tests/spark_jvm.py says). The CPU is what limits it: each `duetime` process the tests start
-# costs about 0.3 CPU-seconds, a Spark job's JVM about 10.
+# (here: 12-13 minutes for 2,296 tests). The CPU is what limits it: a new `duetime` process costs
+# about 0.3 CPU-seconds (the tests' short commands are forked instead, as tests/cli_server.py
+# says), a Spark job's JVM about 10 (started as tests/spark_jvm.py says).
 # DUETIME_TEST_WORKERS=0 runs everything in this process.
 workers="${DUETIME_TEST_WORKERS:-6}"
 parallel=()
