@@ -1,10 +1,12 @@
 """Short ``duetime`` commands for the tests, each a process forked from one that has already imported
 the CLI, instead of a new interpreter that imports it again.
 
-Why: the suite runs about 1,600 short commands (``setup``, ``schedule``, ``list``, a bad flag...).
+Why: the suite runs about 1,200 short commands (``setup``, ``schedule``, ``list``, a bad flag...).
 A new ``python -m duetime`` spends about 0.25 CPU-seconds importing duetime, asyncio, Rich and
-Typer before its command starts; on two cores that was about a quarter of the suite's CPU. A fork
-of a process that has imported them starts the command at once.
+Typer before its command starts, more on two cores kept busy by everything else. A fork of a
+process that has imported them starts the command at once: a whole run took 1,470 CPU-seconds
+instead of about 2,300, 12-13 minutes instead of 19-21 (``DUETIME_TEST_FORKS=0`` starts each
+command anew, to compare).
 
 What the command gets is what ``python -m duetime`` would give it: its own process (its exit code,
 its atexit handlers and non-daemon threads waited for, a kill ends only it), the arguments
