@@ -9,8 +9,9 @@ Figures, each a rate of messages stored a second (100-byte bodies, ``delay: "1h"
 - **Python client, one call at a time** (``connect_sync(...).schedule``): the baseline of every
   ratio, the rate a Python program gets without a server in between.
 - **HTTP, one message a request**, over kept-alive connections: 1 client, and 16 clients, with
-  each request's latency (p50, p99). The clients are ApacheBench (``ab``, Debian's apache2-utils):
-  a load generator in C, so that the server is what is measured, not a Python client beside it.
+  each request's latency (p50, p99). The clients are wrk (Debian's package): HTTP/1.1 connections
+  kept alive by a load generator in C, so that the server is what is measured, not a Python
+  client beside it.
 - **HTTP, batches of 500** (``POST /v1/batches``), 1 client and 4 clients.
 
 ``--soak N`` then sends N one-message requests from 16 clients and reads the server's resident
@@ -111,26 +112,43 @@ def serving(url: str, servers: int = 1) -> Iterator[tuple[int, str, int]]:
             os.unlink(log_path)
 
 
-def ab(
-    port: int, key: str, path: str, payload: object, requests: int, clients: int
-) -> tuple[float, str, str]:
-    """ApacheBench (Debian's apache2-utils), keep-alive: requests a second, p50 and p99 in ms. A
-    load generator in C, so that what is measured is the server, not a Python client."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as body:
-        json.dump(payload, body)
-        body.flush()
+#: wrk's script: POST the body file with the key.
+_WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = io.open(os.getenv("BENCH_BODY")):read("*a")
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer " .. os.getenv("BENCH_KEY")
+"""
+_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def load(
+    port: int, key: str, path: str, payload: object, seconds: float, clients: int
+) -> tuple[float, str, str, int]:
+    """wrk (Debian's package): ``clients`` HTTP/1.1 connections kept alive for ``seconds``;
+    requests a second, p50 and p99 in ms, and requests in all. A load generator in C, so that what
+    is measured is the server, not a Python client. (ApacheBench speaks HTTP/1.0, which uvicorn
+    never keeps alive: each of its requests was a new connection.)"""
+    with tempfile.TemporaryDirectory() as folder:
+        body, script = Path(folder) / "body.json", Path(folder) / "post.lua"
+        body.write_text(json.dumps(payload))
+        script.write_text(_WRK_SCRIPT)
+        env = {**os.environ, "BENCH_BODY": str(body), "BENCH_KEY": key}
         done = subprocess.run(
-            ["ab", "-q", "-k", "-c", str(clients), "-n", str(requests), "-p", body.name,
-             "-T", "application/json", "-H", f"Authorization: Bearer {key}",
-             f"http://127.0.0.1:{port}{path}"],
-            capture_output=True, text=True, check=True,
+            ["wrk", "-t", "1", "-c", str(clients), "-d", f"{max(1, round(seconds))}s", "--latency",
+             "-s", str(script), f"http://127.0.0.1:{port}{path}"],
+            capture_output=True, text=True, check=True, env=env,
         )  # fmt: skip
     said = done.stdout
-    assert "Non-2xx" not in said and "Failed requests:        0" in said, said
-    rate = float(re.search(r"Requests per second:\s+([\d.]+)", said).group(1))  # type: ignore[union-attr]
-    p50 = re.search(r"^\s+50%\s+(\d+)", said, re.M).group(1)  # type: ignore[union-attr]
-    p99 = re.search(r"^\s+99%\s+(\d+)", said, re.M).group(1)  # type: ignore[union-attr]
-    return rate, p50, p99
+    assert "Non-2xx" not in said and "Socket errors" not in said, said
+    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", said).group(1))  # type: ignore[union-attr]
+    count = int(re.search(r"(\d+) requests in", said).group(1))  # type: ignore[union-attr]
+    return rate, _percentile(said, "50%"), _percentile(said, "99%"), count
+
+
+def _percentile(said: str, which: str) -> str:
+    value, unit = re.search(rf"^\s+{which}\s+([\d.]+)(us|ms|s)$", said, re.M).groups()  # type: ignore[union-attr]
+    return f"{float(value) * _UNITS[unit]:.1f}"
 
 
 def python_client(url: str, count: int) -> float:
@@ -164,16 +182,20 @@ def main() -> None:
         print(f"store {args.store}, {args.count:,} messages a figure, {args.servers} server process(es)")
         with serving(url, args.servers) as (port, key, pid):
             one = {"destination": "orders", "delay": "1h", "body": BODY}
-            ab(port, key, "/v1/messages", one, 500, 4)  # warm: imports, connections
+            load(port, key, "/v1/messages", one, 2, 4)  # warm: imports, connections
+            seconds = args.count / baseline  # about as long as the baseline took
+            rate_16 = baseline
             for clients in (1, 16):
-                rate, p50, p99 = ab(port, key, "/v1/messages", one, args.count, clients)
+                rate, p50, p99, _ = load(port, key, "/v1/messages", one, seconds, clients)
+                rate_16 = rate
                 print(
                     f"  HTTP, one a request, {clients:2d} client(s)     {rate:9,.0f} msg/s   "
                     f"{rate / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
                 )
             for clients in (1, 4):
-                batches = max(args.count * 10 // BATCH, clients)
-                rate, p50, p99 = ab(port, key, "/v1/batches", {"messages": [one] * BATCH}, batches, clients)
+                rate, p50, p99, _ = load(
+                    port, key, "/v1/batches", {"messages": [one] * BATCH}, seconds, clients
+                )
                 print(
                     f"  HTTP, batches of {BATCH}, {clients} client(s)     {rate * BATCH:9,.0f} msg/s   "
                     f"{rate * BATCH / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
@@ -181,13 +203,14 @@ def main() -> None:
             if args.soak:
                 start = rss_kib(pid)
                 samples = []
+                sent = 0
                 began = time.perf_counter()
-                for _ in range(10):
-                    ab(port, key, "/v1/messages", one, args.soak // 10, 16)
+                for _ in range(10):  # a tenth of the requests each, by the rate measured above
+                    sent += load(port, key, "/v1/messages", one, args.soak / 10 / rate_16, 16)[3]
                     samples.append(rss_kib(pid))
-                rate = args.soak / (time.perf_counter() - began)
+                rate = sent / (time.perf_counter() - began)
                 print(
-                    f"  soak: {args.soak:,} requests at {rate:,.0f}/s; server RSS {start / 1024:.0f} MiB "
+                    f"  soak: {sent:,} requests at {rate:,.0f}/s; server RSS {start / 1024:.0f} MiB "
                     "before, then " + ", ".join(f"{s / 1024:.0f}" for s in samples) + " MiB"
                     f" (last/first tenth {samples[-1] / samples[0]:.2f}x)"
                 )
