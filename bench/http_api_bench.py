@@ -205,8 +205,10 @@ def main() -> None:
                 samples = []
                 sent = 0
                 began = time.perf_counter()
-                for _ in range(10):  # a tenth of the requests each, by the rate measured above
-                    sent += load(port, key, "/v1/messages", one, args.soak / 10 / rate_16, 16)[3]
+                for tenth in range(10):  # what is left in equal parts, by the latest rate
+                    seconds = (args.soak - sent) / (10 - tenth) / rate_16
+                    rate_16, _, _, count = load(port, key, "/v1/messages", one, seconds, 16)
+                    sent += count
                     samples.append(rss_kib(pid))
                 rate = sent / (time.perf_counter() - began)
                 print(
