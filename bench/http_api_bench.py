@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -175,6 +176,8 @@ def main() -> None:
         "--servers", type=int, default=1, help="`duetime serve` processes sharing the port (--share-port)"
     )
     args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("error: the clients are wrk, which is not installed here; install it: apt-get install wrk")
     with store_url(args.store) as url:
         cli("setup", "--store", url)
         baseline = python_client(url, args.count)
