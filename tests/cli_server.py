@@ -107,8 +107,9 @@ def _serve(listener: socket.socket) -> tuple[dict[str, Any], list[int]]:
             return request, fds
         for fd in fds:
             os.close(fd)
-        _, status = os.waitpid(pid, 0) if _sent(conn, pid) else (0, 0)
-        _sent(conn, os.waitstatus_to_exitcode(status))
+        if _sent(conn, pid):  # else the caller has gone: nobody is left to tell how it ended
+            _, status = os.waitpid(pid, 0)
+            _sent(conn, os.waitstatus_to_exitcode(status))
         os._exit(0)
 
 
