@@ -266,7 +266,9 @@ class MqttTransport(AsyncClosing):
     async def start(self) -> None:
         if self._closed:
             raise TransportUnavailable("the MQTT transport is closed")
-        if self._publisher is not None and self._publisher.lost is None:
+        publisher = self._publisher
+        # paho's own state too: it knows of a lost connection a moment before its callback sets `lost`
+        if publisher is not None and publisher.lost is None and publisher.client.is_connected():
             return
         if self._publisher is not None:
             self._publisher.close()
