@@ -559,10 +559,18 @@ class TransactionalStore(Protocol):
         transport: object,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+        until: datetime | None = None,
     ) -> MoveOutcome:
         """In one transaction: claim up to ``limit`` messages due at ``at``, put each into its
         queue of ``transport`` (into ``error_queue``, with ``error_headers``, when its queue does
-        not exist) and remove it. A crash rolls the whole move back: nothing lost or doubled."""
+        not exist) and remove it. A crash rolls the whole move back: nothing lost or doubled.
+
+        ``until`` (later than ``at``) asks for the move made ahead: a store whose queue rows carry
+        the time they become visible may also take what comes due by ``until``, each hidden from
+        every receiver until its due time, so that one move carries what a steady stream brings
+        in that window instead of a move each. A cancel, reschedule or replace of such a message
+        is refused (MessageInFlight) until it is visible. A store that cannot moves only what is
+        due at ``at``."""
 
 
 @dataclass(frozen=True, slots=True)

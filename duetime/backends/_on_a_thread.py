@@ -437,6 +437,7 @@ class MovingStore(Protocol):
         limit: int,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+        until: datetime | None = None,
     ) -> MoveOutcome: ...
 
 
@@ -462,13 +463,14 @@ class TransactionalBridge(AsyncStoreBridge):
         transport: object,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+        until: datetime | None = None,
     ) -> MoveOutcome:
         if transport is not self._shares_with:  # asked once per transport, not every round
             if not self.shares_transaction_with(transport):
                 raise ConfigurationError(f"move_due needs {self.needs}.")
             self._shares_with = transport
         moving: MovingStore = self.sync
-        return await self._call(moving.move_due, at, limit, error_queue, error_headers)
+        return await self._call(moving.move_due, at, limit, error_queue, error_headers, until)
 
 
 class SyncQueue(Protocol):

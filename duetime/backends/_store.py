@@ -603,6 +603,8 @@ class StoreRules(ScheduleRules, Closing, ABC):
         for _ in range(NEW_ONLY_TRIES):
             if replacing and self._replaced(message):
                 return Put(given, "replaced")
+            if replacing and self._moved_ahead(message.message_id, self.clock.now()):
+                raise not_replaced(message.message_id)
             try:
                 self._insert([message])
                 return Put(given, "stored")
@@ -714,9 +716,17 @@ class StoreRules(ScheduleRules, Closing, ABC):
 
     def _refuse_in_flight(self, message_id: str) -> bool:
         """The in-flight rule: a change that did not apply to a message that exists means a
-        dispatcher is forwarding it; to one that does not exist, it is gone (False)."""
-        if self._get(message_id) is not None:
+        dispatcher is forwarding it, as it is when a move made ahead put it in its queue, not
+        visible yet; to one that does not exist, it is gone (False)."""
+        if self._get(message_id) is not None or self._moved_ahead(message_id, self.clock.now()):
             raise in_flight(message_id)
+        return False
+
+    def _moved_ahead(self, message_id: str, now: datetime) -> bool:
+        """Whether an exactly-once move made ahead of the due time put ``message_id`` in a queue
+        of the store's own, where no receiver sees it before ``now`` passes its due time (see
+        :meth:`~duetime.interfaces.TransactionalStore.move_due`): it is being delivered, and a
+        change to it is refused. A store that never moves ahead: never."""
         return False
 
     def beat(self, info: DispatcherInfo) -> None:

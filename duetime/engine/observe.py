@@ -39,12 +39,18 @@ class Settled(NamedTuple):
     #: A flow-control limit or pause governs its destination (:mod:`duetime.limits`): its wait
     #: from its due time is measured as held, never as lateness.
     held: bool = False
+    #: When it counts as delivered, where that is not the time the observer is told: a message
+    #: moved ahead of its due time is put in its queue early, and visible to receivers from its
+    #: due time on.
+    delivered_at: datetime | None = None
 
     @classmethod
-    def moved(cls, moved: Moved) -> Settled:
-        """A message an exactly-once move delivered: it is read back without its failures, so its
-        try is counted as its first."""
-        return cls(moved.message_id, moved.destination, moved.due_at, 1, moved.trace)
+    def moved(cls, moved: Moved, at: datetime) -> Settled:
+        """A message an exactly-once move delivered at ``at`` (at its due time, if that is later:
+        a move made ahead): it is read back without its failures, so its try is counted as its
+        first."""
+        ahead = moved.due_at if moved.due_at > at else None
+        return cls(moved.message_id, moved.destination, moved.due_at, 1, moved.trace, delivered_at=ahead)
 
     @classmethod
     def of(cls, message: DelayedMessage, *, reason: str | None = None, held: bool = False) -> Settled:
@@ -62,8 +68,9 @@ class Settled(NamedTuple):
         )
 
     def lateness(self, at: datetime) -> float:
-        """Seconds from its due time to ``at`` (negative: early, which the engine never is)."""
-        return (at - self.due_at).total_seconds()
+        """Seconds from its due time to ``at`` (or to ``delivered_at``, if set; negative: early,
+        which the engine never is)."""
+        return ((self.delivered_at or at) - self.due_at).total_seconds()
 
 
 class DispatchObserver:

@@ -114,7 +114,10 @@ class DeliveryLogSink(DispatchObserver):
     def _keep(self, done: Sequence[Settled], outcome: str, at: datetime) -> None:
         if self.log is not None:
             self._pending.extend(
-                Delivery(d.message_id, d.destination, d.due_at, at, d.attempts, outcome, d.held) for d in done
+                Delivery(
+                    d.message_id, d.destination, d.due_at, d.delivered_at or at, d.attempts, outcome, d.held
+                )
+                for d in done
             )
 
     async def round_ended(self) -> None:

@@ -408,9 +408,23 @@ class ExactlyOnce:
         #: How many the next move may take: ``batch_size``, doubling while each move comes back
         #: full (a backlog), up to :data:`MOVE_GROWTH` times it.
         self.limit = engine.settings.batch_size
+        #: The last move carried a message ahead of its due time: messages come closer than the
+        #: window, so the loop wakes a move's time early (see :attr:`lead`).
+        self._moved_ahead = False
 
-    #: A move takes only what is due: the loop wakes at the due time, within the lateness budget.
-    lead = timedelta(0)
+    def window(self, admitted: bool) -> timedelta:
+        """How far ahead this move takes (``claim_window``): nothing while flow-control limits
+        hold messages back (the move must take exactly those they admitted), or in a burst."""
+        e = self.e
+        limited = admitted or (e.flow is not None and e.flow.active)
+        return timedelta(0) if limited or e.burst else e.settings.claim_window
+
+    @property
+    def lead(self) -> timedelta:
+        """How early the loop wakes before the next due time: a move's time, while moves carry
+        messages ahead (so the first is in its queue by its due time); else at it, within the
+        lateness budget."""
+        return min(self.window(False), CLAIM_LEAD) if self._moved_ahead else timedelta(0)
 
     async def round(self, now: datetime) -> Round:
         e, limit, batch_size = self.e, self.limit, self.e.settings.batch_size
@@ -427,6 +441,7 @@ class ExactlyOnce:
                 if not admitted.send:  # all held: nothing to move this round
                     return Round(bool(admitted.held), claimed_full)
                 limit = len(admitted.send)
+        window = self.window(admitted is not None)
         e.wakeups.mark()
         try:
             outcome = await within(
@@ -437,6 +452,7 @@ class ExactlyOnce:
                     e.settings.error_queue,
                     # the move was a try too: the attempts are the failures before it and this one
                     lambda m, reason: error_headers(m, reason, now, m.failure_count + 1, endpoint=e.endpoint),
+                    now + window if window else None,
                 ),
                 e.calls.deadline(e.calls.breakers.fetch),
                 "moving due messages",
@@ -456,12 +472,13 @@ class ExactlyOnce:
             self.limit = min(limit * 2, batch_size * MOVE_GROWTH, MOVE_MOST) if full else batch_size
         if outcome.next_due is not None and not full:
             e.wakeups.know_ahead(outcome.next_due.at)
+        self._moved_ahead = any(m.due_at > now for m in outcome.moved)
         if not moved:
             return Round(False, full)
         e.observer.claimed(moved)
         e.observer.delivered(
             [
-                Settled.moved(m)._replace(
+                Settled.moved(m, moved_at)._replace(
                     held=flow is not None and flow.measures_held and flow.limited(m.destination, m.due_at)
                 )
                 for m in outcome.moved

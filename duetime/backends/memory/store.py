@@ -348,8 +348,11 @@ class SyncMemoryStore(StoreRules):
         transport: MemoryTransport,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+        until: datetime | None = None,
     ) -> MoveOutcome:
-        """Claim, deliver and delete in one critical section: exactly-once within the process."""
+        """Claim, deliver and delete in one critical section: exactly-once within the process.
+        Only what is due at ``at``: the memory queues have no time a message becomes visible, so
+        ``until`` (a move made ahead) is not taken up."""
         with self._lock, transport.lock:
             moved: list[Moved] = []
             dead: list[tuple[DelayedMessage, str]] = []
@@ -396,6 +399,7 @@ class MemoryStore(AsyncStoreBridge):
         transport: object,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+        until: datetime | None = None,
     ) -> MoveOutcome:
         assert isinstance(transport, MemoryTransport)
         return self.sync.move_due(at, limit, transport, error_queue, error_headers)

@@ -350,6 +350,7 @@ class PgNames:
             "index_schedules_plan": "duetime_schedules_plan",
             "messages": f"{s}.duetime_queue_messages",
             "index_ready": "duetime_queue_messages_ready",
+            "index_waiting": "duetime_queue_messages_waiting",
         }
         self.qualified = names["table"]
         self.quoted_schema = s
@@ -359,6 +360,7 @@ class PgNames:
             names["queues"],
             names["messages"],
             f"{s}.{quote_identifier(names['index_ready'])}",
+            f"{s}.{quote_identifier(names['index_waiting'])}",
         ]
         #: Each index the set-up makes, by the query that makes it: its qualified name.
         self.indexes = {
@@ -369,6 +371,7 @@ class PgNames:
             "create_store_group_index": f"{s}.{names['index_group']}",
             "create_schedule_plan_index": f"{s}.{quote_identifier(names['index_schedules_plan'])}",
             "create_messages_index": f"{s}.{quote_identifier(names['index_ready'])}",
+            "create_messages_waiting_index": f"{s}.{quote_identifier(names['index_waiting'])}",
         }
         self.store_relations = [
             names["schema_table"],

@@ -193,7 +193,9 @@ SELECT * FROM taken ORDER BY due_at, message_id;
 -- A row only Python can forward (a destination with no queue, an NServiceBus timeout, headers
 -- that are not a bare JSON object, a due time before 1970) leaves the batch untouched and is
 -- counted in `strays`: the caller then moves that batch row by row. The result is one row per
--- moved message, or one row of NULLs with the counts when none moved.
+-- moved message, or one row of NULLs with the counts when none moved. A move made ahead
+-- (%(until)s later than %(at)s) also takes what comes due by %(until)s, each visible in its queue
+-- at its due time (by the server's clock, which every receive asks).
 -- name: move_due_at_once
 WITH due AS MATERIALIZED (
     SELECT d.message_id,
@@ -202,7 +204,7 @@ WITH due AS MATERIALIZED (
            AND strpos(d.headers::text, '"NServiceBus.Timeout.Expire"') = 0
            AND d.destination IN (SELECT name FROM {queues}) AS plain
     FROM {table} AS d
-    WHERE d.due_at <= %(at)s AND (d.claim_token IS NULL OR d.claimed_until <= %(at)s)
+    WHERE d.due_at <= %(until)s AND (d.claim_token IS NULL OR d.claimed_until <= %(at)s)
     ORDER BY d.due_at, d.message_id
     LIMIT %(limit)s
     FOR UPDATE OF d SKIP LOCKED
@@ -214,14 +216,14 @@ WITH due AS MATERIALIZED (
     WHERE t.message_id = due.message_id AND (SELECT strays FROM strays) = 0
     RETURNING t.message_id, t.destination, t.due_at, t.headers::text AS headers, t.body
 ), sent AS (
-    INSERT INTO {messages} (queue, message_id, headers, body)
+    INSERT INTO {messages} (queue, message_id, headers, body, visible_at)
     SELECT destination, message_id,
            (CASE headers WHEN '{{}}' THEN '{{' ELSE left(headers, -1) || ',' END
             || '"duetime-due-at":"' || to_char(due_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
             || CASE to_char(due_at AT TIME ZONE 'UTC', 'US') WHEN '000000' THEN ''
                     ELSE '.' || to_char(due_at AT TIME ZONE 'UTC', 'US') END
             || '+00:00"}}')::json,
-           body
+           body, greatest(due_at, clock_timestamp())
     FROM taken
     ORDER BY due_at, message_id
 ), woken AS (
@@ -364,6 +366,17 @@ CREATE TABLE IF NOT EXISTS {messages} (
 -- name: create_messages_index
 CREATE INDEX IF NOT EXISTS {index_ready} ON {messages} (queue, visible_at, seq);
 
+-- Messages no receiver has taken yet, by id: how a store finds one moved ahead of its due time
+-- (a cancel of it is refused: it is being delivered). Received ones leave the index.
+-- name: create_messages_waiting_index
+CREATE INDEX IF NOT EXISTS {index_waiting} ON {messages} (message_id) WHERE delivery_count = 0;
+
+-- name: moved_ahead
+SELECT EXISTS (
+    SELECT 1 FROM {messages}
+    WHERE message_id = %(message_id)s AND delivery_count = 0 AND visible_at > clock_timestamp()
+);
+
 -- name: declare_queue
 INSERT INTO {queues} (name) VALUES (%(name)s) ON CONFLICT (name) DO NOTHING;
 
@@ -399,7 +412,10 @@ SELECT pg_notify(%(channel)s, q) FROM unnest(%(queues)s::text[]) AS q;
 -- A receive, which first acknowledges what the consumer handled since its last one (`done`; the
 -- arrays are empty when there is none): one statement, one round trip. The rows it deletes are
 -- left out of what it takes (a row whose receipt ran out could be both; one statement must not
--- change a row twice).
+-- change a row twice). Its last column says in how many seconds the queue's next message not
+-- visible now becomes visible (one moved ahead of its due time, or one whose receipt runs out
+-- then; NULL: none), so that a receiver that took all there was sleeps until then at most. The
+-- result is one row per message taken, or one row of NULLs but that when none was.
 -- name: receive
 WITH acknowledged AS (
     DELETE FROM {messages} AS m
@@ -411,12 +427,21 @@ WITH acknowledged AS (
     ORDER BY visible_at, seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE {messages} AS m
+    SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s,
+        delivery_count = delivery_count + 1
+    FROM chosen AS c
+    WHERE m.seq = c.seq
+    RETURNING m.seq, m.queue, m.message_id, m.headers::text AS headers, m.body, m.delivery_count
+), later AS (
+    SELECT extract(epoch FROM (
+        SELECT min(visible_at) FROM {messages}
+        WHERE queue = %(queue)s AND visible_at > clock_timestamp() AND seq <> ALL(%(seqs)s::bigint[])
+    ) - clock_timestamp())::float8 AS visible_in
 )
-UPDATE {messages} AS m
-SET visible_at = clock_timestamp() + %(visibility)s, receipt = %(token)s, delivery_count = delivery_count + 1
-FROM chosen AS c
-WHERE m.seq = c.seq
-RETURNING m.seq, m.queue, m.message_id, m.headers::text, m.body, m.delivery_count;
+SELECT t.seq, t.queue, t.message_id, t.headers, t.body, t.delivery_count, l.visible_in
+FROM later AS l LEFT JOIN taken AS t ON true;
 
 -- name: receive_by_id
 UPDATE {messages} AS m

@@ -42,7 +42,12 @@ log = logging.getLogger("duetime.queue")
 
 
 def queue_schema_statements(q: dict[str, str]) -> list[str]:
-    return [q["create_queues_table"], q["create_messages_table"], q["create_messages_index"]]
+    return [
+        q["create_queues_table"],
+        q["create_messages_table"],
+        q["create_messages_index"],
+        q["create_messages_waiting_index"],
+    ]
 
 
 def queue_setup(names: PgNames) -> list[tuple[str, dict[str, Any]]]:
@@ -205,8 +210,9 @@ class SyncPostgresQueue(Closing):
         done: Sequence[ReceivedMessage] = (),
     ) -> list[ReceivedMessage]:
         """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first: asleep on the
-        queue channel's NOTIFY (every enqueue sends one), looking again at least every
-        ``recheck`` seconds for messages whose visibility timeout ran out.
+        queue channel's NOTIFY (every enqueue sends one), looking again when the queue's next
+        message becomes visible (one moved ahead of its due time, or one whose visibility
+        timeout runs out) and at least every ``recheck`` seconds.
 
         A look that came back with less than it could take found all there was; until the queue
         is woken or ``recheck`` passes, nothing new can be there, so the next receive waits
@@ -217,6 +223,7 @@ class SyncPostgresQueue(Closing):
         now = SYSTEM.monotonic()
         deadline = now + wait
         acknowledge_by = now + min(wait, ACKNOWLEDGE_WITHIN)
+        visible_in: float | None = None
         while True:
             heard = self._listener.heard(queue)
             quiet = self._quiet.get(queue)
@@ -224,9 +231,13 @@ class SyncPostgresQueue(Closing):
                 params = self._receive_params(queue, max_messages, done)
                 done = ()
                 with pooled(self.pool, self.options) as conn:
-                    rows = _asked(conn, self.options, self.names.q["receive"], params)
+                    answer = _asked(conn, self.options, self.names.q["receive"], params)
+                looked = SYSTEM.monotonic()
+                rows = [r[:6] for r in answer if r[0] is not None]
+                visible_in = answer[0][6] if answer else None  # a message moved ahead, a receipt's end
                 if heard is not None and len(rows) < max_messages:
-                    quiet = self._quiet[queue] = _Quiet(heard, SYSTEM.monotonic() + self.recheck)
+                    recheck = self.recheck if visible_in is None else min(self.recheck, visible_in)
+                    quiet = self._quiet[queue] = _Quiet(heard, looked + recheck)
                 else:
                     self._quiet.pop(queue, None)
                     quiet = None
@@ -245,7 +256,8 @@ class SyncPostgresQueue(Closing):
             if done:
                 until = min(until, acknowledge_by - now)
             if heard is None or not self._listener.wait_for(queue, heard, max(until, 0.0)):
-                time.sleep(min(left, self.poll_interval))
+                poll = self.poll_interval if visible_in is None else min(self.poll_interval, visible_in)
+                time.sleep(max(min(left, poll), 0.0))
 
     def acknowledge(self, messages: Sequence[ReceivedMessage]) -> int:
         """Remove a batch in one statement; a receipt that expired (handed out again) is skipped."""

@@ -392,6 +392,10 @@ class SyncPostgresStore(StoreRules):
         rows = self._rows(self.names.q["get"], {"id": message_id})
         return decode(rows[0]) if rows else None
 
+    def _moved_ahead(self, message_id: str, now: datetime) -> bool:
+        """(By the server's clock, as the receivers see it, not ``now``.)"""
+        return bool(self._rows(self.names.q["moved_ahead"], {"message_id": message_id})[0][0])
+
     def _stored_ids(self, message_ids: Sequence[str]) -> set[str]:
         return {r[0] for r in self._rows(self.names.q["stored_ids"], {"ids": list(message_ids)})}
 
@@ -627,26 +631,31 @@ class SyncPostgresStore(StoreRules):
         limit: int,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+        until: datetime | None = None,
     ) -> MoveOutcome:
         """Take due rows (SKIP LOCKED), enqueue them, delete them: one transaction, exactly-once.
 
-        Most batches move in one statement (:meth:`_move_at_once`). A batch with a row only
-        Python can forward moves row by row (:meth:`_move`): into the queues in one statement
-        that keeps what has a declared queue and wakes its receivers (as the queue's own send),
-        the rest to the error queue."""
+        Most batches move in one statement (:meth:`_move_at_once`), which ``until`` (later than
+        ``at``) makes ahead: it also takes what comes due by then, each visible in its queue at
+        its due time. A batch with a row only Python can forward moves row by row (:meth:`_move`),
+        only what is due at ``at``: into the queues in one statement that keeps what has a
+        declared queue and wakes its receivers (as the queue's own send), the rest to the error
+        queue."""
         if not self._held.held_count():  # (rows claimed here would be left out of the next due time)
-            at_once = self._move_at_once(check_due_time(at, "at"), limit)
+            at = check_due_time(at, "at")
+            ahead = at if until is None else max(at, check_due_time(until, "until"))
+            at_once = self._move_at_once(at, ahead, limit)
             if at_once is not None:
                 return at_once
         with pooled(self.pool, self.options) as conn, conn.transaction():
             moved, dead = self._move(conn, at, limit, error_queue, error_headers)
         return MoveOutcome(moved, dead, self._next_due_after_move())
 
-    def _move_at_once(self, at: datetime, limit: int) -> MoveOutcome | None:
+    def _move_at_once(self, at: datetime, until: datetime, limit: int) -> MoveOutcome | None:
         """The move as one statement (``move_due_at_once``): one round trip where the move row by
         row and the next-due question took five, most of a round's cost at a few hundred messages
         a second. None when a due row needs the move row by row (nothing was moved then)."""
-        params = {"at": at, "limit": limit, "channel": self.names.queue_channel}
+        params = {"at": at, "until": until, "limit": limit, "channel": self.names.queue_channel}
         with pooled(self.pool, self.options) as conn:
             rows = conn.execute(self.names.q["move_due_at_once"], params).fetchall()
             *_, strays, first, expiry = rows[0]

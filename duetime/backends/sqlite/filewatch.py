@@ -15,6 +15,7 @@ Linux, or the ``inotify_simple`` package missing) :func:`watch` answers None and
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from pathlib import Path
 
@@ -82,7 +83,7 @@ class FileWatch:
         if not self._turn.acquire(blocking=False):
             return None
         try:
-            return self._changed(max(int(seconds * 1000), 0))
+            return self._changed(max(math.ceil(seconds * 1000), 0))  # never short of `seconds`
         finally:
             self._turn.release()
 

@@ -86,13 +86,15 @@ LIMIT :limit;
 -- none does, the same rows copied into the queue with `duetime-due-at` spliced into their headers
 -- exactly as message.outgoing_headers_json does, then deleted. In one write transaction the three
 -- statements see the same rows. (Braces are doubled: {table} is filled in by str.format.)
+-- A move made ahead (:until later than :at) also takes what comes due by :until; each such row
+-- becomes visible in its queue at its due time (every receive asks `visible_at <= now`).
 -- name: move_due_look
 SELECT message_id, destination, due_at,
        CASE WHEN instr(headers, '"traceparent"') THEN headers END,
        due_at < 0 OR substr(headers, 1, 1) <> '{{' OR substr(headers, -1, 1) <> '}}'
            OR instr(headers, '"NServiceBus.Timeout.Expire"') > 0
 FROM {table}
-WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+WHERE due_at <= :until AND (claim_token IS NULL OR claimed_until <= :at)
 ORDER BY due_at, message_id
 LIMIT :limit;
 
@@ -103,16 +105,16 @@ SELECT destination, message_id,
        || '"duetime-due-at":"' || strftime('%Y-%m-%dT%H:%M:%S', due_at / 1000000, 'unixepoch')
        || CASE WHEN due_at % 1000000 THEN printf('.%06d', due_at % 1000000) ELSE '' END
        || '+00:00"}}',
-       body, :now, :now
+       body, :now, max(due_at, :now)
 FROM {table}
-WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+WHERE due_at <= :until AND (claim_token IS NULL OR claimed_until <= :at)
 ORDER BY due_at, message_id
 LIMIT :limit;
 
 -- name: move_due_delete
 DELETE FROM {table} WHERE message_id IN (
     SELECT message_id FROM {table}
-    WHERE due_at <= :at AND (claim_token IS NULL OR claimed_until <= :at)
+    WHERE due_at <= :until AND (claim_token IS NULL OR claimed_until <= :at)
     ORDER BY due_at, message_id
     LIMIT :limit
 );
@@ -209,6 +211,18 @@ CREATE TABLE IF NOT EXISTS duetime_queue_messages (
 -- name: create_queue_messages_index
 CREATE INDEX IF NOT EXISTS duetime_queue_messages_ready ON duetime_queue_messages (queue, visible_at, seq);
 
+-- Messages no receiver has taken yet, by id: how a store finds one moved ahead of its due time
+-- (a cancel of it is refused: it is being delivered). Received ones leave the index.
+-- name: create_queue_messages_waiting_index
+CREATE INDEX IF NOT EXISTS duetime_queue_messages_waiting ON duetime_queue_messages (message_id)
+WHERE delivery_count = 0;
+
+-- name: moved_ahead
+SELECT EXISTS (
+    SELECT 1 FROM duetime_queue_messages
+    WHERE message_id = :message_id AND delivery_count = 0 AND visible_at > :now
+);
+
 -- name: declare_queue
 INSERT INTO duetime_queues (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING;
 
@@ -226,8 +240,10 @@ VALUES (?, ?, ?, ?, ?, ?);
 -- Asked before a receive takes the write lock: a receiver wakes on every commit to the file
 -- (the dispatcher's, other queues'), and taking the lock each time to find nothing held up those
 -- writers (a reader never does, in WAL mode).
--- name: any_ready
-SELECT EXISTS (SELECT 1 FROM duetime_queue_messages WHERE queue = :queue AND visible_at <= :now);
+-- When the queue's first message is visible: at or before now, one is ready; later, a message
+-- moved ahead of its due time, or one whose receipt runs out then (NULL: the queue is empty).
+-- name: first_visible
+SELECT min(visible_at) FROM duetime_queue_messages WHERE queue = :queue;
 
 -- name: receive
 UPDATE duetime_queue_messages

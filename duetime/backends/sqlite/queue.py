@@ -33,7 +33,12 @@ from duetime.inputs.identifiers import check_name
 from duetime.interfaces import Closing, ReceivedMessage
 from duetime.message import DelayedMessage, outgoing_headers
 
-QUEUE_SCHEMA = ("create_queues_table", "create_queue_messages_table", "create_queue_messages_index")
+QUEUE_SCHEMA = (
+    "create_queues_table",
+    "create_queue_messages_table",
+    "create_queue_messages_index",
+    "create_queue_messages_waiting_index",
+)
 
 
 def create_queue_schema(conn: sqlite3.Connection) -> None:
@@ -116,19 +121,22 @@ class SyncSqliteQueue(Closing):
 
     def _try_receive(
         self, queue: str, max_messages: int, done: Sequence[ReceivedMessage], alone: bool
-    ) -> tuple[list[ReceivedMessage], Sequence[ReceivedMessage]]:
+    ) -> tuple[list[ReceivedMessage], Sequence[ReceivedMessage], float | None]:
         """Take what is ready, acknowledging ``done`` in the same transaction (a durable one: see
         :meth:`acknowledge`); with nothing ready, ``done`` is acknowledged only if ``alone``.
-        What was taken, and what of ``done`` is still to acknowledge."""
+        What was taken, what of ``done`` is still to acknowledge, and, when nothing was ready,
+        in how many seconds the queue's first message becomes visible (None: it holds none)."""
         token = uuid.uuid4().hex
         now = _now()
         until = now + int(self.visibility_timeout.total_seconds() * 1_000_000)
         with self._lock:
-            if not self._conn.execute(QUERIES["any_ready"], {"queue": queue, "now": now}).fetchone()[0]:
+            first = self._conn.execute(QUERIES["first_visible"], {"queue": queue}).fetchone()[0]
+            if first is None or first > now:
+                visible_in = None if first is None else (first - now) / 1_000_000
                 if done and alone:
                     self._acknowledge_locked(done)
-                    return [], ()
-                return [], done
+                    return [], (), visible_in
+                return [], done, visible_in
             # a receipt alone need not wait for the disk (see write_transaction); an acknowledgement does
             with write_transaction(self._conn, durable=bool(done)):
                 for message in done:
@@ -138,7 +146,7 @@ class SyncSqliteQueue(Closing):
                     {"until": until, "token": token, "queue": queue, "now": now, "limit": max_messages},
                 ).fetchall()
         rows.sort(key=lambda r: r[0])
-        return [_received(r, token) for r in rows], ()
+        return [_received(r, token) for r in rows], (), None
 
     def receive(
         self,
@@ -149,9 +157,10 @@ class SyncSqliteQueue(Closing):
     ) -> list[ReceivedMessage]:
         """Take up to ``max_messages``, waiting up to ``wait`` seconds for the first to arrive:
         asleep until another process writes the file (:mod:`.filewatch`), polling where that
-        cannot be had. ``done`` is acknowledged in the transaction of the look that takes the
-        next messages, or alone once :data:`ACKNOWLEDGE_WITHIN` passes without one (or the wait
-        ends): one transaction a message instead of two."""
+        cannot be had, or until the queue's first message becomes visible (one a dispatcher
+        moved ahead of its due time). ``done`` is acknowledged in the transaction of the look
+        that takes the next messages, or alone once :data:`ACKNOWLEDGE_WITHIN` passes without one
+        (or the wait ends): one transaction a message instead of two."""
         now = SYSTEM.monotonic()
         deadline = now + wait
         acknowledge_by = min(now + ACKNOWLEDGE_WITHIN, deadline)
@@ -159,11 +168,16 @@ class SyncSqliteQueue(Closing):
         while True:
             with self._lock:
                 version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            taken, done = self._try_receive(queue, max_messages, done, SYSTEM.monotonic() >= acknowledge_by)
+            alone = SYSTEM.monotonic() >= acknowledge_by
+            taken, done, visible_in = self._try_receive(queue, max_messages, done, alone)
             if taken or (not done and SYSTEM.monotonic() >= deadline):
                 return taken
+            if visible_in is not None:  # look again when it shows, if that is before the deadline
+                deadline_or_visible = min(deadline, SYSTEM.monotonic() + visible_in)
+            else:
+                deadline_or_visible = deadline
             looks = Looks()
-            while (left := deadline - SYSTEM.monotonic()) > 0:  # wait for another connection to write
+            while (left := deadline_or_visible - SYSTEM.monotonic()) > 0:  # for another connection's write
                 if done and (left := min(left, acknowledge_by - SYSTEM.monotonic())) <= 0:
                     break  # time to acknowledge them alone
                 if (written := None if watch is None else watch.try_wait(min(left, looks.timeout()))) is None:

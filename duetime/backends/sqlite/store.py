@@ -245,6 +245,11 @@ class SyncSqliteStore(StoreRules):
             row = self._conn.execute(self.q["get"], (message_id,)).fetchone()
         return None if row is None else _message(row)
 
+    def _moved_ahead(self, message_id: str, now: datetime) -> bool:
+        params = {"message_id": message_id, "now": to_micros(now)}
+        with self._lock:
+            return bool(self._conn.execute(QUERIES["moved_ahead"], params).fetchone()[0])
+
     def _stored_ids(self, message_ids: Sequence[str]) -> set[str]:
         with self._lock:
             rows = self._conn.execute(self.q["stored_ids"], (json.dumps(list(message_ids)),)).fetchall()
@@ -458,29 +463,35 @@ class SyncSqliteStore(StoreRules):
         limit: int,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
+        until: datetime | None = None,
     ) -> MoveOutcome:
         """Exactly-once: select due rows, enqueue them (or dead-letter them), delete them, commit.
 
         Most batches are moved by three statements SQLite runs by itself (``move_due_*`` in
         queries.sql): a Python tuple per message, built and bound, cost as much as the SQL. A batch
         with a row only Python can forward (an NServiceBus timeout, a destination that does not
-        exist, odd headers) is moved row by row.
+        exist, odd headers) is moved row by row, and only what is due at ``at``.
+
+        ``until`` (later than ``at``): the move is made ahead, taking also what comes due by then;
+        each such message is in its queue from now on, visible to receivers at its due time.
         """
         now = to_micros(check_due_time(at, "at"))
+        ahead = now if until is None else max(now, to_micros(check_due_time(until, "until")))
         with self._lock:
             with write_transaction(self._conn):
-                moved, dead = self._move(now, limit, error_queue, error_headers)
+                moved, dead = self._move(now, ahead, limit, error_queue, error_headers)
             return MoveOutcome(moved, dead, self._next_due_after_move())
 
     def _move(
         self,
         now: int,
+        until: int,
         limit: int,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
     ) -> tuple[list[Moved], list[tuple[DelayedMessage, str]]]:
         q = self.q
-        window = {"at": now, "limit": limit}
+        window = {"at": now, "until": until, "limit": limit}
         look = self._conn.execute(q["move_due_look"], window).fetchall()
         if not look:
             return [], []

@@ -1,0 +1,174 @@
+"""An exactly-once move made ahead: what comes due within the claim window is put in its queue in
+the same transaction as what is due, hidden from every receiver until its due time (the queue
+row's ``visible_at``), so a steady stream costs a move a window instead of a move a message.
+
+On the stores whose queue rows carry that time (SQLite, PostgreSQL): never visible early, to a
+receive, a receive by id, or the documented SQL; a cancel, reschedule or replace of a message moved
+ahead is refused as being delivered (never "not found" and then delivered); a receiver waiting on
+the queue wakes at the due time by itself. The memory store moves only what is due. And a
+dispatcher in exactly-once mode makes a move a window, each message received at or after its due
+time, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from duetime import (
+    DelayedDeliverySettings,
+    DelayedMessage,
+    Dispatcher,
+    IfExists,
+    TransactionMode,
+    open_store,
+    open_transport,
+)
+from duetime.errors import MessageInFlight
+from duetime.interfaces import TransactionalStore
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def moving(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any, str]]:
+    if request.param == "memory":
+        from duetime.backends.memory import MemoryStore, MemoryTransport
+
+        store: Any = MemoryStore()
+        transport: Any = MemoryTransport()
+    else:
+        url = (
+            f"sqlite:///{tmp_path / 'ahead.db'}"
+            if request.param == "sqlite"
+            else request.getfixturevalue("pg")
+        )
+        store, transport = open_store(url), open_transport(url)
+    await store.setup_infrastructure("ahead")
+    await store.initialize("ahead", TransactionMode.EXACTLY_ONCE)
+    await transport.start()
+    await transport.declare("orders")
+    try:
+        yield store, transport, request.param
+    finally:
+        await transport.close()
+        await store.close()
+
+
+async def test_a_move_made_ahead_hides_each_message_until_its_due_time(moving: tuple[Any, Any, str]) -> None:
+    store, transport, kind = moving
+    assert isinstance(store, TransactionalStore)
+    now = datetime.now(UTC)
+    soon = now + timedelta(milliseconds=700)
+    later = now + timedelta(minutes=5)
+    await store.store_many(
+        [
+            DelayedMessage("due", "orders", now - timedelta(seconds=1)),
+            DelayedMessage("soon", "orders", soon, body=b"soon"),
+            DelayedMessage("later", "orders", later),
+        ]
+    )
+    outcome = await store.move_due(
+        now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1)
+    )
+    ahead = kind != "memory"  # the memory queues have no time a message becomes visible
+    assert [m.message_id for m in outcome.moved] == (["due", "soon"] if ahead else ["due"])
+    assert outcome.next_due is not None and outcome.next_due.at is not None
+    assert abs(outcome.next_due.at - (later if ahead else soon)) < timedelta(milliseconds=1)
+    assert [m.message_id for m in await transport.receive("orders", 10, 0)] == ["due"]
+    if not ahead:
+        return
+    assert await transport.take("orders", ["soon"]) == [], "taken by id before its due time"
+    with pytest.raises(MessageInFlight, match="being forwarded"):
+        await store.cancel("soon")
+    with pytest.raises(MessageInFlight):
+        await store.reschedule("soon", later)
+    with pytest.raises(MessageInFlight, match="not replaced"):
+        await store.put(DelayedMessage("soon", "orders", later, body=b"new"), IfExists.REPLACE)
+    assert await store.get("soon") is None, "a refused replace stored nothing"
+    got = await transport.receive("orders", 10, 5)  # wakes at the due time by itself
+    received_at = datetime.now(UTC)
+    assert [(m.message_id, m.body) for m in got] == [("soon", b"soon")]
+    assert received_at >= soon, f"visible {(soon - received_at).total_seconds() * 1000:.1f} ms early"
+    assert received_at - soon < timedelta(seconds=0.5), "the waiting receiver did not wake at the due time"
+    assert await store.cancel("soon") is False, "visible now: delivered, so gone"
+    await transport.acknowledge(got)
+
+
+async def test_the_documented_sql_sees_a_message_moved_ahead_only_from_its_due_time(tmp_path: Path) -> None:
+    """A reader of our own writing SQL against the queue table asks ``visible_at <= now``, as the
+    how-to page shows; a row moved ahead has its due time there."""
+    url = f"sqlite:///{tmp_path / 'sql.db'}"
+    store, transport = open_store(url), open_transport(url)
+    await store.setup_infrastructure("sql")
+    await store.initialize("sql", TransactionMode.EXACTLY_ONCE)
+    await transport.start()
+    await transport.declare("orders")
+    now = datetime.now(UTC)
+    due = now + timedelta(milliseconds=300)
+    await store.store(DelayedMessage("m", "orders", due))
+    await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1))
+    with contextlib.closing(sqlite3.connect(tmp_path / "sql.db")) as conn:
+        visible, enqueued = conn.execute(
+            "SELECT visible_at, enqueued_at FROM duetime_queue_messages WHERE message_id = 'm'"
+        ).fetchone()
+    assert visible == int(due.timestamp() * 1_000_000) and enqueued < visible
+    await transport.close()
+    await store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'stream.db'}"
+    return str(request.getfixturevalue("pg"))
+
+
+async def test_a_dispatcher_moves_a_window_at_a_time_each_received_on_time_once(url: str) -> None:
+    store, transport = open_store(url), open_transport(url)
+    await transport.start()
+    await transport.declare("orders")
+    settings = DelayedDeliverySettings(
+        transaction_mode=TransactionMode.EXACTLY_ONCE, claim_window=timedelta(milliseconds=100)
+    )
+    dispatcher = Dispatcher(store, transport, settings, endpoint="stream")
+    await store.setup_infrastructure("stream")
+    await store.initialize("stream", TransactionMode.EXACTLY_ONCE)
+    moves = 0
+    move = store.move_due
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal moves
+        outcome = await move(*args, **kwargs)
+        moves += bool(outcome.moved)
+        return outcome
+
+    store.move_due = counted
+    count, start = 40, datetime.now(UTC) + timedelta(seconds=1)
+    due = {f"m{i:02}": start + timedelta(milliseconds=10 * i) for i in range(count)}
+    await store.store_many([DelayedMessage(i, "orders", at) for i, at in due.items()])
+    running = asyncio.create_task(dispatcher.run())
+    got: dict[str, datetime] = {}
+    try:
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            for m in await transport.receive("orders", 10, 1):
+                assert m.message_id not in got, f"{m.message_id} received twice"
+                got[m.message_id] = datetime.now(UTC)
+                await transport.acknowledge([m])
+    finally:
+        dispatcher.stop()
+        await running
+        await transport.close()
+        await store.close()
+    assert sorted(got) == sorted(due)
+    early = {i: (due[i] - at).total_seconds() * 1000 for i, at in got.items() if at < due[i]}
+    assert not early, f"received before the due time (ms): {early}"
+    assert moves <= count // 3, f"{moves} moves for {count} messages 10 ms apart with a 100 ms window"
