@@ -234,7 +234,9 @@ class DelayedDeliverySettings:
     #: from memory at its due time (never before): one claim and one removal for all that come
     #: due within it, instead of a round each. A message claimed ahead is being delivered: a
     #: cancel or reschedule is refused with a one-line error (look again in a moment). A kill
-    #: gives it back when its claim lapses, as for any claim. Zero claims only what is due.
+    #: gives it back when its claim lapses, as for any claim. An exactly-once move into a queue
+    #: whose rows carry the time they become visible (SQLite, PostgreSQL) takes them ahead the
+    #: same way, each visible from its due time. Zero claims and moves only what is due.
     claim_window: timedelta = timedelta(milliseconds=50)
     #: How long a claimed batch stays hidden from other dispatchers before it is taken back.
     claim_timeout: timedelta = timedelta(seconds=30)

@@ -116,8 +116,8 @@ LatenessBudgetOpt = Annotated[
         help="How late the dispatcher may wake for a due message, so that one round delivers every "
         "message due by then (default 1ms, at most 1s; never early). A larger budget trades "
         "punctuality for CPU: at a few hundred messages a second, 20ms costs a third to two "
-        "fifths of the CPU a message of 1ms. At-least-once, the dispatcher also claims what "
-        "comes due within DUETIME_CLAIM_WINDOW (50ms) and sends each at its due time. Also "
+        "fifths of the CPU a message of 1ms. The dispatcher also claims (or, exactly-once, moves) "
+        "what comes due within DUETIME_CLAIM_WINDOW (50ms), each delivered at its due time. Also "
         "DUETIME_LATENESS_BUDGET.",
         show_default=False,
     ),
