@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from duetime import nservicebus_wire as nservicebus
-from duetime.errors import InvalidSchedule
+from duetime.errors import InvalidMessage, InvalidSchedule
 from duetime.inputs.durations import parse_time
-from duetime.message import DelayedMessage, check_storable
+from duetime.message import DelayedMessage, check_encodable, check_storable
 from duetime.recurring.rules import Recurrence
 
 #: Headers every tick carries: which schedule, and the time it was planned for.
@@ -69,6 +69,10 @@ def check_schedule_id(schedule_id: object) -> str:
         raise InvalidSchedule(
             f"A schedule id is at most {MAX_SCHEDULE_ID_LENGTH} characters; {len(schedule_id)} given."
         )
+    try:  # (bytes that are not UTF-8, as a shell passes them, are not "control characters")
+        check_encodable("The schedule id", schedule_id)
+    except InvalidMessage as error:
+        raise InvalidSchedule(str(error)) from None
     if any(c in schedule_id for c in (TICK_SEPARATOR, "\x00")) or not schedule_id.isprintable():
         raise InvalidSchedule(
             f"A schedule id may not hold {TICK_SEPARATOR!r} or control characters (it is part of each tick's id)."

@@ -261,6 +261,22 @@ def test_a_body_given_as_bytes_that_are_not_utf8_is_kept_byte_for_byte(tmp_path:
     assert json.loads(cli("recurring", "show", "raw", "--store", url).stdout)["body"] == "a\\xffb"
 
 
+def test_an_id_given_as_bytes_that_are_not_utf8_is_refused_as_not_text(tmp_path: Path) -> None:
+    """An id is text every store and broker must carry: `--id $'a\\xff'` is refused in one line
+    that says so, for a message and for a schedule alike (not as "control characters")."""
+    url = f"sqlite:///{tmp_path / 'i.db'}"
+    assert cli("setup", "--store", url, "--queue", "orders").returncode == 0
+    for args in (
+        ("schedule", "orders", "x", "--in", "1h", "--id", "a\udcff"),
+        ("recurring", "add", "a\udcff", "orders", "x", "--every", "1h"),
+    ):
+        done = cli(*args, "--store", url)
+        assert done.returncode == 1, done.stderr
+        assert "not valid text" in done.stderr and "invalid UTF-8 byte" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert json.loads(cli("stats", "--store", url, "--json").stdout)["stored"] == 0
+
+
 def test_ids_with_markup_are_printed_as_they_are(tmp_path: Path) -> None:
     """Stored first, then printed: a printing crash would report a stored message as a failure."""
     url = f"sqlite:///{tmp_path / 'm.db'}"
