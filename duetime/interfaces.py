@@ -11,7 +11,7 @@ import enum
 import inspect
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from duetime.api_keys import ApiKey
@@ -560,6 +560,7 @@ class TransactionalStore(Protocol):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
         until: datetime | None = None,
+        budget: timedelta = timedelta(0),
     ) -> MoveOutcome:
         """In one transaction: claim up to ``limit`` messages due at ``at``, put each into its
         queue of ``transport`` (into ``error_queue``, with ``error_headers``, when its queue does
@@ -570,7 +571,10 @@ class TransactionalStore(Protocol):
         every receiver until its due time, so that one move carries what a steady stream brings
         in that window instead of a move each. A cancel, reschedule or replace of such a message
         is refused (MessageInFlight) until it is visible. A store that cannot moves only what is
-        due at ``at``."""
+        due at ``at``. ``budget`` (the dispatcher's lateness budget): a message moved ahead may
+        become visible at its due time rounded up to a whole multiple of it (never before its due
+        time, at most ``budget`` after), so that a receiver wakes once for the messages of each
+        step instead of once for each."""
 
 
 @dataclass(frozen=True, slots=True)

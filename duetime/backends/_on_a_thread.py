@@ -438,6 +438,7 @@ class MovingStore(Protocol):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
         until: datetime | None = None,
+        budget: timedelta = timedelta(0),
     ) -> MoveOutcome: ...
 
 
@@ -464,13 +465,14 @@ class TransactionalBridge(AsyncStoreBridge):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
         until: datetime | None = None,
+        budget: timedelta = timedelta(0),
     ) -> MoveOutcome:
         if transport is not self._shares_with:  # asked once per transport, not every round
             if not self.shares_transaction_with(transport):
                 raise ConfigurationError(f"move_due needs {self.needs}.")
             self._shares_with = transport
         moving: MovingStore = self.sync
-        return await self._call(moving.move_due, at, limit, error_queue, error_headers, until)
+        return await self._call(moving.move_due, at, limit, error_queue, error_headers, until, budget)
 
 
 class SyncQueue(Protocol):

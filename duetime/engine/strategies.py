@@ -453,6 +453,8 @@ class ExactlyOnce:
                     # the move was a try too: the attempts are the failures before it and this one
                     lambda m, reason: error_headers(m, reason, now, m.failure_count + 1, endpoint=e.endpoint),
                     now + window if window else None,
+                    # what a move makes ahead shows at most the budget late: one wake for each step
+                    e.settings.lateness_budget,
                 ),
                 e.calls.deadline(e.calls.breakers.fetch),
                 "moving due messages",

@@ -37,29 +37,40 @@ from duetime.interfaces import TransactionalStore
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def moving(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any, str]]:
-    if request.param == "memory":
+@contextlib.asynccontextmanager
+async def opened(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Any, Any, str]]:
+    if kind == "memory":
         from duetime.backends.memory import MemoryStore, MemoryTransport
 
         store: Any = MemoryStore()
         transport: Any = MemoryTransport()
     else:
-        url = (
-            f"sqlite:///{tmp_path / 'ahead.db'}"
-            if request.param == "sqlite"
-            else request.getfixturevalue("pg")
-        )
+        url = f"sqlite:///{tmp_path / 'ahead.db'}" if kind == "sqlite" else request.getfixturevalue("pg")
         store, transport = open_store(url), open_transport(url)
     await store.setup_infrastructure("ahead")
     await store.initialize("ahead", TransactionMode.EXACTLY_ONCE)
     await transport.start()
     await transport.declare("orders")
     try:
-        yield store, transport, request.param
+        yield store, transport, kind
     finally:
         await transport.close()
         await store.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def moving(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any, str]]:
+    async with opened(request.param, request, tmp_path) as both:
+        yield both
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def ahead(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any, str]]:
+    """The stores whose queue rows carry the time they become visible."""
+    async with opened(request.param, request, tmp_path) as both:
+        yield both
 
 
 async def test_a_move_made_ahead_hides_each_message_until_its_due_time(moving: tuple[Any, Any, str]) -> None:
@@ -100,6 +111,34 @@ async def test_a_move_made_ahead_hides_each_message_until_its_due_time(moving: t
     assert received_at - soon < timedelta(seconds=0.5), "the waiting receiver did not wake at the due time"
     assert await store.cancel("soon") is False, "visible now: delivered, so gone"
     await transport.acknowledge(got)
+
+
+async def test_a_budget_rounds_each_visible_time_up_to_a_whole_step_never_before_the_due_time(
+    ahead: tuple[Any, Any, str],
+) -> None:
+    """With a lateness budget, messages moved ahead show a step at a time (a receiver wakes once
+    a step, not once a message): each at most the budget after its due time, never before."""
+    store, transport, _ = ahead
+    step = timedelta(milliseconds=200)
+    now = datetime.now(UTC)
+    dues = [now + timedelta(milliseconds=500 + 30 * i) for i in range(10)]  # 300 ms: 2-3 steps
+    await store.store_many([DelayedMessage(f"m{i}", "orders", d) for i, d in enumerate(dues)])
+    outcome = await store.move_due(
+        now, 20, transport, "error", lambda m, r: {}, now + timedelta(seconds=1), step
+    )
+    assert len(outcome.moved) == 10
+    seen: dict[str, datetime] = {}
+    looks = 0
+    while len(seen) < 10:
+        got = await transport.receive("orders", 20, 3)
+        at = datetime.now(UTC)
+        looks += 1
+        seen.update((m.message_id, at) for m in got)
+        await transport.acknowledge(got)
+    for i, due in enumerate(dues):
+        assert seen[f"m{i}"] >= due, f"m{i} visible before its due time"
+        assert seen[f"m{i}"] - due < step + timedelta(milliseconds=300), f"m{i} more than the budget late"
+    assert looks <= 4, f"{looks} receives for 10 messages over 2-3 steps"
 
 
 async def test_the_documented_sql_sees_a_message_moved_ahead_only_from_its_due_time(tmp_path: Path) -> None:

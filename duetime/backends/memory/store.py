@@ -349,6 +349,7 @@ class SyncMemoryStore(StoreRules):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
         until: datetime | None = None,
+        budget: timedelta = timedelta(0),
     ) -> MoveOutcome:
         """Claim, deliver and delete in one critical section: exactly-once within the process.
         Only what is due at ``at``: the memory queues have no time a message becomes visible, so
@@ -400,6 +401,7 @@ class MemoryStore(AsyncStoreBridge):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
         until: datetime | None = None,
+        budget: timedelta = timedelta(0),
     ) -> MoveOutcome:
         assert isinstance(transport, MemoryTransport)
         return self.sync.move_due(at, limit, transport, error_queue, error_headers)

@@ -195,7 +195,8 @@ SELECT * FROM taken ORDER BY due_at, message_id;
 -- counted in `strays`: the caller then moves that batch row by row. The result is one row per
 -- moved message, or one row of NULLs with the counts when none moved. A move made ahead
 -- (%(until)s later than %(at)s) also takes what comes due by %(until)s, each visible in its queue
--- at its due time (by the server's clock, which every receive asks).
+-- at its due time (by the server's clock, which every receive asks), rounded up to a whole
+-- %(step)s seconds (the lateness budget; 0: not rounded).
 -- name: move_due_at_once
 WITH due AS MATERIALIZED (
     SELECT d.message_id,
@@ -223,7 +224,9 @@ WITH due AS MATERIALIZED (
             || CASE to_char(due_at AT TIME ZONE 'UTC', 'US') WHEN '000000' THEN ''
                     ELSE '.' || to_char(due_at AT TIME ZONE 'UTC', 'US') END
             || '+00:00"}}')::json,
-           body, greatest(due_at, clock_timestamp())
+           body,
+           greatest(due_at, clock_timestamp(), CASE WHEN %(step)s::float8 > 0
+               THEN to_timestamp(ceil(extract(epoch FROM due_at)::float8 / %(step)s) * %(step)s) END)
     FROM taken
     ORDER BY due_at, message_id
 ), woken AS (

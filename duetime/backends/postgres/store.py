@@ -632,30 +632,34 @@ class SyncPostgresStore(StoreRules):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
         until: datetime | None = None,
+        budget: timedelta = timedelta(0),
     ) -> MoveOutcome:
         """Take due rows (SKIP LOCKED), enqueue them, delete them: one transaction, exactly-once.
 
         Most batches move in one statement (:meth:`_move_at_once`), which ``until`` (later than
         ``at``) makes ahead: it also takes what comes due by then, each visible in its queue at
-        its due time. A batch with a row only Python can forward moves row by row (:meth:`_move`),
+        its due time (rounded up to a whole ``budget``, when one is given). A batch with a row only Python can forward moves row by row (:meth:`_move`),
         only what is due at ``at``: into the queues in one statement that keeps what has a
         declared queue and wakes its receivers (as the queue's own send), the rest to the error
         queue."""
         if not self._held.held_count():  # (rows claimed here would be left out of the next due time)
             at = check_due_time(at, "at")
             ahead = at if until is None else max(at, check_due_time(until, "until"))
-            at_once = self._move_at_once(at, ahead, limit)
+            at_once = self._move_at_once(at, ahead, budget, limit)
             if at_once is not None:
                 return at_once
         with pooled(self.pool, self.options) as conn, conn.transaction():
             moved, dead = self._move(conn, at, limit, error_queue, error_headers)
         return MoveOutcome(moved, dead, self._next_due_after_move())
 
-    def _move_at_once(self, at: datetime, until: datetime, limit: int) -> MoveOutcome | None:
+    def _move_at_once(
+        self, at: datetime, until: datetime, budget: timedelta, limit: int
+    ) -> MoveOutcome | None:
         """The move as one statement (``move_due_at_once``): one round trip where the move row by
         row and the next-due question took five, most of a round's cost at a few hundred messages
         a second. None when a due row needs the move row by row (nothing was moved then)."""
-        params = {"at": at, "until": until, "limit": limit, "channel": self.names.queue_channel}
+        step = budget.total_seconds()
+        params = {"at": at, "until": until, "step": step, "limit": limit, "channel": self.names.queue_channel}
         with pooled(self.pool, self.options) as conn:
             rows = conn.execute(self.names.q["move_due_at_once"], params).fetchall()
             *_, strays, first, expiry = rows[0]

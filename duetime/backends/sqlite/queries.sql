@@ -87,7 +87,8 @@ LIMIT :limit;
 -- exactly as message.outgoing_headers_json does, then deleted. In one write transaction the three
 -- statements see the same rows. (Braces are doubled: {table} is filled in by str.format.)
 -- A move made ahead (:until later than :at) also takes what comes due by :until; each such row
--- becomes visible in its queue at its due time (every receive asks `visible_at <= now`).
+-- becomes visible in its queue at its due time (every receive asks `visible_at <= now`), rounded
+-- up to a whole :step (the lateness budget, in microseconds; 0: not rounded).
 -- name: move_due_look
 SELECT message_id, destination, due_at,
        CASE WHEN instr(headers, '"traceparent"') THEN headers END,
@@ -105,7 +106,7 @@ SELECT destination, message_id,
        || '"duetime-due-at":"' || strftime('%Y-%m-%dT%H:%M:%S', due_at / 1000000, 'unixepoch')
        || CASE WHEN due_at % 1000000 THEN printf('.%06d', due_at % 1000000) ELSE '' END
        || '+00:00"}}',
-       body, :now, max(due_at, :now)
+       body, :now, max(due_at, :now, CASE WHEN :step > 0 THEN (due_at + :step - 1) / :step * :step ELSE 0 END)
 FROM {table}
 WHERE due_at <= :until AND (claim_token IS NULL OR claimed_until <= :at)
 ORDER BY due_at, message_id

@@ -464,6 +464,7 @@ class SyncSqliteStore(StoreRules):
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
         until: datetime | None = None,
+        budget: timedelta = timedelta(0),
     ) -> MoveOutcome:
         """Exactly-once: select due rows, enqueue them (or dead-letter them), delete them, commit.
 
@@ -473,19 +474,22 @@ class SyncSqliteStore(StoreRules):
         exist, odd headers) is moved row by row, and only what is due at ``at``.
 
         ``until`` (later than ``at``): the move is made ahead, taking also what comes due by then;
-        each such message is in its queue from now on, visible to receivers at its due time.
+        each such message is in its queue from now on, visible to receivers at its due time
+        (rounded up to a whole ``budget``, when one is given).
         """
         now = to_micros(check_due_time(at, "at"))
         ahead = now if until is None else max(now, to_micros(check_due_time(until, "until")))
         with self._lock:
             with write_transaction(self._conn):
-                moved, dead = self._move(now, ahead, limit, error_queue, error_headers)
+                step = int(budget.total_seconds() * 1_000_000)
+                moved, dead = self._move(now, ahead, step, limit, error_queue, error_headers)
             return MoveOutcome(moved, dead, self._next_due_after_move())
 
     def _move(
         self,
         now: int,
         until: int,
+        step: int,
         limit: int,
         error_queue: str,
         error_headers: Callable[[DelayedMessage, str], Mapping[str, str]],
@@ -498,7 +502,7 @@ class SyncSqliteStore(StoreRules):
         known = {destination: queue_exists(self._conn, destination) for destination in {r[1] for r in look}}
         if not all(known.values()) or any(r[4] for r in look):
             return self._move_by_hand(now, limit, known, error_queue, error_headers)
-        inserted = self._conn.execute(q["move_due_enqueue"], window | {"now": now}).rowcount
+        inserted = self._conn.execute(q["move_due_enqueue"], window | {"now": now, "step": step}).rowcount
         deleted = self._conn.execute(q["move_due_delete"], window).rowcount
         if inserted != len(look) or deleted != len(look):  # never expected: roll back, say so
             raise RuntimeError(f"a move saw {len(look)} due rows, copied {inserted} and deleted {deleted}")
