@@ -109,3 +109,16 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The clock for code that is not handed one (a CLI command, a broker callback); everything that
 #: can be tested with a fake clock takes a ``clock`` argument instead.
 SYSTEM = SystemClock()
+
+
+def handed_over_at(due_at: datetime, budget: timedelta) -> datetime:
+    """When a dispatcher hands over a message it holds ahead of its due time (claimed, or moved
+    into a queue): its due time rounded up to a whole ``budget`` (the lateness budget) since the
+    epoch, never before it and at most ``budget`` after. The messages of one step then go (or
+    show) together: one send, and one wake of a receiver, for each step instead of each message.
+    The SQL of a move made ahead (``move_due_enqueue``, ``move_due_at_once``) says the same."""
+    step = budget // timedelta(microseconds=1)
+    if step <= 0:
+        return due_at
+    micros = to_micros(due_at)
+    return from_micros(-(-micros // step) * step)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from duetime.clock import TIMER_LATENESS
+from duetime.clock import TIMER_LATENESS, handed_over_at
 from duetime.encryption import sealed_problem
 from duetime.engine.calls import EngineCalls
 from duetime.engine.deadline import within
@@ -221,8 +221,9 @@ class AtLeastOnce:
         return Round(True, full)
 
     async def _forward_on_time(self, batch: list[DelayedMessage], window: timedelta) -> None:
-        """Send each message of a batch claimed ahead at its due time, never before; remove what
-        was carried once, at the end. A store's word that something is due sooner (stored while
+        """Send each message of a batch claimed ahead at its due time, never before (rounded up
+        to a whole lateness budget: those of one step go in one send); remove what was carried
+        once, at the end. A store's word that something is due sooner (stored while
         this waits) claims again, into the same window. A stop, or an outage, gives back what was
         not sent: its claims never outlive the round."""
         e = self.e
@@ -243,7 +244,8 @@ class AtLeastOnce:
                     continue
                 if e.stopping():
                     break
-                if await self._wait_until(pending[0].due_at) and not e.stopping():
+                step_ends = handed_over_at(pending[0].due_at, e.settings.lateness_budget)
+                if await self._wait_until(step_ends) and not e.stopping():
                     # a store's word: heard here, so the next wait asks the store again
                     e.wakeups.event.clear()
                     e.wakeups.forget_ahead()

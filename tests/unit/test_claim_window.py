@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from duetime import Dispatcher
+from duetime import DelayedMessage, Dispatcher
 from duetime.errors import MessageInFlight
 from tests.unit.helpers import Rig
 
@@ -154,3 +154,52 @@ async def test_a_message_stored_during_a_window_due_after_what_it_holds_is_not_f
     assert rig.delivered() == ["m1", "m2", "m4"], "slept toward m3 with m4 due"
     rig.dispatcher.stop()
     await rig.task  # type: ignore[misc]
+
+
+async def test_a_budget_sends_a_step_at_a_time_each_at_most_the_budget_late_never_early() -> None:
+    """With a lateness budget of 20 ms, the messages claimed ahead go at their due time rounded up
+    to a whole 20 ms: one send for each step, none before its due time."""
+    rig = await Counting(
+        claim_window=timedelta(milliseconds=50), lateness_budget=timedelta(milliseconds=20)
+    ).setup("orders")
+    sends: list[list[str]] = []
+    send = rig.transport.send_batch
+
+    async def counted(messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+        sends.append([m.message_id for m in messages])
+        return await send(messages)
+
+    rig.transport.send_batch = counted  # type: ignore[method-assign]
+    # the fake clock starts on a whole second: the steps end at 10.020 and 10.040
+    dues = [10.001, 10.005, 10.012, 10.025, 10.039]
+    await rig.store.store_many([rig.message(i, d) for i, d in enumerate(dues, 1)])
+    await rig.start()
+    await rig.tick(10.001)  # m1 due: the claim takes the window
+    assert rig.delivered() == [], "sent before its step ended"
+    await rig.tick(0.018)  # 10.019
+    assert rig.delivered() == [], "sent before its step ended"
+    # (the wait may end up to asyncio's millisecond late: the fake clock ends it there)
+    await rig.tick(0.002)  # 10.021
+    assert rig.delivered() == ["m1", "m2", "m3"]
+    await rig.tick(0.018)  # 10.039: m5 due, its step not ended
+    assert rig.delivered() == ["m1", "m2", "m3"]
+    await rig.tick(0.002)  # 10.041
+    assert rig.delivered() == ["m1", "m2", "m3", "m4", "m5"]
+    assert sends == [["m1", "m2", "m3"], ["m4", "m5"]], "one send for each step"
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
+def test_the_step_a_message_is_handed_over_in() -> None:
+    from datetime import UTC, datetime
+
+    from duetime.clock import handed_over_at
+
+    base = datetime(2030, 1, 1, tzinfo=UTC)
+    step = timedelta(milliseconds=20)
+    for offset_us, expected_us in [(0, 0), (1, 20_000), (19_999, 20_000), (20_000, 20_000), (20_001, 40_000)]:
+        due = base + timedelta(microseconds=offset_us)
+        assert handed_over_at(due, step) == base + timedelta(microseconds=expected_us)
+    assert handed_over_at(base + timedelta(microseconds=7), timedelta(0)) == base + timedelta(microseconds=7)
+    before_1970 = datetime(1969, 12, 31, 23, 59, 59, 990_001, tzinfo=UTC)
+    assert handed_over_at(before_1970, step) == datetime(1970, 1, 1, tzinfo=UTC)
