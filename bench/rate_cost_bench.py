@@ -373,15 +373,16 @@ def plot_budgets(results: list[Result], path: Path) -> None:
         axis.plot([peer.p(0.99)], [peer.per_message_ms], marker="s", color="black", linestyle="none")
         axis.annotate(peer.path, (peer.p(0.99), peer.per_message_ms), textcoords="offset points",
                       xytext=(5, -10), fontsize=8, color="black")  # fmt: skip
-    for name in dict.fromkeys(r.path for r in results):
+    paths = [name for name in dict.fromkeys(r.path for r in results) if name not in PEERS]
+    for name in paths:
         rows = [r for r in results if r.path == name]
         line = axis.plot([r.p(0.99) for r in rows], [r.per_message_ms for r in rows], marker="o", label=name)
-        for r in rows:
+        for r in rows if name == paths[0] else ():  # the budgets once: every line's points go in turn
             if r.budget:
                 axis.annotate(r.budget, (r.p(0.99), r.per_message_ms), textcoords="offset points",
                               xytext=(4, 4), fontsize=7, color=line[0].get_color())  # fmt: skip
     axis.set_xscale("log")
-    axis.set_xlabel("lateness p99, ms (the points: the dispatcher's lateness budget)")
+    axis.set_xlabel("lateness p99, ms (the points of each line, left to right: its lateness budgets)")
     axis.set_ylabel("CPU per message, ms (with the consumer)")
     axis.grid(alpha=0.3, which="both")
     axis.legend(fontsize=8)

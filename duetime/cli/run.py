@@ -113,11 +113,12 @@ BatchSizeOpt = Annotated[int | None, typer.Option(help="Messages claimed per rou
 LatenessBudgetOpt = Annotated[
     str | None,
     typer.Option(
-        help="How late the dispatcher may wake for a due message, so that one round delivers every "
-        "message due by then (default 1ms, at most 1s; never early). A larger budget trades "
-        "punctuality for CPU: at a few hundred messages a second, 20ms costs a third to two "
-        "fifths of the CPU a message of 1ms. The dispatcher also claims (or, exactly-once, moves) "
-        "what comes due within DUETIME_CLAIM_WINDOW (50ms), each delivered at its due time. Also "
+        help="How late a due message may be delivered, so that one round (or one send) carries "
+        "every message due by then (default 1ms, at most 1s; never early). The dispatcher claims "
+        "(or, exactly-once, moves) what comes due within DUETIME_CLAIM_WINDOW (50ms) and delivers "
+        "each at its due time rounded up to a whole budget. A larger budget trades punctuality "
+        "for CPU: at a few hundred messages a second, 20ms costs about half the CPU a message of "
+        "1ms, with the consumer. Also "
         "DUETIME_LATENESS_BUDGET.",
         show_default=False,
     ),
