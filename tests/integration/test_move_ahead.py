@@ -31,6 +31,7 @@ from duetime import (
     open_store,
     open_transport,
 )
+from duetime.clock import to_micros
 from duetime.errors import MessageInFlight
 from duetime.interfaces import TransactionalStore
 
@@ -137,7 +138,9 @@ async def test_a_budget_rounds_each_visible_time_up_to_a_whole_step_never_before
         await transport.acknowledge(got)
     for i, due in enumerate(dues):
         assert seen[f"m{i}"] >= due, f"m{i} visible before its due time"
-        assert seen[f"m{i}"] - due < step + timedelta(milliseconds=300), f"m{i} more than the budget late"
+        # the step's end, and the receiver's own wake-up (slow on a machine with every core busy:
+        # the exact step is held by the rows' `visible_at` in the documented-SQL test below)
+        assert seen[f"m{i}"] - due < step + timedelta(seconds=1.5), f"m{i} more than the budget late"
     assert looks <= 4, f"{looks} receives for 10 messages over 2-3 steps"
 
 
@@ -152,13 +155,23 @@ async def test_the_documented_sql_sees_a_message_moved_ahead_only_from_its_due_t
     await transport.declare("orders")
     now = datetime.now(UTC)
     due = now + timedelta(milliseconds=300)
-    await store.store(DelayedMessage("m", "orders", due))
+    step = timedelta(milliseconds=7)
+    await store.store_many([DelayedMessage("m", "orders", due), DelayedMessage("n", "orders", due)])
     await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1))
+    await store.store(DelayedMessage("n", "orders", due))  # moved ahead again, with a budget
+    await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1), step)
     with contextlib.closing(sqlite3.connect(tmp_path / "sql.db")) as conn:
-        visible, enqueued = conn.execute(
-            "SELECT visible_at, enqueued_at FROM duetime_queue_messages WHERE message_id = 'm'"
-        ).fetchone()
-    assert visible == int(due.timestamp() * 1_000_000) and enqueued < visible
+        rows = conn.execute(
+            "SELECT message_id, visible_at, enqueued_at FROM duetime_queue_messages"
+            " WHERE message_id IN ('m', 'n') ORDER BY seq"
+        ).fetchall()
+    due_us, step_us = to_micros(due), 7_000
+    assert [(m, v) for m, v, _ in rows] == [
+        ("m", due_us),
+        ("n", due_us),
+        ("n", -(-due_us // step_us) * step_us),
+    ]
+    assert all(enqueued < visible for _, visible, enqueued in rows)
     await transport.close()
     await store.close()
 
