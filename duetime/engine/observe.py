@@ -12,9 +12,10 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+from duetime.clock import handed_over_at
 from duetime.errors import CriticalError
 from duetime.interfaces import Moved
 from duetime.message import DelayedMessage
@@ -45,11 +46,11 @@ class Settled(NamedTuple):
     delivered_at: datetime | None = None
 
     @classmethod
-    def moved(cls, moved: Moved, at: datetime) -> Settled:
-        """A message an exactly-once move delivered at ``at`` (at its due time, if that is later:
-        a move made ahead): it is read back without its failures, so its try is counted as its
-        first."""
-        ahead = moved.due_at if moved.due_at > at else None
+    def moved(cls, moved: Moved, at: datetime, budget: timedelta = timedelta(0)) -> Settled:
+        """A message an exactly-once move delivered at ``at``, or, moved ahead of its due time,
+        when it shows in its queue (its due time rounded up to a whole lateness ``budget``): it is
+        read back without its failures, so its try is counted as its first."""
+        ahead = max(at, handed_over_at(moved.due_at, budget)) if moved.due_at > at else None
         return cls(moved.message_id, moved.destination, moved.due_at, 1, moved.trace, delivered_at=ahead)
 
     @classmethod

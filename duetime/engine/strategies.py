@@ -482,7 +482,7 @@ class ExactlyOnce:
         e.observer.claimed(moved)
         e.observer.delivered(
             [
-                Settled.moved(m, moved_at)._replace(
+                Settled.moved(m, moved_at, e.settings.lateness_budget)._replace(
                     held=flow is not None and flow.measures_held and flow.limited(m.destination, m.due_at)
                 )
                 for m in outcome.moved

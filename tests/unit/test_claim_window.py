@@ -203,3 +203,20 @@ def test_the_step_a_message_is_handed_over_in() -> None:
     assert handed_over_at(base + timedelta(microseconds=7), timedelta(0)) == base + timedelta(microseconds=7)
     before_1970 = datetime(1969, 12, 31, 23, 59, 59, 990_001, tzinfo=UTC)
     assert handed_over_at(before_1970, step) == datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def test_a_message_moved_ahead_counts_as_delivered_when_it_shows_in_its_queue() -> None:
+    """The lateness a move made ahead reports: from the due time to the step's end it shows at
+    (never negative, never the moment of the move)."""
+    from datetime import UTC, datetime
+
+    from duetime.engine.observe import Settled
+    from duetime.interfaces import Moved
+
+    due = datetime(2030, 1, 1, 0, 0, 10, 5_000, tzinfo=UTC)  # 10.005 s
+    moved_at = due - timedelta(milliseconds=30)
+    ahead = Settled.moved(Moved("m", "orders", due), moved_at, timedelta(milliseconds=20))
+    assert ahead.lateness(moved_at) == 0.015  # shows at 10.020
+    assert Settled.moved(Moved("m", "orders", due), moved_at).lateness(moved_at) == 0.0
+    late = Settled.moved(Moved("m", "orders", due), due + timedelta(milliseconds=3))
+    assert late.delivered_at is None and late.lateness(due + timedelta(milliseconds=3)) == 0.003
