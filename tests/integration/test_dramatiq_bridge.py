@@ -50,7 +50,9 @@ def test_delayed_messages_run_once_when_due_and_cancel_works(tmp_path: Path, bro
         ids: dict[str, str] = {}
         for i in range(30):
             delay_ms = 1000 + (i % 3) * 500
-            not_before[str(i)] = time.time() + delay_ms / 1000
+            # Dramatiq's clock is whole milliseconds (its current_millis() rounds down): the due
+            # time it gives is up to 1 ms before time.time() + delay
+            not_before[str(i)] = (int(time.time() * 1000) + delay_ms) / 1000
             ids[str(i)] = tasks.record.send_with_options(args=(str(i),), delay=delay_ms).message_id
         eta_ms = int((time.time() + 2) * 1000)
         tasks.record.send_with_options(args=("eta",), eta=eta_ms)
