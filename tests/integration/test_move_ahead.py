@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from duetime import (
@@ -31,47 +32,26 @@ from duetime import (
     open_store,
     open_transport,
 )
-from duetime.clock import to_micros
+from duetime.backends.postgres.connection import PgOptions
+from duetime.clock import from_micros, handed_over_at
 from duetime.errors import MessageInFlight
 from duetime.interfaces import TransactionalStore
+from tests.integration.moving import moving_pair
 
 pytestmark = pytest.mark.slow
 
 
-@contextlib.asynccontextmanager
-async def opened(
-    kind: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[Any, Any, str]]:
-    if kind == "memory":
-        from duetime.backends.memory import MemoryStore, MemoryTransport
-
-        store: Any = MemoryStore()
-        transport: Any = MemoryTransport()
-    else:
-        url = f"sqlite:///{tmp_path / 'ahead.db'}" if kind == "sqlite" else request.getfixturevalue("pg")
-        store, transport = open_store(url), open_transport(url)
-    await store.setup_infrastructure("ahead")
-    await store.initialize("ahead", TransactionMode.EXACTLY_ONCE)
-    await transport.start()
-    await transport.declare("orders")
-    try:
-        yield store, transport, kind
-    finally:
-        await transport.close()
-        await store.close()
-
-
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def moving(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any, str]]:
-    async with opened(request.param, request, tmp_path) as both:
-        yield both
+    async with moving_pair(request.param, request, tmp_path) as (store, transport):
+        yield store, transport, request.param
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
 async def ahead(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any, str]]:
     """The stores whose queue rows carry the time they become visible."""
-    async with opened(request.param, request, tmp_path) as both:
-        yield both
+    async with moving_pair(request.param, request, tmp_path) as (store, transport):
+        yield store, transport, request.param
 
 
 async def test_a_move_made_ahead_hides_each_message_until_its_due_time(moving: tuple[Any, Any, str]) -> None:
@@ -144,10 +124,10 @@ async def test_a_budget_rounds_each_visible_time_up_to_a_whole_step_never_before
     assert looks <= 4, f"{looks} receives for 10 messages over 2-3 steps"
 
 
-async def test_the_documented_sql_sees_a_message_moved_ahead_only_from_its_due_time(tmp_path: Path) -> None:
+async def test_the_documented_sql_sees_a_message_moved_ahead_only_from_its_due_time(url: str) -> None:
     """A reader of our own writing SQL against the queue table asks ``visible_at <= now``, as the
-    how-to page shows; a row moved ahead has its due time there."""
-    url = f"sqlite:///{tmp_path / 'sql.db'}"
+    how-to pages show; a row moved ahead has its due time there, or with a budget the end of its
+    step exactly (``handed_over_at``: a due time on a step's end stays as it is)."""
     store, transport = open_store(url), open_transport(url)
     await store.setup_infrastructure("sql")
     await store.initialize("sql", TransactionMode.EXACTLY_ONCE)
@@ -156,24 +136,31 @@ async def test_the_documented_sql_sees_a_message_moved_ahead_only_from_its_due_t
     now = datetime.now(UTC)
     due = now + timedelta(milliseconds=300)
     step = timedelta(milliseconds=7)
+    on_step = handed_over_at(due, step) + step  # a due time on a step's end
     await store.store_many([DelayedMessage("m", "orders", due), DelayedMessage("n", "orders", due)])
     await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1))
-    await store.store(DelayedMessage("n", "orders", due))  # moved ahead again, with a budget
+    await store.store_many([DelayedMessage("n", "orders", due), DelayedMessage("s", "orders", on_step)])
     await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1), step)
-    with contextlib.closing(sqlite3.connect(tmp_path / "sql.db")) as conn:
-        rows = conn.execute(
-            "SELECT message_id, visible_at, enqueued_at FROM duetime_queue_messages"
-            " WHERE message_id IN ('m', 'n') ORDER BY seq"
-        ).fetchall()
-    due_us, step_us = to_micros(due), 7_000
-    assert [(m, v) for m, v, _ in rows] == [
-        ("m", due_us),
-        ("n", due_us),
-        ("n", -(-due_us // step_us) * step_us),
-    ]
-    assert all(enqueued < visible for _, visible, enqueued in rows)
     await transport.close()
     await store.close()
+    asked = "SELECT message_id, visible_at, enqueued_at FROM {} ORDER BY seq"
+    if url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+            rows = [
+                (m, from_micros(v), from_micros(e))
+                for m, v, e in conn.execute(asked.format("duetime_queue_messages")).fetchall()
+            ]
+    else:
+        options = PgOptions.from_url(url)
+        with psycopg.connect(options.conninfo) as pg:
+            rows = pg.execute(asked.format(f'"{options.schema}".duetime_queue_messages')).fetchall()
+    assert [(m, v) for m, v, _ in rows] == [
+        ("m", due),
+        ("n", due),
+        ("n", handed_over_at(due, step)),
+        ("s", on_step),
+    ]
+    assert all(enqueued < visible for _, visible, enqueued in rows)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

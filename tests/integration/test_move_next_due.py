@@ -11,33 +11,15 @@ from typing import Any
 
 import pytest
 
-from duetime import DelayedMessage, TransactionMode, open_store, open_transport
+from duetime import DelayedMessage
 from duetime.interfaces import TransactionalStore
+from tests.integration.moving import moving_pair
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def moving(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Any, Any]]:
-    if request.param == "memory":
-        from duetime.backends.memory import MemoryStore, MemoryTransport
-
-        store: Any = MemoryStore()
-        transport: Any = MemoryTransport()
-    else:
-        url = (
-            f"sqlite:///{tmp_path / 'moves.db'}"
-            if request.param == "sqlite"
-            else request.getfixturevalue("pg")
-        )
-        store, transport = open_store(url), open_transport(url)
-    await store.setup_infrastructure("moves")
-    await store.initialize("moves", TransactionMode.EXACTLY_ONCE)
-    await transport.start()
-    await transport.declare("orders")
-    try:
-        yield store, transport
-    finally:
-        await transport.close()
-        await store.close()
+    async with moving_pair(request.param, request, tmp_path) as pair:
+        yield pair
 
 
 async def test_a_move_reads_the_next_due_time_its_store_would_say(moving: tuple[Any, Any]) -> None:

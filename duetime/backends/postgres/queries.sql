@@ -196,7 +196,8 @@ SELECT * FROM taken ORDER BY due_at, message_id;
 -- moved message, or one row of NULLs with the counts when none moved. A move made ahead
 -- (%(until)s later than %(at)s) also takes what comes due by %(until)s, each visible in its queue
 -- at its due time (by the server's clock, which every receive asks), rounded up to a whole
--- %(step)s seconds (the lateness budget; 0: not rounded).
+-- %(step)s microseconds since the epoch (the lateness budget; 0: not rounded), in integers, as
+-- duetime.clock.handed_over_at does.
 -- name: move_due_at_once
 WITH due AS MATERIALIZED (
     SELECT d.message_id,
@@ -225,8 +226,10 @@ WITH due AS MATERIALIZED (
                     ELSE '.' || to_char(due_at AT TIME ZONE 'UTC', 'US') END
             || '+00:00"}}')::json,
            body,
-           greatest(due_at, clock_timestamp(), CASE WHEN %(step)s::float8 > 0
-               THEN to_timestamp(ceil(extract(epoch FROM due_at)::float8 / %(step)s) * %(step)s) END)
+           greatest(clock_timestamp(), CASE WHEN %(step)s > 0
+               THEN due_at + mod(%(step)s - mod((extract(epoch FROM due_at) * 1000000)::bigint, %(step)s),
+                                 %(step)s) * interval '1 microsecond'
+               ELSE due_at END)
     FROM taken
     ORDER BY due_at, message_id
 ), woken AS (

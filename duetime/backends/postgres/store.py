@@ -658,7 +658,7 @@ class SyncPostgresStore(StoreRules):
         """The move as one statement (``move_due_at_once``): one round trip where the move row by
         row and the next-due question took five, most of a round's cost at a few hundred messages
         a second. None when a due row needs the move row by row (nothing was moved then)."""
-        step = budget.total_seconds()
+        step = budget // timedelta(microseconds=1)
         params = {"at": at, "until": until, "step": step, "limit": limit, "channel": self.names.queue_channel}
         with pooled(self.pool, self.options) as conn:
             rows = conn.execute(self.names.q["move_due_at_once"], params).fetchall()

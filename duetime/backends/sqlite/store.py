@@ -481,7 +481,7 @@ class SyncSqliteStore(StoreRules):
         ahead = now if until is None else max(now, to_micros(check_due_time(until, "until")))
         with self._lock:
             with write_transaction(self._conn):
-                step = int(budget.total_seconds() * 1_000_000)
+                step = budget // timedelta(microseconds=1)
                 moved, dead = self._move(now, ahead, step, limit, error_queue, error_headers)
             return MoveOutcome(moved, dead, self._next_due_after_move())
 
