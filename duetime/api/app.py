@@ -31,7 +31,15 @@ from duetime.api.problems import (
     on_problem,
     on_unexpected,
 )
-from duetime.api.state import CALLER_NOTE, HttpApi, Served, caller_with
+from duetime.api.state import (
+    BEARER,
+    BEARER_SCHEME,
+    CALLER_NOTE,
+    HttpApi,
+    Served,
+    caller_with,
+    say_keys_needed,
+)
 from duetime.api_keys import Scope as KeyScope
 from duetime.errors import DuetimeError
 from duetime.message import MAX_BODY_BYTES
@@ -81,6 +89,7 @@ def create_app(api: HttpApi, *, ready: Callable[[], None] | None = None) -> Fast
     def openapi() -> dict[str, Any]:
         if not document:
             document.update(as_problems(made()))
+            document.setdefault("components", {}).setdefault("securitySchemes", {})[BEARER] = BEARER_SCHEME
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -99,6 +108,7 @@ def create_app(api: HttpApi, *, ready: Callable[[], None] | None = None) -> Fast
         flow.router,
         audit.router,
     ):
+        say_keys_needed(router.routes)
         app.include_router(router)
 
     @app.get("/v1/stats", response_model=Stats, tags=["health"], summary="What the store holds now")
@@ -114,6 +124,7 @@ def create_app(api: HttpApi, *, ready: Callable[[], None] | None = None) -> Fast
         await api.within(api.store.next_due())
         return Health(status="ok")
 
+    say_keys_needed(app.routes)
     return _Logged(_Bounded(app, MAX_REQUEST_BYTES))  # type: ignore[return-value]
 
 

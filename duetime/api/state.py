@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import Depends, Header, Request
-from fastapi.security import HTTPBearer
+from fastapi import Request
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
 
 from duetime import audit
 from duetime.api.access import Access, Caller
@@ -135,24 +136,37 @@ class Served:
         await record(self.api.store, audit.made(self.actor, action, target, **said))
 
 
-#: Tells the OpenAPI document (and the clients made from it) that requests carry a bearer key;
-#: the check itself is :meth:`Access.caller`, so that its refusals are problems like any other.
-bearer = HTTPBearer(auto_error=False, description="An API key: `duetime api-keys create NAME --scope ...`")
+#: The document's name for the key a route needs (the check itself is :meth:`Access.caller`, so
+#: that its refusals are problems like any other, and a route costs no dependency of FastAPI's own
+#: for it: they were a sixth of a request's CPU).
+BEARER = "HTTPBearer"
+BEARER_SCHEME = {
+    "type": "http",
+    "description": "An API key: `duetime api-keys create NAME --scope ...`",
+    "scheme": "bearer",
+}
+#: The dependencies :func:`caller_with` made: a route that has one needs a key.
+_KEYED: set[Callable[..., Awaitable[Served]]] = set()
 
 
 def caller_with(scope: Scope) -> Callable[..., Awaitable[Served]]:
     """The dependency of a route that needs ``scope``."""
 
-    async def served(
-        request: Request,
-        _: Annotated[Any, Depends(bearer)] = None,
-        authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
-    ) -> Served:
+    async def served(request: Request) -> Served:
         api: HttpApi = request.app.state.api
-        caller = await api.access.caller(authorization, scope)
+        caller = await api.access.caller(request.headers.get("authorization"), scope)
         said = request.scope.get(CALLER_NOTE)
         if isinstance(said, dict):
             said["name"] = caller.name  # for the request's log line (app._Logged)
         return Served(api, caller, request.client.host if request.client else "")
 
+    _KEYED.add(served)
     return served
+
+
+def say_keys_needed(routes: Sequence[BaseRoute]) -> None:
+    """Marks, for the OpenAPI document (and the clients made from it), each route that needs a
+    bearer key: the ones with a :func:`caller_with` dependency."""
+    for route in routes:
+        if isinstance(route, APIRoute) and any(d.call in _KEYED for d in route.dependant.dependencies):
+            route.openapi_extra = {**(route.openapi_extra or {}), "security": [{BEARER: []}]}

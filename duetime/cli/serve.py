@@ -110,6 +110,7 @@ def serve(
         from duetime.api import HttpApi
     except ModuleNotFoundError as missing:
         raise MissingExtra.for_module(missing, "duetime serve") or missing from None
+    from duetime.cli.heap import settle_heap
     from duetime.observability.webserver import bind, loopback
     from duetime.observability.webserver import serve as serve_app
 
@@ -144,6 +145,7 @@ def serve(
             scheme = "https" if certfile else "http"
 
             def ready() -> None:
+                settle_heap()
                 log.info(
                     "HTTP API of %s on %s://%s:%d/ (%s)",
                     redact(store),
