@@ -8,8 +8,9 @@ made (the modules, the routes, pydantic's schemas), which lives as long as the p
 Measured on ``duetime serve`` (``bench/http_api_bench.py``): 16 clients' p99 fell from about 60 ms
 to 14-19 ms, and the CPU a request by a fifth.
 
-Only a command that owns its process calls this (``duetime serve``, ``duetime dashboard``,
-``duetime run``): a program embedding duetime keeps its own collector settings.
+Only a command that owns its process calls this (``duetime serve``): a program embedding duetime
+keeps its own collector settings. ``duetime run`` does not: its steady work allocates little, and
+side by side (``bench/rate_cost_bench.py``, 250 a second) it made no difference beyond the noise.
 """
 
 from __future__ import annotations
