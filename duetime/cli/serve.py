@@ -86,6 +86,16 @@ def serve(
             "rate on its own.",
         ),
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Server processes on the port, one per core is a good start: one process answers "
+            "on one core. The command watches them, and ends them all when it ends or one fails. "
+            "Each holds a key to its rate on its own.",
+        ),
+    ] = 1,
     openapi: Annotated[
         bool, typer.Option("--openapi", help="Print the OpenAPI document and exit (serves nothing).")
     ] = False,
@@ -111,6 +121,7 @@ def serve(
     except ModuleNotFoundError as missing:
         raise MissingExtra.for_module(missing, "duetime serve") or missing from None
     from duetime.cli.heap import settle_heap
+    from duetime.cli.workers import follow_parent, run_workers, worker_of
     from duetime.observability.webserver import bind, loopback
     from duetime.observability.webserver import serve as serve_app
 
@@ -120,6 +131,14 @@ def serve(
     answer_within = parse_duration(timeout).total_seconds()
     if not 0 < answer_within <= 3600:
         raise typer.BadParameter("--timeout must be more than 0s and at most 1h")
+    parent = worker_of()
+    if parent is not None:
+        follow_parent(parent)
+        share_port = True
+    elif workers > 1:
+        if port == 0:
+            raise typer.BadParameter("--workers needs a port (--port 0 would give each worker another)")
+        raise typer.Exit(run_workers(workers, sys.argv[1:], (host, port)))
     sock = bind(host, port, what="The API port", option="--port", shared=share_port)
 
     async def go() -> None:

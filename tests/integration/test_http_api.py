@@ -246,3 +246,72 @@ def test_servers_sharing_a_port_each_answer_on_it(tmp_path: Path) -> None:
         assert all(once(port, "GET", "/healthz").status == 200 for _ in range(20))
         refused = run_cli("serve", "--store", url, "--port", str(port))
         assert refused.returncode == 1 and "is in use" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = task / "children"
+        if children.exists():
+            found |= {int(c) for c in children.read_text().split()}
+    return found
+
+
+def _gone(pids: set[int]) -> bool:
+    return not any(Path(f"/proc/{p}").exists() and "Z" not in _state(p) for p in pids)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "Z"
+
+
+def test_workers_share_the_port_and_end_with_the_command_however_it_ends(tmp_path: Path) -> None:
+    """`--workers 2`: two server processes answer on one port, each request stored once; SIGTERM
+    ends both and the command exits 0; SIGKILL of the command ends them too; a store that cannot
+    be opened is said once, and the command exits 1."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    for how in ("SIGTERM", "SIGKILL"):
+        port = free_port()
+        log = tmp_path / f"serve-{how}.log"
+        with log.open("wb") as out:
+            command = subprocess.Popen(
+                duetime_cmd("serve", "--store", url, "--port", str(port), "--workers", "2"),
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+            )
+        try:
+            until(lambda log=log: log.read_text().count("HTTP API of") == 2, 60, "both workers to start")
+            workers = _children(command.pid)
+            assert len(workers) == 2, log.read_text()
+            ids = [f"w-{how}-{i}" for i in range(40)]
+            for i in ids:  # a connection each: the kernel spreads them over both workers
+                made = once(
+                    port,
+                    "POST",
+                    "/v1/messages",
+                    body={"id": i, "destination": "q", "delay": "1h", "body": "b"},
+                )
+                assert made.status == 201, made.body
+            assert {once(port, "GET", f"/v1/messages/{i}").status for i in ids} == {200}
+            if how == "SIGTERM":
+                command.terminate()
+                assert command.wait(30) == 0, log.read_text()[-2000:]
+            else:
+                command.kill()
+                command.wait(10)
+            until(lambda workers=workers: _gone(workers), 15, f"the workers {workers} to end after {how}")
+        finally:
+            if command.poll() is None:
+                command.kill()
+                command.wait()
+        said = log.read_text()
+        assert "Traceback" not in said and "2 workers listen on port" in said, said[-2000:]
+    missing = run_cli(
+        "serve", "--store", f"sqlite:///{tmp_path / 'none.db'}", "--port", str(free_port()), "--workers", "2"
+    )
+    assert missing.returncode == 1 and missing.stderr.count("There is no SQLite store") == 1, missing.stderr
+    assert "Traceback" not in missing.stderr

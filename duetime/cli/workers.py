@@ -1,0 +1,157 @@
+"""``duetime serve --workers N``: N server processes on one port, and one process that watches them.
+
+One process answers requests on one core: FastAPI, pydantic and uvicorn's parsing are Python, and
+the interpreter runs one thread at a time. On two cores one server left a core nearly idle while
+it was full (``bench/http_api_bench.py``). So the command starts N copies of itself, each
+listening on the same port (``SO_REUSEPORT``: the kernel spreads the connections among them), and
+stays to watch them:
+
+- SIGTERM or SIGINT is passed to every worker, and the command ends once they have (exit 0 when
+  they stopped cleanly);
+- a worker that ends on its own (a crash, a store it cannot open at start, a port in use) ends
+  the others, and the command exits with that worker's status, so whatever supervises it
+  (systemd, Kubernetes) restarts the whole and sees why;
+- a worker ends with the command even when the command is killed with SIGKILL (Linux: the
+  parent-death signal; elsewhere each worker notices its parent is gone within a second).
+
+The watching process opens no store and no socket. The workers are the same command, told by
+:data:`WORKER` that they are one (they listen with ``--share-port`` and start no workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+log = logging.getLogger("duetime.api")
+
+#: Set in a worker's environment: the watching process's id.
+WORKER = "DUETIME_SERVE_WORKER_OF"
+#: prctl's option that sends a signal to this process when its parent dies (Linux).
+_PR_SET_PDEATHSIG = 1
+#: Seconds the workers have to stop after SIGTERM before they are killed.
+STOP_WITHIN = 30.0
+
+
+def worker_of() -> int | None:
+    """The watching process's id when this process is one of its workers, else None."""
+    said = os.environ.get(WORKER, "")
+    return int(said) if said.isdigit() else None
+
+
+def follow_parent(parent: int) -> None:
+    """End this worker (SIGTERM, a clean stop) when ``parent`` ends, however it ends."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if sys.platform != "linux":
+        threading.Thread(target=watch, name="duetime-parent-watch", daemon=True).start()
+
+
+def run_workers(count: int, argv: Sequence[str], address: tuple[str, int]) -> int:
+    """Start ``count`` workers running ``duetime`` with ``argv``, listening on ``address``, and
+    watch them until they end; the exit status the command should have.
+
+    The first worker starts alone and the others once it listens: what stops one from starting
+    (a store it cannot open, a port in use, a missing key) is said once, by it, not by each."""
+    env = {**os.environ, WORKER: str(os.getpid())}
+    command = [sys.executable, "-m", "duetime", *argv]
+    workers: list[subprocess.Popen[bytes]] = []
+    stopping = threading.Event()
+
+    def stop(signum: int, _: object) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        workers.append(subprocess.Popen(command, env=env))
+        while not stopping.is_set() and workers[0].poll() is None and not _listens(address):
+            stopping.wait(0.05)
+        if not stopping.is_set() and workers[0].poll() is None:
+            workers += [subprocess.Popen(command, env=env) for _ in range(count - 1)]
+            log.info("%d workers listen on port %d (process ids %s)", count, address[1], _ids(workers))
+        ended = _first_to_end(workers, stopping)
+        if ended is not None and workers[1:]:
+            log.error("worker %d ended (%s); stopping the others", ended.pid, _status(ended.returncode))
+        _stop(workers)
+        if ended is not None:
+            return _exit_status(ended.returncode) or 1
+        return max((_exit_status(w.returncode) for w in workers), default=0)
+    finally:
+        _stop(workers)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _first_to_end(
+    workers: Sequence[subprocess.Popen[bytes]], stopping: threading.Event
+) -> subprocess.Popen[bytes] | None:
+    """The first worker to end on its own, or None when the command was told to stop first."""
+    while not stopping.is_set():
+        ended = next((w for w in workers if w.poll() is not None), None)
+        if ended is not None:
+            return ended
+        stopping.wait(0.2)
+    return None
+
+
+def _listens(address: tuple[str, int]) -> bool:
+    """Whether something accepts connections at ``address`` (a wildcard address: this machine)."""
+    host, port = address
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _ids(workers: Sequence[subprocess.Popen[bytes]]) -> str:
+    return ", ".join(str(w.pid) for w in workers)
+
+
+def _exit_status(returncode: int | None) -> int:
+    """A worker's status as a shell gives it: 128 + the signal that ended it."""
+    if returncode is None:
+        return 0
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _status(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit status {returncode}"
+
+
+def _stop(workers: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each worker still running; SIGKILL to any still running after
+    :data:`STOP_WITHIN` seconds."""
+    for w in workers:
+        if w.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.terminate()
+    deadline = time.monotonic() + STOP_WITHIN
+    for w in workers:
+        try:
+            w.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
