@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/http_api_bench.py                       # PostgreSQL, a baseline of 4,000 calls
     .venv/bin/python bench/http_api_bench.py --store sqlite --count 2000
-    .venv/bin/python bench/http_api_bench.py --soak 1000000        # the server's RSS over a million
+    .venv/bin/python bench/http_api_bench.py --soak 1000000 --workers 1  # the server's RSS over a million
 
 Figures, each a rate of messages stored a second (100-byte bodies, ``delay: "1h"``):
 
@@ -14,9 +14,13 @@ Figures, each a rate of messages stored a second (100-byte bodies, ``delay: "1h"
   client beside it.
 - **HTTP, batches of 500** (``POST /v1/batches``), 1 client and 4 clients.
 
-``--soak N`` then sends N one-message requests from 16 clients and reads the server's resident
-memory (``/proc/PID/status``) every tenth of the way: flat means no request leaves anything
-behind. The server is `duetime serve` itself, on a free port, with a key of a rate no client reaches.
+Each HTTP figure is taken with ``duetime serve --workers N`` for each N of ``--workers`` (1 and 2
+by default: one server process, and one a core on these two cores), on a free port, with a key
+of a rate no client reaches.
+
+``--soak N`` then sends N one-message requests from 16 clients and reads the servers' resident
+memory (``/proc/PID/status``, the workers' sum) every tenth of the way: flat means no request
+leaves anything behind.
 """
 
 from __future__ import annotations
@@ -80,37 +84,47 @@ def cli(*args: str) -> str:
 
 
 @contextmanager
-def serving(url: str, servers: int = 1) -> Iterator[tuple[int, str, int]]:
-    """``servers`` `duetime serve` processes on one free port (``--share-port``): (port, key, the
-    first one's pid)."""
+def serving(url: str, workers: int = 1) -> Iterator[tuple[int, str, list[int]]]:
+    """`duetime serve --workers N` on a free port: (port, key, the pids that answer: the workers,
+    or the command itself when it is the one server)."""
     key = cli("api-keys", "create", f"bench-{uuid.uuid4().hex[:6]}", "--scope", "schedule,read",
               "--rate", "1000000", "--store", url).strip().splitlines()[-1]  # fmt: skip
     port = free_port()
-    share = ["--share-port"] if servers > 1 else []
-    logs, started = [], []
+    log = tempfile.NamedTemporaryFile(prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "duetime",
+            "serve",
+            "--store",
+            url,
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     try:
-        for _ in range(servers):
-            log = tempfile.NamedTemporaryFile(prefix="serve-", suffix=".log", delete=False)  # noqa: SIM115
-            logs.append(Path(log.name))
-            started.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "duetime", "serve", "--store", url, "--port", str(port), *share],
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                )
-            )
-            deadline = time.monotonic() + 60
-            while "HTTP API of" not in logs[-1].read_text():
-                assert started[-1].poll() is None and time.monotonic() < deadline, logs[-1].read_text()
-                time.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while Path(log.name).read_text().count("HTTP API of") < workers:
+            assert server.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+            time.sleep(0.05)
         time.sleep(2.1)  # the key is read with the others, at most every 2 s
-        yield port, key, started[0].pid
+        yield port, key, (children(server.pid) if workers > 1 else [server.pid])
     finally:
-        for server in started:
-            server.terminate()
-            server.wait(30)
-        for log_path in logs:
-            os.unlink(log_path)
+        server.terminate()
+        server.wait(60)
+        os.unlink(log.name)
+
+
+def children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
 
 
 #: wrk's script: POST the body file with the key.
@@ -160,11 +174,14 @@ def python_client(url: str, count: int) -> float:
         return count / (time.perf_counter() - began)
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+def rss_kib(pids: list[int]) -> int:
+    """The resident memory of the server processes, summed."""
+    total = 0
+    for pid in pids:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total
 
 
 def main() -> None:
@@ -178,7 +195,9 @@ def main() -> None:
     )
     parser.add_argument("--soak", type=int, default=0, help="requests of the memory soak (0: none)")
     parser.add_argument(
-        "--servers", type=int, default=1, help="`duetime serve` processes sharing the port (--share-port)"
+        "--workers",
+        default="1,2",
+        help="`duetime serve --workers N` for each N of this list, each in turn (default 1,2)",
     )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -188,42 +207,46 @@ def main() -> None:
         baseline = python_client(url, args.count)
         print(f"  Python client, one call at a time     {baseline:9,.0f} msg/s   (the baseline)")
         seconds = max(1, round(args.count / baseline))  # each figure about as long as the baseline took
-        print(f"store {args.store}, {seconds} s a figure, {args.servers} server process(es)")
-        with serving(url, args.servers) as (port, key, pid):
-            one = {"destination": "orders", "delay": "1h", "body": BODY}
-            load(port, key, "/v1/messages", one, 2, 4)  # warm: imports, connections
-            rate_16 = baseline
-            for clients in (1, 16):
-                rate, p50, p99, _ = load(port, key, "/v1/messages", one, seconds, clients)
-                rate_16 = rate
-                print(
-                    f"  HTTP, one a request, {clients:2d} client(s)     {rate:9,.0f} msg/s   "
-                    f"{rate / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
-                )
-            for clients in (1, 4):
-                rate, p50, p99, _ = load(
-                    port, key, "/v1/batches", {"messages": [one] * BATCH}, seconds, clients
-                )
-                print(
-                    f"  HTTP, batches of {BATCH}, {clients} client(s)     {rate * BATCH:9,.0f} msg/s   "
-                    f"{rate * BATCH / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
-                )
-            if args.soak:
-                start = rss_kib(pid)
-                samples = []
-                sent = 0
-                began = time.perf_counter()
-                for tenth in range(10):  # what is left in equal parts, by the latest rate
-                    seconds = (args.soak - sent) / (10 - tenth) / rate_16
-                    rate_16, _, _, count = load(port, key, "/v1/messages", one, seconds, 16)
-                    sent += count
-                    samples.append(rss_kib(pid))
-                rate = sent / (time.perf_counter() - began)
-                print(
-                    f"  soak: {sent:,} requests at {rate:,.0f}/s; server RSS {start / 1024:.0f} MiB "
-                    "before, then " + ", ".join(f"{s / 1024:.0f}" for s in samples) + " MiB"
-                    f" (last/first tenth {samples[-1] / samples[0]:.2f}x)"
-                )
+        print(f"store {args.store}, {seconds} s a figure")
+        for workers in [int(w) for w in args.workers.split(",")]:
+            measure(url, workers, seconds, baseline, args.soak)
+
+
+def measure(url: str, workers: int, seconds: int, baseline: float, soak: int) -> None:
+    """The HTTP figures of one `duetime serve --workers N`, and the soak when asked."""
+    with serving(url, workers) as (port, key, pids):
+        one = {"destination": "orders", "delay": "1h", "body": BODY}
+        load(port, key, "/v1/messages", one, 2, 4)  # warm: imports, connections
+        rate_16 = baseline
+        for clients in (1, 16):
+            rate, p50, p99, _ = load(port, key, "/v1/messages", one, seconds, clients)
+            rate_16 = rate
+            print(
+                f"  {workers} worker(s), one a request, {clients:2d} client(s)  {rate:9,.0f} msg/s   "
+                f"{rate / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
+            )
+        for clients in (1, 4):
+            rate, p50, p99, _ = load(port, key, "/v1/batches", {"messages": [one] * BATCH}, seconds, clients)
+            print(
+                f"  {workers} worker(s), batches of {BATCH}, {clients} client(s)  {rate * BATCH:9,.0f} msg/s   "
+                f"{rate * BATCH / baseline:5.2f}x   p50 {p50} ms  p99 {p99} ms"
+            )
+        if soak:
+            start = rss_kib(pids)
+            samples = []
+            sent = 0
+            began = time.perf_counter()
+            for tenth in range(10):  # what is left in equal parts, by the latest rate
+                seconds_left = (soak - sent) / (10 - tenth) / rate_16
+                rate_16, _, _, count = load(port, key, "/v1/messages", one, seconds_left, 16)
+                sent += count
+                samples.append(rss_kib(pids))
+            rate = sent / (time.perf_counter() - began)
+            print(
+                f"  soak: {sent:,} requests at {rate:,.0f}/s; server RSS {start / 1024:.0f} MiB "
+                "before, then " + ", ".join(f"{s / 1024:.0f}" for s in samples) + " MiB"
+                f" (last/first tenth {samples[-1] / samples[0]:.2f}x)"
+            )
 
 
 if __name__ == "__main__":
