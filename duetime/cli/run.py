@@ -24,6 +24,7 @@ from duetime.cli.common import (
     configure_logging,
     transport_url_for,
 )
+from duetime.cli.heap import settle_heap
 from duetime.cli.terminal import EXIT_CRITICAL, console, fail, guarded, say
 from duetime.cli.terminal import run_async as _run
 from duetime.clock import SYSTEM
@@ -329,6 +330,7 @@ async def _serve(service: Service, store: str) -> None:
                 dispatcher.mode.value,
                 door,
             )
+            settle_heap()
         await service.wait()
     finally:
         watch.cancel()
