@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -81,9 +82,15 @@ def check_secret(secret: str) -> str:
 
 def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     """One ``v1,`` signature of the request, as Standard Webhooks defines it."""
-    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    key = _key_of(secret)
     signed = f"{message_id}.{timestamp}.".encode() + body
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+@functools.lru_cache(maxsize=64)
+def _key_of(secret: str) -> bytes:
+    """A secret's key bytes (decoded once a secret, not once a request)."""
+    return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
 
 
 def signature_header(secrets_: Sequence[str], message_id: str, timestamp: int, body: bytes) -> str:
@@ -354,8 +361,16 @@ class WebhookEndpoint:
         return not _internal(ip)
 
 
+#: Carrier-grade NAT's shared addresses (RFC 6598): inside some provider's network.
+_SHARED = ipaddress.ip_network("100.64.0.0/10")
+
+
+@functools.lru_cache(maxsize=4096)
 def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    shared = ip.version == 4 and ip in ipaddress.ip_network("100.64.0.0/10")
+    """Whether ``ip`` is inside some network rather than on the internet. Kept per address: an
+    address always answers the same, and ``ipaddress``'s checks walk lists of networks (a burst
+    to one webhook asked it for every request)."""
+    shared = ip.version == 4 and ip in _SHARED
     return bool(
         ip.is_loopback
         or ip.is_private
