@@ -43,9 +43,11 @@ STOP_WITHIN = 30.0
 
 
 def worker_of() -> int | None:
-    """The watching process's id when this process is one of its workers, else None."""
-    said = os.environ.get(WORKER, "")
-    return int(said) if said.isdigit() else None
+    """The watching process's id when this process is one of its workers, else None. A value
+    left in the environment by something else (a shell that exported it) is not this process's
+    parent, and is ignored."""
+    said = os.environ.pop(WORKER, "")
+    return int(said) if said.isdigit() and int(said) == os.getppid() else None
 
 
 def follow_parent(parent: int) -> None:
