@@ -1,4 +1,5 @@
-"""The base of a transport over a blocking client library (kombu, Dramatiq's brokers, ...).
+"""The base of a transport over a blocking client library (kombu, Dramatiq's brokers, ...), on
+:class:`~duetime.backends.transport_base.TransportBase`.
 
 Everything runs on one thread of the transport's own, which keeps one connection: a subclass says
 how to connect (:meth:`~BlockingTransport._connect`), how to let the connection go
@@ -12,18 +13,18 @@ after it says the transport is closed.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
 from duetime.backends._on_a_thread import BlockingCalls, transport_closed
 from duetime.backends.refusals import send_each
+from duetime.backends.transport_base import TransportBase
 from duetime.inputs.identifiers import check_name
-from duetime.interfaces import AsyncClosing
 from duetime.message import DelayedMessage
 
 
-class BlockingTransport(AsyncClosing, ABC):
+class BlockingTransport(TransportBase):
     """A transport whose client blocks: each call on the transport's one thread."""
 
     def __init__(self, thread_name: str) -> None:
@@ -61,12 +62,10 @@ class BlockingTransport(AsyncClosing, ABC):
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await self._calls.call(fn, *args)
 
-    async def start(self) -> None:
+    async def _open(self) -> None:
         await self._run(self._connect)
 
-    async def close(self) -> None:
-        if self._calls.shut:  # closed already: a second close does nothing
-            return
+    async def _let_go(self) -> None:
         await self._run(self._drop)
         self._calls.shutdown()
 

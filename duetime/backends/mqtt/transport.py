@@ -25,7 +25,7 @@ import hashlib
 import ssl
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -35,6 +35,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from duetime.backends.transport_base import AsyncClientTransport
 from duetime.errors import (
     ConfigurationError,
     MessageRefused,
@@ -42,7 +43,7 @@ from duetime.errors import (
     connection_failed,
 )
 from duetime.inputs.urls import number_option, redact, url_options
-from duetime.interfaces import AsyncClosing, ReceivedMessage
+from duetime.interfaces import ReceivedMessage
 from duetime.message import DelayedMessage, new_message_id, outgoing_headers
 
 #: The message header that asks for a retained publish.
@@ -224,8 +225,11 @@ class _Connection:
             raise MessageRefused(f"the broker refused a subscription to {topic!r}: {codes[0]}")
 
 
-class MqttTransport(AsyncClosing):
-    """``mqtt://[user:password@]host[:port]`` (``mqtts://`` over TLS, port 8883 by default)."""
+class MqttTransport(AsyncClientTransport):
+    """``mqtt://[user:password@]host[:port]`` (``mqtts://`` over TLS, port 8883 by default).
+
+    On :class:`~duetime.backends.transport_base.AsyncClientTransport`: a batch is published at
+    once (QoS 1), and each PUBACK awaited after."""
 
     def __init__(
         self,
@@ -249,7 +253,6 @@ class MqttTransport(AsyncClosing):
         self.publish_timeout = publish_timeout
         self._publisher: _Connection | None = None
         self._readers: dict[str, _Connection] = {}
-        self._closed = False
 
     @classmethod
     def from_url(cls, url: str) -> MqttTransport:
@@ -263,9 +266,7 @@ class MqttTransport(AsyncClosing):
             publish_timeout=number_option(options, "publish_timeout", 30.0),
         )
 
-    async def start(self) -> None:
-        if self._closed:
-            raise TransportUnavailable("the MQTT transport is closed")
+    async def _open(self) -> None:
         publisher = self._publisher
         # paho's own state too: it knows of a lost connection a moment before its callback sets `lost`
         if publisher is not None and publisher.lost is None and publisher.client.is_connected():
@@ -276,8 +277,7 @@ class MqttTransport(AsyncClosing):
         await connection.open(self.host, self.port, self.connect_timeout)
         self._publisher = connection
 
-    async def close(self) -> None:
-        self._closed = True
+    async def _let_go(self) -> None:
         for connection in [self._publisher, *self._readers.values()]:
             if connection is not None:
                 await asyncio.to_thread(connection.close)
@@ -300,40 +300,29 @@ class MqttTransport(AsyncClosing):
         await ending.open(self.host, self.port, self.connect_timeout)
         await asyncio.to_thread(ending.close)
 
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
+    async def _ready(self) -> None:
         if self._publisher is None or self._publisher.lost is not None:
             raise TransportUnavailable(self._publisher.lost if self._publisher else "not started")
+
+    def _hand_over(self, message: DelayedMessage) -> Awaitable[Exception | None]:
         publisher = self._publisher
-        waits: list[asyncio.Future[ReasonCode] | Exception] = []
-        for message in messages:
-            try:
-                topic = check_topic(message.destination)
-                properties, retain = _publish_properties(message)
-                size = (
-                    len(message.body) + len(topic) + sum(len(k) + len(v) for k, v in message.headers.items())
-                )
-                if publisher.maximum_packet is not None and size > publisher.maximum_packet:
-                    raise MessageRefused(
-                        f"over the broker's largest packet ({publisher.maximum_packet:,} bytes)"
-                    )
-                waits.append(publisher.publish(topic, message.body, properties, retain))
-            except MessageRefused as refused:
-                waits.append(refused)
-        results: list[Exception | None] = []
-        for wait in waits:
-            if isinstance(wait, Exception):
-                results.append(wait)
-                continue
-            try:
-                code = await asyncio.wait_for(wait, self.publish_timeout)
-            except TimeoutError:
-                results.append(TransportUnavailable(f"no PUBACK in {self.publish_timeout:g} s"))
-                continue
-            except TransportUnavailable as lost:
-                results.append(lost)
-                continue
-            results.append(MessageRefused(f"the broker refused it: {code}") if code.is_failure else None)
-        return results
+        assert publisher is not None  # _ready said so
+        topic = check_topic(message.destination)
+        properties, retain = _publish_properties(message)
+        size = len(message.body) + len(topic) + sum(len(k) + len(v) for k, v in message.headers.items())
+        if publisher.maximum_packet is not None and size > publisher.maximum_packet:
+            raise MessageRefused(f"over the broker's largest packet ({publisher.maximum_packet:,} bytes)")
+        return self._acknowledged(publisher.publish(topic, message.body, properties, retain))
+
+    async def _acknowledged(self, puback: asyncio.Future[ReasonCode]) -> Exception | None:
+        """The broker's answer to one publish: None for its PUBACK, else why not."""
+        try:
+            code = await asyncio.wait_for(puback, self.publish_timeout)
+        except TimeoutError:
+            return TransportUnavailable(f"no PUBACK in {self.publish_timeout:g} s")
+        except TransportUnavailable as lost:
+            return lost
+        return MessageRefused(f"the broker refused it: {code}") if code.is_failure else None
 
     async def _reader(self, topic: str) -> _Connection:
         connection = self._readers.get(topic)

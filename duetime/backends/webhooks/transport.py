@@ -36,6 +36,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from duetime.backends.transport_base import AsyncClientTransport
 from duetime.errors import (
     ConfigurationError,
     DestinationNotFound,
@@ -45,7 +46,7 @@ from duetime.errors import (
     one_line,
 )
 from duetime.inputs.urls import redact
-from duetime.interfaces import AsyncClosing, WebhookStore
+from duetime.interfaces import WebhookStore
 from duetime.message import DelayedMessage, outgoing_headers
 from duetime.version import __version__
 from duetime.webhooks import (
@@ -194,8 +195,12 @@ def retry_or_give_up(
     return RetryLater(reason, after=wait if asked is None else asked)
 
 
-class WebhookTransport(AsyncClosing):
+class WebhookTransport(AsyncClientTransport):
     """Sends each message to the webhook endpoint named by its destination (``webhooks://``).
+
+    On :class:`~duetime.backends.transport_base.AsyncClientTransport`: every request of a batch
+    starts at once (each endpoint's connection limit queues what is over it), and each answer,
+    retries included, is awaited after.
 
     The endpoints come from the store the dispatcher delivers from (:meth:`attach_store`, which
     ``duetime.Service`` calls), or are given (``endpoints=``, for tests and embedding)."""
@@ -215,7 +220,6 @@ class WebhookTransport(AsyncClosing):
         self._read_at = -REFRESH_EVERY
         self._resolve = resolve
         self._clock = clock
-        self._closed = False
         #: What each attempt came to, per endpoint (the metrics read it).
         self.attempt_log = AttemptLog()
 
@@ -237,9 +241,7 @@ class WebhookTransport(AsyncClosing):
                 )
             self._store = store
 
-    async def start(self) -> None:
-        if self._closed:
-            raise TransportUnavailable("the webhook transport is closed")
+    async def _open(self) -> None:
         await self._refresh(force=True)
 
     async def declare(self, queue: str) -> None:
@@ -250,8 +252,7 @@ class WebhookTransport(AsyncClosing):
         if isinstance(endpoint, Exception):
             raise endpoint
 
-    async def close(self) -> None:
-        self._closed = True
+    async def _let_go(self) -> None:
         sessions, self._sessions = self._sessions, {}
         for _, session in sessions.values():
             with contextlib.suppress(Exception):
@@ -262,14 +263,14 @@ class WebhookTransport(AsyncClosing):
         await self._refresh()
         return list(self._endpoints.values())
 
-    async def send_batch(self, messages: Sequence[DelayedMessage]) -> list[Exception | None]:
-        if self._closed:
-            raise TransportUnavailable("the webhook transport is closed")
+    async def _ready(self) -> None:
         try:
             await self._refresh()
         except Exception as error:  # the store cannot be read: nothing goes until it can
             raise TransportUnavailable(f"cannot read the webhook endpoints: {one_line(error)}") from error
-        return list(await asyncio.gather(*(self._send(m) for m in messages)))
+
+    def _hand_over(self, message: DelayedMessage) -> Awaitable[Exception | None]:
+        return asyncio.ensure_future(self._send(message))
 
     async def _refresh(self, force: bool = False) -> None:
         if self._store is None or (not force and time.monotonic() - self._read_at < REFRESH_EVERY):
