@@ -993,9 +993,8 @@ class ClaimPolicy(Protocol):
 
     @property
     def parallel_claims(self) -> bool:
-        """True for a server with several connections; False for a store with one writer at a
-        time (SQLite), where a claim beside a send that writes into the same database waits for
-        it (the dispatcher still claims beside sends to any other transport)."""
+        """True when claiming the next batch beside a send helps (a server with several
+        connections); False for a store with one writer at a time (SQLite)."""
 
 
 #: A database delivery log's outcome of a delivery a flow-control limit governed (its row has no

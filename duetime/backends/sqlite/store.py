@@ -84,7 +84,7 @@ def _message(row: Sequence[Any]) -> DelayedMessage:
 class SyncSqliteStore(StoreRules):
     """The blocking SQLite store; thread-safe (one connection behind a lock)."""
 
-    parallel_claims = False  # one writer at a time: a claim beside a send into this file would wait
+    parallel_claims = False  # one writer at a time: a claim made while a batch is sent would wait
 
     def __init__(
         self,
