@@ -67,6 +67,8 @@ DASHBOARD_SECRET_VARIABLE = "DUETIME_DASHBOARD_SECRET"
 ENCRYPTION_KEYS_VARIABLE = "DUETIME_ENCRYPTION_KEYS"
 #: Who the commands' changes are kept as in the audit trail (the user at the host when unset).
 ACTOR_VARIABLE = "DUETIME_ACTOR"
+#: Set by ``duetime serve --workers N`` in each worker it starts: the watching process's id.
+SERVE_WORKER_VARIABLE = "DUETIME_SERVE_WORKER_OF"
 #: The variables whose values are secrets: never printed, kept out of every line shown.
 SECRET_VARIABLES = (DASHBOARD_PASSWORD_VARIABLE, DASHBOARD_SECRET_VARIABLE)
 #: The variables read outside the commands' own options and the dispatcher's settings.
@@ -78,6 +80,7 @@ OTHER_VARIABLES = (
     DASHBOARD_USER_VARIABLE,
     DASHBOARD_PASSWORD_VARIABLE,
     DASHBOARD_SECRET_VARIABLE,
+    SERVE_WORKER_VARIABLE,
 )
 
 

@@ -15,7 +15,8 @@ stays to watch them:
   parent-death signal; elsewhere each worker notices its parent is gone within a second).
 
 The watching process opens no store and no socket. The workers are the same command, told by
-:data:`WORKER` that they are one (they listen with ``--share-port`` and start no workers).
+:data:`~duetime.settings.SERVE_WORKER_VARIABLE` that they are one (they listen with
+``--share-port`` and start no workers).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ import threading
 import time
 from collections.abc import Sequence
 
+from duetime.settings import SERVE_WORKER_VARIABLE, variable
+
 log = logging.getLogger("duetime.api")
 
-#: Set in a worker's environment: the watching process's id.
-WORKER = "DUETIME_SERVE_WORKER_OF"
 #: prctl's option that sends a signal to this process when its parent dies (Linux).
 _PR_SET_PDEATHSIG = 1
 #: Seconds the workers have to stop after SIGTERM before they are killed.
@@ -46,7 +47,8 @@ def worker_of() -> int | None:
     """The watching process's id when this process is one of its workers, else None. A value
     left in the environment by something else (a shell that exported it) is not this process's
     parent, and is ignored."""
-    said = os.environ.pop(WORKER, "")
+    said = variable(SERVE_WORKER_VARIABLE) or ""
+    os.environ.pop(SERVE_WORKER_VARIABLE, None)  # nothing it starts is a worker
     return int(said) if said.isdigit() and int(said) == os.getppid() else None
 
 
@@ -74,7 +76,7 @@ def run_workers(count: int, argv: Sequence[str], address: tuple[str, int]) -> in
 
     The first worker starts alone and the others once it listens: what stops one from starting
     (a store it cannot open, a port in use, a missing key) is said once, by it, not by each."""
-    env = {**os.environ, WORKER: str(os.getpid())}
+    env = {**os.environ, SERVE_WORKER_VARIABLE: str(os.getpid())}
     command = [sys.executable, "-m", "duetime", *argv]
     workers: list[subprocess.Popen[bytes]] = []
     stopping = threading.Event()
