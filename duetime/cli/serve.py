@@ -121,7 +121,7 @@ def serve(
     except ModuleNotFoundError as missing:
         raise MissingExtra.for_module(missing, "duetime serve") or missing from None
     from duetime.cli.heap import settle_heap
-    from duetime.cli.workers import follow_parent, run_workers, worker_of
+    from duetime.cli.workers import follow_parent, run_workers, tell_started, worker_of
     from duetime.observability.webserver import bind, loopback
     from duetime.observability.webserver import serve as serve_app
 
@@ -138,7 +138,7 @@ def serve(
     elif workers > 1:
         if port == 0:
             raise typer.BadParameter("--workers needs a port (--port 0 would give each worker another)")
-        raise typer.Exit(run_workers(workers, sys.argv[1:], (host, port)))
+        raise typer.Exit(run_workers(workers, sys.argv[1:], port))
     sock = bind(host, port, what="The API port", option="--port", shared=share_port)
 
     async def go() -> None:
@@ -165,6 +165,8 @@ def serve(
 
             def ready() -> None:
                 settle_heap()
+                if parent is not None:
+                    tell_started(parent)
                 log.info(
                     "HTTP API of %s on %s://%s:%d/ (%s)",
                     redact(store),

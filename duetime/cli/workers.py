@@ -26,7 +26,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,10 +36,18 @@ from duetime.settings import SERVE_WORKER_VARIABLE, variable
 
 log = logging.getLogger("duetime.api")
 
+#: What a worker sends the watching process once it serves.
+STARTED = signal.SIGUSR1
 #: prctl's option that sends a signal to this process when its parent dies (Linux).
 _PR_SET_PDEATHSIG = 1
 #: Seconds the workers have to stop after SIGTERM before they are killed.
 STOP_WITHIN = 30.0
+
+
+def tell_started(parent: int) -> None:
+    """Tell the watching process this worker serves (its store open, its port answering)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(parent, STARTED)
 
 
 def worker_of() -> int | None:
@@ -70,28 +77,32 @@ def follow_parent(parent: int) -> None:
         threading.Thread(target=watch, name="duetime-parent-watch", daemon=True).start()
 
 
-def run_workers(count: int, argv: Sequence[str], address: tuple[str, int]) -> int:
-    """Start ``count`` workers running ``duetime`` with ``argv``, listening on ``address``, and
-    watch them until they end; the exit status the command should have.
+def run_workers(count: int, argv: Sequence[str], port: int) -> int:
+    """Start ``count`` workers running ``duetime`` with ``argv``, serving on ``port``, and watch
+    them until they end; the exit status the command should have.
 
-    The first worker starts alone and the others once it listens: what stops one from starting
-    (a store it cannot open, a port in use, a missing key) is said once, by it, not by each."""
+    The first worker starts alone and the others once it says it serves (:func:`tell_started`):
+    what stops one from starting (a store it cannot open, a port in use, a missing key) is said
+    once, by it, not by each."""
     env = {**os.environ, SERVE_WORKER_VARIABLE: str(os.getpid())}
     command = [sys.executable, "-m", "duetime", *argv]
     workers: list[subprocess.Popen[bytes]] = []
     stopping = threading.Event()
 
+    started = threading.Event()
+
     def stop(signum: int, _: object) -> None:
         stopping.set()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[STARTED] = signal.signal(STARTED, lambda *_: started.set())
     try:
         workers.append(subprocess.Popen(command, env=env))
-        while not stopping.is_set() and workers[0].poll() is None and not _listens(address):
+        while not stopping.is_set() and workers[0].poll() is None and not started.is_set():
             stopping.wait(0.05)
         if not stopping.is_set() and workers[0].poll() is None:
             workers += [subprocess.Popen(command, env=env) for _ in range(count - 1)]
-            log.info("%d workers listen on port %d (process ids %s)", count, address[1], _ids(workers))
+            log.info("%d workers serve on port %d (process ids %s)", count, port, _ids(workers))
         ended = _first_to_end(workers, stopping)
         if ended is not None and workers[1:]:
             log.error("worker %d ended (%s); stopping the others", ended.pid, _status(ended.returncode))
@@ -115,17 +126,6 @@ def _first_to_end(
             return ended
         stopping.wait(0.2)
     return None
-
-
-def _listens(address: tuple[str, int]) -> bool:
-    """Whether something accepts connections at ``address`` (a wildcard address: this machine)."""
-    host, port = address
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _ids(workers: Sequence[subprocess.Popen[bytes]]) -> str:

@@ -309,7 +309,7 @@ def test_workers_share_the_port_and_end_with_the_command_however_it_ends(tmp_pat
                 command.kill()
                 command.wait()
         said = log.read_text()
-        assert "Traceback" not in said and "2 workers listen on port" in said, said[-2000:]
+        assert "Traceback" not in said and "2 workers serve on port" in said, said[-2000:]
     missing = run_cli(
         "serve", "--store", f"sqlite:///{tmp_path / 'none.db'}", "--port", str(free_port()), "--workers", "2"
     )
