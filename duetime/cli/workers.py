@@ -88,7 +88,6 @@ def run_workers(count: int, argv: Sequence[str], port: int) -> int:
     command = [sys.executable, "-m", "duetime", *argv]
     workers: list[subprocess.Popen[bytes]] = []
     stopping = threading.Event()
-
     started = threading.Event()
 
     def stop(signum: int, _: object) -> None:

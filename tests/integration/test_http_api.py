@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -270,11 +272,12 @@ def _state(pid: int) -> str:
 
 def test_workers_share_the_port_and_end_with_the_command_however_it_ends(tmp_path: Path) -> None:
     """`--workers 2`: two server processes answer on one port, each request stored once; SIGTERM
-    ends both and the command exits 0; SIGKILL of the command ends them too; a store that cannot
-    be opened is said once, and the command exits 1."""
+    ends both and the command exits 0; SIGKILL of the command ends them too; a worker killed ends
+    the other, and the command exits with its status (137); a store that cannot be opened is said
+    once, and the command exits 1; `--port 0` is refused before anything starts."""
     url = f"sqlite:///{tmp_path / 'store.db'}"
     assert run_cli("setup", "--store", url).returncode == 0
-    for how in ("SIGTERM", "SIGKILL"):
+    for how in ("SIGTERM", "SIGKILL", "a worker's SIGKILL"):
         port = free_port()
         log = tmp_path / f"serve-{how}.log"
         with log.open("wb") as out:
@@ -287,7 +290,7 @@ def test_workers_share_the_port_and_end_with_the_command_however_it_ends(tmp_pat
             until(lambda log=log: log.read_text().count("HTTP API of") == 2, 60, "both workers to start")
             workers = _children(command.pid)
             assert len(workers) == 2, log.read_text()
-            ids = [f"w-{how}-{i}" for i in range(40)]
+            ids = [f"w-{how.replace(' ', '-')}-{i}" for i in range(40)]
             for i in ids:  # a connection each: the kernel spreads them over both workers
                 made = once(
                     port,
@@ -300,9 +303,14 @@ def test_workers_share_the_port_and_end_with_the_command_however_it_ends(tmp_pat
             if how == "SIGTERM":
                 command.terminate()
                 assert command.wait(30) == 0, log.read_text()[-2000:]
-            else:
+            elif how == "SIGKILL":
                 command.kill()
                 command.wait(10)
+            else:
+                killed = min(workers)
+                os.kill(killed, signal.SIGKILL)
+                assert command.wait(40) == 137, log.read_text()[-2000:]
+                assert f"worker {killed} ended (killed by SIGKILL); stopping the others" in log.read_text()
             until(lambda workers=workers: _gone(workers), 15, f"the workers {workers} to end after {how}")
         finally:
             if command.poll() is None:
@@ -315,3 +323,6 @@ def test_workers_share_the_port_and_end_with_the_command_however_it_ends(tmp_pat
     )
     assert missing.returncode == 1 and missing.stderr.count("There is no SQLite store") == 1, missing.stderr
     assert "Traceback" not in missing.stderr
+    no_port = run_cli("serve", "--store", url, "--port", "0", "--workers", "2")
+    assert no_port.returncode == 2 and "--workers needs a port" in no_port.stderr, no_port.stderr
+    assert "HTTP API of" not in no_port.stderr and "Traceback" not in no_port.stderr
