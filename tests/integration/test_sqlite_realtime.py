@@ -336,6 +336,40 @@ def test_a_waiting_receiver_sleeps_until_another_process_writes(
     receiver.close()
 
 
+def test_the_file_watch_never_wakes_short_and_hears_a_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver waiting for a message that shows at a known time sleeps on the watch for that
+    long: never less (it would look too early and sleep again), and to the microsecond rather than
+    the next whole millisecond (how long past it is the benchmarks' to say, bench/RESULTS.md).
+    A write still ends the sleep at once."""
+    db = tmp_path / "watched.db"
+    prepare(db, "watched", "orders").close()
+    watch = filewatch.watch(db)
+    assert watch is not None
+    for seconds in (0.0004, 0.0021, 0.0107):
+        started = time.monotonic()
+        assert watch.try_wait(seconds) is False
+        assert time.monotonic() - started >= seconds
+    writer = SyncSqliteQueue(db)
+    writer.send([DelayedMessage("m1", "orders", datetime.now(UTC))])
+    started = time.monotonic()
+    assert watch.try_wait(30.0) is True
+    assert time.monotonic() - started < 10
+
+    def past_the_limit(*args: object) -> object:
+        raise ValueError("filedescriptor out of range in select()")
+
+    monkeypatch.setattr(filewatch.select, "select", past_the_limit)  # over 1,024 files open: poll
+    started = time.monotonic()
+    assert watch.try_wait(0.0021) is False
+    assert time.monotonic() - started >= 0.0021
+    writer.send([DelayedMessage("m2", "orders", datetime.now(UTC))])
+    assert watch.try_wait(30.0) is True
+    writer.close()
+    watch.close()
+
+
 def test_a_receiver_with_nothing_to_take_stays_out_of_the_writers_way(tmp_path: Path) -> None:
     """A receiver looks on every commit to the file (the dispatcher's moves, other queues); it
     takes the write lock only when its queue has something ready, so while another connection

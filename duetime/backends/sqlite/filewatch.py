@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import select
 import threading
 from pathlib import Path
 
@@ -74,8 +75,16 @@ class FileWatch:
         self._names = {path.name, f"{path.name}-wal"}
         self._turn = threading.Lock()
 
-    def _changed(self, timeout_ms: int) -> bool:
-        return any(event.name in self._names for event in self._inotify.read(timeout=timeout_ms))
+    def _changed(self, seconds: float) -> bool:
+        """Whether the file was written, waiting up to ``seconds`` for an event. The wait is
+        select's, to the microsecond: poll's whole milliseconds, rounded up so as never to wake
+        short, woke a receiver up to a millisecond after the message it waited for showed."""
+        try:
+            select.select([self._inotify], [], [], max(seconds, 0.0))
+            events = self._inotify.read(timeout=0)
+        except ValueError:  # a descriptor past select's limit (over 1,024 files open): poll's
+            events = self._inotify.read(timeout=max(math.ceil(seconds * 1000), 0))
+        return any(event.name in self._names for event in events)
 
     def try_wait(self, seconds: float) -> bool | None:
         """Sleep until the file is written (True) or ``seconds`` pass (False); None at once if
@@ -83,7 +92,7 @@ class FileWatch:
         if not self._turn.acquire(blocking=False):
             return None
         try:
-            return self._changed(max(math.ceil(seconds * 1000), 0))  # never short of `seconds`
+            return self._changed(seconds)
         finally:
             self._turn.release()
 
