@@ -31,8 +31,10 @@ RATIO = re.compile(r"^\s*(?P<what>.+?)\s+[\d,]+ msg/s\s+ratio (?P<ratio>[\d.]+)"
 
 def run(code: Path, bench: str, extra: list[str], figure: re.Pattern[str] = RATIO) -> dict[str, float]:
     """The bench's figures, run with ``code``'s duetime (PYTHONPATH: the benches put the
-    repository's root last on their path, so it wins, in Spark's Python workers too)."""
-    env = os.environ | {"PYTHONPATH": str(code)}
+    repository's root last on their path, so it wins, in Spark's Python workers too). PYTHONSAFEPATH:
+    a ``python -c`` or ``python -m`` a bench starts puts its current folder first otherwise, and
+    from the repository's root that is this tree's duetime, whatever PYTHONPATH says."""
+    env = os.environ | {"PYTHONPATH": str(code), "PYTHONSAFEPATH": "1"}
     out = subprocess.run(
         [sys.executable, str(HERE / bench), *extra], env=env, capture_output=True, text=True, check=True
     ).stdout

@@ -181,7 +181,11 @@ class Figures:
 
 
 def python(code: str, *args: str, **kw: object) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", code, *args], **kw)  # type: ignore[call-overload,no-any-return]
+    """``code`` in a new interpreter, importing the duetime this process imports: ``-P``, or
+    ``-c`` would put the current folder first on its path, and run from the repository's root a
+    consumer took the working tree's duetime whatever PYTHONPATH gave (an A/B run measured the
+    same consumer twice)."""
+    return subprocess.Popen([sys.executable, "-P", "-c", code, *args], **kw)  # type: ignore[call-overload,no-any-return]
 
 
 def arrivals(out: Path, ids: set[str], seconds: float) -> dict[str, tuple[float, float]]:

@@ -235,7 +235,9 @@ def run_duetime(
         args = ["--store", store, "--endpoint", "ratebench"] + (
             ["--transport", transport] if transport else []
         )
-        subprocess.run([sys.executable, "-m", "duetime", "setup", *args], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-P", "-m", "duetime", "setup", *args], check=True, capture_output=True
+        )
         consumer = python(
             CONSUMER, transport or store, queue, str(out), stderr=subprocess.PIPE, start_new_session=True
         )
@@ -243,7 +245,7 @@ def run_duetime(
         consumer.stderr.readline()  # ready
         given = {"DUETIME_LATENESS_BUDGET": budget, "DUETIME_CLAIM_WINDOW": claim_window}
         env = {**os.environ, **{k: v for k, v in given.items() if v}} if budget or claim_window else None
-        dispatcher = spawn([sys.executable, "-m", "duetime", "run", *args], folder, env)
+        dispatcher = spawn([sys.executable, "-P", "-m", "duetime", "run", *args], folder, env)
         try:
             time.sleep(3.0)  # started and idle
             dues = due_times(rate, burst)

@@ -21,6 +21,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from duetime.backends._on_a_thread import AsyncQueueBridge
+from duetime.backends._readable import wait_readable
 from duetime.backends.postgres.connection import (
     QUEUE_TABLES,
     PgNames,
@@ -350,7 +351,10 @@ class _Listener:
                 return False
             end = SYSTEM.monotonic() + seconds
             while self.heard(queue) == since and (left := end - SYSTEM.monotonic()) > 0:
-                for note in self._conn.notifies(timeout=left, stop_after=1):
+                # not psycopg's notifies(timeout=left): its wait spins through a millisecond's
+                # remainder, and a receiver waiting for a visible time waits one every time
+                wait_readable(self._conn.fileno(), left)
+                for note in self._conn.notifies(timeout=0):  # what came, and any heard before
                     self._counts[note.payload] = self._counts.get(note.payload, 0) + 1
             return True
         except psycopg.Error:

@@ -15,10 +15,10 @@ Linux, or the ``inotify_simple`` package missing) :func:`watch` answers None and
 from __future__ import annotations
 
 import logging
-import math
-import select
 import threading
 from pathlib import Path
+
+from duetime.backends._readable import wait_readable
 
 log = logging.getLogger("duetime.sqlite")
 
@@ -76,15 +76,9 @@ class FileWatch:
         self._turn = threading.Lock()
 
     def _changed(self, seconds: float) -> bool:
-        """Whether the file was written, waiting up to ``seconds`` for an event. The wait is
-        select's, to the microsecond: poll's whole milliseconds, rounded up so as never to wake
-        short, woke a receiver up to a millisecond after the message it waited for showed."""
-        try:
-            select.select([self._inotify], [], [], max(seconds, 0.0))
-            events = self._inotify.read(timeout=0)
-        except ValueError:  # a descriptor past select's limit (over 1,024 files open): poll's
-            events = self._inotify.read(timeout=max(math.ceil(seconds * 1000), 0))
-        return any(event.name in self._names for event in events)
+        """Whether the file was written, waiting up to ``seconds`` (to the microsecond) for an event."""
+        wait_readable(self._inotify.fileno(), seconds)
+        return any(event.name in self._names for event in self._inotify.read(timeout=0))
 
     def try_wait(self, seconds: float) -> bool | None:
         """Sleep until the file is written (True) or ``seconds`` pass (False); None at once if
