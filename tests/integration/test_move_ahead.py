@@ -134,13 +134,15 @@ async def test_the_documented_sql_sees_a_message_moved_ahead_only_from_its_due_t
     await transport.start()
     await transport.declare("orders")
     now = datetime.now(UTC)
-    due = now + timedelta(milliseconds=300)
+    # far enough ahead that neither move finds it due (then it shows from the move, not its due
+    # time): 300 ms was outlasted by the steps before the second move on a loaded machine
+    due = now + timedelta(seconds=5)
     step = timedelta(milliseconds=7)
     on_step = handed_over_at(due, step) + step  # a due time on a step's end
     await store.store_many([DelayedMessage("m", "orders", due), DelayedMessage("n", "orders", due)])
-    await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1))
+    await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=10))
     await store.store_many([DelayedMessage("n", "orders", due), DelayedMessage("s", "orders", on_step)])
-    await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=1), step)
+    await store.move_due(now, 10, transport, "error", lambda m, reason: {}, now + timedelta(seconds=10), step)
     await transport.close()
     await store.close()
     asked = "SELECT message_id, visible_at, enqueued_at FROM {} ORDER BY seq"
