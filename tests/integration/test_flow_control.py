@@ -11,6 +11,7 @@ signed webhooks to a real HTTP server that times every request it takes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -36,6 +37,12 @@ SIZE = int(os.environ.get("DUETIME_FLOW_SIZE", "600"))
 #: request than to another (0.2 s seen with the whole suite beside the test): arrivals in a window
 #: may have been sent over that much more time, and a span of arrivals may be that much shorter.
 ARRIVAL_JITTER = 0.4
+#: The least share of the rate a 10 s window holds. The pace itself is 500 of 500 in every window
+#: alone (and with twelve busy loops or disk and PostgreSQL writers beside it: 491-502); with the
+#: whole suite beside it, its disk and both cores busy, 466-473 once, a steady 93 %. A limiter that
+#: loses a turn each time it wakes late comes to 57 % (measured), and a kill that stalls the rest
+#: leaves a window short by the stall.
+LEAST_SHARE = 0.9
 #: How long the pause case waits with nothing delivered (30 s at full size).
 PAUSED_FOR = 30 if SIZE >= 5000 else 10
 
@@ -122,7 +129,8 @@ def test_a_rate_holds_across_dispatchers_and_a_kill_while_the_rest_goes_at_full_
     kind: str, count: int, tmp_path: Path
 ) -> None:
     """50 a second on one destination, whatever the number of dispatchers: over any 10 s
-    window the receiver counts 50 a second within 5 %, a dispatcher killed with SIGKILL
+    window the receiver counts at most 50 a second (and the made-up late turns) and at least
+    LEAST_SHARE of it (within 5 % at full size on a quiet machine), a dispatcher killed with SIGKILL
     half-way changes nothing, nothing is lost, only what was in flight at the kill may come
     twice; the other destination's messages are all there while the limited ones still drain."""
     with store_url(kind, tmp_path) as url, receiving(SECRET) as receiver:
@@ -158,9 +166,10 @@ def test_a_rate_holds_across_dispatchers_and_a_kill_while_the_rest_goes_at_full_
             f"{kind}: 10 s windows {min(seen)}-{max(seen)}, drain {partner[-1] - partner[0]:.2f} s, twice {len(twice)}"
         )
         # at most the rate over the window, the 0.3 s of late turns made up, the burst of 1, and
-        # what the receiver's clock adds (ARRIVAL_JITTER); at least 5 % under the rate
+        # what the receiver's clock adds (ARRIVAL_JITTER); at least LEAST_SHARE of the rate
         most = 50 * (10 + TURN_SLACK_MICROS / 1e6 + ARRIVAL_JITTER) + 1
-        assert min(seen) >= 475 and max(seen) <= most, (min(seen), max(seen), most)
+        gaps = [round(b - a, 2) for a, b in itertools.pairwise(partner) if b - a > 0.2]
+        assert min(seen) >= 500 * LEAST_SHARE and max(seen) <= most, (min(seen), max(seen), most, gaps)
         drain = partner[-1] - partner[0]
         assert drain >= (SIZE - 20) / 50 * 0.95, (
             drain

@@ -30,6 +30,7 @@ dispatcher, which holds at most two) gets lease claims once the pool has one con
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from duetime.backends.postgres.connection import PgOptions, one_round_trip, pooler_unsaid
+
+log = logging.getLogger("duetime.postgres")
 
 
 @dataclass
@@ -189,8 +192,19 @@ class HeldBatches:
         with self._guard:
             stale = {id(b): b for b in self._by_id.values() if now - b.since > older_than}
         for batch in stale.values():
+            unsettled = list(batch.unsettled)
             with contextlib.suppress(Exception):
-                self.run(batch, list(batch.unsettled), None, {})
+                self.run(batch, unsettled, None, {})
+            if unsettled and older_than >= 0:
+                # Any dispatcher may claim these now while this one may still be sending them:
+                # the claim time is shorter than what a batch takes here.
+                log.warning(
+                    "a batch claimed %.1f s ago was still being sent; its %d unsettled messages "
+                    "are free to claim again and may be sent twice: raise claim_timeout (now %s s)",
+                    now - batch.since,
+                    len(unsettled),
+                    f"{self._options.claim_timeout.total_seconds():g}",
+                )
 
     def close(self) -> None:
         self.settle_stale(-1.0)
