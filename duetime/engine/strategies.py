@@ -202,9 +202,9 @@ class AtLeastOnce:
             self._prefetch = asyncio.ensure_future(store.fetch_due(e.clock.now(), settings.batch_size))
         elif ahead is not None and not e.stopping():
             e.wakeups.know_ahead(ahead.at)  # read by the claim itself, after mark()
-        elif not e.stopping():
+        elif not full and not e.stopping():
             # A short batch: nothing else is due, and the wait that follows needs the next due
-            # time. Asked now, the question runs beside the send and removal instead of after them
+            # time (after a full one the next round claims at once, and asks nothing). Asked now, the question runs beside the send and removal instead of after them
             # — a fifth of each round, when messages come a few ms apart. The batch is hidden from
             # it (claimed or locked); anything stored meanwhile is told.
             e.wakeups.ask_ahead(store.next_due())

@@ -295,7 +295,9 @@ class WebhookTransport(AsyncClientTransport):
             resolver=GuardedResolver(endpoint, self._resolve),
             ssl=_TRUSTED,
         )
-        timeout = aiohttp.ClientTimeout(total=endpoint.timeout, sock_connect=endpoint.connect_timeout)
+        # The attempt's whole time is :meth:`_attempt`'s own timeout (redirects included): a
+        # second timer a request here cost a scheduled call and a task lookup for nothing.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=endpoint.connect_timeout)
         session = aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
