@@ -205,12 +205,15 @@ class _Logged:
                 await _send(answer(500, "internal", "the server failed unexpectedly"), scope, receive, send)
         finally:
             path = scope.get("raw_path", b"").decode("ascii", "backslashreplace") or "?"
+            ms, key = (time.perf_counter() - began) * 1000, caller.get("name", "-")
+            fields = {
+                "method": scope["method"],
+                "path": path,
+                "status": status,
+                "ms": round(ms, 1),
+                "key": key,
+            }
+            # in JSON (--log-format json) each part is a field of its own, for a collector to count by
             log.info(
-                "%s %s %d %.1f ms key=%s",
-                scope["method"],
-                path,
-                status,
-                (time.perf_counter() - began) * 1000,
-                caller.get("name", "-"),
-                extra={"method": scope["method"], "path": path, "status": status},
+                "%s %s %d %.1f ms key=%s", scope["method"], path, status, ms, key, extra={"fields": fields}
             )

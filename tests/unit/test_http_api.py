@@ -205,6 +205,33 @@ async def test_keys_scopes_and_rates(api: HttpApi) -> None:
     assert int(answers[1].headers["retry-after"]) >= 1
 
 
+async def test_each_request_is_one_log_line_whose_json_carries_its_parts(
+    api: HttpApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request's line names the key (never its secret); in JSON each part is a field."""
+    from duetime.observability.logs import JsonFormatter, TextFormatter
+
+    writer, secret = new_key("writer", {Scope.SCHEDULE}, SYSTEM.now())
+    await api.store.add_api_key(writer)  # type: ignore[attr-defined]
+    api.access._read_at = float("-inf")
+    with caplog.at_level("INFO", logger="duetime.api"):
+        made = await call(
+            api.app(), "POST", "/v1/messages?x=customer-9", {"destination": "o", "delay": 60}, key=secret
+        )
+    assert made.status == 201
+    record = next(r for r in caplog.records if r.name == "duetime.api" and "/v1/messages" in r.getMessage())
+    text = TextFormatter().format(record)
+    assert " POST /v1/messages 201 " in text and text.endswith("key=writer") and secret not in text
+    entry = json.loads(JsonFormatter().format(record))
+    assert {k: entry[k] for k in ("method", "path", "status", "key")} == {
+        "method": "POST",
+        "path": "/v1/messages",
+        "status": 201,
+        "key": "writer",
+    }
+    assert isinstance(entry["ms"], float) and "customer-9" not in json.dumps(entry)
+
+
 async def test_the_group_and_destination_cancels_leave_what_is_being_delivered(api: HttpApi) -> None:
     app = api.app()
     batch = {
