@@ -320,7 +320,8 @@ def test_a_batch_held_past_half_its_claim_time_is_freed_and_the_log_says_so(
     """A live dispatcher still sending a batch at half the claim time commits what it settled and
     frees the rest (before the server's idle limit could end the session and undo the deletes):
     another may send those too, so the log says so and what to raise."""
-    store = prepare(pg + "&claim_timeout=1", "aged")
+    # 4 s: freed at 2 s, while the server would end the idle session (and undo a0's removal) at 4
+    store = prepare(pg + "&claim_timeout=4", "aged")
     other = SyncPostgresStore.from_url(pg)
     other.initialize("aged", TransactionMode.AT_LEAST_ONCE)
     store.store_many([DelayedMessage(f"a{i}", "orders", datetime.now(UTC)) for i in range(3)])
@@ -329,12 +330,12 @@ def test_a_batch_held_past_half_its_claim_time_is_freed_and_the_log_says_so(
         assert len(claimed) == 3
         store.remove(claimed[0].message_id)  # settled: its removal is kept
         assert other.fetch_due(datetime.now(UTC), 10) == []  # held
-        time.sleep(0.6)
+        time.sleep(2.1)
         with caplog.at_level("WARNING", logger="duetime.postgres"):
             again = store.fetch_due(datetime.now(UTC), 10)  # frees the aged batch, then claims
         assert sorted(m.message_id for m in again) == ["a1", "a2"]  # a0's removal was kept
         assert "its 2 unsettled messages are free to claim again and may be sent twice" in caplog.text
-        assert "raise claim_timeout (now 1 s)" in caplog.text
+        assert "raise claim_timeout (now 4 s)" in caplog.text
     finally:
         store.close()
         other.close()
