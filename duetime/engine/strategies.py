@@ -204,9 +204,10 @@ class AtLeastOnce:
             e.wakeups.know_ahead(ahead.at)  # read by the claim itself, after mark()
         elif not full and not e.stopping():
             # A short batch: nothing else is due, and the wait that follows needs the next due
-            # time (after a full one the next round claims at once, and asks nothing). Asked now, the question runs beside the send and removal instead of after them
-            # — a fifth of each round, when messages come a few ms apart. The batch is hidden from
-            # it (claimed or locked); anything stored meanwhile is told.
+            # time (after a full one the next round claims at once, and asks nothing). Asked now,
+            # the question runs beside the send and removal instead of after them — a fifth of
+            # each round, when messages come a few ms apart. The batch is hidden from it (claimed
+            # or locked); anything stored meanwhile is told.
             e.wakeups.ask_ahead(store.next_due())
         try:
             self._held_ahead = bool(window) and max(m.due_at for m in batch) > e.clock.now()
