@@ -373,11 +373,9 @@ def _reaches(networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
 _SHARED = ipaddress.ip_network("100.64.0.0/10")
 
 
-@functools.lru_cache(maxsize=4096)
 def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Whether ``ip`` is inside some network rather than on the internet. Kept per address: an
-    address always answers the same, and ``ipaddress``'s checks walk lists of networks (a burst
-    to one webhook asked it for every request)."""
+    """Whether ``ip`` is inside some network rather than on the internet (``ipaddress``'s checks
+    walk lists of networks; :func:`_reaches` keeps the verdict, so this runs once an address)."""
     shared = ip.version == 4 and ip in _SHARED
     return bool(
         ip.is_loopback

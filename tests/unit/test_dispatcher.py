@@ -208,6 +208,31 @@ async def test_the_next_due_time_is_asked_while_a_short_batch_is_sent() -> None:
     await rig.task  # type: ignore[misc]
 
 
+class _OneBatchAtATime(_AsksApart):
+    """A store that claims one batch at a time (SQLite's one writer): no claim beside a send."""
+
+    parallel_claims = False
+
+
+async def test_a_full_batch_asks_no_next_due_time() -> None:
+    """After a full batch the next round claims at once: a question beside its send would be
+    thrown away (and would hold a one-writer store's connection beside the removal). Only the
+    short batch that follows asks."""
+    rig = Rig(batch_size=2)
+    store = _OneBatchAtATime()
+    rig.store = store
+    rig.build(store, rig.transport)
+    await rig.setup("orders")
+    await store.store_many([rig.message(1, 0), rig.message(2, 0), rig.message(3, 0), rig.message(4, 10)])
+    await rig.start()
+    await settle()
+    assert rig.delivered() == ["m1", "m2", "m3"] and store.asked == 1  # the short batch's, only
+    await rig.tick(10)
+    assert rig.delivered() == ["m1", "m2", "m3", "m4"]
+    rig.dispatcher.stop()
+    await rig.task  # type: ignore[misc]
+
+
 async def test_a_message_that_fails_is_not_left_to_an_answer_asked_before_it_failed() -> None:
     """Asked during the send, the next due time did not know m1 would be due again (a retry);
     that answer is dropped and the wait asks afresh."""
