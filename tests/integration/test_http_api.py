@@ -164,6 +164,33 @@ def test_a_revoked_key_is_refused_within_two_seconds(tmp_path: Path) -> None:
         assert key not in listed.stdout and key[len("dtk_") + 4 :] not in listed.stdout
 
 
+def test_with_json_logs_each_request_is_one_object_with_its_parts_as_fields(tmp_path: Path) -> None:
+    """`duetime serve --log-format json`: a request's line is a JSON object a collector counts
+    by (method, path, status, ms, key), without the query string or the key's secret."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    assert run_cli("setup", "--store", url).returncode == 0
+    key = make_key(url, "collector", "read")
+    with serving(url, tmp_path, "--log-format", "json") as port:
+        assert once(port, "GET", "/v1/stats?customer=c-7", key).status == 200
+
+        def request_lines() -> list[dict[str, object]]:
+            text = next(tmp_path.glob(f"serve-{port}-*.log")).read_text()
+            entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+            return [e for e in entries if e.get("path") == "/v1/stats"]
+
+        [entry] = until(request_lines, 10, "the request's log line")
+        assert {k: entry[k] for k in ("method", "path", "status", "key", "logger")} == {
+            "method": "GET",
+            "path": "/v1/stats",
+            "status": 200,
+            "key": "collector",
+            "logger": "duetime.api",
+        }
+        assert isinstance(entry["ms"], float) and entry["message"].startswith("GET /v1/stats 200 ")
+        said = json.dumps(entry)
+        assert "c-7" not in said and key not in said
+
+
 def test_other_machines_are_let_in_only_once_the_store_holds_a_key(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
     assert run_cli("setup", "--store", url).returncode == 0
