@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, Field
 
-from duetime.api.models import TEXT, TIME, time_of
+from duetime.api.models import TEXT, TIME, Instant, time_of
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import Served, caller_with
 from duetime.api_keys import Scope
@@ -22,7 +21,7 @@ class AuditEntryOut(BaseModel):
     """One change: who made it (an API key's is ``key:NAME``), through what (cli, dashboard,
     http-api, python), from where, what it did, to what, the messages it touched (the first 100)."""
 
-    at: datetime
+    at: Instant
     actor: str
     via: str
     origin: str

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from duetime.api.models import TEXT
+from duetime.api.models import TEXT, Instant
 from duetime.api.problems import ApiProblem, problems
 from duetime.api.state import HttpApi, Served, caller_with
 from duetime.api_keys import Scope
@@ -87,7 +87,7 @@ class LimitOut(BaseModel):
     concurrency: int | None
     key: str | None
     set_by: str
-    set_at: str | None
+    set_at: Instant | None
 
 
 class PauseIn(BaseModel):
@@ -107,7 +107,7 @@ class DestinationOut(BaseModel):
     stored: int
     limit: str | None
     paused_by: str | None
-    paused_at: str | None
+    paused_at: Instant | None
     reason: str | None
 
 
@@ -126,7 +126,7 @@ def _out(x: Limit) -> LimitOut:
         concurrency=x.concurrency,
         key=x.key,
         set_by=x.set_by,
-        set_at=x.set_at.isoformat() if x.set_at else None,
+        set_at=x.set_at,
     )
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from starlette.convertors import Convertor, register_url_convertor
 
 from duetime.client import build_message
@@ -217,6 +217,12 @@ class TextConvertor(Convertor[str]):
 register_url_convertor("text", TextConvertor())
 
 
+#: Every time the API answers: an instant in UTC, written the one way (RFC 3339 ending in ``Z``),
+#: whether a message's due time, a schedule's next tick or when a limit was set, and typed
+#: ``date-time`` in the document, so that a client reads every time field alike.
+Instant = Annotated[datetime, AfterValidator(lambda at: at.astimezone(UTC))]
+
+
 def time_of(name: str, text: str | None) -> datetime | None:
     """A time the request gave, read by the library's one reader; its refusal names the field."""
     if text is None:
@@ -272,7 +278,7 @@ class Message(BaseModel):
 
     id: str
     destination: str
-    due_at: datetime
+    due_at: Instant
     body_base64: str
     headers: dict[str, str]
     group: str | None
@@ -396,8 +402,8 @@ class ScheduleView(BaseModel):
     when: str
     state: str
     set_aside: str | None
-    next: str | None
-    last_planned: str | None
+    next: Instant | None
+    last_planned: Instant | None
     ticks_planned: int
     ticks_missed: int
     recurrence: dict[str, Any]
@@ -417,7 +423,7 @@ class SchedulePage(BaseModel):
 
 
 class NextTicks(BaseModel):
-    ticks: list[datetime]
+    ticks: list[Instant]
 
 
 class Backfill(_Strict):
@@ -490,7 +496,7 @@ class Stats(BaseModel):
     due: int
     claimed: int
     failing: int
-    next_due: datetime | None
+    next_due: Instant | None
     by_destination: dict[str, int]
     more_destinations: int
     more_messages: int

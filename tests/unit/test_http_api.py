@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -309,3 +310,30 @@ def test_scopes_are_read_from_words_and_a_wrong_one_is_one_line() -> None:
 
 def test_problem_types_are_named_from_the_error_classes() -> None:
     assert type_name(MessageInFlight) == "message-in-flight"
+
+
+async def test_every_time_answered_is_one_form_utc_with_z(api: HttpApi) -> None:
+    """A message's due time was pydantic's ``...Z`` while a schedule's next tick, a limit's and a
+    pause's time were ``+00:00`` strings: now every time field is an RFC 3339 instant in UTC
+    ending in Z, and the document says ``format: date-time``."""
+    instant = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,6})?Z$")
+    app = api.app()
+    made = await call(
+        app, "POST", "/v1/messages", {"destination": "o", "due_at": "2030-01-02T03:04:05+01:00"}
+    )
+    assert made.json["due_at"] == "2030-01-02T02:04:05Z"
+    schedule = {"id": "paris", "destination": "o", "cron": "0 9 * * *", "zone": "Europe/Paris"}
+    assert (await call(app, "POST", "/v1/schedules", schedule)).status == 201
+    shown = (await call(app, "GET", "/v1/schedules/paris")).json
+    assert instant.match(shown["next"]) and shown["next"].endswith(("T08:00:00Z", "T07:00:00Z")), shown
+    assert (await call(app, "PUT", "/v1/limits/o", {"rate": "5/s"})).status == 200
+    assert (await call(app, "POST", "/v1/destinations/o/pause", {"reason": "x"})).status == 204
+    (limit,) = (await call(app, "GET", "/v1/limits")).json
+    (destination,) = (await call(app, "GET", "/v1/destinations")).json
+    ticks = (await call(app, "GET", "/v1/schedules/paris/next")).json["ticks"]
+    stats = (await call(app, "GET", "/v1/stats")).json
+    for said in (limit["set_at"], destination["paused_at"], stats["next_due"], *ticks):
+        assert instant.match(said), said
+    document = app.openapi()["components"]["schemas"]
+    for model, field in (("ScheduleView", "next"), ("LimitOut", "set_at"), ("DestinationOut", "paused_at")):
+        assert {"type": "string", "format": "date-time"} in document[model]["properties"][field]["anyOf"]
