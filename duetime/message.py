@@ -141,6 +141,16 @@ def dump_headers(headers: Mapping[str, str]) -> str:
     return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False)
 
 
+def body_fields(body: bytes) -> dict[str, str]:
+    """A body as a JSON answer gives it, every byte kept: ``{"body": text}`` when it is UTF-8,
+    else ``{"body_hex": ...}``. One rule for every command that prints a message or a schedule
+    as JSON (a schedule's body was printed with Python's escapes, which no reader can undo)."""
+    try:
+        return {"body": body.decode()}
+    except UnicodeDecodeError:
+        return {"body_hex": body.hex()}
+
+
 def check_body_size(size: int) -> None:
     if size > MAX_BODY_BYTES:
         raise InvalidMessage(

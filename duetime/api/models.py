@@ -413,7 +413,7 @@ class ScheduleView(BaseModel):
     @classmethod
     def of(cls, s: Schedule, now: datetime) -> ScheduleView:
         row = schedule_json(s, now)
-        row.pop("body")
+        row.pop("body", None), row.pop("body_hex", None)  # the API gives body_base64
         return cls(**row, body_base64=base64.b64encode(s.body).decode("ascii"))
 
 

@@ -60,7 +60,7 @@ from duetime.interfaces import (
 )
 from duetime.limits import pause_for
 from duetime.live_dispatchers import DispatcherInfo, describe_claims
-from duetime.message import DelayedMessage
+from duetime.message import DelayedMessage, body_fields
 from duetime.nservicebus.frontdoor import front_door_queue
 from duetime.operations.queue_depths import delivered_elsewhere, elsewhere_note, queue_depths, without_queue
 from duetime.registry import check_store_exists, open_ready_store, open_store, open_transport
@@ -439,11 +439,7 @@ def show(
         )
         m = m.with_changes(body=b"")
     if as_json:
-        try:
-            row["body"] = m.body.decode()
-        except UnicodeDecodeError:
-            row["body_hex"] = m.body.hex()
-        print(json.dumps(row))
+        print(json.dumps(row | body_fields(m.body)))
         return
     # a terminal gets what a person can read: a message may carry a million headers
     headers = sorted(m.headers.items())

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from duetime import nservicebus_wire as nservicebus
 from duetime.errors import InvalidMessage, InvalidSchedule
 from duetime.inputs.durations import parse_time
-from duetime.message import DelayedMessage, check_encodable, check_storable
+from duetime.message import DelayedMessage, body_fields, check_encodable, check_storable
 from duetime.recurring.rules import Recurrence
 
 #: Headers every tick carries: which schedule, and the time it was planned for.
@@ -241,7 +241,7 @@ def schedule_json(s: Schedule, now: datetime) -> dict[str, Any]:
         "ticks_missed": s.ticks_missed,
         "recurrence": s.recurrence.to_json(),
         "headers": dict(s.headers),
-        "body": s.body.decode("utf-8", "backslashreplace"),
+        **body_fields(s.body),
     }
 
 

@@ -378,3 +378,19 @@ def test_a_jitter_spreads_ticks_over_its_window_the_same_on_every_planning() -> 
     assert Recurrence.from_json(jittered.to_json()) == jittered
     with pytest.raises(InvalidSchedule, match="jitter"):
         Recurrence(every=timedelta(minutes=1), jitter=timedelta(days=2))
+
+
+def test_a_schedule_printed_as_json_keeps_every_byte_of_its_body() -> None:
+    """``recurring show`` printed a body that is not UTF-8 with Python's escapes (``a\\xffb``),
+    which no reader can undo; it is now ``body_hex``, as ``duetime show --json`` gives a message's,
+    and the HTTP API's ``body_base64`` is the same bytes."""
+    from duetime.api.models import ScheduleView
+    from duetime.recurring.schedule import schedule_json
+
+    every_10s = Recurrence(every=timedelta(seconds=10))
+    text = schedule_json(new_schedule("t", "q", every_10s, NOW, body="é".encode()), NOW)
+    assert text["body"] == "é" and "body_hex" not in text
+    raw = new_schedule("b", "q", every_10s, NOW, body=b"a\xffb\\x")
+    printed = schedule_json(raw, NOW)
+    assert "body" not in printed and bytes.fromhex(printed["body_hex"]) == b"a\xffb\\x"
+    assert ScheduleView.of(raw, NOW).body_base64 == "Yf9iXHg="
