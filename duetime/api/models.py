@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from starlette.convertors import Convertor, register_url_convertor
 
 from duetime.client import build_message
@@ -221,6 +221,22 @@ register_url_convertor("text", TextConvertor())
 #: whether a message's due time, a schedule's next tick or when a limit was set, and typed
 #: ``date-time`` in the document, so that a client reads every time field alike.
 Instant = Annotated[datetime, AfterValidator(lambda at: at.astimezone(UTC))]
+
+
+def _header_time(text: object) -> datetime | None:
+    """The instant a header's text names, or None when it names none: another system may have
+    written anything there (the header itself is answered as it is, among the headers)."""
+    try:
+        at = datetime.fromisoformat(str(text))
+        return at.astimezone(UTC) if at.tzinfo is not None else None
+    except (ValueError, OverflowError):
+        return None
+
+
+#: A time kept in a header, read where it can be.
+HeaderTime = Annotated[
+    Instant | None, BeforeValidator(lambda text: None if text is None else _header_time(text))
+]
 
 
 def time_of(name: str, text: str | None) -> datetime | None:
@@ -442,7 +458,7 @@ class FailedMessage(BaseModel):
     destination: str | None
     error: str | None
     attempts: int | None
-    failed_at: str | None
+    failed_at: HeaderTime = Field(description="When it failed; null when its header names no time.")
     headers: dict[str, str]
     size: int
     kept_in_store: bool

@@ -337,3 +337,27 @@ async def test_every_time_answered_is_one_form_utc_with_z(api: HttpApi) -> None:
     document = app.openapi()["components"]["schemas"]
     for model, field in (("ScheduleView", "next"), ("LimitOut", "set_at"), ("DestinationOut", "paused_at")):
         assert {"type": "string", "format": "date-time"} in document[model]["properties"][field]["anyOf"]
+
+
+@pytest.mark.parametrize(
+    ("header", "answered"),
+    [
+        ("2030-01-02T03:04:05+01:00", "2030-01-02T02:04:05Z"),
+        ("2030-01-02T03:04:05.250000+00:00", "2030-01-02T03:04:05.250000Z"),
+        ("yesterday", None),  # another system wrote the header: no time, and no 500
+        ("2030-01-02T03:04:05", None),  # no zone: no instant
+        ("0001-01-01T00:00:00+01:00", None),  # before year 1 in UTC
+        ("9999-12-31T23:59:59-05:00", None),  # after year 9999 in UTC
+    ],
+)
+def test_an_error_queue_time_is_the_instant_its_header_names_or_null(
+    header: str, answered: str | None
+) -> None:
+    from duetime.api.models import FailedMessage
+
+    failed = FailedMessage(
+        id="m", destination=None, error=None, attempts=None, failed_at=header,
+        headers={"duetime-error-time": header}, size=0, kept_in_store=False,
+    )  # fmt: skip
+    said = json.loads(failed.model_dump_json())
+    assert said["failed_at"] == answered and said["headers"]["duetime-error-time"] == header
