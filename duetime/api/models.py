@@ -429,7 +429,8 @@ class ScheduleView(BaseModel):
     @classmethod
     def of(cls, s: Schedule, now: datetime) -> ScheduleView:
         row = schedule_json(s, now)
-        row.pop("body", None), row.pop("body_hex", None)  # the API gives body_base64
+        for printed in ("body", "body_hex"):  # the API gives body_base64 instead
+            row.pop(printed, None)
         return cls(**row, body_base64=base64.b64encode(s.body).decode("ascii"))
 
 
