@@ -142,9 +142,10 @@ def dump_headers(headers: Mapping[str, str]) -> str:
 
 
 def body_fields(body: bytes) -> dict[str, str]:
-    """A body as a JSON answer gives it, every byte kept: ``{"body": text}`` when it is UTF-8,
-    else ``{"body_hex": ...}``. One rule for every command that prints a message or a schedule
-    as JSON (a schedule's body was printed with Python's escapes, which no reader can undo)."""
+    """A body as ``duetime show --json`` and ``recurring show`` print it, every byte kept:
+    ``{"body": text}`` when it is UTF-8, else ``{"body_hex": ...}`` (a schedule's body was printed
+    with Python's escapes, which no reader can undo). ``queues receive`` writes lines for other
+    programs to read, with an ``encoding`` field of their own."""
     try:
         return {"body": body.decode()}
     except UnicodeDecodeError:
