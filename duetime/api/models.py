@@ -224,19 +224,17 @@ Instant = Annotated[datetime, AfterValidator(lambda at: at.astimezone(UTC))]
 
 
 def _header_time(text: object) -> datetime | None:
-    """The instant a header's text names, or None when it names none: another system may have
-    written anything there (the header itself is answered as it is, among the headers)."""
+    """The instant a header's text names, by the library's one reader of times, or None when it
+    names none: another system may have written anything there (the header itself is answered
+    as it is, among the headers)."""
     try:
-        at = datetime.fromisoformat(str(text))
-        return at.astimezone(UTC) if at.tzinfo is not None else None
-    except (ValueError, OverflowError):
+        return None if text is None else parse_time(str(text))
+    except InvalidMessage:
         return None
 
 
 #: A time kept in a header, read where it can be.
-HeaderTime = Annotated[
-    Instant | None, BeforeValidator(lambda text: None if text is None else _header_time(text))
-]
+HeaderTime = Annotated[Instant | None, BeforeValidator(_header_time)]
 
 
 def time_of(name: str, text: str | None) -> datetime | None:
